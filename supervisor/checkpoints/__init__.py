@@ -1,0 +1,1 @@
+"""Checkpoints: discovery, manifests, the readiness quicklist, selection and quarantine."""

@@ -1,0 +1,1 @@
+"""GPU and host health: NVML monitor, host memory/disk/storage checks, the pre-launch gate."""

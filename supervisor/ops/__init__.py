@@ -1,0 +1,1 @@
+"""Operating the daemon: systemd notify/journal, the control socket, Prometheus metrics."""

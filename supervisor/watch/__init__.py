@@ -1,0 +1,1 @@
+"""Watching the job from inside: log lines -> metrics -> detectors, file tailing, heartbeats."""
