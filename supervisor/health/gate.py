@@ -1,0 +1,192 @@
+"""The pre-launch health gate: run before every (re)launch; a failed gate means "give up".
+
+Checks, in order, collecting every reason (the first one is the root cause):
+
+1. GPU sight: the backend initialises. Blind -> the verdict is ``unavailable``: it passes with a
+   warning, or fails when ``gpu.require = true``.
+2. All expected GPUs present (``gpu.expected_devices``, else as many as seen at the first gate).
+3. None lost, none with retired pages / remapped rows pending (those need a GPU reset first).
+4. The previous attempt's GPU memory released: every device below ``gpu.release_threshold`` of its
+   memory and no pid of the previous attempt still holding any, waiting up to
+   ``gpu.release_timeout_s`` (polling; ``clock``/``sleep`` injectable for tests).
+5. The storage probe of the checkpoint dir passes (write, fsync, read back, remove, same mount).
+
+Restarting onto a GPU that needs a reset, or while the old process still pins its memory, only
+burns the restart budget: the runner gives up (exit 3) with ``reasons[0]``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Collection, Mapping
+
+import structlog
+
+from .config import GpuConfig
+from .gpu import GpuBackend, GpuBlindError, GpuLostError
+from .host import ProbeResult, StorageBaseline, probe_storage
+
+log = structlog.get_logger("supervisor.health")
+
+_RELEASE_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """``passed`` false: ``reasons`` say why (root cause first). ``warnings`` never block a launch."""
+
+    passed: bool
+    reasons: tuple[str, ...]
+    waited_s: float
+    details: Mapping[str, object] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    unavailable: bool = False  # GPU health could not be observed (blind)
+
+    def summary(self) -> str:
+        if not self.passed:
+            return "pre-launch gate failed: " + "; ".join(self.reasons)
+        extra = (" (GPU health unavailable)" if self.unavailable else "") + (
+            f" after waiting {self.waited_s:.1f} s for GPU memory" if self.waited_s >= 0.05 else "")
+        return "pre-launch gate passed" + extra
+
+    def to_dict(self) -> dict[str, object]:
+        """For the ledger and the events list: plain JSON types only."""
+        d = asdict(self)
+        d["reasons"], d["warnings"], d["details"] = list(self.reasons), list(self.warnings), dict(self.details)
+        return d
+
+
+def run_gate(backend: GpuBackend, cfg: GpuConfig, previous_pids: Collection[int] = (),
+             clock: Callable[[], float] = time.monotonic, *, sleep: Callable[[float], None] = time.sleep,
+             checkpoint_dir: str | Path | None = None, storage_baseline: StorageBaseline | None = None,
+             expected_devices: int | None = None) -> GateVerdict:
+    """One gate run. ``expected_devices`` is the count seen at the first gate (``gpu.expected_devices`` wins)."""
+    t0 = clock()
+    reasons: list[str] = []
+    warnings: list[str] = []
+    details: dict[str, object] = {}
+    waited = 0.0
+    unavailable = False
+    try:
+        backend.init()
+        count = backend.device_count()
+    except GpuBlindError as exc:
+        unavailable = True
+        details["gpu_unavailable"] = str(exc)
+        msg = f"GPU health unavailable: {exc}"
+        if cfg.require:
+            reasons.append(msg + " (gpu.require = true)")
+        else:
+            warnings.append(msg + "; launching without GPU checks (set gpu.require = true to refuse)")
+        count = None
+    if count is not None:
+        expected = cfg.expected_devices if cfg.expected_devices is not None else expected_devices
+        details["device_count"] = count
+        details["expected_devices"] = expected if expected is not None else count
+        if expected is not None and count < expected:
+            reasons.append(f"only {count} of {expected} expected GPUs are visible: drain or reset this node")
+        reasons.extend(_device_problems(backend, count))
+        if not any("lost" in r for r in reasons):
+            ok, waited, mem = _wait_for_release(backend, cfg, count, frozenset(previous_pids), clock, sleep)
+            details["memory"] = mem
+            if not ok:
+                reasons.append(_release_reason(mem, cfg, waited))
+    if checkpoint_dir is not None:
+        probe: ProbeResult = probe_storage(checkpoint_dir, storage_baseline)
+        details["storage_probe"] = probe.to_dict()
+        if not probe.ok:
+            reasons.append(f"storage probe failed: {probe.reason}")
+    details["seconds"] = round(clock() - t0, 3)
+    return GateVerdict(not reasons, tuple(reasons), round(waited, 3), details, tuple(warnings), unavailable)
+
+
+def _device_problems(backend: GpuBackend, count: int) -> list[str]:
+    problems = []
+    for i in range(count):
+        try:
+            pending = backend.pending_repair(i)
+        except GpuLostError:
+            problems.append(f"GPU {i} is lost (fell off the bus): drain or reset this node")
+            continue
+        if pending.needs_reset:
+            what = ", ".join(name for name, flag in (
+                ("retired pages pending", pending.retired_pages_pending),
+                ("row remapping pending", pending.remap_pending),
+                ("row remapping failed", pending.remap_failure)) if flag)
+            problems.append(f"GPU {i} needs a reset ({what}): drain or reset this node")
+    return problems
+
+
+def _wait_for_release(backend: GpuBackend, cfg: GpuConfig, count: int, previous: frozenset[int],
+                      clock: Callable[[], float], sleep: Callable[[float], None]
+                      ) -> tuple[bool, float, list[dict[str, object]]]:
+    start = clock()
+    logged = False
+    while True:
+        mem: list[dict[str, object]] = []
+        busy = False
+        for i in range(count):
+            m = backend.memory(i)
+            holders = sorted(p for p in backend.processes(i) if p in previous)
+            frac = m.used / m.total if m.total else 0.0
+            held = frac >= cfg.release_threshold or bool(holders)
+            busy = busy or held
+            mem.append({"device": i, "used_bytes": m.used, "total_bytes": m.total,
+                        "fraction": round(frac, 4), "previous_pids_holding": holders, "released": not held})
+        waited = clock() - start
+        if not busy:
+            return True, waited, mem
+        if waited >= cfg.release_timeout_s:
+            return False, waited, mem
+        if not logged:
+            logged = True
+            log.info("gate_waiting_for_gpu_memory", timeout_s=cfg.release_timeout_s,
+                     busy=[d["device"] for d in mem if not d["released"]],
+                     next="launching once the previous attempt's GPU memory is released")
+        sleep(min(_RELEASE_POLL_S, max(cfg.release_timeout_s - waited, 0.0)))
+
+
+def _release_reason(mem: list[dict[str, object]], cfg: GpuConfig, waited: float) -> str:
+    busy = [d for d in mem if not d["released"]]
+    parts = [f"GPU {d['device']} at {float(d['fraction']):.1%}"  # type: ignore[arg-type]
+             + (f" held by previous pids {d['previous_pids_holding']}" if d["previous_pids_holding"] else "")
+             for d in busy]
+    return (f"GPU memory not released after {waited:.1f} s (gpu.release_timeout_s = {cfg.release_timeout_s:g}, "
+            f"threshold {cfg.release_threshold:.0%}): " + ", ".join(parts))
+
+
+class LaunchGate:
+    """Remembers what the first gate saw (device count, checkpoint mount) for the later ones.
+
+    The runner calls :meth:`check` before every launch with the previous attempt's pids (empty
+    before the first) and records ``verdict.to_dict()`` in the ledger; ``passed`` false -> give up.
+    """
+
+    def __init__(self, backend: GpuBackend, cfg: GpuConfig, *, checkpoint_dir: str | Path | None = None,
+                 storage_probe: bool = True, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self._backend, self._cfg = backend, cfg
+        self._ckpt = Path(checkpoint_dir) if checkpoint_dir and storage_probe else None
+        self._clock, self._sleep = clock, sleep
+        self._first_count: int | None = None
+        self.baseline: StorageBaseline | None = None
+        self.last: GateVerdict | None = None
+
+    def check(self, previous_pids: Collection[int] = ()) -> GateVerdict:
+        if self._ckpt is not None and self.baseline is None and self._ckpt.is_dir():
+            self.baseline = StorageBaseline.record(self._ckpt)
+        verdict = run_gate(self._backend, self._cfg, previous_pids, self._clock, sleep=self._sleep,
+                           checkpoint_dir=self._ckpt, storage_baseline=self.baseline,
+                           expected_devices=self._first_count)
+        count = verdict.details.get("device_count")
+        if self._first_count is None and isinstance(count, int):
+            self._first_count = count
+        self.last = verdict
+        if verdict.passed:
+            log.info("gate_passed", summary=verdict.summary(), warnings=list(verdict.warnings),
+                     waited_s=verdict.waited_s, next="launching the job")
+        else:
+            log.error("gate_failed", summary=verdict.summary(), reasons=list(verdict.reasons),
+                      next="giving up: this node needs a human before another launch")
+        return verdict

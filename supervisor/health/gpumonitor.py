@@ -1,0 +1,472 @@
+"""GpuMonitor: watches every GPU through a :class:`~supervisor.health.gpu.GpuBackend`.
+
+Emits (never acts):
+
+* ``gpu_memory`` when a device stays above ``gpu.memory_watermark`` for ``gpu.memory_polls``
+  consecutive polls; ``details`` carry the trend (``slope_bytes_per_s``, ``seconds_to_exhaustion``
+  from a least-squares line over the recent readings) and the job tree's share of the memory;
+* ``gpu_fault`` for an Xid event (code, meaning and suggested action from :mod:`.xid`), a
+  double-bit ECC error (event or a rising volatile uncorrectable count), a lost GPU, or a GPU
+  that vanished since the attempt started.
+
+NVML missing or failing is *not* a failure cause: the monitor logs one ``gpu_blind`` event, calls
+``on_blind(reason)``, and ``status()`` says ``{"available": false, "reason": ...}``; ``gpus()``
+is ``None``. It never reports a device as fine when it cannot see it.
+
+One instance lives for the whole daemon: ``start``/``stop`` per attempt (the blind line is logged
+once per instance). With ``threaded=True`` polling runs on a thread of its own and Xid/ECC events
+on another; ``poll(now)`` is then a no-op. With ``threaded=False`` (tests, fake clock) ``poll(now)``
+polls when due and drains pending events without blocking.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import psutil
+import structlog
+
+from ..events import Action, AttemptContext, Cause, Detection, Emit
+from .config import GpuConfig
+from .gpu import (DeviceInfo, GpuBackend, GpuBlindError, GpuEvent, GpuEventKind, GpuLostError,
+                  MemoryInfo, PendingRepair)
+from .xid import NODE_ADVICE, classify_xid
+
+log = structlog.get_logger("supervisor.health")
+
+# Consecutive failed poll cycles (not lost, not blind: e.g. NVML_ERROR_UNKNOWN) before we call
+# ourselves blind rather than keep showing stale numbers.
+_FAILURES_BEFORE_BLIND = 3
+_TREND_SAMPLES = 30
+
+
+def job_tree_pids(pid: int | None) -> frozenset[int]:
+    """``pid`` and all its descendants (psutil); empty when it is gone."""
+    if pid is None:
+        return frozenset()
+    try:
+        proc = psutil.Process(pid)
+        return frozenset([pid, *(c.pid for c in proc.children(recursive=True))])
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return frozenset()
+
+
+def linear_slope(samples: Sequence[tuple[float, float]]) -> float | None:
+    """Least-squares slope (units per second) of (t, value) samples; None with < 2 distinct t."""
+    n = len(samples)
+    if n < 2:
+        return None
+    mt = sum(t for t, _ in samples) / n
+    mv = sum(v for _, v in samples) / n
+    var = sum((t - mt) ** 2 for t, _ in samples)
+    if var == 0:
+        return None
+    return sum((t - mt) * (v - mv) for t, v in samples) / var
+
+
+@dataclass(frozen=True)
+class DeviceReading:
+    """One poll of one device; ``lost`` devices carry only their index (and info when known)."""
+
+    index: int
+    info: DeviceInfo | None
+    memory: MemoryInfo | None = None
+    job_bytes: int | None = None
+    processes: Mapping[int, int] = field(default_factory=dict)
+    utilization: int | None = None
+    temperature: int | None = None
+    throttle_reasons: int | None = None
+    ecc_uncorrected: int | None = None
+    pending: PendingRepair = field(default_factory=PendingRepair)
+    lost: bool = False
+
+    def to_status(self, faults: Sequence[str]) -> dict[str, object]:
+        info = self.info
+        mem = self.memory
+        return {
+            "index": self.index,
+            "name": info.name if info else None,
+            "uuid": info.uuid if info else None,
+            "pci_bus_id": info.pci_bus_id if info else None,
+            "memory_used_bytes": mem.used if mem else None,
+            "memory_total_bytes": mem.total if mem else None,
+            "memory_fraction": round(mem.fraction, 4) if mem else None,
+            "job_memory_bytes": self.job_bytes,
+            "utilization_percent": self.utilization,
+            "temperature_c": self.temperature,
+            "throttle_reasons": self.throttle_reasons,
+            "ecc_uncorrected_volatile": self.ecc_uncorrected,
+            "reset_pending": self.pending.needs_reset,
+            "lost": self.lost,
+            "faults": list(faults),
+        }
+
+
+def read_device(backend: GpuBackend, index: int, job_pids: frozenset[int] = frozenset(),
+                info: DeviceInfo | None = None) -> DeviceReading:
+    """Query one device; a lost GPU yields ``lost=True`` instead of raising."""
+    try:
+        info = info or backend.device_info(index)
+        mem = backend.memory(index)
+        procs = backend.processes(index)
+        job = sum(b for p, b in procs.items() if p in job_pids) if job_pids else None
+        return DeviceReading(index, info, mem, job, procs, backend.utilization(index),
+                             backend.temperature(index), backend.throttle_reasons(index),
+                             backend.ecc_uncorrected_volatile(index), backend.pending_repair(index))
+    except GpuLostError:
+        return DeviceReading(index, info, lost=True)
+
+
+class GpuMonitor:
+    """See the module doc. ``clock`` is monotonic seconds (trend and poll scheduling)."""
+
+    name = "gpu"
+
+    def __init__(self, backend: GpuBackend, cfg: GpuConfig | None = None, *,
+                 clock: Callable[[], float] = time.monotonic, threaded: bool = True,
+                 on_blind: Callable[[str], None] | None = None) -> None:
+        self._backend = backend
+        self._cfg = cfg or GpuConfig()
+        self._clock = clock
+        self._threaded = threaded
+        self._on_blind = on_blind
+        self._lock = threading.RLock()
+        self._emit: Emit | None = None
+        self._ctx: AttemptContext | None = None
+        self._initialized = False
+        self._blind_reason: str | None = None
+        self._blind_logged = False
+        self._infos: dict[int, DeviceInfo] = {}
+        self._readings: dict[int, DeviceReading] = {}
+        self._faults: dict[int, list[str]] = {}
+        self._driver: str | None = None
+        self._cuda: str | None = None
+        self._start_count = 0
+        self._next_poll = 0.0
+        self._failures = 0
+        self._errors_logged: set[str] = set()
+        # per-attempt detection state
+        self._above: dict[int, int] = {}
+        self._memory_reported: set[int] = set()
+        self._trend: dict[int, deque[tuple[float, float]]] = {}
+        self._lost_reported: set[int] = set()
+        self._ecc_base: dict[int, int] = {}
+        self._ecc_reported: set[int] = set()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.polls = 0
+
+    # ----------------------------------------------------------------- lifecycle (events.Monitor)
+    def start(self, ctx: AttemptContext | None, emit: Emit) -> None:
+        with self._lock:
+            self._ctx, self._emit = ctx, emit
+            self._reset_attempt_state()
+            if not self._ensure_init():
+                return
+            bind = getattr(self._backend, "bind_job", None)
+            if callable(bind):  # only the fake has it: "job" in its timeline means this pid
+                bind(ctx.pid if ctx else None)
+            self._start_count = len(self._infos)
+            self._next_poll = 0.0
+        if self._threaded:
+            self._stop.clear()
+            self._threads = [threading.Thread(target=self._poll_loop, name="tsup-gpu-poll", daemon=True)]
+            if self._cfg.events:
+                self._threads.append(threading.Thread(target=self._event_loop, name="tsup-gpu-events",
+                                                      daemon=True))
+            for t in self._threads:
+                t.start()
+
+    def poll(self, now: float) -> None:
+        if self._threaded or self._emit is None:
+            return
+        if self.available and self._cfg.events:
+            self._safely(lambda: self._handle_events(self._backend.wait_events(0.0)), "events")
+        if now >= self._next_poll:
+            self._next_poll = now + self._cfg.poll_s
+            self.check()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5.0)
+        self._threads = []
+        with self._lock:
+            self._emit = None
+
+    def close(self) -> None:
+        """At daemon exit: stop and release NVML."""
+        self.stop()
+        try:
+            self._backend.shutdown()
+        except Exception:  # noqa: BLE001 - nothing useful to do at exit
+            pass
+
+    # ----------------------------------------------------------------- what others read
+    @property
+    def available(self) -> bool:
+        return self._initialized and self._blind_reason is None
+
+    @property
+    def blind_reason(self) -> str | None:
+        return self._blind_reason if not self.available else None
+
+    def status(self) -> Mapping[str, object]:
+        with self._lock:
+            if not self.available:
+                return {"available": False, "state": "unavailable",
+                        "reason": self._blind_reason or "not started", "devices": None}
+            gpus = self.gpus()
+            state = "unknown" if not self._readings else (
+                "fault" if any(self._faults.values()) else "ok")
+            return {"available": True, "state": state, "reason": None, "devices": gpus,
+                    "driver": self._driver, "cuda": self._cuda}
+
+    def gpus(self) -> list[dict[str, object]] | None:
+        """``status --json`` "gpus": one dict per device, or None when blind (never a fake "ok")."""
+        with self._lock:
+            if not self.available:
+                return None
+            return [r.to_status(self._faults.get(i, [])) for i, r in sorted(self._readings.items())]
+
+    def snapshot(self) -> dict[str, object]:
+        """For the ledger (each attempt): driver, CUDA, names, UUIDs and memory per device."""
+        with self._lock:
+            if not self.available:
+                return {"available": False, "reason": self._blind_reason or "not started"}
+            devices = []
+            for i, info in sorted(self._infos.items()):
+                r = self._readings.get(i)
+                devices.append({
+                    "index": i, "name": info.name, "uuid": info.uuid, "pci_bus_id": info.pci_bus_id,
+                    "memory_used_bytes": r.memory.used if r and r.memory else None,
+                    "memory_total_bytes": r.memory.total if r and r.memory else None,
+                    "job_memory_bytes": r.job_bytes if r else None,
+                    "lost": r.lost if r else None,
+                })
+            return {"available": True, "driver": self._driver, "cuda": self._cuda,
+                    "device_count": len(self._infos), "devices": devices}
+
+    # ----------------------------------------------------------------- internals
+    def _reset_attempt_state(self) -> None:
+        self._above.clear()
+        self._memory_reported.clear()
+        self._trend.clear()
+        self._lost_reported.clear()
+        self._ecc_base.clear()
+        self._ecc_reported.clear()
+        self._faults.clear()
+        self._readings.clear()
+
+    def _ensure_init(self) -> bool:
+        if self._initialized and self._blind_reason is None:
+            return True
+        try:
+            self._backend.init()
+            count = self._backend.device_count()
+            infos: dict[int, DeviceInfo] = {}
+            for i in range(count):
+                try:
+                    infos[i] = self._backend.device_info(i)
+                except GpuLostError:
+                    infos[i] = DeviceInfo(i, "?", "?", "?")
+            self._driver = self._backend.driver_version()
+            self._cuda = self._backend.cuda_driver_version()
+        except GpuBlindError as exc:
+            self._go_blind(str(exc))
+            return False
+        except Exception as exc:  # noqa: BLE001 - any NVML surprise at start means we cannot see
+            self._go_blind(f"GPU backend failed at start: {exc!r}")
+            return False
+        was_blind = self._blind_logged
+        self._infos, self._initialized, self._blind_reason, self._failures = infos, True, None, 0
+        log.info("gpu_monitor_started", devices=count, driver=self._driver, cuda=self._cuda,
+                 names=sorted({i.name for i in infos.values()}), restored=was_blind or None)
+        return True
+
+    def _go_blind(self, reason: str) -> None:
+        self._blind_reason = reason
+        if not self._blind_logged:
+            self._blind_logged = True
+            log.warning("gpu_blind", reason=reason,
+                        next="GPU health is unavailable (not healthy): no gpu_memory or gpu_fault "
+                             "detection until NVML works; the job keeps running")
+        if self._on_blind is not None:
+            try:
+                self._on_blind(reason)
+            except Exception:  # noqa: BLE001 - a callback must not kill the monitor
+                log.exception("gpu_on_blind_callback_failed")
+
+    def _safely(self, fn: Callable[[], Any], what: str) -> bool:
+        """Run ``fn``; survive anything, log each distinct error once, go blind when NVML breaks."""
+        try:
+            fn()
+            return True
+        except GpuBlindError as exc:
+            with self._lock:
+                self._go_blind(str(exc))
+            return False
+        except Exception as exc:  # noqa: BLE001 - the monitor outlives its own bugs
+            key = f"{what}:{type(exc).__name__}"
+            if key not in self._errors_logged:
+                self._errors_logged.add(key)
+                log.exception("gpu_monitor_error", during=what, error=repr(exc),
+                              next="skipping this poll; the monitor keeps running")
+            return False
+
+    def check(self) -> None:
+        """One poll of every device (thread-safe; the poll thread and tests call it)."""
+        if not self.available:
+            return
+        ok = self._safely(self._check_once, "poll")
+        with self._lock:
+            self._failures = 0 if ok else self._failures + 1
+            if self._failures >= _FAILURES_BEFORE_BLIND and self._blind_reason is None:
+                self._go_blind(f"{self._failures} GPU polls in a row failed")
+
+    def _check_once(self) -> None:
+        now = self._clock()
+        cfg = self._cfg
+        pids = job_tree_pids(self._ctx.pid if self._ctx else None)
+        count = self._backend.device_count()
+        readings = {i: read_device(self._backend, i, pids, self._infos.get(i)) for i in range(count)}
+        with self._lock:
+            self.polls += 1
+            self._readings = readings
+            for i in range(count, self._start_count):
+                if i not in self._lost_reported:
+                    self._readings[i] = DeviceReading(i, self._infos.get(i), lost=True)
+                    self._report_lost(i, f"GPU {i} disappeared (NVML now sees {count} of "
+                                         f"{self._start_count} devices)")
+            for i, r in readings.items():
+                if r.lost:
+                    self._report_lost(i, f"GPU {i} is lost (fell off the bus)")
+                    continue
+                self._check_memory(now, r)
+                self._check_ecc(r)
+
+    def _check_memory(self, now: float, r: DeviceReading) -> None:
+        mem = r.memory
+        if mem is None or mem.total <= 0:
+            return
+        trend = self._trend.setdefault(r.index, deque(maxlen=_TREND_SAMPLES))
+        trend.append((now, float(mem.used)))
+        if mem.fraction < self._cfg.memory_watermark:
+            self._above[r.index] = 0
+            self._memory_reported.discard(r.index)  # recovered: a later climb is news again
+            return
+        self._above[r.index] = self._above.get(r.index, 0) + 1
+        if self._above[r.index] < self._cfg.memory_polls or r.index in self._memory_reported:
+            return
+        self._memory_reported.add(r.index)
+        slope = linear_slope(list(trend))
+        eta = (mem.total - mem.used) / slope if slope and slope > 0 else None
+        name = r.info.name if r.info else "?"
+        when = f"; full in ~{eta:.0f} s at the current slope" if eta is not None else ""
+        self._fault(r.index, "memory_watermark")
+        self._send(Detection(
+            cause=Cause.GPU_MEMORY,
+            summary=(f"GPU {r.index} ({name}) memory at {mem.fraction:.1%} of "
+                     f"{mem.total / 2**30:.1f} GiB for {self._above[r.index]} polls{when}"),
+            source="nvml", value=mem.fraction,
+            evidence=f"used={mem.used} total={mem.total} job={r.job_bytes}",
+            details={"device": r.index, "uuid": r.info.uuid if r.info else None,
+                     "used_bytes": mem.used, "total_bytes": mem.total, "fraction": mem.fraction,
+                     "watermark": self._cfg.memory_watermark, "polls_above": self._above[r.index],
+                     "slope_bytes_per_s": slope, "seconds_to_exhaustion": eta,
+                     "job_memory_bytes": r.job_bytes}))
+
+    def _check_ecc(self, r: DeviceReading) -> None:
+        if r.ecc_uncorrected is None:
+            return
+        base = self._ecc_base.setdefault(r.index, r.ecc_uncorrected)
+        if r.ecc_uncorrected > base and r.index not in self._ecc_reported:
+            self._report_ecc(r.index, f"volatile uncorrectable ECC count rose {base} -> {r.ecc_uncorrected}")
+
+    def _report_ecc(self, index: int, evidence: str) -> None:
+        self._ecc_reported.add(index)
+        action = Action(self._cfg.ecc_action)
+        self._fault(index, "ecc_double_bit")
+        self._send(Detection(
+            cause=Cause.GPU_FAULT, source="nvml", evidence=evidence, suggested_action=action,
+            summary=f"double-bit (uncorrectable) ECC error on GPU {index}: the GPU needs a reset; "
+                    f"suggested action {action.value}",
+            details={"kind": "ecc_double_bit", "device": index, "uuid": self._uuid(index),
+                     "advice": "reset the GPU (drain or reset this node)"}))
+
+    def _report_lost(self, index: int, summary: str) -> None:
+        if index in self._lost_reported:
+            return
+        self._lost_reported.add(index)
+        action = Action(self._cfg.lost_action)
+        self._fault(index, "lost")
+        self._send(Detection(
+            cause=Cause.GPU_FAULT, source="nvml", summary=f"{summary}: {NODE_ADVICE}",
+            evidence="NVML_ERROR_GPU_IS_LOST", suggested_action=action,
+            details={"kind": "gpu_lost", "device": index, "uuid": self._uuid(index), "advice": NODE_ADVICE}))
+
+    def _handle_events(self, events: Sequence[GpuEvent]) -> None:
+        with self._lock:
+            for ev in events:
+                if ev.kind == GpuEventKind.ECC_DBE:
+                    if ev.index not in self._ecc_reported:
+                        self._report_ecc(ev.index, "NVML double-bit ECC event")
+                    continue
+                info = classify_xid(ev.code or 0, self._cfg.xid_actions, self._cfg.xid_default_action)
+                self._fault(ev.index, f"xid_{info.code}")
+                self._send(Detection(
+                    cause=Cause.GPU_FAULT, source="nvml", value=float(info.code),
+                    summary=f"Xid {info.code} on GPU {ev.index}: {info.meaning}; {info.advice}",
+                    evidence=f"NVML Xid critical error event, code {info.code}",
+                    suggested_action=info.action,
+                    details={"kind": "xid", "code": info.code, "meaning": info.meaning,
+                             "level": info.level.value, "device": ev.index, "uuid": self._uuid(ev.index),
+                             "advice": info.advice}))
+
+    def _uuid(self, index: int) -> str | None:
+        info = self._infos.get(index)
+        return info.uuid if info else None
+
+    def _fault(self, index: int, what: str) -> None:
+        self._faults.setdefault(index, []).append(what)
+
+    def _send(self, det: Detection) -> None:
+        log.warning("gpu_detection", cause=det.cause.value, summary=det.summary,
+                    suggested_action=det.suggested_action.value if det.suggested_action else None)
+        emit = self._emit
+        if emit is not None:
+            emit(det)
+
+    # ----------------------------------------------------------------- threads
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            self.check()
+            self._stop.wait(self._cfg.poll_s)
+
+    def _event_loop(self) -> None:
+        backoff = 0.0
+        while not self._stop.is_set():
+            if not self.available:
+                self._stop.wait(self._cfg.poll_s)
+                continue
+            try:
+                self._handle_events(self._backend.wait_events(0.5))
+                backoff = 0.0
+            except GpuLostError as exc:
+                # the event wait cannot say which GPU; the poll loop pins it down by index
+                log.warning("gpu_event_wait_lost", error=str(exc), next="the poll loop reports which GPU")
+                backoff = min(max(backoff * 2, 1.0), 30.0)
+            except GpuBlindError as exc:
+                with self._lock:
+                    self._go_blind(str(exc))
+            except Exception as exc:  # noqa: BLE001 - events are a bonus: polling still sees ECC/lost
+                if "events" not in self._errors_logged:
+                    self._errors_logged.add("events")
+                    log.warning("gpu_events_failed", error=repr(exc),
+                                next="retrying with backoff; memory/ECC/lost polling continues")
+                backoff = min(max(backoff * 2, 1.0), 30.0)
+            if backoff:
+                self._stop.wait(backoff)
