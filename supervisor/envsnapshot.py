@@ -1,0 +1,107 @@
+"""What the job runs on, recorded with every attempt (the seed: tie every checkpoint to its
+hyperparameters and environment). The daemon never imports torch: library versions come from a
+short subprocess of the *job's* Python that reads package metadata and torch/version.py as text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+_PROBE = r"""
+import json, sys, platform, importlib.metadata as md, importlib.util, os, re
+out = {"python": platform.python_version(), "python_executable": sys.executable}
+for dist in ("torch", "numpy", "transformers", "accelerate", "deepspeed", "megatron-core",
+             "nvidia-nccl-cu12", "nvidia-nccl-cu13", "triton"):
+    try:
+        out.setdefault("packages", {})[dist] = md.version(dist)
+    except Exception:
+        pass
+spec = importlib.util.find_spec("torch")  # locates the package without importing it
+if spec and spec.submodule_search_locations:
+    vf = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
+    try:
+        text = open(vf).read()
+        for key in ("cuda", "hip", "git_version"):
+            m = re.search(r"^%s\s*(?::\s*\S+)?\s*=\s*'([^']*)'" % key, text, re.M)
+            if m:
+                out["torch_" + key] = m.group(1)
+    except OSError:
+        pass
+nccl = out.get("packages", {}).get("nvidia-nccl-cu12") or out.get("packages", {}).get("nvidia-nccl-cu13")
+if nccl:
+    out["nccl"] = nccl
+print(json.dumps(out))
+"""
+
+
+def python_probe(python: str, timeout: float = 20.0) -> dict[str, Any]:
+    try:
+        cp = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"error": f"could not run {python}: {e}"}
+    if cp.returncode != 0:
+        return {"error": f"{python} failed: {cp.stderr.strip()[-300:]}"}
+    try:
+        return json.loads(cp.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": f"unexpected output from {python}"}
+
+
+def git_info(cwd: Path) -> dict[str, Any]:
+    try:
+        head = subprocess.run(["git", "-C", str(cwd), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode != 0:
+            return {}
+        dirty = subprocess.run(["git", "-C", str(cwd), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+        return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+
+
+_NPROC = re.compile(r"^--nproc[-_]per[-_]node(?:=(.+))?$")
+_NNODES = re.compile(r"^--nnodes(?:=(.+))?$")
+
+
+def world_from_launch(argv: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """World size and node count from torchrun-style args or the environment."""
+    out: dict[str, Any] = {}
+    for i, a in enumerate(argv):
+        for key, rx in (("nproc_per_node", _NPROC), ("nnodes", _NNODES)):
+            m = rx.match(a)
+            if m:
+                val = m.group(1) if m.group(1) is not None else (argv[i + 1] if i + 1 < len(argv) else None)
+                if val is not None:
+                    out[key] = val
+    for k in ("WORLD_SIZE", "NNODES", "SLURM_NNODES", "LOCAL_WORLD_SIZE"):
+        if k in env:
+            out[k.lower()] = env[k]
+    try:
+        nodes = int(str(out.get("nnodes", "1")).split(":")[-1])
+        per = int(out["nproc_per_node"]) if str(out.get("nproc_per_node", "")).isdigit() else None
+        if per is not None:
+            out["world_size"] = nodes * per
+    except ValueError:
+        pass
+    return out
+
+
+def snapshot(python: str, cwd: Path, argv: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
+    seeds = {k: v for k, v in env.items() if "SEED" in k.upper()}
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "job_python": python_probe(python),
+        "git": git_info(cwd),
+        "world": world_from_launch(argv, env),
+        "seeds": seeds,
+    }

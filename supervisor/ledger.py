@@ -1,0 +1,267 @@
+"""The run ledger: SQLite in the state dir, the memory of every run, attempt and event.
+
+Written only by the daemon's main thread; read by the CLI (``history``) through its own
+connection. WAL mode keeps readers from blocking the writer. A daemon restarted after
+``kill -9`` reopens the same file, finds the unfinished run and continues it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id      TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    ended_at    REAL,
+    state       TEXT NOT NULL,
+    exit_code   INTEGER,
+    reason      TEXT,
+    config_json TEXT
+);
+CREATE TABLE IF NOT EXISTS attempts (
+    run_id          TEXT NOT NULL REFERENCES runs(run_id),
+    attempt         INTEGER NOT NULL,
+    argv_json       TEXT NOT NULL,
+    cwd             TEXT NOT NULL,
+    env_json        TEXT NOT NULL,
+    snapshot_json   TEXT,
+    started_at      REAL NOT NULL,
+    ended_at        REAL,
+    pid             INTEGER,
+    pgid            INTEGER,
+    leader_ctime    REAL,
+    exit_code       INTEGER,
+    signal          TEXT,
+    cause           TEXT,
+    action          TEXT,
+    checkpoint      TEXT,
+    resume_step     INTEGER,
+    remedies_json   TEXT NOT NULL DEFAULT '[]',
+    validation_json TEXT,
+    detection_json  TEXT,
+    gate_json       TEXT,
+    decision_json   TEXT,
+    shutdown_json   TEXT,
+    summary         TEXT,
+    counted         INTEGER NOT NULL DEFAULT 1,
+    first_step_at   REAL,
+    last_step       INTEGER,
+    PRIMARY KEY (run_id, attempt)
+);
+CREATE TABLE IF NOT EXISTS events (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id    TEXT NOT NULL,
+    attempt   INTEGER,
+    at        REAL NOT NULL,
+    event     TEXT NOT NULL,
+    level     TEXT NOT NULL,
+    message   TEXT,
+    data_json TEXT
+);
+CREATE INDEX IF NOT EXISTS events_run ON events(run_id, id);
+CREATE TABLE IF NOT EXISTS metrics (
+    run_id   TEXT NOT NULL,
+    attempt  INTEGER NOT NULL,
+    at       REAL NOT NULL,
+    step     INTEGER,
+    loss     REAL,
+    grad_norm REAL,
+    tokens_per_sec REAL,
+    val_loss REAL
+);
+CREATE INDEX IF NOT EXISTS metrics_run ON metrics(run_id, attempt, step);
+"""
+
+LEDGER_FILE = "ledger.sqlite"
+
+# Run states that end a run; any other state means the daemon died and the run continues.
+FINAL_STATES = ("finished", "gave_up")
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _json(v: Any) -> str | None:
+    return None if v is None else json.dumps(v, default=str, sort_keys=True)
+
+
+def _load(v: str | None) -> Any:
+    return None if v is None else json.loads(v)
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    attempt: int
+    argv: list[str]
+    cwd: str
+    started_at: float
+    ended_at: float | None
+    pid: int | None
+    pgid: int | None
+    leader_ctime: float | None
+    exit_code: int | None
+    signal: str | None
+    cause: str | None
+    action: str | None
+    checkpoint: str | None
+    counted: bool
+    resume_step: int | None
+
+
+class Ledger:
+    def __init__(self, state_dir: Path, *, readonly: bool = False) -> None:
+        self.path = state_dir / LEDGER_FILE
+        if readonly:
+            if not self.path.exists():
+                raise FileNotFoundError(f"no ledger at {self.path}: no run has used this state dir")
+            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10)
+        else:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(self.path, timeout=10, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+        self.db.row_factory = sqlite3.Row
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- runs -----------------------------------------------------------------------------
+    def open_run(self, name: str, config_json: Mapping[str, Any]) -> tuple[str, bool]:
+        """Continue the newest unfinished run of this state dir, or start a new one.
+
+        Returns (run_id, continued)."""
+        row = self.db.execute("SELECT run_id, state FROM runs ORDER BY created_at DESC LIMIT 1").fetchone()
+        if row is not None and row["state"] not in FINAL_STATES:
+            self.db.execute("UPDATE runs SET state='running', ended_at=NULL, exit_code=NULL, reason=NULL, "
+                            "config_json=? WHERE run_id=?", (_json(config_json), row["run_id"]))
+            return row["run_id"], True
+        run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        self.db.execute("INSERT INTO runs(run_id, name, created_at, state, config_json) VALUES (?,?,?,?,?)",
+                        (run_id, name, time.time(), "running", _json(config_json)))
+        return run_id, False
+
+    def end_run(self, run_id: str, state: str, exit_code: int, reason: str) -> None:
+        self.db.execute("UPDATE runs SET state=?, exit_code=?, reason=?, ended_at=? WHERE run_id=?",
+                        (state, exit_code, reason, time.time(), run_id))
+
+    def latest_run_id(self) -> str | None:
+        row = self.db.execute("SELECT run_id FROM runs ORDER BY created_at DESC LIMIT 1").fetchone()
+        return row["run_id"] if row else None
+
+    # -- attempts -------------------------------------------------------------------------
+    def next_attempt_number(self, run_id: str) -> int:
+        row = self.db.execute("SELECT MAX(attempt) AS m FROM attempts WHERE run_id=?", (run_id,)).fetchone()
+        return 0 if row["m"] is None else int(row["m"]) + 1
+
+    def begin_attempt(self, run_id: str, attempt: int, argv: list[str], cwd: str, env: Mapping[str, str],
+                      snapshot: Mapping[str, Any] | None, checkpoint: str | None, resume_step: int | None,
+                      remedies: list[Any], gate: Mapping[str, Any] | None) -> None:
+        self.db.execute(
+            "INSERT INTO attempts(run_id, attempt, argv_json, cwd, env_json, snapshot_json, started_at, "
+            "checkpoint, resume_step, remedies_json, gate_json) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (run_id, attempt, json.dumps(argv), cwd, json.dumps(dict(env), sort_keys=True), _json(snapshot),
+             time.time(), checkpoint, resume_step, json.dumps(remedies, default=str), _json(gate)))
+
+    def set_attempt_process(self, run_id: str, attempt: int, pid: int, pgid: int, ctime: float) -> None:
+        self.db.execute("UPDATE attempts SET pid=?, pgid=?, leader_ctime=? WHERE run_id=? AND attempt=?",
+                        (pid, pgid, ctime, run_id, attempt))
+
+    def update_attempt(self, run_id: str, attempt: int, **fields: Any) -> None:
+        cols = []
+        vals: list[Any] = []
+        for k, v in fields.items():
+            if k.endswith("_json"):
+                v = _json(v)
+            cols.append(f"{k}=?")
+            vals.append(v)
+        if cols:
+            self.db.execute(f"UPDATE attempts SET {', '.join(cols)} WHERE run_id=? AND attempt=?",
+                            (*vals, run_id, attempt))
+
+    def end_attempt(self, run_id: str, attempt: int, *, exit_code: int | None, signal: str | None,
+                    cause: str | None, action: str | None, summary: str, counted: bool = True,
+                    detection: Mapping[str, Any] | None = None, decision: Mapping[str, Any] | None = None,
+                    shutdown: Mapping[str, Any] | None = None) -> None:
+        self.db.execute(
+            "UPDATE attempts SET ended_at=?, exit_code=?, signal=?, cause=?, action=?, summary=?, counted=?, "
+            "detection_json=COALESCE(?, detection_json), decision_json=?, shutdown_json=? "
+            "WHERE run_id=? AND attempt=?",
+            (time.time(), exit_code, signal, cause, action, summary, int(counted), _json(detection),
+             _json(decision), _json(shutdown), run_id, attempt))
+
+    def attempts(self, run_id: str) -> list[AttemptRow]:
+        rows = self.db.execute("SELECT * FROM attempts WHERE run_id=? ORDER BY attempt", (run_id,)).fetchall()
+        return [AttemptRow(r["attempt"], json.loads(r["argv_json"]), r["cwd"], r["started_at"], r["ended_at"],
+                           r["pid"], r["pgid"], r["leader_ctime"], r["exit_code"], r["signal"], r["cause"],
+                           r["action"], r["checkpoint"], bool(r["counted"]), r["resume_step"]) for r in rows]
+
+    # -- events and metrics ---------------------------------------------------------------
+    def event(self, run_id: str, attempt: int | None, event: str, level: str, message: str | None,
+              data: Mapping[str, Any] | None = None) -> None:
+        self.db.execute("INSERT INTO events(run_id, attempt, at, event, level, message, data_json) "
+                        "VALUES (?,?,?,?,?,?,?)",
+                        (run_id, attempt, time.time(), event, level, message, _json(data)))
+
+    def metrics_batch(self, run_id: str, attempt: int, rows: list[tuple[float, Any, Any, Any, Any, Any]]) -> None:
+        self.db.executemany("INSERT INTO metrics(run_id, attempt, at, step, loss, grad_norm, tokens_per_sec, "
+                            "val_loss) VALUES (?,?,?,?,?,?,?,?)", [(run_id, attempt, *r) for r in rows])
+
+    def metrics(self, run_id: str) -> Iterator[sqlite3.Row]:
+        return iter(self.db.execute("SELECT * FROM metrics WHERE run_id=? ORDER BY at", (run_id,)).fetchall())
+
+    # -- history (SPEC shape) -------------------------------------------------------------
+    def history(self, run_id: str | None = None) -> dict[str, Any]:
+        run_id = run_id or self.latest_run_id()
+        if run_id is None:
+            return {"run_id": None, "attempts": [], "events": []}
+        run = self.db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        attempts = []
+        for r in self.db.execute("SELECT * FROM attempts WHERE run_id=? ORDER BY attempt", (run_id,)):
+            attempts.append({
+                "attempt": r["attempt"],
+                "argv": json.loads(r["argv_json"]),
+                "cwd": r["cwd"],
+                "started_at": iso(r["started_at"]),
+                "ended_at": iso(r["ended_at"]),
+                "exit_code": r["exit_code"],
+                "signal": r["signal"],
+                "cause": r["cause"],
+                "action": r["action"],
+                "checkpoint": r["checkpoint"],
+                "resume_step": r["resume_step"],
+                "remedies": json.loads(r["remedies_json"] or "[]"),
+                "validation": _load(r["validation_json"]),
+                "detection": _load(r["detection_json"]),
+                "decision": _load(r["decision_json"]),
+                "gate": _load(r["gate_json"]),
+                "shutdown": _load(r["shutdown_json"]),
+                "summary": r["summary"],
+                "env": json.loads(r["env_json"]),
+                "environment": _load(r["snapshot_json"]),
+                "counted": bool(r["counted"]),
+            })
+        events = [{"at": iso(e["at"]), "attempt": e["attempt"], "event": e["event"], "level": e["level"],
+                   "message": e["message"], "data": _load(e["data_json"])}
+                  for e in self.db.execute("SELECT * FROM events WHERE run_id=? ORDER BY id", (run_id,))]
+        return {
+            "run_id": run_id,
+            "name": run["name"] if run else None,
+            "state": run["state"] if run else None,
+            "exit_code": run["exit_code"] if run else None,
+            "reason": run["reason"] if run else None,
+            "attempts": attempts,
+            "events": events,
+        }

@@ -1,0 +1,129 @@
+"""The OS boundary: signals, process lookups, clocks.
+
+Everything that touches another process goes through :class:`OsApi`, so tests can record
+kills, inject ``OSError(ESRCH)`` or a fake clock, while integration tests use the real thing.
+ESRCH ("no such process") always means "already gone", never an error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass(frozen=True)
+class ProcRef:
+    """A process identified by pid AND start time, so a reused pid is never mistaken for it."""
+
+    pid: int
+    create_time: float
+
+    def alive(self) -> bool:
+        try:
+            p = psutil.Process(self.pid)
+            return abs(p.create_time() - self.create_time) < 0.05 and p.status() != psutil.STATUS_ZOMBIE
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return False
+
+
+class Clock:
+    """Monotonic time for deadlines, wall time for the ledger."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        return time.time()
+
+
+class OsApi:
+    def killpg(self, pgid: int, sig: int) -> bool:
+        """Signal a process group. Returns False when the group is already gone."""
+        try:
+            os.killpg(pgid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            # EPERM on a group means some member is not ours (or a zombie-only group on some
+            # kernels); treat as gone for our purposes only if no live member exists.
+            return bool(self.group_members(pgid))
+
+    def kill(self, ref: ProcRef, sig: int) -> bool:
+        if not ref.alive():
+            return False
+        try:
+            os.kill(ref.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def group_members(self, pgid: int) -> list[int]:
+        """Live (non-zombie) processes whose process group is ``pgid``."""
+        out = []
+        for p in psutil.process_iter(["status"]):
+            try:
+                if p.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                if os.getpgid(p.pid) == pgid:
+                    out.append(p.pid)
+            except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+                continue
+        return out
+
+    def proc_ref(self, pid: int) -> ProcRef | None:
+        try:
+            return ProcRef(pid, psutil.Process(pid).create_time())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+
+    def descendants(self, pid: int) -> list[ProcRef]:
+        try:
+            kids = psutil.Process(pid).children(recursive=True)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return []
+        out = []
+        for k in kids:
+            try:
+                out.append(ProcRef(k.pid, k.create_time()))
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return out
+
+    def reap(self, pid: int) -> int | None:
+        """Non-blocking waitpid; the raw status, or None while it runs (or when not our child)."""
+        try:
+            got, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        return status if got == pid else None
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants of the job get re-parented to us (not init), so we can find and
+    reap them: nothing of a job survives a relaunch, and no zombie is left behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"SIG{sig}"
+
+
+def esrch(exc: OSError) -> bool:
+    return exc.errno == errno.ESRCH

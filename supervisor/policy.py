@@ -1,0 +1,190 @@
+"""The restart policy: one pure function from (run history, failure) to a decision.
+
+No processes, no clock reads, no randomness of its own (the caller passes ``now`` and a jitter
+draw), so every rule can be tested with scripted histories.
+
+Rules, in order:
+1. The action is ``[on.<cause>].action`` when configured, else the monitor's suggestion (a
+   node-level Xid suggests ``give_up``), else the cause's default.
+2. ``warn`` records and lets the job run; ``give_up`` gives up.
+3. The remedy ladder: each consecutive repeat of the same cause climbs one rung (cumulative);
+   when the cause repeats past the last rung, give up ("the remedies did not help").
+4. The restart budget: at most ``max_restarts`` restarts whose failures fell inside the last
+   ``restart_window_s``; one more gives up.
+5. Backoff: ``initial * factor**(n-1)`` capped at ``max``, n = consecutive failures, each attempt
+   that ran ``healthy_after_s`` resetting the count; +/- ``jitter``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+from .config import Config, Remedy
+from .events import Action, Cause
+
+
+@dataclass(frozen=True)
+class PastAttempt:
+    """What the policy needs to know about an attempt that already ended."""
+
+    attempt: int
+    cause: Cause | None  # None: ended without a failure (daemon restart, operator stop)
+    ended_at: float  # wall-clock seconds
+    ran_s: float
+    counted: bool = True  # False: not a failure (e.g. the daemon itself was restarted)
+
+
+@dataclass(frozen=True)
+class Failure:
+    cause: Cause
+    summary: str
+    suggested_action: Action | None = None
+    step: int | None = None
+    onset_step: int | None = None
+
+
+@dataclass(frozen=True)
+class AppliedRemedies:
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    args: tuple[str, ...] = ()
+    skip_batches: int = 0
+    rungs: tuple[int, ...] = ()  # which rungs (0-based) are applied
+
+    def as_json(self) -> list[dict[str, object]]:
+        out: list[dict[str, object]] = []
+        if self.rungs:
+            out.append({"rungs": list(self.rungs), "env": dict(self.env), "args": list(self.args),
+                        "skip_batches": self.skip_batches})
+        return out
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    cause: Cause
+    reason: str  # why, in words, for the journal
+    delay_s: float = 0.0
+    restarts_in_window: int = 0  # counting this one when it restarts
+    max_restarts: int = 0
+    remedies: AppliedRemedies = field(default_factory=AppliedRemedies)
+
+    @property
+    def relaunch(self) -> bool:
+        return self.action in (Action.RESTART, Action.ROLLBACK)
+
+
+def combine_remedies(remedies: Sequence[Remedy], upto: int) -> AppliedRemedies:
+    """Cumulative effect of rungs 0..upto-1: env merged, args appended or replacing, skip max."""
+    env: dict[str, str] = {}
+    args: list[str] = []
+    skip = 0
+    for r in remedies[:upto]:
+        env.update(r.env)
+        args = merge_args(args, r.args)
+        skip = max(skip, r.skip_batches)
+    return AppliedRemedies(MappingProxyType(env), tuple(args), skip, tuple(range(min(upto, len(remedies)))))
+
+
+def _arg_key(arg: str) -> str | None:
+    if arg.startswith("-") and "=" in arg:
+        return arg.split("=", 1)[0]
+    return None
+
+
+def merge_args(base: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """Append ``extra`` to ``base``; an ``--key=value`` in extra replaces an earlier ``--key=...``."""
+    out = list(base)
+    for arg in extra:
+        key = _arg_key(arg)
+        if key is not None:
+            for i, old in enumerate(out):
+                if _arg_key(old) == key:
+                    out[i] = arg
+                    break
+            else:
+                out.append(arg)
+        else:
+            out.append(arg)
+    return out
+
+
+def _streak(history: Sequence[PastAttempt], cause: Cause, healthy_after_s: float) -> int:
+    """How many attempts in a row (newest first) ended with ``cause`` without a healthy run."""
+    n = 0
+    for past in reversed(history):
+        if not past.counted:
+            continue
+        if past.cause != cause or past.ran_s >= healthy_after_s:
+            break
+        n += 1
+    return n
+
+
+def _consecutive_failures(history: Sequence[PastAttempt], healthy_after_s: float) -> int:
+    n = 0
+    for past in reversed(history):
+        if not past.counted:
+            continue
+        if past.cause is None or past.ran_s >= healthy_after_s:
+            break
+        n += 1
+    return n
+
+
+def backoff_delay(cfg: Config, consecutive: int, jitter_draw: float) -> float:
+    """Delay before the next launch; ``jitter_draw`` in [-1, 1] (the caller draws it)."""
+    p = cfg.policy
+    if consecutive <= 0 or p.backoff_initial_s <= 0:
+        return 0.0
+    base = min(p.backoff_max_s, p.backoff_initial_s * p.backoff_factor ** (consecutive - 1))
+    return max(0.0, base * (1.0 + p.backoff_jitter * max(-1.0, min(1.0, jitter_draw))))
+
+
+def decide(cfg: Config, history: Sequence[PastAttempt], failure: Failure, *, now: float,
+           ran_s: float, jitter_draw: float = 0.0) -> Decision:
+    """Decide what to do about ``failure`` that ended (or must end) the current attempt.
+
+    ``history`` holds the attempts that ended before the current one; ``ran_s`` is how long the
+    current attempt ran.
+    """
+    cause = failure.cause
+    p = cfg.policy
+    if cfg.action_configured(cause) or failure.suggested_action is None:
+        action = cfg.action_for(cause)
+        why_action = (f"[on.{cause.value}] action = {action.value}" if cfg.action_configured(cause)
+                      else f"the default for {cause.value}")
+    else:
+        action = failure.suggested_action
+        why_action = f"the monitor's advice for this fault ({failure.summary})"
+
+    if action is Action.WARN:
+        return Decision(Action.WARN, cause, f"recorded only ({why_action}); the job keeps running")
+    if action is Action.GIVE_UP:
+        return Decision(Action.GIVE_UP, cause, f"{cause.value} needs a human ({why_action})")
+
+    # The ladder: a repeat of the same cause (no healthy run between) climbs one rung.
+    remedies = cfg.remedies_for(cause)
+    repeats = _streak(history, cause, p.healthy_after_s) if ran_s < p.healthy_after_s else 0
+    if remedies and repeats > len(remedies):
+        return Decision(Action.GIVE_UP, cause,
+                        f"{cause.value} repeated after all {len(remedies)} remedies of [on.{cause.value}] "
+                        f"were applied; the remedies did not help")
+    applied = combine_remedies(remedies, repeats)
+
+    window_start = now - p.restart_window_s
+    in_window = sum(1 for a in history if a.counted and a.cause is not None and a.ended_at >= window_start)
+    if in_window + 1 > p.max_restarts:
+        return Decision(Action.GIVE_UP, cause,
+                        f"restart budget spent: {in_window} restarts in the last "
+                        f"{p.restart_window_s:g} s (policy.max_restarts = {p.max_restarts})",
+                        restarts_in_window=in_window, max_restarts=p.max_restarts, remedies=applied)
+
+    consecutive = (_consecutive_failures(history, p.healthy_after_s) + 1) if ran_s < p.healthy_after_s else 1
+    delay = backoff_delay(cfg, consecutive, jitter_draw)
+    reason = f"{action.value} ({why_action})"
+    if applied.rungs:
+        reason += f"; remedies 1-{len(applied.rungs)} of [on.{cause.value}] applied"
+    return Decision(action, cause, reason, delay_s=delay, restarts_in_window=in_window + 1,
+                    max_restarts=p.max_restarts, remedies=applied)
