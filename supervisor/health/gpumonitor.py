@@ -44,14 +44,18 @@ _TREND_SAMPLES = 30
 
 
 def job_tree_pids(pid: int | None) -> frozenset[int]:
-    """``pid`` and all its descendants (psutil); empty when it is gone."""
+    """``pid`` and all its descendants (psutil); just ``pid`` when it cannot be listed.
+
+    NVML reports pids of the host's pid namespace: inside a container without ``--pid=host`` they
+    do not match, and the job's share reads 0 (device totals are still right).
+    """
     if pid is None:
         return frozenset()
     try:
         proc = psutil.Process(pid)
         return frozenset([pid, *(c.pid for c in proc.children(recursive=True))])
     except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return frozenset()
+        return frozenset([pid])
 
 
 def linear_slope(samples: Sequence[tuple[float, float]]) -> float | None:
