@@ -511,8 +511,15 @@ class FakeBackend:
             left = deadline - time.monotonic()
             if left <= 0:
                 return []
-            # wake at the next timeline item (real clock) or when shut down, whichever is first
-            self._wake.wait(min(left, 0.05))
+            # sleep until the next timeline item, the timeout, or shutdown; with an injected clock
+            # (not real seconds) look again every 50 ms
+            wait = min(left, 0.05)
+            if self._clock is time.monotonic:
+                with self._lock:
+                    due = (self._timeline[self._next][0] - self.elapsed()
+                           if self._next < len(self._timeline) else left)
+                wait = min(left, max(due, 0.001))
+            self._wake.wait(wait)
 
 
 class NullBackend:
