@@ -1,15 +1,168 @@
-"""Config sections [heartbeat] and [detectors] (placeholder: filled by the watch work)."""
-from __future__ import annotations
-from dataclasses import dataclass
+"""Config sections ``[heartbeat]`` and ``[detectors]`` (the watch concern).
 
+Defaults are chosen for an unattended overnight run: nothing fires on a healthy, noisy loss
+curve, a real divergence or NaN is caught within a few logged steps, and hang detection is
+learned from the job's own rhythm unless a timeout is given.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
 from ..configschema import meta
+
+
+def _check_regexes(patterns: tuple[str, ...]) -> str | None:
+    for i, p in enumerate(patterns):
+        try:
+            rx = re.compile(p)
+        except re.error as exc:
+            return f"[{i}] is not a valid regular expression: {exc}"
+        if not rx.groupindex:
+            return (f"[{i}] {p!r} has no named group; name what it captures, e.g. "
+                    "(?P<step>\\d+) and (?P<loss>[-+.\\w]+)")
+        unknown = set(rx.groupindex) - _METRIC_GROUPS
+        if "step" not in rx.groupindex and "loss" not in rx.groupindex and not unknown:
+            return f"[{i}] {p!r} captures neither step nor loss"
+    return None
+
+
+def _check_plain_regexes(patterns: tuple[str, ...]) -> str | None:
+    for i, p in enumerate(patterns):
+        try:
+            re.compile(p)
+        except re.error as exc:
+            return f"[{i}] is not a valid regular expression: {exc}"
+    return None
+
+
+# Named groups a user regex may use; any other group name lands in MetricRecord.extra.
+_METRIC_GROUPS = {"step", "loss", "grad_norm", "lr", "tokens_per_sec", "val_loss", "rank"}
 
 
 @dataclass(frozen=True)
 class HeartbeatConfig:
-    timeout_s: float | None = None
+    """``[heartbeat]``: per-rank heartbeats from ``supervisor.client`` and hang detection."""
+
+    timeout_s: float | None = field(default=None, metadata=meta(
+        "a rank whose last heartbeat is older than this is hung; unset: learned from the job's rhythm",
+        min=0, min_exclusive=True))
+    startup_timeout_s: float = field(default=1800.0, metadata=meta(
+        "time from launch to every rank's first heartbeat (model load, compile, NCCL init)",
+        min=0, min_exclusive=True))
+    expect_heartbeats: bool = field(default=False, metadata=meta(
+        "the job uses supervisor.client: apply startup_timeout_s from the first attempt "
+        "(otherwise it applies once any attempt has sent a heartbeat)"))
+    checkpoint_timeout_s: float = field(default=3600.0, metadata=meta(
+        "allowance while a rank says it is checkpointing (client.checkpointing())",
+        min=0, min_exclusive=True))
+    initial_timeout_s: float = field(default=900.0, metadata=meta(
+        "timeout used while a timeout is still being learned (timeout_s unset)",
+        min=0, min_exclusive=True))
+    learn_after: int = field(default=20, metadata=meta(
+        "heartbeat intervals to observe before the learned timeout takes over", min=1))
+    learn_factor: float = field(default=5.0, metadata=meta(
+        "learned timeout = longest observed interval x this factor", min=1))
+    learn_floor_s: float = field(default=60.0, metadata=meta(
+        "the learned timeout is never below this", min=0, min_exclusive=True))
+    client_interval_s: float = field(default=1.0, metadata=meta(
+        "the client writes a heartbeat at most this often (TSUP_HEARTBEAT_INTERVAL_S)",
+        min=0))
+    check_interval_s: float = field(default=0.25, metadata=meta(
+        "how often the daemon reads the heartbeat files", min=0, min_exclusive=True))
+    output_stall_timeout_s: float | None = field(default=None, metadata=meta(
+        "hang when the job prints no line at all for this long (for jobs without the client)",
+        min=0, min_exclusive=True))
+    progress_stall_timeout_s: float | None = field(default=None, metadata=meta(
+        "hang when no new training step is logged for this long (for jobs without the client)",
+        min=0, min_exclusive=True))
+    dump_stacks: bool = field(default=True, metadata=meta(
+        "before stopping a hung job, dump every process's Python stacks with py-spy into the state dir"))
+    dump_stacks_native: bool = field(default=False, metadata=meta(
+        "include native (C/C++/CUDA) frames in the py-spy dump (slower)"))
+    dump_stacks_timeout_s: float = field(default=10.0, metadata=meta(
+        "time limit for the py-spy dump of one process", min=0, min_exclusive=True))
+
+
+@dataclass(frozen=True)
+class ParsersConfig:
+    """``[detectors.parsers]``: how log lines become metric records."""
+
+    auto: bool = field(default=True, metadata=meta(
+        "recognise JSON, HF Trainer, nanoGPT, torchtitan and Megatron-LM metric lines"))
+    regexes: tuple[str, ...] = field(default=(), metadata=meta(
+        "extra patterns with named groups step, loss, grad_norm, lr, tokens_per_sec, val_loss, rank "
+        "(other names go to extra); tried per line after the built-in formats",
+        check=_check_regexes))
+    max_line_chars: int = field(default=4096, metadata=meta(
+        "longer lines are not parsed for metrics (they are still scanned by the text detectors)",
+        min=64))
+
+
+@dataclass(frozen=True)
+class NanDetectorConfig:
+    """``[detectors.nan]``: non-finite loss / grad norm, and the textual signs of it."""
+
+    enabled: bool = field(default=True, metadata=meta("detect NaN/Inf loss or grad norm"))
+    consecutive: int = field(default=1, metadata=meta(
+        "non-finite records in a row before it fires (raise for fp16 with a dynamic loss scaler)",
+        min=1))
+    fields: tuple[str, ...] = field(default=("loss", "grad_norm", "val_loss"), metadata=meta(
+        "which metric fields must stay finite",
+        check=lambda t: next((f"unknown field {x!r} (known: loss, grad_norm, val_loss)"
+                              for x in t if x not in ("loss", "grad_norm", "val_loss")), None)))
+    text: bool = field(default=True, metadata=meta(
+        'also fire on textual signs ("Loss is NaN", Megatron "number of nan iterations: N" with N > 0)'))
+    patterns: tuple[str, ...] = field(default=(), metadata=meta(
+        "extra regexes whose match on a line means NaN", check=_check_plain_regexes))
+
+
+@dataclass(frozen=True)
+class LossSpikeConfig:
+    """``[detectors.loss_spike]``: a persistent jump of the loss above its robust baseline.
+
+    Baseline = median of the last ``window`` accepted losses; spread = 1.4826 x MAD (a robust
+    sigma). A record is *high* when loss > median + max(z x sigma, min_rel x |median|). A spike is
+    ``patience`` high records in a row; one outlier is not a spike. High records never enter the
+    baseline, so a spike cannot hide itself by moving the median.
+    """
+
+    enabled: bool = field(default=True, metadata=meta("detect persistent loss spikes"))
+    window: int = field(default=50, metadata=meta(
+        "metric records in the rolling baseline (median and MAD)", min=5))
+    min_points: int = field(default=20, metadata=meta(
+        "records in the baseline before anything can be judged", min=3))
+    warmup_steps: int = field(default=100, metadata=meta(
+        "steps ignored at the start of every attempt (fresh or resumed)", min=0))
+    z: float = field(default=6.0, metadata=meta(
+        "robust z-score (in MAD sigmas) above the median that counts as high", min=0, min_exclusive=True))
+    min_rel: float = field(default=0.2, metadata=meta(
+        "and at least this fraction of the median above it (0.2 = 20 %)", min=0))
+    patience: int = field(default=5, metadata=meta(
+        "high records in a row that make a spike (counted in logged records, not steps)", min=1))
+
+
+@dataclass(frozen=True)
+class TextDetectorConfig:
+    """A detector that fires on log text (oom, nccl_timeout, checkpoint_load_error)."""
+
+    enabled: bool = field(default=True, metadata=meta("detect this cause from log lines"))
+    patterns: tuple[str, ...] = field(default=(), metadata=meta(
+        "extra regexes whose match on a line means this cause", check=_check_plain_regexes))
 
 
 @dataclass(frozen=True)
 class DetectorsConfig:
-    pass
+    """``[detectors]``: log line parsing and the anomaly detectors fed by it."""
+
+    evidence_chars: int = field(default=300, metadata=meta(
+        "evidence lines are truncated to this many characters", min=40))
+    parsers: ParsersConfig = field(default_factory=ParsersConfig)
+    nan: NanDetectorConfig = field(default_factory=NanDetectorConfig)
+    loss_spike: LossSpikeConfig = field(default_factory=LossSpikeConfig)
+    oom: TextDetectorConfig = field(default_factory=TextDetectorConfig)
+    nccl_timeout: TextDetectorConfig = field(default_factory=TextDetectorConfig)
+    checkpoint_load_error: TextDetectorConfig = field(default_factory=TextDetectorConfig)
+
+
+__all__ = ["HeartbeatConfig", "DetectorsConfig", "ParsersConfig", "NanDetectorConfig",
+           "LossSpikeConfig", "TextDetectorConfig"]

@@ -1,0 +1,404 @@
+"""Anomaly detectors over the (line, metric record) stream of one attempt.
+
+Each detector is a small stateful object, pure apart from its own state: ``observe(source, line,
+record)`` returns a :class:`~supervisor.events.Detection` or None. Detectors never act; the log
+watcher emits what they return. Each fires at most once per attempt (``reset`` starts the next
+attempt), because one NaN printed by eight ranks is one failure, not eight.
+
+``keywords`` lists substrings that any line a detector cares about must contain; the log watcher
+only hands a detector lines that contain one of the union of keywords (or that parsed as a
+metric), which is what keeps ingestion at hundreds of thousands of lines per second.
+
+Classification choices (SPEC causes):
+
+- ``oom``: CUDA/HIP out of memory, ``torch.OutOfMemoryError``, ``CUBLAS_STATUS_ALLOC_FAILED``,
+  ``cudaErrorMemoryAllocation``, host ``MemoryError`` and ``std::bad_alloc``.
+- ``nccl_timeout``: NCCL watchdog collective timeouts, ProcessGroupNCCL errors, aborted
+  communicators, NCCL error codes, and the CUDA driver errors that usually accompany a peer
+  dying or a transient device fault mid-collective (``illegal memory access``, ``unspecified
+  launch failure``). A restart from the last checkpoint is the right first answer to those; if
+  they repeat, the policy's crash-loop guard gives up.
+- ``gpu_fault``: ``NVRM: Xid`` lines, uncorrectable ECC errors and "GPU is lost" seen in the
+  log. Xids that mean the node needs a human (48 DBE, 79 fell off the bus, 64/92/94/95 ECC)
+  carry ``suggested_action=give_up``.
+- ``checkpoint_load_error``: missing / unexpected keys, size mismatch, PytorchStreamReader
+  failures, unexpected EOF, weights-only load failures, unpickling and safetensors header errors.
+- ``nan``: non-finite loss / grad norm / val loss in ``consecutive`` records, plus textual signs.
+- ``loss_spike``: see :class:`LossSpikeDetector`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from dataclasses import dataclass
+from statistics import median
+from typing import Iterable, Protocol, Sequence
+
+from ..events import Action, Cause, Detection, MetricRecord
+from .config import DetectorsConfig, LossSpikeConfig, NanDetectorConfig, TextDetectorConfig
+
+
+def truncate(text: str, limit: int) -> str:
+    text = text.rstrip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Detector(Protocol):
+    cause: Cause
+    keywords: tuple[str, ...]
+    wants_metrics: bool
+
+    def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None: ...
+
+    def reset(self, resume_step: int | None) -> None: ...
+
+
+@dataclass(frozen=True)
+class TextRule:
+    """A regex whose match on a line means ``cause``, with a human summary."""
+
+    cause: Cause
+    pattern: re.Pattern[str]
+    summary: str
+    action: Action | None = None
+
+
+def _rules(cause: Cause, pairs: Iterable[tuple[str, str]], flags: int = 0) -> list[TextRule]:
+    return [TextRule(cause, re.compile(p, flags), s) for p, s in pairs]
+
+
+OOM_RULES = _rules(Cause.OOM, [
+    (r"(?:CUDA|HIP|XPU|MPS) out of memory", "GPU out of memory"),
+    (r"\bOutOfMemoryError\b", "GPU out of memory"),
+    (r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation", "GPU allocation failed"),
+    (r"^\s*(?:\[rank\d+\]:\s*)?MemoryError\b|^\s*(?:\[rank\d+\]:\s*)?torch\.OutOfMemoryError", "host out of memory"),
+    (r"std::bad_alloc", "host allocation failed (std::bad_alloc)"),
+    (r"RESOURCE_EXHAUSTED: Out of memory", "device out of memory"),
+])
+
+NCCL_RULES = _rules(Cause.NCCL_TIMEOUT, [
+    (r"Watchdog caught collective operation timeout", "NCCL collective timed out (watchdog)"),
+    (r"ProcessGroupNCCL.*(?:[Tt]imeout|timed out|[Ee]rror|abort)", "ProcessGroupNCCL error"),
+    (r"(?:NCCL )?[Cc]ommunicator (?:was )?abort", "NCCL communicator aborted"),
+    (r"Some NCCL operations have failed or timed out", "NCCL operations failed or timed out"),
+    (r"NCCL watchdog thread terminated", "NCCL watchdog terminated"),
+    (r"\bnccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage)\b", "NCCL error"),
+    (r"NCCL (?:error|Error|ERROR)\b.*(?:timeout|timed out|unhandled|remote|internal|system)", "NCCL error"),
+    (r"DistBackendError", "distributed backend error"),
+    (r"(?:Socket|socket) [Tt]imeout|Connection reset by peer.*(?:gloo|nccl|c10d)", "collective socket timeout"),
+    (r"an illegal memory access was encountered", "CUDA illegal memory access"),
+    (r"unspecified launch failure", "CUDA unspecified launch failure"),
+])
+
+GPU_RULES = _rules(Cause.GPU_FAULT, [
+    (r"uncorrectable ECC error", "uncorrectable ECC error"),
+    (r"GPU is lost|fallen off the bus", "GPU lost"),
+])
+_XID = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
+# Xids after which a restart on the same node does not help.
+FATAL_XIDS = frozenset({48, 64, 74, 79, 92, 94, 95, 119, 120})
+
+CKPT_RULES = _rules(Cause.CHECKPOINT_LOAD_ERROR, [
+    (r"Missing key\(s\) in state_dict", "missing keys in state_dict"),
+    (r"Unexpected key\(s\) in state_dict", "unexpected keys in state_dict"),
+    (r"Error\(s\) in loading state_dict", "state_dict does not match the model"),
+    (r"size mismatch for \S+", "tensor size mismatch in state_dict"),
+    (r"PytorchStreamReader failed", "checkpoint archive unreadable (PytorchStreamReader)"),
+    (r"[Uu]nexpected EOF|EOFError: Ran out of input", "checkpoint file truncated (unexpected EOF)"),
+    (r"Weights only load failed", "weights-only checkpoint load failed"),
+    (r"_pickle\.UnpicklingError|UnpicklingError: invalid load key", "checkpoint unpickling failed"),
+    (r"SafetensorError|Error while deserializing header", "safetensors checkpoint unreadable"),
+    (r"file might be corrupted", "checkpoint file corrupted"),
+])
+
+NAN_TEXT_RULES = _rules(Cause.NAN, [
+    (r"number of nan iterations:\s*([1-9]\d*)", "Megatron reports nan iterations"),
+    (r"\b[Ll]oss (?:is|became|was|=) (?:NaN|nan|NAN|inf|Inf|-inf)\b", "loss is not finite"),
+    (r"\b(?:NaN|nan) (?:or Inf )?(?:loss|detected|found)\b|\bDetected (?:NaN|nan|inf|Inf)\b", "NaN detected"),
+    (r"is non-finite, so it cannot be clipped", "gradient norm is non-finite"),
+    (r"returned nan values in its \d+th output", "autograd anomaly: nan"),
+])
+
+
+class TextDetector:
+    """Fires on the first line that matches any rule (first matching rule names the summary)."""
+
+    wants_metrics = False
+
+    def __init__(self, cause: Cause, rules: Sequence[TextRule], keywords: Sequence[str],
+                 cfg: TextDetectorConfig, evidence_chars: int) -> None:
+        self.cause = cause
+        extra = [TextRule(cause, re.compile(p), f"{cause.value} (pattern {p!r})") for p in cfg.patterns]
+        self.rules = list(rules) + extra
+        # One alternation searched once per line (rule i is group r<i>); the per-rule regexes
+        # are kept for the summary and for patterns that cannot be combined.
+        try:
+            self._combined: re.Pattern[str] | None = re.compile(
+                "|".join(f"(?P<r{i}>{r.pattern.pattern})" for i, r in enumerate(self.rules))) if self.rules else None
+        except re.error:
+            self._combined = None
+        # User patterns have no known literal, so they cannot be prefiltered: an empty keyword
+        # means "every line" (documented cost: the ingestion rate drops when you add patterns).
+        self.keywords = tuple(keywords) + (("",) if extra else ())
+        self.evidence_chars = evidence_chars
+        self.fired: set[Cause] = set()
+
+    def reset(self, resume_step: int | None) -> None:
+        self.fired.clear()
+
+    def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None:
+        if self._combined is not None:
+            m = self._combined.search(line)
+            if m is None:
+                return None
+            rule = self.rules[int((m.lastgroup or "r0")[1:])]
+            if rule.cause not in self.fired:
+                return self._fire(rule, m, source, line, step)
+        for rule in self.rules:
+            if rule.cause in self.fired:
+                continue
+            m = rule.pattern.search(line)
+            if m:
+                return self._fire(rule, m, source, line, step)
+        return None
+
+    def _fire(self, rule: TextRule, m: re.Match[str], source: str, line: str, step: int | None) -> Detection:
+        self.fired.add(rule.cause)
+        return Detection(cause=rule.cause, summary=f"{rule.summary} (last step {step})" if step is not None
+                         else rule.summary, source=source, step=step, onset_step=step,
+                         evidence=truncate(line, self.evidence_chars), suggested_action=rule.action,
+                         details={"pattern": rule.pattern.pattern})
+
+
+class NcclDetector(TextDetector):
+    """NCCL / driver timeouts (``nccl_timeout``) plus Xid / ECC lines (``gpu_fault``)."""
+
+    def __init__(self, cfg: TextDetectorConfig, evidence_chars: int) -> None:
+        super().__init__(Cause.NCCL_TIMEOUT, NCCL_RULES + GPU_RULES,
+                         ("NCCL", "nccl", "ommunicator", "Watchdog", "DistBackend", "ocket", "emory",
+                          "launch", "ECC", "GPU is lost", "off the bus", "Xid"),
+                         cfg, evidence_chars)
+
+    def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None:
+        if "Xid" in line and Cause.GPU_FAULT not in self.fired:
+            m = _XID.search(line)
+            if m:
+                xid = int(m.group(2))
+                fatal = xid in FATAL_XIDS
+                self.fired.add(Cause.GPU_FAULT)
+                return Detection(
+                    cause=Cause.GPU_FAULT, summary=f"GPU Xid {xid} ({m.group(1)})"
+                    + ("; this Xid needs a human (drain the node)" if fatal else ""),
+                    source=source, step=step, onset_step=step, value=float(xid),
+                    evidence=truncate(line, self.evidence_chars),
+                    suggested_action=Action.GIVE_UP if fatal else None,
+                    details={"xid": xid, "device": m.group(1)})
+        return super().observe(source, line, rec, step)
+
+
+class NanDetector:
+    """Non-finite values in ``fields`` for ``consecutive`` records of one stream, or a textual sign.
+
+    ``onset_step`` is the step of the first non-finite record of the run that fired.
+    """
+
+    cause = Cause.NAN
+    wants_metrics = True
+
+    def __init__(self, cfg: NanDetectorConfig, evidence_chars: int) -> None:
+        self.cfg = cfg
+        self.evidence_chars = evidence_chars
+        rules = NAN_TEXT_RULES if cfg.text else []
+        rules = rules + [TextRule(Cause.NAN, re.compile(p), f"nan (pattern {p!r})") for p in cfg.patterns]
+        self.text = TextDetector(Cause.NAN, rules, (), TextDetectorConfig(), evidence_chars)
+        self.keywords: tuple[str, ...] = (
+            ("nan", "NaN", "NAN", "-finite", " inf", " Inf", "-inf") if cfg.text else ()) + (
+            ("",) if cfg.patterns else ())
+        self.fired = False
+        self.runs: dict[tuple[str, int | None], tuple[int, int | None]] = {}
+
+    def reset(self, resume_step: int | None) -> None:
+        self.fired = False
+        self.runs.clear()
+        self.text.reset(resume_step)
+
+    def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None:
+        if self.fired:
+            return None
+        if rec is not None:
+            bad = [(f, v) for f in self.cfg.fields if (v := getattr(rec, f)) is not None and not math.isfinite(v)]
+            key = (source, rec.rank)
+            if bad:
+                count, onset = self.runs.get(key, (0, rec.step))
+                count += 1
+                self.runs[key] = (count, onset)
+                if count >= self.cfg.consecutive:
+                    self.fired = True
+                    name, value = bad[0]
+                    where = f" at step {rec.step}" if rec.step is not None else ""
+                    return Detection(
+                        cause=Cause.NAN, summary=f"{name} is {value}{where}"
+                        + (f" ({count} records in a row since step {onset})" if count > 1 else ""),
+                        source=source, step=rec.step, onset_step=onset if onset is not None else rec.step,
+                        value=value, evidence=truncate(line, self.evidence_chars),
+                        details={"field": name, "consecutive": count, "fmt": rec.fmt})
+                return None
+            self.runs.pop(key, None)
+            # A parsed metric line reaches every metric detector; the text rules only matter
+            # when it also carries one of the NaN words (Megatron's "number of nan iterations").
+            if not any(k in line for k in self.keywords):
+                return None
+        if self.text.rules:
+            det = self.text.observe(source, line, None, step)
+            if det is not None:
+                self.fired = True
+                return det
+        return None
+
+
+class LossSpikeDetector:
+    """A persistent jump of the training loss above its robust rolling baseline.
+
+    Per stream (source, rank): the baseline is the median of the last ``window`` accepted losses
+    and the spread is 1.4826 x MAD (the MAD scaled to a Gaussian sigma, robust to the outliers
+    that a mean/stddev would chase). A record is *high* when
+
+        loss > median + max(z * sigma, min_rel * |median|)
+
+    and a spike is ``patience`` high records in a row. Why these defaults:
+
+    - ``window=50`` records: long enough that the median ignores a burst of bad batches, short
+      enough to follow the normal downward trend (a falling curve sits *below* a lagging median,
+      so the lag never causes a false alarm).
+    - ``z=6``: healthy per-step loss noise stays within a few robust sigmas; 6 leaves margin for
+      heavy-tailed batches. ``min_rel=0.2``: late in training the noise (and so sigma) becomes
+      tiny, and a 2 % wiggle must not look like 6 sigma; real divergences are jumps of 50 % or more.
+    - ``patience=5``: a single bad batch (one outlier) or a short burst recovers by itself, as
+      large-model reports (PaLM, OPT) describe; only a persistent excursion warrants a rollback.
+    - ``warmup_steps=100`` / ``min_points=20``: the first steps of a run, and of every restart,
+      are unstable by nature and the baseline is not yet meaningful.
+
+    High records never enter the baseline, so a spike cannot hide itself by moving the median.
+    ``onset_step`` is the step of the first high record of the run that fired, which is what a
+    rollback must go back before.
+    """
+
+    cause = Cause.LOSS_SPIKE
+    keywords: tuple[str, ...] = ()
+    wants_metrics = True
+
+    def __init__(self, cfg: LossSpikeConfig, evidence_chars: int) -> None:
+        self.cfg = cfg
+        self.evidence_chars = evidence_chars
+        self.fired = False
+        self.streams: dict[tuple[str, int | None], _SpikeStream] = {}
+        self.resume_step: int | None = None
+
+    def reset(self, resume_step: int | None) -> None:
+        self.fired = False
+        self.streams.clear()
+        self.resume_step = resume_step
+
+    def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None:
+        if self.fired or rec is None or rec.loss is None or not math.isfinite(rec.loss):
+            return None
+        if rec.extra.get("eval"):
+            return None
+        key = (source, rec.rank)
+        st = self.streams.get(key)
+        if st is None:
+            st = self.streams[key] = _SpikeStream(self.cfg.window, self.resume_step)
+        det = st.add(rec, self.cfg)
+        if det is None:
+            return None
+        onset, median_, threshold, count = det
+        self.fired = True
+        return Detection(
+            cause=Cause.LOSS_SPIKE,
+            summary=(f"loss {rec.loss:.4g} at step {rec.step} stayed above {threshold:.4g} (baseline median "
+                     f"{median_:.4g}) for {count} records since step {onset}"),
+            source=source, step=rec.step, onset_step=onset, value=rec.loss,
+            evidence=truncate(line, self.evidence_chars),
+            details={"median": median_, "threshold": threshold, "patience": self.cfg.patience,
+                     "window": self.cfg.window})
+
+
+class _SpikeStream:
+    __slots__ = ("window", "first_step", "count", "last_step", "high", "onset", "_cache", "_stale")
+
+    def __init__(self, window: int, resume_step: int | None) -> None:
+        self.window: deque[float] = deque(maxlen=window)
+        self.first_step = resume_step
+        self.count = 0  # records seen (the step when the format prints none)
+        self.last_step: int | None = None
+        self.high = 0
+        self.onset: int | None = None
+        self._cache: tuple[float, float] | None = None
+        self._stale = 0
+
+    def _baseline(self) -> tuple[float, float]:
+        # Recomputed every few accepted records, not every record: a baseline over 50 records
+        # is no worse for lagging by a handful, and median + MAD is the costly part of a record.
+        if self._cache is None or self._stale >= max(1, len(self.window) // 10):
+            self._stale = 0
+            med = median(self.window)
+            mad = median(abs(x - med) for x in self.window)
+            self._cache = (med, 1.4826 * mad)
+        return self._cache
+
+    def add(self, rec: MetricRecord, cfg: LossSpikeConfig) -> tuple[int | None, float, float, int] | None:
+        self.count += 1
+        step = rec.step if rec.step is not None else self.count
+        if self.last_step is not None and step <= self.last_step:
+            return None  # a duplicate print of a step already judged
+        self.last_step = step
+        if self.first_step is None:
+            self.first_step = step
+        loss = rec.loss
+        assert loss is not None
+        if step - self.first_step < cfg.warmup_steps:
+            self._accept(loss)
+            return None
+        if len(self.window) < cfg.min_points:
+            self._accept(loss)
+            return None
+        med, sigma = self._baseline()
+        threshold = med + max(cfg.z * sigma, cfg.min_rel * abs(med), 1e-12)
+        if loss > threshold:
+            if self.high == 0:
+                self.onset = rec.step
+            self.high += 1
+            if self.high >= cfg.patience:
+                return self.onset, med, threshold, self.high
+            return None
+        self.high = 0
+        self.onset = None
+        self._accept(loss)
+        return None
+
+    def _accept(self, loss: float) -> None:
+        self.window.append(loss)
+        self._stale += 1
+
+
+def build_detectors(cfg: DetectorsConfig) -> list[Detector]:
+    """The enabled detectors, in the order they see each line."""
+    ev = cfg.evidence_chars
+    out: list[Detector] = []
+    if cfg.nan.enabled:
+        out.append(NanDetector(cfg.nan, ev))
+    if cfg.loss_spike.enabled:
+        out.append(LossSpikeDetector(cfg.loss_spike, ev))
+    if cfg.oom.enabled:
+        out.append(TextDetector(Cause.OOM, OOM_RULES,
+                                ("emory", "ALLOC", "_alloc"), cfg.oom, ev))
+    if cfg.nccl_timeout.enabled:
+        out.append(NcclDetector(cfg.nccl_timeout, ev))
+    if cfg.checkpoint_load_error.enabled:
+        out.append(TextDetector(Cause.CHECKPOINT_LOAD_ERROR, CKPT_RULES,
+                                ("state_dict", "mismatch", "Stream", "EOF", "Weights only", "npickl", "afetensor",
+                                 "deserializ", "corrupt"),
+                                cfg.checkpoint_load_error, ev))
+    return out

@@ -1,0 +1,224 @@
+"""The job's output -> metric records and detections (the :class:`LineSink` the readers feed).
+
+Speed comes from not looking: a batch of lines is joined once and scanned with ``str.find`` for
+the few literal keywords any metric line or detector rule must contain (C speed, gigabytes per
+second). Only the lines around a hit are parsed and shown to the detectors; ordinary output
+costs one join and a handful of ``find`` calls per batch. Measured in ``bench/bench_watch.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+import time
+from typing import Callable, Mapping, Protocol, Sequence
+
+import structlog
+
+from ..events import Detection, Emit, MetricRecord, MetricSink
+from .config import DetectorsConfig
+from .detectors import Detector, build_detectors
+from .parsers import METRIC_KEYWORDS, MetricParser
+
+log = structlog.get_logger("supervisor.watch")
+
+# Text detectors look at most at this much of one line: the evidence is at the start, and a
+# megabyte line must not cost a megabyte of regex work per rule.
+_MAX_SCAN_CHARS = 8192
+CLIENT_METRICS_MARKER = "/metrics-rank"
+
+
+class ProgressSink(Protocol):
+    """Told when output or training progress is seen (the heartbeat monitor's stall timeouts)."""
+
+    def note_output(self, now: float) -> None: ...
+
+    def note_metric(self, now: float) -> None: ...
+
+
+class LogWatcher:
+    """Parses lines into metrics and runs the detectors; thread-safe ``feed``.
+
+    Emits each :class:`Detection` through ``emit`` and each parsed :class:`MetricRecord` through
+    ``on_metric`` (both called outside the internal lock, from the feeding thread). Call
+    ``reset(attempt, resume_step)`` before each attempt's output starts flowing: detectors fire
+    once per attempt per cause, and the loss-spike warm-up restarts at ``resume_step``.
+    ``progress`` (optional) is told about every batch of output and every new step.
+    """
+
+    name = "logwatch"
+
+    def __init__(self, cfg: DetectorsConfig, emit: Emit, on_metric: MetricSink, *,
+                 progress: ProgressSink | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self._emit = emit
+        self._on_metric = on_metric
+        self._progress = progress
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._parser = MetricParser(cfg.parsers.regexes, auto=cfg.parsers.auto,
+                                    max_line_chars=cfg.parsers.max_line_chars)
+        self._detectors: list[Detector] = build_detectors(cfg)
+        # keyword -> bitmask of who wants a line containing it: bit 0 the parser, bit i+1 detector i.
+        masks: dict[str, int] = {}
+        if cfg.parsers.auto:
+            for kw in METRIC_KEYWORDS:
+                masks[kw] = masks.get(kw, 0) | 1
+        for i, d in enumerate(self._detectors):
+            for kw in d.keywords:
+                masks[kw] = masks.get(kw, 0) | (2 << i)
+        self._all_mask = (2 << len(self._detectors)) - 1
+        self._scan_all = "" in masks
+        masks.pop("", None)
+        self._keywords = tuple(sorted(masks.items()))
+        # Detectors that judge metric records (run on every parsed record).
+        self._metric_mask = sum(2 << i for i, d in enumerate(self._detectors) if d.wants_metrics)
+        # User regexes are matched over the whole batch at once (MULTILINE), then per hit line.
+        self._user_rx = tuple(re.compile(p, re.MULTILINE) for p in cfg.parsers.regexes)
+        self._attempt = 0
+        self._last: MetricRecord | None = None
+        self._last_step: int | None = None
+        self._max_step: int | None = None
+        self._last_detection: Detection | None = None
+        self._detections = 0
+        self._lines = 0
+        self._records = 0
+        self._formats: dict[str, int] = {}
+        self._failed_once = False
+
+    # -- LineSink -------------------------------------------------------------------------
+
+    def feed(self, source: str, lines: Sequence[str]) -> None:
+        if not lines:
+            return
+        try:
+            with self._lock:
+                records, detections = self._process(source, lines)
+            if self._progress is not None:
+                now = self._clock()
+                self._progress.note_output(now)
+                if records and any(r[1] for r in records):
+                    self._progress.note_metric(now)
+            for rec, _ in records:
+                self._on_metric(rec)
+            for det in detections:
+                log.warning("anomaly_detected", cause=det.cause.value, summary=det.summary, source=det.source,
+                            step=det.step, onset_step=det.onset_step, evidence=det.evidence,
+                            next="the runner's policy decides what happens to the attempt")
+                self._emit(det)
+        except Exception as exc:  # a sink must never raise into the reader thread
+            if not self._failed_once:
+                self._failed_once = True
+                log.exception("logwatch_failed", error=repr(exc), source=source,
+                              next="this batch is skipped; later batches are still processed")
+
+    def _candidates(self, text: str) -> list[tuple[int, tuple[int, int]]]:
+        """(start, (end, mask)) of every line in ``text`` with a keyword or a user-regex match."""
+        spans: dict[int, tuple[int, int]] = {}
+        find = text.find
+        rfind = text.rfind
+        get = spans.get
+        for kw, mask in self._keywords:
+            pos = find(kw)
+            while pos != -1:
+                start = rfind("\n", 0, pos) + 1
+                end = find("\n", pos)
+                if end == -1:
+                    end = len(text)
+                prev = get(start)
+                spans[start] = (end, mask if prev is None else prev[1] | mask)
+                pos = find(kw, end)
+        for rx in self._user_rx:
+            for m in rx.finditer(text):
+                start = rfind("\n", 0, m.start()) + 1
+                end = find("\n", m.start())
+                prev = get(start)
+                spans[start] = (end if end != -1 else len(text), 1 if prev is None else prev[1] | 1)
+        return sorted(spans.items())
+
+    def _process(self, source: str, lines: Sequence[str]) -> tuple[list[tuple[MetricRecord, bool]], list[Detection]]:
+        self._lines += len(lines)
+        if self._scan_all:
+            selected: Sequence[tuple[str, int]] = [(line, self._all_mask) for line in lines]
+        else:
+            text = "\n".join(lines)
+            selected = [(text[s:e], mask) for s, (e, mask) in self._candidates(text)]
+        records: list[tuple[MetricRecord, bool]] = []
+        detections: list[Detection] = []
+        client = CLIENT_METRICS_MARKER in source
+        parse = self._parser.parse
+        for line, mask in selected:
+            rec = parse(line, source) if mask & 1 else None
+            if rec is not None:
+                mask |= self._metric_mask
+                if client:
+                    rec = dataclasses.replace(rec, fmt="client")
+                progressed = rec.step is None or self._max_step is None or rec.step > self._max_step
+                if rec.step is not None:
+                    self._last_step = rec.step
+                    if self._max_step is None or rec.step > self._max_step:
+                        self._max_step = rec.step
+                self._last = rec
+                self._records += 1
+                self._formats[rec.fmt] = self._formats.get(rec.fmt, 0) + 1
+                records.append((rec, progressed))
+            if mask < 2:
+                continue
+            scan = line if len(line) <= _MAX_SCAN_CHARS else line[:_MAX_SCAN_CHARS]
+            bit = 2
+            for det in self._detectors:
+                if mask & bit:
+                    d = det.observe(source, scan, rec, self._last_step)
+                    if d is not None:
+                        self._detections += 1
+                        self._last_detection = d
+                        detections.append(d)
+                bit <<= 1
+        return records, detections
+
+    # -- attempt lifecycle and status ------------------------------------------------------
+
+    def reset(self, attempt: int, resume_step: int | None) -> None:
+        """Start watching a new attempt: detectors re-armed, step tracking from ``resume_step``."""
+        with self._lock:
+            self._attempt = attempt
+            self._last_step = resume_step
+            self._max_step = resume_step
+            for d in self._detectors:
+                d.reset(resume_step)
+
+    def last_metric(self) -> MetricRecord | None:
+        return self._last
+
+    def last_detection(self) -> Detection | None:
+        return self._last_detection
+
+    def status(self) -> Mapping[str, object]:
+        last = self._last
+        det = self._last_detection
+        return {
+            "attempt": self._attempt,
+            "lines": self._lines,
+            "metric_records": self._records,
+            "formats": dict(self._formats),
+            "detections": self._detections,
+            "last_metric": None if last is None else metric_dict(last),
+            "last_anomaly": None if det is None else {
+                "cause": det.cause.value, "summary": det.summary, "step": det.step,
+                "onset_step": det.onset_step, "source": det.source, "evidence": det.evidence, "at": det.at},
+            "detectors": [d.cause.value for d in self._detectors],
+        }
+
+
+def metric_dict(rec: MetricRecord) -> dict[str, object]:
+    """The ``last_metric`` shape of ``status --json``: only the fields that have a value."""
+    out: dict[str, object] = {"step": rec.step}
+    for name in ("loss", "grad_norm", "lr", "tokens_per_sec", "val_loss", "rank"):
+        v = getattr(rec, name)
+        if v is not None:
+            out[name] = v
+    out["fmt"] = rec.fmt
+    out["source"] = rec.source
+    out["at"] = rec.at
+    return out
