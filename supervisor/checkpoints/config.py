@@ -1,10 +1,75 @@
-"""Config section [checkpoints] (placeholder: filled by the checkpoint work)."""
+"""Config section [checkpoints]: where checkpoints live and what makes one ready to resume from."""
 from __future__ import annotations
-from dataclasses import dataclass
+
+import re
+from dataclasses import dataclass, field
 
 from ..configschema import meta
 
 
+def _valid_regex(value: object) -> str | None:
+    if value is None:
+        return None
+    try:
+        pattern = re.compile(str(value))
+    except re.error as exc:
+        return f"expected a regular expression, got an invalid one ({exc})"
+    if pattern.groups < 1:
+        return "expected a regular expression with a group (or (?P<step>...)) that captures the step"
+    return None
+
+
 @dataclass(frozen=True)
 class CheckpointsConfig:
-    dir: str | None = None
+    dir: str | None = field(default=None, metadata=meta(
+        "directory the job writes its checkpoints to"))
+    # Discovery
+    glob: str | None = field(default=None, metadata=meta(
+        "extra glob (relative to dir) for a layout discovery does not know, e.g. 'run-*/weights.bin'"))
+    step_regex: str | None = field(default=None, metadata=meta(
+        "regex with one group (or (?P<step>...)) reading the step from a name matched by glob",
+        check=_valid_regex))
+    settle_s: float = field(default=2.0, metadata=meta(
+        "a checkpoint whose size/mtime changed within this many seconds is still being written", min=0))
+    # Manifests and integrity
+    write_manifests: bool = field(default=True, metadata=meta(
+        "write a manifest (origin=supervisor) beside checkpoints that come without one"))
+    hash_algorithm: str = field(default="sha256", metadata=meta(
+        "digest for integrity checks of supervisor manifests; blake3 needs the blake3 package",
+        choices=("sha256", "blake3")))
+    # Load test
+    load_test: bool = field(default=True, metadata=meta(
+        "load each candidate in a subprocess with the job's Python before resuming from it"))
+    python: str | None = field(default=None, metadata=meta(
+        "python for the load test; default: the job command's python, else the supervisor's"))
+    load_timeout_s: float = field(default=300.0, metadata=meta(
+        "seconds a load test may take before it counts as failed", min=0, min_exclusive=True))
+    mmap: bool = field(default=True, metadata=meta(
+        "torch.load(mmap=True) in the load test (falls back without it for old formats)"))
+    expected_keys: tuple[str, ...] = field(default=(), metadata=meta(
+        "top-level keys a checkpoint must hold, e.g. ['model', 'optimizer']"))
+    check_finite: bool = field(default=False, metadata=meta(
+        "the load test also checks that every tensor is finite (reads every byte)"))
+    trust_pickles: bool = field(default=False, metadata=meta(
+        "accept checkpoints that only load with weights_only=False (this runs pickled code)"))
+    # Config match and validation metric
+    job_config_file: str | None = field(default=None, metadata=meta(
+        "the job's config file (JSON, TOML; YAML with PyYAML) compared with the manifest snapshot"))
+    config_allow_diff: tuple[str, ...] = field(
+        default=("resume", "resume_from", "resume_from_checkpoint", "init_from"), metadata=meta(
+            "config keys (dotted, glob patterns allowed) that may differ from the snapshot"))
+    val_metric: str = field(default="val_loss", metadata=meta(
+        "name of the validation metric recorded for each checkpoint"))
+    require_val_metric: bool = field(default=False, metadata=meta(
+        "a checkpoint without a recorded validation metric is not ready"))
+    # Selection, bad marks, quarantine
+    margin_steps: int = field(default=0, metadata=meta(
+        "rollback picks a checkpoint with step < anomaly onset - margin_steps", min=0))
+    bad_after_same_cause: int = field(default=2, metadata=meta(
+        "mark a checkpoint bad after this many failures in a row with the same cause from it", min=1))
+    no_progress_attempts: int = field(default=3, metadata=meta(
+        "give up after this many attempts in a row without a newer checkpoint", min=1))
+    quarantine: bool = field(default=True, metadata=meta(
+        "move bad checkpoints (never delete) to quarantine/ beside them, with a note"))
+    preserve_last_good: bool = field(default=True, metadata=meta(
+        "copy a verified single overwritten checkpoint (nanoGPT ckpt.pt) to last_good/ before a restart"))

@@ -1,0 +1,256 @@
+"""Load test for one checkpoint, run as a script with the JOB's python (never in the daemon).
+
+Standalone on purpose: the job's environment may not have the supervisor installed, so this file
+imports nothing from it. It is run as ``python -c <this source> '<json request>'`` (so the
+script's folder never shadows a module of the job's environment) and prints one line
+``TSUP_LOADTEST_RESULT {json}`` on stdout (other output, e.g. warnings, is ignored by the caller).
+
+Torch files load with ``weights_only=True`` (no pickled code runs) and ``mmap=True`` (no full
+read; falls back without mmap for the legacy format). A file that needs pickled code is reported
+as ``needs_pickle`` and loaded with ``weights_only=False`` only if the request trusts pickles.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+import time
+from typing import Any
+
+MARKER = "TSUP_LOADTEST_RESULT "
+STEP_KEYS = ("step", "global_step", "iter_num", "iteration", "train_step", "num_steps")
+# HF Trainer writes these with pickled Python/numpy objects by design; they hold no weights.
+SKIP_IN_FOLDERS = ("rng_state", "training_args.bin")
+
+
+class NeedsPickle(Exception):
+    pass
+
+
+def _reason_line(msg: str) -> str:
+    """The informative line of torch's long weights_only error ("Unsupported global: GLOBAL x.y")."""
+    for line in msg.splitlines():
+        if "Unsupported global" in line or "Unsupported operand" in line:
+            return line.strip()[:300]
+    return (msg.strip().splitlines() or [""])[0][:300]
+
+
+def _pickle_refusal(msg: str) -> bool:
+    return "Unsupported global" in msg or "Weights only load failed" in msg or "weights_only" in msg and "GLOBAL" in msg
+
+
+def load_torch(path: str, *, mmap: bool, trust: bool, notes: list[str]) -> Any:
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:  # noqa: BLE001 - any failure is the result we report
+        first = exc
+    if _pickle_refusal(str(first)):
+        if not trust:
+            raise NeedsPickle(_reason_line(str(first)))
+        notes.append(f"{os.path.basename(path)}: loaded with weights_only=False (trust_pickles)")
+        return torch.load(path, map_location="cpu", weights_only=False)
+    if mmap:
+        # Old (non-zip) files cannot be memory-mapped; a truncated zip fails the same way again.
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=False)
+            notes.append(f"{os.path.basename(path)}: loaded without mmap ({str(first).splitlines()[0][:120]})")
+            return obj
+        except Exception as exc:  # noqa: BLE001
+            if _pickle_refusal(str(exc)):
+                if not trust:
+                    raise NeedsPickle(_reason_line(str(exc))) from exc
+                return torch.load(path, map_location="cpu", weights_only=False)
+            raise
+    raise first
+
+
+def walk_tensors(obj: Any, prefix: str, out: list[tuple[str, Any]], depth: int = 0) -> None:
+    import torch
+
+    if depth > 50:
+        return
+    if isinstance(obj, torch.Tensor):
+        out.append((prefix, obj))
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            walk_tensors(v, f"{prefix}.{k}" if prefix else str(k), out, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            walk_tensors(v, f"{prefix}[{i}]", out, depth + 1)
+
+
+def nonfinite_tensors(obj: Any, limit: int = 20) -> list[str]:
+    import torch
+
+    tensors: list[tuple[str, Any]] = []
+    walk_tensors(obj, "", tensors)
+    bad: list[str] = []
+    for name, t in tensors:
+        if (t.is_floating_point() or t.is_complex()) and t.numel() and not bool(torch.isfinite(t).all()):
+            bad.append(name or "<tensor>")
+            if len(bad) >= limit:
+                break
+    return bad
+
+
+def step_of(obj: Any) -> int | None:
+    if isinstance(obj, dict):
+        for k in STEP_KEYS:
+            v = obj.get(k)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+            if hasattr(v, "item") and getattr(v, "numel", lambda: 0)() == 1:
+                try:
+                    return int(v.item())
+                except (TypeError, ValueError):
+                    pass
+    return None
+
+
+def safetensors_header(path: str) -> tuple[dict[str, Any], int]:
+    """Parse and bounds-check a safetensors header without torch; returns (header, data_size)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise ValueError(f"truncated: {size} bytes, no safetensors header")
+        (n,) = struct.unpack("<Q", raw)
+        if n > 100 * 1024 * 1024 or 8 + n > size:
+            raise ValueError(f"header length {n} does not fit the file ({size} bytes): truncated or not safetensors")
+        header = json.loads(f.read(n))
+    data_size = size - 8 - n
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = info["data_offsets"]
+        if not (0 <= lo <= hi <= data_size):
+            raise ValueError(f"tensor {name!r} lies outside the file (offsets {lo}-{hi}, data {data_size} bytes): truncated")
+        end = max(end, hi)
+    if end != data_size:
+        raise ValueError(f"data section is {data_size} bytes but tensors end at {end}")
+    return header, data_size
+
+
+def test_safetensors(path: str, req: dict[str, Any], res: dict[str, Any]) -> None:
+    header, _ = safetensors_header(path)
+    names = [k for k in header if k != "__metadata__"]
+    res["keys"] = sorted({k.split(".")[0] for k in names})
+    meta = header.get("__metadata__") or {}
+    for k in STEP_KEYS:
+        if isinstance(meta.get(k), str) and meta[k].isdigit():
+            res["step"] = int(meta[k])
+            break
+    if req.get("check_finite"):
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            res["notes"].append("finite check skipped: safetensors.torch not importable in the job's python")
+            return
+        res["nonfinite"] = nonfinite_tensors(load_file(path, device="cpu"))
+
+
+def test_dcp(path: str, req: dict[str, Any], res: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    md = FileSystemReader(path).read_metadata()
+    res["keys"] = sorted({str(k).split(".")[0] for k in md.state_dict_metadata})
+    # Every byte range the metadata names must exist: catches a rank's file missing or truncated.
+    sizes: dict[str, int] = {}
+    for info in (md.storage_data or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if rel is None:
+            continue
+        if rel not in sizes:
+            fp = os.path.join(path, rel)
+            if not os.path.isfile(fp):
+                raise ValueError(f"{rel} named by .metadata is missing")
+            sizes[rel] = os.path.getsize(fp)
+        if info.offset + info.length > sizes[rel]:
+            raise ValueError(f"{rel} is truncated ({sizes[rel]} bytes, metadata needs {info.offset + info.length})")
+    if req.get("check_finite"):
+        res["notes"].append("finite check not done for DCP folders (would need the full model to load into)")
+
+
+def test_torch_file(path: str, req: dict[str, Any], res: dict[str, Any], keys: set[str]) -> None:
+    obj = load_torch(path, mmap=bool(req.get("mmap", True)), trust=bool(req.get("trust_pickles")), notes=res["notes"])
+    if isinstance(obj, dict):
+        keys.update(str(k) for k in obj)
+    if res.get("step") is None:
+        res["step"] = step_of(obj)
+    if req.get("check_finite"):
+        res["nonfinite"].extend(f"{os.path.basename(path)}:{n}" if req["_folder"] else n for n in nonfinite_tensors(obj))
+
+
+def run(req: dict[str, Any]) -> dict[str, Any]:
+    path = req["path"]
+    res: dict[str, Any] = {"passed": False, "seconds": 0.0, "error": None, "step": None, "keys": [],
+                           "needs_pickle": False, "nonfinite": [], "notes": []}
+    t0 = time.perf_counter()
+    try:
+        if os.path.isdir(path):
+            req["_folder"] = True
+            if os.path.isfile(os.path.join(path, ".metadata")):
+                test_dcp(path, req, res)
+            else:
+                keys: set[str] = set()
+                loaded = 0
+                for root, dirs, files in os.walk(path):
+                    dirs.sort()
+                    for name in sorted(files):
+                        fp = os.path.join(root, name)
+                        if name.endswith(".safetensors"):
+                            safetensors_header(fp)
+                            if req.get("check_finite"):
+                                sub: dict[str, Any] = {"notes": res["notes"], "nonfinite": []}
+                                test_safetensors(fp, req, sub)
+                                res["nonfinite"].extend(sub["nonfinite"])
+                            loaded += 1
+                        elif name.endswith((".pt", ".pth", ".bin")):
+                            if name.startswith(SKIP_IN_FOLDERS):
+                                res["notes"].append(f"{name}: skipped (pickled by design, holds no weights)")
+                                continue
+                            test_torch_file(fp, req, res, keys)
+                            loaded += 1
+                if loaded == 0:
+                    raise ValueError("no loadable files (.pt/.pth/.bin/.safetensors) in the folder")
+                res["keys"] = sorted(keys)
+        elif path.endswith(".safetensors"):
+            req["_folder"] = False
+            test_safetensors(path, req, res)
+        else:
+            req["_folder"] = False
+            keys = set()
+            test_torch_file(path, req, res, keys)
+            res["keys"] = sorted(keys)
+        expected = [k for k in req.get("expected_keys") or [] if k not in res["keys"]]
+        if expected:
+            res["error"] = f"missing top-level keys: {', '.join(expected)} (found: {', '.join(res['keys'][:20]) or 'none'})"
+        elif res["nonfinite"]:
+            res["error"] = f"non-finite values in {len(res['nonfinite'])} tensor(s): {', '.join(res['nonfinite'][:5])}"
+        else:
+            res["passed"] = True
+    except NeedsPickle as exc:
+        res["needs_pickle"] = True
+        res["error"] = ("needs pickled code to load (weights_only=True refused it: " + str(exc)
+                        + "); set checkpoints.trust_pickles = true to accept it")
+    except Exception as exc:  # noqa: BLE001 - every failure becomes the reported error
+        first = (str(exc).strip().splitlines() or [""])[0]
+        res["error"] = f"{type(exc).__name__}: {first[:400]}"
+    res["seconds"] = round(time.perf_counter() - t0, 4)
+    return res
+
+
+def main() -> int:
+    req = json.loads(sys.argv[1])
+    res = run(req)
+    sys.stdout.write(MARKER + json.dumps(res) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

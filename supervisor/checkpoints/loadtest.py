@@ -1,0 +1,135 @@
+"""Run the load test of one checkpoint in a subprocess with the job's python (never in the daemon).
+
+The daemon never imports torch: the test is ``_loadtest_script.py`` run by the interpreter the
+job itself uses (so the torch version that will resume is the one that loads), with a timeout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import structlog
+
+log = structlog.get_logger("supervisor.checkpoints")
+
+_SCRIPT = Path(__file__).with_name("_loadtest_script.py")
+_MARKER = "TSUP_LOADTEST_RESULT "
+_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+
+@dataclass(frozen=True)
+class LoadTestRequest:
+    path: Path
+    expected_keys: tuple[str, ...] = ()
+    check_finite: bool = False
+    trust_pickles: bool = False
+    mmap: bool = True
+
+
+@dataclass(frozen=True)
+class LoadTestResult:
+    passed: bool
+    seconds: float
+    error: str | None
+    step: int | None = None
+    keys: tuple[str, ...] = ()
+    needs_pickle: bool = False
+    nonfinite: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        """The SPEC shape of ``load_test`` in ``checkpoints --json``."""
+        return {"passed": self.passed, "seconds": self.seconds, "error": self.error}
+
+
+def resolve_job_python(configured: str | None, job_argv: Sequence[str], job_cwd: Path | None = None) -> str:
+    """The interpreter the load test runs with.
+
+    ``checkpoints.python`` when set; else the job command's own python when argv[0] is one
+    (``python``, ``python3.11``, ``/venv/bin/python``); else the interpreter in the shebang of a
+    launcher script (``torchrun``, ``accelerate``, ``deepspeed`` are console scripts of the job's
+    python); else the supervisor's own interpreter.
+    """
+    if configured:
+        return configured
+    if job_argv:
+        exe = job_argv[0]
+        found = _which(exe, job_cwd)
+        if _PYTHON_NAME.match(os.path.basename(exe)) and found:
+            return found
+        if found:
+            py = _shebang_python(Path(found))
+            if py:
+                return py
+    return sys.executable
+
+
+def _which(exe: str, cwd: Path | None) -> str | None:
+    if os.sep in exe:
+        p = Path(exe) if os.path.isabs(exe) or cwd is None else cwd / exe
+        return str(p) if os.access(p, os.X_OK) else None
+    return shutil.which(exe)
+
+
+def _shebang_python(script: Path) -> str | None:
+    try:
+        with open(script, "rb") as f:
+            first = f.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    parts = first[2:].decode(errors="replace").split()
+    if not parts:
+        return None
+    if os.path.basename(parts[0]) == "env" and len(parts) > 1:
+        return shutil.which(parts[1]) if _PYTHON_NAME.match(parts[1]) else None
+    return parts[0] if _PYTHON_NAME.match(os.path.basename(parts[0])) else None
+
+
+def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: Path | None = None) -> LoadTestResult:
+    """Load ``req.path`` in a subprocess; a timeout, crash or garbled output is a failed test."""
+    payload = json.dumps({"path": str(req.path), "expected_keys": list(req.expected_keys),
+                          "check_finite": req.check_finite, "trust_pickles": req.trust_pickles, "mmap": req.mmap})
+    argv = [python, "-c", _SCRIPT.read_text(), payload]
+    env = dict(os.environ)
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")  # a load test must not grab a GPU the job needs
+    env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env,
+                                start_new_session=True)
+    except OSError as exc:
+        return LoadTestResult(False, 0.0, f"cannot start the load test with {python}: {exc.strerror or exc}")
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        log.warning("checkpoint_load_test_timeout", path=str(req.path), timeout_s=timeout_s,
+                    next="the checkpoint is not ready; raise checkpoints.load_timeout_s if it is just large")
+        return LoadTestResult(False, float(timeout_s), f"load test timed out after {timeout_s:g} s")
+    for line in reversed(out.splitlines()):
+        if line.startswith(_MARKER):
+            try:
+                data = json.loads(line[len(_MARKER):])
+            except ValueError:
+                break
+            return LoadTestResult(
+                passed=bool(data.get("passed")), seconds=float(data.get("seconds") or 0.0), error=data.get("error"),
+                step=data.get("step") if isinstance(data.get("step"), int) else None,
+                keys=tuple(data.get("keys") or ()), needs_pickle=bool(data.get("needs_pickle")),
+                nonfinite=tuple(data.get("nonfinite") or ()), notes=tuple(data.get("notes") or ()))
+    tail = (err.strip().splitlines() or ["no output"])[-1][:300]
+    how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+    return LoadTestResult(False, 0.0, f"load test process failed ({how}): {tail}")

@@ -1,0 +1,119 @@
+"""Move bad checkpoints aside (never delete) and keep a copy of the last good overwritten one.
+
+``quarantine(path, reason)`` renames the checkpoint (file or folder) and its manifest into
+``quarantine/`` beside it, with ``<name>.quarantine.json`` saying why, when and by whom.
+``preserve_last_good(path)`` copies a single overwritten checkpoint (nanoGPT ``ckpt.pt``) to
+``last_good/`` (with its manifest) so a bad overwrite cannot destroy the only good state.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import getpass
+import os
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from .discovery import LAST_GOOD_DIR, NOTE_SUFFIX, QUARANTINE_DIR
+from .manifest import fsync_dir, manifest_path, write_json_atomic
+
+log = structlog.get_logger("supervisor.checkpoints")
+
+
+@dataclass(frozen=True)
+class QuarantineRecord:
+    source: Path
+    dest: Path
+    note: Path
+    reason: str
+    at: str  # ISO time, UTC
+
+
+def _free_name(folder: Path, name: str) -> Path:
+    dest = folder / name
+    if not dest.exists() and not manifest_path(dest).exists():
+        return dest
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    i = 0
+    while True:
+        cand = folder / (f"{stamp}-{name}" if i == 0 else f"{stamp}-{i}-{name}")
+        if not cand.exists() and not manifest_path(cand).exists():
+            return cand
+        i += 1
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user name in some containers
+        user = str(os.getuid())
+    return f"transformer-supervisor (pid {os.getpid()}, {user}@{socket.gethostname()})"
+
+
+def quarantine(path: Path, reason: str) -> QuarantineRecord:
+    """Move ``path`` and its manifest into ``quarantine/`` beside it; raises OSError if it cannot."""
+    path = Path(path)
+    qdir = path.parent / QUARANTINE_DIR
+    qdir.mkdir(exist_ok=True)
+    dest = _free_name(qdir, path.name)
+    at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    note = dest.with_name(dest.name + NOTE_SUFFIX)
+    # The note first: if the move fails, a note about an absent file is harmless; a moved file
+    # without a note would be a mystery.
+    write_json_atomic(note, {"original_path": str(path), "quarantined_path": str(dest), "reason": reason,
+                             "at": at, "by": _who()})
+    os.rename(path, dest)  # same filesystem (a sibling dir): atomic, nothing copied or lost
+    mp = manifest_path(path)
+    if mp.exists():
+        os.rename(mp, manifest_path(dest))
+    fsync_dir(qdir)
+    fsync_dir(path.parent)
+    log.warning("checkpoint_quarantined", path=str(path), dest=str(dest), reason=reason,
+                next="it is kept (never deleted); selection moves on to the next older ready checkpoint")
+    return QuarantineRecord(source=path, dest=dest, note=note, reason=reason, at=at)
+
+
+def last_good_path(path: Path) -> Path:
+    return path.parent / LAST_GOOD_DIR / path.name
+
+
+def preserve_last_good(path: Path) -> Path:
+    """Copy ``path`` (a verified single overwritten checkpoint) and its manifest to ``last_good/``.
+
+    The copy goes to a temp name first and is renamed over the previous copy, so a crash
+    mid-copy leaves the previous last good copy intact. Returns the copy's path.
+    """
+    path = Path(path)
+    dest = last_good_path(path)
+    dest.parent.mkdir(exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    if path.is_dir():
+        if tmp.exists():
+            shutil.rmtree(tmp)  # our own leftover temp copy, never a checkpoint
+        shutil.copytree(path, tmp)
+        if dest.exists():
+            old = _free_name(dest.parent, f"previous-{dest.name}")
+            os.rename(dest, old)  # kept, never deleted
+        os.rename(tmp, dest)
+    else:
+        with open(path, "rb") as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 8 * 1024 * 1024)
+            dst.flush()
+            os.fsync(dst.fileno())
+        shutil.copystat(path, tmp)
+        os.replace(tmp, dest)
+    mp = manifest_path(path)
+    if mp.exists():
+        import json
+
+        data = json.loads(mp.read_text())
+        if isinstance(data, dict):
+            data["copied_from"] = str(path)
+            write_json_atomic(manifest_path(dest), data)
+    fsync_dir(dest.parent)
+    log.info("checkpoint_preserved_last_good", path=str(path), copy=str(dest),
+             next="a bad overwrite of the original can no longer destroy the last good state")
+    return dest

@@ -1,0 +1,209 @@
+"""Which checkpoint to resume from, and the memory of which ones are bad.
+
+``select`` is pure: given quicklist rows (newest first), a mode and the anomaly's onset, it picks
+the newest ready checkpoint (restart: last known good) or the newest ready one taken before
+``onset_step - margin_steps`` (rollback), skipping ones marked bad, and says why.
+
+``CheckpointBook`` persists bad marks and the attempt history in ``<state_dir>/checkpoint_book.json``
+(not the ledger, which the runner owns): a checkpoint that failed to load at resume, or from which
+the job failed ``bad_after_same_cause`` times in a row with the same cause before producing a
+newer checkpoint, is bad. A corrupt newest checkpoint then costs one cycle, not 44.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import structlog
+
+from .quicklist import Readiness
+
+log = structlog.get_logger("supervisor.checkpoints")
+
+Mode = Literal["restart", "rollback"]
+# Causes that say the checkpoint itself is unusable: one is enough to mark it bad.
+LOAD_ERROR_CAUSES = frozenset({"checkpoint_load_error"})
+
+
+@dataclass(frozen=True)
+class Choice:
+    path: Path
+    step: int | None
+    layout: str
+    reason: str  # "newest ready checkpoint (step 1000)", "newest ready before onset 1200 - margin 100"
+    skipped: tuple[tuple[str, str], ...] = ()  # (path, why) for newer ones passed over
+    quarantined: tuple[Any, ...] = ()  # QuarantineRecord(s) made while choosing (service fills it)
+    readiness: Readiness | None = None
+
+
+def select_explained(rows: Sequence[Readiness], *, mode: Mode, onset_step: int | None, margin_steps: int,
+                     bad: set[Path] | frozenset[Path]) -> tuple[Choice | None, str]:
+    """The choice (or None) and a one-line reason; ``rows`` newest first."""
+    skipped: list[tuple[str, str]] = []
+    limit: int | None = None
+    if mode == "rollback":
+        if onset_step is None:
+            what = "rollback without an onset step: falling back to the newest ready checkpoint"
+        else:
+            limit = onset_step - margin_steps
+            what = f"newest ready checkpoint before onset {onset_step} - margin {margin_steps} (step < {limit})"
+    else:
+        what = "newest ready checkpoint (last known good)"
+    for r in rows:
+        if Path(r.path) in bad or r.bad:
+            skipped.append((str(r.path), "marked bad"))
+            continue
+        if not r.ready:
+            skipped.append((str(r.path), "; ".join(r.reasons) or "not ready"))
+            continue
+        if limit is not None:
+            if r.step is None:
+                skipped.append((str(r.path), "step unknown, cannot place it before the onset"))
+                continue
+            if r.step >= limit:
+                skipped.append((str(r.path), f"step {r.step} is not before {limit}"))
+                continue
+        reason = f"{what}: step {r.step if r.step is not None else '?'}"
+        return Choice(path=Path(r.path), step=r.step, layout=r.layout, reason=reason, skipped=tuple(skipped),
+                      readiness=r), reason
+    if not rows:
+        return None, "no checkpoints found"
+    return None, f"no checkpoint qualifies as the {what}; checked {len(rows)}"
+
+
+def select(rows: Sequence[Readiness], *, mode: Mode, onset_step: int | None, margin_steps: int,
+           bad: set[Path] | frozenset[Path]) -> Choice | None:
+    return select_explained(rows, mode=mode, onset_step=onset_step, margin_steps=margin_steps, bad=bad)[0]
+
+
+@dataclass(frozen=True)
+class AttemptNote:
+    checkpoint: str | None
+    step: int | None
+    cause: str | None
+    newer_checkpoint_appeared: bool
+    at: float
+
+
+class CheckpointBook:
+    """Bad marks and attempt results, persisted as JSON in the state dir (thread-safe)."""
+
+    FILE = "checkpoint_book.json"
+    MAX_ATTEMPTS = 200
+
+    def __init__(self, state_dir: Path, *, bad_after_same_cause: int = 2,
+                 clock: Any = time.time) -> None:
+        self.file = Path(state_dir) / self.FILE
+        self.bad_after_same_cause = bad_after_same_cause
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._bad: dict[str, dict[str, Any]] = {}
+        self._attempts: list[AttemptNote] = []
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.file.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("checkpoint_book_unreadable", path=str(self.file), error=str(exc),
+                        next="starting without bad marks; renamed the file aside")
+            try:
+                os.replace(self.file, self.file.with_suffix(f".corrupt-{int(self._clock())}"))
+            except OSError:
+                pass
+            return
+        self._bad = {str(k): dict(v) for k, v in (data.get("bad") or {}).items()}
+        self._attempts = [AttemptNote(**a) for a in data.get("attempts") or []]
+
+    def _save(self) -> None:
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}.tmp")
+        data = {"bad": self._bad, "attempts": [a.__dict__ for a in self._attempts[-self.MAX_ATTEMPTS:]]}
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, self.file)
+
+    @staticmethod
+    def _key(path: Path | str) -> str:
+        return str(Path(path).absolute())
+
+    def mark_bad(self, path: Path | str, reason: str) -> None:
+        with self._lock:
+            key = self._key(path)
+            if key in self._bad:
+                return
+            self._bad[key] = {"reason": reason, "at": self._clock()}
+            self._save()
+        log.warning("checkpoint_marked_bad", path=key, reason=reason,
+                    next="it will not be resumed from; the next older ready checkpoint is used")
+
+    def is_bad(self, path: Path | str) -> bool:
+        with self._lock:
+            return self._key(path) in self._bad
+
+    def bad_reason(self, path: Path | str) -> str | None:
+        with self._lock:
+            entry = self._bad.get(self._key(path))
+            return str(entry["reason"]) if entry else None
+
+    def bad_paths(self) -> frozenset[Path]:
+        with self._lock:
+            return frozenset(Path(k) for k in self._bad)
+
+    def forget_bad(self, path: Path | str) -> None:
+        """Operator override (e.g. after replacing the file by hand)."""
+        with self._lock:
+            if self._bad.pop(self._key(path), None) is not None:
+                self._save()
+
+    def note_attempt_result(self, checkpoint: Path | str | None, cause: str | None,
+                            newer_checkpoint_appeared: bool, step: int | None = None) -> bool:
+        """Record how an attempt resumed from ``checkpoint`` ended; True when that marked it bad.
+
+        Bad when the cause is a load error, or when the last ``bad_after_same_cause`` attempts
+        from this checkpoint all ended with the same cause and none produced a newer checkpoint.
+        """
+        cause_s = str(cause) if cause is not None else None
+        with self._lock:
+            self._attempts.append(AttemptNote(self._key(checkpoint) if checkpoint else None, step, cause_s,
+                                              bool(newer_checkpoint_appeared), self._clock()))
+            self._save()
+            if checkpoint is None or cause_s is None or newer_checkpoint_appeared:
+                return False
+            if cause_s in LOAD_ERROR_CAUSES:
+                self.mark_bad(checkpoint, f"the job failed to load it at resume ({cause_s})")
+                return True
+            n = self.bad_after_same_cause
+            tail = self._attempts[-n:]
+            key = self._key(checkpoint)
+            if len(tail) == n and all(a.checkpoint == key and a.cause == cause_s and not a.newer_checkpoint_appeared
+                                      for a in tail):
+                self.mark_bad(checkpoint, f"the job failed {n} times in a row with {cause_s} after resuming from it, "
+                                          "without producing a newer checkpoint")
+                return True
+            return False
+
+    def attempts_without_progress(self) -> int:
+        """Attempts in a row (most recent last) that ended without a newer checkpoint."""
+        with self._lock:
+            n = 0
+            for a in reversed(self._attempts):
+                if a.newer_checkpoint_appeared:
+                    break
+                n += 1
+            return n
+
+    def steps_seen(self, last: int | None = None) -> list[int | None]:
+        """Resume steps of the recent attempts without progress (for the give-up message)."""
+        with self._lock:
+            n = self.attempts_without_progress() if last is None else last
+            return [a.step for a in self._attempts[len(self._attempts) - n:]] if n else []
+
+    def no_progress(self, limit: int) -> bool:
+        return self.attempts_without_progress() >= limit

@@ -1,0 +1,424 @@
+"""The checkpoint facade the runner and the CLI use: quicklist, the pre-resume gate, bad marks.
+
+All methods are thread-safe (one lock): hashing and load tests take seconds, so the runner calls
+them from a worker thread while its main loop keeps ticking.
+
+Typical use by the runner::
+
+    svc = CheckpointService(cfg.checkpoints, Path(cfg.checkpoints.dir), state_dir, job_python=...,
+                            job_argv=command, job_cwd=workdir)
+    choice = svc.choose_for_resume(Action.ROLLBACK, onset_step=detection.onset_step)
+    # choice.path -> TSUP_RESUME_FROM / {checkpoint}; choice.quarantined -> ledger events
+    svc.note_attempt_result(choice.path, cause, newer_checkpoint_appeared=...)
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Sequence, TextIO
+
+import structlog
+
+from .config import CheckpointsConfig
+from .discovery import Candidate, Discovery, Layout, megatron_latest, sort_newest_first
+from .hashing import DigestCache, StatKey, tree_digest
+from .loadtest import LoadTestRequest, LoadTestResult, resolve_job_python, run_load_test
+from .manifest import (
+    Manifest,
+    fallback_manifest_path,
+    manifest_path,
+    read_manifest,
+    stat_record,
+    supervisor_manifest,
+    write_json_atomic,
+)
+from .quarantine import QuarantineRecord, last_good_path, preserve_last_good, quarantine
+from .quicklist import MetricsSeen, Readiness, RowBuilder, config_diff, current_config, val_metric_for
+from .selection import CheckpointBook, Choice, Mode, select_explained
+
+log = structlog.get_logger("supervisor.checkpoints")
+
+
+def _action_mode(action: object) -> Mode:
+    return "rollback" if str(action) == "rollback" else "restart"
+
+
+class CheckpointService:
+    def __init__(self, cfg: CheckpointsConfig, checkpoint_dir: Path, state_dir: Path, job_python: str | None,
+                 job_argv: Sequence[str], job_cwd: Path | None, *, remedy_keys: Sequence[str] = (),
+                 write_manifests: bool | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.dir = Path(checkpoint_dir)
+        self.state_dir = Path(state_dir)
+        self.job_argv = list(job_argv)
+        self.job_cwd = Path(job_cwd) if job_cwd is not None else None
+        self.job_python = job_python or resolve_job_python(cfg.python, self.job_argv, self.job_cwd)
+        self.remedy_keys = tuple(remedy_keys)
+        self.write_manifests = cfg.write_manifests if write_manifests is None else write_manifests
+        self.discovery = Discovery(self.dir, glob=cfg.glob, step_regex=cfg.step_regex, settle_s=cfg.settle_s,
+                                   clock=clock)
+        self.digests = DigestCache(self.state_dir / "checkpoint_digests.json" if self.state_dir.is_dir() else None)
+        self.book = CheckpointBook(self.state_dir, bad_after_same_cause=cfg.bad_after_same_cause)
+        self._lock = threading.RLock()
+        self._load_results: dict[tuple[str, Any], LoadTestResult] = {}
+        self.last_quarantined: tuple[QuarantineRecord, ...] = ()  # from the last choose_for_resume
+
+    # ------------------------------------------------------------------ discovery
+
+    def set_remedy_keys(self, keys: Sequence[str]) -> None:
+        """Config keys the active remedies change (allowed to differ from the snapshot)."""
+        with self._lock:
+            self.remedy_keys = tuple(keys)
+
+    def _manifest_of(self, path: Path) -> Any:
+        return read_manifest(path, self.state_dir)
+
+    def scan(self) -> list[Candidate]:
+        """Complete, settled checkpoints with steps from their manifests where names lack one."""
+        with self._lock:
+            cands = self.discovery.scan()
+            latest = megatron_latest(self.dir)
+            out: list[Candidate] = []
+            for c in cands:
+                # Megatron updates its tracker file last: an iteration beyond it is still being saved.
+                if c.layout is Layout.MEGATRON and latest is not None and c.step is not None and c.step > latest:
+                    continue
+                if c.step is None:
+                    m = self._manifest_of(c.path).manifest
+                    if m is not None and m.step is not None:
+                        c = c.with_step(m.step)
+                    elif (c.path, "step") in self._load_results:
+                        c = c.with_step(self._load_results[(c.path, "step")].step)  # type: ignore[index]
+                out.append(c)
+            return sort_newest_first(out)
+
+    def newest_complete(self) -> Candidate | None:
+        """The newest complete checkpoint (not verified), e.g. to see one appear during shutdown."""
+        cands = [c for c in self.scan() if c.layout is not Layout.LAST_GOOD]
+        return cands[0] if cands else None
+
+    # ------------------------------------------------------------------ readiness
+
+    def _stat_token(self, path: Path) -> Any:
+        if path.is_dir():
+            st = stat_record(path)
+            return (st["size"], st["mtime_ns"], st["files"])
+        return StatKey.of(path)
+
+    def _load_test(self, path: Path) -> LoadTestResult:
+        key = (str(path), self._stat_token(path))
+        hit = self._load_results.get(key)
+        if hit is not None:
+            return hit
+        res = run_load_test(LoadTestRequest(path, expected_keys=self.cfg.expected_keys,
+                                            check_finite=self.cfg.check_finite, trust_pickles=self.cfg.trust_pickles,
+                                            mmap=self.cfg.mmap),
+                            python=self.job_python, timeout_s=self.cfg.load_timeout_s, cwd=self.job_cwd)
+        log.info("checkpoint_load_test", path=str(path), passed=res.passed, seconds=res.seconds, error=res.error)
+        self._load_results[key] = res
+        self._load_results[(path, "step")] = res  # type: ignore[index]
+        return res
+
+    def _digest(self, path: Path, algorithm: str) -> tuple[str, dict[str, Any] | None]:
+        if path.is_dir():
+            d, files = tree_digest(path, self.digests, algorithm)
+            return d, files
+        return self.digests.digest(path, algorithm), None
+
+    def _write_own_manifest(self, cand: Candidate, step: int | None, current: dict[str, Any]) -> Manifest | None:
+        alg = self.cfg.hash_algorithm
+        try:
+            st = stat_record(cand.path)
+            digest, files = self._digest(cand.path, alg)
+            if stat_record(cand.path) != st:
+                return None  # changed while hashing: not settled after all; next time
+        except OSError:
+            return None
+        data = supervisor_manifest(cand.path, digests={alg: digest}, size=st["size"], step=step, files=files,
+                                   config=current or None, stat=st, layout=str(cand.layout))
+        target = manifest_path(cand.path)
+        try:
+            if target.exists() and self._manifest_of(cand.path).manifest is not None and \
+                    self._manifest_of(cand.path).manifest.origin != "supervisor":  # type: ignore[union-attr]
+                return self._manifest_of(cand.path).manifest  # the job wrote one meanwhile: it wins
+            write_json_atomic(target, data)
+        except OSError as exc:
+            target = fallback_manifest_path(self.state_dir, cand.path)
+            log.info("checkpoint_manifest_fallback", path=str(cand.path), error=str(exc), fallback=str(target),
+                     next="the manifest is kept in the state dir instead")
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(target, data)
+            except OSError:
+                return None
+        log.info("checkpoint_manifest_written", path=str(cand.path), manifest=str(target), step=step, origin="supervisor")
+        return self._manifest_of(cand.path).manifest
+
+    def evaluate(self, cand: Candidate, metrics_seen: MetricsSeen | None = None,
+                 current: tuple[dict[str, Any], str | None] | None = None) -> Readiness:
+        """One quicklist row for ``cand`` (hashes and load-tests it; results are cached)."""
+        with self._lock:
+            if current is None:
+                current = self._current_config()
+            cur_cfg, cfg_problem = current
+            path = cand.path
+            row = RowBuilder(path=path, step=cand.step, layout=str(cand.layout), mtime=cand.mtime)
+            if not path.exists():
+                row.exists = row.complete = False
+                row.no("the checkpoint does not exist (moved or deleted)")
+                return row.build()
+            mread = self._manifest_of(path)
+            manifest = mread.manifest
+            if mread.problem:
+                row.no(mread.problem)
+            stale = (manifest is not None and manifest.origin == "supervisor" and manifest.stat is not None
+                     and _stat_changed(manifest.stat, stat_record(path)))
+            lt: LoadTestResult | None = None
+            if (manifest is None and not mread.present) or stale:
+                step = cand.step
+                if step is None and self.cfg.load_test:
+                    lt = self._load_test(path)
+                    step = lt.step
+                if self.write_manifests:
+                    if stale:
+                        row.notes.append("rewritten since the supervisor's manifest: manifest renewed")
+                    manifest = self._write_own_manifest(cand, step, cur_cfg)
+                    if manifest is not None:
+                        row.notes.append("no manifest from the job: the supervisor wrote one (origin=supervisor)")
+                else:
+                    manifest = None
+                    row.notes.append("no manifest: integrity not checked")
+            if row.step is None and manifest is not None:
+                row.step = manifest.step
+            self._check_integrity(row, manifest)
+            # Config snapshot vs the job's current config.
+            if manifest is not None and manifest.config is not None:
+                if cfg_problem and not cur_cfg:
+                    row.notes.append(f"config not compared: {cfg_problem}")
+                else:
+                    allow = tuple(self.cfg.config_allow_diff) + self.remedy_keys
+                    diff = config_diff(manifest.config, cur_cfg, allow=allow, union=manifest.origin == "supervisor")
+                    row.config_diff = diff
+                    row.config_matches = not diff
+                    if diff:
+                        row.no("config differs from the snapshot in: " + ", ".join(diff)
+                               + " (allow with checkpoints.config_allow_diff)")
+            row.val_metric = val_metric_for(row.step, self.cfg.val_metric, manifest.metrics if manifest else None,
+                                            metrics_seen)
+            if row.val_metric is None and self.cfg.require_val_metric:
+                row.no(f"no validation metric {self.cfg.val_metric!r} recorded for this checkpoint")
+            # The load test last: it is the slow part and pointless for a corrupt file.
+            if self.cfg.load_test and row.complete and row.sha256_ok is not False:
+                lt = lt or self._load_test(path)
+                row.load_test = lt
+                if row.step is None:
+                    row.step = lt.step
+                if not lt.passed:
+                    row.no(f"load test failed: {lt.error}")
+                row.notes.extend(lt.notes)
+            if self.book.is_bad(path):
+                row.bad = True
+                row.no(f"marked bad: {self.book.bad_reason(path)}")
+            return row.build()
+
+    def _check_integrity(self, row: RowBuilder, manifest: Manifest | None) -> None:
+        if manifest is None:
+            return
+        path = row.path
+        st = stat_record(path)
+        if manifest.size is not None and manifest.size != st["size"]:
+            row.complete = False
+            what = "truncated" if st["size"] < manifest.size else "larger than saved"
+            row.no(f"{what}: {st['size']} bytes, the manifest says {manifest.size}")
+            row.sha256_ok = False
+            return
+        alg = self.cfg.hash_algorithm if self.cfg.hash_algorithm in manifest.digests else (
+            "sha256" if "sha256" in manifest.digests else next(iter(manifest.digests), None))
+        if alg is None:
+            row.notes.append("manifest has no digest: integrity not checked")
+            return
+        try:
+            digest, files = self._digest(path, alg)
+        except (OSError, ValueError) as exc:
+            row.sha256_ok = None
+            row.no(f"cannot hash the checkpoint: {exc}")
+            return
+        row.sha256_ok = digest == manifest.digests[alg]
+        if not row.sha256_ok:
+            detail = ""
+            if files is not None and manifest.files:
+                changed = [k for k in sorted(set(files) | set(manifest.files))
+                           if (files.get(k) or {}).get(alg) != (manifest.files.get(k) or {}).get(alg)]
+                detail = f" (files differing: {', '.join(changed[:5])})"
+            row.no(f"{alg} mismatch: the checkpoint changed or is corrupt since its manifest was written"
+                   f"{detail}; manifest {manifest.digests[alg][:12]}, file {digest[:12]}")
+
+    def _current_config(self) -> tuple[dict[str, Any], str | None]:
+        f = self.cfg.job_config_file
+        path = None
+        if f:
+            path = Path(f)
+            if not path.is_absolute() and self.job_cwd is not None:
+                path = self.job_cwd / path
+        return current_config(path, self.job_argv)
+
+    def quicklist(self, metrics_seen: MetricsSeen | None = None) -> list[Readiness]:
+        """Every checkpoint's readiness, newest first."""
+        with self._lock:
+            current = self._current_config()
+            rows = [self.evaluate(c, metrics_seen, current) for c in self.scan()]
+            return _sort_rows(rows)
+
+    # ------------------------------------------------------------------ the pre-resume gate
+
+    def choose_for_resume(self, action: object, onset_step: int | None,
+                          metrics_seen: MetricsSeen | None = None) -> Choice | None:
+        """The checkpoint to relaunch from, verified now; corrupt or bad ones met on the way are
+        quarantined (moved, never deleted) and the next older one is tried."""
+        mode = _action_mode(action)
+        with self._lock:
+            current = self._current_config()
+            limit = onset_step - self.cfg.margin_steps if mode == "rollback" and onset_step is not None else None
+            rows: list[Readiness] = []
+            quarantined: list[QuarantineRecord] = []
+            for cand in self.scan():
+                if limit is not None and cand.step is not None and cand.step >= limit:
+                    continue  # after the anomaly began: not a rollback target, no need to verify it
+                row = self.evaluate(cand, metrics_seen, current)
+                if not row.ready and self.cfg.quarantine and _is_corrupt(row):
+                    try:
+                        quarantined.append(quarantine(row.path, "; ".join(row.reasons)))
+                    except OSError as exc:
+                        log.error("checkpoint_quarantine_failed", path=str(row.path), error=str(exc),
+                                  next="marked bad instead; it stays where it is")
+                        self.book.mark_bad(row.path, "; ".join(row.reasons))
+                    continue
+                rows.append(row)
+                choice, _ = select_explained(rows, mode=mode, onset_step=onset_step,
+                                             margin_steps=self.cfg.margin_steps, bad=self.book.bad_paths())
+                if choice is not None:
+                    choice = self._finish_choice(choice)
+                    choice = replace(choice, quarantined=tuple(quarantined))
+                    self.last_quarantined = tuple(quarantined)
+                    log.info("checkpoint_chosen", path=str(choice.path), step=choice.step, mode=mode,
+                             reason=choice.reason, quarantined=[str(q.source) for q in quarantined],
+                             next="the job is relaunched from it")
+                    return choice
+            _, reason = select_explained(rows, mode=mode, onset_step=onset_step,
+                                         margin_steps=self.cfg.margin_steps, bad=self.book.bad_paths())
+            log.warning("checkpoint_none_ready", mode=mode, onset_step=onset_step, reason=reason,
+                        quarantined=[str(q.source) for q in quarantined],
+                        next="the policy decides: a fresh start or give up")
+            self.last_quarantined = tuple(quarantined)
+            return None
+
+    def _finish_choice(self, choice: Choice) -> Choice:
+        """Keep a copy of a single overwritten checkpoint; put a last_good copy back in place."""
+        if choice.layout == str(Layout.SINGLE) and self.cfg.preserve_last_good:
+            try:
+                preserve_last_good(choice.path)
+            except OSError as exc:
+                log.warning("checkpoint_preserve_failed", path=str(choice.path), error=str(exc),
+                            next="resuming anyway; a bad overwrite could destroy this state")
+        if choice.layout == str(Layout.LAST_GOOD):
+            original = self.dir / choice.path.name
+            if not original.exists():
+                # The job resumes from its usual path (nanoGPT reads out_dir/ckpt.pt): restore the copy
+                # there. The original was moved to quarantine/, so nothing is overwritten.
+                tmp = original.with_name(f".{original.name}.restore.tmp")
+                shutil.copy2(choice.path, tmp)
+                os.replace(tmp, original)
+                mp = manifest_path(choice.path)
+                if mp.exists():
+                    write_json_atomic(manifest_path(original), json.loads(mp.read_text()))
+                log.info("checkpoint_restored_last_good", copy=str(choice.path), to=str(original),
+                         next="the job resumes from its usual path")
+                return replace(choice, path=original, reason=choice.reason + " (restored from last_good/)")
+        return choice
+
+    def preserve_single_checkpoints(self) -> list[Path]:
+        """Copy verified single overwritten checkpoints to last_good/ (call when a new one appears)."""
+        out: list[Path] = []
+        with self._lock:
+            for c in self.scan():
+                if c.layout is Layout.SINGLE and self.cfg.preserve_last_good:
+                    lg = last_good_path(c.path)
+                    if lg.exists() and lg.stat().st_mtime_ns == c.path.stat().st_mtime_ns:
+                        continue  # already copied
+                    if self.evaluate(c).ready:
+                        out.append(preserve_last_good(c.path))
+        return out
+
+    # ------------------------------------------------------------------ bad marks, progress
+
+    def note_attempt_result(self, checkpoint: Path | str | None, cause: object, newer_checkpoint_appeared: bool,
+                            step: int | None = None) -> bool:
+        """Record an attempt's end; True when it marked ``checkpoint`` bad (it is then quarantined)."""
+        with self._lock:
+            marked = self.book.note_attempt_result(checkpoint, str(cause) if cause is not None else None,
+                                                   newer_checkpoint_appeared, step)
+            return marked
+
+    def mark_bad(self, path: Path | str, reason: str) -> None:
+        self.book.mark_bad(path, reason)
+
+    def is_bad(self, path: Path | str) -> bool:
+        return self.book.is_bad(path)
+
+    def attempts_without_progress(self) -> int:
+        return self.book.attempts_without_progress()
+
+    def no_progress(self) -> bool:
+        """True when ``no_progress_attempts`` attempts in a row produced no newer checkpoint."""
+        return self.book.no_progress(self.cfg.no_progress_attempts)
+
+    def steps_seen(self) -> list[int | None]:
+        return self.book.steps_seen()
+
+
+def _stat_changed(recorded: Any, now: dict[str, int]) -> bool:
+    return recorded.get("size") != now.get("size") or recorded.get("mtime_ns") != now.get("mtime_ns")
+
+
+def _is_corrupt(row: Readiness) -> bool:
+    """Unusable as stored (not a matter of config or trust): quarantine it."""
+    if row.bad or not row.complete or row.sha256_ok is False:
+        return True
+    lt = row.load_test
+    return lt is not None and not lt.passed and not lt.needs_pickle and "timed out" not in (lt.error or "") \
+        and "missing top-level keys" not in (lt.error or "") and "cannot start" not in (lt.error or "") \
+        and "non-finite" not in (lt.error or "")
+
+
+def _sort_rows(rows: list[Readiness]) -> list[Readiness]:
+    return sorted(rows, key=lambda r: (r.step if r.step is not None else -1, r.layout != str(Layout.LAST_GOOD),
+                                       r.mtime), reverse=True)
+
+
+def cli_checkpoints(checkpoint_dir: Path | str | None, cfg: CheckpointsConfig, json_out: bool, state_dir: Path | str,
+                    *, job_argv: Sequence[str] = (), job_cwd: Path | None = None, out: TextIO | None = None) -> int:
+    """``transformer-supervisor checkpoints [--json]``: print the quicklist. 0, or 2 for a bad dir.
+
+    Read-only: writes no manifests and moves nothing (the digest cache in the state dir aside).
+    """
+    out = out or sys.stdout
+    d = checkpoint_dir or cfg.dir
+    if not d or not Path(d).is_dir():
+        print(f"checkpoints: no checkpoint dir {'(set checkpoints.dir or --checkpoint-dir)' if not d else str(d) + ' (not a directory)'}",
+              file=sys.stderr)
+        return 2
+    svc = CheckpointService(cfg, Path(d), Path(state_dir), None, job_argv, job_cwd, write_manifests=False)
+    rows = svc.quicklist()
+    if json_out:
+        out.write(json.dumps([r.to_json() for r in rows], indent=2) + "\n")
+    else:
+        from .quicklist import render_table
+
+        out.write(render_table(rows) + "\n")
+    return 0
