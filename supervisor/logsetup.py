@@ -37,6 +37,8 @@ def _logfmt_value(v: Any) -> str:
 def _logfmt(_logger: Any, _name: str, ed: MutableMapping[str, Any]) -> str:
     # event first, message last: a human scanning the journal reads "event=... msg".
     parts = [f"event={_logfmt_value(ed.pop('event', ''))}"]
+    if "level" in ed:
+        parts.append(f"level={ed.pop('level')}")
     msg = ed.pop("message", None)
     for k, v in ed.items():
         parts.append(f"{k}={_logfmt_value(v)}")

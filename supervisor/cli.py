@@ -1,0 +1,380 @@
+"""Command line: ``transformer-supervisor <verb>`` (also ``python -m supervisor``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import __version__
+
+EXIT_OK, EXIT_USAGE, EXIT_GAVE_UP = 0, 2, 3
+
+
+def _add_locator(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--state-dir", help="the run's state dir (ledger, control socket)")
+    g.add_argument("--config", help="the run's config file (its state dir is used)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="transformer-supervisor",
+                                 description="Supervise a training job: detect failures, reboot it under control.")
+    ap.add_argument("--version", action="version", version=f"transformer-supervisor {__version__}")
+    ap.add_argument("--log-format", choices=("auto", "console", "logfmt", "json"), default=None,
+                    help="the daemon's own event lines on stderr (default: config log.format)")
+    sub = ap.add_subparsers(dest="verb", metavar="VERB")
+    sub.required = True
+
+    p = sub.add_parser("run", help="the daemon in the foreground (systemd's ExecStart)")
+    p.add_argument("--config", required=True)
+
+    p = sub.add_parser("wrap", help="supervise any command: wrap [options] -- CMD ARGS...")
+    p.add_argument("--config")
+    p.add_argument("--name")
+    p.add_argument("--state-dir")
+    p.add_argument("--checkpoint-dir")
+    p.add_argument("--log-file")
+    p.add_argument("--max-restarts")
+    p.add_argument("--heartbeat-timeout")
+    p.add_argument("--shutdown")
+    p.add_argument("--grace")
+    p.add_argument("--resume-arg", action="append", default=None,
+                   help="appended when resuming; {checkpoint} is replaced (repeatable)")
+    p.add_argument("--backoff", help="initial restart delay in seconds (policy.backoff_initial_s)")
+    p.add_argument("--shell", action="store_true", help="run CMD as one string through /bin/sh -c")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+
+    p = sub.add_parser("status", help="ask the running daemon for its state")
+    _add_locator(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("restart", help="controlled reboot now")
+    _add_locator(p)
+    p.add_argument("--reason", default="operator request")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--from", dest="from_ckpt", metavar="CKPT")
+    g.add_argument("--rollback", action="store_true")
+
+    p = sub.add_parser("checkpoint-now", help="ask the job for an emergency checkpoint")
+    _add_locator(p)
+
+    p = sub.add_parser("stop", help="graceful stop of the job, then the daemon exits 0")
+    _add_locator(p)
+
+    p = sub.add_parser("reload", help="reload the daemon's config (same as SIGHUP)")
+    _add_locator(p)
+
+    p = sub.add_parser("checkpoints", help="the readiness quicklist for every checkpoint found")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--config")
+    g.add_argument("--checkpoint-dir")
+    p.add_argument("--state-dir", help="where the hash cache lives (default: the config's state dir)")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("history", help="the run ledger")
+    _add_locator(p)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--run", help="a run id (default: the newest)")
+
+    p = sub.add_parser("check-config", help="validate a config file")
+    p.add_argument("path")
+
+    p = sub.add_parser("demo", help="a tiny GPT trained under supervision, with injected faults")
+    p.add_argument("--faults", default=None, help="comma list (default: nan,hang,crash,oom,corrupt_ckpt); "
+                                                  "'none' for a clean run")
+    p.add_argument("--out", default="demo-out", help="where the demo writes its run, checkpoints and report")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--quiet", action="store_true", help="do not pass the job's output through")
+
+    p = sub.add_parser("report", help="write the HTML report of a run")
+    _add_locator(p)
+    p.add_argument("--out", help="output folder (default: <state dir>/report)")
+    p.add_argument("--run", help="a run id (default: the newest)")
+    return ap
+
+
+def _die_usage(msg: str) -> int:
+    print(f"transformer-supervisor: {msg}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    from .config import load_config
+
+    if getattr(args, "state_dir", None):
+        return Path(args.state_dir)
+    if getattr(args, "config", None):
+        return load_config(args.config, need_command=False).state_dir()
+    env = os.environ.get("TSUP_STATE_DIR")
+    if env:
+        return Path(env)
+    cands = sorted(Path(".tsup").glob("*/ledger.sqlite")) if Path(".tsup").is_dir() else []
+    if len(cands) == 1:
+        return cands[0].parent
+    raise SystemExit(_die_usage("which run? pass --state-dir DIR or --config PATH"
+                                + (f" (found several under .tsup/: {', '.join(c.parent.name for c in cands)})"
+                                   if cands else "")))
+
+
+def _print_problems(e: Any) -> None:
+    print(f"{e.source}: {len(e.problems)} problem(s):", file=sys.stderr)
+    for p in e.problems:
+        print(f"  - {p}", file=sys.stderr)
+
+
+# -- daemon verbs -----------------------------------------------------------------------------
+
+def _number(v: str) -> Any:
+    try:
+        return int(v)
+    except ValueError:
+        try:
+            return float(v)
+        except ValueError:
+            return v  # left as a string: validation names it
+
+
+def _wrap_table(args: argparse.Namespace) -> dict[str, Any]:
+    from .config import read_toml
+
+    table: dict[str, Any] = read_toml(Path(args.config)) if args.config else {}
+    table = {k: (dict(v) if isinstance(v, dict) else v) for k, v in table.items()}
+
+    def put(section: str, key: str, value: Any) -> None:
+        table.setdefault(section, {})[key] = value
+
+    cmd = list(args.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if cmd:
+        put("job", "command", cmd)
+    if args.shell:
+        put("job", "shell", True)
+        if cmd:
+            put("job", "command", [" ".join(cmd)])
+    if args.name:
+        put("job", "name", args.name)
+    if args.log_file:
+        put("job", "log_file", args.log_file)
+    if args.resume_arg:
+        put("job", "resume_args", args.resume_arg)
+    if args.state_dir:
+        put("state", "dir", args.state_dir)
+    if args.checkpoint_dir:
+        put("checkpoints", "dir", args.checkpoint_dir)
+    if args.max_restarts is not None:
+        put("policy", "max_restarts", _number(args.max_restarts))
+    if args.backoff is not None:
+        put("policy", "backoff_initial_s", _number(args.backoff))
+    if args.heartbeat_timeout is not None:
+        put("heartbeat", "timeout_s", _number(args.heartbeat_timeout))
+    if args.shutdown is not None:
+        put("shutdown", "mode", args.shutdown)
+    if args.grace is not None:
+        put("shutdown", "grace_s", _number(args.grace))
+    return table
+
+
+def _run_daemon(cfg: Any, config_path: Path | None, log_format: str | None) -> int:
+    from . import logsetup
+    from .runner import Runner
+
+    logsetup.configure(log_format or cfg.log.format, cfg.log.level)
+    runner = Runner(cfg, config_path=config_path)
+    return runner.run()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        _print_problems(e)
+        return EXIT_USAGE
+    return _run_daemon(cfg, Path(args.config).resolve(), args.log_format)
+
+
+def cmd_wrap(args: argparse.Namespace) -> int:
+    from .config import ConfigError, config_from_table
+
+    try:
+        table = _wrap_table(args)
+        cfg = config_from_table(table, args.config or "wrap flags")
+    except ConfigError as e:
+        _print_problems(e)
+        return EXIT_USAGE
+    return _run_daemon(cfg, Path(args.config).resolve() if args.config else None, args.log_format)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from .config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.path)
+    except ConfigError as e:
+        _print_problems(e)
+        return EXIT_USAGE
+    print(f"{args.path}: OK (job {cfg.job.name!r}, state dir {cfg.state_dir()})")
+    return EXIT_OK
+
+
+# -- client verbs -----------------------------------------------------------------------------
+
+def _control(args: argparse.Namespace, verb: str, payload: dict[str, Any] | None = None) -> tuple[int, Any]:
+    from .ops.control import ControlError, DaemonNotRunning, request
+
+    sd = _state_dir(args)
+    try:
+        return EXIT_OK, request(sd, verb, payload or {})
+    except DaemonNotRunning as e:
+        print(f"transformer-supervisor: {e}", file=sys.stderr)
+        return 1, None
+    except ControlError as e:
+        print(f"transformer-supervisor: {verb} failed: {e}", file=sys.stderr)
+        return 1, None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    code, res = _control(args, "status")
+    if code:
+        return code
+    if args.json:
+        print(json.dumps(res, indent=2, sort_keys=True))
+    else:
+        from .ops.control import render_status
+
+        print(render_status(res))
+    return EXIT_OK
+
+
+def cmd_simple(args: argparse.Namespace, verb: str, payload: dict[str, Any] | None = None) -> int:
+    code, res = _control(args, verb, payload)
+    if code:
+        return code
+    msg = res.get("message") if isinstance(res, dict) else None
+    print(msg or json.dumps(res))
+    return EXIT_OK
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from .ledger import Ledger
+
+    sd = _state_dir(args)
+    try:
+        led = Ledger(sd, readonly=True)
+    except FileNotFoundError as e:
+        print(f"transformer-supervisor: {e}", file=sys.stderr)
+        return 1
+    try:
+        h = led.history(args.run)
+    finally:
+        led.close()
+    if args.json:
+        print(json.dumps(h, indent=2, default=str))
+        return EXIT_OK
+    print(render_history(h))
+    return EXIT_OK
+
+
+def render_history(h: dict[str, Any]) -> str:
+    if h.get("run_id") is None:
+        return "no runs recorded in this state dir yet"
+    lines = [f"run {h['run_id']}  ({h.get('name')}; state {h.get('state')}"
+             + (f", exit {h['exit_code']}" if h.get("exit_code") is not None else "") + ")"]
+    if h.get("reason"):
+        lines.append(f"  {h['reason']}")
+    lines.append("")
+    hdr = f"{'#':>3}  {'started (UTC)':<23}  {'ended':<12}  {'exit':<9}  {'cause':<22}  {'action':<9}  checkpoint"
+    lines.append(hdr)
+    lines.append("-" * len(hdr))
+    for a in h["attempts"]:
+        ex = (str(a["exit_code"]) if a["exit_code"] is not None else (a["signal"] or "-"))
+        ended = (a["ended_at"] or "running")[11:23] if a["ended_at"] else "running"
+        lines.append(f"{a['attempt']:>3}  {(a['started_at'] or '')[:23]:<23}  {ended:<12}  {ex:<9}  "
+                     f"{(a['cause'] or '-'):<22}  {(a['action'] or '-'):<9}  {a['checkpoint'] or '-'}")
+        if a.get("summary"):
+            lines.append(f"     {a['summary']}")
+        v = a.get("validation")
+        if v:
+            lines.append(f"     validation: {v.get('verdict', v)}")
+        if a.get("remedies"):
+            lines.append(f"     remedies: {json.dumps(a['remedies'])}")
+    return "\n".join(lines)
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from .config import ConfigError, load_config
+
+    try:
+        if args.config:
+            cfg = load_config(args.config, need_command=False)
+        else:
+            from .config import Config
+
+            cfg = Config()
+    except ConfigError as e:
+        _print_problems(e)
+        return EXIT_USAGE
+    ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else cfg.checkpoint_dir()
+    if ckdir is None:
+        return _die_usage("no checkpoint dir: pass --checkpoint-dir DIR or a config with [checkpoints] dir")
+    sd = Path(args.state_dir) if args.state_dir else cfg.state_dir()
+    from .checkpoints.service import cli_checkpoints
+
+    return cli_checkpoints(ckdir, cfg, args.json, sd)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo.run import run_demo
+
+    return run_demo(out=Path(args.out), faults=args.faults, steps=args.steps, seed=args.seed, quiet=args.quiet,
+                    log_format=args.log_format)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .reporting import write_run_report
+
+    sd = _state_dir(args)
+    out = Path(args.out) if args.out else sd / "report"
+    html, png = write_run_report(sd, out, args.run)
+    print(f"report: {html}" + (f"\nloss curve: {png}" if png else ""))
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = _parser()
+    # `wrap ... -- CMD`: argparse would try to parse CMD's own flags; split at the first "--".
+    if argv and "wrap" in argv and "--" in argv:
+        i = argv.index("--")
+        head, cmd = argv[:i], argv[i + 1:]
+        args = ap.parse_args(head)
+        args.command = cmd
+    else:
+        args = ap.parse_args(argv)
+    verb = args.verb
+    if verb == "wrap" and not args.command and not args.config:
+        return _die_usage("wrap needs a command: transformer-supervisor wrap [options] -- CMD ARGS...")
+    handlers = {
+        "run": cmd_run, "wrap": cmd_wrap, "check-config": cmd_check_config, "status": cmd_status,
+        "history": cmd_history, "checkpoints": cmd_checkpoints, "demo": cmd_demo, "report": cmd_report,
+        "stop": lambda a: cmd_simple(a, "stop"),
+        "checkpoint-now": lambda a: cmd_simple(a, "checkpoint-now"),
+        "reload": lambda a: cmd_simple(a, "reload"),
+        "restart": lambda a: cmd_simple(a, "restart", {"reason": a.reason, "from": a.from_ckpt,
+                                                       "rollback": a.rollback}),
+    }
+    try:
+        return handlers[verb](args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Wiring: the concerns that plug into the runner (watchers, checkpoints, health, ops).
+
+The runner calls these hooks at fixed points of an attempt; each hook guards its concern, so a
+failing part is reported and the daemon goes on. Keeping the wiring here keeps ``runner.py``
+about the state machine alone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import structlog
+
+from .events import Action, AttemptContext, Cause, MetricRecord, Monitor
+
+if TYPE_CHECKING:
+    from .policy import Decision
+    from .runner import Resume, Runner
+
+log = structlog.get_logger("supervisor.parts")
+
+_SKIP_SUFFIXES = (".tmp", ".partial", ".part", ".json", ".lock", ".txt", ".log")
+
+
+def newest_checkpoint_file(d: Path) -> Path | None:
+    """Fallback discovery: the newest regular file or folder in the checkpoint dir."""
+    if not d.is_dir():
+        return None
+    best: tuple[float, Path] | None = None
+    for p in d.iterdir():
+        if p.name.startswith(".") or p.name in ("quarantine", "last_good") or p.name.endswith(_SKIP_SUFFIXES):
+            continue
+        try:
+            m = p.stat().st_mtime
+        except OSError:
+            continue
+        if best is None or m > best[0]:
+            best = (m, p)
+    return best[1] if best else None
+
+
+class Parts:
+    def __init__(self) -> None:
+        self.control: Any = None
+        self.notifier: Any = None
+        self._last_status = 0.0
+        self._status_line = ""
+
+    # -- daemon life ----------------------------------------------------------------------
+    def start_daemon_side(self, r: "Runner") -> None:
+        from .ops.control import ControlServer
+        from .ops.notify import Notifier
+
+        self.notifier = Notifier()
+        self.control = ControlServer(r.state_dir, r.control)
+        self.control.start()
+
+    def stop_daemon_side(self, r: "Runner") -> None:
+        if self.notifier is not None:
+            self.notifier.stopping()
+        if self.control is not None:
+            self.control.close()
+
+    def tick(self, r: "Runner", now: float) -> None:
+        if now - self._last_status >= 0.25:
+            self._last_status = now
+            st = r.refresh_status_cache()
+            if self.notifier is not None:
+                line = _status_line(st)
+                if line != self._status_line:
+                    self._status_line = line
+                    self.notifier.status(line)
+        if self.notifier is not None:
+            self.notifier.watchdog()
+
+    def reloading(self, r: "Runner") -> None:
+        if self.notifier is not None:
+            self.notifier.reloading()
+
+    def reloaded(self, r: "Runner") -> None:
+        if self.notifier is not None:
+            self.notifier.ready()
+
+    def extend_timeout(self, seconds: float) -> None:
+        if self.notifier is not None:
+            self.notifier.extend_timeout(seconds)
+
+    # -- per attempt ----------------------------------------------------------------------
+    def gate(self, r: "Runner", previous_pids: Sequence[int]) -> dict[str, Any] | None:
+        return None
+
+    def choose_checkpoint(self, r: "Runner", action: Action, onset: int | None, explicit: str | None) -> "Resume":
+        from .runner import Resume
+
+        if explicit:
+            return Resume(explicit, None, "operator's choice")
+        d = r.cfg.checkpoint_dir()
+        if d is None:
+            return Resume(None, None, "no checkpoint dir configured")
+        p = newest_checkpoint_file(d)
+        return Resume(str(p) if p else None, None, "newest in the checkpoint dir" if p else "no checkpoint yet")
+
+    def snapshot_extra(self, r: "Runner") -> dict[str, Any]:
+        return {}
+
+    def monitors_for_attempt(self, r: "Runner", ctx: AttemptContext) -> list[Monitor]:
+        return []
+
+    def attempt_started(self, r: "Runner", ctx: AttemptContext) -> None:
+        if self.notifier is not None and ctx.attempt >= 0:
+            self.notifier.ready()
+
+    def on_metrics(self, r: "Runner", batch: list[MetricRecord]) -> None:
+        pass
+
+    def dump_stacks(self, r: "Runner", pids: Sequence[int]) -> None:
+        pass
+
+    def new_checkpoint_probe(self, r: "Runner", now: float) -> Callable[[], bool] | None:
+        d = r.cfg.checkpoint_dir()
+        if d is None:
+            return None
+        start = time.time()
+
+        def probe() -> bool:
+            p = newest_checkpoint_file(d)
+            try:
+                return p is not None and p.stat().st_mtime >= start
+            except OSError:
+                return False
+
+        return probe
+
+    def attempt_ended(self, r: "Runner", cause: Cause | None, decision: "Decision | None") -> None:
+        pass
+
+    def no_progress(self, r: "Runner") -> str | None:
+        return None
+
+    def status_extra(self, r: "Runner") -> dict[str, Any]:
+        return {}
+
+
+def _status_line(st: dict[str, Any]) -> str:
+    lm = st.get("last_metric") or {}
+    parts = [f"{st.get('state')}", f"attempt {st.get('attempt')}"]
+    if lm.get("step") is not None:
+        parts.append(f"step {lm['step']}")
+    if lm.get("loss") is not None:
+        parts.append(f"loss {lm['loss']:.4g}")
+    return ", ".join(parts)
+
+
+def build_parts(r: "Runner") -> Parts:
+    return Parts()
