@@ -1,0 +1,446 @@
+"""The control socket: how ``transformer-supervisor status|restart|stop|checkpoint-now`` and
+``systemctl reload`` talk to the running daemon.
+
+Protocol: a Unix stream socket ``<state dir>/control.sock`` (mode 0600). One request per
+connection: one line of JSON ``{"verb": "status", "args": {...}}`` terminated by ``\\n``, at most
+:data:`MAX_REQUEST` bytes, sent within :data:`READ_TIMEOUT_S`. One reply line, always one shape::
+
+    {"ok": true, "result": ...}
+    {"ok": false, "error": {"code": "bad_request", "message": "..."}}
+
+Only a peer with the daemon's uid (or root) is served (SO_PEERCRED). Malformed, oversized, slow
+or forbidden requests get an error reply (or are dropped when the peer is gone); each connection
+has its own thread, so none of this reaches the daemon's main loop.
+
+The server calls ``handler(verb, args)`` on the connection's thread; the runner implements it by
+posting the request to its main loop and waiting for the answer (the main loop owns all
+decisions). A handler raises :class:`ControlError` for an error reply; any other exception
+becomes an ``internal`` error reply and is logged.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import stat
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("supervisor.ops")
+
+SOCKET_NAME = "control.sock"
+MAX_REQUEST = 64 * 1024
+READ_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 16
+
+# The verbs and the arguments each accepts (name -> type). Checked here so the handler only sees
+# well-formed requests.
+VERBS: Mapping[str, Mapping[str, type]] = {
+    "status": {},
+    "restart": {"reason": str, "from": str, "rollback": bool},
+    "stop": {"reason": str},
+    "checkpoint-now": {},
+    "reload": {},
+}
+
+Handler = Callable[[str, Mapping[str, Any]], Any]
+
+
+class ControlError(Exception):
+    """An error reply: raised by a handler to refuse a request (``code`` is a stable short name
+    such as ``busy`` or ``no_checkpoint``), and by :func:`request` when the daemon replied with
+    an error. The message says what happened and what to do."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.code})"
+
+
+class DaemonNotRunning(ControlError):
+    """Raised by :func:`request` when no daemon listens on the state dir's control socket."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("not_running", message)
+
+
+class SocketInUse(RuntimeError):
+    """Raised by :class:`ControlServer` when another live daemon already serves this state dir:
+    two daemons on one state dir would run two copies of the job. Stop the other one first."""
+
+
+def socket_path(state_dir: str | os.PathLike[str]) -> Path:
+    return Path(state_dir) / SOCKET_NAME
+
+
+def _address(path: Path) -> tuple[str, int | None]:
+    """A bindable/connectable address for ``path``: sun_path holds at most 107 bytes, so a long
+    state dir is reached through /proc/self/fd/N of an open descriptor of the directory."""
+    if len(os.fsencode(path)) < 108:
+        return str(path), None
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    return f"/proc/self/fd/{dfd}/{path.name}", dfd
+
+
+def _reply_ok(result: Any) -> bytes:
+    return (json.dumps({"ok": True, "result": result}, default=str) + "\n").encode()
+
+
+def _reply_error(code: str, message: str) -> bytes:
+    return (json.dumps({"ok": False, "error": {"code": code, "message": message}}) + "\n").encode()
+
+
+def parse_request(data: bytes) -> tuple[str, dict[str, Any]]:
+    """Validate one request line; raises ControlError(bad_request|unknown_verb)."""
+    try:
+        req = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ControlError("bad_request", f"request is not JSON: {e}") from None
+    if not isinstance(req, dict):
+        raise ControlError("bad_request", 'request must be a JSON object {"verb": ..., "args": {...}}')
+    verb = req.get("verb")
+    if not isinstance(verb, str):
+        raise ControlError("bad_request", 'request has no "verb" string')
+    if verb not in VERBS:
+        raise ControlError("unknown_verb", f"unknown verb {verb!r}; known: {', '.join(VERBS)}")
+    args = req.get("args", {})
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise ControlError("bad_request", '"args" must be a JSON object')
+    allowed = VERBS[verb]
+    for key, value in args.items():
+        if key not in allowed:
+            raise ControlError("bad_request", f"{verb}: unknown argument {key!r}"
+                               + (f"; known: {', '.join(allowed)}" if allowed else "; it takes none"))
+        want = allowed[key]
+        if value is not None and not (isinstance(value, want) and not (want is not bool and isinstance(value, bool))):
+            raise ControlError("bad_request", f"{verb}: argument {key!r} must be a {want.__name__}")
+    return verb, {k: v for k, v in args.items() if v is not None}
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+class ControlServer:
+    """Serves the control socket on its own threads until :meth:`close`.
+
+    ``start()`` binds (replacing a stale socket file, refusing a live one with
+    :class:`SocketInUse`), sets mode 0600 before listening, and starts the accept thread.
+    """
+
+    def __init__(self, state_dir: str | os.PathLike[str], handler: Handler, *,
+                 max_request: int = MAX_REQUEST, read_timeout_s: float = READ_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        self.path = socket_path(state_dir)
+        self.handler = handler
+        self.max_request = max_request
+        self.read_timeout_s = read_timeout_s
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._uid = os.geteuid()
+
+    def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._remove_stale()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        addr, dfd = _address(self.path)
+        # The umask makes the file 0600 from the start (umask is process-wide, so it is held for
+        # the bind only); the chmod below is what guarantees it. Clients cannot connect before
+        # listen(), so the mode is final before anyone can talk to us.
+        old = os.umask(0o177)
+        try:
+            sock.bind(addr)
+        except OSError:
+            sock.close()
+            raise
+        finally:
+            os.umask(old)
+            if dfd is not None:
+                os.close(dfd)
+        os.chmod(self.path, 0o600)
+        sock.listen(32)
+        self._sock = sock
+        self._thread = threading.Thread(target=self._accept_loop, name="control-accept", daemon=True)
+        self._thread.start()
+        log.info("control_socket_listening", path=str(self.path),
+                 next="status/restart/stop/checkpoint-now/reload accepted from this uid or root")
+
+    def _remove_stale(self) -> None:
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise SocketInUse(f"{self.path} exists and is not a socket; remove it if it is not needed")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        probe.settimeout(1.0)
+        addr, dfd = _address(self.path)
+        try:
+            probe.connect(addr)
+        except OSError as e:
+            if e.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                raise
+            os.unlink(self.path)  # left behind by a daemon that died: ours now
+            log.info("control_socket_stale_removed", path=str(self.path))
+            return
+        finally:
+            probe.close()
+            if dfd is not None:
+                os.close(dfd)
+        raise SocketInUse(f"another daemon is already running for state dir {self.path.parent} "
+                          f"(its control socket {self.path} answers); stop it first or use another state dir")
+
+    def close(self) -> None:
+        """Stop accepting, remove the socket file (only if it is still ours)."""
+        self._closing.set()
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _accept_loop(self) -> None:
+        while not self._closing.is_set():
+            sock = self._sock
+            if sock is None:
+                return
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                if self._closing.is_set():
+                    return
+                time.sleep(0.05)  # EMFILE and friends: do not spin
+                continue
+            if not self._slots.acquire(blocking=False):
+                self._refuse(conn, "busy", "too many control connections at once; try again")
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="control-conn", daemon=True).start()
+
+    @staticmethod
+    def _refuse(conn: socket.socket, code: str, message: str) -> None:
+        try:
+            conn.settimeout(1.0)
+            conn.sendall(_reply_error(code, message))
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            with conn:
+                conn.settimeout(self.read_timeout_s)
+                uid = _peer_uid(conn)
+                if uid not in (self._uid, 0):
+                    log.warning("control_peer_refused", uid=uid, daemon_uid=self._uid,
+                                next="request ignored; run the CLI as the daemon's user or root")
+                    conn.sendall(_reply_error("forbidden", f"uid {uid} may not control this daemon "
+                                              f"(only uid {self._uid} or root)"))
+                    return
+                try:
+                    data = self._read_line(conn)
+                    verb, args = parse_request(data)
+                except ControlError as e:
+                    conn.sendall(_reply_error(e.code, e.message))
+                    return
+                except (TimeoutError, socket.timeout):
+                    conn.sendall(_reply_error("timeout", f"no complete request within {self.read_timeout_s:g} s"))
+                    return
+                conn.sendall(self._dispatch(verb, args))
+        except OSError:
+            pass  # the peer went away; nothing to tell it
+        finally:
+            self._slots.release()
+
+    def _read_line(self, conn: socket.socket) -> bytes:
+        buf = bytearray()
+        deadline = time.monotonic() + self.read_timeout_s  # the whole request, not per recv
+        while b"\n" not in buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            conn.settimeout(remaining)
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            if len(buf) > self.max_request + 1:
+                raise ControlError("too_large", f"request larger than {self.max_request} bytes")
+        line, _, _ = bytes(buf).partition(b"\n")
+        if len(line) > self.max_request:
+            raise ControlError("too_large", f"request larger than {self.max_request} bytes")
+        if not line.strip():
+            raise ControlError("bad_request", "empty request")
+        return line
+
+    def _dispatch(self, verb: str, args: Mapping[str, Any]) -> bytes:
+        try:
+            return _reply_ok(self.handler(verb, args))
+        except ControlError as e:
+            return _reply_error(e.code, e.message)
+        except Exception as e:  # the daemon survives a handler bug; the operator sees it
+            log.exception("control_handler_failed", verb=verb, error=str(e),
+                          next="replied with an internal error; the daemon keeps running")
+            return _reply_error("internal", f"{verb} failed inside the daemon: {e}")
+
+
+def request(state_dir: str | os.PathLike[str], verb: str, args: Mapping[str, Any] | None = None,
+            timeout: float = 30.0) -> Any:
+    """Send one request to the daemon of ``state_dir`` and return its result.
+
+    Raises :class:`DaemonNotRunning` when nothing listens there, :class:`ControlError` for an
+    error reply (its ``code`` and ``message`` come from the daemon)."""
+    path = socket_path(state_dir)
+    if not path.exists():
+        raise DaemonNotRunning(f"no daemon is running for state dir {Path(state_dir)} (no control socket {path})")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.settimeout(timeout)
+    addr, dfd = _address(path)
+    try:
+        try:
+            sock.connect(addr)
+        except (ConnectionRefusedError, FileNotFoundError):
+            raise DaemonNotRunning(f"no daemon is running for state dir {Path(state_dir)} "
+                                   f"(stale control socket {path})") from None
+        except PermissionError:
+            raise ControlError("forbidden", f"permission denied on {path}: run as the daemon's user or root") from None
+        sock.sendall((json.dumps({"verb": verb, "args": dict(args or {})}) + "\n").encode())
+        buf = bytearray()
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except (TimeoutError, socket.timeout):
+                raise ControlError("timeout", f"the daemon did not answer {verb!r} within {timeout:g} s") from None
+            if not chunk:
+                break
+            buf += chunk
+    finally:
+        sock.close()
+        if dfd is not None:
+            os.close(dfd)
+    try:
+        reply = json.loads(bytes(buf).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ControlError("bad_reply", f"the daemon sent an unreadable reply to {verb!r}: {bytes(buf)[:200]!r}") from None
+    if not isinstance(reply, dict) or "ok" not in reply:
+        raise ControlError("bad_reply", f"unexpected reply shape: {reply!r:.200}")
+    if reply["ok"]:
+        return reply.get("result")
+    err = reply.get("error") or {}
+    raise ControlError(str(err.get("code", "error")), str(err.get("message", "the daemon refused the request")))
+
+
+# -- rendering for the CLI ----------------------------------------------------------------------
+
+def _age(seconds: Any) -> str:
+    try:
+        s = float(seconds)
+    except (TypeError, ValueError):
+        return str(seconds)
+    if s < 120:
+        return f"{s:.1f}s"
+    if s < 7200:
+        return f"{s / 60:.1f}m"
+    return f"{s / 3600:.1f}h"
+
+
+def _bytes(n: Any) -> str:
+    try:
+        v = float(n)
+    except (TypeError, ValueError):
+        return str(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if v < 1024 or unit == "TiB":
+            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024
+    return str(n)
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _gpu_line(g: Any) -> str:
+    if not isinstance(g, Mapping):
+        return str(g)
+    idx = g.get("index", g.get("gpu", "?"))
+    used = g.get("memory_used_bytes", g.get("memory_used"))
+    total = g.get("memory_total_bytes", g.get("memory_total"))
+    parts = [f"gpu{idx}"]
+    if used is not None:
+        parts.append(_bytes(used) + (f" / {_bytes(total)}" if total is not None else ""))
+    for k in ("utilization", "temperature_c", "health"):
+        if g.get(k) is not None:
+            parts.append(f"{k}={_num(g[k])}")
+    return "  ".join(parts)
+
+
+def render_status(result: Mapping[str, Any]) -> str:
+    """A readable table of the ``status`` verb's result; renders whichever keys are present."""
+    rows: list[tuple[str, str]] = []
+    shown = set()
+
+    def row(label: str, key: str, fmt: Callable[[Any], str] = _num) -> None:
+        shown.add(key)
+        if key in result and result[key] is not None:
+            rows.append((label, fmt(result[key])))
+
+    row("state", "state")
+    row("run id", "run_id")
+    row("attempt", "attempt")
+    row("pids", "pids", lambda v: " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v))
+    shown.add("restarts_by_cause")
+    rbc = result.get("restarts_by_cause")
+    if isinstance(rbc, Mapping):
+        total = sum(int(v) for v in rbc.values() if isinstance(v, (int, float)))
+        detail = ", ".join(f"{k} {v}" for k, v in sorted(rbc.items()) if v)
+        rows.append(("restarts", f"{total}" + (f" ({detail})" if detail else "")))
+    shown.add("last_metric")
+    lm = result.get("last_metric")
+    if isinstance(lm, Mapping):
+        rows.append(("last step", "  ".join(f"{k}={_num(v)}" for k, v in lm.items() if v is not None)))
+    elif "last_metric" in result:
+        rows.append(("last step", "(no metric seen yet)"))
+    shown.add("heartbeats")
+    hb = result.get("heartbeats")
+    if isinstance(hb, Mapping):
+        rows.append(("heartbeats", "  ".join(f"rank{k} {_age(v)} ago" for k, v in sorted(hb.items(), key=lambda kv: str(kv[0]).zfill(6)))
+                     or "(none yet)"))
+    shown.add("gpus")
+    gpus = result.get("gpus")
+    if isinstance(gpus, (list, tuple)):
+        for i, g in enumerate(gpus):
+            rows.append(("gpus" if i == 0 else "", _gpu_line(g)))
+    row("checkpoint", "checkpoint")
+    row("goodput", "goodput", lambda v: f"{float(v) * 100:.1f} %" if isinstance(v, (int, float)) else str(v))
+    for key, value in result.items():  # anything newer than this renderer
+        if key not in shown and value is not None and not isinstance(value, (Mapping, list)):
+            rows.append((key.replace("_", " "), _num(value)))
+    width = max((len(label) for label, _ in rows), default=0)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

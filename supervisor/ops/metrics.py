@@ -1,0 +1,202 @@
+"""Prometheus metrics from the daemon's status: an HTTP listener and/or a node-exporter textfile.
+
+The metrics are built at scrape time from the latest status snapshot (the same dict the
+``status`` verb returns), by a custom collector on a private registry: the HTTP thread never
+touches the main loop's state, a rank whose heartbeat vanished drops out of the output, and
+``restarts_total`` is a true counter taken from the ledger-backed ``restarts_by_cause``.
+
+Wiring (the runner): ``m = Metrics(cfg.metrics)``; ``m.start()`` after the config is loaded
+(starts the listener when ``metrics.listen`` is set); ``m.update(status_dict)`` every tick or
+every second (cheap; rewrites the textfile at most every ``textfile_interval_s``); ``m.close()``
+on exit. Status keys read (all optional): state, run_id, attempt, restarts_by_cause,
+last_metric{step, loss, grad_norm, tokens_per_sec}, heartbeats{rank: age_s},
+gpus[{index, memory_used_bytes}], goodput, and ``last_good_checkpoint_at`` (unix time) or
+``seconds_since_last_good_checkpoint``.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..events import Cause
+from .config import MetricsConfig
+
+log = structlog.get_logger("supervisor.ops")
+
+PREFIX = "tsup_"
+# Known states always appear (0 or 1) so a dashboard's "state == gave_up" query never has holes.
+STATES = ("starting", "running", "stopping", "backoff", "stopped", "gave_up")
+
+
+def _float(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+class _StatusCollector(Collector):
+    def __init__(self, snapshot: Callable[[], tuple[Mapping[str, Any], float]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        status, wall = self._snapshot()
+
+        up = GaugeMetricFamily(PREFIX + "status_age_seconds",
+                               "Seconds since the daemon last published its status")
+        up.add_metric([], max(0.0, time.time() - wall) if wall else float("nan"))
+        yield up
+
+        restarts = CounterMetricFamily(PREFIX + "restarts", "Restarts of the job by cause", labels=["cause"])
+        by_cause = status.get("restarts_by_cause") or {}
+        for cause in [c.value for c in Cause] + sorted(k for k in by_cause if k not in set(Cause)):
+            restarts.add_metric([cause], _float(by_cause.get(cause, 0)) or 0.0)
+        yield restarts
+
+        state = GaugeMetricFamily(PREFIX + "state", "1 for the daemon's current state, 0 for the others",
+                                  labels=["state"])
+        current = status.get("state")
+        for s in STATES + ((current,) if isinstance(current, str) and current not in STATES else ()):
+            state.add_metric([s], 1.0 if s == current else 0.0)
+        yield state
+
+        info = GaugeMetricFamily(PREFIX + "run_info", "The supervised run (always 1)", labels=["run_id"])
+        if status.get("run_id"):
+            info.add_metric([str(status["run_id"])], 1.0)
+        yield info
+
+        def gauge(name: str, doc: str, value: Any) -> Iterator[Metric]:
+            v = _float(value)
+            if v is not None:
+                g = GaugeMetricFamily(PREFIX + name, doc)
+                g.add_metric([], v)
+                yield g
+
+        yield from gauge("attempt", "Current attempt number (0 = first launch)", status.get("attempt"))
+        lm = status.get("last_metric") or {}
+        if isinstance(lm, Mapping):
+            yield from gauge("last_step", "Last training step reported by the job", lm.get("step"))
+            yield from gauge("loss", "Last training loss", lm.get("loss"))
+            yield from gauge("grad_norm", "Last gradient norm", lm.get("grad_norm"))
+            yield from gauge("tokens_per_second", "Last reported throughput in tokens per second",
+                             lm.get("tokens_per_sec"))
+        yield from gauge("goodput_ratio", "Fraction of wall time spent on useful training (0-1)",
+                         status.get("goodput"))
+        since = status.get("seconds_since_last_good_checkpoint")
+        if since is None and _float(status.get("last_good_checkpoint_at")) is not None:
+            since = max(0.0, time.time() - float(status["last_good_checkpoint_at"]))
+        yield from gauge("seconds_since_last_good_checkpoint",
+                         "Seconds since the newest checkpoint that passed the readiness quicklist", since)
+
+        hb = GaugeMetricFamily(PREFIX + "heartbeat_age_seconds", "Age of each rank's last heartbeat",
+                               labels=["rank"])
+        for rank, age in (status.get("heartbeats") or {}).items():
+            v = _float(age)
+            if v is not None:
+                hb.add_metric([str(rank)], v)
+        yield hb
+
+        mem = GaugeMetricFamily(PREFIX + "gpu_memory_used_bytes", "GPU memory in use per device",
+                                labels=["gpu"])
+        for i, g in enumerate(status.get("gpus") or []):
+            if isinstance(g, Mapping):
+                v = _float(g.get("memory_used_bytes", g.get("memory_used")))
+                if v is not None:
+                    mem.add_metric([str(g.get("index", i))], v)
+        yield mem
+
+
+class Metrics:
+    """The daemon's Prometheus metrics (private registry: no process/platform collectors, so
+    two daemons in one test process never clash)."""
+
+    def __init__(self, config: MetricsConfig | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config or MetricsConfig()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._lock = threading.Lock()
+        self._status: Mapping[str, Any] = {}
+        self._status_wall = 0.0
+        self._clock = clock
+        self._last_textfile: float | None = None
+        self._server: Any = None
+        self._server_thread: threading.Thread | None = None
+        self.registry.register(_StatusCollector(self._snapshot))
+
+    def _snapshot(self) -> tuple[Mapping[str, Any], float]:
+        with self._lock:
+            return self._status, self._status_wall
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """(host, port) the listener is bound to (the real port when ``listen`` used port 0)."""
+        if self._server is None:
+            return None
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        """Start the HTTP listener if ``listen`` is set. Raises OSError if the port is taken (the
+        runner reports it as a config problem: another daemon or exporter owns that port)."""
+        if not self.config.listen:
+            return
+        host, _, port = self.config.listen.rpartition(":")
+        host = host.strip("[]")
+        self._server, self._server_thread = start_http_server(int(port), addr=host, registry=self.registry)
+        log.info("metrics_listening", listen=self.config.listen, port=self.address[1] if self.address else None,
+                 next="Prometheus can scrape /metrics")
+
+    def update(self, status: Mapping[str, Any]) -> None:
+        """Publish a new status snapshot (called from the main loop)."""
+        with self._lock:
+            self._status = dict(status)
+            self._status_wall = time.time()
+        if self.config.textfile:
+            now = self._clock()
+            if self._last_textfile is None or now - self._last_textfile >= self.config.textfile_interval_s:
+                self._last_textfile = now
+                self.write_textfile()
+
+    def render(self) -> bytes:
+        """The exposition text (what /metrics serves)."""
+        return generate_latest(self.registry)
+
+    def write_textfile(self) -> bool:
+        """Rewrite the textfile atomically (temp file in the same dir, then rename): node-exporter
+        must never read half a file. Never raises; a failure is logged once per kind."""
+        path = self.config.textfile
+        if not path:
+            return False
+        target = Path(path)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(self.render())
+                os.chmod(tmp, 0o644)  # node-exporter usually runs as another user
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            return True
+        except OSError as e:
+            log.warning("metrics_textfile_failed", path=path, error=str(e),
+                        next=f"retrying in {self.config.textfile_interval_s:g} s")
+            return False
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._server_thread is not None:
+            self._server_thread.join(timeout=5)
+            self._server_thread = None
