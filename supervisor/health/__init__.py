@@ -1,1 +1,27 @@
-"""GPU and host health: NVML monitor, host memory/disk/storage checks, the pre-launch gate."""
+"""GPU and host health: NVML monitor, host memory/disk/storage checks, the pre-launch gate.
+
+Entry points (see each module's doc):
+
+* :func:`make_backend` (``gpu.backend``: nvml | none | fake:PATH; env ``TSUP_GPU_BACKEND`` wins)
+* :class:`GpuMonitor` (events.Monitor "gpu"): gpu_memory / gpu_fault detections, ``gpus()`` for
+  ``status --json``, ``snapshot()`` for the ledger; blind -> ``available: false``, never healthy
+* :class:`HostMonitor` (events.Monitor "host"): disk_low (space or a failed storage probe)
+* :class:`LaunchGate` / :func:`run_gate`: the verdict before every launch; not passed -> give up
+* :func:`probe_storage`: write, fsync, read back, remove; the mount still the one seen at start
+
+The daemon never imports torch; neither does this package (``gpucheck`` runs torch in a child).
+"""
+from .config import GpuConfig, HostConfig
+from .gate import GateVerdict, LaunchGate, run_gate
+from .gpu import (BACKEND_ENV, FakeBackend, GpuBackend, GpuBlindError, GpuLostError, NvmlBackend,
+                  make_backend)
+from .gpumonitor import GpuMonitor
+from .host import HostMonitor, ProbeResult, StorageBaseline, probe_storage
+from .xid import XID_TABLE, classify_xid
+
+__all__ = [
+    "BACKEND_ENV", "FakeBackend", "GateVerdict", "GpuBackend", "GpuBlindError", "GpuConfig",
+    "GpuLostError", "GpuMonitor", "HostConfig", "HostMonitor", "LaunchGate", "NvmlBackend",
+    "ProbeResult", "StorageBaseline", "XID_TABLE", "classify_xid", "make_backend", "probe_storage",
+    "run_gate",
+]

@@ -51,9 +51,10 @@ class GateVerdict:
         return "pre-launch gate passed" + extra
 
     def to_dict(self) -> dict[str, object]:
-        """For the ledger and the events list: plain JSON types only."""
+        """For the ledger (``attempts.gate``): plain JSON types, plus ``summary`` (one line)."""
         d = asdict(self)
         d["reasons"], d["warnings"], d["details"] = list(self.reasons), list(self.warnings), dict(self.details)
+        d["summary"] = self.summary()
         return d
 
 

@@ -296,7 +296,7 @@ class GpuMonitor:
         if not self._blind_logged:
             self._blind_logged = True
             log.warning("gpu_blind", reason=reason,
-                        next="GPU health is unavailable (not healthy): no gpu_memory or gpu_fault "
+                        next="GPU health is unavailable: no gpu_memory or gpu_fault "
                              "detection until NVML works; the job keeps running")
         if self._on_blind is not None:
             try:

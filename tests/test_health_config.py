@@ -1,0 +1,48 @@
+"""[gpu]/[host] config: the TOML fragments document every key with its default; gpu_check is ready."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from supervisor.configschema import Problem, build, iter_keys
+from supervisor.health.config import GpuConfig, HostConfig
+from supervisor.health.gpucheck import CHILD
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_fragments_hold_every_key_with_its_default() -> None:
+    for name, cls in (("gpu", GpuConfig), ("host", HostConfig)):
+        text = (ROOT / "docs" / "config" / f"{name}.toml").read_text()
+        table = tomllib.loads(text)[name]
+        problems: list[Problem] = []
+        assert build(cls, table, name, problems) == cls() and problems == []
+        for path, _tp, _default, help_ in iter_keys(cls, name):
+            key = path.split(".", 1)[1]
+            assert help_, path
+            assert key in table or f"# {key} =" in text, f"{path} is not documented"
+
+
+def test_bad_values_are_reported_with_their_key() -> None:
+    problems: list[Problem] = []
+    build(GpuConfig, {"backend": "cuda", "xid_actions": {"79": "drain"}, "memory_watermark": 1.5,
+                      "xid_default_action": "giveup"}, "gpu", problems)
+    text = "\n".join(map(str, problems))
+    assert 'gpu.backend: expected "nvml", "none" or "fake:' in text
+    assert "gpu.xid_actions.79: expected one of restart" in text
+    assert "gpu.memory_watermark" in text and "did you mean 'give_up'" in text
+
+
+def test_gpu_check_is_ready_and_says_blind_without_a_gpu() -> None:
+    script = ROOT / "scripts" / "gpu_check"
+    assert os.access(script, os.X_OK)
+    compile(CHILD, "child.py", "exec")  # the OOM child that runs only on a GPU machine
+    out = subprocess.run([sys.executable, "-m", "supervisor.health.gpucheck", "--seconds", "0.2"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "| nvml available | False | **NO** |" in out.stdout
+    assert "| supervised CUDA OOM | skipped | **NO** |" in out.stdout
+    assert "healthy" not in out.stdout.lower()
