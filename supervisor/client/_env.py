@@ -1,0 +1,57 @@
+"""Reading the supervisor's environment once (``TSUP_*``, ``RANK``), with clear errors."""
+from __future__ import annotations
+
+import os
+
+
+class ClientUsageError(ValueError):
+    """Raised when ``supervisor.client`` is called wrongly or the environment is malformed.
+
+    The message names the call or variable and what was expected; fix the training script (or the
+    variable) and run again. Raised immediately, so the mistake shows on the first step, not at
+    the first failure hours later.
+    """
+
+
+def supervised() -> bool:
+    """True when running under transformer-supervisor (``TSUP_RUN_ID`` is set)."""
+    return bool(os.environ.get("TSUP_RUN_ID"))
+
+
+def env_int(name: str, default: int | None) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ClientUsageError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ClientUsageError(f"environment variable {name}={raw!r} is not a number") from None
+    if not value >= 0:
+        raise ClientUsageError(f"environment variable {name}={raw!r} must be a non-negative number")
+    return value
+
+
+def rank() -> int:
+    """This process's global rank: ``RANK``, else ``LOCAL_RANK``, else 0."""
+    r = env_int("RANK", None)
+    if r is None:
+        r = env_int("LOCAL_RANK", 0)
+    return r or 0
+
+
+def heartbeat_path(directory: str, rk: int) -> str:
+    return os.path.join(directory, f"heartbeat-rank{rk}.json")
+
+
+def metrics_path(directory: str, rk: int) -> str:
+    return os.path.join(directory, f"metrics-rank{rk}.jsonl")
