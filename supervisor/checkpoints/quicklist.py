@@ -136,7 +136,7 @@ def parse_launch_args(argv: Sequence[str]) -> dict[str, Any]:
             if "=" in body:
                 k, v = body.split("=", 1)
                 out[k.replace("-", "_")] = v
-            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--") and "=" not in argv[i + 1]:
                 out[body.replace("-", "_")] = argv[i + 1]
                 i += 1
             else:
