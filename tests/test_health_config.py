@@ -7,6 +7,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from supervisor.configschema import Problem, build, iter_keys
 from supervisor.health.config import GpuConfig, HostConfig
 from supervisor.health.gpucheck import CHILD
@@ -46,3 +48,18 @@ def test_gpu_check_is_ready_and_says_blind_without_a_gpu() -> None:
     assert "| nvml available | False | **NO** |" in out.stdout
     assert "| supervised CUDA OOM | skipped | **NO** |" in out.stdout
     assert "healthy" not in out.stdout.lower()
+
+
+@pytest.mark.slow
+def test_gpu_check_oom_pipeline_through_the_real_daemon_cli_simulated() -> None:
+    """The OOM half of gpu_check on CPU (a child that prints a CUDA OOM): wrap, relaunch, history.
+
+    Whether the daemon classifies it ``oom`` and records the gate is the wiring's job; the row for
+    it is printed either way, and the integrator's end-to-end tests assert it.
+    """
+    out = subprocess.run([sys.executable, "-m", "supervisor.health.gpucheck", "--seconds", "0.1",
+                          "--simulate-oom", "--oom-timeout", "120"],
+                         capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert "| wrap exit code | 0 | yes |" in out.stdout, out.stdout + out.stderr
+    assert "| relaunched | 2 | yes |" in out.stdout
+    assert "| attempt 0 cause |" in out.stdout and "| gate before relaunch |" in out.stdout

@@ -45,6 +45,22 @@ CHILD = textwrap.dedent("""\
     """)
 
 
+# --simulate-oom: the same pipeline on a CPU machine (no torch): attempt 0 prints what a CUDA OOM
+# prints and exits 1. Proves the script against the real daemon CLI; says nothing about a GPU.
+CHILD_SIMULATED = textwrap.dedent("""\
+    import json, os, sys, time
+    attempt = int(os.environ.get("TSUP_ATTEMPT", "0"))
+    with open(os.path.join(sys.argv[1], f"attempt{attempt}.json"), "w") as f:
+        json.dump({"attempt": attempt, "free_bytes": 1, "total_bytes": 1, "t": time.time()}, f)
+    print(f"attempt {attempt} (simulated)", flush=True)
+    if attempt == 0:
+        print("Traceback (most recent call last):", file=sys.stderr)
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB. GPU 0 has a "
+              "total capacity of 79.10 GiB of which 10.31 MiB is free.", file=sys.stderr, flush=True)
+        sys.exit(1)
+    """)
+
+
 def _row(name: str, value: object, ok: bool | None, note: str = "") -> dict[str, Any]:
     return {"check": name, "value": value, "ok": ok, "note": note}
 
@@ -80,11 +96,11 @@ def nvml_check(seconds: float) -> list[dict[str, Any]]:
     return rows
 
 
-def oom_check(python: str, timeout: float) -> list[dict[str, Any]]:
+def oom_check(python: str, timeout: float, simulate: bool = False) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="tsup-gpucheck-"))
     state = work / "state"
     child = work / "child.py"
-    child.write_text(CHILD)
+    child.write_text(CHILD_SIMULATED if simulate else CHILD)
     cmd = [python, "-m", "supervisor", "wrap", "--max-restarts", "1", "--state-dir", str(state),
            "--name", "gpu-check", "--", python, str(child), str(work)]
     print("## supervised CUDA OOM\n$ " + " ".join(cmd), flush=True)
@@ -134,9 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="how long the NVML monitor runs")
     ap.add_argument("--skip-oom", action="store_true", help="only the NVML monitor check")
     ap.add_argument("--oom-timeout", type=float, default=300.0)
+    ap.add_argument("--simulate-oom", action="store_true",
+                    help="CPU self-test of the OOM pipeline (no GPU, no torch): proves nothing about GPUs")
     args = ap.parse_args(argv)
     rows = nvml_check(args.seconds)
-    if not args.skip_oom:
+    if args.simulate_oom:
+        rows += oom_check(sys.executable, args.oom_timeout, simulate=True)
+    elif not args.skip_oom:
         try:
             import torch  # noqa: F401 - only to tell a CPU build from a CUDA one
             cuda = torch.cuda.is_available()
