@@ -258,23 +258,35 @@ class ControlServer:
                 if uid not in (self._uid, 0):
                     log.warning("control_peer_refused", uid=uid, daemon_uid=self._uid,
                                 next="request ignored; run the CLI as the daemon's user or root")
-                    conn.sendall(_reply_error("forbidden", f"uid {uid} may not control this daemon "
-                                              f"(only uid {self._uid} or root)"))
-                    return
-                try:
-                    data = self._read_line(conn)
-                    verb, args = parse_request(data)
-                except ControlError as e:
-                    conn.sendall(_reply_error(e.code, e.message))
-                    return
-                except (TimeoutError, socket.timeout):
-                    conn.sendall(_reply_error("timeout", f"no complete request within {self.read_timeout_s:g} s"))
-                    return
-                conn.sendall(self._dispatch(verb, args))
+                    reply = _reply_error("forbidden", f"uid {uid} may not control this daemon "
+                                         f"(only uid {self._uid} or root)")
+                else:
+                    try:
+                        verb, args = parse_request(self._read_line(conn))
+                        reply = self._dispatch(verb, args)
+                    except ControlError as e:
+                        reply = _reply_error(e.code, e.message)
+                    except (TimeoutError, socket.timeout):
+                        reply = _reply_error("timeout", f"no complete request within {self.read_timeout_s:g} s")
+                conn.sendall(reply)
+                self._finish(conn)
         except OSError:
             pass  # the peer went away; nothing to tell it
         finally:
             self._slots.release()
+
+    @staticmethod
+    def _finish(conn: socket.socket) -> None:
+        """Close politely: closing with unread request bytes makes the kernel send a reset, and
+        the client would lose the error reply it is about to read. Drain a little, briefly."""
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(0.2)
+        drained = 0
+        try:
+            while drained < 1 << 20 and (chunk := conn.recv(65536)):
+                drained += len(chunk)
+        except OSError:
+            pass
 
     def _read_line(self, conn: socket.socket) -> bytes:
         buf = bytearray()

@@ -1,0 +1,250 @@
+"""The control socket with real sockets, real threads and a real second uid."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import pytest
+
+from supervisor.ops.control import (ControlError, ControlServer, DaemonNotRunning, SocketInUse,
+                                    parse_request, render_status, request, socket_path)
+from tests.util import wait_for
+
+
+class Handler:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, verb: str, args: Mapping[str, Any]) -> Any:
+        with self.lock:
+            self.calls.append((verb, dict(args)))
+        if verb == "status":
+            return {"state": "running", "attempt": 2}
+        if verb == "checkpoint-now":
+            raise ControlError("no_job", "no job is running; nothing to checkpoint")
+        if verb == "reload":
+            raise RuntimeError("boom")
+        return {"message": f"{verb} accepted"}
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    h = Handler()
+    s = ControlServer(tmp_path, h, read_timeout_s=0.5)
+    s.start()
+    yield s, h, tmp_path
+    s.close()
+
+
+def raw(path: Path, data: bytes, shut: bool = True) -> dict[str, Any]:
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.settimeout(5)
+    c.connect(str(path))
+    try:
+        c.sendall(data)
+        if shut:
+            c.shutdown(socket.SHUT_WR)
+        buf = b""
+        while chunk := c.recv(65536):
+            buf += chunk
+    finally:
+        c.close()
+    return json.loads(buf)
+
+
+def test_socket_mode_0600_and_status_roundtrip(server):
+    s, h, d = server
+    assert stat.S_IMODE(os.stat(socket_path(d)).st_mode) == 0o600
+    assert request(d, "status") == {"state": "running", "attempt": 2}
+    assert request(d, "restart", {"reason": "lr change", "rollback": True}) == {"message": "restart accepted"}
+    assert h.calls[-1] == ("restart", {"reason": "lr change", "rollback": True})
+
+
+def test_error_replies_have_one_shape(server):
+    s, h, d = server
+    with pytest.raises(ControlError) as e:
+        request(d, "checkpoint-now")
+    assert e.value.code == "no_job" and "nothing to checkpoint" in e.value.message
+    with pytest.raises(ControlError) as e:
+        request(d, "reload")  # a handler bug: internal error, the server lives on
+    assert e.value.code == "internal"
+    assert request(d, "status")["state"] == "running"
+
+
+@pytest.mark.parametrize("data, code", [
+    (b"not json\n", "bad_request"),
+    (b"[1, 2]\n", "bad_request"),
+    (b'{"args": {}}\n', "bad_request"),
+    (b'{"verb": "format-disk"}\n', "unknown_verb"),
+    (b'{"verb": "restart", "args": {"reason": 5}}\n', "bad_request"),
+    (b'{"verb": "restart", "args": {"rollback": "yes"}}\n', "bad_request"),
+    (b'{"verb": "restart", "args": {"force": true}}\n', "bad_request"),
+    (b'{"verb": "status", "args": []}\n', "bad_request"),
+    (b"\xff\xfe\n", "bad_request"),
+    (b"\n", "bad_request"),
+    (b"", "bad_request"),
+])
+def test_garbage_requests(server, data, code):
+    s, h, d = server
+    reply = raw(socket_path(d), data)
+    assert reply["ok"] is False and reply["error"]["code"] == code and reply["error"]["message"]
+    assert h.calls == []
+    assert request(d, "status")["state"] == "running"
+
+
+def test_oversized_request(server):
+    s, h, d = server
+    reply = raw(socket_path(d), b'{"verb": "status", "pad": "' + b"x" * 100_000 + b'"}\n')
+    assert reply == {"ok": False, "error": {"code": "too_large", "message": "request larger than 65536 bytes"}}
+    assert h.calls == []
+
+
+def test_slow_client_is_dropped_and_others_are_served(server):
+    s, h, d = server
+    slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    slow.settimeout(5)
+    slow.connect(str(socket_path(d)))
+    slow.sendall(b'{"verb": "sta')  # ...and nothing more
+    t0 = time.monotonic()
+    assert request(d, "status")["attempt"] == 2  # served while the slow one waits
+    reply = json.loads(slow.recv(65536))
+    slow.close()
+    assert reply["error"]["code"] == "timeout"
+    assert time.monotonic() - t0 < 3
+
+
+def test_concurrent_clients(server):
+    s, h, d = server
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def client(i: int) -> None:
+        try:
+            results.append(request(d, "restart", {"reason": f"r{i}"}))
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert errors == []
+    assert len(results) == 12
+    assert sorted(a["reason"] for _, a in h.calls) == sorted(f"r{i}" for i in range(12))
+
+
+def test_other_uid_is_refused():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to setuid to nobody")
+    d = Path(tempfile.mkdtemp(prefix="tsup-ctl-"))  # pytest's tmp dirs are 0700: nobody cannot enter
+    os.chmod(d, 0o755)
+    h = Handler()
+    s = ControlServer(d, h)
+    s.start()
+    os.chmod(socket_path(d), 0o666)  # let nobody reach it at all, so SO_PEERCRED is what refuses
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: become nobody, then talk to the daemon
+        try:
+            os.close(r)
+            os.setgid(65534)
+            os.setuid(65534)
+            reply = raw(socket_path(d), b'{"verb": "stop"}\n')
+            os.write(w, json.dumps(reply).encode())
+        except BaseException as e:  # noqa: BLE001 (shown by the parent's assertion)
+            os.write(w, repr(e).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    s.close()
+    shutil.rmtree(d)
+    assert status == 0, f"child exited with wait status {status}"
+    reply = json.loads(data)
+    assert reply["ok"] is False and reply["error"]["code"] == "forbidden"
+    assert "65534" in reply["error"]["message"]
+    assert h.calls == []
+
+
+def test_no_daemon_clear_error(tmp_path: Path):
+    with pytest.raises(DaemonNotRunning, match=r"no daemon is running for state dir .* \(no control socket"):
+        request(tmp_path, "status")
+
+
+def test_stale_socket_replaced_live_one_refused(tmp_path: Path):
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(socket_path(tmp_path)))
+    stale.close()  # the file stays, nobody listens: a dead daemon's leftover
+    with pytest.raises(DaemonNotRunning, match="stale"):
+        request(tmp_path, "status")
+    s = ControlServer(tmp_path, Handler())
+    s.start()
+    try:
+        assert request(tmp_path, "status")["state"] == "running"
+        with pytest.raises(SocketInUse, match="another daemon is already running"):
+            ControlServer(tmp_path, Handler()).start()
+        assert request(tmp_path, "status")["state"] == "running"  # the live one is untouched
+    finally:
+        s.close()
+    assert not socket_path(tmp_path).exists()
+
+
+def test_long_state_dir_path(tmp_path: Path):
+    d = tmp_path / ("d" * 60) / ("e" * 60)
+    d.mkdir(parents=True)
+    assert len(str(socket_path(d))) > 108
+    s = ControlServer(d, Handler())
+    s.start()
+    try:
+        assert request(d, "status")["attempt"] == 2
+    finally:
+        s.close()
+
+
+def test_no_fd_leak(server):
+    s, h, d = server
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        request(d, "status")
+        raw(socket_path(d), b"junk\n")
+    wait_for(lambda: len(os.listdir("/proc/self/fd")) <= before, 5, what="connection fds closed")
+
+
+def test_parse_request_drops_null_args():
+    assert parse_request(b'{"verb": "restart", "args": {"from": null, "reason": "x"}}') == ("restart", {"reason": "x"})
+
+
+def test_render_status_table():
+    text = render_status({
+        "state": "running", "run_id": "gpt-small-1", "attempt": 3, "pids": [101, 102],
+        "restarts_by_cause": {"nan": 2, "oom": 1, "crash": 0},
+        "last_metric": {"step": 1200, "loss": 2.3456789, "grad_norm": None},
+        "heartbeats": {"0": 1.25, "1": 300.0},
+        "gpus": [{"index": 0, "memory_used_bytes": 3 * 1024**3, "memory_total_bytes": 80 * 1024**3}],
+        "checkpoint": "/ckpt/step_1000.pt", "goodput": 0.934, "uptime_s": 42,
+    })
+    lines = dict((ln[:12].strip(), ln[12:].strip()) for ln in text.splitlines())
+    assert lines["state"] == "running"
+    assert lines["attempt"] == "3"
+    assert lines["pids"] == "101 102"
+    assert lines["restarts"] == "3 (nan 2, oom 1)"
+    assert lines["last step"] == "step=1200  loss=2.346"
+    assert lines["heartbeats"] == "rank0 1.2s ago  rank1 5.0m ago"
+    assert lines["gpus"] == "gpu0  3.0 GiB / 80.0 GiB"
+    assert lines["goodput"] == "93.4 %"
+    assert lines["uptime s"] == "42"
+    assert render_status({"state": "starting", "last_metric": None}).splitlines()[-1].endswith("(no metric seen yet)")
