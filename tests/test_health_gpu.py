@@ -238,6 +238,7 @@ def test_threaded_monitor_sees_events_from_a_real_clock_timeline(tmp_path: Path)
         wait_for(lambda: mon.polls >= 2, timeout=5, what="two polls")
     finally:
         mon.stop()
+    assert not [t for t in threading.enumerate() if t.name.startswith("tsup-gpu")], "threads joined"
     assert got[0].details["code"] == 48 and got[0].suggested_action == Action.GIVE_UP
     snap = mon.snapshot()
     assert snap["device_count"] == 2 and snap["driver"] == "999.99.99-fake"
