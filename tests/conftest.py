@@ -1,0 +1,94 @@
+"""Shared fixtures: run the real daemon as a subprocess and read its ledger."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.util import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+HELPERS = ROOT / "tests" / "helpers"
+
+
+class Daemon:
+    """A real `python -m supervisor` process; stdout/stderr captured to files."""
+
+    def __init__(self, args: list[str], tmp: Path, env: dict[str, str] | None = None) -> None:
+        self.tmp = tmp
+        self.stdout_path = tmp / "daemon.stdout"
+        self.stderr_path = tmp / "daemon.stderr"
+        e = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        e.pop("JOURNAL_STREAM", None)
+        e.pop("NOTIFY_SOCKET", None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "supervisor", "--log-format", "logfmt", *args],
+                                     cwd=str(ROOT), env=e, stdout=open(self.stdout_path, "wb"),
+                                     stderr=open(self.stderr_path, "wb"), start_new_session=True)
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"daemon did not exit within {timeout}s; stderr:\n{self.stderr()[-3000:]}")
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+    def events(self) -> list[str]:
+        return [l for l in self.stderr().splitlines() if l.startswith("event=")]
+
+
+def history(state_dir: Path) -> dict[str, Any]:
+    cp = subprocess.run([sys.executable, "-m", "supervisor", "history", "--json", "--state-dir", str(state_dir)],
+                        cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    return json.loads(cp.stdout)
+
+
+@pytest.fixture
+def daemons(tmp_path: Path):
+    started: list[Daemon] = []
+
+    def start(args: list[str], env: dict[str, str] | None = None) -> Daemon:
+        d = Daemon(args, tmp_path, env)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        if d.proc.poll() is None:
+            d.kill()
+
+
+def helper(name: str) -> str:
+    return str(HELPERS / name)
+
+
+def pid_alive(pid: int) -> bool:
+    """True if pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False

@@ -1,0 +1,232 @@
+"""The supervision core end to end: the real daemon, real jobs, real signals, real SQLite."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import helper, history, pid_alive
+from tests.util import wait_for
+
+JOBS = helper("core_jobs.py")
+PY = sys.executable
+
+
+def wrap(sd: Path, *flags: str) -> list[str]:
+    return ["wrap", "--state-dir", str(sd), "--backoff", "0", *flags, "--"]
+
+
+def test_success_exits_zero_and_records_the_attempt(daemons, tmp_path):
+    sd = tmp_path / "sd"
+    d = daemons(wrap(sd) + [PY, JOBS, "exit", "0"])
+    assert d.wait() == 0
+    h = history(sd)
+    assert [a["exit_code"] for a in h["attempts"]] == [0]
+    assert h["attempts"][0]["cause"] is None and h["attempts"][0]["argv"] == [PY, JOBS, "exit", "0"]
+
+
+def test_crash_loop_gives_up_with_exit_3_after_budget(daemons, tmp_path):
+    sd = tmp_path / "sd"
+    d = daemons(wrap(sd, "--max-restarts", "2") + [PY, "-c", "import sys; sys.exit(1)"])
+    assert d.wait() == 3
+    h = history(sd)
+    assert len(h["attempts"]) == 3
+    for a in h["attempts"]:
+        assert a["cause"] == "crash" and a["exit_code"] == 1
+        assert a["argv"] == [PY, "-c", "import sys; sys.exit(1)"]
+        assert set(a) >= {"attempt", "argv", "cwd", "started_at", "ended_at", "exit_code", "signal", "cause",
+                          "action", "checkpoint", "remedies", "validation"}
+    assert [a["action"] for a in h["attempts"]] == ["restart", "restart", "give_up"]
+    last = d.events()[-1]
+    assert "gave_up" in d.stderr() and "restart budget spent" in d.stderr()
+    assert "event=gave_up" in last or "gave_up" in last
+
+
+def test_killing_signal_is_named(daemons, tmp_path):
+    sd = tmp_path / "sd"
+    d = daemons(wrap(sd, "--max-restarts", "0") + [PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"])
+    assert d.wait() == 3
+    a = history(sd)["attempts"][0]
+    assert a["signal"] == "SIGSEGV" and a["exit_code"] is None and a["cause"] == "crash"
+
+
+def test_env_and_resume_args_on_relaunch(daemons, tmp_path):
+    sd, ck, out = tmp_path / "sd", tmp_path / "ck", tmp_path / "out"
+    ck.mkdir(), out.mkdir()
+    script = ("import os, sys, json\n"
+              "n = len(os.listdir(sys.argv[1]))\n"
+              "json.dump({k: v for k, v in os.environ.items() if k.startswith('TSUP_')} | {'argv': sys.argv},"
+              " open(os.path.join(sys.argv[1], f'env{n}.json'), 'w'))\n"
+              "open(os.path.join(sys.argv[2], 'step_100.pt'), 'wb').write(b'x')\n"
+              "sys.exit(0 if n else 1)\n")
+    d = daemons(wrap(sd, "--checkpoint-dir", str(ck), "--resume-arg=--resume={checkpoint}",
+                     "--max-restarts", "3") + [PY, "-c", script, str(out), str(ck)])
+    assert d.wait() == 0
+    first = json.loads((out / "env0.json").read_text())
+    second = json.loads((out / "env1.json").read_text())
+    assert first["TSUP_ATTEMPT"] == "0" and first["TSUP_RESUME_FROM"] == ""
+    assert not any(a.startswith("--resume") for a in first["argv"])
+    assert second["TSUP_ATTEMPT"] == "1" and second["TSUP_RESUME_FROM"].endswith("step_100.pt")
+    assert second["argv"][-1] == f"--resume={second['TSUP_RESUME_FROM']}"
+    assert first["TSUP_RUN_ID"] == second["TSUP_RUN_ID"] and first["TSUP_HEARTBEAT_DIR"]
+    assert Path(first["TSUP_CHECKPOINT_DIR"]) == ck
+    h = history(sd)
+    assert h["attempts"][1]["argv"][-1] == second["argv"][-1]  # the ledger has exactly what was exec'd
+    assert h["attempts"][1]["checkpoint"] == second["TSUP_RESUME_FROM"]
+
+
+def test_daemon_sigterm_stops_job_gracefully_and_exits_zero(daemons, tmp_path):
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    d = daemons(wrap(sd) + [PY, JOBS, "flush_on_term", str(out)])
+    wait_for(lambda: (out / "ready").exists(), 20, what="job ready")
+    d.signal(signal.SIGTERM)
+    assert d.wait(30) == 0
+    assert (out / "flushed").read_text() == "ok"
+    assert "stopped on request" in d.stderr()
+
+
+def test_child_ignoring_sigterm_is_killed_after_grace(daemons, tmp_path):
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    d = daemons(wrap(sd, "--grace", "1") + [PY, JOBS, "ignore_term", str(out)])
+    wait_for(lambda: (out / "ready").exists(), 20, what="job ready")
+    job_pid = int((out / "ready").read_text())
+    t0 = time.monotonic()
+    d.signal(signal.SIGTERM)
+    assert d.wait(30) == 0
+    assert time.monotonic() - t0 < 1 + 3  # grace + slack
+    assert not pid_alive(job_pid)
+    assert "shutdown_escalated" in d.stderr()
+
+
+def test_second_sigterm_escalates_immediately(daemons, tmp_path):
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    d = daemons(wrap(sd, "--grace", "60") + [PY, JOBS, "ignore_term", str(out)])
+    wait_for(lambda: (out / "ready").exists(), 20, what="job ready")
+    d.signal(signal.SIGTERM)
+    wait_for(lambda: "shutdown_signal_sent" in d.stderr(), 10)
+    t0 = time.monotonic()
+    d.signal(signal.SIGTERM)
+    assert d.wait(30) == 0 and time.monotonic() - t0 < 5
+
+
+def test_group_with_grandchildren_is_fully_gone_no_zombies(daemons, tmp_path):
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    d = daemons(wrap(sd, "--grace", "1") + [PY, JOBS, "forker", str(out), "3"])
+    wait_for(lambda: (out / "ready").exists() and len(list(out.glob("g*"))) == 3, 20, what="tree ready")
+    pids = [int(p) for p in (out / "pids").read_text().split()]
+    pids += [int(p.read_text()) for p in out.glob("g*")]
+    assert len(pids) == 7 and all(pid_alive(p) for p in pids)
+    d.signal(signal.SIGTERM)
+    assert d.wait(30) == 0
+    wait_for(lambda: not any(pid_alive(p) for p in pids), 5, what="every process of the tree gone")
+
+
+def test_leader_exit_leaves_no_orphans_before_relaunch(daemons, tmp_path):
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    # The leader starts a stubborn child and crashes: the child must be gone before attempt 1.
+    script = ("import os, sys, signal, time\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n"
+              "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "    open(os.path.join(sys.argv[1], 'child%d' % os.getpid()), 'w').close()\n"
+              "    time.sleep(3600)\n"
+              "while not any(n.startswith('child') for n in os.listdir(sys.argv[1])): time.sleep(0.01)\n"
+              "sys.exit(1)\n")
+    d = daemons(wrap(sd, "--max-restarts", "1") + [PY, "-c", script, str(out)])
+    assert d.wait(60) == 3
+    kids = [int(p.name[5:]) for p in out.glob("child*")]
+    assert len(kids) == 2
+    assert not any(pid_alive(k) for k in kids)
+    assert "job_leftovers" in d.stderr()
+
+
+def test_hybrid_waits_for_the_emergency_checkpoint(daemons, tmp_path):
+    sd, out, ck = tmp_path / "sd", tmp_path / "out", tmp_path / "ck"
+    out.mkdir(), ck.mkdir()
+    d = daemons(wrap(sd, "--shutdown", "hybrid", "--checkpoint-dir", str(ck)) +
+                [PY, JOBS, "ckpt_on_usr1", str(ck), str(out)])
+    wait_for(lambda: (out / "ready").exists(), 20, what="job ready")
+    d.signal(signal.SIGTERM)
+    assert d.wait(30) == 0
+    assert (out / "terminated").read_text() == "1"  # SIGTERM came after exactly one checkpoint
+    assert (ck / "step_1001.pt").exists()
+    assert "shutdown_checkpoint_seen" in d.stderr()
+
+
+def test_daemon_kill9_then_restart_stops_leftover_and_continues_ledger(daemons, tmp_path):
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    args = wrap(sd, "--max-restarts", "5", "--grace", "1") + [PY, JOBS, "ignore_term", str(out)]
+    d1 = daemons(args)
+    wait_for(lambda: (out / "ready").exists(), 20, what="job ready")
+    old_job = int((out / "ready").read_text())
+    run1 = history(sd)["run_id"]
+    os.kill(d1.proc.pid, signal.SIGKILL)  # only the daemon: its job survives in its own session
+    d1.proc.wait(10)
+    assert pid_alive(old_job)
+    (out / "ready").unlink()
+    d2 = daemons(args)
+    wait_for(lambda: (out / "ready").exists(), 30, what="relaunched job ready")
+    new_job = int((out / "ready").read_text())
+    assert new_job != old_job and not pid_alive(old_job)
+    h = history(sd)
+    assert h["run_id"] == run1
+    assert [a["attempt"] for a in h["attempts"]] == [0, 1]
+    assert h["attempts"][0]["counted"] is False and "daemon was restarted" in h["attempts"][0]["summary"]
+    d2.signal(signal.SIGTERM)
+    assert d2.wait(30) == 0
+
+
+def test_fast_printer_is_never_blocked_and_nothing_is_lost(daemons, tmp_path):
+    sd = tmp_path / "sd"
+    n = 300_000
+    log_file = tmp_path / "job.log"
+    t0 = time.monotonic()
+    d = daemons(wrap(sd, "--log-file", str(log_file)) + [PY, JOBS, "spam", str(n)])
+    assert d.wait(120) == 0
+    elapsed = time.monotonic() - t0
+    out = d.stdout_path.read_bytes()
+    assert out.count(b"\n") == n
+    assert log_file.read_bytes() == out  # the log file is an exact copy of the pass-through
+    assert out.splitlines()[-1].startswith(f"line {n - 1} ".encode())
+    assert n / elapsed > 20_000  # loose: a blocked pipe would take far longer (measured in scripts/bench)
+
+
+def test_sighup_reload_valid_and_invalid(daemons, tmp_path):
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    cfgp = tmp_path / "c.toml"
+    base = (f'[job]\nname = "r"\ncommand = ["{PY}", "{JOBS}", "flush_on_term", "{out}"]\n'
+            f'[state]\ndir = "{sd}"\n')
+    cfgp.write_text(base)
+    d = daemons(["run", "--config", str(cfgp)])
+    wait_for(lambda: (out / "ready").exists(), 20, what="job ready")
+    cfgp.write_text(base + "[policy]\nmax_restarts = 4\n")
+    d.signal(signal.SIGHUP)
+    wait_for(lambda: "config_reloaded" in d.stderr(), 10)
+    assert "policy.max_restarts" in d.stderr()
+    cfgp.write_text(base + "[policy]\nmax_restarts = \"ten\"\nbogus = 1\n")
+    d.signal(signal.SIGHUP)
+    wait_for(lambda: "reload_rejected" in d.stderr(), 10)
+    err = d.stderr()
+    assert 'policy.max_restarts: expected a non-negative integer, got \\"ten\\"' in err or "got \\\"ten\\\"" in err or "ten" in err
+    assert "policy.bogus" in err
+    d.signal(signal.SIGTERM)
+    assert d.wait(30) == 0
+
+
+def test_unstartable_command_gives_up_clearly(daemons, tmp_path):
+    sd = tmp_path / "sd"
+    d = daemons(wrap(sd) + ["/nonexistent/python3", "train.py"])
+    assert d.wait(30) == 3
+    assert "cannot start the job" in d.stderr()

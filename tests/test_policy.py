@@ -1,0 +1,96 @@
+"""The restart policy as a pure function: scripted histories, no processes."""
+from __future__ import annotations
+
+import pytest
+
+from supervisor.config import DEFAULT_ACTIONS, config_from_table
+from supervisor.events import Action, Cause
+from supervisor.policy import Failure, PastAttempt, backoff_delay, decide, merge_args
+
+
+def cfg(**sections):
+    return config_from_table({"job": {"command": ["true"]}, **sections})
+
+
+def past(n, cause=Cause.CRASH, ended_at=1000.0, ran_s=1.0, counted=True):
+    return [PastAttempt(i, cause, ended_at + i, ran_s, counted) for i in range(n)]
+
+
+def test_every_cause_has_a_default_action_and_crash_restarts():
+    assert set(DEFAULT_ACTIONS) == set(Cause)
+    d = decide(cfg(), [], Failure(Cause.CRASH, "exit 1"), now=1000, ran_s=5)
+    assert d.action is Action.RESTART and d.relaunch
+    assert decide(cfg(), [], Failure(Cause.NAN, "nan"), now=1000, ran_s=5).action is Action.ROLLBACK
+    assert decide(cfg(), [], Failure(Cause.NO_PROGRESS, "x"), now=1000, ran_s=5).action is Action.GIVE_UP
+
+
+def test_configured_action_wins_over_default_and_monitor_suggestion():
+    c = cfg(on={"gpu_fault": {"action": "restart"}})
+    d = decide(c, [], Failure(Cause.GPU_FAULT, "Xid 79", suggested_action=Action.GIVE_UP), now=0, ran_s=1)
+    assert d.action is Action.RESTART
+    d = decide(cfg(), [], Failure(Cause.GPU_FAULT, "Xid 79", suggested_action=Action.GIVE_UP), now=0, ran_s=1)
+    assert d.action is Action.GIVE_UP and "Xid 79" in d.reason
+
+
+def test_warn_keeps_running():
+    d = decide(cfg(on={"loss_spike": {"action": "warn"}}), [], Failure(Cause.LOSS_SPIKE, "spike"), now=0, ran_s=1)
+    assert d.action is Action.WARN and not d.relaunch
+
+
+def test_restart_budget_within_window():
+    c = cfg(policy={"max_restarts": 3, "restart_window_s": 100})
+    assert decide(c, past(2), Failure(Cause.CRASH, "x"), now=1010, ran_s=1).relaunch
+    d = decide(c, past(3), Failure(Cause.CRASH, "x"), now=1010, ran_s=1)
+    assert d.action is Action.GIVE_UP and "restart budget spent: 3" in d.reason
+    # The same failures long ago are outside the window: budget available again.
+    assert decide(c, past(3, ended_at=0), Failure(Cause.CRASH, "x"), now=1000, ran_s=1).relaunch
+    # Attempts that were not failures (daemon restarts) do not count.
+    assert decide(c, past(3, counted=False), Failure(Cause.CRASH, "x"), now=1010, ran_s=1).relaunch
+
+
+def test_zero_restarts_gives_up_at_first_failure():
+    d = decide(cfg(policy={"max_restarts": 0}), [], Failure(Cause.CRASH, "x"), now=0, ran_s=1)
+    assert d.action is Action.GIVE_UP
+
+
+def test_backoff_schedule_exponential_capped_and_reset_by_healthy_run():
+    c = cfg(policy={"backoff_initial_s": 2, "backoff_factor": 3, "backoff_max_s": 50, "backoff_jitter": 0,
+                    "max_restarts": 100, "healthy_after_s": 60})
+    delays = [decide(c, past(n), Failure(Cause.CRASH, "x"), now=1100, ran_s=1).delay_s for n in range(6)]
+    assert delays == [2, 6, 18, 50, 50, 50]
+    # A long healthy run resets the count.
+    healthy = past(3) + [PastAttempt(3, Cause.CRASH, 1050, 3600)]
+    assert decide(c, healthy, Failure(Cause.CRASH, "x"), now=1100, ran_s=1).delay_s == 2  # the failure right after a healthy hour is a first failure
+    assert decide(c, past(4), Failure(Cause.CRASH, "x"), now=1100, ran_s=3600).delay_s == 2
+
+
+def test_backoff_jitter_stays_within_bounds():
+    c = cfg(policy={"backoff_initial_s": 10, "backoff_jitter": 0.2})
+    assert backoff_delay(c, 1, -1.0) == pytest.approx(8.0)
+    assert backoff_delay(c, 1, 1.0) == pytest.approx(12.0)
+    assert backoff_delay(c, 1, 5.0) == pytest.approx(12.0)  # draws are clamped
+    assert backoff_delay(c, 0, 0.0) == 0.0
+
+
+def test_remedy_ladder_climbs_cumulatively_then_gives_up():
+    c = cfg(policy={"max_restarts": 100}, on={"nan": {"action": "rollback", "remedies": [
+        {"env": {"LR_SCALE": "0.5"}}, {"args": ["--lr=1e-4"]}, {"skip_batches": 500}]}})
+    f = Failure(Cause.NAN, "loss is nan")
+    first = decide(c, [], f, now=2000, ran_s=1)
+    assert first.action is Action.ROLLBACK and first.remedies.rungs == ()
+    second = decide(c, past(1, Cause.NAN), f, now=2000, ran_s=1)
+    assert dict(second.remedies.env) == {"LR_SCALE": "0.5"} and second.remedies.args == ()
+    third = decide(c, past(2, Cause.NAN), f, now=2000, ran_s=1)
+    assert third.remedies.args == ("--lr=1e-4",) and dict(third.remedies.env) == {"LR_SCALE": "0.5"}
+    fourth = decide(c, past(3, Cause.NAN), f, now=2000, ran_s=1)
+    assert fourth.remedies.skip_batches == 500 and fourth.remedies.rungs == (0, 1, 2)
+    fifth = decide(c, past(4, Cause.NAN), f, now=2000, ran_s=1)
+    assert fifth.action is Action.GIVE_UP and "remedies did not help" in fifth.reason
+    # A different cause in between breaks the streak.
+    mixed = past(3, Cause.NAN) + [PastAttempt(9, Cause.CRASH, 1999, 1)]
+    assert decide(c, mixed, f, now=2000, ran_s=1).remedies.rungs == ()
+
+
+def test_merge_args_replaces_same_key():
+    assert merge_args(["train.py", "--lr=1e-3", "--bs", "8"], ["--lr=1e-4", "--fast"]) == [
+        "train.py", "--lr=1e-4", "--bs", "8", "--fast"]
