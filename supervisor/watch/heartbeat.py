@@ -1,0 +1,294 @@
+"""Hang detection: per-rank heartbeats from ``supervisor.client``, plus output / progress stalls.
+
+The client rewrites ``TSUP_HEARTBEAT_DIR/heartbeat-rank<R>.json`` at most every
+``client_interval_s`` while the job calls ``heartbeat()`` (see ``supervisor/client/_heartbeat.py``
+for the record). :class:`HeartbeatMonitor` reads those files every ``check_interval_s`` from the
+main loop's ``poll(now)`` and emits one ``hang`` detection per attempt when:
+
+- a rank's heartbeat is older than its timeout: ``timeout_s`` when set; otherwise *learned*:
+  ``initial_timeout_s`` until ``learn_after`` intervals were seen, then ``max(learn_floor_s,
+  longest interval x learn_factor)``, as NVIDIA's resiliency extension does. Intervals measured
+  around a checkpoint do not count; what was learned carries over to later attempts of the run;
+- a rank says it is checkpointing (``client.checkpointing()``) for longer than
+  ``checkpoint_timeout_s``;
+- a rank never sent its first heartbeat within ``startup_timeout_s`` of the launch. This applies
+  only when the job is known to use the client (``expect_heartbeats``, or an earlier attempt of
+  the run sent heartbeats), since any command may be supervised without it; ranks missing from a
+  known ``WORLD_SIZE`` count too;
+- (jobs without the client) no output line for ``output_stall_timeout_s`` or no new training step
+  for ``progress_stall_timeout_s``. The log watcher reports activity through ``note_output`` /
+  ``note_metric`` (pass this monitor as ``LogWatcher(..., progress=monitor)``).
+
+Clocks: ``poll(now)`` gets the main loop's monotonic time; heartbeat records carry the writer's
+wall-clock time, compared once, when a record is first seen, with the injected ``wall()``; from
+then on ages are measured on the monotonic clock (immune to wall-clock jumps).
+
+Client metric reports (``metrics-rank<R>.jsonl`` in the same directory) are tailed by an internal
+:class:`~supervisor.watch.tail.FileTailer` and fed to ``metrics_sink`` (the LogWatcher), where
+they become ``fmt="client"`` records that the same detectors judge.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+import structlog
+
+from ..events import AttemptContext, Cause, Detection, Emit, LineSink
+from .config import HeartbeatConfig
+from .tail import FileTailer
+
+log = structlog.get_logger("supervisor.watch")
+
+HEARTBEAT_PREFIX = "heartbeat-rank"
+METRICS_GLOB = "metrics-rank*.jsonl"
+
+
+@dataclass
+class _Rank:
+    rank: int
+    seq: int
+    t: float  # writer's wall time of the current record
+    changed_mono: float  # our monotonic estimate of when the current record was written
+    step: int | None
+    state: str
+    pid: int | None
+    world_size: int | None
+
+
+def client_env(cfg: HeartbeatConfig) -> dict[str, str]:
+    """Environment for the job: the client's write interval, kept well below the timeout."""
+    interval = cfg.client_interval_s
+    if cfg.timeout_s is not None:
+        interval = min(interval, cfg.timeout_s / 4)
+    return {"TSUP_HEARTBEAT_INTERVAL_S": f"{interval:g}"}
+
+
+class HeartbeatMonitor:
+    """A :class:`~supervisor.events.Monitor`; also the ``progress`` sink of the LogWatcher.
+
+    One instance per run (learned timeouts carry over); ``start`` / ``stop`` per attempt.
+    """
+
+    name = "heartbeat"
+
+    def __init__(self, cfg: HeartbeatConfig, *, metrics_sink: LineSink | None = None,
+                 wall: Callable[[], float] = time.time, tail_poll_interval_s: float = 0.5) -> None:
+        self.cfg = cfg
+        self._wall = wall
+        self._metrics_sink = metrics_sink
+        self._tail_poll = tail_poll_interval_s
+        self._tailer: FileTailer | None = None
+        self._ctx: AttemptContext | None = None
+        self._emit: Emit | None = None
+        self._ranks: dict[int, _Rank] = {}
+        self._fired: Detection | None = None
+        self._started = 0.0
+        self._last_check = -math.inf
+        self._last_now = 0.0
+        self._last_output: float | None = None
+        self._last_metric: float | None = None
+        self._seen_heartbeats = False  # any attempt of this run
+        self._intervals = 0
+        self._max_interval = 0.0
+        self._learned_logged = False
+        self._dir_problem: str | None = None
+        self._bad_records = 0
+
+    # -- Monitor --------------------------------------------------------------------------
+
+    def start(self, ctx: AttemptContext, emit: Emit) -> None:
+        self._ctx = ctx
+        self._emit = emit
+        self._ranks.clear()
+        self._fired = None
+        self._started = ctx.started_monotonic
+        self._last_check = -math.inf
+        self._last_output = None
+        self._last_metric = None
+        if self._metrics_sink is not None:
+            if self._tailer is None:
+                self._tailer = FileTailer([str(Path(ctx.heartbeat_dir) / METRICS_GLOB)], Path(ctx.heartbeat_dir),
+                                          self._metrics_sink, poll_interval_s=self._tail_poll)
+            self._tailer.start(ctx, emit)
+
+    def stop(self) -> None:
+        if self._tailer is not None:
+            self._tailer.stop()
+
+    def close(self) -> None:
+        if self._tailer is not None:
+            self._tailer.close()
+            self._tailer = None
+
+    def note_output(self, now: float) -> None:
+        self._last_output = now
+
+    def note_metric(self, now: float) -> None:
+        self._last_metric = now
+
+    def poll(self, now: float) -> None:
+        if self._ctx is None:
+            return
+        self._last_now = now
+        if now - self._last_check < self.cfg.check_interval_s:
+            return
+        self._last_check = now
+        self._read(now)
+        if self._fired is None:
+            det = self._evaluate(now)
+            if det is not None:
+                self._fired = det
+                log.warning("hang_detected", summary=det.summary, **{k: v for k, v in det.details.items()
+                                                                      if isinstance(v, (int, float, str))},
+                            next="the runner dumps stacks (if enabled) and stops the job")
+                assert self._emit is not None
+                self._emit(det)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _read(self, now: float) -> None:
+        assert self._ctx is not None
+        try:
+            entries = [e for e in os.scandir(self._ctx.heartbeat_dir) if e.name.startswith(HEARTBEAT_PREFIX)]
+            self._dir_problem = None
+        except FileNotFoundError:
+            self._dir_problem = "heartbeat directory does not exist (yet)"
+            return
+        except OSError as exc:
+            self._dir_problem = f"heartbeat directory unreadable: {exc}"
+            return
+        wall = self._wall()
+        for e in entries:
+            try:
+                with open(e.path, "rb") as f:
+                    raw = f.read(4096)
+                rec = json.loads(raw.decode("utf-8", "replace").strip() or "null")
+                rank = int(rec["rank"])
+                seq = int(rec.get("seq", 0))
+                t = float(rec["t"])
+            except (OSError, ValueError, KeyError, TypeError):
+                self._bad_records += 1  # a torn or foreign file: judged on the next read
+                continue
+            attempt = rec.get("attempt")
+            if attempt is not None and attempt != self._ctx.attempt:
+                continue  # left over from an earlier attempt
+            cur = self._ranks.get(rank)
+            step = rec.get("step") if isinstance(rec.get("step"), int) else None
+            state = str(rec.get("state", "running"))
+            if cur is None:
+                changed = now - max(0.0, wall - t)
+                if changed < self._started:
+                    # Written before this attempt started: not this attempt's heartbeat.
+                    if attempt is None:
+                        continue
+                    changed = self._started
+                self._ranks[rank] = _Rank(rank, seq, t, changed, step, state, rec.get("pid"),
+                                          rec.get("world_size"))
+                if not self._seen_heartbeats:
+                    self._seen_heartbeats = True
+                    log.info("heartbeat_first", rank=rank, attempt=self._ctx.attempt,
+                             next="hang detection by heartbeat age is on for this run")
+                continue
+            if seq != cur.seq or t != cur.t:
+                interval = t - cur.t
+                if interval > 0 and cur.state != "checkpointing" and state != "checkpointing":
+                    self._intervals += 1
+                    self._max_interval = max(self._max_interval, interval)
+                cur.seq, cur.t, cur.step, cur.state = seq, t, step, state
+                cur.changed_mono = min(now, now - max(0.0, wall - t))
+                cur.pid = rec.get("pid", cur.pid)
+                cur.world_size = rec.get("world_size", cur.world_size)
+
+    # -- judging ----------------------------------------------------------------------------
+
+    def timeout(self) -> tuple[float, str]:
+        """The heartbeat timeout in force and where it comes from (config, learned, initial)."""
+        if self.cfg.timeout_s is not None:
+            return self.cfg.timeout_s, "config"
+        if self._intervals >= self.cfg.learn_after:
+            value = max(self.cfg.learn_floor_s, self._max_interval * self.cfg.learn_factor)
+            if not self._learned_logged:
+                self._learned_logged = True
+                log.info("heartbeat_timeout_learned", timeout_s=round(value, 3), intervals=self._intervals,
+                         max_interval_s=round(self._max_interval, 3),
+                         next="a rank silent for longer than this is reported as hung")
+            return value, "learned"
+        return self.cfg.initial_timeout_s, "initial"
+
+    def _evaluate(self, now: float) -> Detection | None:
+        cfg = self.cfg
+        since_start = now - self._started
+        expect = cfg.expect_heartbeats or self._seen_heartbeats
+        if expect and since_start > cfg.startup_timeout_s:
+            world = max((r.world_size or 0 for r in self._ranks.values()), default=0)
+            missing = sorted(set(range(world)) - set(self._ranks)) if world else []
+            if not self._ranks:
+                return self._hang("startup", None, since_start, cfg.startup_timeout_s, "config",
+                                  f"no rank sent a heartbeat within {cfg.startup_timeout_s:g} s of the launch")
+            if missing:
+                shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
+                return self._hang("startup", None, since_start, cfg.startup_timeout_s, "config",
+                                  f"rank(s) {shown} of {world} sent no heartbeat within "
+                                  f"{cfg.startup_timeout_s:g} s of the launch")
+        limit, how = self.timeout()
+        worst: tuple[float, _Rank, float, str] | None = None
+        for r in self._ranks.values():
+            age = now - r.changed_mono
+            lim, src = (cfg.checkpoint_timeout_s, "checkpointing") if r.state == "checkpointing" else (limit, how)
+            if age > lim and (worst is None or age - lim > worst[0] - worst[2]):
+                worst = (age, r, lim, src)
+        if worst is not None:
+            age, r, lim, src = worst
+            doing = "checkpointing for" if r.state == "checkpointing" else "no heartbeat for"
+            return self._hang("checkpointing" if r.state == "checkpointing" else "heartbeat", r, age, lim, src,
+                              f"rank {r.rank} {doing} {age:.1f} s (timeout {lim:g} s, {src})"
+                              + (f"; last step {r.step}" if r.step is not None else ""))
+        if cfg.output_stall_timeout_s is not None:
+            last = self._last_output if self._last_output is not None else self._started
+            if now - last > cfg.output_stall_timeout_s:
+                return self._hang("output_stall", None, now - last, cfg.output_stall_timeout_s, "config",
+                                  f"the job printed nothing for {now - last:.1f} s "
+                                  f"(output_stall_timeout_s {cfg.output_stall_timeout_s:g})")
+        if cfg.progress_stall_timeout_s is not None:
+            last = self._last_metric if self._last_metric is not None else self._started
+            if now - last > cfg.progress_stall_timeout_s:
+                return self._hang("progress_stall", None, now - last, cfg.progress_stall_timeout_s, "config",
+                                  f"no new training step logged for {now - last:.1f} s "
+                                  f"(progress_stall_timeout_s {cfg.progress_stall_timeout_s:g})")
+        return None
+
+    def _hang(self, kind: str, r: _Rank | None, age: float, limit: float, src: str, summary: str) -> Detection:
+        details: dict[str, object] = {"kind": kind, "age_s": round(age, 3), "timeout_s": limit,
+                                      "timeout_source": src}
+        if r is not None:
+            details.update(rank=r.rank, pid=r.pid, state=r.state)
+        return Detection(cause=Cause.HANG, summary=summary, source="heartbeat",
+                         step=r.step if r else None, onset_step=r.step if r else None, value=round(age, 3),
+                         evidence=summary, details=details)
+
+    # -- status ------------------------------------------------------------------------------
+
+    def heartbeats(self) -> dict[int, float]:
+        """{rank: seconds since its last heartbeat} as of the last poll (``status --json``)."""
+        return {r.rank: round(max(0.0, self._last_now - r.changed_mono), 3) for r in sorted(
+            self._ranks.values(), key=lambda r: r.rank)}
+
+    def status(self) -> Mapping[str, object]:
+        limit, how = self.timeout()
+        return {
+            "heartbeats": self.heartbeats(),
+            "timeout_s": limit,
+            "timeout_source": how,
+            "intervals_seen": self._intervals,
+            "checkpointing": [r.rank for r in self._ranks.values() if r.state == "checkpointing"],
+            "problem": self._dir_problem,
+            "fired": None if self._fired is None else self._fired.summary,
+            "metrics_tail": None if self._tailer is None else self._tailer.status(),
+        }

@@ -1,0 +1,80 @@
+"""Python stack dumps of a hung job with py-spy, before it is killed.
+
+``py-spy dump --pid P`` attaches read-only (ptrace) and prints every thread's Python stack; with
+``native`` it adds C/C++ frames (slower). py-spy is an optional dependency
+(``transformer-supervisor[diagnostics]``): when it is missing the dump says so plainly and the
+hang is still handled. Each process gets a bounded time, so a stuck ptrace never delays the stop
+for long.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterable
+
+import psutil
+import structlog
+
+log = structlog.get_logger("supervisor.watch")
+
+
+def find_py_spy() -> str | None:
+    """py-spy on PATH, or beside the running interpreter (a venv that is not activated)."""
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Every live process in process group ``pgid`` (the job runs in its own session)."""
+    out: list[int] = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid:
+                out.append(p.pid)
+        except (ProcessLookupError, PermissionError, OSError):
+            continue
+    return sorted(out)
+
+
+def dump_stacks(pids: Iterable[int], out_dir: Path, *, native: bool = False, timeout_s: float = 10.0,
+                py_spy: str | None = None, label: str = "hang") -> Path | None:
+    """Write ``out_dir/stacks-<label>-<time>.txt`` with the py-spy dump of each pid.
+
+    Returns the file, or None when py-spy is not installed (logged as ``stacks_unavailable``).
+    A process that exits or cannot be attached is recorded in the file with py-spy's error.
+    """
+    pids = list(pids)
+    exe = py_spy or find_py_spy()
+    if exe is None:
+        log.warning("stacks_unavailable", reason="py-spy is not installed", pids=pids,
+                    next="install transformer-supervisor[diagnostics] to get stack dumps of hung jobs")
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"stacks-{label}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.txt"
+    started = time.monotonic()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"# py-spy dump of {len(pids)} process(es): {' '.join(map(str, pids))}\n")
+        for pid in pids:
+            cmd = [exe, "dump", "--pid", str(pid)] + (["--native"] if native else [])
+            f.write(f"\n===== pid {pid}: {' '.join(cmd)}\n")
+            f.flush()
+            try:
+                res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+                f.write(res.stdout)
+                if res.returncode != 0:
+                    f.write(f"# py-spy exited {res.returncode}: {res.stderr.strip()}\n")
+            except subprocess.TimeoutExpired:
+                f.write(f"# py-spy did not finish within {timeout_s:g} s; skipped\n")
+            except OSError as exc:
+                f.write(f"# py-spy could not run: {exc}\n")
+    log.info("stacks_dumped", path=str(path), pids=pids, seconds=round(time.monotonic() - started, 2),
+             next="the hung job is stopped now")
+    return path
