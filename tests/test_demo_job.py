@@ -133,10 +133,16 @@ def test_corrupt_checkpoint_breaks_the_newest_fires_once_and_bad_resume_raises_l
     assert broken.returncode != 0
     assert "failed to load checkpoint" in broken.stderr
     # from the previous good one it runs to the end: corrupt_ckpt does not fire twice, and
-    # bad_resume fires on this (first successful) resume: LR x100
+    # bad_resume fires on this (first successful) resume: LR x100; the rollback remedy's
+    # skip_batches reaches the job through the client and is kept in later checkpoints
     good = run(argv(tmp_path, steps=15, every=5, faults=faults),
-               job_env(tmp_path, TSUP_ATTEMPT="2", TSUP_RESUME_FROM=str(ckpt / "step_000005.pt")))
+               job_env(tmp_path, TSUP_ATTEMPT="2", TSUP_RESUME_FROM=str(ckpt / "step_000005.pt"),
+                       TSUP_SKIP_BATCHES="2"))
     assert good.returncode == 0, good.stderr
+    assert "skipping 2 batches" in good.stderr
+    import torch
+
+    assert torch.load(ckpt / "step_000015.pt", weights_only=True)["batches_skipped"] == 2
     assert "'bad_resume' fault" in good.stderr and "'corrupt_ckpt' fault" not in good.stderr
     recs = metrics(good.stdout)
     assert recs[6]["lr"] > 50 * BASE_LR  # normally <= BASE_LR

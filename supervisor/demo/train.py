@@ -173,9 +173,12 @@ class Client:
                 self.missing.append(name)
                 fn = getattr(self.fallback, name)
             setattr(self, name, fn)
-        # The fallback flags need their own signal handlers; the real client installs its own.
+        # The fallback flags need their own signal handlers; the real client installs its own,
+        # early, so a stop request that arrives before the first should_stop() is not lost.
         if "should_stop" in self.missing or "should_checkpoint" in self.missing:
             self.fallback.install_signals()
+        elif callable(getattr(real, "install", None)):
+            real.install()
 
     heartbeat: Callable[..., None]
     report: Callable[..., None]
