@@ -67,6 +67,7 @@ class CheckpointService:
         self.book = CheckpointBook(self.state_dir, bad_after_same_cause=cfg.bad_after_same_cause)
         self._lock = threading.RLock()
         self._load_results: dict[tuple[str, Any], LoadTestResult] = {}
+        self._load_steps: dict[Path, int | None] = {}  # steps read by load tests (nanoGPT iter_num)
         self.last_quarantined: tuple[QuarantineRecord, ...] = ()  # from the last choose_for_resume
 
     # ------------------------------------------------------------------ discovery
@@ -91,10 +92,13 @@ class CheckpointService:
                     continue
                 if c.step is None:
                     m = self._manifest_of(c.path).manifest
-                    if m is not None and m.step is not None:
+                    # A supervisor manifest made before the job overwrote the file names an old step.
+                    fresh = m is not None and not (m.origin == "supervisor" and m.stat is not None
+                                                   and _stat_changed(m.stat, stat_record(c.path)))
+                    if m is not None and fresh and m.step is not None:
                         c = c.with_step(m.step)
-                    elif (c.path, "step") in self._load_results:
-                        c = c.with_step(self._load_results[(c.path, "step")].step)  # type: ignore[index]
+                    elif c.path in self._load_steps:
+                        c = c.with_step(self._load_steps[c.path])
                 out.append(c)
             return sort_newest_first(out)
 
@@ -122,7 +126,7 @@ class CheckpointService:
                             python=self.job_python, timeout_s=self.cfg.load_timeout_s, cwd=self.job_cwd)
         log.info("checkpoint_load_test", path=str(path), passed=res.passed, seconds=res.seconds, error=res.error)
         self._load_results[key] = res
-        self._load_results[(path, "step")] = res  # type: ignore[index]
+        self._load_steps[path] = res.step
         return res
 
     def _digest(self, path: Path, algorithm: str) -> tuple[str, dict[str, Any] | None]:
@@ -304,6 +308,7 @@ class CheckpointService:
                                              margin_steps=self.cfg.margin_steps, bad=self.book.bad_paths())
                 if choice is not None:
                     choice = self._finish_choice(choice)
+                    quarantined.extend(choice.quarantined)
                     choice = replace(choice, quarantined=tuple(quarantined))
                     self.last_quarantined = tuple(quarantined)
                     log.info("checkpoint_chosen", path=str(choice.path), step=choice.step, mode=mode,
@@ -328,6 +333,14 @@ class CheckpointService:
                             next="resuming anyway; a bad overwrite could destroy this state")
         if choice.layout == str(Layout.LAST_GOOD):
             original = self.dir / choice.path.name
+            if original.exists():
+                # The job overwrote it with something that did not pass (else it would have been
+                # chosen, being at least as new): move it aside so the good copy can go back.
+                row = self.evaluate(Candidate(original, None, Layout.SINGLE, 0.0, 0))
+                if not row.ready:
+                    rec = quarantine(original, "overwritten with a checkpoint that is not ready ("
+                                     + "; ".join(row.reasons) + "); the last good copy is restored")
+                    choice = replace(choice, quarantined=choice.quarantined + (rec,))
             if not original.exists():
                 # The job resumes from its usual path (nanoGPT reads out_dir/ckpt.pt): restore the copy
                 # there. The original was moved to quarantine/, so nothing is overwritten.

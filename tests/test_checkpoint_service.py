@@ -1,0 +1,120 @@
+"""The pre-resume gate end to end on real files: quarantine, rollback, bad marks, last_good, CLI."""
+from __future__ import annotations
+
+import io
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from supervisor.checkpoints.config import CheckpointsConfig
+from supervisor.checkpoints.manifest import manifest_path
+from supervisor.checkpoints.service import CheckpointService, cli_checkpoints
+from supervisor.client._checkpoint import save_checkpoint
+from tests.helpers import ckpt_factory as F
+
+CFG = CheckpointsConfig(settle_s=1.0, expected_keys=("model", "optimizer"))
+
+
+def make(tmp_path: Path, cfg: CheckpointsConfig = CFG) -> CheckpointService:
+    (tmp_path / "state").mkdir(exist_ok=True)
+    return CheckpointService(cfg, tmp_path / "ck", tmp_path / "state", sys.executable, ["python", "train.py"], tmp_path)
+
+
+def saved(tmp_path: Path, step: int) -> Path:
+    p = save_checkpoint(F.state(step), tmp_path / "ck" / f"step_{step}.pt", step=step)
+    F.old_mtime(p)
+    return p
+
+
+def test_corrupt_newest_is_quarantined_and_the_previous_one_chosen(tmp_path: Path) -> None:
+    saved(tmp_path, 100)
+    newest = saved(tmp_path, 200)
+    F.flip_byte(newest)
+    files_before = F.count_files(tmp_path / "ck")
+    choice = make(tmp_path).choose_for_resume("restart", None)
+    assert choice is not None and choice.step == 100 and choice.path.name == "step_100.pt"
+    assert [q.source.name for q in choice.quarantined] == ["step_200.pt"]
+    q = tmp_path / "ck" / "quarantine"
+    assert (q / "step_200.pt").exists() and (q / "step_200.pt.manifest.json").exists()
+    note = json.loads((q / "step_200.pt.quarantine.json").read_text())
+    assert "sha256 mismatch" in note["reason"] and note["at"] and "transformer-supervisor" in note["by"]
+    # Nothing deleted: every file is still there (plus the note).
+    assert F.count_files(tmp_path / "ck") == files_before + 1
+    assert not newest.exists()
+    assert [c.step for c in make(tmp_path).scan()] == [100], "quarantine/ is not a candidate"
+
+
+def test_rollback_picks_the_checkpoint_before_the_onset(tmp_path: Path) -> None:
+    for s in (500, 1000, 1500):
+        saved(tmp_path, s)
+    svc = make(tmp_path, replace(CFG, margin_steps=100))
+    c = svc.choose_for_resume("rollback", onset_step=1050)
+    assert c is not None and c.step == 500, c
+    c2 = make(tmp_path).choose_for_resume("rollback", onset_step=1050)
+    assert c2 is not None and c2.step == 1000
+    assert make(tmp_path).choose_for_resume("rollback", onset_step=400) is None
+
+
+def test_load_error_at_resume_marks_bad_then_the_next_older_is_used(tmp_path: Path) -> None:
+    saved(tmp_path, 100)
+    p200 = saved(tmp_path, 200)
+    svc = make(tmp_path)
+    first = svc.choose_for_resume("restart", None)
+    assert first is not None and first.path == p200
+    # The job could not load it (e.g. mismatched keys): one cycle, then it is bad.
+    assert svc.note_attempt_result(first.path, "checkpoint_load_error", newer_checkpoint_appeared=False)
+    assert svc.is_bad(p200)
+    second = make(tmp_path).choose_for_resume("restart", None)  # a new service: the mark persisted
+    assert second is not None and second.step == 100
+    assert (tmp_path / "ck" / "quarantine" / "step_200.pt").exists()
+
+
+def test_no_progress_counts_attempts(tmp_path: Path) -> None:
+    svc = make(tmp_path, replace(CFG, no_progress_attempts=2))
+    svc.note_attempt_result("/ck/a.pt", "crash", False, step=5)
+    assert not svc.no_progress()
+    svc.note_attempt_result("/ck/a.pt", "hang", False, step=5)
+    assert svc.no_progress() and svc.steps_seen() == [5, 5] and svc.attempts_without_progress() == 2
+
+
+def test_nanogpt_single_file_preserved_then_restored_after_a_bad_overwrite(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    p = F.nanogpt(ck, 1000)
+    svc = make(tmp_path)
+    c = svc.choose_for_resume("restart", None)
+    assert c is not None and c.path == p and c.step == 1000
+    lg = ck / "last_good" / "ckpt.pt"
+    assert lg.exists() and manifest_path(lg).exists()
+    # The job overwrites ckpt.pt with garbage, then dies.
+    p.write_bytes(b"\x00garbage" * 10)
+    F.old_mtime(p)
+    c2 = make(tmp_path).choose_for_resume("restart", None)
+    assert c2 is not None and c2.path == p and c2.step == 1000 and "last_good" in c2.reason
+    assert torch.load(p, weights_only=True)["iter_num"] == 1000
+    assert (ck / "quarantine" / "ckpt.pt").read_bytes().startswith(b"\x00garbage")
+
+
+def test_newest_complete_and_megatron_in_progress(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    F.megatron_folder(ck, 1000)
+    F.megatron_folder(ck, 2000, tracker=False)  # tracker still names 1000: 2000 is being saved
+    svc = make(tmp_path)
+    n = svc.newest_complete()
+    assert n is not None and n.step == 1000
+
+
+def test_cli_json_and_table(tmp_path: Path) -> None:
+    saved(tmp_path, 100)
+    F.torch_file(tmp_path / "ck" / "step_200.pt", 200)  # no manifest: the CLI writes none
+    out = io.StringIO()
+    assert cli_checkpoints(tmp_path / "ck", CFG, True, tmp_path / "state", out=out) == 0
+    rows = json.loads(out.getvalue())
+    assert [r["step"] for r in rows] == [200, 100] and all(r["ready"] for r in rows)
+    assert rows[0]["sha256_ok"] is None and not manifest_path(tmp_path / "ck" / "step_200.pt").exists()
+    out2 = io.StringIO()
+    assert cli_checkpoints(tmp_path / "ck", CFG, False, tmp_path / "state", out=out2) == 0
+    assert "step_100.pt" in out2.getvalue() and "ready" in out2.getvalue()
+    assert cli_checkpoints(tmp_path / "nope", CFG, True, tmp_path / "state", out=io.StringIO()) == 2
