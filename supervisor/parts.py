@@ -46,6 +46,9 @@ class Parts:
     def __init__(self) -> None:
         self.control: Any = None
         self.notifier: Any = None
+        self.gpu_mon: Any = None
+        self.host_mon: Any = None
+        self.launch_gate: Any = None
         self._last_status = 0.0
         self._status_line = ""
 
@@ -57,12 +60,36 @@ class Parts:
         self.notifier = Notifier()
         self.control = ControlServer(r.state_dir, r.control)
         self.control.start()
+        self._start_health(r)
+
+    def _start_health(self, r: "Runner") -> None:
+        from .health import GpuMonitor, HostMonitor, LaunchGate, make_backend
+
+        cfg = r.cfg
+        ckdir = cfg.checkpoint_dir()
+        try:
+            backend = make_backend(cfg.gpu.backend)
+        except Exception as e:  # a broken GPU stack must not stop supervision: say we are blind
+            r._event("gpu_blind", "warning", f"GPU backend unavailable ({e}); GPU checks say 'unavailable'")
+            return
+        self.gpu_mon = GpuMonitor(backend, cfg.gpu, on_blind=lambda reason: r._event(
+            "gpu_blind", "warning", f"cannot see the GPUs: {reason}; GPU checks are unavailable (never 'healthy')",
+            ledger_only=True))
+        self.host_mon = HostMonitor(cfg.host, checkpoint_dir=ckdir, state_dir=r.state_dir,
+                                    last_checkpoint_bytes=lambda: _newest_size(ckdir))
+        self.launch_gate = LaunchGate(backend, cfg.gpu, checkpoint_dir=ckdir,
+                                      storage_probe=cfg.host.storage_probe)
 
     def stop_daemon_side(self, r: "Runner") -> None:
         if self.notifier is not None:
             self.notifier.stopping()
         if self.control is not None:
             self.control.close()
+        if self.gpu_mon is not None:
+            try:
+                self.gpu_mon.close()
+            except Exception:
+                pass
 
     def tick(self, r: "Runner", now: float) -> None:
         if now - self._last_status >= 0.25:
@@ -90,7 +117,13 @@ class Parts:
 
     # -- per attempt ----------------------------------------------------------------------
     def gate(self, r: "Runner", previous_pids: Sequence[int]) -> dict[str, Any] | None:
-        return None
+        if self.launch_gate is None:
+            return None
+        verdict = self.launch_gate.check(previous_pids).to_dict()
+        level = "info" if verdict.get("passed") else "error"
+        r._event("health_gate", level, f"pre-launch health gate: {verdict.get('summary')}", ledger_only=True,
+                 passed=verdict.get("passed"), waited_s=verdict.get("waited_s"))
+        return verdict
 
     def choose_checkpoint(self, r: "Runner", action: Action, onset: int | None, explicit: str | None) -> "Resume":
         from .runner import Resume
@@ -104,10 +137,19 @@ class Parts:
         return Resume(str(p) if p else None, None, "newest in the checkpoint dir" if p else "no checkpoint yet")
 
     def snapshot_extra(self, r: "Runner") -> dict[str, Any]:
-        return {}
+        out: dict[str, Any] = {}
+        for key, mon in (("gpu", self.gpu_mon), ("host", self.host_mon)):
+            if mon is not None:
+                try:
+                    out[key] = mon.snapshot()
+                except Exception as e:
+                    out[key] = {"error": repr(e)}
+        return out
 
     def monitors_for_attempt(self, r: "Runner", ctx: AttemptContext) -> list[Monitor]:
-        return []
+        mons: list[Monitor] = []
+        mons += [m for m in (self.gpu_mon, self.host_mon) if m is not None]
+        return mons
 
     def attempt_started(self, r: "Runner", ctx: AttemptContext) -> None:
         if self.notifier is not None and ctx.attempt >= 0:
@@ -141,7 +183,24 @@ class Parts:
         return None
 
     def status_extra(self, r: "Runner") -> dict[str, Any]:
-        return {}
+        out: dict[str, Any] = {}
+        if self.gpu_mon is not None:
+            out["gpus"] = self.gpu_mon.gpus()
+        return out
+
+
+def _newest_size(d: Path | None) -> int | None:
+    if d is None:
+        return None
+    p = newest_checkpoint_file(d)
+    try:
+        if p is None:
+            return None
+        if p.is_dir():
+            return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        return p.stat().st_size
+    except OSError:
+        return None
 
 
 def _status_line(st: dict[str, Any]) -> str:

@@ -296,9 +296,11 @@ class Runner:
             log.warning("ledger_metrics_failed", error=str(e))
 
     # ================================================================== events
-    def _event(self, event: str, level: str, message: str, **data: Any) -> None:
-        getattr(log, level)(event, attempt=self.attempt if self.attempt >= 0 else None, message=message,
-                            **{k: v for k, v in data.items() if v is not None})
+    def _event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None:
+        """Log one event line and keep it in the ledger (``ledger_only``: a part logged it already)."""
+        if not ledger_only:
+            getattr(log, level)(event, attempt=self.attempt if self.attempt >= 0 else None, message=message,
+                                **{k: v for k, v in data.items() if v is not None})
         try:
             self.ledger.event(self.run_id, self.attempt if self.attempt >= 0 else None, event, level, message,
                               _jsonable(data) if data else None)
