@@ -29,6 +29,7 @@ from __future__ import annotations
 import glob as globlib
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -75,7 +76,7 @@ class FileTailer:
 
     def __init__(self, globs: Sequence[str], cwd: Path, sink: LineSink, *, poll_interval_s: float = 0.5,
                  max_line_bytes: int = 64 * 1024, read_chunk: int = 1 << 20, use_inotify: bool = True,
-                 batch_lines: int = 4096) -> None:
+                 batch_lines: int = 4096, retire_grace_s: float = 2.0) -> None:
         self.patterns = tuple(g if os.path.isabs(g) else os.path.join(str(cwd), g) for g in globs)
         self.sink = sink
         self.poll_interval_s = poll_interval_s
@@ -83,6 +84,10 @@ class FileTailer:
         self.read_chunk = read_chunk
         self.use_inotify = use_inotify
         self.batch_lines = batch_lines
+        self.retire_grace_s = retire_grace_s
+        # Files renamed away or deleted: still read through the open fd for retire_grace_s, since
+        # a writer may finish its last lines into the rotated file after the rename.
+        self._retired: list[tuple[float, _Followed]] = []
         self._files: dict[tuple[int, int], _Followed] = {}
         self._first_scan = True
         self._scan_lock = threading.Lock()
@@ -107,6 +112,10 @@ class FileTailer:
         self._stopping.clear()
         if self.use_inotify and self._observer is None:
             self._start_observer()
+        if self._first_scan:
+            # The baseline ("what exists now is history") is taken here, not in the thread, so
+            # a file the job creates right after start() is never mistaken for history.
+            self.scan_now()
         self._thread = threading.Thread(target=self._run, name="tsup-tail", daemon=True)
         self._thread.start()
 
@@ -136,11 +145,15 @@ class FileTailer:
             for f in self._files.values():
                 os.close(f.fd)
             self._files.clear()
+            for _, f in self._retired:
+                os.close(f.fd)
+            self._retired.clear()
 
     def status(self) -> Mapping[str, object]:
         return {
             "globs": list(self.patterns),
             "files": {f.path: f.offset for f in self._files.values()},
+            "retired": [f.path for _, f in self._retired],
             "unmatched_globs": [p for p in self.patterns if not globlib.glob(p)],
             "mode": "inotify+poll" if self._observer is not None else "poll",
             "inotify_error": self._inotify_error,
@@ -159,6 +172,7 @@ class FileTailer:
             if stopping:
                 if more:
                     continue
+                self._retire_all()
                 return
             if not more:
                 self._wake.wait(self.poll_interval_s)
@@ -190,15 +204,20 @@ class FileTailer:
                     continue
                 current.setdefault((st.st_dev, st.st_ino), (path, st))
         more = False
+        now = time.monotonic()
+        for deadline, f in list(self._retired):
+            more |= self._read(f)
+            if now >= deadline and not more:
+                self._close_retired(f)
         for ident, f in list(self._files.items()):
             seen = current.pop(ident, None)
             if seen is None:  # deleted or renamed away: what is left is read from the open fd
-                while self._read(f):
-                    pass
-                self._flush_partial(f)
-                os.close(f.fd)
+                more |= self._read(f)
                 del self._files[ident]
-                log.info("tail_file_gone", path=f.path, next="following its successor when one appears")
+                self._retired.append((now + self.retire_grace_s, f))
+                log.info("tail_file_gone", path=f.path, grace_s=self.retire_grace_s,
+                         next="reading what is still written to it for the grace period; "
+                              "following its successor when one appears")
                 continue
             path, st = seen
             if path != f.path:
@@ -223,6 +242,18 @@ class FileTailer:
             more |= self._read(f)
         self._first_scan = False
         return more
+
+    def _close_retired(self, f: _Followed) -> None:
+        self._retired = [(d, g) for d, g in self._retired if g is not f]
+        while self._read(f):
+            pass
+        self._flush_partial(f)
+        os.close(f.fd)
+
+    def _retire_all(self) -> None:
+        with self._scan_lock:
+            for _, f in list(self._retired):
+                self._close_retired(f)
 
     def _read(self, f: _Followed, budget: int = 16 << 20) -> bool:
         """Read from ``f.offset`` up to ``budget`` bytes; True when data was left unread."""

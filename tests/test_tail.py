@@ -1,0 +1,221 @@
+"""FileTailer with real files: rotation, copytruncate, deletion, late creation, garbage, huge lines."""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import pytest
+
+from supervisor.watch.tail import TRUNCATED_MARKER, FileTailer
+from tests.util import wait_for
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.batches: list[tuple[str, list[str]]] = []
+
+    def feed(self, source: str, lines: Sequence[str]) -> None:
+        with self.lock:
+            self.batches.append((source, list(lines)))
+
+    def lines(self, source: str | None = None) -> list[str]:
+        with self.lock:
+            return [ln for s, b in self.batches for ln in b if source is None or s == source]
+
+
+def append(path: Path, text: str | bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(text.encode() if isinstance(text, str) else text)
+
+
+@pytest.fixture(params=[True, False], ids=["inotify", "poll"])
+def tail(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[FileTailer, Sink, Path]]:
+    sink = Sink()
+    logs = tmp_path / "logs"
+    t = FileTailer(["logs/rank*.log"], tmp_path, sink, poll_interval_s=0.05, use_inotify=request.param,
+                   retire_grace_s=0.3)
+    yield t, sink, logs
+    t.close()
+
+
+def test_existing_files_start_at_end_new_files_from_start(tail: tuple[FileTailer, Sink, Path]) -> None:
+    t, sink, logs = tail
+    logs.mkdir()
+    old = logs / "rank0.log"
+    old.write_text("history line 1\nhistory line 2\n")
+    t.start()
+    wait_for(lambda: t.status()["files"], 5, what="existing file followed")
+    append(old, "fresh 1\n")
+    new = logs / "rank1.log"
+    new.write_text("new file line 1\nnew file line 2\n")
+    wait_for(lambda: len(sink.lines()) >= 3, 5)
+    assert sink.lines(f"file:{old}") == ["fresh 1"]
+    assert sink.lines(f"file:{new}") == ["new file line 1", "new file line 2"]
+
+
+def test_late_directory_and_partial_lines(tail: tuple[FileTailer, Sink, Path]) -> None:
+    t, sink, logs = tail
+    t.start()  # the directory does not exist yet
+    assert t.status()["unmatched_globs"]
+    logs.mkdir()
+    f = logs / "rank0.log"
+    append(f, "first half of a line")
+    wait_for(lambda: t.status()["files"], 5)
+    assert sink.lines() == []  # partial lines are buffered
+    append(f, " and the rest\nline two\r\n")
+    wait_for(lambda: len(sink.lines()) == 2, 5)
+    assert sink.lines() == ["first half of a line and the rest", "line two"]
+
+
+def test_rename_rotation(tail: tuple[FileTailer, Sink, Path]) -> None:
+    t, sink, logs = tail
+    logs.mkdir()
+    f = logs / "rank0.log"
+    f.write_text("")
+    t.start()
+    wait_for(lambda: t.status()["files"], 5)
+    append(f, "a1\na2\n")
+    wait_for(lambda: len(sink.lines()) == 2, 5)
+    append(f, "a3 written just before rotation\n")
+    os.rename(f, logs / "rank0.log.1")  # does not match the glob: drained through the open fd
+    append(logs / "rank0.log.1", "a4 late write to the rotated file\n")
+    f.write_text("b1\n")
+    wait_for(lambda: "b1" in sink.lines(), 5)
+    t.stop()
+    assert sink.lines() == ["a1", "a2", "a3 written just before rotation", "a4 late write to the rotated file", "b1"]
+
+
+def test_rotation_to_a_name_that_still_matches_reads_nothing_twice(tmp_path: Path) -> None:
+    sink = Sink()
+    t = FileTailer([str(tmp_path / "*.log*")], tmp_path, sink, poll_interval_s=0.05)
+    try:
+        f = tmp_path / "train.log"
+        f.write_text("")
+        t.start()
+        wait_for(lambda: t.status()["files"], 5)
+        append(f, "x1\nx2\n")
+        wait_for(lambda: len(sink.lines()) == 2, 5)
+        os.rename(f, tmp_path / "train.log.1")
+        f.write_text("y1\n")
+        wait_for(lambda: "y1" in sink.lines(), 5)
+        append(tmp_path / "train.log.1", "x3\n")
+        wait_for(lambda: "x3" in sink.lines(), 5)
+        assert sorted(sink.lines()) == ["x1", "x2", "x3", "y1"]
+    finally:
+        t.close()
+
+
+def test_copytruncate(tail: tuple[FileTailer, Sink, Path]) -> None:
+    t, sink, logs = tail
+    logs.mkdir()
+    f = logs / "rank0.log"
+    f.write_text("")
+    t.start()
+    wait_for(lambda: t.status()["files"], 5)
+    append(f, "before 1 with some length to it\nbefore 2 with some length to it\n")
+    wait_for(lambda: len(sink.lines()) == 2, 5)
+    shutil.copy(f, logs / "rank0.log.1.bak")
+    with open(f, "r+b") as fh:
+        fh.truncate(0)
+    wait_for(lambda: t.status()["files"].get(str(f)) == 0, 5, what="truncation noticed")  # type: ignore[union-attr]
+    append(f, "after 1\n")
+    wait_for(lambda: "after 1" in sink.lines(), 5)
+    assert sink.lines() == ["before 1 with some length to it", "before 2 with some length to it", "after 1"]
+
+
+def test_deletion_and_recreation(tail: tuple[FileTailer, Sink, Path]) -> None:
+    t, sink, logs = tail
+    logs.mkdir()
+    f = logs / "rank0.log"
+    f.write_text("")
+    t.start()
+    wait_for(lambda: t.status()["files"], 5)
+    append(f, "one\nunterminated tail")
+    wait_for(lambda: sink.lines() == ["one"], 5)
+    f.unlink()
+    wait_for(lambda: not t.status()["files"], 5, what="deletion noticed")
+    # The partial line is flushed once the deleted file's grace period is over.
+    wait_for(lambda: sink.lines() == ["one", "unterminated tail"], 5)
+    assert not t.status()["retired"]
+    f.write_text("reborn\n")
+    wait_for(lambda: "reborn" in sink.lines(), 5)
+    assert sink.lines()[-1] == "reborn"
+
+
+def test_garbage_and_a_10mb_line_cost_bounded_memory(tail: tuple[FileTailer, Sink, Path]) -> None:
+    t, sink, logs = tail
+    logs.mkdir()
+    f = logs / "rank0.log"
+    f.write_text("")
+    t.start()
+    wait_for(lambda: t.status()["files"], 5)
+    garbage = bytes(range(256)) * 64 + b"\xff\xfe\x00\x80"
+    append(f, garbage + b"\nok after garbage\n")
+    wait_for(lambda: "ok after garbage" in sink.lines(), 5)
+    with open(f, "ab") as fh:  # 10 MB without a newline, written in pieces as a job would
+        for _ in range(10):
+            fh.write(b"x" * (1 << 20))
+            fh.flush()
+    append(f, "\nok after the huge line\n")
+    wait_for(lambda: "ok after the huge line" in sink.lines(), 10)
+    lines = sink.lines()
+    huge = [ln for ln in lines if ln.startswith("xxx")]
+    assert len(huge) == 1 and huge[0].endswith(TRUNCATED_MARKER)
+    assert len(huge[0]) <= t.max_line_bytes + len(TRUNCATED_MARKER)
+    assert t.status()["truncated_lines"] == 1
+    assert all(len(f_.partial) <= t.max_line_bytes for f_ in t._files.values())
+
+
+def test_stop_drains_and_restart_keeps_offsets(tmp_path: Path) -> None:
+    sink = Sink()
+    f = tmp_path / "job.log"
+    t = FileTailer([str(f)], tmp_path, sink, poll_interval_s=5.0, use_inotify=False)  # slow poll: stop must drain
+    try:
+        t.start()
+        wait_for(lambda: t.status()["mode"] == "poll" and t._scans >= 1, 5)
+        f.write_text("attempt 0 line\n")
+        t.stop()
+        assert sink.lines() == ["attempt 0 line"]
+        append(f, "attempt 1 line\n")  # written between attempts: belongs to the next one
+        t.start()
+        wait_for(lambda: "attempt 1 line" in sink.lines(), 5)
+        assert sink.lines() == ["attempt 0 line", "attempt 1 line"]
+    finally:
+        t.close()
+
+
+def test_a_raising_sink_does_not_stop_the_tailer(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    class Bad:
+        def feed(self, source: str, lines: Sequence[str]) -> None:
+            seen.extend(lines)
+            raise RuntimeError("broken sink")
+
+    f = tmp_path / "a.log"
+    t = FileTailer([str(f)], tmp_path, Bad(), poll_interval_s=0.05)
+    try:
+        t.start()
+        f.write_text("1\n")
+        wait_for(lambda: "1" in seen, 5)
+        append(f, "2\n")
+        wait_for(lambda: "2" in seen, 5)
+        assert seen == ["1", "2"]
+    finally:
+        t.close()
+
+
+def test_no_fd_leak(tmp_path: Path) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    sink = Sink()
+    t = FileTailer([str(tmp_path / "*.log")], tmp_path, sink, poll_interval_s=0.05)
+    t.start()
+    for i in range(5):
+        (tmp_path / f"{i}.log").write_text(f"l{i}\n")
+    wait_for(lambda: len(sink.lines()) == 5, 5)
+    t.close()
+    assert len(os.listdir("/proc/self/fd")) <= before
