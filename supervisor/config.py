@@ -266,7 +266,7 @@ def _cross_checks(cfg: Config, problems: list[Problem], need_command: bool) -> N
             hint = difflib.get_close_matches(key, valid_causes, n=1)
             problems.append(Problem(f"on.{key}", "unknown cause" + (
                 f" (did you mean 'on.{hint[0]}'?)" if hint else f" (causes: {', '.join(valid_causes)})")))
-    if need_command and not cfg.job.command:
+    if need_command and not cfg.job.command and not any(p.path.startswith("job.command") for p in problems):
         problems.append(Problem("job.command", "required: expected the launch command, e.g. "
                                                '["python", "train.py"]'))
     if cfg.job.shell and len(cfg.job.command) > 1:
