@@ -19,6 +19,7 @@ from tests.helpers import ckpt_factory as F
 SPEC_KEYS = {"path", "step", "exists", "complete", "sha256_ok", "config_matches", "config_diff", "val_metric",
              "load_test", "ready", "reasons"}
 CFG = CheckpointsConfig(settle_s=1.0, expected_keys=("model", "optimizer"))
+NO_LOAD = replace(CFG, load_test=False)  # where the load test is not the subject: each one costs ~2 s
 
 
 def svc(tmp_path: Path, cfg: CheckpointsConfig = CFG, argv: tuple[str, ...] = ("python", "train.py")) -> CheckpointService:
@@ -56,10 +57,9 @@ def test_flipped_byte_and_truncated_file_are_not_ready(tmp_path: Path) -> None:
     a, b = saved(tmp_path, 100), saved(tmp_path, 200)
     F.flip_byte(a)
     F.truncate(b)
-    rows = {r.step: r for r in svc(tmp_path).quicklist()}
+    rows = {r.step: r for r in svc(tmp_path, NO_LOAD).quicklist()}
     assert rows[100].sha256_ok is False and not rows[100].ready
     assert any("sha256 mismatch" in r for r in rows[100].reasons)
-    assert rows[100].load_test is None, "no load test of a file known to be corrupt"
     assert rows[200].complete is False and not rows[200].ready
     assert any("truncated" in r for r in rows[200].reasons)
 
@@ -75,21 +75,21 @@ def test_missing_manifest_supervisor_writes_its_own_without_touching_the_checkpo
     F.flip_byte(p)  # later bit rot (same size and mtime) is caught by that manifest once the
     # digest cache (keyed by inode, size, mtime in the state dir) no longer vouches for it
     (tmp_path / "state" / "checkpoint_digests.json").unlink()
-    row2 = svc(tmp_path).quicklist()[0]
+    row2 = svc(tmp_path, NO_LOAD).quicklist()[0]
     assert row2.sha256_ok is False and not row2.ready
 
 
 def test_bad_manifest_json_is_a_reason_not_a_crash(tmp_path: Path) -> None:
     p = saved(tmp_path, 10)
     manifest_path(p).write_text("{not json")
-    row = svc(tmp_path).quicklist()[0]
+    row = svc(tmp_path, NO_LOAD).quicklist()[0]
     assert not row.ready and any("not valid JSON" in r for r in row.reasons)
 
 
 def test_config_mismatch_lists_the_diff_and_allow_list_accepts_it(tmp_path: Path) -> None:
     (tmp_path / "cfg.json").write_text(json.dumps({"optim": {"lr": 0.002}, "model": {"n_layer": 2}}))
     saved(tmp_path, 100, config={"optim": {"lr": 0.001}, "model": {"n_layer": 2}, "batch_size": 8})
-    cfg = replace(CFG, job_config_file="cfg.json")
+    cfg = replace(NO_LOAD, job_config_file="cfg.json")
     row = svc(tmp_path, cfg, argv=("python", "train.py", "--batch-size", "16")).quicklist()[0]
     assert row.config_matches is False and not row.ready
     assert row.to_json()["config_diff"] == {"optim.lr": [0.001, 0.002], "batch_size": [8, "16"]}
@@ -127,6 +127,7 @@ def test_expected_keys_missing(tmp_path: Path) -> None:
     assert not row.ready and "missing top-level keys: optimizer" in (row.load_test.error or "")  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_every_layout_loads_and_reports_its_step(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     F.hf_folder(ck, 500)
@@ -165,9 +166,9 @@ def test_truncated_safetensors_and_dcp_shard(tmp_path: Path) -> None:
 
 def test_val_metric_from_the_log_stream(tmp_path: Path) -> None:
     saved(tmp_path, 500)
-    row = svc(tmp_path).quicklist(metrics_seen={"val_loss": [(250, 3.0), (500, 2.5), (750, 2.0)]})[0]
+    row = svc(tmp_path, NO_LOAD).quicklist(metrics_seen={"val_loss": [(250, 3.0), (500, 2.5), (750, 2.0)]})[0]
     assert row.val_metric is not None and (row.val_metric.value, row.val_metric.step) == (2.5, 500)
-    strict = svc(tmp_path, replace(CFG, require_val_metric=True)).quicklist()[0]
+    strict = svc(tmp_path, replace(NO_LOAD, require_val_metric=True)).quicklist()[0]
     assert not strict.ready and any("validation metric" in r for r in strict.reasons)
 
 

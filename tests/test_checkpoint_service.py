@@ -16,6 +16,7 @@ from supervisor.client._checkpoint import save_checkpoint
 from tests.helpers import ckpt_factory as F
 
 CFG = CheckpointsConfig(settle_s=1.0, expected_keys=("model", "optimizer"))
+NO_LOAD = replace(CFG, load_test=False)  # where the load test is not the subject: each one costs ~2 s
 
 
 def make(tmp_path: Path, cfg: CheckpointsConfig = CFG) -> CheckpointService:
@@ -34,7 +35,7 @@ def test_corrupt_newest_is_quarantined_and_the_previous_one_chosen(tmp_path: Pat
     newest = saved(tmp_path, 200)
     F.flip_byte(newest)
     files_before = F.count_files(tmp_path / "ck")
-    choice = make(tmp_path).choose_for_resume("restart", None)
+    choice = make(tmp_path, NO_LOAD).choose_for_resume("restart", None)
     assert choice is not None and choice.step == 100 and choice.path.name == "step_100.pt"
     assert [q.source.name for q in choice.quarantined] == ["step_200.pt"]
     q = tmp_path / "ck" / "quarantine"
@@ -44,30 +45,30 @@ def test_corrupt_newest_is_quarantined_and_the_previous_one_chosen(tmp_path: Pat
     # Nothing deleted: every file is still there (plus the note).
     assert F.count_files(tmp_path / "ck") == files_before + 1
     assert not newest.exists()
-    assert [c.step for c in make(tmp_path).scan()] == [100], "quarantine/ is not a candidate"
+    assert [c.step for c in make(tmp_path, NO_LOAD).scan()] == [100], "quarantine/ is not a candidate"
 
 
 def test_rollback_picks_the_checkpoint_before_the_onset(tmp_path: Path) -> None:
     for s in (500, 1000, 1500):
         saved(tmp_path, s)
-    svc = make(tmp_path, replace(CFG, margin_steps=100))
+    svc = make(tmp_path, replace(NO_LOAD, margin_steps=100))
     c = svc.choose_for_resume("rollback", onset_step=1050)
     assert c is not None and c.step == 500, c
-    c2 = make(tmp_path).choose_for_resume("rollback", onset_step=1050)
+    c2 = make(tmp_path, NO_LOAD).choose_for_resume("rollback", onset_step=1050)
     assert c2 is not None and c2.step == 1000
-    assert make(tmp_path).choose_for_resume("rollback", onset_step=400) is None
+    assert make(tmp_path, NO_LOAD).choose_for_resume("rollback", onset_step=400) is None
 
 
 def test_load_error_at_resume_marks_bad_then_the_next_older_is_used(tmp_path: Path) -> None:
     saved(tmp_path, 100)
     p200 = saved(tmp_path, 200)
-    svc = make(tmp_path)
+    svc = make(tmp_path, NO_LOAD)
     first = svc.choose_for_resume("restart", None)
     assert first is not None and first.path == p200
     # The job could not load it (e.g. mismatched keys): one cycle, then it is bad.
     assert svc.note_attempt_result(first.path, "checkpoint_load_error", newer_checkpoint_appeared=False)
     assert svc.is_bad(p200)
-    second = make(tmp_path).choose_for_resume("restart", None)  # a new service: the mark persisted
+    second = make(tmp_path, NO_LOAD).choose_for_resume("restart", None)  # a new service: the mark persisted
     assert second is not None and second.step == 100
     assert (tmp_path / "ck" / "quarantine" / "step_200.pt").exists()
 
@@ -101,7 +102,7 @@ def test_newest_complete_and_megatron_in_progress(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     F.megatron_folder(ck, 1000)
     F.megatron_folder(ck, 2000, tracker=False)  # tracker still names 1000: 2000 is being saved
-    svc = make(tmp_path)
+    svc = make(tmp_path, NO_LOAD)
     n = svc.newest_complete()
     assert n is not None and n.step == 1000
 
@@ -110,11 +111,11 @@ def test_cli_json_and_table(tmp_path: Path) -> None:
     saved(tmp_path, 100)
     F.torch_file(tmp_path / "ck" / "step_200.pt", 200)  # no manifest: the CLI writes none
     out = io.StringIO()
-    assert cli_checkpoints(tmp_path / "ck", CFG, True, tmp_path / "state", out=out) == 0
+    assert cli_checkpoints(tmp_path / "ck", NO_LOAD, True, tmp_path / "state", out=out) == 0
     rows = json.loads(out.getvalue())
     assert [r["step"] for r in rows] == [200, 100] and all(r["ready"] for r in rows)
     assert rows[0]["sha256_ok"] is None and not manifest_path(tmp_path / "ck" / "step_200.pt").exists()
     out2 = io.StringIO()
-    assert cli_checkpoints(tmp_path / "ck", CFG, False, tmp_path / "state", out=out2) == 0
+    assert cli_checkpoints(tmp_path / "ck", NO_LOAD, False, tmp_path / "state", out=out2) == 0
     assert "step_100.pt" in out2.getvalue() and "ready" in out2.getvalue()
     assert cli_checkpoints(tmp_path / "nope", CFG, True, tmp_path / "state", out=io.StringIO()) == 2
