@@ -86,11 +86,16 @@ class JobProcess:
         for p in self.pumps:
             p.start()
         self.status: int | None = None
+        self._tree_at = float("-inf")
 
     # -- observation ----------------------------------------------------------------------
-    def refresh_tree(self) -> None:
+    def refresh_tree(self, now: float) -> None:
         """Remember every descendant we can see (with its start time), so that processes that
-        leave the group (setsid) are still found and stopped, and a reused pid never is."""
+        leave the group (setsid) are still found and stopped, and a reused pid never is.
+        A /proc walk costs milliseconds: twice a second is enough."""
+        if now - self._tree_at < 0.5:
+            return
+        self._tree_at = now
         if self.status is None:
             for ref in self.osapi.descendants(self.pid):
                 self.known.setdefault(ref.pid, ref)
@@ -110,7 +115,9 @@ class JobProcess:
     def group_alive(self) -> bool:
         if self.poll() is None:
             return True
-        if self.osapi.group_members(self.pgid):
+        # Fast path: signal 0 to the group. ESRCH means nobody is left (not even a zombie); only
+        # when something answers do we pay for the full scan that tells zombies from the living.
+        if self.osapi.killpg(self.pgid, 0) and self.osapi.group_members(self.pgid):
             return True
         return any(r.alive() for pid, r in self.known.items() if pid != self.pid)
 

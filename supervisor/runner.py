@@ -242,7 +242,7 @@ class Runner:
         now = self.clock.monotonic()
         self._drain_metrics()
         if self.job is not None and self.state in (State.STARTING, State.RUNNING, State.STOPPING):
-            self.job.refresh_tree()
+            self.job.refresh_tree(now)
             self.job.reap_orphans()
             for m in list(self.monitors):
                 self._guard(m, "poll", now)
