@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-#: optimizer steps of the default demo run (~45-60 s fault-free on one CPU core)
-DEFAULT_STEPS = 800
+#: optimizer steps of the default demo run (~35-50 s fault-free on one idle CPU core)
+DEFAULT_STEPS = 600
 DEFAULT_SEED = 0
 #: the faults injected when none are chosen, each at a fraction of the run (train.py's table)
 DEFAULT_FAULTS: tuple[str, ...] = ("nan", "hang", "crash", "oom", "corrupt_ckpt")

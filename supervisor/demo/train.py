@@ -369,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Tiny character-level GPT on CPU, the job the supervisor demo watches.",
         epilog="faults: " + "; ".join(f"{k}: {v}" for k, v in FAULT_HELP.items()),
     )
-    p.add_argument("--steps", type=int, default=800, help="optimizer steps in total")
+    p.add_argument("--steps", type=int, default=600, help="optimizer steps in total")
     p.add_argument("--seed", type=int, default=0, help="model init and data order")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (x LR_SCALE env)")
     p.add_argument("--batch-size", type=int, default=16)
