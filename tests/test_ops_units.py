@@ -41,7 +41,7 @@ def test_units_say_what_the_issue_asks():
         assert p["Type"] == "notify" and p["NotifyAccess"] == "main"
         assert p["Restart"] == "on-failure" and p["RestartPreventExitStatus"] == "2 3"
         assert p["KillMode"] == "mixed"
-        assert p["ExecReload"] == "/bin/kill -HUP $MAINPID"
+        assert p["ExecReload"] == "/bin/sh -c 'kill -HUP \"$$MAINPID\"'"
         assert p["StateDirectory"] == "transformer-supervisor"
         assert int(p["WatchdogSec"]) > 0
         # above the default grace (120 s) plus a checkpoint wait
