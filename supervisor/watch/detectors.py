@@ -57,68 +57,84 @@ class Detector(Protocol):
 
 @dataclass(frozen=True)
 class TextRule:
-    """A regex whose match on a line means ``cause``, with a human summary."""
+    """A regex whose match on a line means ``cause``, with a human summary.
+
+    ``anchors``: literal substrings one of which any match contains; checked with ``in`` before
+    the regex runs (a substring test costs tens of nanoseconds, a regex search microseconds).
+    Empty for user patterns: those always run.
+    """
 
     cause: Cause
     pattern: re.Pattern[str]
     summary: str
+    anchors: tuple[str, ...] = ()
     action: Action | None = None
 
 
-def _rules(cause: Cause, pairs: Iterable[tuple[str, str]], flags: int = 0) -> list[TextRule]:
-    return [TextRule(cause, re.compile(p, flags), s) for p, s in pairs]
+def _rules(cause: Cause, rows: Iterable[tuple[str | tuple[str, ...], str, str]]) -> list[TextRule]:
+    out = []
+    for anchors, pattern, summary in rows:
+        out.append(TextRule(cause, re.compile(pattern), summary, (anchors,) if isinstance(anchors, str) else anchors))
+    return out
 
 
 OOM_RULES = _rules(Cause.OOM, [
-    (r"(?:CUDA|HIP|XPU|MPS) out of memory", "GPU out of memory"),
-    (r"\bOutOfMemoryError\b", "GPU out of memory"),
-    (r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation", "GPU allocation failed"),
-    (r"^\s*(?:\[rank\d+\]:\s*)?MemoryError\b|^\s*(?:\[rank\d+\]:\s*)?torch\.OutOfMemoryError", "host out of memory"),
-    (r"std::bad_alloc", "host allocation failed (std::bad_alloc)"),
-    (r"RESOURCE_EXHAUSTED: Out of memory", "device out of memory"),
+    ("out of memory", r"(?:CUDA|HIP|XPU|MPS) out of memory", "GPU out of memory"),
+    ("OutOfMemoryError", r"OutOfMemoryError", "GPU out of memory"),
+    (("ALLOC_FAILED", "cudaErrorMemoryAllocation"),
+     r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation", "GPU allocation failed"),
+    ("MemoryError", r"^\s*(?:\[rank\d+\]:\s*)?MemoryError\b", "host out of memory (MemoryError)"),
+    ("bad_alloc", r"std::bad_alloc", "host allocation failed (std::bad_alloc)"),
+    ("Out of memory", r"RESOURCE_EXHAUSTED: Out of memory", "device out of memory"),
 ])
 
 NCCL_RULES = _rules(Cause.NCCL_TIMEOUT, [
-    (r"Watchdog caught collective operation timeout", "NCCL collective timed out (watchdog)"),
-    (r"ProcessGroupNCCL.*(?:[Tt]imeout|timed out|[Ee]rror|abort)", "ProcessGroupNCCL error"),
-    (r"(?:NCCL )?[Cc]ommunicator (?:was )?abort", "NCCL communicator aborted"),
-    (r"Some NCCL operations have failed or timed out", "NCCL operations failed or timed out"),
-    (r"NCCL watchdog thread terminated", "NCCL watchdog terminated"),
-    (r"\bnccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage)\b", "NCCL error"),
-    (r"NCCL (?:error|Error|ERROR)\b.*(?:timeout|timed out|unhandled|remote|internal|system)", "NCCL error"),
-    (r"DistBackendError", "distributed backend error"),
-    (r"(?:Socket|socket) [Tt]imeout|Connection reset by peer.*(?:gloo|nccl|c10d)", "collective socket timeout"),
-    (r"an illegal memory access was encountered", "CUDA illegal memory access"),
-    (r"unspecified launch failure", "CUDA unspecified launch failure"),
+    ("Watchdog caught", r"Watchdog caught collective operation timeout", "NCCL collective timed out (watchdog)"),
+    ("ProcessGroupNCCL", r"ProcessGroupNCCL.*(?:[Tt]imeout|timed out|[Ee]rror|abort)", "ProcessGroupNCCL error"),
+    ("ommunicator", r"[Cc]ommunicator (?:was )?abort", "NCCL communicator aborted"),
+    ("Some NCCL operations", r"Some NCCL operations have failed or timed out", "NCCL operations failed or timed out"),
+    ("NCCL watchdog", r"NCCL watchdog thread terminated", "NCCL watchdog terminated"),
+    ("nccl", r"nccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage)\b", "NCCL error"),
+    (("NCCL error", "NCCL Error", "NCCL ERROR"),
+     r"NCCL (?:error|Error|ERROR)\b.*(?:timeout|timed out|unhandled|remote|internal|system)", "NCCL error"),
+    ("DistBackendError", r"DistBackendError", "distributed backend error"),
+    (("ocket", "Connection reset"),
+     r"(?:Socket|socket) [Tt]imeout|Connection reset by peer.*(?:gloo|nccl|c10d)", "collective socket timeout"),
+    ("illegal memory access", r"an illegal memory access was encountered", "CUDA illegal memory access"),
+    ("unspecified launch failure", r"unspecified launch failure", "CUDA unspecified launch failure"),
 ])
 
 GPU_RULES = _rules(Cause.GPU_FAULT, [
-    (r"uncorrectable ECC error", "uncorrectable ECC error"),
-    (r"GPU is lost|fallen off the bus", "GPU lost"),
+    ("uncorrectable ECC", r"uncorrectable ECC error", "uncorrectable ECC error"),
+    (("GPU is lost", "off the bus"), r"GPU is lost|fallen off the bus", "GPU lost"),
 ])
 _XID = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
 # Xids after which a restart on the same node does not help.
 FATAL_XIDS = frozenset({48, 64, 74, 79, 92, 94, 95, 119, 120})
 
 CKPT_RULES = _rules(Cause.CHECKPOINT_LOAD_ERROR, [
-    (r"Missing key\(s\) in state_dict", "missing keys in state_dict"),
-    (r"Unexpected key\(s\) in state_dict", "unexpected keys in state_dict"),
-    (r"Error\(s\) in loading state_dict", "state_dict does not match the model"),
-    (r"size mismatch for \S+", "tensor size mismatch in state_dict"),
-    (r"PytorchStreamReader failed", "checkpoint archive unreadable (PytorchStreamReader)"),
-    (r"[Uu]nexpected EOF|EOFError: Ran out of input", "checkpoint file truncated (unexpected EOF)"),
-    (r"Weights only load failed", "weights-only checkpoint load failed"),
-    (r"_pickle\.UnpicklingError|UnpicklingError: invalid load key", "checkpoint unpickling failed"),
-    (r"SafetensorError|Error while deserializing header", "safetensors checkpoint unreadable"),
-    (r"file might be corrupted", "checkpoint file corrupted"),
+    ("Missing key(s)", r"Missing key\(s\) in state_dict", "missing keys in state_dict"),
+    ("Unexpected key(s)", r"Unexpected key\(s\) in state_dict", "unexpected keys in state_dict"),
+    ("in loading state_dict", r"Error\(s\) in loading state_dict", "state_dict does not match the model"),
+    ("size mismatch for", r"size mismatch for \S+", "tensor size mismatch in state_dict"),
+    ("PytorchStreamReader failed", r"PytorchStreamReader failed", "checkpoint archive unreadable (PytorchStreamReader)"),
+    (("nexpected EOF", "EOFError"), r"[Uu]nexpected EOF|EOFError: Ran out of input",
+     "checkpoint file truncated (unexpected EOF)"),
+    ("Weights only load failed", r"Weights only load failed", "weights-only checkpoint load failed"),
+    ("UnpicklingError", r"UnpicklingError", "checkpoint unpickling failed"),
+    (("SafetensorError", "deserializing header"), r"SafetensorError|Error while deserializing header",
+     "safetensors checkpoint unreadable"),
+    ("might be corrupted", r"file might be corrupted", "checkpoint file corrupted"),
 ])
 
 NAN_TEXT_RULES = _rules(Cause.NAN, [
-    (r"number of nan iterations:\s*([1-9]\d*)", "Megatron reports nan iterations"),
-    (r"\b[Ll]oss (?:is|became|was|=) (?:NaN|nan|NAN|inf|Inf|-inf)\b", "loss is not finite"),
-    (r"\b(?:NaN|nan) (?:or Inf )?(?:loss|detected|found)\b|\bDetected (?:NaN|nan|inf|Inf)\b", "NaN detected"),
-    (r"is non-finite, so it cannot be clipped", "gradient norm is non-finite"),
-    (r"returned nan values in its \d+th output", "autograd anomaly: nan"),
+    ("nan iterations", r"number of nan iterations:\s*([1-9]\d*)", "Megatron reports nan iterations"),
+    (("oss is", "oss became", "oss was", "oss ="), r"\b[Ll]oss (?:is|became|was|=) (?:NaN|nan|NAN|inf|Inf|-inf)\b",
+     "loss is not finite"),
+    (("NaN", "nan ", "Detected"),
+     r"\b(?:NaN|nan) (?:or Inf )?(?:loss|detected|found)\b|\bDetected (?:NaN|nan|inf|Inf)\b", "NaN detected"),
+    ("is non-finite", r"is non-finite, so it cannot be clipped", "gradient norm is non-finite"),
+    ("returned nan values", r"returned nan values in its \d+th output", "autograd anomaly: nan"),
 ])
 
 
@@ -132,13 +148,6 @@ class TextDetector:
         self.cause = cause
         extra = [TextRule(cause, re.compile(p), f"{cause.value} (pattern {p!r})") for p in cfg.patterns]
         self.rules = list(rules) + extra
-        # One alternation searched once per line (rule i is group r<i>); the per-rule regexes
-        # are kept for the summary and for patterns that cannot be combined.
-        try:
-            self._combined: re.Pattern[str] | None = re.compile(
-                "|".join(f"(?P<r{i}>{r.pattern.pattern})" for i, r in enumerate(self.rules))) if self.rules else None
-        except re.error:
-            self._combined = None
         # User patterns have no known literal, so they cannot be prefiltered: an empty keyword
         # means "every line" (documented cost: the ingestion rate drops when you add patterns).
         self.keywords = tuple(keywords) + (("",) if extra else ())
@@ -149,14 +158,14 @@ class TextDetector:
         self.fired.clear()
 
     def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None:
-        if self._combined is not None:
-            m = self._combined.search(line)
-            if m is None:
-                return None
-            rule = self.rules[int((m.lastgroup or "r0")[1:])]
-            if rule.cause not in self.fired:
-                return self._fire(rule, m, source, line, step)
         for rule in self.rules:
+            anchors = rule.anchors
+            if anchors:
+                for a in anchors:
+                    if a in line:
+                        break
+                else:
+                    continue
             if rule.cause in self.fired:
                 continue
             m = rule.pattern.search(line)
@@ -176,10 +185,7 @@ class NcclDetector(TextDetector):
     """NCCL / driver timeouts (``nccl_timeout``) plus Xid / ECC lines (``gpu_fault``)."""
 
     def __init__(self, cfg: TextDetectorConfig, evidence_chars: int) -> None:
-        super().__init__(Cause.NCCL_TIMEOUT, NCCL_RULES + GPU_RULES,
-                         ("NCCL", "nccl", "ommunicator", "Watchdog", "DistBackend", "ocket", "emory",
-                          "launch", "ECC", "GPU is lost", "off the bus", "Xid"),
-                         cfg, evidence_chars)
+        super().__init__(Cause.NCCL_TIMEOUT, NCCL_RULES + GPU_RULES, NCCL_KEYWORDS, cfg, evidence_chars)
 
     def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None:
         if "Xid" in line and Cause.GPU_FAULT not in self.fired:
@@ -199,63 +205,56 @@ class NcclDetector(TextDetector):
 
 
 class NanDetector:
-    """Non-finite values in ``fields`` for ``consecutive`` records of one stream, or a textual sign.
+    """Non-finite values in ``fields`` for ``consecutive`` records of one stream (source, rank).
 
-    ``onset_step`` is the step of the first non-finite record of the run that fired.
+    ``onset_step`` is the step of the first non-finite record of the run that fired. The textual
+    signs of NaN (Megatron's nan-iteration count, "Loss is NaN", ...) are a separate
+    :class:`TextDetector` with cause ``nan``; the log watcher keeps one ``nan`` per attempt.
     """
 
     cause = Cause.NAN
+    keywords: tuple[str, ...] = ()
     wants_metrics = True
 
     def __init__(self, cfg: NanDetectorConfig, evidence_chars: int) -> None:
         self.cfg = cfg
+        self.fields = tuple(cfg.fields)
         self.evidence_chars = evidence_chars
-        rules = NAN_TEXT_RULES if cfg.text else []
-        rules = rules + [TextRule(Cause.NAN, re.compile(p), f"nan (pattern {p!r})") for p in cfg.patterns]
-        self.text = TextDetector(Cause.NAN, rules, (), TextDetectorConfig(), evidence_chars)
-        self.keywords: tuple[str, ...] = (
-            ("nan", "NaN", "NAN", "-finite", " inf", " Inf", "-inf") if cfg.text else ()) + (
-            ("",) if cfg.patterns else ())
         self.fired = False
         self.runs: dict[tuple[str, int | None], tuple[int, int | None]] = {}
 
     def reset(self, resume_step: int | None) -> None:
         self.fired = False
         self.runs.clear()
-        self.text.reset(resume_step)
 
     def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None:
-        if self.fired:
+        if self.fired or rec is None:
             return None
-        if rec is not None:
-            bad = [(f, v) for f in self.cfg.fields if (v := getattr(rec, f)) is not None and not math.isfinite(v)]
-            key = (source, rec.rank)
-            if bad:
-                count, onset = self.runs.get(key, (0, rec.step))
-                count += 1
-                self.runs[key] = (count, onset)
-                if count >= self.cfg.consecutive:
-                    self.fired = True
-                    name, value = bad[0]
-                    where = f" at step {rec.step}" if rec.step is not None else ""
-                    return Detection(
-                        cause=Cause.NAN, summary=f"{name} is {value}{where}"
-                        + (f" ({count} records in a row since step {onset})" if count > 1 else ""),
-                        source=source, step=rec.step, onset_step=onset if onset is not None else rec.step,
-                        value=value, evidence=truncate(line, self.evidence_chars),
-                        details={"field": name, "consecutive": count, "fmt": rec.fmt})
-                return None
-            self.runs.pop(key, None)
-            # A parsed metric line reaches every metric detector; the text rules only matter
-            # when it also carries one of the NaN words (Megatron's "number of nan iterations").
-            if not any(k in line for k in self.keywords):
-                return None
-        if self.text.rules:
-            det = self.text.observe(source, line, None, step)
-            if det is not None:
-                self.fired = True
-                return det
-        return None
+        bad = None
+        for f in self.fields:
+            v = getattr(rec, f)
+            if v is not None and v - v != 0:  # nan - nan and inf - inf are nan: not finite
+                bad = (f, v)
+                break
+        key = (source, rec.rank)
+        if bad is None:
+            if self.runs:
+                self.runs.pop(key, None)
+            return None
+        count, onset = self.runs.get(key, (0, rec.step))
+        count += 1
+        self.runs[key] = (count, onset)
+        if count < self.cfg.consecutive:
+            return None
+        self.fired = True
+        name, value = bad
+        where = f" at step {rec.step}" if rec.step is not None else ""
+        return Detection(
+            cause=Cause.NAN, summary=f"{name} is {value}{where}"
+            + (f" ({count} records in a row since step {onset})" if count > 1 else ""),
+            source=source, step=rec.step, onset_step=onset if onset is not None else rec.step,
+            value=value, evidence=truncate(line, self.evidence_chars),
+            details={"field": name, "consecutive": count, "fmt": rec.fmt})
 
 
 class LossSpikeDetector:
@@ -341,7 +340,7 @@ class _SpikeStream:
     def _baseline(self) -> tuple[float, float]:
         # Recomputed every few accepted records, not every record: a baseline over 50 records
         # is no worse for lagging by a handful, and median + MAD is the costly part of a record.
-        if self._cache is None or self._stale >= max(1, len(self.window) // 10):
+        if self._cache is None or self._stale >= max(1, len(self.window) // 5):
             self._stale = 0
             med = median(self.window)
             mad = median(abs(x - med) for x in self.window)
@@ -361,7 +360,7 @@ class _SpikeStream:
         if step - self.first_step < cfg.warmup_steps:
             self._accept(loss)
             return None
-        if len(self.window) < cfg.min_points:
+        if len(self.window) < min(cfg.min_points, cfg.window):
             self._accept(loss)
             return None
         med, sigma = self._baseline()
@@ -383,22 +382,32 @@ class _SpikeStream:
         self._stale += 1
 
 
+# Literal anchors per detector: every built-in rule of a detector contains one of its anchors,
+# so a line without any of them cannot match and is never shown to it. Few anchors = fewer passes
+# over each batch; "oss" is shared with the metric parser (loss), "emory" by oom and nccl.
+NAN_TEXT_KEYWORDS = ("nan", "NaN", "oss", "-finite", "etected")
+OOM_KEYWORDS = ("emory", "ALLOC", "_alloc")
+NCCL_KEYWORDS = ("NCCL", "nccl", "ommunicator", "Watchdog", "DistBackend", "ocket", "onnection reset", "emory", "launch", "ECC",
+                 "GPU is lost", "off the bus", "Xid")
+CKPT_KEYWORDS = ("state_dict", "mismatch", "Stream", "EOF", "npickl", "afetensor")
+
+
 def build_detectors(cfg: DetectorsConfig) -> list[Detector]:
     """The enabled detectors, in the order they see each line."""
     ev = cfg.evidence_chars
     out: list[Detector] = []
     if cfg.nan.enabled:
         out.append(NanDetector(cfg.nan, ev))
+        if cfg.nan.text or cfg.nan.patterns:
+            out.append(TextDetector(Cause.NAN, NAN_TEXT_RULES if cfg.nan.text else [],
+                                    NAN_TEXT_KEYWORDS if cfg.nan.text else (),
+                                    TextDetectorConfig(patterns=cfg.nan.patterns), ev))
     if cfg.loss_spike.enabled:
         out.append(LossSpikeDetector(cfg.loss_spike, ev))
     if cfg.oom.enabled:
-        out.append(TextDetector(Cause.OOM, OOM_RULES,
-                                ("emory", "ALLOC", "_alloc"), cfg.oom, ev))
+        out.append(TextDetector(Cause.OOM, OOM_RULES, OOM_KEYWORDS, cfg.oom, ev))
     if cfg.nccl_timeout.enabled:
         out.append(NcclDetector(cfg.nccl_timeout, ev))
     if cfg.checkpoint_load_error.enabled:
-        out.append(TextDetector(Cause.CHECKPOINT_LOAD_ERROR, CKPT_RULES,
-                                ("state_dict", "mismatch", "Stream", "EOF", "Weights only", "npickl", "afetensor",
-                                 "deserializ", "corrupt"),
-                                cfg.checkpoint_load_error, ev))
+        out.append(TextDetector(Cause.CHECKPOINT_LOAD_ERROR, CKPT_RULES, CKPT_KEYWORDS, cfg.checkpoint_load_error, ev))
     return out

@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import structlog
 
-from ..events import Detection, Emit, MetricRecord, MetricSink
+from ..events import Cause, Detection, Emit, MetricRecord, MetricSink
 from .config import DetectorsConfig
 from .detectors import Detector, build_detectors
 from .parsers import METRIC_KEYWORDS, MetricParser
@@ -86,6 +86,7 @@ class LogWatcher:
         self._records = 0
         self._formats: dict[str, int] = {}
         self._failed_once = False
+        self._fired: set[Cause] = set()
 
     # -- LineSink -------------------------------------------------------------------------
 
@@ -170,7 +171,9 @@ class LogWatcher:
             for det in self._detectors:
                 if mask & bit:
                     d = det.observe(source, scan, rec, self._last_step)
-                    if d is not None:
+                    if d is not None and d.cause not in self._fired:
+                        # One detection per cause per attempt, whichever detector saw it first.
+                        self._fired.add(d.cause)
                         self._detections += 1
                         self._last_detection = d
                         detections.append(d)
@@ -185,6 +188,7 @@ class LogWatcher:
             self._attempt = attempt
             self._last_step = resume_step
             self._max_step = resume_step
+            self._fired.clear()
             for d in self._detectors:
                 d.reset(resume_step)
 

@@ -32,7 +32,8 @@ from typing import Mapping, Sequence
 from ..events import MetricRecord
 
 # Substrings at least one of which every built-in metric line contains.
-METRIC_KEYWORDS: tuple[str, ...] = ("{", "oss", "OSS", "iter", "step")
+# ("oss": loss / Loss; "{": JSON and HF dicts, whatever they hold.)
+METRIC_KEYWORDS: tuple[str, ...] = ("{", "oss")
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _RANK_PREFIX = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:\s?")
@@ -167,12 +168,17 @@ def parse_hf(line: str, source: str = "", rank: int | None = None) -> MetricReco
 def parse_nanogpt(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
     m = _NANOGPT_ITER.match(line)
     if m:
+        loss = parse_number(m.group(2))
+        if loss is None:
+            return None
+        t_ms, mfu = m.group(3, 4)
         extra: dict[str, float] = {}
-        if m.group(3) is not None:
-            extra["time_ms"] = float(m.group(3))
-        if m.group(4) is not None:
-            extra["mfu"] = float(m.group(4))
-        return _record({"step": int(m.group(1)), "loss": parse_number(m.group(2))}, "nanogpt", source, rank, extra)
+        if t_ms is not None:
+            extra["time_ms"] = float(t_ms)
+        if mfu is not None:
+            extra["mfu"] = float(mfu)
+        # The hot path of the commonest format: built directly, not through _record.
+        return MetricRecord(step=int(m.group(1)), loss=loss, rank=rank, source=source, fmt="nanogpt", extra=extra)
     m = _NANOGPT_EVAL.match(line)
     if m:
         return _record({"step": int(m.group(1)), "loss": parse_number(m.group(2)),
