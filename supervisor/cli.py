@@ -327,7 +327,8 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     sd = Path(args.state_dir) if args.state_dir else cfg.state_dir()
     from .checkpoints.service import cli_checkpoints
 
-    return cli_checkpoints(ckdir, cfg, args.json, sd)
+    return cli_checkpoints(ckdir, cfg.checkpoints, args.json, sd, job_argv=list(cfg.job.command),
+                           job_cwd=cfg.workdir())
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -93,9 +93,6 @@ class PolicyConfig:
         "random +/- fraction of the delay, so many nodes do not restart in lockstep", min=0, max=1))
     healthy_after_s: float = field(default=600.0, metadata=meta(
         "an attempt that ran this long resets the backoff and the remedy ladder", min=0))
-    no_progress_attempts: int = field(default=3, metadata=meta(
-        "give up (no_progress) after this many failed attempts in a row without a newer "
-        "checkpoint; 0 disables", min=0))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -101,6 +102,55 @@ def _load(v: str | None) -> Any:
     return None if v is None else json.loads(v)
 
 
+class _Locked:
+    """A sqlite3 connection whose execute/executemany/executescript run under one lock."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def execute(self, *a: Any) -> sqlite3.Cursor:
+        with self._lock:
+            cur = self._conn.execute(*a)
+            return _Fetched(cur.fetchall(), cur) if cur.description else cur  # type: ignore[return-value]
+
+    def executemany(self, *a: Any) -> sqlite3.Cursor:
+        with self._lock:
+            return self._conn.executemany(*a)
+
+    def executescript(self, script: str) -> sqlite3.Cursor:
+        with self._lock:
+            return self._conn.executescript(script)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @property
+    def row_factory(self) -> Any:
+        return self._conn.row_factory
+
+    @row_factory.setter
+    def row_factory(self, v: Any) -> None:
+        self._conn.row_factory = v
+
+
+class _Fetched:
+    """Rows fetched while holding the lock, offering the cursor methods the ledger uses."""
+
+    def __init__(self, rows: list[Any], cur: sqlite3.Cursor) -> None:
+        self._rows = rows
+
+    def fetchone(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+    def fetchall(self) -> list[Any]:
+        return self._rows
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
+
+
 @dataclass(frozen=True)
 class AttemptRow:
     attempt: int
@@ -129,7 +179,10 @@ class Ledger:
             self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10)
         else:
             state_dir.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(self.path, timeout=10, isolation_level=None)
+            # One connection shared by the main loop and the launch-preparation worker; every
+            # statement is serialized by _Locked.
+            self.db = _Locked(sqlite3.connect(self.path, timeout=10, isolation_level=None,
+                                              check_same_thread=False))
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)

@@ -49,6 +49,8 @@ class Parts:
         self.gpu_mon: Any = None
         self.host_mon: Any = None
         self.launch_gate: Any = None
+        self.ckpt: Any = None  # CheckpointService when a checkpoint dir is configured
+        self._newest_at_launch: Any = None
         self._last_status = 0.0
         self._status_line = ""
 
@@ -61,6 +63,17 @@ class Parts:
         self.control = ControlServer(r.state_dir, r.control)
         self.control.start()
         self._start_health(r)
+        self._start_checkpoints(r)
+
+    def _start_checkpoints(self, r: "Runner") -> None:
+        from .checkpoints.service import CheckpointService
+
+        d = r.cfg.checkpoint_dir()
+        if d is None:
+            return
+        d.mkdir(parents=True, exist_ok=True)
+        self.ckpt = CheckpointService(r.cfg.checkpoints, d, r.state_dir, r.cfg.job.python, list(r.cfg.job.command),
+                                      r.cfg.workdir(), remedy_keys=_remedy_keys(r.cfg))
 
     def _start_health(self, r: "Runner") -> None:
         from .health import GpuMonitor, HostMonitor, LaunchGate, make_backend
@@ -126,15 +139,36 @@ class Parts:
         return verdict
 
     def choose_checkpoint(self, r: "Runner", action: Action, onset: int | None, explicit: str | None) -> "Resume":
+        """Runs on the launch-preparation thread: verify, quarantine, choose (seconds)."""
         from .runner import Resume
 
         if explicit:
-            return Resume(explicit, None, "operator's choice")
-        d = r.cfg.checkpoint_dir()
-        if d is None:
+            return Resume(explicit, None, "the operator's choice (restart --from)")
+        if self.ckpt is None:
             return Resume(None, None, "no checkpoint dir configured")
-        p = newest_checkpoint_file(d)
-        return Resume(str(p) if p else None, None, "newest in the checkpoint dir" if p else "no checkpoint yet")
+        from .checkpoints.quicklist import metrics_from_records
+
+        svc = self.ckpt
+        svc.set_writer_active(False)  # the previous attempt's group is gone
+        svc.preserve_single_checkpoints()
+        choice = svc.choose_for_resume(action, onset, metrics_from_records(list(r.metric_history)))
+        for q in getattr(svc, "last_quarantined", ()) or ():
+            r._event("checkpoint_quarantined", "warning",
+                     f"checkpoint {q.source} is bad ({q.reason}); moved to {q.dest} (never deleted)",
+                     source=str(q.source), dest=str(q.dest), reason=q.reason)
+        self._newest_at_launch = _cand_key(svc.newest_complete())
+        if choice is None:
+            has_any = bool(svc.scan())
+            return Resume(None, None, "no ready checkpoint: " + ("every candidate failed the quicklist"
+                                                                 if has_any else "none written yet"),
+                          verified=False if has_any else None)
+        rd = choice.readiness.to_json() if choice.readiness is not None else None
+        r._event("checkpoint_chosen", "info",
+                 f"resuming from {choice.path} (step {choice.step}): {choice.reason}"
+                 + (f"; passed over {len(choice.skipped)} newer" if choice.skipped else ""),
+                 path=str(choice.path), step=choice.step, skipped=[list(x) for x in choice.skipped] or None,
+                 readiness=rd)
+        return Resume(str(choice.path), choice.step, choice.reason, readiness=rd, verified=True)
 
     def snapshot_extra(self, r: "Runner") -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -152,6 +186,8 @@ class Parts:
         return mons
 
     def attempt_started(self, r: "Runner", ctx: AttemptContext) -> None:
+        if self.ckpt is not None:
+            self.ckpt.set_writer_active(True)
         if self.notifier is not None and ctx.attempt >= 0:
             self.notifier.ready()
 
@@ -165,6 +201,16 @@ class Parts:
         d = r.cfg.checkpoint_dir()
         if d is None:
             return None
+        if self.ckpt is not None:
+            svc = self.ckpt
+            before = _cand_key(svc.newest_complete())
+
+            def probe_svc() -> bool:
+                # A new complete checkpoint (not a temp file, settled) is the emergency one.
+                key = _cand_key(svc.newest_complete())
+                return key is not None and key != before
+
+            return probe_svc
         start = time.time()
 
         def probe() -> bool:
@@ -177,16 +223,43 @@ class Parts:
         return probe
 
     def attempt_ended(self, r: "Runner", cause: Cause | None, decision: "Decision | None") -> None:
-        pass
+        if self.ckpt is None or cause is None or cause is Cause.MANUAL:
+            return
+        newer = _cand_key(self.ckpt.newest_complete()) != self._newest_at_launch
+        if self.ckpt.note_attempt_result(r.resume.checkpoint, cause.value, newer, step=r.resume.step):
+            r._event("checkpoint_marked_bad", "warning",
+                     f"checkpoint {r.resume.checkpoint} is marked bad: the job failed from it ({cause.value}) "
+                     "without producing a newer one; the next resume uses an older ready checkpoint",
+                     path=r.resume.checkpoint, cause=cause.value)
 
     def no_progress(self, r: "Runner") -> str | None:
-        return None
+        if self.ckpt is None or not self.ckpt.no_progress():
+            return None
+        return (f"no progress: {self.ckpt.attempts_without_progress()} attempts in a row failed without a newer "
+                f"checkpoint (steps resumed from: {self.ckpt.steps_seen()}; "
+                f"checkpoints.no_progress_attempts = {r.cfg.checkpoints.no_progress_attempts})")
 
     def status_extra(self, r: "Runner") -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.gpu_mon is not None:
             out["gpus"] = self.gpu_mon.gpus()
         return out
+
+
+def _cand_key(c: Any) -> Any:
+    return None if c is None else (str(c.path), c.mtime, c.size)
+
+
+def _remedy_keys(cfg: Any) -> list[str]:
+    """Launch-arg keys that remedies change: the checkpoint config diff allows them."""
+    keys: list[str] = []
+    for oc in cfg.on.values():
+        for rem in oc.remedies:
+            for a in rem.args:
+                if a.startswith("-"):
+                    keys.append(a.split("=", 1)[0].lstrip("-"))
+            keys += list(rem.env)
+    return keys
 
 
 def _newest_size(d: Path | None) -> int | None:

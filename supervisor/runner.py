@@ -77,6 +77,8 @@ class Resume:
     checkpoint: str | None
     step: int | None
     reason: str
+    readiness: Mapping[str, Any] | None = None  # the quicklist row of the chosen checkpoint
+    verified: bool | None = None  # None: nothing to verify (fresh start / no checkpoint dir)
 
 
 @dataclass
@@ -148,6 +150,8 @@ class Runner:
         self.stop_requests = 0
         self.oom_kills_before: int | None = None
         self.parts = parts
+        self.preparing: Future[tuple[Any, Any]] | None = None
+        self.metric_history: deque[MetricRecord] = deque(maxlen=50_000)
         self._status_cache: dict[str, Any] = {}
         self._last_status_line = ""
 
@@ -232,8 +236,8 @@ class Runner:
                     fut.set_result(self._on_control(verb, args))
                 except Exception as e:
                     fut.set_exception(e)
-            elif kind == "eof":
-                pass  # wakes the loop; _tick checks the job
+            elif kind in ("eof", "wake"):
+                pass  # wakes the loop; _tick acts
         except Exception as e:  # the daemon must survive its own bugs
             log.exception("runner_handler_failed", item=kind, error=repr(e),
                           message="internal error while handling an event; the daemon keeps going")
@@ -252,6 +256,8 @@ class Runner:
                 self._after_stop(now)
         if self.state is State.BACKOFF and now >= self.backoff_until:
             self._launch()
+        if self.preparing is not None and self.preparing.done() and self.exit_code is None:
+            self._spawn(self.preparing)
         assert self.parts is not None
         self.parts.tick(self, now)
 
@@ -288,6 +294,7 @@ class Runner:
         if self.state is State.STARTING:
             self._set_state(State.RUNNING, "first metric seen")
         assert self.parts is not None
+        self.metric_history.extend(batch)
         self.parts.on_metrics(self, batch)
         rows = [(r.at, r.step, r.loss, r.grad_norm, r.tokens_per_sec, r.val_loss) for r in batch]
         try:
@@ -316,7 +323,9 @@ class Runner:
 
     # ================================================================== launching
     def _launch(self) -> None:
-        """BACKOFF/initial -> STARTING -> RUNNING (or GAVE_UP when the gate or spawn fails)."""
+        """BACKOFF/initial -> STARTING: the gate and the checkpoint choice run on a worker thread
+        (hashing and load tests take seconds) while the loop keeps answering signals, the control
+        socket and the systemd watchdog; ``_spawn`` follows when they are done."""
         assert self.parts is not None
         self._set_state(State.STARTING, "launching")
         self.attempt = self.ledger.next_attempt_number(self.run_id)
@@ -324,20 +333,42 @@ class Runner:
         if self.job is not None:
             self.job.close()
             self.job = None
-        gate = self.parts.gate(self, previous_pids)
-        if gate is not None and not gate.get("passed", True):
-            self._give_up(f"the pre-launch health gate failed: {gate.get('summary')}; look at the node "
-                          "(nvidia-smi, dmesg) before restarting", Cause.GPU_FAULT)
-            return
         action = self.pending.decision.action if self.pending.decision else Action.RESTART
-        onset = self.pending.decision and self._onset_step()
+        onset = self._onset_step() if self.pending.decision else None
+        explicit = self.pending.explicit_checkpoint
+        parts = self.parts
+        fut: Future[tuple[Any, Any]] = Future()
+
+        def prepare() -> None:
+            try:
+                gate = parts.gate(self, previous_pids)
+                if gate is not None and not gate.get("passed", True):
+                    fut.set_result((gate, None))
+                    return
+                fut.set_result((gate, parts.choose_checkpoint(self, action, onset, explicit)))
+            except BaseException as e:
+                fut.set_exception(e)
+            self.q.put(("wake",))  # the loop spawns at once, not at its next tick
+
+        self.preparing = fut
+        threading.Thread(target=prepare, name="launch-prepare", daemon=True).start()
+
+    def _spawn(self, fut: "Future[tuple[Any, Any]]") -> None:
+        """STARTING (prepared) -> RUNNING, or GAVE_UP when the gate or the checkpoint choice failed."""
+        assert self.parts is not None
+        self.preparing = None
         try:
-            self.resume = self.parts.choose_checkpoint(self, action, onset, self.pending.explicit_checkpoint)
+            gate, resume = fut.result()
         except Exception as e:
             self._event("checkpoint_selection_failed", "error", f"choosing a checkpoint failed: {e!r}; "
                         "starting without one would lose progress, so giving up")
             self._give_up(f"could not choose a checkpoint to resume from: {e}", Cause.CHECKPOINT_LOAD_ERROR)
             return
+        if resume is None:
+            self._give_up(f"the pre-launch health gate failed: {gate.get('summary')}; look at the node "
+                          "(nvidia-smi, dmesg) before restarting", Cause.GPU_FAULT)
+            return
+        self.resume = resume
         spec = self._launch_spec()
         snapshot = self._snapshot(spec)
         remedies = ([{"env": dict(self.remedy_env), "args": list(self.remedy_args),
@@ -665,7 +696,9 @@ class Runner:
     def request_stop(self, escalate_on_repeat: bool = True) -> None:
         self.stop_requests += 1
         now = self.clock.monotonic()
-        if self.state is State.BACKOFF or (self.job is None and self.state is State.STARTING):
+        if self.state is State.BACKOFF or self.preparing is not None or (
+                self.job is None and self.state is State.STARTING):
+            self.preparing = None
             self._finish(State.STOPPED, EXIT_OK, "stopped on request while waiting to restart")
             return
         if self.state is State.STOPPING:
@@ -682,8 +715,10 @@ class Runner:
             self._begin_stop(self._plan_for(None, None), now)
 
     def request_restart(self, reason: str, checkpoint: str | None, rollback: bool) -> dict[str, Any]:
-        if self.state not in (State.STARTING, State.RUNNING, State.BACKOFF):
-            raise RuntimeError(f"cannot restart while {self.state.value}")
+        if self.state not in (State.STARTING, State.RUNNING, State.BACKOFF) or (
+                self.state is State.STARTING and self.job is None):
+            raise RuntimeError(f"cannot restart while {self.state.value}"
+                               + (" (a launch is being prepared)" if self.preparing is not None else ""))
         action = Action.ROLLBACK if rollback else Action.RESTART
         d = Detection(Cause.MANUAL, f"operator restart: {reason}", "control")
         decision = Decision(action, Cause.MANUAL, f"operator request ({reason})")
@@ -766,9 +801,20 @@ class Runner:
         """Called from the control server's threads: hand over to the main loop, wait for it."""
         if verb == "status":
             return self._status_cache or self.status()
+        from .ops.control import ControlError
+
         fut: Future[Any] = Future()
         self.q.put(("control", verb, dict(args), fut))
-        return fut.result(timeout=timeout)
+        try:
+            return fut.result(timeout=timeout)
+        except RuntimeError as e:
+            raise ControlError("conflict", str(e)) from None
+        except KeyError:
+            raise ControlError("unknown_verb", f"unknown verb {verb!r}; known: status, restart, stop, "
+                                               "checkpoint-now, reload") from None
+        except TimeoutError:
+            raise ControlError("timeout", f"the daemon's main loop did not answer {verb!r} within "
+                                          f"{timeout:g} s") from None
 
     # ================================================================== previous life
     def _adopt_previous_life(self) -> None:

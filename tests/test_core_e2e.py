@@ -62,7 +62,10 @@ def test_env_and_resume_args_on_relaunch(daemons, tmp_path):
               "n = len(os.listdir(sys.argv[1]))\n"
               "json.dump({k: v for k, v in os.environ.items() if k.startswith('TSUP_')} | {'argv': sys.argv},"
               " open(os.path.join(sys.argv[1], f'env{n}.json'), 'w'))\n"
-              "open(os.path.join(sys.argv[2], 'step_100.pt'), 'wb').write(b'x')\n"
+              "if not n:\n"
+              "    import torch\n"
+              "    from supervisor.client import save_checkpoint\n"
+              "    save_checkpoint({'model': {'w': torch.zeros(2)}}, os.path.join(sys.argv[2], 'step_100.pt'), step=100)\n"
               "sys.exit(0 if n else 1)\n")
     d = daemons(wrap(sd, "--checkpoint-dir", str(ck), "--resume-arg=--resume={checkpoint}",
                      "--max-restarts", "3") + [PY, "-c", script, str(out), str(ck)])
@@ -78,6 +81,8 @@ def test_env_and_resume_args_on_relaunch(daemons, tmp_path):
     h = history(sd)
     assert h["attempts"][1]["argv"][-1] == second["argv"][-1]  # the ledger has exactly what was exec'd
     assert h["attempts"][1]["checkpoint"] == second["TSUP_RESUME_FROM"]
+    assert second["TSUP_RESUME_STEP"] == "100" and h["attempts"][1]["resume_step"] == 100
+    assert any(e["event"] == "checkpoint_chosen" for e in h["events"])
 
 
 def test_daemon_sigterm_stops_job_gracefully_and_exits_zero(daemons, tmp_path):

@@ -149,6 +149,9 @@ class Discovery:
         self._last_seen: dict[Path, tuple[int, int]] = {}
         self._lock = threading.Lock()
         self.unsettled: tuple[Path, ...] = ()  # from the last scan, for status / logs
+        # False while no job runs (between attempts): nothing can still be writing, so a file
+        # that just appeared is as final as it will get and the settle window does not apply.
+        self.writer_active = True
 
     def _entries(self) -> Iterable[tuple[Path, Layout, int | None]]:
         seen: set[Path] = set()
@@ -200,7 +203,7 @@ class Discovery:
                 current[path] = key
                 prev = self._last_seen.get(path)
                 mtime = st["mtime_ns"] / 1e9
-                if now - mtime < self.settle_s or (prev is not None and prev != key):
+                if self.writer_active and (now - mtime < self.settle_s or (prev is not None and prev != key)):
                     unsettled.append(path)
                     continue
                 out.append(Candidate(path=path, step=step, layout=layout, mtime=mtime, size=st["size"]))

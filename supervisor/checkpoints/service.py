@@ -72,6 +72,10 @@ class CheckpointService:
 
     # ------------------------------------------------------------------ discovery
 
+    def set_writer_active(self, active: bool) -> None:
+        """The runner says whether a job runs (and may still be writing checkpoints)."""
+        self.discovery.writer_active = active
+
     def set_remedy_keys(self, keys: Sequence[str]) -> None:
         """Config keys the active remedies change (allowed to differ from the snapshot)."""
         with self._lock:
