@@ -248,3 +248,55 @@ def test_render_status_table():
     assert lines["goodput"] == "93.4 %"
     assert lines["uptime s"] == "42"
     assert render_status({"state": "starting", "last_metric": None}).splitlines()[-1].endswith("(no metric seen yet)")
+
+
+def test_too_many_connections_get_busy_and_slots_come_back(tmp_path: Path):
+    s = ControlServer(tmp_path, Handler(), read_timeout_s=2.0, max_connections=2)
+    s.start()
+    hogs = []
+    try:
+        for _ in range(2):  # two clients that connect and say nothing
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(str(socket_path(tmp_path)))
+            hogs.append(c)
+        with pytest.raises(ControlError) as e:
+            request(tmp_path, "status")  # accepted after the two hogs, which hold both slots
+        assert e.value.code == "busy"
+        for c in hogs:
+            c.close()  # their threads see EOF and give the slots back
+        assert wait_for(lambda: _try_status(tmp_path), 5, what="a free slot")["state"] == "running"
+    finally:
+        for c in hogs:
+            c.close()
+        s.close()
+
+
+def _try_status(d: Path) -> Any:
+    try:
+        return request(d, "status")
+    except ControlError:
+        return None
+
+
+def test_a_slow_handler_does_not_block_other_clients(tmp_path: Path):
+    release = threading.Event()
+
+    def handler(verb: str, args: Mapping[str, Any]) -> Any:
+        if verb == "stop":
+            release.wait(10)
+            return {"message": "stopped"}
+        return {"state": "stopping"}
+
+    s = ControlServer(tmp_path, handler)
+    s.start()
+    try:
+        out: list[Any] = []
+        t = threading.Thread(target=lambda: out.append(request(tmp_path, "stop")))
+        t.start()
+        assert request(tmp_path, "status") == {"state": "stopping"}  # answered while stop waits
+        release.set()
+        t.join(10)
+        assert out == [{"message": "stopped"}]
+    finally:
+        release.set()
+        s.close()

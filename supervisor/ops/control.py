@@ -154,6 +154,7 @@ class ControlServer:
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._uid = os.geteuid()
+        self._inode: int | None = None
 
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -174,6 +175,7 @@ class ControlServer:
             if dfd is not None:
                 os.close(dfd)
         os.chmod(self.path, 0o600)
+        self._inode = os.stat(self.path).st_ino
         sock.listen(32)
         self._sock = sock
         self._thread = threading.Thread(target=self._accept_loop, name="control-accept", daemon=True)
@@ -217,7 +219,8 @@ class ControlServer:
                 pass
             sock.close()
             try:
-                os.unlink(self.path)
+                if os.stat(self.path).st_ino == self._inode:  # someone may have replaced it by hand
+                    os.unlink(self.path)
             except FileNotFoundError:
                 pass
         if self._thread is not None:
@@ -240,11 +243,11 @@ class ControlServer:
                 continue
             threading.Thread(target=self._serve, args=(conn,), name="control-conn", daemon=True).start()
 
-    @staticmethod
-    def _refuse(conn: socket.socket, code: str, message: str) -> None:
+    def _refuse(self, conn: socket.socket, code: str, message: str) -> None:
         try:
             conn.settimeout(1.0)
             conn.sendall(_reply_error(code, message))
+            self._finish(conn)
         except OSError:
             pass
         finally:

@@ -33,9 +33,16 @@ TSUP = "/usr/local/bin/transformer-supervisor"
 
 def _binds() -> tuple[str, ...]:
     # The venv's interpreter is a symlink to the Python it was built from (pyenv here): bind
-    # that installation too, at the same path, so the shebangs resolve inside.
+    # that installation too, at the same path, so the shebangs resolve inside. A venv built
+    # from the system's /usr/bin/python3 needs nothing more: bookworm's python3 is inside.
+    binds = [str(REPO)]
+    venv = VENV.resolve()
+    if not venv.is_relative_to(REPO):
+        binds.append(str(venv))
     base = Path(os.path.realpath(PY)).parents[1]
-    return tuple(dict.fromkeys([str(REPO), str(VENV.resolve()), str(base)]))
+    if base != Path("/usr") and not base.is_relative_to(REPO) and not base.is_relative_to(venv):
+        binds.append(str(base))
+    return tuple(binds)
 
 
 @pytest.fixture(scope="module")
