@@ -45,9 +45,8 @@ _NANOGPT_ITER = re.compile(rf"^iter (\d+): loss ({_NUM})(?:, time ({_NUM})ms)?(?
 _NANOGPT_EVAL = re.compile(rf"^step (\d+): train loss ({_NUM}), val loss ({_NUM})\s*$")
 _TITAN = re.compile(rf"\bstep:\s*(\d+)\s+loss:\s*({_NUM})(?=\s|$)")
 _TITAN_FIELD = re.compile(rf"\b(grad_norm|memory|tps|tflops|mfu|lr):\s*({_NUM})")
-_MEGATRON = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
+_MEGATRON = re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|")
 _MEGATRON_VAL = re.compile(rf"validation loss at iteration\s+(\d+)[^|]*\|\s*lm loss value:\s*({_NUM})")
-_MEGATRON_FIELD = re.compile(r"\|\s*([a-zA-Z][a-zA-Z0-9 _/()\-]*?)\s*:\s*([^|]+?)\s*(?=\|)")
 _HF_PAIR = re.compile(r"'([^'\\]+)':\s*(?:tensor\()?([^,}()]+)\)?")
 
 _SPECIALS = {"nan": math.nan, "-nan": math.nan, "+nan": math.nan,
@@ -207,14 +206,20 @@ def parse_torchtitan(line: str, source: str = "", rank: int | None = None) -> Me
 
 
 def parse_megatron(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
-    m = _MEGATRON.search(line)
+    pos = line.find("iteration ")
+    m = _MEGATRON.match(line, pos) if pos >= 0 and (pos == 0 or not line[pos - 1].isalnum()) else None
     if m:
         values: dict[str, object] = {"step": int(m.group(1))}
         extra: dict[str, float] = {}
-        for name, raw in _MEGATRON_FIELD.findall(line, m.end() - 1):
+        # "| name: value |" fields; split/partition is several times faster than a regex here.
+        for part in line[m.end():].split("|"):
+            name, sep, raw = part.partition(":")
+            if not sep:
+                continue
             num = parse_number(raw)
             if num is None:
                 continue
+            name = name.strip()
             canon = _KEYS.get(name)
             if canon:
                 values.setdefault(canon, num)

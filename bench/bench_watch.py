@@ -1,0 +1,230 @@
+"""Watch figures, each against a peer or target measured in the same run.
+
+- ingestion: typical training output (mostly non-metric lines, a metric line every 5 lines) fed to
+  the LogWatcher with every detector on, lines/s, vs plain line splitting of the same bytes. Measured
+  in CPU seconds of this process (the watcher is one CPU-bound thread; on a shared machine the
+  wall clock mostly measures the neighbours);
+- ``heartbeat()`` cost per call in a tight loop, supervised (writes every 1 s) and unsupervised;
+- detection latency, line -> Detection, p50/p99 over 300 trials: (a) in the LogWatcher from
+  ``feed`` to ``emit``; (b) from a line appended to a watched file to ``emit`` through the
+  FileTailer (inotify). End-to-end (job pipe -> decision logged) is measured by the integrator;
+- hang detection delay beyond the configured heartbeat timeout, main-loop tick 0.1 s.
+
+``python bench/bench_watch.py`` prints the rows; ``run()`` returns them for scripts/bench.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from supervisor.events import AttemptContext, Detection  # noqa: E402
+from supervisor.watch.config import DetectorsConfig, HeartbeatConfig  # noqa: E402
+from supervisor.watch.heartbeat import HeartbeatMonitor  # noqa: E402
+from supervisor.watch.logwatch import LogWatcher  # noqa: E402
+from supervisor.watch.tail import FileTailer  # noqa: E402
+
+NOISE = [
+    "[2025-01-01 12:00:00,123] INFO data: loaded shard 17 of 128 (batch_size=32, seq_len=2048)",
+    '  warnings.warn("torch.utils.checkpoint: the use_reentrant parameter should be passed explicitly")',
+    "Epoch 3: 45%|#####     | 4500/10000 [12:34<15:20, 5.97it/s]",
+    "[2025-01-01 12:00:01,456] INFO trainer: tokens processed 123456789, throughput ok, eta 3:12:00",
+    "[2025-01-01 12:00:02,789] DEBUG dataloader: worker 3 prefetched 8 batches",
+    "NCCL INFO Channel 00/02 :    0   1   2   3   4   5   6   7",
+]
+
+
+def metric_line(fmt: str, step: int, loss: float) -> str:
+    if fmt == "nanogpt":
+        return f"iter {step}: loss {loss:.4f}, time 12.34ms, mfu 1.20%"
+    if fmt == "json":
+        return f'{{"step": {step}, "loss": {loss:.4f}, "grad_norm": 1.05, "lr": 0.0003, "tokens_per_sec": 120000}}'
+    if fmt == "megatron":
+        return (f" iteration {step:8d}/  500000 | consumed samples: {step * 512:12d} | elapsed time per iteration "
+                f"(ms): 1234.5 | learning rate: 1.500E-04 | global batch size:   512 | lm loss: {loss:.6E} | "
+                "loss scale: 1.0 | grad norm: 2.103 | number of skipped iterations:   0 | number of nan iterations:   0 |")
+    raise ValueError(fmt)
+
+
+def stream(n: int, every: int, fmt: str) -> list[str]:
+    out = []
+    step = 0
+    for i in range(n):
+        if i % every == 0:
+            step += 1
+            out.append(metric_line(fmt, step, 2.5 + (step % 7) * 0.01))
+        else:
+            out.append(NOISE[i % len(NOISE)])
+    return out
+
+
+def ingestion(n: int = 300_000, batch: int = 256) -> list[dict]:
+    rows = []
+    for fmt, every in (("nanogpt", 5), ("json", 5), ("megatron", 5), ("nanogpt", 20)):
+        lines = stream(n, every, fmt)
+        batches = [lines[i:i + batch] for i in range(0, n, batch)]
+        best = 0.0
+        for _ in range(3):
+            got: list[object] = []
+            dets: list[Detection] = []
+            w = LogWatcher(DetectorsConfig(), dets.append, got.append)
+            t0 = time.process_time()
+            for b in batches:
+                w.feed("stdout", b)
+            dt = time.process_time() - t0
+            assert not dets and len(got) == n // every, (fmt, len(got), dets[:1])
+            best = max(best, n / dt)
+        text = [("\n".join(b) + "\n").encode() for b in batches]
+        plain = 0.0
+        for _ in range(3):
+            t0 = time.process_time()
+            count = 0
+            for chunk in text:
+                count += len(chunk.decode().splitlines())
+            plain = max(plain, count / max(1e-9, time.process_time() - t0))
+        rows.append({"name": f"ingestion, all detectors on, {fmt} metric line every {every} lines (CPU time, best of 3)",
+                     "value": round(best), "unit": "lines/s", "target": ">= 300000",
+                     "peer": f"plain decode+splitlines {plain:,.0f} lines/s"})
+    return rows
+
+
+def heartbeat_cost(calls: int = 2_000_000) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        for label, env in (("supervised, writes every 1 s", {"TSUP_RUN_ID": "bench", "TSUP_HEARTBEAT_DIR": d}),
+                           ("outside supervision (no-op)", {})):
+            saved = {k: os.environ.get(k) for k in ("TSUP_RUN_ID", "TSUP_HEARTBEAT_DIR", "TSUP_HEARTBEAT_INTERVAL_S")}
+            for k in saved:
+                os.environ.pop(k, None)
+            os.environ.update(env)
+            from supervisor.client import _heartbeat
+            _heartbeat._reset_for_tests()
+            hb = _heartbeat.heartbeat
+            try:
+                best = float("inf")
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    for i in range(calls):
+                        hb(i)
+                    best = min(best, (time.perf_counter() - t0) / calls)
+            finally:
+                _heartbeat._reset_for_tests()
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            rows.append({"name": f"heartbeat(step) per call, {label}", "value": round(best * 1e9),
+                         "unit": "ns", "target": "<= 1000"})
+    return rows
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def latency_logwatcher(trials: int = 300) -> list[dict]:
+    hit = threading.Event()
+    stamp: list[int] = []
+
+    def emit(d: Detection) -> None:
+        stamp.append(time.perf_counter_ns())
+        hit.set()
+
+    w = LogWatcher(DetectorsConfig(), emit, lambda r: None)
+    noise = stream(255, 5, "nanogpt")
+    lat = []
+    for i in range(trials):
+        w.reset(i, None)
+        stamp.clear()
+        batch = noise + [f"iter {1000 + i}: loss nan, time 12.34ms, mfu 1.20%"]
+        t0 = time.perf_counter_ns()
+        w.feed("stdout", batch)
+        assert stamp, "no detection"
+        lat.append((stamp[0] - t0) / 1e6)
+    return [{"name": "detection latency, LogWatcher feed(256-line batch) -> emit, p50", "value": round(_pct(lat, .5), 3),
+             "unit": "ms", "target": "<= 50 (p99, end to end)"},
+            {"name": "detection latency, LogWatcher feed(256-line batch) -> emit, p99", "value": round(_pct(lat, .99), 3),
+             "unit": "ms", "target": "<= 50"}]
+
+
+def latency_file(trials: int = 300) -> list[dict]:
+    got: list[int] = []
+    ev = threading.Event()
+
+    def emit(d: Detection) -> None:
+        got.append(time.perf_counter_ns())
+        ev.set()
+
+    w = LogWatcher(DetectorsConfig(), emit, lambda r: None)
+    lat = []
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "rank0.log"
+        path.write_text("")
+        t = FileTailer([str(path)], Path(d), w, poll_interval_s=0.5)
+        t.start()
+        try:
+            with open(path, "a", buffering=1) as f:
+                for i in range(trials):
+                    w.reset(i, None)
+                    ev.clear()
+                    got.clear()
+                    f.write(NOISE[i % len(NOISE)] + "\n")
+                    t0 = time.perf_counter_ns()
+                    f.write(f"iter {i}: loss nan, time 12.34ms, mfu 1.20%\n")
+                    if not ev.wait(5):
+                        raise RuntimeError("no detection within 5 s")
+                    lat.append((got[0] - t0) / 1e6)
+        finally:
+            t.close()
+    mode = "inotify" if t.status()["inotify_error"] is None else "poll"
+    return [{"name": f"detection latency, line appended to a watched file -> emit ({mode}), p50",
+             "value": round(_pct(lat, .5), 3), "unit": "ms", "target": "<= 50 (p99)"},
+            {"name": f"detection latency, line appended to a watched file -> emit ({mode}), p99",
+             "value": round(_pct(lat, .99), 3), "unit": "ms", "target": "<= 50"}]
+
+
+def hang_delay(trials: int = 10, timeout_s: float = 0.5, tick: float = 0.1) -> list[dict]:
+    delays = []
+    with tempfile.TemporaryDirectory() as d:
+        hb = Path(d)
+        m = HeartbeatMonitor(HeartbeatConfig(timeout_s=timeout_s))
+        for i in range(trials):
+            out: list[Detection] = []
+            ctx = AttemptContext(run_id="b", attempt=i, pgid=0, pid=0, started_monotonic=time.monotonic(),
+                                 state_dir=hb, heartbeat_dir=hb, checkpoint_dir=None, resume_from=None,
+                                 resume_step=None)
+            m.start(ctx, out.append)
+            last = time.time()
+            (hb / "heartbeat-rank0.json").write_text(
+                f'{{"v":1,"rank":0,"pid":1,"attempt":{i},"step":1,"state":"running","t":{last},"seq":1}}')
+            while not out:
+                m.poll(time.monotonic())
+                time.sleep(tick)  # the runner's main-loop tick
+            delays.append(time.time() - last - timeout_s)
+            m.stop()
+    return [{"name": f"hang detection delay beyond the timeout ({timeout_s} s timeout, {tick} s tick), max of {trials}",
+             "value": round(max(delays), 3), "unit": "s", "target": "<= 1"}]
+
+
+def run() -> list[dict]:
+    return ingestion() + heartbeat_cost() + latency_logwatcher() + latency_file() + hang_delay()
+
+
+if __name__ == "__main__":
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    for r in run():
+        print(r)
