@@ -54,12 +54,13 @@ FAULT_HELP: Mapping[str, str] = {
     "spike": "LR x50 for 30 steps from the step (a loss spike)",
 }
 # Where each fault fires by default, as a fraction of --steps: spread over the run, each after a
-# checkpoint or two so that a rollback has somewhere to go.
+# checkpoint so that a rollback has somewhere to go, and (for the default 600 steps, checkpoint
+# every 50) 10-20 steps past one, so that little work is redone: 120, 210, 312, 414, 480->500.
 DEFAULT_FAULT_FRACTIONS: Mapping[str, float] = {
     "nan": 0.20,
     "hang": 0.35,
-    "crash": 0.50,
-    "oom": 0.65,
+    "crash": 0.52,
+    "oom": 0.69,
     "corrupt_ckpt": 0.80,
     "spike": 0.30,
     "bad_resume": 0.0,
