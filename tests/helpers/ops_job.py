@@ -5,6 +5,7 @@ Files in $OPS_DIR (default: the working directory):
   launches            one line per start: "<attempt> <pid>" (how many copies ever ran)
   fail                if present at a step, the job deletes it and exits 1 (a crash)
   stop.<attempt>      written on SIGTERM, after the checkpoint flush: "flushed step=<n>"
+  flush_delay         if present: seconds the flush takes (a big checkpoint being saved)
 Checkpoints go to $TSUP_CHECKPOINT_DIR/step_<n>.ckpt (atomic: temp + rename).
 """
 from __future__ import annotations
@@ -60,6 +61,10 @@ while True:
         checkpoint_requested = False
         print(f"ops_job: emergency checkpoint {flush_checkpoint()}", flush=True)
     if stop_requested:
+        delay = ops / "flush_delay"
+        if delay.exists():
+            print(f"ops_job: saving a big checkpoint ({delay.read_text().strip()} s)", flush=True)
+            time.sleep(float(delay.read_text()))
         path = flush_checkpoint()
         (ops / f"stop.{attempt}").write_text(f"flushed step={step} path={path}\n")
         print(f"ops_job: SIGTERM received, checkpoint flushed to {path}, exiting", flush=True)
