@@ -294,3 +294,22 @@ def test_a_failing_sink_does_not_raise() -> None:
     w.feed("stdout", ["iter 1: loss 2.5, time 1ms"])  # must not raise
     w.feed("stdout", ["iter 2: loss 2.5, time 1ms"])
     assert w.status()["metric_records"] == 2
+
+
+def test_every_rule_anchor_is_reachable_through_the_scan_keywords() -> None:
+    # The LogWatcher only shows a detector lines containing one of its keywords, and a rule only
+    # runs its regex when one of its anchors is on the line: every anchor must contain a keyword.
+    from supervisor.watch import detectors as d
+
+    for rules, kws in [(d.OOM_RULES, d.OOM_KEYWORDS), (d.NCCL_RULES + d.GPU_RULES, d.NCCL_KEYWORDS),
+                       (d.CKPT_RULES, d.CKPT_KEYWORDS), (d.NAN_TEXT_RULES, d.NAN_TEXT_KEYWORDS)]:
+        for rule in rules:
+            assert rule.anchors, rule.pattern.pattern
+            for anchor in rule.anchors:
+                assert any(k in anchor for k in kws), (anchor, kws)
+
+
+def test_user_nan_pattern_scans_every_line() -> None:
+    w, c = watcher(DetectorsConfig(nan=NanDetectorConfig(patterns=(r"divergence detected",))))
+    w.feed("stdout", ["step 5 ok", "divergence detected in layer 3"])
+    assert [d.cause for d in c.detections] == [Cause.NAN]

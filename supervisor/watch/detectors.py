@@ -113,8 +113,8 @@ _XID = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
 FATAL_XIDS = frozenset({48, 64, 74, 79, 92, 94, 95, 119, 120})
 
 CKPT_RULES = _rules(Cause.CHECKPOINT_LOAD_ERROR, [
-    ("Missing key(s)", r"Missing key\(s\) in state_dict", "missing keys in state_dict"),
-    ("Unexpected key(s)", r"Unexpected key\(s\) in state_dict", "unexpected keys in state_dict"),
+    ("Missing key(s) in state_dict", r"Missing key\(s\) in state_dict", "missing keys in state_dict"),
+    ("Unexpected key(s) in state_dict", r"Unexpected key\(s\) in state_dict", "unexpected keys in state_dict"),
     ("in loading state_dict", r"Error\(s\) in loading state_dict", "state_dict does not match the model"),
     ("size mismatch for", r"size mismatch for \S+", "tensor size mismatch in state_dict"),
     ("PytorchStreamReader failed", r"PytorchStreamReader failed", "checkpoint archive unreadable (PytorchStreamReader)"),
@@ -124,7 +124,6 @@ CKPT_RULES = _rules(Cause.CHECKPOINT_LOAD_ERROR, [
     ("UnpicklingError", r"UnpicklingError", "checkpoint unpickling failed"),
     (("SafetensorError", "deserializing header"), r"SafetensorError|Error while deserializing header",
      "safetensors checkpoint unreadable"),
-    ("might be corrupted", r"file might be corrupted", "checkpoint file corrupted"),
 ])
 
 NAN_TEXT_RULES = _rules(Cause.NAN, [
@@ -389,7 +388,7 @@ NAN_TEXT_KEYWORDS = ("nan", "NaN", "oss", "-finite", "etected")
 OOM_KEYWORDS = ("emory", "ALLOC", "_alloc")
 NCCL_KEYWORDS = ("NCCL", "nccl", "ommunicator", "Watchdog", "DistBackend", "ocket", "onnection reset", "emory", "launch", "ECC",
                  "GPU is lost", "off the bus", "Xid")
-CKPT_KEYWORDS = ("state_dict", "mismatch", "Stream", "EOF", "npickl", "afetensor")
+CKPT_KEYWORDS = ("state_dict", "mismatch", "Stream", "EOF", "npickl", "Weights only", "afetensor", "deserializ")
 
 
 def build_detectors(cfg: DetectorsConfig) -> list[Detector]:
