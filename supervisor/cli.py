@@ -89,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="demo-out", help="where the demo writes its run, checkpoints and report")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--quiet", action="store_true", help="do not pass the job's output through")
+    p.add_argument("--show-job-output", action="store_true",
+                   help="pass the job's own output through too (it is always in OUT/job.log)")
 
     p = sub.add_parser("report", help="write the HTML report of a run")
     _add_locator(p)
@@ -332,10 +333,10 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo.run import run_demo
+    from .demorun import run_demo
 
-    return run_demo(out=Path(args.out), faults=args.faults, steps=args.steps, seed=args.seed, quiet=args.quiet,
-                    log_format=args.log_format)
+    return run_demo(out=Path(args.out), faults=args.faults, steps=args.steps, seed=args.seed,
+                    quiet=not args.show_job_output, log_format=args.log_format)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

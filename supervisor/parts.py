@@ -51,6 +51,14 @@ class Parts:
         self.launch_gate: Any = None
         self.ckpt: Any = None  # CheckpointService when a checkpoint dir is configured
         self._newest_at_launch: Any = None
+        self.validator: Any = None
+        self.last_validation: dict[str, Any] | None = None
+        self.tracks: dict[int, _Track] = {}
+        self._goodput: dict[str, Any] | None = None
+        self._goodput_at = float("-inf")
+        self.logwatch: Any = None
+        self.heartbeat: Any = None
+        self.tailer: Any = None
         self._last_status = 0.0
         self._status_line = ""
 
@@ -62,8 +70,41 @@ class Parts:
         self.notifier = Notifier()
         self.control = ControlServer(r.state_dir, r.control)
         self.control.start()
+        self._start_watch(r)
         self._start_health(r)
         self._start_checkpoints(r)
+        self._load_tracks(r)
+
+    def _start_watch(self, r: "Runner") -> None:
+        from .watch.heartbeat import HeartbeatMonitor
+        from .watch.logwatch import LogWatcher
+        from .watch.tail import FileTailer
+
+        parts = self
+
+        class _ToLogWatch:
+            # The heartbeat monitor tails the client's metric files into the log watcher, which in
+            # turn tells the heartbeat monitor about progress: this breaks the construction cycle.
+            def feed(self, source: str, lines: Any) -> None:
+                parts.logwatch.feed(source, lines)
+
+        self.heartbeat = HeartbeatMonitor(r.cfg.heartbeat, metrics_sink=_ToLogWatch())
+        self.logwatch = LogWatcher(r.cfg.detectors, r.emit, r.on_metric, progress=self.heartbeat)
+        r.fanout.add(self.logwatch)
+        if r.cfg.job.watch_files:
+            self.tailer = FileTailer(list(r.cfg.job.watch_files), r.cfg.workdir(), self.logwatch)
+
+    def _load_tracks(self, r: "Runner") -> None:
+        """A daemon restarted mid-run rebuilds the goodput timeline from the ledger."""
+        try:
+            for a in r.ledger.attempts(r.run_id):
+                t = self.tracks.setdefault(a.attempt, _Track(a.started_at, a.resume_step))
+                t.ended_at, t.cause = a.ended_at, a.cause
+            for m in r.ledger.metrics(r.run_id):
+                if m["step"] is not None and m["attempt"] in self.tracks:
+                    self.tracks[m["attempt"]].add(m["at"], m["step"])
+        except Exception as e:
+            log.warning("goodput_history_unreadable", error=repr(e))
 
     def _start_checkpoints(self, r: "Runner") -> None:
         from .checkpoints.service import CheckpointService
@@ -98,13 +139,16 @@ class Parts:
             self.notifier.stopping()
         if self.control is not None:
             self.control.close()
-        if self.gpu_mon is not None:
-            try:
-                self.gpu_mon.close()
-            except Exception:
-                pass
+        for closer in (self.gpu_mon, self.heartbeat, self.tailer):
+            if closer is not None:
+                try:
+                    closer.close()
+                except Exception as e:
+                    log.warning("part_close_failed", part=type(closer).__name__, error=repr(e))
 
     def tick(self, r: "Runner", now: float) -> None:
+        if self.validator is not None and r.job is not None:
+            self._validation_result(r, self.validator.poll(now))
         if now - self._last_status >= 0.25:
             self._last_status = now
             st = r.refresh_status_cache()
@@ -180,22 +224,82 @@ class Parts:
                     out[key] = {"error": repr(e)}
         return out
 
+    def before_spawn(self, r: "Runner") -> None:
+        """Detectors start afresh for the new attempt before its first line can arrive."""
+        if self.logwatch is not None:
+            self.logwatch.reset(r.attempt, r.resume.step if r.resume.checkpoint else None)
+
+    def job_env(self, r: "Runner") -> dict[str, str]:
+        from .watch.heartbeat import client_env
+
+        return client_env(r.cfg.heartbeat)
+
     def monitors_for_attempt(self, r: "Runner", ctx: AttemptContext) -> list[Monitor]:
-        mons: list[Monitor] = []
+        mons: list[Monitor] = [m for m in (self.heartbeat, self.tailer) if m is not None]
         mons += [m for m in (self.gpu_mon, self.host_mon) if m is not None]
         return mons
 
     def attempt_started(self, r: "Runner", ctx: AttemptContext) -> None:
         if self.ckpt is not None:
             self.ckpt.set_writer_active(True)
+        self.tracks[ctx.attempt] = _Track(r.attempt_started_wall, r.resume.step if r.resume.checkpoint else None)
+        self.validator = None
+        if r.resume.checkpoint and r.cfg.validation.enabled:
+            from .validation import Baseline, Validator
+
+            startups = [t.startup() for a, t in self.tracks.items() if a != ctx.attempt and t.startup() is not None]
+            baseline = Baseline.from_history(list(r.metric_history), r.resume.step, startups)  # type: ignore[arg-type]
+            self.validator = Validator(r.cfg.validation, baseline, r.resume.step, ctx.started_monotonic)
+            r._event("validation_started", "info",
+                     f"validating the first {r.cfg.validation.steps} steps after resuming from step {r.resume.step}"
+                     + (f" (reference loss {baseline.loss_at_resume:.4g})" if baseline.loss_at_resume is not None
+                        else " (no loss recorded at that step: loss check skipped)"),
+                     reference_loss=baseline.loss_at_resume, grad_norm_p99=baseline.grad_norm_p99,
+                     throughput_median=baseline.throughput_median)
         if self.notifier is not None and ctx.attempt >= 0:
             self.notifier.ready()
 
     def on_metrics(self, r: "Runner", batch: list[MetricRecord]) -> None:
-        pass
+        track = self.tracks.get(r.attempt)
+        if track is not None:
+            for m in batch:
+                if m.step is not None:
+                    track.add(m.at, m.step)
+        if self.validator is not None:
+            self._validation_result(r, self.validator.feed(batch, r.clock.monotonic()))
+
+    def _validation_result(self, r: "Runner", verdict: Any) -> None:
+        if verdict is None:
+            return
+        from .events import Detection
+
+        js = verdict.to_json()
+        self.last_validation = js
+        r.ledger.update_attempt(r.run_id, r.attempt, validation_json=js)
+        if verdict.passed:
+            r._event("validation_passed", "info", f"post-reboot validation {verdict.summary}", checks=js["checks"])
+        else:
+            r._event("validation_failed", "warning", f"post-reboot validation {verdict.summary}; the resumed "
+                     "state is suspect", checks=js["checks"])
+            r.emit(Detection(Cause.VALIDATION_FAILED, f"post-reboot validation {verdict.summary}", "validation",
+                             step=max(self.validator.seen) if self.validator and self.validator.seen else None,
+                             onset_step=verdict.resume_step, details=js))
 
     def dump_stacks(self, r: "Runner", pids: Sequence[int]) -> None:
-        pass
+        """Before a hung job is killed: every process's Python stack, into the state dir."""
+        hb = r.cfg.heartbeat
+        if not hb.dump_stacks or not pids:
+            return
+        from .watch.stacks import dump_stacks
+
+        path = dump_stacks(pids, r.state_dir / "stacks", native=hb.dump_stacks_native,
+                           timeout_s=hb.dump_stacks_timeout_s, label=f"attempt{r.attempt}-hang")
+        if path is not None:
+            r._event("stacks_dumped", "warning", f"saved the Python stacks of the hung job ({len(pids)} "
+                     f"processes) to {path} before stopping it", path=str(path))
+        else:
+            r._event("stacks_unavailable", "warning", "py-spy is not installed: no stack dump of the hung job "
+                     "(pip install 'transformer-supervisor[diagnostics]')", ledger_only=True)
 
     def new_checkpoint_probe(self, r: "Runner", now: float) -> Callable[[], bool] | None:
         d = r.cfg.checkpoint_dir()
@@ -223,6 +327,16 @@ class Parts:
         return probe
 
     def attempt_ended(self, r: "Runner", cause: Cause | None, decision: "Decision | None") -> None:
+        track = self.tracks.get(r.attempt)
+        if track is not None:
+            track.ended_at = r.clock.time()
+            track.cause = cause.value if cause else None
+        self._goodput_at = float("-inf")
+        if self.validator is not None and self.validator.verdict is None:
+            inc = self.validator.incomplete()
+            r.ledger.update_attempt(r.run_id, r.attempt, validation_json=inc)
+            self.last_validation = inc
+        self.validator = None
         if self.ckpt is None or cause is None or cause is Cause.MANUAL:
             return
         newer = _cand_key(self.ckpt.newest_complete()) != self._newest_at_launch
@@ -239,11 +353,55 @@ class Parts:
                 f"checkpoint (steps resumed from: {self.ckpt.steps_seen()}; "
                 f"checkpoints.no_progress_attempts = {r.cfg.checkpoints.no_progress_attempts})")
 
+    def goodput(self, r: "Runner") -> dict[str, Any] | None:
+        from .goodput import AttemptTimeline, compute
+
+        now = r.clock.monotonic()
+        if now - self._goodput_at < 5.0 and self._goodput is not None:
+            return self._goodput
+        self._goodput_at = now
+        tls = [AttemptTimeline(a, t.started_at, t.ended_at, t.cause, t.resume_step, t.points())
+               for a, t in sorted(self.tracks.items())]
+        self._goodput = compute(tls, r.clock.time()).to_json() if tls else None
+        return self._goodput
+
     def status_extra(self, r: "Runner") -> dict[str, Any]:
         out: dict[str, Any] = {}
+        if self.heartbeat is not None:
+            out["heartbeats"] = {str(k): round(v, 3) for k, v in self.heartbeat.heartbeats().items()}
+        gp = self.goodput(r)
+        out["goodput"] = gp["ratio"] if gp else None
+        out["goodput_detail"] = gp
+        out["validation"] = self.last_validation
         if self.gpu_mon is not None:
             out["gpus"] = self.gpu_mon.gpus()
         return out
+
+
+class _Track:
+    """One attempt's progress for goodput: (wall time, step) points, at most one per 5 s plus the
+    latest, so a week-long run costs kilobytes, not the whole metric stream."""
+
+    def __init__(self, started_at: float, resume_step: int | None) -> None:
+        self.started_at = started_at
+        self.resume_step = resume_step
+        self.ended_at: float | None = None
+        self.cause: str | None = None
+        self._pts: list[tuple[float, int]] = []
+        self._last: tuple[float, int] | None = None
+
+    def add(self, t: float, step: int) -> None:
+        if not self._pts or t - self._pts[-1][0] >= 5.0 or step < self._pts[-1][1]:
+            self._pts.append((t, step))
+            self._last = None
+        else:
+            self._last = (t, step)
+
+    def points(self) -> list[tuple[float, int]]:
+        return self._pts + ([self._last] if self._last else [])
+
+    def startup(self) -> float | None:
+        return self._pts[0][0] - self.started_at if self._pts else None
 
 
 def _cand_key(c: Any) -> Any:

@@ -381,6 +381,8 @@ class Runner:
         self.shutdown = None
         self.failed_monitors.clear()
         self.oom_kills_before = cgroup_oom_kills()
+        self.last_metric = None
+        self.parts.before_spawn(self)
         try:
             self.job = JobProcess(spec, self.fanout, self.passthrough, self.cfg.log_file(),
                                   lambda src: self.q.put(("eof", src)), self.osapi)
@@ -422,7 +424,9 @@ class Runner:
             argv += self._resume_args()
         hb = self._heartbeat_dir()
         hb.mkdir(parents=True, exist_ok=True)
-        added: dict[str, str] = dict(cfg.job.env)
+        assert self.parts is not None
+        added: dict[str, str] = dict(self.parts.job_env(self))
+        added.update(cfg.job.env)
         added.update(self.remedy_env)
         if self.diagnostics:
             added.update(cfg.validation.diagnostics_env)

@@ -1,0 +1,214 @@
+"""``transformer-supervisor demo``: the main job, narrated.
+
+A tiny character-level GPT (``supervisor/demo/train.py``, run with this Python, which has torch)
+trains on the CPU under the real daemon (the same :class:`Runner` as ``run``), with faults injected
+*by the job itself* (``--faults``). The daemon's own event lines go to ``OUT/daemon.log``; the
+console gets one plain sentence per detection, decision and recovery, a progress line every
+100 steps, and at the end a summary and the report (``OUT/report/report.html`` + PNG).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, MutableMapping, TextIO
+
+import structlog
+
+from .config import config_from_table
+from .demo import DEFAULT_STEPS, DemoLayout, demo_job_argv, format_faults
+from .events import MetricRecord
+from .logsetup import _logfmt, _mask_secrets
+from .parts import Parts
+from .runner import Runner
+
+PROGRESS_EVERY = 100
+
+
+class Narrator:
+    """A structlog processor: every event to the daemon log (logfmt), the important ones to the
+    console as sentences. It ends the chain (DropEvent), so nothing else prints."""
+
+    def __init__(self, log_path: Path, console: TextIO, t0: float) -> None:
+        self.log = open(log_path, "a", buffering=1)
+        self.console = console
+        self.t0 = t0
+
+    def say(self, text: str) -> None:
+        m, s = divmod(int(time.monotonic() - self.t0), 60)
+        self.console.write(f"[{m:02d}:{s:02d}] {text}\n")
+        self.console.flush()
+
+    def __call__(self, _logger: Any, _name: str, ed: MutableMapping[str, Any]) -> Any:
+        line = _logfmt(None, "", dict(ed))
+        self.log.write(line + "\n")
+        text = self.narrate(ed)
+        if text:
+            self.say(text)
+        raise structlog.DropEvent
+
+    @staticmethod
+    def narrate(ed: MutableMapping[str, Any]) -> str | None:
+        ev = ed.get("event")
+        msg = ed.get("message") or ""
+        if ev == "job_started":
+            ck = ed.get("checkpoint")
+            where = f"resuming from step {ed.get('resume_step')} ({Path(ck).name})" if ck else "from scratch"
+            return f">> attempt {ed.get('attempt')} launched, {where}"
+        if ev == "failure_detected":
+            ev_line = ed.get("evidence")
+            out = f"!! detected {ed.get('cause')}" + (f" at step {ed['step']}" if ed.get("step") is not None else "")
+            out += f" (seen in {ed.get('source')})"
+            if ev_line:
+                out += f"\n         evidence: {str(ev_line)[:150]}"
+            if ed.get("onset_step") is not None and ed.get("onset_step") != ed.get("step"):
+                out += f"\n         the anomaly began at step {ed['onset_step']}"
+            return out + f"\n         decision: {msg.split('; ', 1)[-1]}"
+        if ev == "restart_scheduled":
+            return f"   {msg}"
+        if ev in ("shutdown_signal_sent", "shutdown_escalated", "shutdown_checkpoint_requested",
+                  "shutdown_checkpoint_seen", "job_leftovers"):
+            return f"   {msg}"
+        if ev == "stacks_dumped" or ev == "hang_stacks_dumped":
+            return f"   {msg or 'saved the stacks of the hung processes: ' + str(ed.get('path'))}"
+        if ev == "checkpoint_quarantined":
+            return f"xx {msg}"
+        if ev == "checkpoint_marked_bad":
+            return f"xx {msg}"
+        if ev == "checkpoint_chosen":
+            return f"ok verified checkpoint: {msg}"
+        if ev in ("validation_started", "validation_passed", "validation_failed"):
+            return ("ok " if ev == "validation_passed" else "!! " if ev == "validation_failed" else "   ") + msg
+        if ev == "remedies_applied":
+            return f"   {msg}"
+        if ev == "gave_up":
+            return f"XX {msg}"
+        if ev == "daemon_exiting":
+            return f"== {msg}"
+        if ev == "detection_warned":
+            return f"   (warning only) {msg}"
+        if ev in ("monitor_failed", "runner_handler_failed"):
+            return f"!! internal: {msg}"
+        return None
+
+
+class DemoParts(Parts):
+    """The demo's wiring: the real parts, plus a progress line every PROGRESS_EVERY steps."""
+
+    def __init__(self, narrator: Narrator) -> None:
+        super().__init__()
+        self.narrator = narrator
+        self._next = PROGRESS_EVERY
+
+    def on_metrics(self, r: Runner, batch: list[MetricRecord]) -> None:
+        super().on_metrics(r, batch)
+        for m in batch:
+            if m.step is not None and m.loss is not None and m.step >= self._next:
+                self.narrator.say(f"   step {m.step:>4}  loss {m.loss:.4f}  (attempt {r.attempt})")
+                self._next = (m.step // PROGRESS_EVERY + 1) * PROGRESS_EVERY
+            elif m.step is not None and m.step < self._next - PROGRESS_EVERY:
+                self._next = (m.step // PROGRESS_EVERY + 1) * PROGRESS_EVERY  # after a rollback
+
+    def attempt_started(self, r: Runner, ctx: Any) -> None:
+        super().attempt_started(r, ctx)
+        step = r.resume.step or 0
+        self._next = (step // PROGRESS_EVERY + 1) * PROGRESS_EVERY
+
+
+def demo_config(out: Path, faults: str, steps: int, seed: int) -> Any:
+    layout = DemoLayout(out)
+    return config_from_table({
+        "job": {"name": "demo", "command": demo_job_argv(sys.executable, out, faults, seed, steps),
+                "workdir": str(out), "log_file": str(out / "job.log"),
+                # Only the demo's own faults: never inherit a user's LR_SCALE or similar.
+                "env": {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}},
+        "checkpoints": {"dir": str(layout.checkpoint_dir)},
+        "state": {"dir": str(out / "state")},
+        "policy": {"max_restarts": 10, "backoff_initial_s": 1.0, "backoff_max_s": 4.0},
+        "shutdown": {"mode": "graceful", "grace_s": 20.0, "hang_grace_s": 2.0},
+        "heartbeat": {"timeout_s": 8.0, "startup_timeout_s": 120.0},
+        "validation": {"steps": 20, "first_step_timeout_s": 120.0},
+        "gpu": {"backend": "none"},
+    })
+
+
+def run_demo(out: Path, faults: str | None, steps: int | None, seed: int, quiet: bool = True,
+             log_format: str | None = None, console: TextIO | None = None) -> int:
+    console = console or sys.stdout
+    out = out.resolve()
+    if out.exists() and any(out.iterdir()):
+        # Never delete a previous run's checkpoints: keep it beside, renamed.
+        old = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        shutil.move(str(out), str(old))
+        console.write(f"(the previous demo output was moved to {old})\n")
+    out.mkdir(parents=True)
+    steps = steps or DEFAULT_STEPS
+    fault_list = format_faults(faults)
+    cfg = demo_config(out, fault_list, steps, seed)
+    t0 = time.monotonic()
+    narrator = Narrator(out / "daemon.log", console, t0)
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+                                    _mask_secrets, structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+                                    narrator], cache_logger_on_first_use=False)
+    narrator.say(f"transformer-supervisor demo: a tiny GPT, {steps} steps on the CPU, faults: {fault_list}")
+    narrator.say(f"   output in {out} (daemon events in daemon.log, the job's output in job.log)")
+    passthrough = None if quiet else sys.stdout.buffer
+    devnull = open(os.devnull, "wb") if quiet else None
+    runner = Runner(cfg, passthrough=devnull or passthrough, parts=DemoParts(narrator))
+    code = runner.run()
+    wall = time.monotonic() - t0
+    summary = _summary(out, cfg, wall)
+    from .reporting import write_run_report
+
+    html, png = write_run_report(cfg.state_dir(), out / "report", summary={k: v for k, v in summary.items()
+                                                                            if k != "attempts"})
+    narrator.say(f"== finished in {wall:.0f} s with exit code {code}: {runner.exit_reason}")
+    for line in _summary_lines(summary):
+        narrator.say("   " + line)
+    narrator.say(f"== report: {html}" + (f"  (loss curve: {png})" if png else ""))
+    return code
+
+
+def _summary(out: Path, cfg: Any, wall: float) -> dict[str, Any]:
+    from .ledger import Ledger
+    from .reporting import goodput_from_ledger
+
+    s: dict[str, Any] = {"wall time (s)": round(wall, 1)}
+    try:
+        js = json.loads((DemoLayout(out).summary_file).read_text())
+        s["final step"] = js.get("step")
+        s["final loss"] = js.get("loss")
+        s["final val loss"] = js.get("val_loss")
+    except (OSError, ValueError):
+        pass
+    led = Ledger(cfg.state_dir(), readonly=True)
+    try:
+        h = led.history()
+        s["attempts"] = [(a["attempt"], a["cause"], a["action"], a["resume_step"],
+                          (a.get("validation") or {}).get("verdict")) for a in h["attempts"]]
+        gp = goodput_from_ledger(led, h["run_id"])
+        if gp:
+            s["goodput"] = gp["ratio"]
+            s["lost time by cause (s)"] = gp["lost_by_cause"]
+        s["quarantined"] = [e["data"]["source"] for e in h["events"] if e["event"] == "checkpoint_quarantined"
+                            and e.get("data")]
+    finally:
+        led.close()
+    return s
+
+
+def _summary_lines(s: dict[str, Any]) -> list[str]:
+    out = []
+    for a, cause, action, rstep, verdict in s.get("attempts", []):
+        out.append(f"attempt {a}: " + (f"resumed at step {rstep}, " if rstep is not None else "fresh, ")
+                   + (f"ended by {cause} -> {action}" if cause else "finished")
+                   + (f", validation {verdict}" if verdict else ""))
+    for k in ("final step", "final loss", "final val loss", "goodput", "lost time by cause (s)", "quarantined"):
+        if s.get(k) not in (None, [], {}):
+            v = s[k]
+            out.append(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
+    return out
