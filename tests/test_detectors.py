@@ -313,3 +313,27 @@ def test_user_nan_pattern_scans_every_line() -> None:
     w, c = watcher(DetectorsConfig(nan=NanDetectorConfig(patterns=(r"divergence detected",))))
     w.feed("stdout", ["step 5 ok", "divergence detected in layer 3"])
     assert [d.cause for d in c.detections] == [Cause.NAN]
+
+
+@pytest.mark.parametrize("fmt", ["json", "hf", "nanogpt", "torchtitan", "megatron"])
+def test_real_child_printing_nan_at_step_500(fmt: str) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    helper = Path(__file__).resolve().parent / "helpers" / "watch_nan_child.py"
+    w, c = watcher()
+    p = subprocess.Popen([sys.executable, str(helper), fmt, "500"], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    with p.stdout:
+        for ln in p.stdout:  # the way the core's pipe readers deliver lines, in batches of one here
+            w.feed("stdout", [ln.rstrip("\n")])
+    assert p.wait(timeout=30) == 1
+    assert [d.cause for d in c.detections] == [Cause.NAN]
+    d = c.detections[0]
+    if fmt == "hf":
+        assert d.step is None  # HF Trainer lines carry no step (epoch only); client heartbeats do
+    else:
+        assert (d.step, d.onset_step) == (500, 500)
+    assert d.evidence and ("nan" in d.evidence.lower())
+    assert c.metrics[-1].fmt == fmt

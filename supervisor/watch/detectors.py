@@ -247,11 +247,15 @@ class NanDetector:
             return None
         self.fired = True
         name, value = bad
-        where = f" at step {rec.step}" if rec.step is not None else ""
+        # Formats without a step (HF Trainer) borrow the last step seen elsewhere (client, logs).
+        at = rec.step if rec.step is not None else step
+        if onset is None:
+            onset = at
+        where = f" at step {at}" if at is not None else ""
         return Detection(
             cause=Cause.NAN, summary=f"{name} is {value}{where}"
             + (f" ({count} records in a row since step {onset})" if count > 1 else ""),
-            source=source, step=rec.step, onset_step=onset if onset is not None else rec.step,
+            source=source, step=at, onset_step=onset,
             value=value, evidence=truncate(line, self.evidence_chars),
             details={"field": name, "consecutive": count, "fmt": rec.fmt})
 
