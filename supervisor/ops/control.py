@@ -439,7 +439,10 @@ def render_status(result: Mapping[str, Any]) -> str:
     shown.add("last_metric")
     lm = result.get("last_metric")
     if isinstance(lm, Mapping):
-        rows.append(("last step", "  ".join(f"{k}={_num(v)}" for k, v in lm.items() if v is not None)))
+        text = "  ".join(f"{k}={_num(v)}" for k, v in lm.items() if v is not None and k != "age_s")
+        if lm.get("age_s") is not None:
+            text += f"  ({_age(lm['age_s'])} ago)"
+        rows.append(("last step", text))
     elif "last_metric" in result:
         rows.append(("last step", "(no metric seen yet)"))
     shown.add("heartbeats")
@@ -453,6 +456,8 @@ def render_status(result: Mapping[str, Any]) -> str:
         for i, g in enumerate(gpus):
             rows.append(("gpus" if i == 0 else "", _gpu_line(g)))
     row("checkpoint", "checkpoint")
+    if "checkpoint" in result and result["checkpoint"] is None:
+        rows.append(("checkpoint", "(none yet)"))
     row("goodput", "goodput", lambda v: f"{float(v) * 100:.1f} %" if isinstance(v, (int, float)) else str(v))
     for key, value in result.items():  # anything newer than this renderer
         if key not in shown and value is not None and not isinstance(value, (Mapping, list)):
