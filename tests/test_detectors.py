@@ -337,3 +337,13 @@ def test_real_child_printing_nan_at_step_500(fmt: str) -> None:
         assert (d.step, d.onset_step) == (500, 500)
     assert d.evidence and ("nan" in d.evidence.lower())
     assert c.metrics[-1].fmt == fmt
+
+
+def test_a_failing_metric_sink_does_not_swallow_detections() -> None:
+    dets: list[Detection] = []
+
+    def boom(_: MetricRecord) -> None:
+        raise RuntimeError("sink broke")
+    w = LogWatcher(DetectorsConfig(), dets.append, boom)
+    w.feed("stdout", ["iter 1: loss 2.5, time 1ms", "iter 2: loss nan, time 1ms"])
+    assert [d.cause for d in dets] == [Cause.NAN]

@@ -96,6 +96,19 @@ class LogWatcher:
         try:
             with self._lock:
                 records, detections = self._process(source, lines)
+        except Exception as exc:  # a sink must never raise into the reader thread
+            self._failed("logwatch_failed", exc, "this batch is skipped; later batches are still processed")
+            return
+        # Detections first: a failing metric callback must not delay or swallow an anomaly.
+        for det in detections:
+            log.warning("anomaly_detected", cause=det.cause.value, summary=det.summary, source=det.source,
+                        step=det.step, onset_step=det.onset_step, evidence=det.evidence,
+                        next="the runner's policy decides what happens to the attempt")
+            try:
+                self._emit(det)
+            except Exception as exc:  # noqa: BLE001
+                self._failed("logwatch_emit_failed", exc, "the detection is lost; watching continues")
+        try:
             if self._progress is not None:
                 now = self._clock()
                 self._progress.note_output(now)
@@ -103,16 +116,13 @@ class LogWatcher:
                     self._progress.note_metric(now)
             for rec, _ in records:
                 self._on_metric(rec)
-            for det in detections:
-                log.warning("anomaly_detected", cause=det.cause.value, summary=det.summary, source=det.source,
-                            step=det.step, onset_step=det.onset_step, evidence=det.evidence,
-                            next="the runner's policy decides what happens to the attempt")
-                self._emit(det)
-        except Exception as exc:  # a sink must never raise into the reader thread
-            if not self._failed_once:
-                self._failed_once = True
-                log.exception("logwatch_failed", error=repr(exc), source=source,
-                              next="this batch is skipped; later batches are still processed")
+        except Exception as exc:  # noqa: BLE001
+            self._failed("logwatch_metric_sink_failed", exc, "metrics of this batch are skipped; watching continues")
+
+    def _failed(self, event: str, exc: BaseException, next_: str) -> None:
+        if not self._failed_once:  # once: a broken callback must not flood the log
+            self._failed_once = True
+            log.error(event, error=repr(exc), next=next_, exc_info=exc)
 
     def _candidates(self, text: str) -> list[tuple[int, tuple[int, int]]]:
         """(start, (end, mask)) of every line in ``text`` with a keyword or a user-regex match."""
