@@ -325,3 +325,14 @@ def test_missing_py_spy_is_reported_plainly(tmp_path: Path, monkeypatch: pytest.
     # A py-spy that cannot run is recorded in the file, never raised.
     path = stacks.dump_stacks([os.getpid()], tmp_path, py_spy=str(tmp_path / "no-such-py-spy"))
     assert path is not None and "could not run" in path.read_text()
+
+
+def test_stale_file_from_an_earlier_run_is_ignored(setup: tuple[Clock, Path, list[Detection]]) -> None:
+    clock, hb, out = setup
+    write_hb(hb, 0, clock.wall() - 3600, seq=7)  # same attempt number, written an hour ago
+    m = monitor(HeartbeatConfig(timeout_s=10, **FAST), clock, hb, out)
+    m.poll(clock.advance(60))
+    assert out == [] and m.heartbeats() == {}
+    write_hb(hb, 0, clock.wall(), seq=8)
+    m.poll(clock.advance(1))
+    assert m.heartbeats() == {0: 1.0}

@@ -90,6 +90,7 @@ class HeartbeatMonitor:
         self._ranks: dict[int, _Rank] = {}
         self._fired: Detection | None = None
         self._started = 0.0
+        self._start_wall = 0.0
         self._last_check = -math.inf
         self._last_now = 0.0
         self._last_output: float | None = None
@@ -109,6 +110,7 @@ class HeartbeatMonitor:
         self._ranks.clear()
         self._fired = None
         self._started = ctx.started_monotonic
+        self._start_wall = self._wall()
         self._last_check = -math.inf
         self._last_output = None
         self._last_metric = None
@@ -183,12 +185,9 @@ class HeartbeatMonitor:
             step = rec.get("step") if isinstance(rec.get("step"), int) else None
             state = str(rec.get("state", "running"))
             if cur is None:
-                changed = now - max(0.0, wall - t)
-                if changed < self._started:
-                    # Written before this attempt started: not this attempt's heartbeat.
-                    if attempt is None:
-                        continue
-                    changed = self._started
+                if t < self._start_wall - 2.0:
+                    continue  # written before this attempt started (an earlier run): not ours
+                changed = max(self._started, now - max(0.0, wall - t))
                 self._ranks[rank] = _Rank(rank, seq, t, changed, step, state, rec.get("pid"),
                                           rec.get("world_size"))
                 if not self._seen_heartbeats:
