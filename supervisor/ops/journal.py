@@ -149,7 +149,7 @@ _default_sender = JournalSender()
 def send(event_dict: Mapping[str, Any], message: str | None = None, sender: JournalSender | None = None) -> bool:
     """Send one structlog event dict as a native journal entry; True when it was accepted."""
     if message is None:
-        message = " ".join(f"{k}={v}" for k, v in event_dict.items())
+        message = logfmt(event_dict)
     return (sender or _default_sender).send(entry_fields(event_dict, message))
 
 
