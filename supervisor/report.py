@@ -171,6 +171,28 @@ def restart_markers(data: ReportData) -> list[Marker]:
     return markers
 
 
+def load_client_metrics(paths: Iterable[str | Path]) -> list[tuple[float, int, float, int]]:
+    """``(wall_time, step, loss, attempt)`` from the client's ``metrics-rank*.jsonl`` files.
+
+    The client appends one JSON object per ``report()`` with ``t``, ``step``, ``loss`` and
+    ``attempt``; records without a step or a loss, and unreadable lines (a torn last line of a
+    killed job), are skipped. NaN/Infinity losses are kept: the plot marks them.
+    """
+    out: list[tuple[float, int, float, int]] = []
+    for path in paths:
+        try:
+            lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                rec = json.loads(line)
+                out.append((float(rec["t"]), int(rec["step"]), float(rec["loss"]), int(rec.get("attempt", 0))))
+            except (ValueError, KeyError, TypeError):
+                continue
+    return sorted(out)
+
+
 # --------------------------------------------------------------------------------------------
 # The plot
 # --------------------------------------------------------------------------------------------
@@ -519,4 +541,7 @@ def write_report(data: ReportData, out_dir: str | Path) -> tuple[Path, Path | No
     return html_path, png_path
 
 
-__all__ = ["Marker", "MetricPoint", "ReportData", "render_html", "restart_markers", "write_report"]
+__all__ = [
+    "Marker", "MetricPoint", "ReportData", "load_client_metrics", "render_html", "restart_markers",
+    "write_report",
+]

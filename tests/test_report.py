@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.report import ReportData, restart_markers, write_report
+from supervisor.report import ReportData, load_client_metrics, restart_markers, write_report
 
 T0 = 1_700_000_000.0
 
@@ -124,3 +124,18 @@ def test_report_escapes_text(tmp_path: Path, bad: str) -> None:
     data = ReportData(run_id=bad, events=[{"event": "x", "summary": bad}])
     html_path, _ = write_report(data, tmp_path)
     assert bad not in html_path.read_text()
+
+
+def test_client_metric_files_feed_the_report(tmp_path: Path) -> None:
+    f = tmp_path / "metrics-rank0.jsonl"
+    f.write_text(
+        '{"step":2,"loss":2.5,"rank":0,"attempt":0,"t":1700000000.2}\n'
+        '{"step":1,"loss":3.0,"rank":0,"attempt":0,"t":1700000000.1}\n'
+        '{"step":3,"loss":NaN,"rank":0,"attempt":0,"t":1700000000.3}\n'
+        '{"step":3,"grad_norm":1.0,"rank":0,"attempt":1,"t":1700000001.0}\n'  # no loss: skipped
+        '{"step":3,"loss":2.4,"rank":0,"attempt":1,"t":1700000001.1}\n'
+        '{"step":4,"lo'  # torn last line of a killed job
+    )
+    pts = load_client_metrics([f, tmp_path / "missing.jsonl"])
+    assert [(s, a) for _, s, _, a in pts] == [(1, 0), (2, 0), (3, 0), (3, 1)]
+    assert math.isnan(pts[2][2])
