@@ -143,33 +143,61 @@ class Container:
             try:
                 self.nspawn.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                try:
-                    os.kill(self.leader, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                if self.leader > 1:  # never kill(-1, ...) or kill(0, ...): that is every process
+                    try:
+                        os.kill(self.leader, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 try:
                     self.nspawn.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     self.nspawn.kill()
                     self.nspawn.wait(timeout=10)
-        _clean_cgroups()
+        _clean_cgroups(self.name)
         shutil.rmtree(self.root, ignore_errors=True)
         Path(f"{self.root}.nspawn.log").unlink(missing_ok=True)
 
 
-def _clean_cgroups() -> None:
-    for base in ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"):
-        for d in sorted(Path(base).glob("**/payload"), key=lambda p: -len(p.parts)):
-            for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                try:
-                    sub.rmdir()
-                except OSError:
-                    pass
+def _own_cgroups() -> list[Path]:
+    """Our cgroups in the hierarchies nspawn uses (--keep-unit puts the container's "payload"
+    cgroup under the caller's own)."""
+    out = []
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctrl, path = line.split(":", 2)
+        if ctrl == "name=systemd":
+            out.append(Path("/sys/fs/cgroup/systemd") / path.lstrip("/"))
+        elif ctrl == "":
+            for base in (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")):
+                if (base / "cgroup.controllers").exists():
+                    out.append(base / path.lstrip("/"))
+                    break
+    return out
+
+
+def _clean_cgroups(name: str) -> None:
+    """Remove the empty "payload" cgroups the container left under ours, and its runtime files
+    (only this container's: another test may be running its own)."""
+    for base in _own_cgroups():
+        payload = base / "payload"
+        if not payload.is_dir():
+            continue
+        for d in sorted((p for p in payload.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
             try:
                 d.rmdir()
             except OSError:
                 pass
-    shutil.rmtree("/run/systemd/nspawn", ignore_errors=True)
+        try:
+            payload.rmdir()
+        except OSError:
+            pass
+    run = Path("/run/systemd/nspawn")
+    for leftover in run.glob(f"*/{name}"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    for d in [*run.glob("*"), run]:  # empty ones only: rmdir refuses the rest
+        try:
+            d.rmdir()
+        except OSError:
+            pass
 
 
 def _leader(nspawn_pid: int, deadline: float) -> int:
