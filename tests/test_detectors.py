@@ -347,3 +347,11 @@ def test_a_failing_metric_sink_does_not_swallow_detections() -> None:
     w = LogWatcher(DetectorsConfig(), dets.append, boom)
     w.feed("stdout", ["iter 1: loss 2.5, time 1ms", "iter 2: loss nan, time 1ms"])
     assert [d.cause for d in dets] == [Cause.NAN]
+
+
+def test_nan_consecutive_counts_steps_not_duplicate_prints() -> None:
+    w, c = watcher(DetectorsConfig(nan=NanDetectorConfig(consecutive=2)))
+    w.feed("stdout", ["iter 10: loss nan, time 1ms"] * 4)  # four ranks, one step
+    assert c.detections == []
+    w.feed("stdout", ["iter 11: loss nan, time 1ms"])
+    assert [(d.step, d.onset_step) for d in c.detections] == [(11, 10)]

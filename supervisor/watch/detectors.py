@@ -220,7 +220,8 @@ class NanDetector:
         self.fields = tuple(cfg.fields)
         self.evidence_chars = evidence_chars
         self.fired = False
-        self.runs: dict[tuple[str, int | None], tuple[int, int | None]] = {}
+        # (source, rank) -> (non-finite records in a row, step of the first, last step counted)
+        self.runs: dict[tuple[str, int | None], tuple[int, int | None, int | None]] = {}
 
     def reset(self, resume_step: int | None) -> None:
         self.fired = False
@@ -240,9 +241,10 @@ class NanDetector:
             if self.runs:
                 self.runs.pop(key, None)
             return None
-        count, onset = self.runs.get(key, (0, rec.step))
-        count += 1
-        self.runs[key] = (count, onset)
+        count, onset, last = self.runs.get(key, (0, rec.step, None))
+        if rec.step is None or rec.step != last:  # ranks printing the same step count once
+            count += 1
+        self.runs[key] = (count, onset, rec.step)
         if count < self.cfg.consecutive:
             return None
         self.fired = True
