@@ -110,7 +110,13 @@ def _state_dir(args: argparse.Namespace) -> Path:
     if getattr(args, "state_dir", None):
         return Path(args.state_dir)
     if getattr(args, "config", None):
-        return load_config(args.config, need_command=False).state_dir()
+        cfg = load_config(args.config, need_command=False)
+        sd = cfg.state_dir()
+        # From a shell, a daemon run by systemd keeps its state under StateDirectory=.
+        sysd = Path("/var/lib/transformer-supervisor") / cfg.job.name
+        if not cfg.state.dir and not (sd / "ledger.sqlite").exists() and (sysd / "ledger.sqlite").exists():
+            return sysd
+        return sd
     env = os.environ.get("TSUP_STATE_DIR")
     if env:
         return Path(env)
@@ -183,8 +189,14 @@ def _wrap_table(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run_daemon(cfg: Any, config_path: Path | None, log_format: str | None) -> int:
     from . import logsetup
+    from .ops.journal import JournalProcessor
     from .runner import Runner
 
+    # Under systemd, the daemon's events go to the journal as native entries with TSUP_* fields
+    # (journalctl TSUP_CAUSE=nan), instead of (not besides) the stderr line.
+    jp = JournalProcessor.for_environment(logsetup._logfmt, enabled=cfg.systemd.journal_fields)
+    if jp is not None:
+        logsetup.add_processor(jp)
     logsetup.configure(log_format or cfg.log.format, cfg.log.level)
     runner = Runner(cfg, config_path=config_path)
     return runner.run()

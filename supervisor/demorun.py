@@ -76,11 +76,14 @@ class Narrator:
         if ev == "stacks_dumped" or ev == "hang_stacks_dumped":
             return f"   {msg or 'saved the stacks of the hung processes: ' + str(ed.get('path'))}"
         if ev == "checkpoint_quarantined":
-            return f"xx {msg}"
+            return (f"xx checkpoint {Path(str(ed.get('path'))).name} failed verification ({ed.get('reason')}); "
+                    f"moved to {ed.get('dest')} (never deleted)")
         if ev == "checkpoint_marked_bad":
             return f"xx {msg}"
         if ev == "checkpoint_chosen":
-            return f"ok verified checkpoint: {msg}"
+            return f"ok verified {Path(str(ed.get('path'))).name} (step {ed.get('step')}): {ed.get('reason')}"
+        if ev == "checkpoint_none_ready":
+            return f"!! no ready checkpoint: {ed.get('reason')}"
         if ev in ("validation_started", "validation_passed", "validation_failed"):
             return ("ok " if ev == "validation_passed" else "!! " if ev == "validation_failed" else "   ") + msg
         if ev == "remedies_applied":
@@ -131,7 +134,8 @@ def demo_config(out: Path, faults: str, steps: int, seed: int) -> Any:
         "policy": {"max_restarts": 10, "backoff_initial_s": 1.0, "backoff_max_s": 4.0},
         "shutdown": {"mode": "graceful", "grace_s": 20.0, "hang_grace_s": 2.0},
         "heartbeat": {"timeout_s": 8.0, "startup_timeout_s": 120.0},
-        "validation": {"steps": 20, "first_step_timeout_s": 120.0},
+        # This CPU is shared (2 cores, other processes): throughput swings more than on a GPU node.
+        "validation": {"steps": 20, "first_step_timeout_s": 120.0, "throughput_tolerance": 0.5},
         "gpu": {"backend": "none"},
     })
 

@@ -56,6 +56,8 @@ class Parts:
         self.tracks: dict[int, _Track] = {}
         self._goodput: dict[str, Any] | None = None
         self._goodput_at = float("-inf")
+        self.metrics: Any = None
+        self.last_good_at: float | None = None
         self.logwatch: Any = None
         self.heartbeat: Any = None
         self.tailer: Any = None
@@ -67,13 +69,27 @@ class Parts:
         from .ops.control import ControlServer
         from .ops.notify import Notifier
 
-        self.notifier = Notifier()
+        sd = r.cfg.systemd
+        self.notifier = Notifier(enabled=sd.notify, watchdog_enabled=sd.watchdog)
         self.control = ControlServer(r.state_dir, r.control)
         self.control.start()
+        self._start_metrics(r)
         self._start_watch(r)
         self._start_health(r)
         self._start_checkpoints(r)
         self._load_tracks(r)
+
+    def _start_metrics(self, r: "Runner") -> None:
+        from .ops.metrics import Metrics
+
+        if not (r.cfg.metrics.listen or r.cfg.metrics.textfile):
+            return
+        self.metrics = Metrics(r.cfg.metrics)
+        try:
+            self.metrics.start()
+        except OSError as e:  # a taken port must not stop the supervision of a training run
+            r._event("metrics_unavailable", "error", f"cannot serve Prometheus metrics on {r.cfg.metrics.listen}: "
+                     f"{e}; supervising without the endpoint")
 
     def _start_watch(self, r: "Runner") -> None:
         from .watch.heartbeat import HeartbeatMonitor
@@ -139,7 +155,7 @@ class Parts:
             self.notifier.stopping()
         if self.control is not None:
             self.control.close()
-        for closer in (self.gpu_mon, self.heartbeat, self.tailer):
+        for closer in (self.gpu_mon, self.heartbeat, self.tailer, self.metrics):
             if closer is not None:
                 try:
                     closer.close()
@@ -152,6 +168,11 @@ class Parts:
         if now - self._last_status >= 0.25:
             self._last_status = now
             st = r.refresh_status_cache()
+            if self.metrics is not None:
+                try:
+                    self.metrics.update(st)
+                except Exception as e:
+                    log.warning("metrics_update_failed", error=repr(e))
             if self.notifier is not None:
                 line = _status_line(st)
                 if line != self._status_line:
@@ -197,9 +218,9 @@ class Parts:
         svc.preserve_single_checkpoints()
         choice = svc.choose_for_resume(action, onset, metrics_from_records(list(r.metric_history)))
         for q in getattr(svc, "last_quarantined", ()) or ():
-            r._event("checkpoint_quarantined", "warning",
+            r._event("checkpoint_quarantined", "warning",  # the service logged it; keep it in the ledger
                      f"checkpoint {q.source} is bad ({q.reason}); moved to {q.dest} (never deleted)",
-                     source=str(q.source), dest=str(q.dest), reason=q.reason)
+                     ledger_only=True, source=str(q.source), dest=str(q.dest), reason=q.reason)
         self._newest_at_launch = _cand_key(svc.newest_complete())
         if choice is None:
             has_any = bool(svc.scan())
@@ -207,7 +228,7 @@ class Parts:
                                                                  if has_any else "none written yet"),
                           verified=False if has_any else None)
         rd = choice.readiness.to_json() if choice.readiness is not None else None
-        r._event("checkpoint_chosen", "info",
+        r._event("checkpoint_chosen", "info", ledger_only=True, message=
                  f"resuming from {choice.path} (step {choice.step}): {choice.reason}"
                  + (f"; passed over {len(choice.skipped)} newer" if choice.skipped else ""),
                  path=str(choice.path), step=choice.step, skipped=[list(x) for x in choice.skipped] or None,
@@ -371,6 +392,17 @@ class Parts:
             out["heartbeats"] = {str(k): round(v, 3) for k, v in self.heartbeat.heartbeats().items()}
         gp = self.goodput(r)
         out["goodput"] = gp["ratio"] if gp else None
+        d = r.cfg.checkpoint_dir()
+        if d is not None:
+            # A plain listing, not the service: its lock may be held for seconds by a load test
+            # on the preparation thread, and status must never wait for that.
+            newest = newest_checkpoint_file(d)
+            if newest is not None:
+                try:
+                    out["newest_checkpoint"] = str(newest)
+                    out["seconds_since_last_good_checkpoint"] = round(max(0.0, time.time() - newest.stat().st_mtime), 1)
+                except OSError:
+                    pass
         out["goodput_detail"] = gp
         out["validation"] = self.last_validation
         if self.gpu_mon is not None:

@@ -413,7 +413,9 @@ class Runner:
         self.parts.attempt_started(self, ctx)
 
     def _heartbeat_dir(self) -> Path:
-        return self.state_dir / "heartbeats"
+        # One folder per attempt: a heartbeat or metric line the previous attempt wrote while
+        # it was being stopped can never be mistaken for the new attempt's.
+        return self.state_dir / "heartbeats" / f"attempt-{self.attempt}"
 
     def _launch_spec(self) -> LaunchSpec:
         cfg = self.cfg
