@@ -204,7 +204,8 @@ def test_progress_stall_through_the_logwatcher(setup: tuple[Clock, Path, list[De
 
     clock, hb, out = setup
     m = monitor(HeartbeatConfig(progress_stall_timeout_s=30, **FAST), clock, hb, out)
-    w = LogWatcher(DetectorsConfig(), out.append, lambda r: None, progress=m, clock=lambda: clock.mono)
+    w = LogWatcher(DetectorsConfig(), out.append, lambda r: None, clock=lambda: clock.mono)
+    w.set_progress(m)
     for i in range(5):
         w.feed("stdout", [f"iter {i}: loss 2.5, time 1ms"])
         m.poll(clock.advance(10))

@@ -88,6 +88,11 @@ class LogWatcher:
         self._failed_once = False
         self._fired: set[Cause] = set()
 
+    def set_progress(self, progress: ProgressSink | None) -> None:
+        """Attach the stall-timeout sink after construction (the HeartbeatMonitor takes this
+        watcher as its metrics sink, so one of the two is built first)."""
+        self._progress = progress
+
     # -- LineSink -------------------------------------------------------------------------
 
     def feed(self, source: str, lines: Sequence[str]) -> None:
