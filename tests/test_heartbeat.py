@@ -337,3 +337,32 @@ def test_stale_file_from_an_earlier_run_is_ignored(setup: tuple[Clock, Path, lis
     write_hb(hb, 0, clock.wall(), seq=8)
     m.poll(clock.advance(1))
     assert m.heartbeats() == {0: 1.0}
+
+
+def test_wired_like_the_runner_client_nan_report_becomes_a_detection(tmp_path: Path) -> None:
+    from supervisor.watch.config import DetectorsConfig
+    from supervisor.watch.logwatch import LogWatcher
+
+    hb = tmp_path / "hb"
+    out: list[Detection] = []
+    metrics: list = []
+    lw = LogWatcher(DetectorsConfig(), out.append, metrics.append)
+    m = HeartbeatMonitor(HeartbeatConfig(timeout_s=30, check_interval_s=0.05), metrics_sink=lw,
+                         tail_poll_interval_s=0.05)
+    lw.set_progress(m)
+    lw.reset(0, None)
+    m.start(ctx_for(hb, time.monotonic()), out.append)
+    code = ("from supervisor import client\n"
+            "for s in range(1, 8):\n"
+            "    client.heartbeat(s); client.report(s, loss=float('nan') if s >= 5 else 2.0)\n")
+    p = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO), "TSUP_RUN_ID": "r",
+                                                            "TSUP_HEARTBEAT_DIR": str(hb)}, timeout=30, check=True)
+    try:
+        assert p.returncode == 0
+        wait_for(lambda: out, 10, what="nan detection from client reports")
+        d = out[0]
+        assert d.cause is Cause.NAN and (d.step, d.onset_step) == (5, 5)
+        assert d.source == f"file:{hb / 'metrics-rank0.jsonl'}"
+        assert lw.last_metric() is not None and lw.last_metric().fmt == "client"  # type: ignore[union-attr]
+    finally:
+        m.close()
