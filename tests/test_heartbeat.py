@@ -366,3 +366,30 @@ def test_wired_like_the_runner_client_nan_report_becomes_a_detection(tmp_path: P
         assert lw.last_metric() is not None and lw.last_metric().fmt == "client"  # type: ignore[union-attr]
     finally:
         m.close()
+
+
+def test_per_attempt_heartbeat_dirs(tmp_path: Path) -> None:
+    sink = Lines()
+    clock = Clock()
+    out: list[Detection] = []
+    m = HeartbeatMonitor(HeartbeatConfig(timeout_s=10, check_interval_s=0.01), metrics_sink=sink, wall=clock.wall,
+                         tail_poll_interval_s=0.05)
+    try:
+        d0, d1 = tmp_path / "attempt-0", tmp_path / "attempt-1"
+        m.start(ctx_for(d0, clock.mono, attempt=0), out.append)
+        write_hb(d0, 0, clock.wall(), seq=1, attempt=0)
+        (d0 / "metrics-rank0.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+        m.poll(clock.advance(1))
+        wait_for(lambda: len(sink.lines) == 1, 5)
+        m.stop()
+        d1.mkdir()
+        m.start(ctx_for(d1, clock.mono, attempt=1), out.append)
+        write_hb(d1, 0, clock.wall(), seq=1, attempt=1, step=7)
+        (d1 / "metrics-rank0.jsonl").write_text('{"step": 7, "loss": 2.0}\n')
+        m.poll(clock.advance(1))
+        assert m.heartbeats() == {0: 1.0}
+        wait_for(lambda: len(sink.lines) == 2, 5)
+        assert sink.lines[1] == (f"file:{d1 / 'metrics-rank0.jsonl'}", '{"step": 7, "loss": 2.0}')
+        assert out == []
+    finally:
+        m.close()

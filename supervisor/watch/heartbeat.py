@@ -115,9 +115,14 @@ class HeartbeatMonitor:
         self._last_output = None
         self._last_metric = None
         if self._metrics_sink is not None:
+            glob = str(Path(ctx.heartbeat_dir) / METRICS_GLOB)
+            if self._tailer is not None and self._tailer.patterns != (glob,):
+                # A new heartbeat directory for this attempt: follow that one (from its start).
+                self._tailer.close()
+                self._tailer = None
             if self._tailer is None:
-                self._tailer = FileTailer([str(Path(ctx.heartbeat_dir) / METRICS_GLOB)], Path(ctx.heartbeat_dir),
-                                          self._metrics_sink, poll_interval_s=self._tail_poll)
+                self._tailer = FileTailer([glob], Path(ctx.heartbeat_dir), self._metrics_sink,
+                                          poll_interval_s=self._tail_poll)
             self._tailer.start(ctx, emit)
 
     def stop(self) -> None:
