@@ -10,6 +10,7 @@ console gets one plain sentence per detection, decision and recovery, a progress
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -155,6 +156,7 @@ def run_demo(out: Path, faults: str | None, steps: int | None, seed: int, quiet:
     cfg = demo_config(out, fault_list, steps, seed)
     t0 = time.monotonic()
     narrator = Narrator(out / "daemon.log", console, t0)
+    logging.getLogger("watchdog").setLevel(logging.ERROR)
     structlog.configure(processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
                                     _mask_secrets, structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
                                     narrator], cache_logger_on_first_use=False)

@@ -77,6 +77,9 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
         if not os.environ.get("JOURNAL_STREAM"):
             pre.insert(0, structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"))
         renderer = _logfmt
+    # Libraries that log through the standard logging module (watchdog's inotify thread) must
+    # not print stray lines between our events: only their errors, rendered by logging's default.
+    logging.getLogger("watchdog").setLevel(logging.ERROR)
     structlog.configure(
         processors=[*pre, *_extra, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),

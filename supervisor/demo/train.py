@@ -329,7 +329,8 @@ class FaultBook:
         # Recorded before the fault takes effect: a crash or kill must not make it fire again.
         self.fired.add(name)
         self._write()
-        print(f"demo: injecting the {name!r} fault at step {step}: {FAULT_HELP[name]}",
+        # Announced in words the detectors do not react to: the evidence must be the fault itself.
+        print(f"demo: injecting the {name!r} fault at step {step}: {FAULT_HELP[name].replace('OutOfMemoryError', 'out-of-memory error')}",
               file=sys.stderr, flush=True)
 
     def _write(self) -> None:
