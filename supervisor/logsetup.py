@@ -51,6 +51,23 @@ def _json_event(_logger: Any, _name: str, ed: MutableMapping[str, Any]) -> Mutab
     return ed
 
 
+class _DropBenignWatchdogRace(logging.Filter):
+    # watchdog logs this at ERROR when an inotify observer is stopped while an event is in
+    # flight (a race inside the library, harmless: we stop tailers between attempts).
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "called when the thread is inactive" not in record.getMessage()
+
+
+def quiet_library_logs() -> None:
+    """Libraries that log through the standard logging module (watchdog's threads) must not print
+    stray lines between our events: only their real errors, in logging's default format."""
+    lg = logging.getLogger("watchdog")
+    lg.setLevel(logging.ERROR)
+    if not any(isinstance(f, _DropBenignWatchdogRace) for f in lg.filters):
+        for name in ("watchdog", "watchdog.observers.inotify", "watchdog.observers.inotify_buffer"):
+            logging.getLogger(name).addFilter(_DropBenignWatchdogRace())
+
+
 def add_processor(proc: Processor) -> None:
     """Insert an extra processor before rendering (the journal sender uses this)."""
     _extra.append(proc)
@@ -77,9 +94,7 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
         if not os.environ.get("JOURNAL_STREAM"):
             pre.insert(0, structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"))
         renderer = _logfmt
-    # Libraries that log through the standard logging module (watchdog's inotify thread) must
-    # not print stray lines between our events: only their errors, rendered by logging's default.
-    logging.getLogger("watchdog").setLevel(logging.ERROR)
+    quiet_library_logs()
     structlog.configure(
         processors=[*pre, *_extra, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
