@@ -151,6 +151,7 @@ class Runner:
         self.oom_kills_before: int | None = None
         self.parts = parts
         self.preparing: Future[tuple[Any, Any]] | None = None
+        self._attempt_snapshot: dict[str, Any] | None = None
         self.metric_history: deque[MetricRecord] = deque(maxlen=50_000)
         self._status_cache: dict[str, Any] = {}
         self._last_status_line = ""
@@ -370,7 +371,7 @@ class Runner:
             return
         self.resume = resume
         spec = self._launch_spec()
-        snapshot = self._snapshot(spec)
+        snapshot = None  # recorded once the monitors have started (below)
         remedies = ([{"env": dict(self.remedy_env), "args": list(self.remedy_args),
                       "skip_batches": self.skip_batches}] if (self.remedy_env or self.remedy_args or self.skip_batches)
                     else [])
@@ -409,6 +410,9 @@ class Runner:
         self.monitors = self.parts.monitors_for_attempt(self, ctx)
         for m in list(self.monitors):
             self._guard(m, "start", ctx, self.emit)
+        # Now the GPU/host monitors have looked at least once: record what the attempt runs on.
+        self._attempt_snapshot = self._snapshot(spec)
+        self.ledger.update_attempt(self.run_id, self.attempt, snapshot_json=self._attempt_snapshot)
         self.pending = Pending()
         self.parts.attempt_started(self, ctx)
 
@@ -613,6 +617,13 @@ class Runner:
         cause = self.root.cause if self.root else None
         # The verdict of a validation in progress, the checkpoint bookkeeping, goodput.
         self.parts.attempt_ended(self, cause, decision)
+        try:  # the GPU/host state at the failure, beside the state at the launch
+            at_end = self.parts.snapshot_extra(self)
+            if at_end:
+                self.ledger.update_attempt(self.run_id, self.attempt,
+                                           snapshot_json={**(self._attempt_snapshot or {}), "at_end": at_end})
+        except Exception as e:
+            log.warning("snapshot_failed", error=repr(e))
         counted = cause is not None and cause is not Cause.MANUAL
         summary = (self.root.summary if self.root else info.summary)
         action = decision.action.value if decision else None
