@@ -131,7 +131,7 @@ def run() -> list[dict]:
     return [
         {"name": f"fault-free demo ({STEPS} steps): wall time, final val loss", "value": f"{clean_wall:.0f} s, {loss_txt(clean)}",
          "unit": "", "target": "reference"},
-        {"name": f"ours, 5 faults: wall time, final step, final val loss", "value":
+        {"name": "ours, 5 faults: wall time, final step, final val loss", "value":
             f"{wall:.0f} s, step {faulted.get('step')}, {loss_txt(faulted)}", "unit": "", "target": "finishes"},
         {"name": "ours, 5 faults: final val loss vs fault-free", "value": f"{rel:.2%}", "unit": "",
          "target": "<= 5 %"},

@@ -7,7 +7,6 @@ about the state machine alone.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence

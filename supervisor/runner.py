@@ -20,7 +20,6 @@ events in order, asks the pure policy what to do, and does it.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import random
@@ -33,7 +32,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, fields, is_dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Mapping
+from typing import Any, BinaryIO, Mapping
 
 import structlog
 

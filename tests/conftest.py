@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from tests.util import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = ROOT / "tests" / "helpers"

@@ -27,6 +27,16 @@ def test_example_config_is_generated_from_the_schema_and_valid():
     assert cp.returncode == 0 and "OK" in cp.stdout
 
 
+def test_every_key_of_every_section_has_a_help_line():
+    from supervisor.config import Config
+    from supervisor.configschema import iter_keys
+
+    keys = list(iter_keys(Config))
+    assert len(keys) > 100
+    missing = [path for path, _tp, _d, help_ in keys if not help_ and path != "on"]
+    assert missing == []
+
+
 BAD = """
 [job]
 name = "a/b"

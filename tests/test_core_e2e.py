@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from tests.conftest import helper, history, pid_alive
 from tests.util import wait_for

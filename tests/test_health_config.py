@@ -1,31 +1,18 @@
-"""[gpu]/[host] config: the TOML fragments document every key with its default; gpu_check is ready."""
+"""[gpu]/[host] config: bad values are named with their key; gpu_check is ready."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
-from supervisor.configschema import Problem, build, iter_keys
-from supervisor.health.config import GpuConfig, HostConfig
+from supervisor.configschema import Problem, build
+from supervisor.health.config import GpuConfig
 from supervisor.health.gpucheck import CHILD
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def test_fragments_hold_every_key_with_its_default() -> None:
-    for name, cls in (("gpu", GpuConfig), ("host", HostConfig)):
-        text = (ROOT / "docs" / "config" / f"{name}.toml").read_text()
-        table = tomllib.loads(text)[name]
-        problems: list[Problem] = []
-        assert build(cls, table, name, problems) == cls() and problems == []
-        for path, _tp, _default, help_ in iter_keys(cls, name):
-            key = path.split(".", 1)[1]
-            assert help_, path
-            assert key in table or f"# {key} =" in text, f"{path} is not documented"
 
 
 def test_bad_values_are_reported_with_their_key() -> None:

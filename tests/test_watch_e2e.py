@@ -3,10 +3,8 @@ NVML backend, and the control verbs while a job runs."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest

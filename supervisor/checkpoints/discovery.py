@@ -20,7 +20,6 @@ since the previous scan. The clock is injected so tests need not wait.
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
