@@ -58,7 +58,11 @@ SPAM_JOB = """\
 import sys
 w = sys.stdout.write
 for i in range(int(sys.argv[1])):
-    w(f"step {i} loss 2.{i % 1000:03d} the quick brown fox jumps over the lazy dog\\n")
+    # like a real job: mostly log chatter, a metric line every 20 lines
+    if i % 20 == 0:
+        w(f"iter {i}: loss 2.{i % 1000:03d}, time 12.34ms, mfu 1.20%\\n")
+    else:
+        w(f"[rank0] batch {i} loaded from shard {i % 64} in 0.8 ms; the quick brown fox jumps\\n")
 """
 
 
@@ -182,17 +186,64 @@ def passthrough(tmp: Path) -> list[dict]:
     ours_s = time.monotonic() - t0
     lines = sum(1 for _ in open(out, "rb"))
     assert lines == n, f"lost lines: {lines} != {n}"
-    return [{"name": "pass-through, 1M lines (all detectors on, log file copy)", "value": round(n / ours_s),
+    return [{"name": "pass-through, 1M lines, a metric every 20 (all detectors on, log file copy)", "value": round(n / ours_s),
              "unit": "lines/s", "target": "report"},
             {"name": "same stream read by cat (peer)", "value": round(n / cat_s), "unit": "lines/s", "target": "peer"},
             {"name": "pass-through ratio ours / cat (whole run incl. daemon start-up)",
              "value": round(cat_s / ours_s, 3), "unit": "x", "target": "report"}]
 
 
+NAN_JOB = """\
+import json, sys, time
+print(json.dumps({"step": 1, "loss": 2.0}), flush=True)
+time.sleep(0.05)
+sys.stdout.write(json.dumps({"step": 2, "loss": float("nan"), "t": time.time()}) + "\\n")
+sys.stdout.flush()
+time.sleep(30)
+"""
+
+
+def detection_latency(tmp: Path) -> list[dict]:
+    """Line written by the job -> the daemon's failure_detected event, over many attempts."""
+    import datetime
+
+    trials = int(os.environ.get("BENCH_LATENCY_TRIALS", "200"))
+    job = tmp / "nan_job.py"
+    job.write_text(NAN_JOB)
+    sd = tmp / "sd-latency"
+    cfg = tmp / "latency.toml"
+    cfg.write_text(f"[policy]\nmax_restarts = {trials}\nbackoff_initial_s = 0\n[shutdown]\ngrace_s = 5\n"
+                   "[on.nan]\naction = \"restart\"\n[checkpoints]\nload_test = false\n")
+    log = tmp / "latency.log"
+    with open(log, "w") as f:
+        subprocess.run([PY, "-m", "supervisor", "--log-format", "json", "wrap", "--config", str(cfg), "--state-dir",
+                        str(sd), "--", PY, str(job)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=f,
+                       env={**os.environ, "TSUP_GPU_BACKEND": "none"}, timeout=1200)
+    import json
+
+    stamps = []
+    for line in (tmp / "sd-latency" / "job.log").read_text().splitlines():
+        if '"t":' in line:
+            stamps.append(json.loads(line.replace("NaN", "null"))["t"])
+    detected = []
+    for line in log.read_text().splitlines():
+        if '"failure_detected"' in line:
+            ev = json.loads(line)
+            detected.append(datetime.datetime.fromisoformat(ev["timestamp"]).timestamp())
+    lat = sorted((d - t) * 1000 for t, d in zip(stamps, detected))
+    if not lat:
+        return [{"name": "detection latency (end to end)", "value": "no data", "unit": "", "target": ""}]
+    p = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))]  # noqa: E731
+    return [{"name": f"detection latency, job writes a NaN line -> decision logged, p50 ({len(lat)} trials)",
+             "value": round(p(0.5), 2), "unit": "ms", "target": "report"},
+            {"name": f"detection latency, job writes a NaN line -> decision logged, p99 ({len(lat)} trials)",
+             "value": round(p(0.99), 2), "unit": "ms", "target": "<= 50"}]
+
+
 def run() -> list[dict]:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        return restart_overhead(tmp) + rss_and_cpu(tmp) + passthrough(tmp)
+        return restart_overhead(tmp) + rss_and_cpu(tmp) + passthrough(tmp) + detection_latency(tmp)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import structlog
 
 from . import configschema
 from .config import Config, ConfigError, load_config, signal_number
+from .envsnapshot import snapshot, world_from_launch
 from .events import Action, AttemptContext, Cause, Detection, MetricRecord, Monitor
 from .ledger import Ledger
 from .osapi import Clock, OsApi, ProcRef, become_subreaper
@@ -341,6 +342,7 @@ class Runner:
 
         def prepare() -> None:
             try:
+                self._env_probe()  # ~50-250 ms once per daemon life: not on the main loop
                 gate = parts.gate(self, previous_pids)
                 if gate is not None and not gate.get("passed", True):
                     fut.set_result((gate, None))
@@ -463,18 +465,21 @@ class Runner:
 
         return [shlex.quote(a) for a in [*self.remedy_args, *self._resume_args()]]
 
-    def _snapshot(self, spec: LaunchSpec) -> dict[str, Any]:
-        # Probing the job's Python costs ~50 ms: once per daemon life, not per restart.
+    def _env_probe(self) -> None:
+        """Library versions of the job's Python, git state, host: once per daemon life."""
         if self.snapshot_cache is None:
-            from .envsnapshot import snapshot
-
             py = job_python(self.cfg.job.command, self.cfg.job.python)
             try:
-                self.snapshot_cache = snapshot(py, Path(spec.cwd), spec.argv, spec.env)
+                self.snapshot_cache = snapshot(py, self.cfg.workdir(), self.cfg.job.command,
+                                               {**os.environ, **self.cfg.job.env})
             except Exception as e:
                 self.snapshot_cache = {"error": repr(e)}
+
+    def _snapshot(self, spec: LaunchSpec) -> dict[str, Any]:
+        self._env_probe()
         assert self.parts is not None
-        return {**self.snapshot_cache, **self.parts.snapshot_extra(self)}
+        world = {"world": world_from_launch(spec.argv, spec.env)}
+        return {**(self.snapshot_cache or {}), **world, **self.parts.snapshot_extra(self)}
 
     # ================================================================== detections
     def _on_detection(self, d: Detection) -> None:
