@@ -47,40 +47,68 @@ class SinkFanout:
                 self.remove(sink)
 
 
-class LineSplitter:
-    """Bytes -> complete decoded lines, keeping the partial tail; caps line length."""
+TRUNCATED_MARKER = " ...[line truncated]"
 
-    def __init__(self) -> None:
+
+class LineSplitter:
+    """Bytes -> complete decoded lines, keeping the partial tail; caps line length.
+
+    The one splitter for pipes and tailed files. Whole chunks are decoded and split at once (C
+    speed); UTF-8 errors become U+FFFD; a trailing ``\\r`` is dropped; a line longer than
+    ``max_line`` bytes is delivered once, cut, with TRUNCATED_MARKER, and the rest of it skipped,
+    so the held tail never exceeds ``max_line`` (a 10 MB line costs bounded memory).
+    """
+
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        self.max_line = max_line
         self._tail = b""
         self._dropping = False  # inside an over-long line: skip until its newline
+        self.truncated = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._tail)
+
+    def _cut(self, head: bytes | str) -> str:
+        self.truncated += 1
+        text = head.decode("utf-8", "replace") if isinstance(head, bytes) else head
+        return text[: self.max_line].rstrip("\r") + TRUNCATED_MARKER
+
+    def _hold(self, tail: bytes, out: list[str]) -> None:
+        if len(tail) > self.max_line:
+            out.append(self._cut(tail[: self.max_line]))
+            self._dropping = True
+            tail = b""
+        self._tail = tail
 
     def push(self, chunk: bytes) -> list[str]:
-        data = self._tail + chunk
+        data = self._tail + chunk if self._tail else chunk
         cut = data.rfind(b"\n")
+        out: list[str] = []
         if cut < 0:
-            if len(data) > MAX_LINE:
-                if not self._dropping:
-                    self._dropping = True
-                    self._tail = b""
-                    return [data[:MAX_LINE].decode("utf-8", "replace") + " [...line truncated]"]
+            if self._dropping:
                 self._tail = b""
-                return []
-            self._tail = data
-            return []
-        complete, self._tail = data[:cut], data[cut + 1:]
+            else:
+                self._hold(data, out)
+            return out
+        complete, tail = data[:cut], data[cut + 1:]
         lines = complete.decode("utf-8", "replace").split("\n")
         if self._dropping:
             lines = lines[1:]  # the rest of the over-long line
             self._dropping = False
-        if any(len(x) > MAX_LINE for x in lines):
-            lines = [x if len(x) <= MAX_LINE else x[:MAX_LINE] + " [...line truncated]" for x in lines]
-        return lines
+        if b"\r" in complete:
+            lines = [x[:-1] if x.endswith("\r") else x for x in lines]
+        if len(complete) > self.max_line:
+            lines = [x if len(x) <= self.max_line else self._cut(x) for x in lines]
+        out.extend(lines)
+        self._hold(tail, out)
+        return out
 
     def flush(self) -> list[str]:
         tail, self._tail = self._tail, b""
-        if tail and not self._dropping:
-            return [tail[:MAX_LINE].decode("utf-8", "replace")]
-        self._dropping = False
+        dropping, self._dropping = self._dropping, False
+        if tail and not dropping:
+            return [tail.decode("utf-8", "replace").rstrip("\r")]
         return []
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import signal
 
-from supervisor.output import MAX_LINE, LineSplitter
+from supervisor.output import MAX_LINE, TRUNCATED_MARKER, LineSplitter
 from supervisor.shutdown import Mode, Phase, Shutdown, ShutdownPlan
 
 
@@ -30,10 +30,16 @@ def test_huge_line_costs_bounded_memory():
     out = []
     for _ in range(200):  # 12.8 MB without a newline
         out += s.push(b"x" * 65536)
-        assert len(s._tail) <= MAX_LINE + 65536
+        assert s.pending <= MAX_LINE
     out += s.push(b"end\nnext\n")
-    assert len(out) == 2 and out[0].endswith("[...line truncated]") and len(out[0]) < MAX_LINE + 100
+    assert len(out) == 2 and out[0].endswith(TRUNCATED_MARKER) and len(out[0]) < MAX_LINE + 100
     assert out[1] == "next"
+    assert s.truncated == 1 and s.pending == 0
+
+
+def test_carriage_returns_are_dropped_at_line_ends():
+    s = LineSplitter()
+    assert s.push(b"step 1 loss 2.0\r\nstep 2\r\n") == ["step 1 loss 2.0", "step 2"]
 
 
 class FakeGroup:

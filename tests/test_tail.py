@@ -167,7 +167,7 @@ def test_garbage_and_a_10mb_line_cost_bounded_memory(tail: tuple[FileTailer, Sin
     assert len(huge) == 1 and huge[0].endswith(TRUNCATED_MARKER)
     assert len(huge[0]) <= t.max_line_bytes + len(TRUNCATED_MARKER)
     assert t.status()["truncated_lines"] == 1
-    assert all(len(f_.partial) <= t.max_line_bytes for f_ in t._files.values())
+    assert all(f_.splitter.pending <= t.max_line_bytes for f_ in t._files.values())
 
 
 def test_stop_drains_and_restart_keeps_offsets(tmp_path: Path) -> None:

@@ -37,10 +37,10 @@ from typing import Any, Mapping, Sequence
 import structlog
 
 from ..events import AttemptContext, Emit, LineSink
+from ..output import TRUNCATED_MARKER, LineSplitter
 
 log = structlog.get_logger("supervisor.watch")
 
-TRUNCATED_MARKER = " ...[line truncated]"
 _GLOB_CHARS = frozenset("*?[")
 
 
@@ -50,8 +50,7 @@ class _Followed:
     fd: int
     ident: tuple[int, int]
     offset: int
-    partial: bytearray = field(default_factory=bytearray)
-    discarding: bool = False  # inside an overlong line: skip up to the next newline
+    splitter: LineSplitter = field(default_factory=LineSplitter)
 
 
 def _static_dir(pattern: str) -> tuple[str, bool]:
@@ -235,7 +234,7 @@ class FileTailer:
             except OSError:
                 continue
             start = st.st_size if self._first_scan else 0
-            f = _Followed(path=path, fd=fd, ident=ident, offset=start)
+            f = _Followed(path=path, fd=fd, ident=ident, offset=start, splitter=LineSplitter(self.max_line_bytes))
             self._files[ident] = f
             log.info("tail_file_followed", path=path, offset=start,
                      next="new lines are fed to the detectors")
@@ -277,46 +276,14 @@ class FileTailer:
         return got >= budget
 
     def _split(self, f: _Followed, data: bytes, out: list[str]) -> None:
-        start = 0
-        n = len(data)
-        cap = self.max_line_bytes
-        while start < n:
-            nl = data.find(b"\n", start)
-            if nl == -1:
-                if not f.discarding:
-                    room = cap - len(f.partial)
-                    f.partial += data[start:start + room] if room > 0 else b""
-                    if len(data) - start > room:
-                        self._emit_truncated(f, out)
-                return
-            if f.discarding:
-                f.discarding = False
-            else:
-                piece = data[start:nl]
-                if len(f.partial) + len(piece) > cap:
-                    f.partial += piece[: cap - len(f.partial)]
-                    self._emit_truncated(f, out)
-                    f.discarding = False  # the newline is here: the long line ends now
-                else:
-                    if f.partial:
-                        f.partial += piece
-                        piece = bytes(f.partial)
-                        f.partial.clear()
-                    out.append(piece.decode("utf-8", "replace").rstrip("\r"))
-            start = nl + 1
-
-    def _emit_truncated(self, f: _Followed, out: list[str]) -> None:
-        out.append(bytes(f.partial).decode("utf-8", "replace").rstrip("\r") + TRUNCATED_MARKER)
-        f.partial.clear()
-        f.discarding = True
-        self._truncated_lines += 1
+        before = f.splitter.truncated
+        out.extend(f.splitter.push(data))
+        self._truncated_lines += f.splitter.truncated - before
 
     def _flush_partial(self, f: _Followed) -> None:
-        if f.partial:
-            line = bytes(f.partial).decode("utf-8", "replace").rstrip("\r")
-            f.partial.clear()
-            self._feed(f.path, [line])
-        f.discarding = False
+        rest = f.splitter.flush()
+        if rest:
+            self._feed(f.path, rest)
 
     def _feed(self, path: str, lines: list[str]) -> None:
         if not lines:
