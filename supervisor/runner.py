@@ -367,8 +367,12 @@ class Runner:
             self._give_up(f"could not choose a checkpoint to resume from: {e}", Cause.CHECKPOINT_LOAD_ERROR)
             return
         if resume is None:
-            self._give_up(f"the pre-launch health gate failed: {gate.get('summary')}; look at the node "
-                          "(nvidia-smi, dmesg) before restarting", Cause.GPU_FAULT)
+            reasons = [str(x) for x in gate.get("reasons") or []]
+            storage_only = bool(reasons) and all(x.startswith("storage probe failed") for x in reasons)
+            where = "the checkpoint storage (mounts, free space, permissions)" if storage_only else \
+                "the node (nvidia-smi, dmesg)"
+            self._give_up(f"the pre-launch health gate failed: {gate.get('summary')}; look at {where} "
+                          "before restarting", Cause.DISK_LOW if storage_only else Cause.GPU_FAULT)
             return
         self.resume = resume
         spec = self._launch_spec()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -163,3 +164,34 @@ def test_control_verbs_while_running(daemons, tmp_path):
     assert h["attempts"][0]["counted"] is False
     cp = _cli("status", "--state-dir", str(sd))
     assert cp.returncode == 1 and "no daemon is running" in cp.stderr
+
+
+def test_gpu_lost_mid_run_gives_up(daemons, tmp_path):
+    sd = tmp_path / "sd"
+    backend = _timeline(tmp_path, [[1.0, {"lost": {"device": 1}}]])
+    d = daemons(["wrap", "--state-dir", str(sd), "--grace", "2", "--", PY, "-c", "import time; time.sleep(60)"],
+                env={"TSUP_GPU_BACKEND": backend})
+    assert d.wait(60) == 3
+    a = history(sd)["attempts"][0]
+    assert a["cause"] == "gpu_fault" and a["action"] == "give_up"
+    assert a["detection"]["details"]["kind"] == "gpu_lost"
+
+
+def test_gate_waits_for_gpu_memory_release_then_gives_up_when_it_is_not_released(daemons, tmp_path):
+    sd = tmp_path / "sd"
+    # Memory held on device 0 that never goes away (a leaked context): the crashed job's memory
+    # is not released, so the gate refuses the relaunch after gpu.release_timeout_s.
+    backend = _timeline(tmp_path, [[0.3, {"memory": {"device": 0, "used_frac": 0.6}}]])
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[gpu]\nrelease_timeout_s = 1.5\n")
+    t0 = time.monotonic()
+    d = daemons(["wrap", "--config", str(cfg), "--state-dir", str(sd), "--backoff", "0", "--", PY, "-c",
+                 "import sys, time; time.sleep(1.5); sys.exit(1)"], env={"TSUP_GPU_BACKEND": backend})
+    assert d.wait(60) == 3
+    h = history(sd)
+    assert len(h["attempts"]) == 1  # the relaunch never happened
+    gates = [e for e in h["events"] if e["event"] == "health_gate"]
+    assert gates[0]["data"]["passed"] is True  # nothing ran before the first launch
+    assert gates[-1]["data"]["passed"] is False and gates[-1]["data"]["waited_s"] >= 1.5
+    assert "gave up" in d.stderr() and "health gate" in d.stderr()
+    assert time.monotonic() - t0 < 30
