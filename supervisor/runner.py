@@ -55,6 +55,9 @@ EXIT_CONFIG = 2
 EXIT_GAVE_UP = 3
 
 TICK_S = 0.1
+# Config sections whose objects are built once at daemon start: a reload records them, a
+# daemon restart applies them. job, policy, shutdown, on, validation apply at the next launch.
+RESTART_SECTIONS = ("state", "log", "heartbeat", "detectors", "checkpoints", "gpu", "host", "metrics", "systemd")
 EXIT_DRAIN_S = 1.0  # after the leader exits, how long to wait for the last output lines
 # systemd's own variables must not leak into the job: a job that inherits NOTIFY_SOCKET or
 # WATCHDOG_USEC could ping systemd on our behalf.
@@ -244,6 +247,13 @@ class Runner:
                           message="internal error while handling an event; the daemon keeps going")
 
     def _tick(self) -> None:
+        try:
+            self._tick_inner()
+        except Exception as e:  # the daemon must survive its own parts failing
+            log.exception("runner_tick_failed", error=repr(e),
+                          message="internal error in the main loop; the job keeps running and the loop goes on")
+
+    def _tick_inner(self) -> None:
         now = self.clock.monotonic()
         self._drain_metrics()
         if self.job is not None and self.state in (State.STARTING, State.RUNNING, State.STOPPING):
@@ -789,6 +799,12 @@ class Runner:
             self._event("reload_partial", "warning", "state.dir cannot change while running; restart the daemon")
             new = new.__class__(**{**{f: getattr(new, f) for f in new.__dataclass_fields__},
                                    "state": self.cfg.state})
+        # Sections read once at daemon start (monitors, services, listeners) need a restart.
+        later = sorted(k for k in changed if k.split(".", 1)[0] in RESTART_SECTIONS)
+        if later:
+            self._event("reload_needs_restart", "warning",
+                        f"{len(later)} changed key(s) take effect only after a daemon restart: {', '.join(later)}",
+                        keys=later)
         self.cfg = new
         self._event("config_reloaded", "info",
                     f"config reloaded from {self.config_path}: {len(changed)} key(s) changed"
