@@ -101,6 +101,14 @@ def peer(tmp: Path, kind: str, cap_s: float) -> tuple[float, dict, str]:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             outcome = f"stuck (killed by the benchmark after {cap_s:.0f} s)"
+        # torchrun starts its workers in sessions of their own: a hung worker outlives the
+        # agent's group. Find what is left of this peer by its folder and kill it.
+        import psutil
+
+        for proc in psutil.process_iter(["cmdline"]):
+            if str(out) in " ".join(proc.info["cmdline"] or []):
+                outcome += " (left a worker behind)" if "left" not in outcome else ""
+                proc.kill()
     wall = time.monotonic() - t0
     s = _summary(out / "job_summary.json") or _last_stdout_metric(log)
     return wall, s, outcome
