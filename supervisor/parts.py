@@ -8,7 +8,6 @@ about the state machine alone.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import structlog
@@ -21,26 +20,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("supervisor.parts")
 
-_SKIP_SUFFIXES = (".tmp", ".partial", ".part", ".json", ".lock", ".txt", ".log")
-
-
-def newest_checkpoint_file(d: Path) -> Path | None:
-    """Fallback discovery: the newest regular file or folder in the checkpoint dir."""
-    if not d.is_dir():
-        return None
-    best: tuple[float, Path] | None = None
-    for p in d.iterdir():
-        if p.name.startswith(".") or p.name in ("quarantine", "last_good") or p.name.endswith(_SKIP_SUFFIXES):
-            continue
-        try:
-            m = p.stat().st_mtime
-        except OSError:
-            continue
-        if best is None or m > best[0]:
-            best = (m, p)
-    return best[1] if best else None
-
-
 class Parts:
     def __init__(self) -> None:
         self.control: Any = None
@@ -50,6 +29,8 @@ class Parts:
         self.launch_gate: Any = None
         self.ckpt: Any = None  # CheckpointService when a checkpoint dir is configured
         self._newest_at_launch: Any = None
+        self._newest_cache: Any = None
+        self._newest_at = float("-inf")
         self.validator: Any = None
         self.last_validation: dict[str, Any] | None = None
         self.tracks: dict[int, _Track] = {}
@@ -145,7 +126,7 @@ class Parts:
             "gpu_blind", "warning", f"cannot see the GPUs: {reason}; GPU checks are unavailable (never 'healthy')",
             ledger_only=True))
         self.host_mon = HostMonitor(cfg.host, checkpoint_dir=ckdir, state_dir=r.state_dir,
-                                    last_checkpoint_bytes=lambda: _newest_size(ckdir))
+                                    last_checkpoint_bytes=lambda: getattr(self._newest(), "size", None))
         self.launch_gate = LaunchGate(backend, cfg.gpu, checkpoint_dir=ckdir,
                                       storage_probe=cfg.host.storage_probe)
 
@@ -335,16 +316,7 @@ class Parts:
                 return key is not None and key != before
 
             return probe_svc
-        start = time.time()
-
-        def probe() -> bool:
-            p = newest_checkpoint_file(d)
-            try:
-                return p is not None and p.stat().st_mtime >= start
-            except OSError:
-                return False
-
-        return probe
+        return None
 
     def attempt_ended(self, r: "Runner", cause: Cause | None, decision: "Decision | None") -> None:
         track = self.tracks.get(r.attempt)
@@ -373,6 +345,21 @@ class Parts:
                 f"checkpoint (steps resumed from: {self.ckpt.steps_seen()}; "
                 f"checkpoints.no_progress_attempts = {r.cfg.checkpoints.no_progress_attempts})")
 
+    def _newest(self) -> Any:
+        """The newest complete checkpoint from a plain discovery scan (its own short lock, never
+        the service's, which a load test on the preparation thread may hold for seconds), at most
+        every 5 s. Read by status and by the host monitor's disk check."""
+        if self.ckpt is None:
+            return None
+        now = time.monotonic()
+        if now - self._newest_at >= 5.0:
+            from .checkpoints.discovery import Layout
+
+            self._newest_at = now
+            cands = [c for c in self.ckpt.discovery.scan() if c.layout is not Layout.LAST_GOOD]
+            self._newest_cache = cands[0] if cands else None
+        return self._newest_cache
+
     def goodput(self, r: "Runner") -> dict[str, Any] | None:
         from .goodput import AttemptTimeline, compute
 
@@ -391,17 +378,10 @@ class Parts:
             out["heartbeats"] = {str(k): round(v, 3) for k, v in self.heartbeat.heartbeats().items()}
         gp = self.goodput(r)
         out["goodput"] = gp["ratio"] if gp else None
-        d = r.cfg.checkpoint_dir()
-        if d is not None:
-            # A plain listing, not the service: its lock may be held for seconds by a load test
-            # on the preparation thread, and status must never wait for that.
-            newest = newest_checkpoint_file(d)
-            if newest is not None:
-                try:
-                    out["newest_checkpoint"] = str(newest)
-                    out["seconds_since_last_good_checkpoint"] = round(max(0.0, time.time() - newest.stat().st_mtime), 1)
-                except OSError:
-                    pass
+        newest = self._newest()
+        if newest is not None:
+            out["newest_checkpoint"] = str(newest.path)
+            out["seconds_since_last_good_checkpoint"] = round(max(0.0, time.time() - newest.mtime), 1)
         out["goodput_detail"] = gp
         out["validation"] = self.last_validation
         if self.gpu_mon is not None:
@@ -449,20 +429,6 @@ def _remedy_keys(cfg: Any) -> list[str]:
                     keys.append(a.split("=", 1)[0].lstrip("-"))
             keys += list(rem.env)
     return keys
-
-
-def _newest_size(d: Path | None) -> int | None:
-    if d is None:
-        return None
-    p = newest_checkpoint_file(d)
-    try:
-        if p is None:
-            return None
-        if p.is_dir():
-            return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-        return p.stat().st_size
-    except OSError:
-        return None
 
 
 def _status_line(st: dict[str, Any]) -> str:
