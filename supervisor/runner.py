@@ -635,8 +635,10 @@ class Runner:
         cause = self.root.cause if self.root else None
         # The verdict of a validation in progress, the checkpoint bookkeeping, goodput.
         self.parts.attempt_ended(self, cause, decision)
-        try:  # the GPU/host state at the failure, beside the state at the launch
-            at_end = self.parts.snapshot_extra(self)
+        try:  # the state at the failure (metrics, heartbeats, GPU/host), beside the state at launch
+            at_end = dict(self.parts.snapshot_extra(self))
+            at_end["last_metric"] = _metric_json(self.last_metric) if self.last_metric else None
+            at_end["heartbeats"] = self._status_cache.get("heartbeats")
             if at_end:
                 self.ledger.update_attempt(self.run_id, self.attempt,
                                            snapshot_json={**(self._attempt_snapshot or {}), "at_end": at_end})
