@@ -133,9 +133,9 @@ def demo_config(out: Path, faults: str, steps: int, seed: int) -> Any:
         "state": {"dir": str(out / "state")},
         # Short attempts are normal here (a fault every ~100 steps): 20 s of training counts as a
         # healthy run, so the backoff does not keep growing across unrelated faults.
-        "policy": {"max_restarts": 10, "backoff_initial_s": 1.0, "backoff_max_s": 4.0, "healthy_after_s": 20.0},
+        "policy": {"max_restarts": 10, "backoff_initial_s": 1.0, "backoff_max_s": 2.0, "healthy_after_s": 20.0},
         "shutdown": {"mode": "graceful", "grace_s": 20.0, "hang_grace_s": 2.0},
-        "heartbeat": {"timeout_s": 8.0, "startup_timeout_s": 120.0},
+        "heartbeat": {"timeout_s": 5.0, "startup_timeout_s": 120.0},
         # This CPU is shared (2 cores, other processes): throughput swings more than on a GPU node.
         "validation": {"steps": 20, "first_step_timeout_s": 120.0, "throughput_tolerance": 0.5},
         "gpu": {"backend": "none"},

@@ -7,6 +7,7 @@ about the state machine alone.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -30,6 +31,8 @@ class Parts:
         self.ckpt: Any = None  # CheckpointService when a checkpoint dir is configured
         self._newest_at_launch: Any = None
         self._newest_cache: Any = None
+        self._verified_key: Any = None
+        self._verifier: threading.Thread | None = None
         self._newest_at = float("-inf")
         self.validator: Any = None
         self.last_validation: dict[str, Any] | None = None
@@ -143,6 +146,7 @@ class Parts:
                     log.warning("part_close_failed", part=type(closer).__name__, error=repr(e))
 
     def tick(self, r: "Runner", now: float) -> None:
+        self._verify_new_checkpoint(r)
         if self.validator is not None and r.job is not None:
             self._validation_result(r, self.validator.poll(now))
         if now - self._last_status >= 0.25:
@@ -344,6 +348,31 @@ class Parts:
         return (f"no progress: {self.ckpt.attempts_without_progress()} attempts in a row failed without a newer "
                 f"checkpoint (steps resumed from: {self.ckpt.steps_seen()}; "
                 f"checkpoints.no_progress_attempts = {r.cfg.checkpoints.no_progress_attempts})")
+
+    def _verify_new_checkpoint(self, r: "Runner") -> None:
+        """A checkpoint that appeared while the job runs is verified on a thread of its own."""
+        if self.ckpt is None or not r.cfg.checkpoints.verify_in_background or r.job is None:
+            return
+        newest = self._newest()
+        key = _cand_key(newest)
+        if key is None or key == self._verified_key or (self._verifier and self._verifier.is_alive()):
+            return
+        self._verified_key = key
+        svc = self.ckpt
+
+        def verify() -> None:
+            try:
+                row = svc.verify_newest()
+            except Exception as e:
+                log.warning("checkpoint_background_verify_failed", error=repr(e))
+                return
+            if row is not None and not row.ready:
+                log.warning("checkpoint_not_ready", path=str(row.path), reasons=list(row.reasons),
+                            message=f"the newest checkpoint {row.path} fails the readiness quicklist: "
+                                    f"{'; '.join(row.reasons)}; a restart would use an older one")
+
+        self._verifier = threading.Thread(target=verify, name="checkpoint-verify", daemon=True)
+        self._verifier.start()
 
     def _newest(self) -> Any:
         """The newest complete checkpoint from a plain discovery scan (its own short lock, never

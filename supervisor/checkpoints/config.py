@@ -40,6 +40,9 @@ class CheckpointsConfig:
     # Load test
     load_test: bool = field(default=True, metadata=meta(
         "load each candidate in a subprocess with the job's Python before resuming from it"))
+    verify_in_background: bool = field(default=True, metadata=meta(
+        "verify each new checkpoint (hash, load test) while the job runs, so a restart finds it "
+        "already verified and a bad one is reported when it is written, not when it is needed"))
     python: str | None = field(default=None, metadata=meta(
         "python for the load test; default: the job command's python, else the supervisor's"))
     load_timeout_s: float = field(default=300.0, metadata=meta(

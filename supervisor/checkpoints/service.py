@@ -283,6 +283,15 @@ class CheckpointService:
             rows = [self.evaluate(c, metrics_seen, current) for c in self.scan()]
             return _sort_rows(rows)
 
+    def verify_newest(self) -> Readiness | None:
+        """Evaluate the newest settled checkpoint now (results are cached by stat), so the
+        pre-resume gate finds it verified. Called off the main loop while the job runs."""
+        with self._lock:
+            cands = [c for c in self.scan() if c.layout is not Layout.LAST_GOOD]
+            if not cands:
+                return None
+            return self.evaluate(cands[0], None, self._current_config())
+
     # ------------------------------------------------------------------ the pre-resume gate
 
     def choose_for_resume(self, action: object, onset_step: int | None,
