@@ -45,7 +45,8 @@ from .osapi import Clock, OsApi, ProcRef, become_subreaper
 from .output import SinkFanout
 from .parts import Parts, build_parts
 from .policy import Decision, Failure, PastAttempt, decide, merge_args
-from .process import ExitInfo, JobProcess, LaunchSpec, cgroup_oom_kills, classify_exit, job_python, redact_env
+from .process import (ExitInfo, JobProcess, LaunchSpec, cgroup_oom_kills, classify_exit, is_secret, job_python,
+                      redact_env)
 from .shutdown import Mode, Shutdown, ShutdownPlan
 
 log = structlog.get_logger("supervisor.runner")
@@ -103,6 +104,13 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, StrEnum):
         return v.value
     return v
+
+
+def config_json(cfg: Config) -> dict[str, Any]:
+    """The config as stored in the ledger: secret-looking values of job.env masked."""
+    js = _jsonable(cfg)
+    js["job"]["env"] = redact_env(js["job"]["env"])
+    return js
 
 
 def detection_dict(d: Detection) -> dict[str, Any]:
@@ -166,7 +174,7 @@ class Runner:
         self.ledger = Ledger(self.state_dir)
         if self.parts is None:
             self.parts = build_parts(self)
-        self.run_id, continued = self.ledger.open_run(self.cfg.job.name, _jsonable(self.cfg))
+        self.run_id, continued = self.ledger.open_run(self.cfg.job.name, config_json(self.cfg))
         structlog.contextvars.bind_contextvars(run_id=self.run_id)
         self._install_signals()
         try:
@@ -811,7 +819,9 @@ class Runner:
         self._event("config_reloaded", "info",
                     f"config reloaded from {self.config_path}: {len(changed)} key(s) changed"
                     + (f" ({', '.join(sorted(changed))})" if changed else "")
-                    + "; applied at the next launch", changed={k: [str(a), str(b)] for k, (a, b) in changed.items()})
+                    + "; applied at the next launch",
+                    changed={k: (["<redacted>", "<redacted>"] if is_secret(k.rsplit(".", 1)[-1]) else [str(a), str(b)])
+                             for k, (a, b) in changed.items()})
         self.parts.reloaded(self)
         return {"reloaded": True, "changed": sorted(changed)}
 

@@ -234,3 +234,25 @@ def test_unstartable_command_gives_up_clearly(daemons, tmp_path):
     d = daemons(wrap(sd) + ["/nonexistent/python3", "train.py"])
     assert d.wait(30) == 3
     assert "cannot start the job" in d.stderr()
+
+
+def test_secrets_in_the_environment_are_never_logged_or_stored(daemons, tmp_path):
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    cfgp = tmp_path / "c.toml"
+    base = (f'[job]\ncommand = ["{PY}", "{JOBS}", "flush_on_term", "{out}"]\n'
+            f'env = {{ API_TOKEN = "tok-s3cr3t-1", PLAIN = "visible" }}\n[state]\ndir = "{sd}"\n')
+    cfgp.write_text(base)
+    d = daemons(["run", "--config", str(cfgp)], env={"DB_PASSWORD": "pw-hunter2", "MY_SECRET_KEY": "k-77"})
+    wait_for(lambda: (out / "ready").exists(), 20, what="job ready")
+    cfgp.write_text(base.replace("tok-s3cr3t-1", "tok-s3cr3t-2"))
+    d.signal(signal.SIGHUP)
+    wait_for(lambda: "config_reloaded" in d.stderr(), 10)
+    d.signal(signal.SIGTERM)
+    assert d.wait(30) == 0
+    stored = b"".join(p.read_bytes() for p in sd.iterdir() if p.name.startswith("ledger.sqlite"))
+    h = json.dumps(history(sd))
+    for secret in ("tok-s3cr3t-1", "tok-s3cr3t-2", "pw-hunter2", "k-77"):
+        assert secret not in d.stderr() and secret.encode() not in stored and secret not in h, secret
+    assert "job.env.API_TOKEN" in d.stderr()  # the change itself is reported, its value is not
+    assert history(sd)["attempts"][0]["env"]["PLAIN"] == "visible"
