@@ -373,6 +373,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         args = ap.parse_args(argv)
     verb = args.verb
+    if verb not in ("run", "wrap", "demo"):
+        # Client verbs print their answer on stdout; library events (load tests, manifests)
+        # go to stderr, warnings only, so `--json` output stays parseable.
+        from . import logsetup
+
+        logsetup.configure(args.log_format or "auto", "warning")
     if verb == "wrap" and not args.command and not args.config:
         return _die_usage("wrap needs a command: transformer-supervisor wrap [options] -- CMD ARGS...")
     handlers = {
