@@ -48,6 +48,7 @@ from .policy import Decision, Failure, PastAttempt, decide, merge_args
 from .process import (ExitInfo, JobProcess, LaunchSpec, cgroup_oom_kills, classify_exit, is_secret, job_python,
                       redact_env)
 from .shutdown import Mode, Shutdown, ShutdownPlan
+from .watch.logwatch import metric_dict
 
 log = structlog.get_logger("supervisor.runner")
 
@@ -954,10 +955,5 @@ class Runner:
 
 
 def _metric_json(m: MetricRecord) -> dict[str, Any]:
-    out: dict[str, Any] = {"step": m.step}
-    for k in ("loss", "grad_norm", "lr", "tokens_per_sec", "val_loss", "rank"):
-        v = getattr(m, k)
-        if v is not None:
-            out[k] = v
-    out["age_s"] = round(time.time() - m.at, 3)
-    return out
+    """``status --json`` last_metric: the watcher's shape plus how old it is."""
+    return {**metric_dict(m), "age_s": round(time.time() - m.at, 3)}
