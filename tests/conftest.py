@@ -41,6 +41,14 @@ class Daemon:
         self.proc.send_signal(sig)
 
     def kill(self) -> None:
+        """Stop a daemon a test left running: SIGTERM first, so it stops its job's group (the job
+        runs in a session of its own and would outlive a SIGKILLed daemon), then SIGKILL."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
