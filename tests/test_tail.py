@@ -27,6 +27,15 @@ class Sink:
             return [ln for s, b in self.batches for ln in b if source is None or s == source]
 
 
+def follow(t: FileTailer, path: Path, text: str = "") -> Path:
+    """Create PATH (and its folder) holding TEXT, start the tailer, wait until it follows a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    t.start()
+    wait_for(lambda: t.status()["files"], 5, what=f"{path.name} followed")
+    return path
+
+
 def append(path: Path, text: str | bytes) -> None:
     with open(path, "ab") as f:
         f.write(text.encode() if isinstance(text, str) else text)
@@ -44,11 +53,7 @@ def tail(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[FileT
 
 def test_existing_files_start_at_end_new_files_from_start(tail: tuple[FileTailer, Sink, Path]) -> None:
     t, sink, logs = tail
-    logs.mkdir()
-    old = logs / "rank0.log"
-    old.write_text("history line 1\nhistory line 2\n")
-    t.start()
-    wait_for(lambda: t.status()["files"], 5, what="existing file followed")
+    old = follow(t, logs / "rank0.log", "history line 1\nhistory line 2\n")
     append(old, "fresh 1\n")
     new = logs / "rank1.log"
     new.write_text("new file line 1\nnew file line 2\n")
@@ -73,11 +78,7 @@ def test_late_directory_and_partial_lines(tail: tuple[FileTailer, Sink, Path]) -
 
 def test_rename_rotation(tail: tuple[FileTailer, Sink, Path]) -> None:
     t, sink, logs = tail
-    logs.mkdir()
-    f = logs / "rank0.log"
-    f.write_text("")
-    t.start()
-    wait_for(lambda: t.status()["files"], 5)
+    f = follow(t, logs / "rank0.log")
     append(f, "a1\na2\n")
     wait_for(lambda: len(sink.lines()) == 2, 5)
     append(f, "a3 written just before rotation\n")
@@ -93,10 +94,7 @@ def test_rotation_to_a_name_that_still_matches_reads_nothing_twice(tmp_path: Pat
     sink = Sink()
     t = FileTailer([str(tmp_path / "*.log*")], tmp_path, sink, poll_interval_s=0.05)
     try:
-        f = tmp_path / "train.log"
-        f.write_text("")
-        t.start()
-        wait_for(lambda: t.status()["files"], 5)
+        f = follow(t, tmp_path / "train.log")
         append(f, "x1\nx2\n")
         wait_for(lambda: len(sink.lines()) == 2, 5)
         os.rename(f, tmp_path / "train.log.1")
@@ -111,11 +109,7 @@ def test_rotation_to_a_name_that_still_matches_reads_nothing_twice(tmp_path: Pat
 
 def test_copytruncate(tail: tuple[FileTailer, Sink, Path]) -> None:
     t, sink, logs = tail
-    logs.mkdir()
-    f = logs / "rank0.log"
-    f.write_text("")
-    t.start()
-    wait_for(lambda: t.status()["files"], 5)
+    f = follow(t, logs / "rank0.log")
     append(f, "before 1 with some length to it\nbefore 2 with some length to it\n")
     wait_for(lambda: len(sink.lines()) == 2, 5)
     shutil.copy(f, logs / "rank0.log.1.bak")
@@ -129,11 +123,7 @@ def test_copytruncate(tail: tuple[FileTailer, Sink, Path]) -> None:
 
 def test_deletion_and_recreation(tail: tuple[FileTailer, Sink, Path]) -> None:
     t, sink, logs = tail
-    logs.mkdir()
-    f = logs / "rank0.log"
-    f.write_text("")
-    t.start()
-    wait_for(lambda: t.status()["files"], 5)
+    f = follow(t, logs / "rank0.log")
     append(f, "one\nunterminated tail")
     wait_for(lambda: sink.lines() == ["one"], 5)
     f.unlink()
@@ -148,11 +138,7 @@ def test_deletion_and_recreation(tail: tuple[FileTailer, Sink, Path]) -> None:
 
 def test_garbage_and_a_10mb_line_cost_bounded_memory(tail: tuple[FileTailer, Sink, Path]) -> None:
     t, sink, logs = tail
-    logs.mkdir()
-    f = logs / "rank0.log"
-    f.write_text("")
-    t.start()
-    wait_for(lambda: t.status()["files"], 5)
+    f = follow(t, logs / "rank0.log")
     garbage = bytes(range(256)) * 64 + b"\xff\xfe\x00\x80"
     append(f, garbage + b"\nok after garbage\n")
     wait_for(lambda: "ok after garbage" in sink.lines(), 5)
