@@ -20,6 +20,13 @@ def wrap(sd: Path, *flags: str) -> list[str]:
     return ["wrap", "--state-dir", str(sd), "--backoff", "0", *flags, "--"]
 
 
+def short_leftover_grace(tmp_path: Path) -> list[str]:
+    """A config whose leftover grace is 1 s: stubborn leftovers are SIGKILLed without a 10 s wait."""
+    cfg = tmp_path / "leftover.toml"
+    cfg.write_text("[shutdown]\nleftover_grace_s = 1\n")
+    return ["--config", str(cfg)]
+
+
 def test_success_exits_zero_and_records_the_attempt(daemons, tmp_path):
     sd = tmp_path / "sd"
     d = daemons(wrap(sd) + [PY, JOBS, "exit", "0"])
@@ -146,7 +153,7 @@ def test_leader_exit_leaves_no_orphans_before_relaunch(daemons, tmp_path):
               "    time.sleep(3600)\n"
               "while not any(n.startswith('child') for n in os.listdir(sys.argv[1])): time.sleep(0.01)\n"
               "sys.exit(1)\n")
-    d = daemons(wrap(sd, "--max-restarts", "1") + [PY, "-c", script, str(out)])
+    d = daemons(wrap(sd, "--max-restarts", "1", *short_leftover_grace(tmp_path)) + [PY, "-c", script, str(out)])
     assert d.wait(60) == 3
     kids = [int(p.name[5:]) for p in out.glob("child*")]
     assert len(kids) == 2
@@ -170,7 +177,8 @@ def test_hybrid_waits_for_the_emergency_checkpoint(daemons, tmp_path):
 def test_daemon_kill9_then_restart_stops_leftover_and_continues_ledger(daemons, tmp_path):
     sd, out = tmp_path / "sd", tmp_path / "out"
     out.mkdir()
-    args = wrap(sd, "--max-restarts", "5", "--grace", "1") + [PY, JOBS, "ignore_term", str(out)]
+    args = wrap(sd, "--max-restarts", "5", "--grace", "1", *short_leftover_grace(tmp_path)) + [
+        PY, JOBS, "ignore_term", str(out)]
     d1 = daemons(args)
     wait_for(lambda: (out / "ready").exists(), 20, what="job ready")
     old_job = int((out / "ready").read_text())
