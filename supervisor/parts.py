@@ -30,6 +30,7 @@ class Parts:
         self.launch_gate: Any = None
         self.ckpt: Any = None  # CheckpointService when a checkpoint dir is configured
         self._newest_at_launch: Any = None
+        self._ended: tuple[Any, str, bool, int | None] | None = None
         self._newest_cache: Any = None
         self._verified_key: Any = None
         self._verifier: threading.Thread | None = None
@@ -205,7 +206,7 @@ class Parts:
             r._event("checkpoint_quarantined", "warning",  # the service logged it; keep it in the ledger
                      f"checkpoint {q.source} is bad ({q.reason}); moved to {q.dest} (never deleted)",
                      ledger_only=True, source=str(q.source), dest=str(q.dest), reason=q.reason)
-        self._newest_at_launch = _cand_key(svc.newest_complete())
+        self._newest_at_launch = _cand_key(self._newest_now())
         if choice is None:
             has_any = bool(svc.scan())
             return Resume(None, None, "no ready checkpoint: " + ("every candidate failed the quicklist"
@@ -311,12 +312,11 @@ class Parts:
         if d is None:
             return None
         if self.ckpt is not None:
-            svc = self.ckpt
-            before = _cand_key(svc.newest_complete())
+            before = _cand_key(self._newest_now())
 
             def probe_svc() -> bool:
                 # A new complete checkpoint (not a temp file, settled) is the emergency one.
-                key = _cand_key(svc.newest_complete())
+                key = _cand_key(self._newest_now())
                 return key is not None and key != before
 
             return probe_svc
@@ -335,15 +335,24 @@ class Parts:
         self.validator = None
         if self.ckpt is None or cause is None or cause is Cause.MANUAL:
             return
-        newer = _cand_key(self.ckpt.newest_complete()) != self._newest_at_launch
-        if self.ckpt.note_attempt_result(r.resume.checkpoint, cause.value, newer, step=r.resume.step):
-            r._event("checkpoint_marked_bad", "warning",
-                     f"checkpoint {r.resume.checkpoint} is marked bad: the job failed from it ({cause.value}) "
-                     "without producing a newer one; the next resume uses an older ready checkpoint",
-                     path=r.resume.checkpoint, cause=cause.value)
+        # Only noted here: the service's bookkeeping takes its lock, which a background load test
+        # may hold for seconds, so it happens on the launch-preparation thread (before_launch).
+        self.ckpt.set_writer_active(False)  # the attempt's group is gone: nothing still writes
+        newer = _cand_key(self._newest_now()) != self._newest_at_launch
+        self._ended = (r.resume.checkpoint, cause.value, newer, r.resume.step)
 
-    def no_progress(self, r: "Runner") -> str | None:
-        if self.ckpt is None or not self.ckpt.no_progress():
+    def before_launch(self, r: "Runner") -> str | None:
+        """On the preparation thread: book the last attempt's result against its checkpoint
+        (a checkpoint failed from twice is marked bad); a reason to give up on no progress."""
+        ended, self._ended = self._ended, None
+        if self.ckpt is None or ended is None:
+            return None
+        ckpt, cause, newer, step = ended
+        if self.ckpt.note_attempt_result(ckpt, cause, newer, step=step):
+            r._event("checkpoint_marked_bad", "warning",
+                     f"checkpoint {ckpt} is marked bad: the job failed from it ({cause}) without producing a "
+                     "newer one; the next resume uses an older ready checkpoint", path=ckpt, cause=cause)
+        if not self.ckpt.no_progress():
             return None
         return (f"no progress: {self.ckpt.attempts_without_progress()} attempts in a row failed without a newer "
                 f"checkpoint (steps resumed from: {self.ckpt.steps_seen()}; "
@@ -374,6 +383,15 @@ class Parts:
         self._verifier = threading.Thread(target=verify, name="checkpoint-verify", daemon=True)
         self._verifier.start()
 
+    def _newest_now(self) -> Any:
+        """The newest complete checkpoint by a fresh discovery scan (never the service's lock)."""
+        if self.ckpt is None:
+            return None
+        from .checkpoints.discovery import Layout
+
+        cands = [c for c in self.ckpt.discovery.scan() if c.layout is not Layout.LAST_GOOD]
+        return cands[0] if cands else None
+
     def _newest(self) -> Any:
         """The newest complete checkpoint from a plain discovery scan (its own short lock, never
         the service's, which a load test on the preparation thread may hold for seconds), at most
@@ -382,11 +400,8 @@ class Parts:
             return None
         now = time.monotonic()
         if now - self._newest_at >= 5.0:
-            from .checkpoints.discovery import Layout
-
             self._newest_at = now
-            cands = [c for c in self.ckpt.discovery.scan() if c.layout is not Layout.LAST_GOOD]
-            self._newest_cache = cands[0] if cands else None
+            self._newest_cache = self._newest_now()
         return self._newest_cache
 
     def goodput(self, r: "Runner") -> dict[str, Any] | None:

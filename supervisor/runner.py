@@ -362,6 +362,11 @@ class Runner:
         def prepare() -> None:
             try:
                 self._env_probe()  # ~50-250 ms once per daemon life: not on the main loop
+                # No progress: several failures in a row without a newer checkpoint.
+                stuck = parts.before_launch(self)
+                if stuck:
+                    fut.set_result(({"passed": False, "no_progress": stuck}, None))
+                    return
                 gate = parts.gate(self, previous_pids)
                 if gate is not None and not gate.get("passed", True):
                     fut.set_result((gate, None))
@@ -384,6 +389,9 @@ class Runner:
             self._event("checkpoint_selection_failed", "error", f"choosing a checkpoint failed: {e!r}; "
                         "starting without one would lose progress, so giving up")
             self._give_up(f"could not choose a checkpoint to resume from: {e}", Cause.CHECKPOINT_LOAD_ERROR)
+            return
+        if resume is None and gate.get("no_progress"):
+            self._give_up(gate["no_progress"], Cause.NO_PROGRESS)
             return
         if resume is None:
             reasons = [str(x) for x in gate.get("reasons") or []]
@@ -683,15 +691,11 @@ class Runner:
         if not decision.relaunch:
             self._give_up(f"attempt {self.attempt} failed: {summary}; {decision.reason}", decision.cause)
             return
-        # No progress: several failures in a row without a newer checkpoint.
-        np = self.parts.no_progress(self)
-        if np:
-            self._give_up(np, Cause.NO_PROGRESS)
-            return
         self._apply_remedies(decision)
         if decision.cause is Cause.VALIDATION_FAILED:
             self.diagnostics = True
-        self.backoff_until = now + decision.delay_s
+        # From a fresh clock: the bookkeeping above may have taken a moment.
+        self.backoff_until = self.clock.monotonic() + decision.delay_s
         self._set_state(State.BACKOFF, decision.cause.value)
         self._event("restart_scheduled", "warning",
                     f"attempt {self.attempt} failed: {decision.cause.value} ({summary}) after {ran:.1f} s; "

@@ -264,3 +264,22 @@ def test_secrets_in_the_environment_are_never_logged_or_stored(daemons, tmp_path
         assert secret not in d.stderr() and secret.encode() not in stored and secret not in h, secret
     assert "job.env.API_TOKEN" in d.stderr()  # the change itself is reported, its value is not
     assert history(sd)["attempts"][0]["env"]["PLAIN"] == "visible"
+
+
+def test_no_progress_gives_up_with_the_steps_seen(daemons, tmp_path):
+    sd, ck = tmp_path / "sd", tmp_path / "ck"
+    ck.mkdir()
+    from supervisor.client import save_checkpoint
+    import torch
+
+    save_checkpoint({"model": {"w": torch.zeros(2)}}, ck / "step_000100.pt", step=100)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[checkpoints]\nno_progress_attempts = 3\n")
+    # Every attempt dies before writing a newer checkpoint: restarting cannot help.
+    d = daemons(wrap(sd, "--config", str(cfg), "--checkpoint-dir", str(ck), "--max-restarts", "10") +
+                [PY, "-c", "import sys; sys.exit(1)"])
+    assert d.wait(120) == 3
+    h = history(sd)
+    assert len(h["attempts"]) == 3 and h["attempts"][0]["checkpoint"].endswith("step_000100.pt")
+    assert h["state"] == "gave_up" and "no progress: 3 attempts in a row" in h["reason"]
+    assert "gave up" in d.stderr()
