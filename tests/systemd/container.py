@@ -57,10 +57,14 @@ def ensure_tools() -> None:
     if not shutil.which("apt-get"):
         raise Unavailable("systemd-nspawn/debootstrap missing and no apt-get to install them")
     # --no-install-recommends: the recommended libnss-mymachines would edit /etc/nsswitch.conf.
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
     with _lock():
-        r = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES],
-                           capture_output=True, text=True, timeout=600,
-                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        r = subprocess.run(install, capture_output=True, text=True, timeout=600, env=env)
+        if r.returncode != 0:
+            # A fresh machine may have no package lists yet: fetch them once, then try again.
+            subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, timeout=600, env=env)
+            r = subprocess.run(install, capture_output=True, text=True, timeout=600, env=env)
     if r.returncode != 0 or not shutil.which("systemd-nspawn"):
         raise Unavailable(f"could not install {' '.join(PACKAGES)}: {r.stderr.strip()[-300:]}")
 
