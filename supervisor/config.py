@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -48,10 +48,6 @@ def _signal_name(value: str) -> str | None:
 def signal_number(name: str) -> int:
     name = name.upper()
     return int(getattr(signal, name if name.startswith("SIG") else "SIG" + name))
-
-
-def _resume_template(args: tuple[str, ...]) -> str | None:
-    return None  # any args are fine; {checkpoint} is optional (some jobs read TSUP_RESUME_FROM)
 
 
 @dataclass(frozen=True)
@@ -321,11 +317,3 @@ def load_config(path: str | Path, *, need_command: bool = True) -> Config:
     p = Path(path)
     return config_from_table(read_toml(p), str(p), need_command=need_command)
 
-
-def with_overrides(cfg: Config, **sections: Mapping[str, Any]) -> Config:
-    """Apply validated overrides (from wrap flags): with_overrides(cfg, job={"name": "x"})."""
-    out = cfg
-    for section, values in sections.items():
-        if values:
-            out = replace(out, **{section: replace(getattr(out, section), **values)})
-    return out

@@ -240,11 +240,6 @@ def build(cls: type, table: Mapping[str, Any], prefix: str, problems: list[Probl
     return cls(**kwargs)
 
 
-def defaults_of(cls: type) -> Any:
-    """An instance with every default (for sections absent from the file)."""
-    return cls()
-
-
 def iter_keys(cls: type, prefix: str = "") -> typing.Iterator[tuple[str, Any, Any, str]]:
     """Yield (path, type, default, help) for every key, nested tables included (docs, tests)."""
     hints = typing.get_type_hints(cls)

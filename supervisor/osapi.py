@@ -8,7 +8,6 @@ ESRCH ("no such process") always means "already gone", never an error.
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import signal
 import time
@@ -124,6 +123,3 @@ def signal_name(sig: int) -> str:
     except ValueError:
         return f"SIG{sig}"
 
-
-def esrch(exc: OSError) -> bool:
-    return exc.errno == errno.ESRCH

@@ -210,15 +210,14 @@ class Parts:
         if choice is None:
             has_any = bool(svc.scan())
             return Resume(None, None, "no ready checkpoint: " + ("every candidate failed the quicklist"
-                                                                 if has_any else "none written yet"),
-                          verified=False if has_any else None)
+                                                                 if has_any else "none written yet"))
         rd = choice.readiness.to_json() if choice.readiness is not None else None
         r._event("checkpoint_chosen", "info", ledger_only=True, message=
                  f"resuming from {choice.path} (step {choice.step}): {choice.reason}"
                  + (f"; passed over {len(choice.skipped)} newer" if choice.skipped else ""),
                  path=str(choice.path), step=choice.step, skipped=[list(x) for x in choice.skipped] or None,
                  readiness=rd)
-        return Resume(str(choice.path), choice.step, choice.reason, readiness=rd, verified=True)
+        return Resume(str(choice.path), choice.step, choice.reason)
 
     def snapshot_extra(self, r: "Runner") -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -308,19 +307,16 @@ class Parts:
                      "(pip install 'transformer-supervisor[diagnostics]')", ledger_only=True)
 
     def new_checkpoint_probe(self, r: "Runner", now: float) -> Callable[[], bool] | None:
-        d = r.cfg.checkpoint_dir()
-        if d is None:
+        if self.ckpt is None:  # no checkpoint dir configured: nothing to wait for
             return None
-        if self.ckpt is not None:
-            before = _cand_key(self._newest_now())
+        before = _cand_key(self._newest_now())
 
-            def probe_svc() -> bool:
-                # A new complete checkpoint (not a temp file, settled) is the emergency one.
-                key = _cand_key(self._newest_now())
-                return key is not None and key != before
+        def probe() -> bool:
+            # A new complete checkpoint (not a temp file, settled) is the emergency one.
+            key = _cand_key(self._newest_now())
+            return key is not None and key != before
 
-            return probe_svc
-        return None
+        return probe
 
     def attempt_ended(self, r: "Runner", cause: Cause | None, decision: "Decision | None") -> None:
         track = self.tracks.get(r.attempt)

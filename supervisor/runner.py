@@ -82,8 +82,6 @@ class Resume:
     checkpoint: str | None
     step: int | None
     reason: str
-    readiness: Mapping[str, Any] | None = None  # the quicklist row of the chosen checkpoint
-    verified: bool | None = None  # None: nothing to verify (fresh start / no checkpoint dir)
 
 
 @dataclass
@@ -229,11 +227,15 @@ class Runner:
         except queue.Empty:
             return
         self._handle(item)
-        for _ in range(1000):  # drain what arrived meanwhile, bounded
+        self._drain_queue()
+
+    def _drain_queue(self) -> None:
+        """Handle what is already queued, without waiting (bounded, so a flood cannot starve the tick)."""
+        for _ in range(1000):
             try:
                 item = self.q.get_nowait()
             except queue.Empty:
-                break
+                return
             self._handle(item)
 
     def _handle(self, item: tuple[Any, ...]) -> None:
@@ -581,7 +583,7 @@ class Runner:
         # the last one written, and its detection must be the root cause, not "crash".
         if not self._job_output_done(now):
             return
-        self._wait_and_drain_detections()
+        self._drain_queue()
         if self.state is State.STOPPING:  # a detection arrived and started a stop
             return
         status = self.job.status
@@ -610,14 +612,6 @@ class Runner:
         if self.exit_seen_at is None:
             self.exit_seen_at = now
         return self.job.pumps_done(0) or now - self.exit_seen_at >= EXIT_DRAIN_S
-
-    def _wait_and_drain_detections(self) -> None:
-        for _ in range(1000):
-            try:
-                item = self.q.get_nowait()
-            except queue.Empty:
-                return
-            self._handle(item)
 
     def _finish_attempt(self, info: ExitInfo, now: float, success: bool) -> None:
         """The leader exited by itself: stop what is left of the group, then decide."""

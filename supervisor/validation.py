@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from .config import ValidationConfig
 from .events import MetricRecord
@@ -186,8 +186,3 @@ def _merge(a: MetricRecord, b: MetricRecord) -> MetricRecord:
     return MetricRecord(step=b.step, rank=b.rank, source=b.source, fmt=b.fmt, at=b.at,
                         extra={**dict(a.extra), **dict(b.extra)}, **vals)
 
-
-def verdict_json(v: Verdict | None, incomplete: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-    if v is not None:
-        return v.to_json()
-    return dict(incomplete) if incomplete else None

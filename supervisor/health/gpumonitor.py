@@ -333,7 +333,6 @@ class GpuMonitor:
 
     def _check_once(self) -> None:
         now = self._clock()
-        cfg = self._cfg
         pids = job_tree_pids(self._ctx.pid if self._ctx else None)
         count = self._backend.device_count()
         readings = {i: read_device(self._backend, i, pids, self._infos.get(i)) for i in range(count)}
