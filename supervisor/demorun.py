@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, MutableMapping, TextIO
+from typing import Any, Mapping, MutableMapping, TextIO
 
 import structlog
 
@@ -27,6 +27,18 @@ from .parts import Parts
 from .runner import Runner
 
 PROGRESS_EVERY = 100
+
+
+# Events whose own message is the narration, with the prefix that marks its kind.
+_SAID_AS_IS: Mapping[str, str] = {
+    "restart_scheduled": "   ", "shutdown_signal_sent": "   ", "shutdown_escalated": "   ",
+    "shutdown_checkpoint_requested": "   ", "shutdown_checkpoint_seen": "   ", "job_leftovers": "   ",
+    "stacks_dumped": "   ", "remedies_applied": "   ", "validation_started": "   ",
+    "validation_passed": "ok ", "validation_failed": "!! ", "checkpoint_marked_bad": "xx ",
+    "gave_up": "XX ", "daemon_exiting": "== ", "detection_warned": "   (warning only) ",
+    "monitor_failed": "!! internal: ", "runner_handler_failed": "!! internal: ",
+    "runner_tick_failed": "!! internal: ",
+}
 
 
 class Narrator:
@@ -68,34 +80,15 @@ class Narrator:
             if ed.get("onset_step") is not None and ed.get("onset_step") != ed.get("step"):
                 out += f"\n         the anomaly began at step {ed['onset_step']}"
             return out + f"\n         decision: {msg.split('; ', 1)[-1]}"
-        if ev == "restart_scheduled":
-            return f"   {msg}"
-        if ev in ("shutdown_signal_sent", "shutdown_escalated", "shutdown_checkpoint_requested",
-                  "shutdown_checkpoint_seen", "job_leftovers"):
-            return f"   {msg}"
-        if ev == "stacks_dumped" or ev == "hang_stacks_dumped":
-            return f"   {msg or 'saved the stacks of the hung processes: ' + str(ed.get('path'))}"
+        if ev in _SAID_AS_IS:  # a module's own line without a message is said by the runner's twin
+            return _SAID_AS_IS[str(ev)] + msg if msg else None
         if ev == "checkpoint_quarantined":
             return (f"xx checkpoint {Path(str(ed.get('path'))).name} failed verification ({ed.get('reason')}); "
                     f"moved to {ed.get('dest')} (never deleted)")
-        if ev == "checkpoint_marked_bad":
-            return f"xx {msg}"
         if ev == "checkpoint_chosen":
             return f"ok verified {Path(str(ed.get('path'))).name} (step {ed.get('step')}): {ed.get('reason')}"
-        if ev == "checkpoint_none_ready":
-            return f"!! no ready checkpoint: {ed.get('reason')}"
-        if ev in ("validation_started", "validation_passed", "validation_failed"):
-            return ("ok " if ev == "validation_passed" else "!! " if ev == "validation_failed" else "   ") + msg
-        if ev == "remedies_applied":
-            return f"   {msg}"
-        if ev == "gave_up":
-            return f"XX {msg}"
-        if ev == "daemon_exiting":
-            return f"== {msg}"
-        if ev == "detection_warned":
-            return f"   (warning only) {msg}"
-        if ev in ("monitor_failed", "runner_handler_failed"):
-            return f"!! internal: {msg}"
+        if ev == "checkpoint_none_ready" and "no checkpoints found" not in str(ed.get("reason")):
+            return f"!! no ready checkpoint: {ed.get('reason')}"  # (none at all: "from scratch" says it)
         return None
 
 
