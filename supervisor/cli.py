@@ -39,7 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir")
     p.add_argument("--log-file")
     p.add_argument("--max-restarts")
-    p.add_argument("--heartbeat-timeout")
+    p.add_argument("--heartbeat-timeout", metavar="SECONDS",
+                   help="hang timeout ([heartbeat] timeout_s): a rank's heartbeat older than this, or, for a "
+                        "job without the client, no new step and no output line for this long "
+                        "(default: learned from the job's rhythm)")
     p.add_argument("--shutdown")
     p.add_argument("--grace")
     p.add_argument("--resume-arg", action="append", default=None,

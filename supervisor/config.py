@@ -63,6 +63,9 @@ class JobConfig:
         "extra environment for the job, on top of the daemon's (values are never logged when the "
         "name contains TOKEN, KEY, SECRET or PASSWORD)"))
     inherit_env: bool = field(default=True, metadata=meta("start from the daemon's environment"))
+    unbuffered: bool = field(default=True, metadata=meta(
+        "set PYTHONUNBUFFERED=1 for the job (unless its environment sets it), so a Python job's lines "
+        "reach the detectors when printed, not in 4-8 KiB blocks or at exit; false leaves it alone"))
     shell: bool = field(default=False, metadata=meta("true: command is one string run by /bin/sh -c"))
     resume_args: tuple[str, ...] = field(default=(), metadata=meta(
         "args appended only when resuming; {checkpoint} is replaced by the checkpoint path"))

@@ -334,7 +334,9 @@ def test_real_child_printing_nan_at_step_500(fmt: str) -> None:
     if fmt == "hf":
         assert d.step is None  # HF Trainer lines carry no step (epoch only); client heartbeats do
     else:
-        assert (d.step, d.onset_step) == (500, 500)
+        # Logged every 10 steps: the last finite record was step 490, so the poison may have
+        # begun at 491, and that (not 500) is what a rollback must go back before.
+        assert (d.step, d.onset_step) == (500, 491)
     assert d.evidence and ("nan" in d.evidence.lower())
     assert c.metrics[-1].fmt == fmt
 

@@ -44,7 +44,8 @@ class HeartbeatConfig:
     """``[heartbeat]``: per-rank heartbeats from ``supervisor.client`` and hang detection."""
 
     timeout_s: float | None = field(default=None, metadata=meta(
-        "a rank whose last heartbeat is older than this is hung; unset: learned from the job's rhythm",
+        "a rank whose last heartbeat is older than this is hung; for a job without the client, one that "
+        "prints no new step and no line for this long; unset: learned from the job's rhythm",
         min=0, min_exclusive=True))
     startup_timeout_s: float = field(default=1800.0, metadata=meta(
         "time from launch to every rank's first heartbeat (model load, compile, NCCL init)",
@@ -69,6 +70,11 @@ class HeartbeatConfig:
         min=0))
     check_interval_s: float = field(default=0.25, metadata=meta(
         "how often the daemon reads the heartbeat files", min=0, min_exclusive=True))
+    output_liveness: bool = field(default=True, metadata=meta(
+        "a job without heartbeats that has printed parsed training steps is hung when it prints no new "
+        "step and no line for timeout_s, else the timeout learned from its step rhythm (initial_timeout_s "
+        "until learn_after steps, then max(learn_floor_s, longest gap x learn_factor)); a job whose steps "
+        "cannot be parsed is judged only with an explicit timeout_s"))
     output_stall_timeout_s: float | None = field(default=None, metadata=meta(
         "hang when the job prints no line at all for this long (for jobs without the client)",
         min=0, min_exclusive=True))

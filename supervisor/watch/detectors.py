@@ -206,7 +206,10 @@ class NcclDetector(TextDetector):
 class NanDetector:
     """Non-finite values in ``fields`` for ``consecutive`` records of one stream (source, rank).
 
-    ``onset_step`` is the step of the first non-finite record of the run that fired. The textual
+    ``onset_step`` is where the poison may have begun: the step after the stream's last finite
+    record when that is earlier than the first non-finite record (a job that logs every 10 steps
+    and prints NaN at step 50 may have diverged at step 41, and a checkpoint saved at step 45 is
+    suspect), else the first non-finite record's step. The textual
     signs of NaN (Megatron's nan-iteration count, "Loss is NaN", ...) are a separate
     :class:`TextDetector` with cause ``nan``; the log watcher keeps one ``nan`` per attempt.
     """
@@ -222,10 +225,12 @@ class NanDetector:
         self.fired = False
         # (source, rank) -> (non-finite records in a row, step of the first, last step counted)
         self.runs: dict[tuple[str, int | None], tuple[int, int | None, int | None]] = {}
+        self.last_finite: dict[tuple[str, int | None], int] = {}  # stream -> step of its last finite record
 
     def reset(self, resume_step: int | None) -> None:
         self.fired = False
         self.runs.clear()
+        self.last_finite.clear()
 
     def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None:
         if self.fired or rec is None:
@@ -238,6 +243,8 @@ class NanDetector:
                 break
         key = (source, rec.rank)
         if bad is None:
+            if rec.step is not None:
+                self.last_finite[key] = rec.step
             if self.runs:
                 self.runs.pop(key, None)
             return None
@@ -253,6 +260,9 @@ class NanDetector:
         at = rec.step if rec.step is not None else step
         if onset is None:
             onset = at
+        ok = self.last_finite.get(key)
+        if ok is not None and onset is not None and ok + 1 < onset:
+            onset = ok + 1
         where = f" at step {at}" if at is not None else ""
         return Detection(
             cause=Cause.NAN, summary=f"{name} is {value}{where}"

@@ -15,9 +15,14 @@ main loop's ``poll(now)`` and emits one ``hang`` detection per attempt when:
   only when the job is known to use the client (``expect_heartbeats``, or an earlier attempt of
   the run sent heartbeats), since any command may be supervised without it; ranks missing from a
   known ``WORLD_SIZE`` count too;
-- (jobs without the client) no output line for ``output_stall_timeout_s`` or no new training step
-  for ``progress_stall_timeout_s``. The log watcher reports activity through ``note_output`` /
-  ``note_metric`` (pass this monitor as ``LogWatcher(..., progress=monitor)``).
+- (jobs without the client, on by default) the job's output says it stopped: see
+  :class:`~supervisor.watch.liveness.OutputLiveness` (no new step and no line for the learned or
+  configured timeout). A job with heartbeats keeps being judged by them alone;
+- (explicit extras) no output line for ``output_stall_timeout_s`` or no new training step for
+  ``progress_stall_timeout_s``, even while heartbeats flow.
+
+The log watcher reports activity through ``note_output`` / ``note_step`` (pass this monitor as
+``LogWatcher(..., progress=monitor)``).
 
 Clocks: ``poll(now)`` gets the main loop's monotonic time; heartbeat records carry the writer's
 wall-clock time, compared once, when a record is first seen, with the injected ``wall()``; from
@@ -42,6 +47,7 @@ import structlog
 
 from ..events import AttemptContext, Cause, Detection, Emit, LineSink
 from .config import HeartbeatConfig
+from .liveness import Cadence, OutputLiveness, Silence
 from .tail import FileTailer
 
 log = structlog.get_logger("supervisor.watch")
@@ -96,9 +102,11 @@ class HeartbeatMonitor:
         self._last_output: float | None = None
         self._last_metric: float | None = None
         self._seen_heartbeats = False  # any attempt of this run
-        self._intervals = 0
-        self._max_interval = 0.0
+        self._cadence = Cadence(cfg)
         self._learned_logged = False
+        self._output = OutputLiveness(cfg)
+        self._output_learned_logged = False
+        self._output_off_logged = False
         self._dir_problem: str | None = None
         self._bad_records = 0
 
@@ -114,6 +122,7 @@ class HeartbeatMonitor:
         self._last_check = -math.inf
         self._last_output = None
         self._last_metric = None
+        self._output.start(ctx.started_monotonic)
         if self._metrics_sink is not None:
             glob = str(Path(ctx.heartbeat_dir) / METRICS_GLOB)
             if self._tailer is not None and self._tailer.patterns != (glob,):
@@ -134,11 +143,16 @@ class HeartbeatMonitor:
             self._tailer.close()
             self._tailer = None
 
-    def note_output(self, now: float) -> None:
+    def note_output(self, now: float, line: str | None = None) -> None:
+        """Any output line (``line``: the last of the batch, for the hang evidence)."""
         self._last_output = now
+        if line is not None:
+            self._output.line(now, line)
 
-    def note_metric(self, now: float) -> None:
+    def note_step(self, now: float, step: int | None) -> None:
+        """A new training step was printed (``step`` None: a metric line that names no step)."""
         self._last_metric = now
+        self._output.step(now, step)
 
     def poll(self, now: float) -> None:
         if self._ctx is None:
@@ -202,9 +216,8 @@ class HeartbeatMonitor:
                 continue
             if seq != cur.seq or t != cur.t:
                 interval = t - cur.t
-                if interval > 0 and cur.state != "checkpointing" and state != "checkpointing":
-                    self._intervals += 1
-                    self._max_interval = max(self._max_interval, interval)
+                if cur.state != "checkpointing" and state != "checkpointing":
+                    self._cadence.add(interval)
                 cur.seq, cur.t, cur.step, cur.state = seq, t, step, state
                 cur.changed_mono = min(now, now - max(0.0, wall - t))
                 cur.pid = rec.get("pid", cur.pid)
@@ -214,17 +227,13 @@ class HeartbeatMonitor:
 
     def timeout(self) -> tuple[float, str]:
         """The heartbeat timeout in force and where it comes from (config, learned, initial)."""
-        if self.cfg.timeout_s is not None:
-            return self.cfg.timeout_s, "config"
-        if self._intervals >= self.cfg.learn_after:
-            value = max(self.cfg.learn_floor_s, self._max_interval * self.cfg.learn_factor)
-            if not self._learned_logged:
-                self._learned_logged = True
-                log.info("heartbeat_timeout_learned", timeout_s=round(value, 3), intervals=self._intervals,
-                         max_interval_s=round(self._max_interval, 3),
-                         next="a rank silent for longer than this is reported as hung")
-            return value, "learned"
-        return self.cfg.initial_timeout_s, "initial"
+        value, source = self._cadence.timeout()
+        if source == "learned" and not self._learned_logged:
+            self._learned_logged = True
+            log.info("heartbeat_timeout_learned", timeout_s=round(value, 3), intervals=self._cadence.intervals,
+                     max_interval_s=round(self._cadence.max_interval, 3),
+                     next="a rank silent for longer than this is reported as hung")
+        return value, source
 
     def _evaluate(self, now: float) -> Detection | None:
         cfg = self.cfg
@@ -254,6 +263,10 @@ class HeartbeatMonitor:
             return self._hang("checkpointing" if r.state == "checkpointing" else "heartbeat", r, age, lim, src,
                               f"rank {r.rank} {doing} {age:.1f} s (timeout {lim:g} s, {src})"
                               + (f"; last step {r.step}" if r.step is not None else ""))
+        if not self._seen_heartbeats and cfg.output_liveness:
+            det = self._judge_output(now)
+            if det is not None:
+                return det
         if cfg.output_stall_timeout_s is not None:
             last = self._last_output if self._last_output is not None else self._started
             if now - last > cfg.output_stall_timeout_s:
@@ -267,6 +280,35 @@ class HeartbeatMonitor:
                                   f"no new training step logged for {now - last:.1f} s "
                                   f"(progress_stall_timeout_s {cfg.progress_stall_timeout_s:g})")
         return None
+
+    def _judge_output(self, now: float) -> Detection | None:
+        out = self._output
+        if out.signal == "none":
+            if out.run_has_output and not self._output_off_logged and now - self._started > 60:
+                self._output_off_logged = True
+                log.info("output_liveness_off", next="this job sends no heartbeats and prints no training step "
+                         "we can parse, so a hang is detected only with [heartbeat] timeout_s "
+                         "(wrap --heartbeat-timeout), a [detectors.parsers] regex, or supervisor.client")
+            return None
+        if out.steps.learned and out.cfg.timeout_s is None and not self._output_learned_logged:
+            self._output_learned_logged = True
+            value, _ = out.steps.timeout()
+            log.info("step_timeout_learned", timeout_s=round(value, 3), intervals=out.steps.intervals,
+                     max_interval_s=round(out.steps.max_interval, 3),
+                     next="a job printing no new step and no line for longer than this is reported as hung")
+        silence = out.check(now)
+        return None if silence is None else self._silence(silence)
+
+    def _silence(self, s: Silence) -> Detection:
+        summary = f"the job printed {s.summary()}"
+        details: dict[str, object] = {"kind": "output_startup" if s.kind == "startup" else "output_silence",
+                                      "signal": s.kind,
+                                      "age_s": round(s.silent_s, 3), "timeout_s": s.timeout_s,
+                                      "timeout_source": s.timeout_source, "last_step": s.last_step,
+                                      "last_line": s.last_line}
+        evidence = summary + (f"; last line: {s.last_line[:200]!r}" if s.last_line else "")
+        return Detection(cause=Cause.HANG, summary=summary, source="output", step=s.last_step,
+                         onset_step=s.last_step, value=round(s.silent_s, 3), evidence=evidence, details=details)
 
     def _hang(self, kind: str, r: _Rank | None, age: float, limit: float, src: str, summary: str) -> Detection:
         details: dict[str, object] = {"kind": kind, "age_s": round(age, 3), "timeout_s": limit,
@@ -290,7 +332,9 @@ class HeartbeatMonitor:
             "heartbeats": self.heartbeats(),
             "timeout_s": limit,
             "timeout_source": how,
-            "intervals_seen": self._intervals,
+            "intervals_seen": self._cadence.intervals,
+            "output_liveness": None if self._seen_heartbeats or not self.cfg.output_liveness
+            else self._output.status(self._last_now),
             "checkpointing": [r.rank for r in self._ranks.values() if r.state == "checkpointing"],
             "problem": self._dir_problem,
             "fired": None if self._fired is None else self._fired.summary,

@@ -30,11 +30,11 @@ CLIENT_METRICS_MARKER = "/metrics-rank"
 
 
 class ProgressSink(Protocol):
-    """Told when output or training progress is seen (the heartbeat monitor's stall timeouts)."""
+    """Told when output or training progress is seen (the heartbeat monitor's liveness checks)."""
 
-    def note_output(self, now: float) -> None: ...
+    def note_output(self, now: float, line: str | None = None) -> None: ...
 
-    def note_metric(self, now: float) -> None: ...
+    def note_step(self, now: float, step: int | None) -> None: ...
 
 
 class LogWatcher:
@@ -45,6 +45,13 @@ class LogWatcher:
     ``reset(attempt, resume_step)`` before each attempt's output starts flowing: detectors fire
     once per attempt per cause, and the loss-spike warm-up restarts at ``resume_step``.
     ``progress`` (optional) is told about every batch of output and every new step.
+
+    Steps for formats that print none (HF Trainer's log dicts): a trainer's tqdm training bar
+    (``fmt="progress"`` records: the bar's position is the global step, also after a resume) gives
+    the step, and a stepless record takes the bar's latest position. The bar is redrawn on stderr
+    while the dict goes to stdout, so the position can trail the dict by the bar's refresh
+    interval (0.1 s): an onset read from it is early, never late, which is the safe side for a
+    rollback. Progress records feed liveness and step tracking only; they are not metrics.
     """
 
     name = "logwatch"
@@ -80,6 +87,7 @@ class LogWatcher:
         self._last: MetricRecord | None = None
         self._last_step: int | None = None
         self._max_step: int | None = None
+        self._bar_seen = False  # a training progress bar gave this attempt's step
         self._last_detection: Detection | None = None
         self._detections = 0
         self._lines = 0
@@ -100,7 +108,7 @@ class LogWatcher:
             return
         try:
             with self._lock:
-                records, detections = self._process(source, lines)
+                records, detections, steps = self._process(source, lines)
         except Exception as exc:  # a sink must never raise into the reader thread
             self._failed("logwatch_failed", exc, "this batch is skipped; later batches are still processed")
             return
@@ -116,10 +124,10 @@ class LogWatcher:
         try:
             if self._progress is not None:
                 now = self._clock()
-                self._progress.note_output(now)
-                if records and any(r[1] for r in records):
-                    self._progress.note_metric(now)
-            for rec, _ in records:
+                self._progress.note_output(now, lines[-1])
+                for step in steps:
+                    self._progress.note_step(now, step)
+            for rec in records:
                 self._on_metric(rec)
         except Exception as exc:  # noqa: BLE001
             self._failed("logwatch_metric_sink_failed", exc, "metrics of this batch are skipped; watching continues")
@@ -153,24 +161,39 @@ class LogWatcher:
                 spans[start] = (end if end != -1 else len(text), 1 if prev is None else prev[1] | 1)
         return sorted(spans.items())
 
-    def _process(self, source: str, lines: Sequence[str]) -> tuple[list[tuple[MetricRecord, bool]], list[Detection]]:
+    def _process(self, source: str, lines: Sequence[str]
+                 ) -> tuple[list[MetricRecord], list[Detection], list[int | None]]:
         self._lines += len(lines)
         if self._scan_all:
             selected: Sequence[tuple[str, int]] = [(line, self._all_mask) for line in lines]
         else:
             text = "\n".join(lines)
             selected = [(text[s:e], mask) for s, (e, mask) in self._candidates(text)]
-        records: list[tuple[MetricRecord, bool]] = []
+        records: list[MetricRecord] = []
         detections: list[Detection] = []
+        steps: list[int | None] = []  # new training steps seen, for liveness
         client = CLIENT_METRICS_MARKER in source
         parse = self._parser.parse
         for line, mask in selected:
             rec = parse(line, source) if mask & 1 else None
+            if rec is not None and rec.fmt == "progress":
+                self._bar_seen = True
+                if rec.step is not None and (self._max_step is None or rec.step > self._max_step):
+                    self._max_step = self._last_step = rec.step
+                    steps.append(rec.step)
+                self._formats["progress"] = self._formats.get("progress", 0) + 1
+                continue  # a bar position is not a metric, and no detector judges it
             if rec is not None:
                 mask |= self._metric_mask
                 if client:
                     rec = dataclasses.replace(rec, fmt="client")
-                progressed = rec.step is None or self._max_step is None or rec.step > self._max_step
+                elif rec.step is None and self._bar_seen and self._last_step is not None:
+                    rec = dataclasses.replace(rec, step=self._last_step, extra={**rec.extra, "step_from_bar": 1.0})
+                if rec.step is None:
+                    if rec.loss is not None or rec.grad_norm is not None:
+                        steps.append(None)  # a training log line that names no step
+                elif self._max_step is None or rec.step > self._max_step:
+                    steps.append(rec.step)
                 if rec.step is not None:
                     self._last_step = rec.step
                     if self._max_step is None or rec.step > self._max_step:
@@ -178,7 +201,7 @@ class LogWatcher:
                 self._last = rec
                 self._records += 1
                 self._formats[rec.fmt] = self._formats.get(rec.fmt, 0) + 1
-                records.append((rec, progressed))
+                records.append(rec)
             if mask < 2:
                 continue
             scan = line if len(line) <= _MAX_SCAN_CHARS else line[:_MAX_SCAN_CHARS]
@@ -193,7 +216,7 @@ class LogWatcher:
                         self._last_detection = d
                         detections.append(d)
                 bit <<= 1
-        return records, detections
+        return records, detections, steps
 
     # -- attempt lifecycle and status ------------------------------------------------------
 
@@ -203,6 +226,7 @@ class LogWatcher:
             self._attempt = attempt
             self._last_step = resume_step
             self._max_step = resume_step
+            self._bar_seen = False
             self._fired.clear()
             for d in self._detectors:
                 d.reset(resume_step)
