@@ -135,3 +135,40 @@ def test_output_liveness_can_be_turned_off(tmp_path: Path) -> None:
         m.poll(clock.advance(1.0))
     m.poll(clock.advance(1000.0))
     assert out == []
+
+
+def test_a_learned_hang_teaches_the_next_attempt() -> None:
+    live = OutputLiveness(HeartbeatConfig(**LEARN))
+    live.start(0.0)
+    t = steps(live, 0.0, 1, 5, 1.0)
+    s = live.check(t + 6.0)  # a first, silent evaluation of 6 s: mistaken for a hang once
+    assert s is not None and s.timeout_source == "learned"
+    live.fired(s)
+    live.start(100.0)
+    t = steps(live, 100.0, 1, 2, 1.0)
+    assert live.timeout() == (12.0, "learned") and live.check(t + 6.5) is None
+
+
+def test_checkpoint_files_being_written_count_as_activity(tmp_path: Path) -> None:
+    import os
+
+    clock, out = Clock(), []
+    ck = tmp_path / "ckpt"
+    (ck / "checkpoint-40").mkdir(parents=True)
+    m = HeartbeatMonitor(HeartbeatConfig(check_interval_s=0.01, **LEARN), wall=clock.wall)
+    ctx = ctx_for(tmp_path / "hb", clock.mono)
+    from dataclasses import replace
+    m.start(replace(ctx, checkpoint_dir=ck), out.append)
+    for i in range(6):
+        m.note_output(clock.mono, f"iter {i}: loss 2.0")
+        m.note_step(clock.mono, i)
+        m.poll(clock.advance(1.0))
+    clock.advance(5.0)
+    shard = ck / "checkpoint-40" / "model.safetensors"
+    shard.write_bytes(b"x" * 10)
+    for p in (shard, shard.parent, ck):  # written "now" on the injected wall clock
+        os.utime(p, (clock.wall(), clock.wall()))
+    m.poll(clock.advance(1.0))  # 7 s without a line, but the save was 1 s ago
+    assert out == []
+    m.poll(clock.advance(5.5))  # the save is over and nothing follows: hung
+    assert [d.cause for d in out] == [Cause.HANG]

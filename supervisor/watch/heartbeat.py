@@ -297,7 +297,48 @@ class HeartbeatMonitor:
                      max_interval_s=round(out.steps.max_interval, 3),
                      next="a job printing no new step and no line for longer than this is reported as hung")
         silence = out.check(now)
-        return None if silence is None else self._silence(silence)
+        if silence is not None and silence.kind != "startup":
+            written = self._checkpoint_written_since(now, silence.silent_s)
+            if written is not None:
+                out.activity(written)  # a long, silent save: the job is at work
+                silence = out.check(now)
+        if silence is None:
+            return None
+        out.fired(silence)
+        return self._silence(silence)
+
+    def _checkpoint_written_since(self, now: float, silent_s: float) -> float | None:
+        """Monotonic time of the newest write in the checkpoint dir, when it is within the silence.
+
+        Only looked at when a hang is about to be declared, so its cost (a bounded scan, two
+        levels deep: HF checkpoint-N/ and DCP step-N/ folders) is paid rarely.
+        """
+        assert self._ctx is not None
+        root = self._ctx.checkpoint_dir
+        if root is None:
+            return None
+        newest = 0.0
+        seen = 0
+        stack: list[tuple[str, int]] = [(str(root), 0)]
+        try:
+            while stack and seen < 5000:
+                path, depth = stack.pop()
+                with os.scandir(path) as it:
+                    for e in it:
+                        seen += 1
+                        try:
+                            st = e.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        newest = max(newest, st.st_mtime)
+                        if depth < 2 and e.is_dir(follow_symlinks=False):
+                            stack.append((e.path, depth + 1))
+        except OSError:
+            return None
+        if not newest:
+            return None
+        age = max(0.0, self._wall() - newest)
+        return now - age if age < silent_s else None
 
     def _silence(self, s: Silence) -> Detection:
         summary = f"the job printed {s.summary()}"

@@ -15,7 +15,11 @@ Trainer, Lightning or nanoGPT script) by what it prints:
   line at all**. Any line resets the clock, so an evaluation or a checkpoint save that prints
   (HF's eval bar, "Writing model shards") never looks like a hang; a silent one is covered by the
   learned timeout, which is learned from the gaps between new steps, long eval and save pauses
-  included, so once one has been seen it is allowed for from then on. Before the attempt's first
+  included, so once one has been seen it is allowed for from then on. Files being written in
+  the checkpoint dir count as activity too (a large save prints nothing for minutes), and a hang
+  declared by a *learned* timeout teaches as well: the silence that fired counts as an interval,
+  so a pause mistaken once (a first, silent evaluation longer than the floor) is allowed for
+  after the restart instead of looping. Before the attempt's first
   new step the startup allowance applies (``startup_timeout_s``: imports, model load, compile,
   rendezvous), never the learned step rhythm.
 - *output*: a job whose lines never parse as steps has no rhythm we can trust: a burst of start-up
@@ -101,6 +105,16 @@ class OutputLiveness:
         self._last_line = None
         self._last_step_at = None
         self._last_step = None
+
+    def activity(self, now: float) -> None:
+        """Something other than a line shows the job at work (checkpoint files being written)."""
+        if self._last_line_at is None or now > self._last_line_at:
+            self._last_line_at = now
+
+    def fired(self, silence: Silence) -> None:
+        """A hang was declared: a learned timeout learns the silence (see the module doc)."""
+        if silence.timeout_source == "learned":
+            self.steps.add(silence.silent_s)
 
     def line(self, now: float, text: str) -> None:
         self._last_line_at = now
