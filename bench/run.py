@@ -13,7 +13,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-ORDER = ["core", "watch", "checkpoints", "health", "reboot"]
+ORDER = ["core", "watch", "trainers", "checkpoints", "health", "reboot"]
 
 
 def main(argv: list[str]) -> int:

@@ -485,7 +485,7 @@ class Runner:
         })
         base = {k: v for k, v in os.environ.items() if k not in _STRIP_ENV} if cfg.job.inherit_env else {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        if cfg.job.unbuffered and "PYTHONUNBUFFERED" not in base and "PYTHONUNBUFFERED" not in added:
+        if cfg.job.unbuffered and not base.get("PYTHONUNBUFFERED") and "PYTHONUNBUFFERED" not in added:
             # Python block-buffers stdout into a pipe: without this a NaN line printed at step
             # 60 reaches the detectors minutes later, or only when the job exits.
             added["PYTHONUNBUFFERED"] = "1"
