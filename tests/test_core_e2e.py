@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -230,9 +231,12 @@ def test_sighup_reload_valid_and_invalid(daemons, tmp_path):
     cfgp.write_text(base + "[policy]\nmax_restarts = \"ten\"\nbogus = 1\n")
     d.signal(signal.SIGHUP)
     wait_for(lambda: "reload_rejected" in d.stderr(), 10)
-    err = d.stderr()
-    assert 'policy.max_restarts: expected a non-negative integer, got \\"ten\\"' in err or "got \\\"ten\\\"" in err or "ten" in err
-    assert "policy.bogus" in err
+    # The rejection names the key, what was expected and the bad value; nothing else in the log
+    # does (an assertion on the bare word "ten" would also match "listening").
+    rejected = [l for l in d.stderr().splitlines() if "reload_rejected" in l]
+    assert len(rejected) == 1, rejected
+    assert re.search(r'policy\.max_restarts: expected a non-negative integer, got \\?"ten\\?"', rejected[0]), rejected[0]
+    assert "policy.bogus" in rejected[0]
     d.signal(signal.SIGTERM)
     assert d.wait(30) == 0
 

@@ -14,8 +14,9 @@ from typing import Any, Mapping
 
 import pytest
 
+from supervisor.ops import control
 from supervisor.ops.control import (ControlError, ControlServer, DaemonNotRunning, SocketInUse,
-                                    parse_request, render_status, request, socket_path)
+                                    parse_request, peer_allowed, render_status, request, socket_path)
 from tests.util import wait_for
 
 
@@ -143,7 +144,42 @@ def test_concurrent_clients(server):
     assert sorted(a["reason"] for _, a in h.calls) == sorted(f"r{i}" for i in range(12))
 
 
+FOREIGN_UID = 65534 if os.geteuid() != 65534 else 65533
+
+
+def test_peer_uid_check_itself():
+    """The rule, without root: the daemon's own uid and root are served, any other uid is not."""
+    assert peer_allowed(1000, 1000)
+    assert peer_allowed(0, 1000)  # root may control anyone's daemon
+    assert not peer_allowed(FOREIGN_UID, 1000)
+    assert not peer_allowed(1001, 1000)
+    assert not peer_allowed(1000, 0)  # a root daemon serves root only
+    assert peer_allowed(0, 0)
+
+
+def test_foreign_peer_uid_is_refused_by_the_server(server, monkeypatch):
+    """The server path with a foreign uid, without root: SO_PEERCRED's answer is replaced by
+    another user's uid, so the refusal (reply, log, handler never called) runs as it would."""
+    s, h, d = server
+    seen: list[int] = []
+    real = control._peer_uid
+
+    def foreign(conn: socket.socket) -> int:
+        seen.append(real(conn))
+        return FOREIGN_UID
+
+    monkeypatch.setattr(control, "_peer_uid", foreign)
+    reply = raw(socket_path(d), b'{"verb": "stop"}\n')
+    assert seen == [os.geteuid()]  # the real credentials were read, then overridden
+    assert reply["ok"] is False and reply["error"]["code"] == "forbidden"
+    assert str(FOREIGN_UID) in reply["error"]["message"] and str(os.geteuid()) in reply["error"]["message"]
+    assert h.calls == []
+    monkeypatch.undo()
+    assert raw(socket_path(d), b'{"verb": "status"}\n')["ok"] is True  # our own uid is served
+
+
 def test_other_uid_is_refused():
+    """The same with a real second uid (needs root; the two tests above cover the check without)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to setuid to nobody")
     d = Path(tempfile.mkdtemp(prefix="tsup-ctl-"))  # pytest's tmp dirs are 0700: nobody cannot enter

@@ -135,6 +135,12 @@ def _peer_uid(conn: socket.socket) -> int:
     return uid
 
 
+def peer_allowed(peer_uid: int, daemon_uid: int) -> bool:
+    """Whether a peer (its uid from SO_PEERCRED) may control a daemon running as ``daemon_uid``:
+    the daemon's own user, or root; nobody else."""
+    return peer_uid == daemon_uid or peer_uid == 0
+
+
 class ControlServer:
     """Serves the control socket on its own threads until :meth:`close`.
 
@@ -258,7 +264,7 @@ class ControlServer:
             with conn:
                 conn.settimeout(self.read_timeout_s)
                 uid = _peer_uid(conn)
-                if uid not in (self._uid, 0):
+                if not peer_allowed(uid, self._uid):
                     log.warning("control_peer_refused", uid=uid, daemon_uid=self._uid,
                                 next="request ignored; run the CLI as the daemon's user or root")
                     reply = _reply_error("forbidden", f"uid {uid} may not control this daemon "
