@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.configschema import build
+from supervisor.configschema import Problem, build
 from supervisor.events import Action, AttemptContext, Cause, Detection
 from supervisor.health.config import GpuConfig
-from supervisor.health.gpu import (BACKEND_ENV, FakeBackend, GpuBlindError, NvmlBackend, NullBackend,
-                                   make_backend)
+from supervisor.health.gpu import FakeBackend, GpuBlindError, NvmlBackend, NullBackend, make_backend
 from supervisor.health.gpumonitor import GpuMonitor, linear_slope
 from supervisor.health.xid import XidLevel, classify_xid
 from tests.util import wait_for
@@ -245,21 +244,34 @@ def test_threaded_monitor_sees_events_from_a_real_clock_timeline(tmp_path: Path)
     assert [d["uuid"] for d in snap["devices"]] == ["GPU-fake-0000", "GPU-fake-0001"]  # type: ignore[index]
 
 
-def test_fake_loads_from_a_timeline_file_named_by_env(tmp_path: Path) -> None:
+def test_fake_loads_from_a_timeline_file(tmp_path: Path) -> None:
     path = tmp_path / "timeline.json"
     path.write_text(json.dumps({"devices": [{"name": "Fake H100", "total_gb": 80}, {"total_gb": 40}],
                                 "timeline": [[0, {"memory": {"device": 1, "used_frac": 0.25}}]]}))
-    backend = make_backend("nvml", env={BACKEND_ENV: f"fake:{path}"})
-    assert isinstance(backend, FakeBackend)
+    backend = FakeBackend.from_file(path)
     backend.init()
     assert backend.device_count() == 2 and backend.device_info(0).name == "Fake H100"
     assert backend.memory(1).used == 10 * GiB
-    assert isinstance(make_backend("nvml", env={}), NvmlBackend)
-    assert isinstance(make_backend("none", env={}), NullBackend)
     blind = tmp_path / "blind.json"
     blind.write_text(json.dumps({"init_error": "NVML Shared Library Not Found"}))
     with pytest.raises(GpuBlindError):
-        make_backend(f"fake:{blind}", env={}).init()
+        FakeBackend.from_file(blind).init()
+
+
+def test_production_cannot_switch_to_the_fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only tests inject the fake: neither the old environment variable nor a config value does."""
+    path = tmp_path / "timeline.json"
+    path.write_text(json.dumps({"devices": 2}))
+    monkeypatch.setenv("TSUP_GPU_BACKEND", f"fake:{path}")
+    assert isinstance(make_backend("nvml"), NvmlBackend)
+    assert isinstance(make_backend("none"), NullBackend)
+    with pytest.raises(ValueError, match='expected "nvml" or "none"'):
+        make_backend(f"fake:{path}")
+    problems: list[Problem] = []
+    cfg = build(GpuConfig, {"backend": f"fake:{path}"}, "gpu", problems)
+    assert problems and 'gpu.backend: expected "nvml" or "none"' in str(problems[0]), (cfg, problems)
+    import supervisor.health.gpu as gpu_mod
+    assert not hasattr(gpu_mod, "BACKEND_ENV")
 
 
 def test_linear_slope() -> None:

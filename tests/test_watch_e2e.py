@@ -3,6 +3,7 @@ NVML backend, and the control verbs while a job runs."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, helper, history
+from tests.conftest import ROOT, Daemon, helper, history
 from tests.util import wait_for
 
 PY = sys.executable
@@ -78,17 +79,47 @@ remedies = [{{ env = {{ LR_SCALE = "0.5" }} }}, {{ args = ["--lr=1e-4"] }}]
     assert "remedies did not help" in d.stderr()
 
 
-def _timeline(tmp: Path, timeline: list) -> str:
+def _timeline(tmp: Path, timeline: list) -> Path:
     p = tmp / "gpu.json"
     p.write_text(json.dumps({"devices": 2, "total_gb": 80, "timeline": timeline}))
-    return f"fake:{p}"
+    return p
 
 
-def test_node_level_xid_gives_up_with_drain_advice(daemons, tmp_path):
+class FakeGpuDaemon(Daemon):
+    """The real daemon with the scripted fake GPU injected by a test-only launcher
+    (tests/helpers/fake_gpu_daemon.py): production has no switch to a fake GPU."""
+
+    def __init__(self, timeline: Path, args: list[str], tmp: Path) -> None:  # noqa: super() would launch
+        self.tmp = tmp
+        self.stdout_path = tmp / "daemon.stdout"
+        self.stderr_path = tmp / "daemon.stderr"
+        e = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        e.pop("JOURNAL_STREAM", None)
+        e.pop("NOTIFY_SOCKET", None)
+        self.proc = subprocess.Popen([PY, helper("fake_gpu_daemon.py"), str(timeline), "--log-format", "logfmt",
+                                      *args], cwd=str(ROOT), env=e, stdout=open(self.stdout_path, "wb"),
+                                     stderr=open(self.stderr_path, "wb"), start_new_session=True)
+
+
+@pytest.fixture
+def fake_gpu_daemons(tmp_path: Path):
+    started: list[FakeGpuDaemon] = []
+
+    def start(timeline: Path, args: list[str]) -> FakeGpuDaemon:
+        d = FakeGpuDaemon(timeline, args, tmp_path)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        if d.proc.poll() is None:
+            d.kill()
+
+
+def test_node_level_xid_gives_up_with_drain_advice(fake_gpu_daemons, tmp_path):
     sd = tmp_path / "sd"
     backend = _timeline(tmp_path, [[1.0, {"xid": {"device": 1, "code": 79}}]])
-    d = daemons(["wrap", "--state-dir", str(sd), "--", PY, "-c", "import time; time.sleep(60)"],
-                env={"TSUP_GPU_BACKEND": backend})
+    d = fake_gpu_daemons(backend, ["wrap", "--state-dir", str(sd), "--", PY, "-c", "import time; time.sleep(60)"])
     assert d.wait(60) == 3
     a = history(sd)["attempts"][0]
     assert a["cause"] == "gpu_fault" and a["action"] == "give_up"
@@ -98,7 +129,7 @@ def test_node_level_xid_gives_up_with_drain_advice(daemons, tmp_path):
     assert len(env["at_end"]["gpu"]["devices"]) == 2  # the state at the failure, too
 
 
-def test_application_xid_restarts_and_gpu_memory_is_a_warning(daemons, tmp_path):
+def test_application_xid_restarts_and_gpu_memory_is_a_warning(fake_gpu_daemons, tmp_path):
     sd, out = tmp_path / "sd", tmp_path / "out"
     out.mkdir()
     # Memory creeps to 99.5 % (a warning by default), is released, then an application Xid.
@@ -110,8 +141,8 @@ def test_application_xid_restarts_and_gpu_memory_is_a_warning(daemons, tmp_path)
               "time.sleep(60) if n == 0 else sys.exit(0)\n")
     cfg = tmp_path / "c.toml"
     cfg.write_text("[gpu]\npoll_s = 0.2\nmemory_polls = 3\n[shutdown]\ngrace_s = 5\n")
-    d = daemons(["wrap", "--config", str(cfg), "--state-dir", str(sd), "--backoff", "0", "--", PY, "-c", script,
-                 str(out)], env={"TSUP_GPU_BACKEND": backend})
+    d = fake_gpu_daemons(backend, ["wrap", "--config", str(cfg), "--state-dir", str(sd), "--backoff", "0", "--",
+                                   PY, "-c", script, str(out)])
     assert d.wait(60) == 0
     h = history(sd)
     assert [a["cause"] for a in h["attempts"]] == ["gpu_fault", None]
@@ -167,18 +198,18 @@ def test_control_verbs_while_running(daemons, tmp_path):
     assert cp.returncode == 1 and "no daemon is running" in cp.stderr
 
 
-def test_gpu_lost_mid_run_gives_up(daemons, tmp_path):
+def test_gpu_lost_mid_run_gives_up(fake_gpu_daemons, tmp_path):
     sd = tmp_path / "sd"
     backend = _timeline(tmp_path, [[1.0, {"lost": {"device": 1}}]])
-    d = daemons(["wrap", "--state-dir", str(sd), "--grace", "2", "--", PY, "-c", "import time; time.sleep(60)"],
-                env={"TSUP_GPU_BACKEND": backend})
+    d = fake_gpu_daemons(backend, ["wrap", "--state-dir", str(sd), "--grace", "2", "--", PY, "-c",
+                                   "import time; time.sleep(60)"])
     assert d.wait(60) == 3
     a = history(sd)["attempts"][0]
     assert a["cause"] == "gpu_fault" and a["action"] == "give_up"
     assert a["detection"]["details"]["kind"] == "gpu_lost"
 
 
-def test_gate_waits_for_gpu_memory_release_then_gives_up_when_it_is_not_released(daemons, tmp_path):
+def test_gate_waits_for_gpu_memory_release_then_gives_up_when_it_is_not_released(fake_gpu_daemons, tmp_path):
     sd = tmp_path / "sd"
     # Memory held on device 0 that never goes away (a leaked context): the crashed job's memory
     # is not released, so the gate refuses the relaunch after gpu.release_timeout_s.
@@ -186,8 +217,8 @@ def test_gate_waits_for_gpu_memory_release_then_gives_up_when_it_is_not_released
     cfg = tmp_path / "c.toml"
     cfg.write_text("[gpu]\nrelease_timeout_s = 1.5\n")
     t0 = time.monotonic()
-    d = daemons(["wrap", "--config", str(cfg), "--state-dir", str(sd), "--backoff", "0", "--", PY, "-c",
-                 "import sys, time; time.sleep(1.5); sys.exit(1)"], env={"TSUP_GPU_BACKEND": backend})
+    d = fake_gpu_daemons(backend, ["wrap", "--config", str(cfg), "--state-dir", str(sd), "--backoff", "0", "--",
+                                   PY, "-c", "import sys, time; time.sleep(1.5); sys.exit(1)"])
     assert d.wait(60) == 3
     h = history(sd)
     assert len(h["attempts"]) == 1  # the relaunch never happened

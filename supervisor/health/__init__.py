@@ -2,7 +2,8 @@
 
 Entry points (see each module's doc):
 
-* :func:`make_backend` (``gpu.backend``: nvml | none | fake:PATH; env ``TSUP_GPU_BACKEND`` wins)
+* :func:`make_backend` (``gpu.backend``: nvml | none; the scripted :class:`FakeBackend` is for tests,
+  injected by them, never chosen by configuration or the environment)
 * :class:`GpuMonitor` (events.Monitor "gpu"): gpu_memory / gpu_fault detections, ``gpus()`` for
   ``status --json``, ``snapshot()`` for the ledger; blind -> ``available: false``, never healthy
 * :class:`HostMonitor` (events.Monitor "host"): disk_low (space or a failed storage probe)
@@ -13,14 +14,13 @@ The daemon never imports torch; neither does this package (``gpucheck`` runs tor
 """
 from .config import GpuConfig, HostConfig
 from .gate import GateVerdict, LaunchGate, run_gate
-from .gpu import (BACKEND_ENV, FakeBackend, GpuBackend, GpuBlindError, GpuLostError, NvmlBackend,
-                  make_backend)
+from .gpu import FakeBackend, GpuBackend, GpuBlindError, GpuLostError, NvmlBackend, make_backend
 from .gpumonitor import GpuMonitor
 from .host import HostMonitor, ProbeResult, StorageBaseline, probe_storage
 from .xid import XID_TABLE, classify_xid
 
 __all__ = [
-    "BACKEND_ENV", "FakeBackend", "GateVerdict", "GpuBackend", "GpuBlindError", "GpuConfig",
+    "FakeBackend", "GateVerdict", "GpuBackend", "GpuBlindError", "GpuConfig",
     "GpuLostError", "GpuMonitor", "HostConfig", "HostMonitor", "LaunchGate", "NvmlBackend",
     "ProbeResult", "StorageBaseline", "XID_TABLE", "classify_xid", "make_backend", "probe_storage",
     "run_gate",

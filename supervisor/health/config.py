@@ -11,9 +11,9 @@ _ACTIONS = ("restart", "rollback", "give_up", "warn")
 
 
 def _check_backend(value: str) -> str | None:
-    if value in ("nvml", "none") or (value.startswith("fake:") and len(value) > len("fake:")):
+    if value in ("nvml", "none"):
         return None
-    return f'expected "nvml", "none" or "fake:/path/to/timeline.json", got "{value}"'
+    return f'expected "nvml" or "none", got "{value}"'
 
 
 def _check_xid_actions(value: Mapping[str, str]) -> str | None:
@@ -28,8 +28,7 @@ def _check_xid_actions(value: Mapping[str, str]) -> str | None:
 @dataclass(frozen=True)
 class GpuConfig:
     backend: str = field(default="nvml", metadata=meta(
-        'where GPU health comes from: "nvml" (real devices), "none" (off), or "fake:/path/timeline.json" '
-        "(a scripted fake, for tests); the env TSUP_GPU_BACKEND overrides it",
+        'where GPU health comes from: "nvml" (real devices) or "none" (off)',
         check=_check_backend))
     poll_s: float = field(default=1.0, metadata=meta(
         "seconds between two NVML polls of every device", min=0.05))

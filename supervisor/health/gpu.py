@@ -6,9 +6,12 @@
   that fell off the bus raises :class:`GpuLostError`; a query the device does not support
   returns ``None``.
 * :class:`FakeBackend` replays a timeline of ``(t_seconds, change)`` items against an injectable
-  clock (memory creep, Xid events, ECC errors, a lost GPU, per-process memory). It can be loaded
-  from a JSON file (``gpu.backend = "fake:/path/timeline.json"`` or the env ``TSUP_GPU_BACKEND``)
-  so end-to-end tests drive it through the real daemon.
+  clock (memory creep, Xid events, ECC errors, a lost GPU, per-process memory). It is for tests
+  only and is never chosen by configuration: :func:`make_backend` knows ``nvml`` and ``none``, and
+  no environment variable or config value switches a node's GPU health to a fake. Tests construct
+  it (or :meth:`FakeBackend.from_file` a JSON timeline) and hand it to the monitor or the gate;
+  the end-to-end tests start the real daemon through ``tests/helpers/fake_gpu_daemon.py``, which
+  replaces the backend factory in its own process.
 
 Timeline JSON::
 
@@ -28,7 +31,6 @@ given to :meth:`FakeBackend.bind_job` (the monitor binds the job's pid when an a
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,7 +42,6 @@ import structlog
 
 log = structlog.get_logger("supervisor.health")
 
-BACKEND_ENV = "TSUP_GPU_BACKEND"
 GiB = 1024**3
 
 
@@ -532,12 +533,11 @@ class NullBackend:
         return None
 
 
-def make_backend(spec: str, env: Mapping[str, str] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> GpuBackend:
-    """The backend for ``gpu.backend`` (``nvml``, ``none``, ``fake:PATH``); env TSUP_GPU_BACKEND wins."""
-    spec = (env if env is not None else os.environ).get(BACKEND_ENV) or spec
-    if spec.startswith("fake:"):
-        return FakeBackend.from_file(spec[len("fake:"):], clock=clock)
+def make_backend(spec: str) -> GpuBackend:
+    """The backend for ``gpu.backend``: ``nvml`` (real devices) or ``none`` (off). Nothing else,
+    and nothing from the environment: the fake is injected by tests, never configured."""
     if spec == "none":
         return NullBackend()  # type: ignore[return-value]
-    return NvmlBackend()
+    if spec == "nvml":
+        return NvmlBackend()
+    raise ValueError(f'gpu.backend: expected "nvml" or "none", got "{spec}"')
