@@ -8,6 +8,15 @@ script's folder never shadows a module of the job's environment) and prints one 
 Torch files load with ``weights_only=True`` (no pickled code runs) and ``mmap=True`` (no full
 read; falls back without mmap for the legacy format). A file that needs pickled code is reported
 as ``needs_pickle`` and loaded with ``weights_only=False`` only if the request trusts pickles.
+
+An HF Trainer folder (checkpoint-N/) is tested with what the Trainer itself reads when it resumes
+from it, loaded the way it loads them: the weights (``model*.safetensors`` bounds-checked, or
+``pytorch_model*.bin``), ``optimizer.pt``, ``scheduler.pt`` and ``scaler.pt`` with
+``weights_only=True``; ``rng_state*.pth`` with ``weights_only=True`` plus the numpy types the
+Trainer itself allow-lists for it (``trainer_pt_utils.safe_globals``: ndarray, dtype and numpy's
+array reconstructor, data only, no code); and ``trainer_state.json``, parsed (it gives the step).
+``training_args.bin`` is skipped: the Trainer never reads it on resume, and it is a pickle of the
+TrainingArguments class that only loads by running code (the transformers import included).
 """
 from __future__ import annotations
 
@@ -20,8 +29,11 @@ from typing import Any
 
 MARKER = "TSUP_LOADTEST_RESULT "
 STEP_KEYS = ("step", "global_step", "iter_num", "iteration", "train_step", "num_steps")
-# HF Trainer writes these with pickled Python/numpy objects by design; they hold no weights.
-SKIP_IN_FOLDERS = ("rng_state", "training_args.bin")
+# Never read on resume, and a pickle that needs code to load (HF's TrainingArguments): skipped.
+SKIP_IN_FOLDERS = ("training_args.bin",)
+# HF's RNG states: python/numpy/torch generator states; numpy's need the numpy allow-list.
+RNG_PREFIX = "rng_state"
+HF_STATE_FILE = "trainer_state.json"
 
 
 class NeedsPickle(Exception):
@@ -40,7 +52,27 @@ def _pickle_refusal(msg: str) -> bool:
     return "Unsupported global" in msg or "Weights only load failed" in msg or "weights_only" in msg and "GLOBAL" in msg
 
 
-def load_torch(path: str, *, mmap: bool, trust: bool, notes: list[str]) -> Any:
+def numpy_safe_globals() -> list[Any]:
+    """The numpy types HF's Trainer allow-lists to load rng_state.pth with weights_only=True
+    (``transformers.trainer_pt_utils.safe_globals``): data containers, no callables that run code."""
+    try:
+        import numpy as np
+    except ImportError:
+        return []
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_torch(path: str, *, mmap: bool, trust: bool, notes: list[str], allow: list[Any] | None = None) -> Any:
+    import torch
+
+    if not allow:
+        return _load_torch(path, mmap=mmap, trust=trust, notes=notes)
+    with torch.serialization.safe_globals(allow):
+        return _load_torch(path, mmap=mmap, trust=trust, notes=notes)
+
+
+def _load_torch(path: str, *, mmap: bool, trust: bool, notes: list[str]) -> Any:
     import torch
 
     try:
@@ -175,14 +207,27 @@ def test_dcp(path: str, req: dict[str, Any], res: dict[str, Any]) -> None:
         res["notes"].append("finite check not done for DCP folders (would need the full model to load into)")
 
 
-def test_torch_file(path: str, req: dict[str, Any], res: dict[str, Any], keys: set[str]) -> None:
-    obj = load_torch(path, mmap=bool(req.get("mmap", True)), trust=bool(req.get("trust_pickles")), notes=res["notes"])
+def test_torch_file(path: str, req: dict[str, Any], res: dict[str, Any], keys: set[str],
+                    allow: list[Any] | None = None) -> None:
+    obj = load_torch(path, mmap=bool(req.get("mmap", True)), trust=bool(req.get("trust_pickles")), notes=res["notes"],
+                     allow=allow)
     if isinstance(obj, dict):
         keys.update(str(k) for k in obj)
     if res.get("step") is None:
         res["step"] = step_of(obj)
     if req.get("check_finite"):
         res["nonfinite"].extend(f"{os.path.basename(path)}:{n}" if req["_folder"] else n for n in nonfinite_tensors(obj))
+
+
+def hf_state_step(path: str) -> int | None:
+    """``global_step`` of an HF trainer_state.json; the Trainer cannot resume without the file."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except ValueError as exc:
+        raise ValueError(f"{HF_STATE_FILE} does not parse ({exc}): truncated or not JSON") from exc
+    step = data.get("global_step") if isinstance(data, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def run(req: dict[str, Any]) -> dict[str, Any]:
@@ -198,6 +243,9 @@ def run(req: dict[str, Any]) -> dict[str, Any]:
             else:
                 keys: set[str] = set()
                 loaded = 0
+                state_file = os.path.join(path, HF_STATE_FILE)
+                if os.path.isfile(state_file):
+                    res["step"] = hf_state_step(state_file)
                 for root, dirs, files in os.walk(path):
                     dirs.sort()
                     for name in sorted(files):
@@ -211,9 +259,13 @@ def run(req: dict[str, Any]) -> dict[str, Any]:
                             loaded += 1
                         elif name.endswith((".pt", ".pth", ".bin")):
                             if name.startswith(SKIP_IN_FOLDERS):
-                                res["notes"].append(f"{name}: skipped (pickled by design, holds no weights)")
+                                res["notes"].append(f"{name}: skipped (not read on resume; a pickle that "
+                                                    "only loads by running code)")
                                 continue
-                            test_torch_file(fp, req, res, keys)
+                            if name.startswith(RNG_PREFIX):
+                                test_torch_file(fp, req, res, set(), allow=numpy_safe_globals())
+                            else:
+                                test_torch_file(fp, req, res, keys)
                             loaded += 1
                 if loaded == 0:
                     raise ValueError("no loadable files (.pt/.pth/.bin/.safetensors) in the folder")

@@ -6,7 +6,8 @@ Layouts (``Candidate.layout``):
                   comes from its manifest or the load test (``iter_num`` inside)
   ``lightning``   epoch=0-step=500.ckpt and last.ckpt
   ``safetensors`` a *.safetensors file
-  ``hf``          HF Trainer checkpoint-500/ (trainer_state.json inside)
+  ``hf``          HF Trainer checkpoint-500/ (trainer_state.json inside: the Trainer writes it
+                  last, so a folder without it is still being saved, or its save died)
   ``dcp``         torch.distributed.checkpoint / torchtitan step-1000/ with .metadata
   ``megatron``    Megatron-LM iter_0001000/ (latest_checkpointed_iteration.txt beside it)
   ``deepspeed``   DeepSpeed global_step1000/
@@ -14,8 +15,14 @@ Layouts (``Candidate.layout``):
   ``last_good``   a copy the supervisor kept aside in last_good/ (see quarantine.preserve_last_good)
 
 A checkpoint is still being written when its name is a temp name (.x, *.tmp, *.partial, tmp-*)
-or a DCP folder has no .metadata yet, or its size / newest mtime changed within ``settle_s`` or
-since the previous scan. The clock is injected so tests need not wait.
+or a DCP folder has no .metadata yet (an HF folder no trainer_state.json), or its size / newest
+mtime changed within ``settle_s`` or since the previous scan. The clock is injected so tests need
+not wait.
+
+Not checkpoints although they look like one: HF's ``training_args.bin`` (a pickle of the
+TrainingArguments), and beside HF checkpoint-N/ folders the final export ``Trainer.save_model``
+writes at the top of its output dir (``model.safetensors``, ``pytorch_model.bin``, adapters):
+weights without optimizer or trainer state, which ``--resume_from_checkpoint`` cannot resume.
 """
 from __future__ import annotations
 
@@ -28,7 +35,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .manifest import is_manifest, stat_record
+from .manifest import MANIFEST_SUFFIX, is_manifest, stat_record
 
 QUARANTINE_DIR = "quarantine"
 LAST_GOOD_DIR = "last_good"
@@ -75,12 +82,27 @@ _HF_DIR = re.compile(r"^checkpoint-(\d+)$")
 _MEGATRON_DIR = re.compile(r"^iter_(\d+)$")
 _DEEPSPEED_DIR = re.compile(r"^global_step(\d+)$")
 _STEP_DIR = re.compile(r"^(?:step|ckpt|checkpoint|iter|epoch)[-_]?(\d+)$")
+HF_STATE_FILE = "trainer_state.json"
+# Files the HF Trainer writes that are never checkpoints: the pickled TrainingArguments, anywhere.
+NEVER_CHECKPOINTS = frozenset({"training_args.bin"})
+# The final model Trainer.save_model(output_dir) exports beside the checkpoint-N/ folders.
+HF_EXPORT_NAMES = frozenset({"model.safetensors", "pytorch_model.bin", "adapter_model.safetensors",
+                             "adapter_model.bin"})
 
 
 def is_temp_name(name: str) -> bool:
     low = name.lower()
     return (name.startswith(".") or low.startswith(("tmp-", "tmp_", "tmp.")) or low.endswith(_TEMP_SUFFIXES)
             or ".tmp" in low or ".partial" in low)
+
+
+def written_by_supervisor(name: str) -> bool:
+    """An entry of a checkpoint dir that the supervisor itself writes, never the job: manifests,
+    quarantine notes, the ``quarantine/`` and ``last_good/`` folders, and their temp files. A scan
+    for signs of the job at work (files being written) must skip these: the background
+    verification writes a manifest seconds after each checkpoint, whatever the job is doing."""
+    return (name in (QUARANTINE_DIR, LAST_GOOD_DIR) or name.endswith((MANIFEST_SUFFIX, NOTE_SUFFIX))
+            or (name.startswith(".") and (f"{MANIFEST_SUFFIX}." in name or name.endswith(".restore.tmp"))))
 
 
 def classify(path: Path) -> tuple[Layout, int | None] | None:
@@ -93,13 +115,15 @@ def classify(path: Path) -> tuple[Layout, int | None] | None:
             m = _STEP_IN_NAME.search(name)
             return Layout.DCP, int(m.group(1)) if m else None
         if m := _HF_DIR.match(name):
+            if not (path / HF_STATE_FILE).is_file():
+                return None  # the Trainer writes trainer_state.json last: a save in progress (or one that died)
             return Layout.HF, int(m.group(1))
         if m := _MEGATRON_DIR.match(name):
             return Layout.MEGATRON, int(m.group(1))
         if m := _DEEPSPEED_DIR.match(name):
             return Layout.DEEPSPEED, int(m.group(1))
         return None  # step-1000/ without .metadata: a DCP save in progress, or not a checkpoint
-    if not path.is_file() or not name.lower().endswith(CHECKPOINT_SUFFIXES):
+    if not path.is_file() or not name.lower().endswith(CHECKPOINT_SUFFIXES) or name in NEVER_CHECKPOINTS:
         return None
     if _SHARD.search(name):
         return None
@@ -170,9 +194,12 @@ class Discovery:
             children = sorted(self.dir.iterdir())
         except OSError:
             return
+        hf_output_dir = any(_HF_DIR.match(p.name) and p.is_dir() for p in children)
         for p in children:
             if p in seen or p.name in (QUARANTINE_DIR, LAST_GOOD_DIR):
                 continue
+            if hf_output_dir and p.name in HF_EXPORT_NAMES:
+                continue  # the Trainer's final export, not a resumable checkpoint (see the module doc)
             c = classify(p)
             if c is None:
                 continue

@@ -10,6 +10,13 @@ Typical use by the runner::
     choice = svc.choose_for_resume(Action.ROLLBACK, onset_step=detection.onset_step)
     # choice.path -> TSUP_RESUME_FROM / {checkpoint}; choice.quarantined -> ledger events
     svc.note_attempt_result(choice.path, cause, newer_checkpoint_appeared=...)
+
+A rollback also checks that every tensor of its target is finite (the load test with
+``check_finite``, whatever ``checkpoints.check_finite`` says): a divergence is not seen where it
+begins. A checkpoint saved after the update that made the weights NaN but before a NaN was
+printed (the next logged step, or ``logging_steps`` later) sits *before* the onset, holds NaN
+weights, and resuming from it fails again at once. Such a checkpoint is skipped (not ready),
+not quarantined: it is intact, just useless.
 """
 from __future__ import annotations
 
@@ -66,7 +73,7 @@ class CheckpointService:
         self.digests = DigestCache(self.state_dir / "checkpoint_digests.json" if self.state_dir.is_dir() else None)
         self.book = CheckpointBook(self.state_dir, bad_after_same_cause=cfg.bad_after_same_cause)
         self._lock = threading.RLock()
-        self._load_results: dict[tuple[str, Any], LoadTestResult] = {}
+        self._load_results: dict[tuple[str, Any, bool], LoadTestResult] = {}  # (path, stat, finite checked)
         self._load_steps: dict[Path, int | None] = {}  # steps read by load tests (nanoGPT iter_num)
         self.last_quarantined: tuple[QuarantineRecord, ...] = ()  # from the last choose_for_resume
 
@@ -119,17 +126,22 @@ class CheckpointService:
             return (st["size"], st["mtime_ns"], st["files"])
         return StatKey.of(path)
 
-    def _load_test(self, path: Path) -> LoadTestResult:
-        key = (str(path), self._stat_token(path))
-        hit = self._load_results.get(key)
-        if hit is not None:
-            return hit
+    def _load_test(self, path: Path, finite: bool = False) -> LoadTestResult:
+        """The (cached) load test; ``finite`` also checks every tensor is finite (a result that
+        checked it answers a request that does not need it too)."""
+        check_finite = self.cfg.check_finite or finite
+        token = self._stat_token(path)
+        for key in ((str(path), token, True), (str(path), token, check_finite)):
+            hit = self._load_results.get(key)
+            if hit is not None:
+                return hit
         res = run_load_test(LoadTestRequest(path, expected_keys=self.cfg.expected_keys,
-                                            check_finite=self.cfg.check_finite, trust_pickles=self.cfg.trust_pickles,
+                                            check_finite=check_finite, trust_pickles=self.cfg.trust_pickles,
                                             mmap=self.cfg.mmap),
                             python=self.job_python, timeout_s=self.cfg.load_timeout_s, cwd=self.job_cwd)
-        log.info("checkpoint_load_test", path=str(path), passed=res.passed, seconds=res.seconds, error=res.error)
-        self._load_results[key] = res
+        log.info("checkpoint_load_test", path=str(path), passed=res.passed, seconds=res.seconds, error=res.error,
+                 check_finite=check_finite)
+        self._load_results[(str(path), token, check_finite)] = res
         self._load_steps[path] = res.step
         return res
 
@@ -169,8 +181,9 @@ class CheckpointService:
         return self._manifest_of(cand.path).manifest
 
     def evaluate(self, cand: Candidate, metrics_seen: MetricsSeen | None = None,
-                 current: tuple[dict[str, Any], str | None] | None = None) -> Readiness:
-        """One quicklist row for ``cand`` (hashes and load-tests it; results are cached)."""
+                 current: tuple[dict[str, Any], str | None] | None = None, *, finite: bool = False) -> Readiness:
+        """One quicklist row for ``cand`` (hashes and load-tests it; results are cached).
+        ``finite``: the load test also checks that every tensor is finite (rollback targets)."""
         with self._lock:
             if current is None:
                 current = self._current_config()
@@ -191,7 +204,7 @@ class CheckpointService:
             if (manifest is None and not mread.present) or stale:
                 step = cand.step
                 if step is None and self.cfg.load_test:
-                    lt = self._load_test(path)
+                    lt = self._load_test(path, finite)
                     step = lt.step
                 if self.write_manifests:
                     if stale:
@@ -223,7 +236,7 @@ class CheckpointService:
                 row.no(f"no validation metric {self.cfg.val_metric!r} recorded for this checkpoint")
             # The load test last: it is the slow part and pointless for a corrupt file.
             if self.cfg.load_test and row.complete and row.sha256_ok is not False:
-                lt = lt or self._load_test(path)
+                lt = lt or self._load_test(path, finite)
                 row.load_test = lt
                 if row.step is None:
                     row.step = lt.step
@@ -307,7 +320,7 @@ class CheckpointService:
             for cand in self.scan():
                 if limit is not None and cand.step is not None and cand.step >= limit:
                     continue  # after the anomaly began: not a rollback target, no need to verify it
-                row = self.evaluate(cand, metrics_seen, current)
+                row = self.evaluate(cand, metrics_seen, current, finite=mode == "rollback")
                 if not row.ready and self.cfg.quarantine and _is_corrupt(row):
                     try:
                         quarantined.append(quarantine(row.path, "; ".join(row.reasons)))

@@ -124,6 +124,10 @@ CKPT_RULES = _rules(Cause.CHECKPOINT_LOAD_ERROR, [
     ("UnpicklingError", r"UnpicklingError", "checkpoint unpickling failed"),
     (("SafetensorError", "deserializing header"), r"SafetensorError|Error while deserializing header",
      "safetensors checkpoint unreadable"),
+    # HF Trainer, --resume_from_checkpoint a folder with no weights file. Its resume *warnings*
+    # ("There were missing keys in the checkpoint model loaded: ['lm_head.weight']." for tied
+    # weights, printed on every resume) are not load errors and match nothing here.
+    ("valid checkpoint", r"Can't find a valid checkpoint at", "HF Trainer found no weights in the checkpoint folder"),
 ])
 
 NAN_TEXT_RULES = _rules(Cause.NAN, [
@@ -404,7 +408,8 @@ NAN_TEXT_KEYWORDS = ("nan", "NaN", "oss", "-finite", "etected")
 OOM_KEYWORDS = ("emory", "ALLOC", "_alloc")
 NCCL_KEYWORDS = ("NCCL", "nccl", "ommunicator", "Watchdog", "DistBackend", "ocket", "onnection reset", "emory", "launch", "ECC",
                  "GPU is lost", "off the bus", "Xid")
-CKPT_KEYWORDS = ("state_dict", "mismatch", "Stream", "EOF", "npickl", "Weights only", "afetensor", "deserializ")
+CKPT_KEYWORDS = ("state_dict", "mismatch", "Stream", "EOF", "npickl", "Weights only", "afetensor", "deserializ",
+                 "valid checkpoint")
 
 
 def build_detectors(cfg: DetectorsConfig) -> list[Detector]:
