@@ -16,10 +16,15 @@
         if client.should_stop():
             break
 
+A checkpoint the script's trainer wrote itself gets the same manifest with
+``client.record_checkpoint(path, step=step, metrics=...)``. Trainer users need none of this: one
+callback does it all (``supervisor.client.hf.SupervisorCallback`` for the Hugging Face Trainer,
+``supervisor.client.lightning.SupervisorCallback`` for Lightning; see docs/trainers.md).
+
 Outside supervision (``TSUP_RUN_ID`` unset) every call is a silent no-op and the script runs as
 usual. Misuse (a non-integer step, a non-numeric metric) raises :class:`ClientUsageError` at once.
-Importing this package never imports torch; ``save_checkpoint`` (from ``._checkpoint``) is loaded
-on first access.
+Importing this package never imports torch; ``save_checkpoint`` and ``record_checkpoint`` (from
+``._checkpoint``) are loaded on first access.
 """
 from __future__ import annotations
 
@@ -33,8 +38,8 @@ from ._resume import ResumeInfo, resume_info
 from ._signals import install, should_checkpoint, should_stop
 
 __all__ = [
-    "ClientUsageError", "ResumeInfo", "checkpointing", "heartbeat", "install", "report", "resume_info",
-    "save_checkpoint", "should_checkpoint", "should_stop", "supervised",
+    "ClientUsageError", "ResumeInfo", "checkpointing", "heartbeat", "install", "record_checkpoint", "report",
+    "resume_info", "save_checkpoint", "should_checkpoint", "should_stop", "supervised",
 ]
 
 

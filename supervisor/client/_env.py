@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 
 class ClientUsageError(ValueError):
@@ -11,6 +12,11 @@ class ClientUsageError(ValueError):
     variable) and run again. Raised immediately, so the mistake shows on the first step, not at
     the first failure hours later.
     """
+
+
+def warn(message: str) -> None:
+    """One line to the job's stderr, where the supervisor's log and the user both see it."""
+    print(f"supervisor.client: {message}", file=sys.stderr, flush=True)
 
 
 def supervised() -> bool:

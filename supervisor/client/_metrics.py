@@ -34,6 +34,17 @@ def _number(name: str, value: object) -> float:
             f"report({name}={value!r}): {name} must be a number, got {type(value).__name__}") from None
 
 
+def as_number(value: object) -> float | None:
+    """A value a trainer logged as a float, or None when it is not a number: ints, floats,
+    numpy / 1-element torch values, formatted strings (``'2.31'``; ``'nan'``)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
 def _open() -> IO[str] | None:
     global _file, _disabled
     if _file is not None or _disabled:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 
 from ._env import ClientUsageError, supervised
@@ -90,6 +91,25 @@ def should_checkpoint() -> bool:
         _checkpoint.clear()
         return True
     return False
+
+
+def agree(device: object, *flags: bool) -> tuple[bool, ...]:
+    """``flags`` OR-ed over the ranks of the default ``torch.distributed`` group (unchanged without one).
+
+    The supervisor signals the whole process group, but the ranks see a signal at slightly
+    different steps (nodes at different times): a rank that saves or stops alone deadlocks the
+    others in their next collective. Every rank must call this at the same points (one small
+    all-reduce on ``device``). Never imports torch: without ``torch.distributed`` loaded there is
+    no group to agree with.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return flags
+    import torch
+
+    t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=device)  # type: ignore[arg-type]
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return tuple(bool(x) for x in t.tolist())
 
 
 def _reset_for_tests() -> None:
