@@ -172,3 +172,25 @@ def test_checkpoint_files_being_written_count_as_activity(tmp_path: Path) -> Non
     assert out == []
     m.poll(clock.advance(5.5))  # the save is over and nothing follows: hung
     assert [d.cause for d in out] == [Cause.HANG]
+
+
+def test_the_supervisors_own_manifests_are_not_the_job_at_work(tmp_path: Path) -> None:
+    import os
+    from dataclasses import replace
+
+    clock, out = Clock(), []
+    ck = tmp_path / "ckpt"
+    (ck / "checkpoint-40").mkdir(parents=True)
+    m = HeartbeatMonitor(HeartbeatConfig(check_interval_s=0.01, **LEARN), wall=clock.wall)
+    m.start(replace(ctx_for(tmp_path / "hb", clock.mono), checkpoint_dir=ck), out.append)
+    for i in range(6):
+        m.note_output(clock.mono, f"iter {i}: loss 2.0")
+        m.note_step(clock.mono, i)
+        m.poll(clock.advance(1.0))
+    clock.advance(4.0)
+    manifest = ck / "checkpoint-40.manifest.json"  # the background verification, not the job
+    manifest.write_text("{}")
+    for p in (manifest, ck, ck / "checkpoint-40"):
+        os.utime(p, (clock.wall(), clock.wall()))
+    m.poll(clock.advance(1.5))
+    assert [d.cause for d in out] == [Cause.HANG]

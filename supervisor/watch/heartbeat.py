@@ -45,6 +45,7 @@ from typing import Callable, Mapping
 
 import structlog
 
+from ..checkpoints.discovery import written_by_supervisor
 from ..events import AttemptContext, Cause, Detection, Emit, LineSink
 from .config import HeartbeatConfig
 from .liveness import Cadence, OutputLiveness, Silence
@@ -326,13 +327,16 @@ class HeartbeatMonitor:
                 with os.scandir(path) as it:
                     for e in it:
                         seen += 1
+                        if written_by_supervisor(e.name):
+                            continue  # our own manifests and notes land seconds after each save
+                        if e.is_dir(follow_symlinks=False):
+                            if depth < 2:
+                                stack.append((e.path, depth + 1))
+                            continue  # a folder's mtime moves when we add a note inside: files only
                         try:
-                            st = e.stat(follow_symlinks=False)
+                            newest = max(newest, e.stat(follow_symlinks=False).st_mtime)
                         except OSError:
                             continue
-                        newest = max(newest, st.st_mtime)
-                        if depth < 2 and e.is_dir(follow_symlinks=False):
-                            stack.append((e.path, depth + 1))
         except OSError:
             return None
         if not newest:
