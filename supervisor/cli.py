@@ -9,9 +9,34 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import __version__
+# Nothing from the package at import time but the install check (stdlib only): when supervisord's
+# `supervisor` package was installed over ours, `from . import __version__` is what fails, and
+# main() must first say why (supervisor.installcheck).
+from .installcheck import refuse_foreign
 
-EXIT_OK, EXIT_USAGE, EXIT_GAVE_UP = 0, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GAVE_UP = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
+
+EXIT_CODES = """\
+exit status:
+  0    run/wrap: the job finished, or was stopped on request (`stop`) after a graceful stop;
+       other verbs: done
+  1    a client verb failed: no daemon runs for that state dir, the request was refused, a
+       --wait timed out
+  2    bad usage or config (every problem printed with its key path), or supervisord's
+       `supervisor` package in this environment (see README: installs)
+  3    run/wrap: gave up (restart budget spent, no progress, a fault that needs a human; the last
+       log line says why); restart --wait: the daemon gave up instead of restarting
+  130  interrupted (Ctrl-C)
+  141  stdout was closed early (`history --json | head`): the output was cut, quietly"""
+
+WRAP_EPILOG = """\
+Flags override the same keys of --config (every key: config.example.toml).
+Example:
+  transformer-supervisor wrap --max-restarts 5 --checkpoint-dir ckpt \\
+      --resume-arg=--resume={checkpoint} -- torchrun --nproc-per-node=8 --max-restarts=0 train.py
+
+""" + EXIT_CODES
 
 
 def _add_locator(p: argparse.ArgumentParser) -> None:
@@ -21,35 +46,47 @@ def _add_locator(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     ap = argparse.ArgumentParser(prog="transformer-supervisor",
-                                 description="Supervise a training job: detect failures, reboot it under control.")
+                                 description="Supervise a training job: detect failures, reboot it under control.",
+                                 epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"transformer-supervisor {__version__}")
     ap.add_argument("--log-format", choices=("auto", "console", "logfmt", "json"), default=None,
                     help="the daemon's own event lines on stderr (default: config log.format)")
     sub = ap.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
 
-    p = sub.add_parser("run", help="the daemon in the foreground (systemd's ExecStart)")
-    p.add_argument("--config", required=True)
+    p = sub.add_parser("run", help="the daemon in the foreground (systemd's ExecStart)",
+                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="the run's config file (TOML; check it with check-config)")
 
-    p = sub.add_parser("wrap", help="supervise any command: wrap [options] -- CMD ARGS...")
-    p.add_argument("--config")
-    p.add_argument("--name")
-    p.add_argument("--state-dir")
-    p.add_argument("--checkpoint-dir")
-    p.add_argument("--log-file")
-    p.add_argument("--max-restarts")
+    p = sub.add_parser("wrap", help="supervise any command: wrap [options] -- CMD ARGS...",
+                       description="Supervise CMD: the daemon in the foreground, configured by flags.",
+                       epilog=WRAP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", metavar="PATH", help="a config file to start from; the flags override its keys")
+    p.add_argument("--name", help="the run's name ([job] name): names the state dir ./.tsup/NAME (default: job)")
+    p.add_argument("--state-dir", metavar="DIR", help="ledger, control socket, heartbeats ([state] dir; "
+                                                      "default ./.tsup/NAME)")
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="where the job writes its checkpoints ([checkpoints] "
+                                                           "dir): verified before every resume")
+    p.add_argument("--log-file", metavar="PATH", help="also append the job's output to this file ([job] log_file)")
+    p.add_argument("--max-restarts", metavar="N", help="restarts allowed within the restart window before "
+                                                       "giving up with exit 3 ([policy] max_restarts)")
     p.add_argument("--heartbeat-timeout", metavar="SECONDS",
                    help="hang timeout ([heartbeat] timeout_s): a rank's heartbeat older than this, or, for a "
                         "job without the client, no new step and no output line for this long "
                         "(default: learned from the job's rhythm)")
-    p.add_argument("--shutdown")
-    p.add_argument("--grace")
-    p.add_argument("--resume-arg", action="append", default=None,
+    p.add_argument("--shutdown", metavar="MODE", help="how the job is stopped ([shutdown] mode): graceful (stop "
+                                                      "signal, wait --grace, SIGKILL), hybrid (emergency "
+                                                      "checkpoint first) or forced (SIGKILL)")
+    p.add_argument("--grace", metavar="SECONDS", help="how long the job may take to flush and exit after the "
+                                                      "stop signal ([shutdown] grace_s, default 120)")
+    p.add_argument("--resume-arg", action="append", default=None, metavar="ARG",
                    help="appended when resuming; {checkpoint} is replaced (repeatable)")
-    p.add_argument("--backoff", help="initial restart delay in seconds (policy.backoff_initial_s)")
+    p.add_argument("--backoff", metavar="SECONDS", help="initial restart delay in seconds (policy.backoff_initial_s)")
     p.add_argument("--shell", action="store_true", help="run CMD as one string through /bin/sh -c")
-    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...: the job's launch command")
 
     p = sub.add_parser("status", help="ask the running daemon for its state")
     _add_locator(p)
@@ -57,21 +94,26 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("restart", help="controlled reboot now")
     _add_locator(p)
-    p.add_argument("--reason", default="operator request")
+    p.add_argument("--reason", default="operator request", help="recorded in the ledger and the journal")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--from", dest="from_ckpt", metavar="CKPT")
-    g.add_argument("--rollback", action="store_true")
+    g.add_argument("--from", dest="from_ckpt", metavar="CKPT", help="resume from this checkpoint (verified first)")
+    g.add_argument("--rollback", action="store_true", help="restart as a rollback: no emergency checkpoint of the current (suspect) state first")
+    _add_wait(p, "until the new attempt is launched")
 
     p = sub.add_parser("checkpoint-now", help="ask the job for an emergency checkpoint")
     _add_locator(p)
+    p.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
 
     p = sub.add_parser("stop", help="graceful stop of the job, then the daemon exits 0")
     _add_locator(p)
+    _add_wait(p, "until the daemon has exited (the job stopped, its checkpoint flushed)")
 
     p = sub.add_parser("reload", help="reload the daemon's config (same as SIGHUP)")
     _add_locator(p)
+    p.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
 
-    p = sub.add_parser("checkpoints", help="the readiness quicklist for every checkpoint found")
+    p = sub.add_parser("checkpoints", help="the readiness quicklist for every checkpoint found, and the ones "
+                                           "still being written")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--config")
     g.add_argument("--checkpoint-dir")
@@ -99,7 +141,21 @@ def _parser() -> argparse.ArgumentParser:
     _add_locator(p)
     p.add_argument("--out", help="output folder (default: <state dir>/report)")
     p.add_argument("--run", help="a run id (default: the newest)")
+
+    from .ops import units
+
+    p = sub.add_parser("install-units", help="install the systemd units, the example config and the env file "
+                                             "from this installed package (--print: show them)",
+                       description=units.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    units.add_arguments(p)
     return ap
+
+
+def _add_wait(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--wait", action="store_true", help=f"wait {what}; exit 1 if it does not happen in --timeout")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="how long --wait waits (default 600)")
+    p.add_argument("--json", action="store_true", help="print the daemon's answer (and the wait's outcome) as JSON")
 
 
 def _die_usage(msg: str) -> int:
@@ -195,9 +251,10 @@ def _run_daemon(cfg: Any, config_path: Path | None, log_format: str | None) -> i
     from .ops.journal import JournalProcessor
     from .runner import Runner
 
-    # Under systemd, the daemon's events go to the journal as native entries with TSUP_* fields
-    # (journalctl TSUP_CAUSE=nan), instead of (not besides) the stderr line.
-    jp = JournalProcessor.for_environment(logsetup._logfmt, enabled=cfg.systemd.journal_fields)
+    # Under systemd, the daemon's events go to the journal as native entries (a sentence as
+    # MESSAGE, MESSAGE_ID per event kind, TSUP_* fields: journalctl TSUP_CAUSE=nan), instead of
+    # (not besides) the stderr line.
+    jp = JournalProcessor.for_environment(enabled=cfg.systemd.journal_fields)
     if jp is not None:
         logsetup.add_processor(jp)
     logsetup.configure(log_format or cfg.log.format, cfg.log.level)
@@ -263,19 +320,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(res, indent=2, sort_keys=True))
     else:
-        from .ops.control import render_status
+        from .cliverbs import render_status
 
         print(render_status(res))
     return EXIT_OK
 
 
 def cmd_simple(args: argparse.Namespace, verb: str, payload: dict[str, Any] | None = None) -> int:
-    code, res = _control(args, verb, payload)
-    if code:
-        return code
-    msg = res.get("message") if isinstance(res, dict) else None
-    print(msg or json.dumps(res))
-    return EXIT_OK
+    from .cliverbs import control_verb
+
+    return control_verb(_state_dir(args), verb, payload, wait=getattr(args, "wait", False),
+                        timeout=getattr(args, "timeout", 600.0), json_out=getattr(args, "json", False))
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -341,13 +396,28 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     if ckdir is None:
         return _die_usage("no checkpoint dir: pass --checkpoint-dir DIR or a config with [checkpoints] dir")
     sd = Path(args.state_dir) if args.state_dir else cfg.state_dir()
-    from .checkpoints.service import cli_checkpoints
+    from .cliverbs import checkpoints_verb
 
-    return cli_checkpoints(ckdir, cfg.checkpoints, args.json, sd, job_argv=list(cfg.job.command),
-                           job_cwd=cfg.workdir())
+    return checkpoints_verb(ckdir, cfg.checkpoints, args.json, sd, job_argv=list(cfg.job.command),
+                            job_cwd=cfg.workdir())
+
+
+def _torch_missing() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("torch") is None
+    except (ImportError, ValueError):
+        return True
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    # The demo's job trains with torch in this Python: without it, say so once instead of a
+    # job that crashes on `import torch` until the restart budget is spent.
+    if _torch_missing():
+        return _die_usage(f"the demo trains a small model with torch, which this Python ({sys.executable}) "
+                          "does not have; install the `train` extra into this environment: "
+                          "pip install 'transformer-supervisor[train]' (or run ./scripts/demo in a checkout)")
     from .demorun import run_demo
 
     return run_demo(out=Path(args.out), faults=args.faults, steps=args.steps, seed=args.seed,
@@ -364,7 +434,32 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_install_units(args: argparse.Namespace) -> int:
+    from .ops import units
+
+    return units.run(args)
+
+
+def _quiet_broken_pipe() -> int:
+    """stdout's reader went away (`history --json | head`): no traceback, no "Exception ignored"
+    at exit; exit 141 (128 + SIGPIPE) as a command killed by SIGPIPE would."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    refuse_foreign()
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = _parser()
     # `wrap ... -- CMD`: argparse would try to parse CMD's own flags; split at the first "--".
@@ -387,6 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {
         "run": cmd_run, "wrap": cmd_wrap, "check-config": cmd_check_config, "status": cmd_status,
         "history": cmd_history, "checkpoints": cmd_checkpoints, "demo": cmd_demo, "report": cmd_report,
+        "install-units": cmd_install_units,
         "stop": lambda a: cmd_simple(a, "stop"),
         "checkpoint-now": lambda a: cmd_simple(a, "checkpoint-now"),
         "reload": lambda a: cmd_simple(a, "reload"),
@@ -396,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[verb](args)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

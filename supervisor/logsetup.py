@@ -1,8 +1,15 @@
 """structlog set-up: one event per line on stderr, ``event=<name>``.
 
-Console (colours, timestamps) on a TTY; logfmt key=value lines *without* timestamps under the
-journal (``JOURNAL_STREAM`` set: journald stamps them); JSON on request. Values whose key names a
-secret are masked before any renderer sees them.
+Console (colours, timestamps) on a TTY; logfmt ``key=value`` lines (structlog's own
+``LogfmtRenderer``) *without* timestamps under the journal (``JOURNAL_STREAM`` set: journald stamps
+them); JSON on request. In every format:
+
+- the timestamp key is ``ts`` (ISO 8601 UTC in logfmt and JSON, ``HH:MM:SS`` on the console);
+- a key whose value is None is left out (no ``attempt=None``);
+- ``log.exception(...)`` and ``exc_info=`` keep the traceback: the ``exception`` key holds it
+  (logfmt escapes its newlines as ``\\n``; the console prints it below the line; the journal
+  entry carries it in its MESSAGE and in ``TSUP_EXCEPTION``);
+- values whose key names a secret are masked before any renderer sees them.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Callable, MutableMapping, TextIO
+from typing import Any, Callable, Mapping, MutableMapping, TextIO
 
 import structlog
 
@@ -18,6 +25,11 @@ from .process import is_secret
 
 Processor = Callable[[Any, str, MutableMapping[str, Any]], Any]
 _extra: list[Processor] = []
+
+#: the one timestamp key, in every format
+TIMESTAMP_KEY = "ts"
+#: where a formatted traceback goes (structlog's own name for it)
+EXCEPTION_KEY = "exception"
 
 
 def _mask_secrets(_logger: Any, _name: str, ed: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -27,28 +39,53 @@ def _mask_secrets(_logger: Any, _name: str, ed: MutableMapping[str, Any]) -> Mut
     return ed
 
 
-def _logfmt_value(v: Any) -> str:
-    s = str(v)
-    if s == "" or any(c in s for c in ' ="\n\\'):
-        s = '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    return s
-
-
-def _logfmt(_logger: Any, _name: str, ed: MutableMapping[str, Any]) -> str:
-    # event first, message last: a human scanning the journal reads "event=... msg".
-    parts = [f"event={_logfmt_value(ed.pop('event', ''))}"]
-    if "level" in ed:
-        parts.append(f"level={ed.pop('level')}")
-    msg = ed.pop("message", None)
-    for k, v in ed.items():
-        parts.append(f"{k}={_logfmt_value(v)}")
-    if msg is not None:
-        parts.append(f"message={_logfmt_value(msg)}")
-    return " ".join(parts)
-
-
-def _json_event(_logger: Any, _name: str, ed: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+def drop_none(_logger: Any, _name: str, ed: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Leave out keys whose value is None: ``attempt=None`` says nothing."""
+    for k in [k for k, v in ed.items() if v is None and k != "event"]:
+        del ed[k]
     return ed
+
+
+_format_exc_info = structlog.processors.ExceptionRenderer()
+_stack_info = structlog.processors.StackInfoRenderer()
+
+
+def format_tracebacks(logger: Any, name: str, ed: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """``exc_info`` (set by ``log.exception()`` or ``exc_info=``) -> the traceback text under
+    ``exception``; ``stack_info=True`` -> ``stack``. A no-op when neither is there."""
+    if "stack_info" in ed:
+        ed = _stack_info(logger, name, ed)
+    if ed.get("exc_info"):
+        ed = _format_exc_info(logger, name, ed)
+    else:
+        ed.pop("exc_info", None)
+    return ed
+
+
+_LOGFMT = structlog.processors.LogfmtRenderer(key_order=["event", "level", TIMESTAMP_KEY], drop_missing=True,
+                                              bool_as_flag=False)
+
+
+def render_logfmt(logger: Any, name: str, event_dict: Mapping[str, Any]) -> str:
+    """``event=NAME level=... ts=... key=value ... message="..."``: structlog's LogfmtRenderer with
+    the event first and the message last (a human scanning the journal reads "event=... msg"),
+    no None values and the traceback kept. Does not modify ``event_dict``."""
+    ed: dict[str, Any] = dict(event_dict)
+    ed = dict(format_tracebacks(logger, name, ed))
+    drop_none(logger, name, ed)
+    for last in ("message", EXCEPTION_KEY, "stack"):
+        if last in ed:
+            ed[last] = ed.pop(last)
+    return _LOGFMT(logger, name, ed)
+
+
+def logfmt_line(event_dict: Mapping[str, Any]) -> str:
+    """One event dict as the logfmt line the daemon prints."""
+    return render_logfmt(None, "", event_dict)
+
+
+# The name other modules have imported (the demo's daemon.log writer).
+_logfmt = render_logfmt
 
 
 class _DropBenignWatchdogRace(logging.Filter):
@@ -82,18 +119,24 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
             fmt = "console"
         else:
             fmt = "logfmt"
-    pre: list[Any] = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, _mask_secrets]
+    pre: list[Any] = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, _mask_secrets,
+                      drop_none]
     renderer: Any
     if fmt == "console":
-        pre.insert(0, structlog.processors.TimeStamper(fmt="%H:%M:%S"))
-        renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        pre.insert(0, structlog.processors.TimeStamper(fmt="%H:%M:%S", key=TIMESTAMP_KEY))
+        # The console renderer prints the traceback itself, below the line (plain: never locals,
+        # which could hold a token).
+        renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty(), timestamp_key=TIMESTAMP_KEY,
+                                                 exception_formatter=structlog.dev.plain_traceback)
     elif fmt == "json":
-        pre.insert(0, structlog.processors.TimeStamper(fmt="iso", utc=True))
+        pre.insert(0, structlog.processors.TimeStamper(fmt="iso", utc=True, key=TIMESTAMP_KEY))
+        pre.append(format_tracebacks)
         renderer = structlog.processors.JSONRenderer()
     else:
         if not os.environ.get("JOURNAL_STREAM"):
-            pre.insert(0, structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"))
-        renderer = _logfmt
+            pre.insert(0, structlog.processors.TimeStamper(fmt="iso", utc=True, key=TIMESTAMP_KEY))
+        pre.append(format_tracebacks)
+        renderer = render_logfmt
     quiet_library_logs()
     structlog.configure(
         processors=[*pre, *_extra, renderer],

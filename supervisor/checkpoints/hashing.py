@@ -11,6 +11,8 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,17 +53,42 @@ def new_hasher(algorithm: str) -> _Hasher:
     raise ValueError(f"unknown hash algorithm {algorithm!r} (expected one of {', '.join(ALGORITHMS)})")
 
 
+#: ``callback(path, bytes_done, bytes_total)`` while a file is hashed (None: nobody listens).
+ProgressCallback = Callable[[Path, int, int], None]
+_progress: ProgressCallback | None = None
+
+
+@contextmanager
+def progress(callback: ProgressCallback | None) -> Iterator[None]:
+    """Report hashing progress to ``callback`` inside the block, after every buffer read and once
+    at the end (``bytes_done == bytes_total``); the ``checkpoints`` verb shows it on stderr."""
+    global _progress
+    previous, _progress = _progress, callback
+    try:
+        yield
+    finally:
+        _progress = previous
+
+
 def file_digest(path: str | os.PathLike[str], algorithm: str = "sha256", buffer_bytes: int = BUFFER_BYTES) -> str:
     """Hex digest of one file, streamed with a reused buffer."""
     h = new_hasher(algorithm)
     buf = bytearray(buffer_bytes)
     view = memoryview(buf)
+    cb = _progress
     with open(path, "rb", buffering=0) as f:
+        total = os.fstat(f.fileno()).st_size if cb is not None else 0
+        done = 0
         while True:
             n = f.readinto(buf)
             if not n:
                 break
             h.update(view[:n])
+            if cb is not None:
+                done += n
+                cb(Path(path), done, total)
+    if cb is not None and done == 0:
+        cb(Path(path), 0, 0)
     return h.hexdigest()
 
 

@@ -1,4 +1,4 @@
-"""Reading the supervisor's environment once (``TSUP_*``, ``RANK``), with clear errors."""
+"""Reading the supervisor's environment once (``TSUP_*``, the rank), with clear errors."""
 from __future__ import annotations
 
 import os
@@ -47,12 +47,20 @@ def env_float(name: str, default: float) -> float:
     return value
 
 
+#: where the rank comes from, first found wins: torchrun/torch.distributed, Slurm's srun (a task per
+#: rank: ``srun --ntasks-per-node=8 python train.py``), then the local ranks of both. Inside
+#: ``srun torchrun ...`` torchrun's RANK wins over SLURM_PROCID (which numbers the nodes' tasks).
+RANK_VARIABLES = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "SLURM_LOCALID")
+
+
 def rank() -> int:
-    """This process's global rank: ``RANK``, else ``LOCAL_RANK``, else 0."""
-    r = env_int("RANK", None)
-    if r is None:
-        r = env_int("LOCAL_RANK", 0)
-    return r or 0
+    """This process's global rank: ``RANK``, else ``SLURM_PROCID``, else ``LOCAL_RANK``, else
+    ``SLURM_LOCALID``, else 0."""
+    for name in RANK_VARIABLES:
+        r = env_int(name, None)
+        if r is not None:
+            return r
+    return 0
 
 
 def heartbeat_path(directory: str, rk: int) -> str:

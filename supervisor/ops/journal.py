@@ -2,13 +2,22 @@
 
 Decision (documented in docs/operating.md): under systemd, when stderr is the journal stream
 (``$JOURNAL_STREAM`` matches fd 2) and the native socket exists, each daemon event is sent ONCE,
-as a native entry whose MESSAGE is the very same ``event=... key=value`` line the stderr renderer
-would have printed, plus fields: PRIORITY (from the level), SYSLOG_IDENTIFIER, TSUP_SOURCE=daemon
-and every structlog key as ``TSUP_<KEY>`` (``TSUP_EVENT=restart``, ``TSUP_CAUSE=nan``,
-``TSUP_ATTEMPT=3``, ``TSUP_RUN_ID=...``). The stderr line is then dropped, so the journal holds each
-event once, greppable as text and matchable by field. If a send fails the line goes to stderr as
-usual (nothing is lost). The job's output is untouched: it is passed through on stdout.
-Outside the journal (a terminal, a file, ``wrap`` in a shell) only the stderr lines exist.
+as a native entry:
+
+- ``MESSAGE``: a sentence for people, the event's ``message`` (or ``summary``), then ``; next:``
+  and its ``next`` when it has one; an event without either reads ``state changed: old=running
+  new=stopping``. A traceback (``log.exception()``, ``exc_info=``) follows on the next lines, so
+  ``journalctl -u ...`` shows it where it happened.
+- ``MESSAGE_ID``: one 128-bit ID per event kind, uuid5 of the event name in :data:`ID_NAMESPACE`
+  (:func:`message_id`), so ``journalctl MESSAGE_ID=...`` finds every restart whatever its text.
+- ``CODE_FILE``/``CODE_LINE``/``CODE_FUNC``: where in our code the event was logged.
+- ``PRIORITY`` (from the level), ``SYSLOG_IDENTIFIER``, ``TSUP_SOURCE=daemon``, and the data: every
+  structlog key as ``TSUP_<KEY>`` (``TSUP_EVENT=restart_scheduled``, ``TSUP_CAUSE=nan``,
+  ``TSUP_ATTEMPT=3``, ``TSUP_RUN_ID=...``, ``TSUP_EXCEPTION=<traceback>``).
+
+The stderr line is then dropped, so the journal holds each event once. If a send fails the line
+goes to stderr as usual (nothing is lost). The job's output is untouched: it is passed through on
+stdout. Outside the journal (a terminal, a file, ``wrap`` in a shell) only the stderr lines exist.
 
 Protocol (systemd.journal-fields(7), "native protocol"): one datagram to
 /run/systemd/journal/socket; each field is ``NAME=value\\n``, or, when the value contains a
@@ -23,7 +32,9 @@ import os
 import re
 import socket
 import struct
+import sys
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,14 +46,16 @@ IDENTIFIER = "transformer-supervisor"
 MAX_VALUE = 8 * 1024  # per field; a traceback longer than this is cut (the tail is kept)
 MAX_MESSAGE = 16 * 1024
 
+#: MESSAGE_ID = uuid5(ID_NAMESPACE, event name): stable across versions and machines.
+ID_NAMESPACE = uuid.UUID("ecf9f241-035c-5c8d-b1f8-9b1dd5a64156")  # uuid5(NAMESPACE_DNS, "transformer-supervisor.events")
+# Keys that become journal fields of their own (not TSUP_*) or are the entry's timestamp.
+_META = frozenset({"ts", "timestamp", "exc_info", "stack_info"})
+
 # syslog priorities (journalctl -p): structlog level -> PRIORITY
 PRIORITIES = {"debug": 7, "info": 6, "notice": 5, "warning": 4, "warn": 4, "error": 3,
               "exception": 3, "critical": 2, "fatal": 2}
 
 _FIELD_BAD = re.compile(r"[^A-Z0-9_]")
-
-Renderer = Callable[[Any, str, "structlog.typing.EventDict"], Any]
-
 
 def field_name(key: str) -> str:
     """``run_id`` -> ``TSUP_RUN_ID``: uppercase, only A-Z 0-9 _, at most 64 bytes (journald's rules;
@@ -84,20 +97,94 @@ def encode(fields: Mapping[str, str | bytes]) -> bytes:
     return bytes(out)
 
 
-def entry_fields(event_dict: Mapping[str, Any], message: str, level: str | None = None) -> dict[str, str]:
-    """The journal fields for one structlog event (MESSAGE is the rendered line)."""
+def message_id(event: str) -> str:
+    """The journal MESSAGE_ID of an event kind: 32 lowercase hex digits (``journalctl
+    MESSAGE_ID=...``)."""
+    return uuid.uuid5(ID_NAMESPACE, event).hex
+
+
+def _traceback_text(event_dict: Mapping[str, Any]) -> str | None:
+    exc = event_dict.get("exception")
+    if isinstance(exc, str) and exc:
+        return exc
+    if event_dict.get("exc_info"):
+        import structlog.processors as sp
+
+        formatted = sp.ExceptionRenderer()(None, "", {"exc_info": event_dict["exc_info"]})
+        return formatted.get("exception") or None
+    return None
+
+
+def sentence(event_dict: Mapping[str, Any]) -> str:
+    """The human MESSAGE of an event: its ``message`` (or ``summary``), then its ``next``; an event
+    with neither: ``state changed: old=running new=stopping``."""
+    text = event_dict.get("message") or event_dict.get("summary")
+    nxt = event_dict.get("next")
+    if text:
+        out = str(text)
+        if nxt:
+            out += f"; next: {nxt}"
+        return out
+    ev = str(event_dict.get("event") or "event").replace("_", " ")
+    skip = _META | {"event", "level", "message", "summary", "next", "exception", "stack", "run_id"}
+    data = {k: v for k, v in event_dict.items() if k not in skip and v is not None}
+    from ..logsetup import logfmt_line
+
+    out = f"{ev}: {logfmt_line(data)}" if data else ev
+    if nxt:
+        out += f"; next: {nxt}"
+    return out
+
+
+def entry_fields(event_dict: Mapping[str, Any], message: str | None = None, level: str | None = None,
+                 code: tuple[str, int, str] | None = None) -> dict[str, str]:
+    """The journal fields for one structlog event: MESSAGE (``message``, or :func:`sentence`; the
+    traceback on the lines after it), MESSAGE_ID, PRIORITY, CODE_* (``code``: file, line,
+    function), and the data as TSUP_* fields."""
     lvl = str(event_dict.get("level") or level or "info").lower()
+    tb = _traceback_text(event_dict)
+    text = sentence(event_dict) if message is None else message
+    if tb and tb not in text:
+        text = f"{text}\n{tb.rstrip()}"
     fields: dict[str, str] = {
-        "MESSAGE": message,
+        "MESSAGE": text,
         "PRIORITY": str(PRIORITIES.get(lvl, 6)),
         "SYSLOG_IDENTIFIER": IDENTIFIER,
-        "TSUP_SOURCE": "daemon",
     }
+    if event_dict.get("event"):
+        fields["MESSAGE_ID"] = message_id(str(event_dict["event"]))
+    if code is not None:
+        fields["CODE_FILE"], fields["CODE_LINE"], fields["CODE_FUNC"] = code[0], str(code[1]), code[2]
+    fields["TSUP_SOURCE"] = "daemon"
     for key, value in event_dict.items():
-        text = field_value(value)
-        if text is not None:
-            fields[field_name(str(key))] = text
+        if key in _META:
+            continue
+        text_value = field_value(value)
+        if text_value is not None:
+            fields[field_name(str(key))] = text_value
+    if tb and "TSUP_EXCEPTION" not in fields:
+        fields["TSUP_EXCEPTION"] = tb
     return fields
+
+
+# Frames that are logging machinery, not the place an event was logged: structlog, this module,
+# logsetup, and the runner's one-line ``_event`` helper (its caller is the place).
+_SKIP_MODULES = ("structlog", "logging", __name__, "supervisor.logsetup")
+_HELPERS = frozenset({"_event"})
+
+
+def callsite(skip: int = 1) -> tuple[str, int, str] | None:
+    """(file, line, function) of the code that logged the event being processed."""
+    try:
+        f: Any = sys._getframe(skip)
+    except ValueError:
+        return None
+    while f is not None:
+        mod = f.f_globals.get("__name__", "")
+        if not (mod.startswith(_SKIP_MODULES) or (f.f_code.co_name in _HELPERS and mod.startswith("supervisor"))):
+            return f.f_code.co_filename, f.f_lineno, f.f_code.co_name
+        f = f.f_back
+    return None
 
 
 def stderr_is_journal(env: Mapping[str, str] | None = None, fd: int = 2) -> bool:
@@ -148,55 +235,38 @@ _default_sender = JournalSender()
 
 def send(event_dict: Mapping[str, Any], message: str | None = None, sender: JournalSender | None = None) -> bool:
     """Send one structlog event dict as a native journal entry; True when it was accepted."""
-    if message is None:
-        message = logfmt(event_dict)
-    return (sender or _default_sender).send(entry_fields(event_dict, message))
-
-
-def logfmt(event_dict: Mapping[str, Any]) -> str:
-    """``event=NAME key=value ...`` (values with spaces, quotes or newlines quoted), the MESSAGE
-    used when no renderer is given; the same shape as the daemon's stderr lines."""
-    def fmt(v: Any) -> str:
-        s = field_value(v) or ""
-        if s == "" or any(c in s for c in ' ="\n\\'):
-            s = '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-        return s
-    parts = [f"event={fmt(event_dict.get('event', ''))}"]
-    parts += [f"{k}={fmt(v)}" for k, v in event_dict.items() if k != "event" and v is not None]
-    return " ".join(parts)
+    return (sender or _default_sender).send(entry_fields(event_dict, message, code=callsite(2)))
 
 
 class JournalProcessor:
     """A structlog processor placed just BEFORE the renderer (``logsetup.add_processor``).
 
-    It renders the event's line (with ``renderer`` on a copy of the event dict, or
-    :func:`logfmt`), sends it with its fields as one native journal entry and drops the event
-    (``structlog.DropEvent``), so stderr does not carry it a second time. If the send fails it
-    returns the event unchanged and the renderer writes it to stderr as usual: nothing is lost.
+    It builds the entry (MESSAGE from ``message`` called with the event dict, default
+    :func:`sentence`; the fields from :func:`entry_fields`), sends it as one native journal entry
+    and drops the event (``structlog.DropEvent``), so stderr does not carry it a second time. If
+    the send fails it returns the event unchanged and the renderer writes it to stderr as usual:
+    nothing is lost.
 
-    Wiring: ``p = JournalProcessor.for_environment(renderer, enabled=cfg.systemd.journal_fields)``;
+    Wiring: ``p = JournalProcessor.for_environment(enabled=cfg.systemd.journal_fields)``;
     ``if p: logsetup.add_processor(p)`` (None when stderr is not the journal or no socket).
     """
 
-    def __init__(self, renderer: Renderer | None = None, sender: JournalSender | None = None) -> None:
-        self.renderer = renderer
+    def __init__(self, message: Callable[[Mapping[str, Any]], str] | None = None,
+                 sender: JournalSender | None = None) -> None:
+        self.message = message or sentence
         self.sender = sender or _default_sender
 
     @classmethod
-    def for_environment(cls, renderer: Renderer | None = None, *, enabled: bool = True,
+    def for_environment(cls, message: Callable[[Mapping[str, Any]], str] | None = None, *, enabled: bool = True,
                         env: Mapping[str, str] | None = None,
                         socket_path: str = JOURNAL_SOCKET) -> "JournalProcessor | None":
         sender = JournalSender(socket_path)
         if enabled and stderr_is_journal(env) and sender.available():
-            return cls(renderer, sender)
+            return cls(message, sender)
         return None
 
     def __call__(self, logger: Any, method_name: str, event_dict: "structlog.typing.EventDict") -> Any:
-        if self.renderer is not None:
-            line = self.renderer(logger, method_name, dict(event_dict))  # renderers may pop keys
-            message = line.decode("utf-8", "replace") if isinstance(line, bytes) else str(line)
-        else:
-            message = logfmt(event_dict)
-        if self.sender.send(entry_fields(event_dict, message, method_name)):
+        text = self.message(dict(event_dict))
+        if self.sender.send(entry_fields(event_dict, text, method_name, code=callsite(2))):
             raise structlog.DropEvent
         return event_dict

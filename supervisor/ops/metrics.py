@@ -5,13 +5,27 @@ The metrics are built at scrape time from the latest status snapshot (the same d
 touches the main loop's state, a rank whose heartbeat vanished drops out of the output, and
 ``restarts_total`` is a true counter taken from the ledger-backed ``restarts_by_cause``.
 
+Conventions (Prometheus naming, checked with ``promtool check metrics`` in the tests): times are
+``*_timestamp_seconds`` gauges (unix time; ``time() - tsup_heartbeat_timestamp_seconds`` is the
+age), never "seconds since"; lost time is a counter by cause (``tsup_lost_seconds_total``);
+``tsup_build_info`` carries the version; the registry also holds the daemon's own
+``process_*`` metrics (CPU, memory, open fds, start time) and ``python_info``; GPU series carry
+the device index as ``gpu`` and its ``UUID``, the label names DCGM exporter uses, so
+``tsup_gpu_memory_used_bytes * on(gpu, UUID) group_left DCGM_FI_DEV_GPU_UTIL`` joins as is.
+
+Health: the listener also answers ``GET /healthz`` (a Kubernetes liveness probe, a load
+balancer): 200 "ok" while the main loop keeps publishing its status, 503 once the newest status
+is older than :data:`HEALTH_STALE_S` (the daemon is wedged; what systemd's watchdog catches
+under systemd), or before the first one.
+
 Wiring (the runner): ``m = Metrics(cfg.metrics)``; ``m.start()`` after the config is loaded
 (starts the listener when ``metrics.listen`` is set); ``m.update(status_dict)`` every tick or
 every second (cheap; rewrites the textfile at most every ``textfile_interval_s``); ``m.close()``
 on exit. Status keys read (all optional): state, run_id, attempt, restarts_by_cause,
-last_metric{step, loss, grad_norm, tokens_per_sec}, heartbeats{rank: age_s},
-gpus[{index, memory_used_bytes}], goodput, and ``last_good_checkpoint_at`` (unix time) or
-``seconds_since_last_good_checkpoint``.
+last_metric{step, loss, grad_norm, tokens_per_sec, at}, heartbeats{rank: age_s},
+gpus[{index, uuid, memory_used_bytes}], goodput, goodput_detail{lost_by_cause}, and
+``last_good_checkpoint_at`` (unix time) or ``seconds_since_last_good_checkpoint`` (ages are
+turned into timestamps with the time the snapshot was published).
 """
 from __future__ import annotations
 
@@ -24,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .. import __version__
 from ..events import Cause
 from .config import MetricsConfig
 
@@ -36,6 +51,9 @@ log = structlog.get_logger("supervisor.ops")
 PREFIX = "tsup_"
 # Known states always appear (0 or 1) so a dashboard's "state == gave_up" query never has holes.
 STATES = ("starting", "running", "stopping", "backoff", "stopped", "gave_up")
+#: /healthz turns 503 when the newest status snapshot is older than this (the main loop publishes
+#: one every 0.25 s; WatchdogSec=60 is the same bound under systemd)
+HEALTH_STALE_S = 60.0
 
 
 def _float(v: Any) -> float | None:
@@ -47,20 +65,51 @@ def _float(v: Any) -> float | None:
 class _StatusCollector(Collector):
     def __init__(self, snapshot: Callable[[], tuple[Mapping[str, Any], float]]) -> None:
         self._snapshot = snapshot
+        # lost seconds by cause only ever grow within a run (a counter): the goodput detail is
+        # recomputed from the timeline and may wobble by a rounding; keep the high-water mark.
+        self._lost_run: Any = None
+        self._lost: dict[str, float] = {}
+        self._lost_lock = threading.Lock()
+
+    def _lost_by_cause(self, status: Mapping[str, Any]) -> dict[str, float]:
+        detail = status.get("goodput_detail")
+        by_cause = detail.get("lost_by_cause") if isinstance(detail, Mapping) else None
+        with self._lost_lock:
+            if status.get("run_id") != self._lost_run:
+                self._lost_run, self._lost = status.get("run_id"), {}
+            if isinstance(by_cause, Mapping):
+                for cause, secs in by_cause.items():
+                    v = _float(secs)
+                    if v is not None and cause != "running":
+                        self._lost[str(cause)] = max(self._lost.get(str(cause), 0.0), v)
+            return dict(self._lost)
 
     def collect(self) -> Iterator[Metric]:
         status, wall = self._snapshot()
 
-        up = GaugeMetricFamily(PREFIX + "status_age_seconds",
-                               "Seconds since the daemon last published its status")
-        up.add_metric([], max(0.0, time.time() - wall) if wall else float("nan"))
-        yield up
+        build = GaugeMetricFamily(PREFIX + "build_info", "The transformer-supervisor build (always 1)",
+                                  labels=["version"])
+        build.add_metric([__version__], 1.0)
+        yield build
+
+        published = GaugeMetricFamily(PREFIX + "status_timestamp_seconds",
+                                      "Unix time the daemon last published its status")
+        if wall:
+            published.add_metric([], wall)
+        yield published
 
         restarts = CounterMetricFamily(PREFIX + "restarts", "Restarts of the job by cause", labels=["cause"])
         by_cause = status.get("restarts_by_cause") or {}
         for cause in [c.value for c in Cause] + sorted(k for k in by_cause if k not in set(Cause)):
             restarts.add_metric([cause], _float(by_cause.get(cause, 0)) or 0.0)
         yield restarts
+
+        lost = CounterMetricFamily(PREFIX + "lost_seconds",
+                                   "Wall time lost to failures by cause: steps thrown away, downtime, start-up",
+                                   labels=["cause"])
+        for cause, secs in sorted(self._lost_by_cause(status).items()):
+            lost.add_metric([cause], secs)
+        yield lost
 
         state = GaugeMetricFamily(PREFIX + "state", "1 for the daemon's current state, 0 for the others",
                                   labels=["state"])
@@ -81,6 +130,10 @@ class _StatusCollector(Collector):
                 g.add_metric([], v)
                 yield g
 
+        def stamp(age: Any) -> float | None:
+            a = _float(age)
+            return None if a is None or not wall else wall - max(0.0, a)
+
         yield from gauge("attempt", "Current attempt number (0 = first launch)", status.get("attempt"))
         lm = status.get("last_metric") or {}
         if isinstance(lm, Mapping):
@@ -89,35 +142,39 @@ class _StatusCollector(Collector):
             yield from gauge("grad_norm", "Last gradient norm", lm.get("grad_norm"))
             yield from gauge("tokens_per_second", "Last reported throughput in tokens per second",
                              lm.get("tokens_per_sec"))
+            at = _float(lm.get("at"))
+            yield from gauge("last_metric_timestamp_seconds", "Unix time of the job's last training metric",
+                             at if at is not None else stamp(lm.get("age_s")))
         yield from gauge("goodput_ratio", "Fraction of wall time spent on useful training (0-1)",
                          status.get("goodput"))
-        since = status.get("seconds_since_last_good_checkpoint")
-        if since is None and _float(status.get("last_good_checkpoint_at")) is not None:
-            since = max(0.0, time.time() - float(status["last_good_checkpoint_at"]))
-        yield from gauge("seconds_since_last_good_checkpoint",
-                         "Seconds since the newest checkpoint that passed the readiness quicklist", since)
+        good_at = _float(status.get("last_good_checkpoint_at"))
+        if good_at is None:
+            good_at = stamp(status.get("seconds_since_last_good_checkpoint"))
+        yield from gauge("last_good_checkpoint_timestamp_seconds",
+                         "Unix time of the newest checkpoint that passed the readiness quicklist", good_at)
 
-        hb = GaugeMetricFamily(PREFIX + "heartbeat_age_seconds", "Age of each rank's last heartbeat",
+        hb = GaugeMetricFamily(PREFIX + "heartbeat_timestamp_seconds", "Unix time of each rank's last heartbeat",
                                labels=["rank"])
         for rank, age in (status.get("heartbeats") or {}).items():
-            v = _float(age)
-            if v is not None:
-                hb.add_metric([str(rank)], v)
+            t = stamp(age)
+            if t is not None:
+                hb.add_metric([str(rank)], t)
         yield hb
 
         mem = GaugeMetricFamily(PREFIX + "gpu_memory_used_bytes", "GPU memory in use per device",
-                                labels=["gpu"])
+                                labels=["gpu", "UUID"])
         for i, g in enumerate(status.get("gpus") or []):
             if isinstance(g, Mapping):
                 v = _float(g.get("memory_used_bytes", g.get("memory_used")))
                 if v is not None:
-                    mem.add_metric([str(g.get("index", i))], v)
+                    mem.add_metric([str(g.get("index", i)), str(g.get("uuid") or "")], v)
         yield mem
 
 
 class Metrics:
-    """The daemon's Prometheus metrics (private registry: no process/platform collectors, so
-    two daemons in one test process never clash)."""
+    """The daemon's Prometheus metrics, on a private registry (two daemons in one test process
+    never clash): the status collector, plus the process and platform collectors that the
+    default registry would have (``process_*``, ``python_info``)."""
 
     def __init__(self, config: MetricsConfig | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or MetricsConfig()
@@ -130,6 +187,8 @@ class Metrics:
         self._server: Any = None
         self._server_thread: threading.Thread | None = None
         self.registry.register(_StatusCollector(self._snapshot))
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
 
     def _snapshot(self) -> tuple[Mapping[str, Any], float]:
         with self._lock:
@@ -151,8 +210,33 @@ class Metrics:
         host, _, port = self.config.listen.rpartition(":")
         host = host.strip("[]")
         self._server, self._server_thread = start_http_server(int(port), addr=host, registry=self.registry)
+        self._server.set_app(self._with_health(self._server.get_app()))
         log.info("metrics_listening", listen=self.config.listen, port=self.address[1] if self.address else None,
                  next="Prometheus can scrape /metrics")
+
+    def health(self, now: float | None = None) -> tuple[bool, str]:
+        """(healthy, why): the newest status snapshot is fresh (see :data:`HEALTH_STALE_S`)."""
+        status, wall = self._snapshot()
+        if not wall:
+            return False, "no status published yet (the daemon is starting)"
+        age = (time.time() if now is None else now) - wall
+        if age > HEALTH_STALE_S:
+            return False, (f"the daemon's status is {age:.0f} s old (limit {HEALTH_STALE_S:g} s): its main loop "
+                           "is stuck; restart the daemon (it continues the run from its ledger)")
+        return True, f"ok: {status.get('state', '?')}, attempt {status.get('attempt', '?')}, status {age:.1f} s old"
+
+    def _with_health(self, metrics_app: Callable[..., Any]) -> Callable[..., Any]:
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+            if environ.get("PATH_INFO") in ("/healthz", "/livez"):
+                ok, why = self.health()
+                body = (why + "\n").encode()
+                start_response("200 OK" if ok else "503 Service Unavailable",
+                               [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))),
+                                ("Cache-Control", "no-store")])
+                return [body]
+            return metrics_app(environ, start_response)
+
+        return app
 
     def update(self, status: Mapping[str, Any]) -> None:
         """Publish a new status snapshot (called from the main loop)."""

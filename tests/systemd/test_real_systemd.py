@@ -16,6 +16,7 @@ from typing import Iterator
 
 import pytest
 
+from supervisor.ops.journal import message_id
 from tests.systemd.container import Container, Unavailable, boot
 from tests.util import wait_for
 
@@ -132,15 +133,25 @@ def _launches(ct: Container) -> list[tuple[str, int]]:
 
 
 def test_journal_processor_in_a_real_journal(ct: Container) -> None:
-    """Our native entries reach journald: matchable by TSUP_* field, each event exactly once."""
+    """Our native entries reach journald: matchable by TSUP_* field and MESSAGE_ID, each event
+    exactly once, a sentence as MESSAGE, a traceback kept."""
     _write(ct, "/usr/local/lib/jtest.py", """\
         import structlog
+        from supervisor import logsetup
         from supervisor.ops.journal import JournalProcessor
         p = JournalProcessor.for_environment()
         assert p is not None, "not under the journal"
-        structlog.configure(processors=[structlog.processors.add_log_level, p,
-                                        structlog.processors.KeyValueRenderer(key_order=["event"])])
-        structlog.get_logger().error("restart_scheduled", cause="nan", attempt=3, evidence="a\\nb")
+        logsetup.add_processor(p)
+        logsetup.configure("auto", "info")
+        log = structlog.get_logger()
+        log.error("restart_scheduled", cause="nan", attempt=3, evidence="a\\nb")
+        def tick():
+            raise KeyError("missing")
+        try:
+            tick()
+        except KeyError:
+            log.exception("runner_tick_failed", message="the main loop raised", attempt=None,
+                          next="retrying at the next tick")
         """)
     _write(ct, "/etc/systemd/system/jtest.service", f"""\
         [Service]
@@ -157,9 +168,24 @@ def test_journal_processor_in_a_real_journal(ct: Container) -> None:
     e = entries[0]
     assert e["TSUP_EVENT"] == "restart_scheduled" and e["TSUP_ATTEMPT"] == "3" and e["PRIORITY"] == "3"
     assert e["TSUP_EVIDENCE"] == "a\nb" and e["SYSLOG_IDENTIFIER"] == "transformer-supervisor"
-    assert e["MESSAGE"].startswith("event=restart_scheduled cause=nan attempt=3")
+    assert e["MESSAGE"].startswith("restart scheduled: cause=nan attempt=3"), e["MESSAGE"]
+    assert e["MESSAGE_ID"] == message_id("restart_scheduled")
+    assert e["CODE_FILE"] == "/usr/local/lib/jtest.py" and e["CODE_FUNC"] == "<module>" and e["CODE_LINE"] == "9"
+    # journalctl MESSAGE_ID=... finds it (the documented way to find every restart)
+    by_id = ct.journal("-u", "jtest.service", f"MESSAGE_ID={message_id('restart_scheduled')}", "-o", "json")
+    assert [json.loads(ln)["TSUP_CAUSE"] for ln in by_id.splitlines()] == ["nan"]
+    # log.exception(): the sentence, its next, then the traceback; the traceback also as a field
+    failed = [json.loads(ln) for ln in ct.journal("-u", "jtest.service", "TSUP_EVENT=runner_tick_failed",
+                                                   "-o", "json").splitlines()]
+    assert len(failed) == 1
+    f = failed[0]
+    msg = f["MESSAGE"] if isinstance(f["MESSAGE"], str) else bytes(f["MESSAGE"]).decode()
+    assert msg.startswith("the main loop raised; next: retrying at the next tick\nTraceback (most recent call last):")
+    assert msg.rstrip().endswith("KeyError: 'missing'") and ", in tick" in msg, msg
+    assert "KeyError: 'missing'" in f["TSUP_EXCEPTION"] and "TSUP_ATTEMPT" not in f and f["PRIORITY"] == "3"
     text = ct.journal("-u", "jtest.service", "-o", "cat")
-    assert text.count("restart_scheduled") == 1, text  # not doubled by a stderr line
+    assert text.count("restart scheduled") == 1, text  # not doubled by a stderr line
+    assert "event=" not in text, text  # no logfmt line reached stderr
 
 
 def test_supervisor_under_systemd(ct: Container) -> None:
@@ -171,10 +197,26 @@ def test_supervisor_under_systemd(ct: Container) -> None:
         raise AssertionError(f"{e}\n--- journalctl -u {UNIT} (last 50, without step lines) ---\n{tail}") from None
 
 
+def _events(ct: Container, event: str) -> list[dict]:
+    """The daemon's native journal entries of one kind (matched by field, not by text)."""
+    out = ct.journal("-u", UNIT, f"TSUP_EVENT={event}", "-o", "json")
+    return [json.loads(ln) for ln in out.splitlines()]
+
+
+def _proc_status(ct: Container, pid: int) -> dict[str, str]:
+    text = ct.exec(["cat", f"/proc/{pid}/status"]).stdout
+    return {k: v.strip() for k, _, v in (ln.partition(":") for ln in text.splitlines())}
+
+
+CAP_SYS_BOOT, CAP_SYS_TIME, CAP_SYS_PTRACE, CAP_SYS_ADMIN = 22, 25, 19, 21
+
+
 def _scenario(ct: Container) -> None:
-    # -- install: units, the command, a config ----------------------------------------------
+    # -- install: units, the command, a config, the env file ---------------------------------
     ct.exec([f"{REPO}/scripts/install-systemd", "--use-venv", str(VENV)], timeout=120)
     assert ct.exec(["readlink", TSUP]).stdout.strip() == f"{VENV}/bin/transformer-supervisor"
+    assert ct.exec(["stat", "-c", "%a", "/etc/transformer-supervisor/env"]).stdout.strip() == "600"
+    ct.sh("echo 'TSUP_TEST_FROM_ENV_FILE=node-wide' >> /etc/transformer-supervisor/env")
     _write(ct, CONFIG, CONFIG_TEXT.replace("MAX_RESTARTS", "10"))
     _write(ct, f"/etc/systemd/system/{UNIT}.d/test.conf", DROP_IN)
     ct.exec(["mkdir", "-p", OPS, f"{OPS}/ckpt"])  # the pre-launch gate checks the checkpoint dir
@@ -189,8 +231,29 @@ def _scenario(ct: Container) -> None:
     wait_for(lambda: len(_live_jobs(ct)) == 1, 20, 0.2, "the job runs")
     wait_for(lambda: "ops_job started attempt=0" in ct.journal("-u", UNIT), 20, 0.2, "job output in the journal")
     log = ct.journal("-u", UNIT)
-    assert "event=job_started" in log, log[-3000:]
+    started = _events(ct, "job_started")
+    assert len(started) == 1 and started[0]["MESSAGE"].startswith("attempt 0 started"), log[-3000:]
+    assert started[0]["MESSAGE_ID"] == message_id("job_started") and started[0]["CODE_FILE"].endswith(".py")
+    assert "event=job_started" not in log  # the journal shows the sentence; the data is in TSUP_* fields
     assert '{"step": 1' in log  # the job's stdout, passed through unchanged
+
+    # -- the unit's GPU-node defaults, as systemd loaded them ---------------------------------
+    assert ct.show(UNIT, "OOMPolicy") == "continue"
+    assert "remote-fs.target" in ct.show(UNIT, "After").split()
+    assert "143" in ct.show(UNIT, "SuccessExitStatus").split()
+    assert ct.show(UNIT, "SystemCallArchitectures") == "native"
+    assert ct.show(UNIT, "ProtectHostname") == "yes" and ct.show(UNIT, "PrivateMounts") == "yes"
+    assert ct.show(UNIT, "EnvironmentFiles").startswith("/etc/transformer-supervisor/env (ignore_errors=yes)")
+    # ... and the sandbox as the job got it: the env file's variables, the seccomp filter, no
+    # privilege gain, the capabilities training never uses dropped, the ones it may use kept
+    job = _live_jobs(ct)[0]
+    environ = ct.exec(["cat", f"/proc/{job}/environ"]).stdout.split("\0")
+    assert "TSUP_TEST_FROM_ENV_FILE=node-wide" in environ
+    st = _proc_status(ct, job)
+    assert st["Seccomp"] == "2" and st["NoNewPrivs"] == "1", st
+    bnd = int(st["CapBnd"], 16)
+    assert not bnd & (1 << CAP_SYS_BOOT) and not bnd & (1 << CAP_SYS_TIME)
+    assert bnd & (1 << CAP_SYS_PTRACE) and bnd & (1 << CAP_SYS_ADMIN)
     first_daemon = int(ct.show(UNIT, "MainPID"))
     run_id = wait_for(lambda: _status(ct).get("run_id"), 20, 0.2, "status over the control socket")
     table = ct.exec([TSUP, "status", "--config", CONFIG]).stdout
@@ -200,7 +263,7 @@ def _scenario(ct: Container) -> None:
     # -- the job fails -> restart, in the journal and matchable by field ---------------------
     ct.exec(["touch", f"{OPS}/fail"])
     wait_for(lambda: len(_launches(ct)) == 2 and len(_live_jobs(ct)) == 1, 30, 0.2, "restart after the failure")
-    wait_for(lambda: "cause=crash" in ct.journal("-u", UNIT), 10, 0.2, "the restart in the journal")
+    wait_for(lambda: ct.journal("-u", UNIT, "TSUP_CAUSE=crash"), 10, 0.2, "the restart in the journal")
     fields = [json.loads(ln) for ln in ct.journal("-u", UNIT, "TSUP_CAUSE=crash", "-o", "json").splitlines()]
     if fields:
         assert any(f.get("TSUP_EVENT") == "restart_scheduled" for f in fields), fields
@@ -208,16 +271,19 @@ def _scenario(ct: Container) -> None:
     elif _journal_wired():
         raise AssertionError("journalctl TSUP_CAUSE=crash found nothing although the daemon wires "
                              "JournalProcessor: native journal entries are not arriving")
+    # every restart, found by its MESSAGE_ID whatever its text (the docs' recipe)
+    restarts = ct.journal("-u", UNIT, f"MESSAGE_ID={message_id('restart_scheduled')}", "-o", "json")
+    assert [json.loads(ln)["TSUP_CAUSE"] for ln in restarts.splitlines()] == ["crash"]
     # each daemon event is in the journal once (native entry, no duplicate stderr line)
-    starts = [ln for ln in ct.journal("-u", UNIT, "-o", "cat").splitlines() if ln.startswith("event=job_started")]
-    assert len(starts) == 2, starts
+    assert len(_events(ct, "job_started")) == 2
+    assert not [ln for ln in ct.journal("-u", UNIT, "-o", "cat").splitlines() if ln.startswith("event=")]
     assert _status(ct)["restarts_by_cause"].get("crash") == 1
 
     # -- systemctl reload applies a config change -------------------------------------------
     _write(ct, CONFIG, CONFIG_TEXT.replace("MAX_RESTARTS", "7"))
     ct.exec(["systemctl", "reload", UNIT])
     wait_for(lambda: _status(ct).get("max_restarts") == 7, 20, 0.2, "reloaded config in status")
-    assert "event=config_reloaded" in ct.journal("-u", UNIT)
+    assert _events(ct, "config_reloaded")
     assert ct.show(UNIT, "ActiveState") == "active"
     assert int(ct.show(UNIT, "MainPID")) == first_daemon
 
@@ -246,13 +312,47 @@ def _scenario(ct: Container) -> None:
     assert flushed.startswith("flushed step=")
     assert ct.exec(["sh", "-c", f"ls {OPS}/ckpt/step_*.ckpt"]).stdout.strip()
     assert ct.show(UNIT, "Result") == "success", ct.show(UNIT, "Result")  # not "timeout"
-    assert ct.show(UNIT, "ExecMainStatus") == "0"
+    # 0 today; 143 once a daemon stopped by SIGTERM says so (SuccessExitStatus=143 keeps it clean)
+    assert ct.show(UNIT, "ExecMainStatus") in ("0", "143")
     assert 6 <= took < 30, took
     assert _live_jobs(ct) == []
     if not fields:
         pytest.skip("everything passed except `journalctl TSUP_CAUSE=crash`: the daemon does not send "
                     "native journal entries yet (wire supervisor.ops.journal.JournalProcessor via "
                     "logsetup.add_processor)")
+
+
+def test_success_exit_status_143(ct: Container) -> None:
+    """A main process that exits 143 on SIGTERM (what a Slurm or Kubernetes stop must see) stops
+    cleanly under our unit's settings; the same unit without SuccessExitStatus=143 fails."""
+    ct.exec([f"{REPO}/scripts/install-systemd", "--use-venv", str(VENV)], timeout=120)
+    text = ct.exec(["cat", f"/etc/systemd/system/{UNIT}"]).stdout
+    # The shell says when its trap is set (%n: the unit's name): a SIGTERM before that would kill
+    # it the default way, which systemd counts as a clean stop whatever the unit says.
+    unit = (text.replace("ExecStart=", "ExecStart=/bin/sh -c 'trap \"exit 143\" TERM; : > /run/%n.ready; "
+                                       "while :; do sleep 0.1; done'\n#", 1)
+            .replace("Type=notify", "Type=simple").replace("WatchdogSec=60", "WatchdogSec=0"))
+    assert "\nSuccessExitStatus=143\n" in unit
+    _write(ct, "/etc/systemd/system/t143.service", unit)
+    _write(ct, "/etc/systemd/system/t143-control.service", unit.replace("\nSuccessExitStatus=143\n", "\n"))
+    ct.exec(["systemctl", "daemon-reload"])
+    for name in ("t143.service", "t143-control.service"):
+        ct.exec(["systemctl", "start", name])
+        assert ct.show(name, "ActiveState") == "active"
+        wait_for(lambda: ct.exec(["test", "-e", f"/run/{name}.ready"], check=False).returncode == 0, 10, 0.05,
+                 f"{name}'s trap")
+        ct.exec(["systemctl", "stop", name], timeout=60, check=False)
+    # the control proves the shell really exits 143 and that systemd would call it a failure
+    diag = ct.journal("-u", "t143-control.service") + "\n" + ct.exec(
+        ["systemctl", "show", "t143-control.service", "-p", "ActiveState,Result,ExecMainStatus,ExecMainCode,LoadState"],
+        check=False).stdout
+    assert ct.show("t143-control.service", "ActiveState") == "failed", diag
+    assert ct.show("t143-control.service", "Result") == "exit-code"
+    assert ct.show("t143-control.service", "ExecMainStatus") == "143"
+    # ours: a clean stop (inactive, not failed: systemd even unloads it, as any successful stop)
+    assert ct.show("t143.service", "ActiveState") == "inactive"
+    log = ct.journal("-u", "t143.service")
+    assert "Deactivated successfully" in log and "Failed with result" not in log, log
 
 
 def _journal_wired() -> bool:
