@@ -1,7 +1,8 @@
 """Watch figures, each against a peer or target measured in the same run.
 
 - ingestion: typical training output (mostly non-metric lines, a metric line every 5 lines) fed to
-  the LogWatcher with every detector on, lines/s, vs plain line splitting of the same bytes. Measured
+  the LogWatcher with every detector on, lines/s, vs plain line splitting of the same bytes (the
+  ``hf5`` row's metric line is a transformers 5.x Trainer dict from ``tests/corpus/``). Measured
   in CPU seconds of this process (the watcher is one CPU-bound thread; on a shared machine the
   wall clock mostly measures the neighbours);
 - ``heartbeat()`` cost per call in a tight loop, supervised (writes every 1 s) and unsupervised;
@@ -41,7 +42,23 @@ NOISE = [
 ]
 
 
+CORPUS = ROOT / "tests" / "corpus"
+_HF5_TEMPLATE: list[str] = []
+
+
+def _hf5_line(loss: float) -> str:
+    """A real transformers 5.x train dict (tests/corpus/hf5_filter_on.stdout) with its loss replaced."""
+    if not _HF5_TEMPLATE:
+        _HF5_TEMPLATE.append(next(ln for ln in (CORPUS / "hf5_filter_on.stdout").read_text().splitlines()
+                                  if ln.startswith("{'loss': '") and "nan" not in ln))
+    t = _HF5_TEMPLATE[0]
+    i = t.index("'loss': '") + 9
+    return t[:i] + f"{loss:.4g}" + t[t.index("'", i):]
+
+
 def metric_line(fmt: str, step: int, loss: float) -> str:
+    if fmt == "hf5":
+        return _hf5_line(loss)
     if fmt == "nanogpt":
         return f"iter {step}: loss {loss:.4f}, time 12.34ms, mfu 1.20%"
     if fmt == "json":
@@ -67,7 +84,7 @@ def stream(n: int, every: int, fmt: str) -> list[str]:
 
 def ingestion(n: int = 300_000, batch: int = 256) -> list[dict]:
     rows = []
-    for fmt, every in (("nanogpt", 5), ("json", 5), ("megatron", 5), ("nanogpt", 20)):
+    for fmt, every in (("nanogpt", 5), ("json", 5), ("megatron", 5), ("hf5", 5), ("nanogpt", 20)):
         lines = stream(n, every, fmt)
         batches = [lines[i:i + batch] for i in range(0, n, batch)]
         best = 0.0

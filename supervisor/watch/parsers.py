@@ -1,25 +1,64 @@
 """Log line -> :class:`~supervisor.events.MetricRecord`, for the trainers people actually run.
 
-Formats recognised (``fmt`` of the record):
+Formats recognised (``fmt`` of the record); ``tests/corpus/`` holds captured real output of each:
 
-- ``json``: ``{"step": 10, "loss": 2.3, "grad_norm": 1.1, "lr": 3e-4}`` (common key spellings).
-- ``hf``: Hugging Face Trainer's printed dicts ``{'loss': 2.31, 'grad_norm': 1.1,
-  'learning_rate': 5e-05, 'epoch': 0.1}`` and ``{'eval_loss': ...}`` (-> ``val_loss``). HF does
-  not print the step, so these records have ``step=None``.
+- ``json``: ``{"step": 10, "loss": 2.3, "grad_norm": 1.1, "lr": 3e-4}`` (common key spellings),
+  also behind a logging prefix (``... INFO - {"step": ...}``).
+- ``hf``: Hugging Face Trainer's printed dicts. transformers 4.x prints numbers
+  ``{'loss': 2.31, 'grad_norm': nan, 'learning_rate': 5e-05, 'epoch': 0.1}``, 5.x quoted strings
+  ``{'loss': '2.31', 'grad_norm': 'nan', ...}``; ``{'eval_loss': ...}`` -> ``val_loss``; the final
+  ``{'train_runtime': ..., 'train_loss': ...}`` summary is not a step (None). A dict behind a logging
+  prefix (``01/02/2025 12:00:00 - INFO - __main__ - {'loss': ...}``) or behind a progress bar on the
+  same line is found. HF does not print the step: ``step=None`` (the log watcher pairs the dict
+  with the training bar's ``progress`` records).
+- ``progress``: a tqdm *training* bar segment, no description, not nested:
+  `` 17%|█▋        | 5/30 [00:00<00:00, 49.08it/s]`` ->
+  ``MetricRecord(step=5, loss=None, fmt="progress", extra={"total": 30.0})``. HF's bar counts global
+  steps (after a resume it jumps to the resumed step). Nested bars (the segment carries tqdm's
+  cursor-up ``ESC[A``: HF's eval bar during training), described bars (``Writing model shards: ...``,
+  ``Map: ...``) and bars without a total (``5it [...]``, ``0/?``) give None. An undescribed bar of
+  anything else (a standalone ``trainer.evaluate()``, a user's ``for x in tqdm(files)``) looks the
+  same: ``extra["total"]`` is there to tell them apart.
+- ``lightning``: PyTorch Lightning's TQDM bar with metrics in its postfix,
+  ``Epoch 0:  40%|████      | 4/10 [00:00<00:00, 9.57it/s, v_num=0, train_loss=4.170]`` -> loss
+  (``loss=`` / ``train_loss=`` / ``*_step=``), ``val_loss``; ``step=None`` and
+  ``extra={"epoch", "batch", "total"}``: the bar counts batches of the current epoch, and the global
+  step is not derivable from it (gradient accumulation, ``limit_train_batches``, resumed epochs).
+  Lightning pads values, so NaN is printed ``nan.0`` (and inf ``inf.0``). A bar with another
+  description and a loss in its postfix (a hand-written loop's ``tqdm.set_postfix(loss=...)``) is
+  ``tqdm``, same shape. Nested bars (validation) give None.
+- ``csv``: rows of a CSV metrics file (Lightning's ``CSVLogger`` ``metrics.csv``): see
+  :meth:`MetricParser.parse`; the parser remembers the last header line per ``file:`` source.
 - ``nanogpt``: ``iter 100: loss 2.3456, time 12.34ms, mfu 1.20%`` and
   ``step 250: train loss 2.0123, val loss 2.1045``.
+- ``llmc``: karpathy/llm.c: ``step    1/74 | loss 4.300000 (+0.10z)| norm 1.2000 (+0.10z)| lr 1.00e-04
+  | 12.30 ms | 41.3% bf16 MFU | 45000 tok/s`` and its older ``step 1/74: train loss 4.3 ...`` forms
+  (step as printed: 1-based), ``step 0: train loss 4.677779 (took 1986.902000 ms)`` (train_gpt2.c,
+  0-based), ``val loss 4.5`` (step None) and its ``main.log`` lines ``s:0 trl:4.3000 lr:0.000600
+  norm:1.20`` / ``s:0 tel:4.5000`` (0-based). glibc prints NaN as ``nan`` or ``-nan``.
+- ``nanotron``: ``iteration: 12 / 100 | consumed_tokens: 24.6K | ... | grad_norm: 0.92 | lm_loss: 8.4 |
+  lr: 0.0003 | ...`` (after its coloured logging prefix); values in nanotron's ``human_format``
+  (``24.6K``, ``1.23M``; inf prints as ``infE``).
 - ``torchtitan``: ``step: 10  loss:  7.9  memory: ...  tps: 1,234  mfu: 1.2%`` (ANSI colours ok).
 - ``megatron``: `` iteration  100/ 500000 | ... | lm loss: 7.3E+00 | grad norm: 2.1 | ...`` and
   ``validation loss at iteration 100 | lm loss value: 7.1E+00 | ...``.
+- ``kv``: a generic ``step N`` followed by key/value pairs only: ``step 100 | loss 2.31 | lr 3e-4``,
+  ``Step 100: loss=2.31, lr=3e-4``, ``step=100 loss=2.31 grad_norm=1.2`` (a logging prefix before
+  ``step`` is fine). Everything after the step must be ``key value`` / ``key=value`` / ``key: value``
+  pairs (or bare ``12.3 ms``-style figures between ``|`` or ``,``), so prose (``Resuming from
+  step: 100 (loss will be logged)``) is not a metric line.
 - ``regex``: the user's ``[detectors.parsers] regexes`` with named groups.
 
 A line may carry a torchrun rank prefix (``[rank3]:`` / ``[default3]:``), which sets ``rank``.
-Every number accepts the spellings of non-finite values Python, C and the trainers print:
-``nan``, ``NaN``, ``-nan``, ``inf``, ``-inf``, ``Infinity``, ``INF``.
+A line that still holds ``\r`` (a tailed file is split on ``\n`` only) is parsed as its last
+non-blank ``\r`` segment: what a terminal would show. Every number accepts the spellings of
+non-finite values Python, C and the trainers print: ``nan``, ``NaN``, ``-nan``, ``inf``, ``-inf``,
+``Infinity``, ``INF``, ``'nan'`` (HF 5.x), ``nan.0`` (Lightning), ``infE`` (nanotron).
 
 :class:`MetricParser` is the entry point; :data:`METRIC_KEYWORDS` is the cheap prefilter: a line
 that contains none of them cannot be a built-in metric line, so the log watcher never calls the
-parser for it.
+parser for it. The one exception is a CSV data row (digits and commas only): see
+:meth:`MetricParser.wants_all_lines`.
 """
 
 from __future__ import annotations
@@ -31,9 +70,11 @@ from typing import Mapping, Sequence
 
 from ..events import MetricRecord
 
-# Substrings at least one of which every built-in metric line contains.
-# ("oss": loss / Loss; "{": JSON and HF dicts, whatever they hold.)
-METRIC_KEYWORDS: tuple[str, ...] = ("{", "oss")
+# Substrings at least one of which every built-in metric line contains, except in the files for which
+# MetricParser.wants_all_lines is True (CSV data rows, llm.c's main.log: metric lines only, no keyword).
+# ("oss": loss / Loss / lm_loss, and so llm.c, nanotron, kv, Lightning postfixes; "{": JSON and HF
+# dicts, whatever they hold; "%|": tqdm bars, for the progress records.)
+METRIC_KEYWORDS: tuple[str, ...] = ("{", "oss", "%|")
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _RANK_PREFIX = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:\s?")
@@ -47,7 +88,35 @@ _TITAN = re.compile(rf"\bstep:\s*(\d+)\s+loss:\s*({_NUM})(?=\s|$)")
 _TITAN_FIELD = re.compile(rf"\b(grad_norm|memory|tps|tflops|mfu|lr):\s*({_NUM})")
 _MEGATRON = re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|")
 _MEGATRON_VAL = re.compile(rf"validation loss at iteration\s+(\d+)[^|]*\|\s*lm loss value:\s*({_NUM})")
-_HF_PAIR = re.compile(r"'([^'\\]+)':\s*(?:tensor\()?([^,}()]+)\)?")
+# 'key': value, 'key': 'value' (5.x), 'key': tensor(value), 'key': np.float64(value)
+_HF_PAIR = re.compile(r"'([^'\\]+)':\s*(?:tensor\(|np\.float\d*\(|')?([^,}()']+)'?\)?")
+
+# tqdm: "{desc}: {pct}%|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}{postfix}]" (desc optional).
+_BAR_TAIL = re.compile(r"[^|]*\|\s*(\d+)/(\d+)\s*\[([^\]]*)\]")
+_LIGHTNING_DESC = re.compile(r"^Epoch (\d+)(?:/\d+)?:?$")
+
+_LLMC_STEP = re.compile(rf"^step\s+(\d+)/(\d+)(?::|\s*\|)\s*(?:train )?loss\s+({_NUM})")
+_LLMC_C = re.compile(rf"^step (\d+): train loss ({_NUM}) \(took ({_NUM}) ms\)$")
+_LLMC_NORM = re.compile(rf"\bnorm\s+({_NUM})")
+_LLMC_LR = re.compile(rf"\blr\s+({_NUM})")
+_LLMC_MS = re.compile(rf"(?:^|[\s(|])({_NUM})\s*ms\b")
+_LLMC_TOKS = re.compile(rf"(?:^|[\s(|,])({_NUM})\s*tok/s")
+_LLMC_MFU = re.compile(rf"(?:^|[\s|])({_NUM})%[^|%]*MFU")
+_LLMC_ACC = re.compile(rf"\(acc ({_NUM})\)")
+_LLMC_VAL = re.compile(rf"^val loss ({_NUM})$")
+_LLMC_LOG = re.compile(rf"^s:(\d+) (trl|tel):({_NUM})(?: lr:({_NUM}) norm:({_NUM}))?$")
+
+_NANOTRON = re.compile(r"\biteration: (\d+) / (\d+) \|")
+_HUMAN_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+
+# kv: "step N" (or step=N, step: N, step N/M), then only key/value pairs.
+_KV_STEP = re.compile(r"(?<![\w/.\-])(?:global_step|[Ss]tep|STEP)(?:\s*[=:]\s*|\s+)(\d+)(?:\s*/\s*(\d+))?(?![\w.])")
+_KV_KEY = r"([A-Za-z_][\w./\-]*)"
+_KV_UNIT = r"(?:[A-Za-z%/]+)?"
+_KV_PART = re.compile(rf"{_KV_KEY}\s*(?:=|:|\s)\s*({_NUM}){_KV_UNIT}")
+_KV_SEQ = re.compile(rf"{_KV_KEY}(?:\s*=\s*|:\s*|\s+)({_NUM}){_KV_UNIT}(?:\s+|$)")
+_KV_ANON = re.compile(rf"\(?({_NUM})\s*{_KV_UNIT}\)?")
+_CSV_NAME = re.compile(r"[A-Za-z_][\w./\-]*")
 
 _SPECIALS = {"nan": math.nan, "-nan": math.nan, "+nan": math.nan,
              "inf": math.inf, "+inf": math.inf, "-inf": -math.inf,
@@ -85,7 +154,35 @@ def parse_number(text: str) -> float | None:
     try:
         return float(s)
     except ValueError:
-        return None
+        pass
+    # Lightning pads numbers to 5 characters: "nan.0", "inf.0", "-inf."
+    t = s.lower()
+    if t.endswith("."):
+        return _SPECIALS.get(t[:-1])
+    if t.endswith(".0"):
+        return _SPECIALS.get(t.rstrip("0")[:-1])
+    return None
+
+
+def parse_human(text: str) -> float | None:
+    """nanotron's ``human_format``: ``"24.6K"`` -> 24600.0, ``"1.23M"``, ``"infE"`` -> inf."""
+    t = text.strip()
+    mult = _HUMAN_SUFFIX.get(t[-1:])
+    if mult is None:
+        return parse_number(t)
+    num = parse_number(t[:-1])
+    return None if num is None else num * mult
+
+
+def _canon(key: str) -> tuple[str | None, bool]:
+    """Key -> (record field or None, is_per_step). Lightning's ``*_step`` / ``*_epoch`` suffixes:
+    ``train_loss_step`` is the step's loss, ``train_loss_epoch`` an epoch mean (-> extra)."""
+    canon = _KEYS.get(key) or _KEYS.get(key.lower())
+    if canon is not None:
+        return canon, True
+    if key.endswith("_step"):
+        return _KEYS.get(key[:-5]), True
+    return None, False
 
 
 def _to_float(v: object) -> float | None:
@@ -147,6 +244,7 @@ def parse_json(line: str, source: str = "", rank: int | None = None) -> MetricRe
 
 
 def parse_hf(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
+    """4.x ``{'loss': 2.3, ...}`` and 5.x ``{'loss': '2.3', ...}`` dicts (the line is the dict)."""
     if not (line.startswith("{'") and line.endswith("}")):
         return None
     pairs = _HF_PAIR.findall(line)
@@ -232,22 +330,269 @@ def parse_megatron(line: str, source: str = "", rank: int | None = None) -> Metr
     return None
 
 
+
+def parse_bar(line: str, source: str = "", rank: int | None = None, nested: bool = False) -> MetricRecord | None:
+    """A tqdm bar segment: ``progress`` (undescribed training bar), ``lightning`` / ``tqdm`` (a
+    loss in the postfix), else None. ``nested``: the raw segment carried tqdm's cursor-up."""
+    if nested:
+        return None  # an inner bar (HF eval during training, Lightning validation)
+    pos = line.find("%|")
+    if pos < 1:
+        return None
+    i = pos
+    while i > 0 and line[i - 1].isdigit():
+        i -= 1
+    if i == pos:
+        return None
+    desc = line[:i].rstrip()
+    if desc and "=" not in line:
+        return None  # a described bar without postfix metrics ("Map: 100%|...", "Writing model shards")
+    m = _BAR_TAIL.match(line, pos + 2)
+    if m is None:
+        return None
+    n, total = int(m.group(1)), int(m.group(2))
+    values: dict[str, object] = {}
+    extra: dict[str, float] = {}
+    inside = m.group(3)
+    if "=" in inside:
+        for item in inside.split(", "):
+            key, sep, raw = item.partition("=")
+            if not sep:
+                continue
+            key = key.strip()
+            if key == "v_num":
+                continue
+            num = parse_number(raw)
+            if num is None:
+                continue
+            canon, per_step = _canon(key)
+            if canon is not None and canon != "step" and per_step:
+                values.setdefault(canon, num)
+            else:
+                extra[key] = num
+    if any(values.get(k) is not None for k in _LOSS_FIELDS):
+        le = _LIGHTNING_DESC.match(desc)
+        if le:
+            extra["epoch"] = float(le.group(1))
+        extra["batch"] = float(n)
+        extra["total"] = float(total)
+        return _record(values, "lightning" if le else "tqdm", source, rank, extra)
+    if desc:
+        return None
+    return MetricRecord(step=n, rank=rank, source=source, fmt="progress", extra={"total": float(total)})
+
+
+def parse_llmc(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
+    """karpathy/llm.c stdout (train_gpt2.cu and train_gpt2.c) and its ``main.log``."""
+    if line.startswith("step"):
+        m = _LLMC_STEP.match(line)
+        if m and (" ms" in line or "tok/s" in line):  # every llm.c "step N/M" format has them
+            values: dict[str, object] = {"step": int(m.group(1)), "loss": parse_number(m.group(3))}
+            extra: dict[str, float] = {"total": float(m.group(2))}
+            rest = line[m.end():]
+            for rx, name in ((_LLMC_NORM, "grad_norm"), (_LLMC_LR, "lr"), (_LLMC_TOKS, "tokens_per_sec")):
+                f = rx.search(rest)
+                if f:
+                    values[name] = parse_number(f.group(1))
+            for rx, name in ((_LLMC_MS, "time_ms"), (_LLMC_MFU, "mfu"), (_LLMC_ACC, "acc_loss")):
+                f = rx.search(rest)
+                if f:
+                    num = parse_number(f.group(1))
+                    if num is not None:
+                        extra[name] = num
+            return _record(values, "llmc", source, rank, extra)
+        m = _LLMC_C.match(line)
+        if m:
+            return _record({"step": int(m.group(1)), "loss": parse_number(m.group(2))}, "llmc", source, rank,
+                           {"time_ms": parse_number(m.group(3)) or 0.0})
+        return None
+    if line.startswith("val loss "):
+        m = _LLMC_VAL.match(line)
+        return _record({"val_loss": parse_number(m.group(1))}, "llmc", source, rank) if m else None
+    if line.startswith("s:"):
+        m = _LLMC_LOG.match(line)
+        if m is None:
+            return None
+        if m.group(2) == "tel":
+            return _record({"step": int(m.group(1)), "val_loss": parse_number(m.group(3))}, "llmc", source, rank)
+        return _record({"step": int(m.group(1)), "loss": parse_number(m.group(3)),
+                        "lr": parse_number(m.group(4)) if m.group(4) else None,
+                        "grad_norm": parse_number(m.group(5)) if m.group(5) else None}, "llmc", source, rank)
+    return None
+
+
+def parse_nanotron(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
+    """huggingface/nanotron's ``LoggerWriter.add_scalars_from_list`` line."""
+    m = _NANOTRON.search(line)
+    if m is None:
+        return None
+    values: dict[str, object] = {"step": int(m.group(1))}
+    extra: dict[str, float] = {"total": float(m.group(2))}
+    for part in line[m.end():].split(" | "):
+        name, sep, raw = part.partition(": ")
+        if not sep:
+            continue
+        name = name.strip()
+        num = parse_human(raw)
+        if num is None:
+            continue
+        canon = _KEYS.get(name)
+        if canon is not None and canon != "step":
+            values.setdefault(canon, num)
+        else:
+            extra[name] = num
+    return _record(values, "nanotron", source, rank, extra)
+
+
+def parse_kv(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
+    """``step N`` then key/value pairs only (see the module docstring)."""
+    m = _KV_STEP.search(line)
+    if m is None:
+        return None
+    rest = line[m.end():].lstrip(" \t:|,;")
+    if not rest:
+        return None
+    pairs: list[tuple[str, str]] = []
+    if "|" in rest or "," in rest:
+        for part in rest.split("|" if "|" in rest else ","):
+            part = part.strip()
+            if not part:
+                continue
+            p = _KV_PART.fullmatch(part)
+            if p:
+                pairs.append((p.group(1), p.group(2)))
+            elif _KV_ANON.fullmatch(part) is None:
+                return None
+    else:
+        pos, end = 0, len(rest)
+        while pos < end:
+            p = _KV_SEQ.match(rest, pos)
+            if p is None:
+                return None
+            pairs.append((p.group(1), p.group(2)))
+            pos = p.end()
+    values: dict[str, object] = {"step": int(m.group(1))}
+    extra: dict[str, float] = {}
+    if m.group(2):
+        extra["total"] = float(m.group(2))
+    for key, raw in pairs:
+        num = parse_number(raw)
+        if num is None:
+            return None
+        canon = _KEYS.get(key) or _KEYS.get(key.lower())
+        if canon is None:
+            extra[key] = num
+        elif canon != "step":
+            values.setdefault(canon, num)
+    return _record(values, "kv", source, rank, extra)
+
+
+def _csv_header(line: str) -> tuple[str, ...] | None:
+    """A CSV header of metric names with at least one loss-like column, else None."""
+    if "," not in line or " " in line:
+        return None
+    names = tuple(line.split(","))
+    if len(names) < 2 or not all(_CSV_NAME.fullmatch(n) for n in names):
+        return None
+    if not any(_canon(n)[0] in _LOSS_FIELDS for n in names):
+        return None
+    return names
+
+
+def _last_segment(line: str) -> str:
+    """What a terminal shows of a line with carriage returns: its last non-blank segment."""
+    for seg in reversed(line.split("\r")):
+        if seg.strip():
+            return seg
+    return ""
+
+
 class MetricParser:
     """Auto-detecting parser: built-in formats first, then the user's regexes.
 
-    ``parse(line)`` is pure and thread-safe. Lines longer than ``max_line_chars`` are not parsed
-    (no trainer prints a metric line that long; the cap keeps a pathological line cheap).
+    ``parse(line, source)`` is thread-safe and, except for CSV files, pure. Lines longer than
+    ``max_line_chars`` are not parsed (no trainer prints a metric line that long; the cap keeps a
+    pathological line cheap).
+
+    CSV (``fmt="csv"``): a row means nothing without its header, so the parser remembers, per
+    ``source`` that starts with ``file:`` (a watched file), the last header line it saw: comma-
+    separated metric names, no spaces, at least one loss-like column (``epoch,step,train_loss,
+    val_loss``). Each later line of that source with as many fields, all numbers or empty, is a row
+    (``step`` from its ``step`` column as the file says it: Lightning writes the 0-based index of
+    the optimizer step, 4 for the 5th; empty cells are absent values). A new header line replaces
+    the old one (Lightning rewrites the file with a wider header when new metrics appear). Since a
+    data row holds no keyword, the log watcher must pass every line of a source for which
+    :meth:`wants_all_lines` is True; :meth:`set_csv_header` lets a tailer that starts at the end of
+    an existing file hand the header over.
     """
+
+    MAX_CSV_SOURCES = 64
 
     def __init__(self, regexes: Sequence[str] = (), *, auto: bool = True, max_line_chars: int = 4096) -> None:
         self.auto = auto
         self.max_line_chars = max_line_chars
         self.regexes = tuple(re.compile(p) for p in regexes)
+        self._csv: dict[str, tuple[str, ...]] = {}
+
+    def wants_all_lines(self, source: str) -> bool:
+        """True for a source whose metric lines carry none of :data:`METRIC_KEYWORDS`, so the
+        prefilter must not drop its lines: a CSV file whose header was seen, and a watched file
+        named ``main.log`` (llm.c's ``s:12 trl:3.2451 ...`` log; every line of it is a metric)."""
+        return source in self._csv or (source.startswith("file:") and source.endswith("/main.log"))
+
+    def set_csv_header(self, source: str, line: str) -> bool:
+        """Remember ``line`` as the CSV header of ``source``; False if it is not a metrics header."""
+        names = _csv_header(line.strip())
+        if names is None:
+            return False
+        if source not in self._csv and len(self._csv) >= self.MAX_CSV_SOURCES:
+            oldest = list(self._csv)[:1]  # list(): no iterator over a dict another thread may change
+            if oldest:
+                self._csv.pop(oldest[0], None)
+        self._csv[source] = names
+        return True
+
+    def _parse_csv(self, line: str, source: str, header: tuple[str, ...]) -> MetricRecord | None:
+        fields = line.strip().split(",")
+        if len(fields) != len(header):
+            self.set_csv_header(source, line)
+            return None
+        values: dict[str, object] = {}
+        extra: dict[str, float] = {}
+        for name, raw in zip(header, fields):
+            if not raw:
+                continue
+            num = parse_number(raw)
+            if num is None:
+                self.set_csv_header(source, line)  # a new header of the same width, or not a row
+                return None
+            canon, per_step = _canon(name)
+            if canon is not None and per_step:
+                values.setdefault(canon, num)
+            else:
+                extra[name] = num
+        return _record(values, "csv", source, None, extra)
 
     def parse(self, line: str, source: str = "") -> MetricRecord | None:
         if len(line) > self.max_line_chars:
             return None
+        if self._csv:
+            header = self._csv.get(source)
+            if header is not None:
+                return self._parse_csv(line, source, header)
+        if ("%|" in line and "=" not in line and "{" not in line and "oss" not in line and "\x1b" not in line
+                and "\r" not in line):
+            # A bar with no postfix metrics, the commonest line with a keyword that is no metric:
+            # decided here (a described one gives None) without the general path's work.
+            pos = line.find("%|")
+            head = line[:pos].rstrip("0123456789").strip()
+            if head and head[0] != "[" and not self.regexes:
+                return None
+        if "\r" in line:
+            line = _last_segment(line)
+        nested = False
         if "\x1b" in line:
+            nested = "\x1b[A" in line  # tqdm moved the cursor up: an inner (nested) bar
             line = ANSI_RE.sub("", line)
         rank: int | None = None
         if line.startswith("[") or line.startswith(" ["):
@@ -257,7 +602,7 @@ class MetricParser:
                 line = line[m.end():]
         line = line.strip()
         if self.auto:
-            rec = self._auto(line, source, rank)
+            rec = self._auto(line, source, rank, nested)
             if rec is not None:
                 return rec
         for rx in self.regexes:
@@ -266,18 +611,38 @@ class MetricParser:
                 rec = self._from_regex(m, source, rank)
                 if rec is not None:
                     return rec
+        # The generic "step N key value ..." form last: the user's own pattern for a line beats a guess.
+        if self.auto and ("tep" in line or "STEP" in line):
+            return parse_kv(line, source, rank)
         return None
 
-    @staticmethod
-    def _auto(line: str, source: str, rank: int | None) -> MetricRecord | None:
+    def _auto(self, line: str, source: str, rank: int | None, nested: bool) -> MetricRecord | None:
         if line.startswith("{"):
             return parse_hf(line, source, rank) if line.startswith("{'") else parse_json(line, source, rank)
         if line.startswith("iter ") or line.startswith("step "):
-            return parse_nanogpt(line, source, rank)
+            return parse_nanogpt(line, source, rank) or parse_llmc(line, source, rank)
         if "iteration" in line and "|" in line:
+            if "iteration: " in line:
+                return parse_nanotron(line, source, rank)
             return parse_megatron(line, source, rank)
         if "step:" in line and "loss:" in line:
-            return parse_torchtitan(line, source, rank)
+            rec = parse_torchtitan(line, source, rank)
+            if rec is not None:
+                return rec
+        if line.endswith("}"):
+            # A dict behind a logging prefix or a progress bar: HF first, then JSON.
+            i = line.find("{'")
+            if i > 0:
+                return parse_hf(line[i:], source, rank)
+            i = line.find('{"')
+            if i > 0:
+                return parse_json(line[i:], source, rank)
+        if "%|" in line:
+            return parse_bar(line, source, rank, nested)
+        if line.startswith("val loss ") or line.startswith("s:"):
+            return parse_llmc(line, source, rank)
+        if source.startswith("file:") and "," in line:
+            self.set_csv_header(source, line)
         return None
 
     @staticmethod
