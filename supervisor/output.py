@@ -69,6 +69,7 @@ class LineSplitter:
         self._tail = b""
         self._dropping = False  # inside an over-long line: skip until its terminator
         self._after_cr = False  # the last chunk ended in \r: a leading \n completes that \r\n
+        self._provisional: str | None = None  # a held bar redraw already delivered (see push)
         self.truncated = 0
 
     @property
@@ -122,16 +123,29 @@ class LineSplitter:
                 self._dropping = False
         if len(complete) > self.max_line:
             lines = [x if len(x) <= self.max_line else self._cut(x) for x in lines]
+        if self._provisional is not None:
+            if lines and lines[0] == self._provisional:
+                lines = lines[1:]  # delivered already, when it was the held redraw
+            self._provisional = None
         out.extend(lines)
         self._hold(tail, out)
+        if has_cr and tail and data[cut:cut + 1] == b"\r" and not self._dropping and b"\n" not in tail:
+            # A progress bar writes "\r<bar>" and no terminator until its next redraw: the held
+            # tail is the bar as the terminal shows it now, and it may be the last thing a hung
+            # job ever prints. Deliver it now; the same text completed later is not repeated.
+            self._provisional = tail.decode("utf-8", "replace")
+            if self._provisional.strip():
+                out.append(self._provisional)
         return out
 
     def flush(self) -> list[str]:
         tail, self._tail = self._tail, b""
         dropping, self._dropping = self._dropping, False
         self._after_cr = False
+        provisional, self._provisional = self._provisional, None
         if tail and not dropping:
-            return [tail.decode("utf-8", "replace")]
+            text = tail.decode("utf-8", "replace")
+            return [] if text == provisional else [text]
         return []
 
 

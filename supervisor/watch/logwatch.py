@@ -88,6 +88,7 @@ class LogWatcher:
         self._last_step: int | None = None
         self._max_step: int | None = None
         self._bar_seen = False  # a training progress bar gave this attempt's step
+        self._bar_total: float | None = None  # that bar's total: other bars (evaluate()) are not it
         self._last_detection: Detection | None = None
         self._detections = 0
         self._lines = 0
@@ -164,7 +165,9 @@ class LogWatcher:
     def _process(self, source: str, lines: Sequence[str]
                  ) -> tuple[list[MetricRecord], list[Detection], list[int | None]]:
         self._lines += len(lines)
-        if self._scan_all:
+        if self._scan_all or self._parser.wants_all_lines(source):
+            # A CSV metrics file (after its header) or llm.c's main.log: metric lines there carry
+            # no keyword, so every line goes to the parser (such files grow a line per step).
             selected: Sequence[tuple[str, int]] = [(line, self._all_mask) for line in lines]
         else:
             text = "\n".join(lines)
@@ -177,8 +180,14 @@ class LogWatcher:
         for line, mask in selected:
             rec = parse(line, source) if mask & 1 else None
             if rec is not None and rec.fmt == "progress":
+                total = rec.extra.get("total")
+                if self._bar_total is None:
+                    self._bar_total = total  # the first bar of an attempt is the training bar
+                elif total != self._bar_total:
+                    continue  # another bar (a standalone evaluate(), a data loader's)
                 self._bar_seen = True
-                if rec.step is not None and (self._max_step is None or rec.step > self._max_step):
+                # A bar at 0 has done nothing yet (HF draws 0/N before jumping to a resumed step).
+                if rec.step and (self._max_step is None or rec.step > self._max_step):
                     self._max_step = self._last_step = rec.step
                     steps.append(rec.step)
                 self._formats["progress"] = self._formats.get("progress", 0) + 1
@@ -227,6 +236,7 @@ class LogWatcher:
             self._last_step = resume_step
             self._max_step = resume_step
             self._bar_seen = False
+            self._bar_total = None
             self._fired.clear()
             for d in self._detectors:
                 d.reset(resume_step)
