@@ -249,7 +249,7 @@ def _wrap_table(args: argparse.Namespace) -> dict[str, Any]:
 def _run_daemon(cfg: Any, config_path: Path | None, log_format: str | None) -> int:
     from . import logsetup
     from .ops.journal import JournalProcessor
-    from .runner import Runner
+    from .daemon.wiring import build_daemon
 
     # Under systemd, the daemon's events go to the journal as native entries (a sentence as
     # MESSAGE, MESSAGE_ID per event kind, TSUP_* fields: journalctl TSUP_CAUSE=nan), instead of
@@ -258,8 +258,7 @@ def _run_daemon(cfg: Any, config_path: Path | None, log_format: str | None) -> i
     if jp is not None:
         logsetup.add_processor(jp)
     logsetup.configure(log_format or cfg.log.format, cfg.log.level)
-    runner = Runner(cfg, config_path=config_path)
-    return runner.run()
+    return build_daemon(cfg, config_path=config_path).run()
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -17,17 +17,20 @@ from typing import Any, Mapping
 
 from .checkpoints.config import CheckpointsConfig
 from .configschema import MISSING, Problem, build, meta
-from .events import Action, Cause
+from .core.causes import CAUSES, Action, Cause
+from .errors import SupervisorError
 from .health.config import GpuConfig, HostConfig
 from .ops.config import MetricsConfig, SystemdConfig
 from .watch.config import DetectorsConfig, HeartbeatConfig
 
 
-class ConfigError(Exception):
+class ConfigError(SupervisorError):
     """Raised when a config file cannot be used. ``problems`` lists every problem found.
 
     The daemon exits 2 and prints each one; fix them all and run ``check-config`` again.
     """
+
+    code = "bad_config"
 
     def __init__(self, source: str, problems: list[Problem]) -> None:
         self.source = source
@@ -149,23 +152,6 @@ class OnCause:
         "applied one more each time the same cause repeats; when exhausted and it repeats: give up"))
 
 
-DEFAULT_ACTIONS: Mapping[Cause, Action] = MappingProxyType({
-    Cause.CRASH: Action.RESTART,
-    Cause.OOM: Action.RESTART,
-    Cause.NAN: Action.ROLLBACK,
-    Cause.LOSS_SPIKE: Action.ROLLBACK,
-    Cause.HANG: Action.RESTART,
-    Cause.NCCL_TIMEOUT: Action.RESTART,
-    Cause.GPU_FAULT: Action.RESTART,  # node-level Xids come with a suggested give_up
-    Cause.GPU_MEMORY: Action.WARN,  # a watermark is a forecast, not a failure: record it
-    Cause.CHECKPOINT_LOAD_ERROR: Action.RESTART,  # from the next older ready checkpoint
-    Cause.VALIDATION_FAILED: Action.ROLLBACK,
-    Cause.NO_PROGRESS: Action.GIVE_UP,
-    Cause.DISK_LOW: Action.WARN,  # a restart frees no disk; the journal tells a human
-    Cause.MANUAL: Action.RESTART,
-})
-
-
 def _diagnostics_default() -> Mapping[str, str]:
     return MappingProxyType({
         "NCCL_DEBUG": "INFO",
@@ -218,7 +204,7 @@ class Config:
         oc = self.on.get(cause.value)
         if oc is not None and oc.action is not None:
             return oc.action
-        return DEFAULT_ACTIONS[cause]
+        return CAUSES[cause].default
 
     def action_configured(self, cause: Cause) -> bool:
         oc = self.on.get(cause.value)

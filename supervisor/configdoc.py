@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from .config import Config
 from .configschema import _unwrap_optional
+from .core.causes import Action, config_doc_lines
 
 HEADER = """\
 # transformer-supervisor configuration: every key, with its default and what it does.
@@ -28,17 +29,18 @@ EXAMPLES: Mapping[str, str] = {
     "checkpoints.dir": '"checkpoints"',
 }
 
-ON_EXAMPLE = """\
-# Per-cause action and remedy ladder. Causes: crash, oom, nan, loss_spike, hang, nccl_timeout,
-# gpu_fault, gpu_memory, checkpoint_load_error, validation_failed, no_progress, disk_low, manual.
-# Actions: restart, rollback, give_up, warn. Each repeat of the same cause (no healthy run in
-# between) applies one more remedy (cumulative); a repeat after the last one gives up.
-# Defaults: crash/oom/hang/nccl_timeout/gpu_fault/checkpoint_load_error/manual -> restart,
-# nan/loss_spike/validation_failed -> rollback, no_progress -> give_up, gpu_memory/disk_low -> warn.
-[on.nan]
-action = "rollback"
-remedies = [{ env = { LR_SCALE = "0.5" } }, { args = ["--lr=1e-4"] }, { skip_batches = 500 }]
-"""
+def on_example() -> str:
+    """The ``[on.<cause>]`` section: every cause with its default action, from the registry."""
+    lines = [
+        "# Per-cause action and remedy ladder, [on.<cause>]. Actions: " + ", ".join(a.value for a in Action) + ".",
+        "# Each repeat of the same cause (no healthy run in between) applies one more remedy",
+        "# (cumulative); a repeat after the last one gives up. The causes and their default actions:",
+        *config_doc_lines(),
+        "[on.nan]",
+        'action = "rollback"',
+        'remedies = [{ env = { LR_SCALE = "0.5" } }, { args = ["--lr=1e-4"] }, { skip_batches = 500 }]',
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def toml_value(v: Any) -> str:
@@ -95,7 +97,7 @@ def render() -> str:
     out = [HEADER]
     for f in fields(Config):
         if f.name == "on":
-            out.append(ON_EXAMPLE)
+            out.append(on_example())
             continue
         cls = typing.get_type_hints(Config)[f.name]
         _section(cls, f.name, out)

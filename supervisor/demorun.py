@@ -1,7 +1,7 @@
 """``transformer-supervisor demo``: the main job, narrated.
 
 A tiny character-level GPT (``supervisor/demo/train.py``, run with this Python, which has torch)
-trains on the CPU under the real daemon (the same :class:`Runner` as ``run``), with faults injected
+trains on the CPU under the real daemon (the same daemon as ``run``), with faults injected
 *by the job itself* (``--faults``). The daemon's own event lines go to ``OUT/daemon.log``; the
 console gets one plain sentence per detection, decision and recovery, a progress line every
 100 steps, and at the end a summary and the report (``OUT/report/report.html`` + PNG).
@@ -15,16 +15,17 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, MutableMapping, TextIO
+from typing import Any, Mapping, MutableMapping, Sequence, TextIO
 
 import structlog
 
 from .config import config_from_table
 from .demo import DEFAULT_STEPS, DemoLayout, demo_job_argv, format_faults
-from .events import MetricRecord
+from .core.messages import Resume
+from .daemon.ports import Concern
+from .daemon.wiring import build_daemon
+from .events import AttemptContext, MetricRecord
 from .logsetup import _logfmt, _mask_secrets, quiet_library_logs
-from .parts import Parts
-from .runner import Runner
 
 PROGRESS_EVERY = 100
 
@@ -37,7 +38,7 @@ _SAID_AS_IS: Mapping[str, str] = {
     "validation_passed": "ok ", "validation_failed": "!! ", "checkpoint_marked_bad": "xx ",
     "gave_up": "XX ", "daemon_exiting": "== ", "detection_warned": "   (warning only) ",
     "monitor_failed": "!! internal: ", "runner_handler_failed": "!! internal: ",
-    "runner_tick_failed": "!! internal: ",
+    "runner_tick_failed": "!! internal: ", "concern_failed": "!! internal: ",
 }
 
 
@@ -92,27 +93,27 @@ class Narrator:
         return None
 
 
-class DemoParts(Parts):
-    """The demo's wiring: the real parts, plus a progress line every PROGRESS_EVERY steps."""
+class DemoProgress(Concern):
+    """The demo's narration of progress: a line every PROGRESS_EVERY steps."""
+
+    name = "demo_progress"
 
     def __init__(self, narrator: Narrator) -> None:
-        super().__init__()
         self.narrator = narrator
         self._next = PROGRESS_EVERY
+        self._attempt = 0
 
-    def on_metrics(self, r: Runner, batch: list[MetricRecord]) -> None:
-        super().on_metrics(r, batch)
+    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
+        self._attempt = ctx.attempt
+        self._next = ((resume.step or 0) // PROGRESS_EVERY + 1) * PROGRESS_EVERY
+
+    def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None:
         for m in batch:
             if m.step is not None and m.loss is not None and m.step >= self._next:
-                self.narrator.say(f"   step {m.step:>4}  loss {m.loss:.4f}  (attempt {r.attempt})")
+                self.narrator.say(f"   step {m.step:>4}  loss {m.loss:.4f}  (attempt {self._attempt})")
                 self._next = (m.step // PROGRESS_EVERY + 1) * PROGRESS_EVERY
             elif m.step is not None and m.step < self._next - PROGRESS_EVERY:
                 self._next = (m.step // PROGRESS_EVERY + 1) * PROGRESS_EVERY  # after a rollback
-
-    def attempt_started(self, r: Runner, ctx: Any) -> None:
-        super().attempt_started(r, ctx)
-        step = r.resume.step or 0
-        self._next = (step // PROGRESS_EVERY + 1) * PROGRESS_EVERY
 
 
 def demo_config(out: Path, faults: str, steps: int, seed: int) -> Any:
@@ -158,7 +159,7 @@ def run_demo(out: Path, faults: str | None, steps: int | None, seed: int, quiet:
     narrator.say(f"   output in {out} (daemon events in daemon.log, the job's output in job.log)")
     passthrough = None if quiet else sys.stdout.buffer
     devnull = open(os.devnull, "wb") if quiet else None
-    runner = Runner(cfg, passthrough=devnull or passthrough, parts=DemoParts(narrator))
+    runner = build_daemon(cfg, passthrough=devnull or passthrough, extra=[DemoProgress(narrator)])
     code = runner.run()
     wall = time.monotonic() - t0
     summary = _summary(out, cfg, wall)

@@ -2,51 +2,21 @@
 
 Monitors *observe* and emit :class:`Detection` events; the pure policy maps (history, failure)
 to a decision; only the runner acts ("detect != act", as NVIDIA's resiliency extension puts it).
-Every name here is a stable contract: causes and actions appear in logs, the ledger, ``status``
-and config keys (``[on.<cause>]``).
+Causes and actions, with what each one means, are defined in :mod:`supervisor.core.causes`
+and re-exported here.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
+from .core.causes import Action, Cause
 
-class Cause(StrEnum):
-    """Why an attempt ended or must end. The values are the SPEC's stable names."""
-
-    CRASH = "crash"  # non-zero exit or a killing signal, nothing more specific seen
-    OOM = "oom"  # CUDA or host out of memory (log line, or the kernel OOM killer)
-    NAN = "nan"  # NaN/Inf loss or gradient norm
-    LOSS_SPIKE = "loss_spike"  # a persistent jump of the loss above its robust baseline
-    HANG = "hang"  # heartbeat, startup or output/progress timeout
-    NCCL_TIMEOUT = "nccl_timeout"  # collective / driver timeout seen in the log
-    GPU_FAULT = "gpu_fault"  # Xid, double-bit ECC, GPU lost
-    GPU_MEMORY = "gpu_memory"  # device memory above its watermark for too long
-    CHECKPOINT_LOAD_ERROR = "checkpoint_load_error"  # resume failed: keys, sizes, truncation
-    VALIDATION_FAILED = "validation_failed"  # the post-reboot checks disagreed
-    NO_PROGRESS = "no_progress"  # attempts keep failing without a newer checkpoint
-    DISK_LOW = "disk_low"  # not enough space for the next checkpoint
-    MANUAL = "manual"  # an operator asked (restart verb, SIGHUP-triggered restart)
-
-
-class Action(StrEnum):
-    """What the policy decides for a failure."""
-
-    RESTART = "restart"  # relaunch from the last known good checkpoint
-    ROLLBACK = "rollback"  # relaunch from the newest good checkpoint before the anomaly's onset
-    GIVE_UP = "give_up"  # stop for good; the daemon exits 3
-    WARN = "warn"  # record only; the job keeps running
-
-
-class Severity(StrEnum):
-    INFO = "info"
-    WARNING = "warning"
-    ERROR = "error"
-    CRITICAL = "critical"
+__all__ = ["Action", "AttemptContext", "Cause", "Detection", "Emit", "LineSink", "MetricRecord", "MetricSink",
+           "Monitor"]
 
 
 def _now() -> float:

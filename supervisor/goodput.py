@@ -11,7 +11,7 @@ Pure: built from attempt records and metric timestamps.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -87,3 +87,55 @@ def compute(attempts: Sequence[AttemptTimeline], now: float) -> Goodput:
     lost.pop("running", None)
     lost_total = max(0.0, total - productive)
     return Goodput(productive, lost_total, total, lost, kept_steps, lost_steps)
+
+
+class Track:
+    """One attempt's progress for goodput: (wall time, step) points. With ``every_s`` > 0, at
+    most one point per ``every_s`` plus the latest, so a week-long run costs kilobytes in the
+    daemon, not the whole metric stream; the report keeps every point (``every_s`` = 0)."""
+
+    def __init__(self, started_at: float, resume_step: int | None, every_s: float = 5.0) -> None:
+        self.started_at = started_at
+        self.resume_step = resume_step
+        self.every_s = every_s
+        self.ended_at: float | None = None
+        self.cause: str | None = None
+        self._pts: list[tuple[float, int]] = []
+        self._last: tuple[float, int] | None = None
+
+    def add(self, t: float, step: int) -> None:
+        if not self._pts or t - self._pts[-1][0] >= self.every_s or step < self._pts[-1][1]:
+            self._pts.append((t, step))
+            self._last = None
+        else:
+            self._last = (t, step)
+
+    def points(self) -> list[tuple[float, int]]:
+        return self._pts + ([self._last] if self._last else [])
+
+    def startup(self) -> float | None:
+        """Launch -> first step."""
+        return self._pts[0][0] - self.started_at if self._pts else None
+
+
+def tracks_from_rows(attempts: Sequence[Any], metrics: Iterable[Mapping[str, Any]],
+                     every_s: float = 5.0) -> dict[int, Track]:
+    """The tracks of a run from its ledger rows (attempts: ``attempt``, ``started_at``,
+    ``ended_at``, ``cause``, ``checkpoint``, ``resume_step``; metrics: ``attempt``, ``at``,
+    ``step``), in the order the metrics were recorded."""
+    tracks: dict[int, Track] = {}
+    for a in attempts:
+        t = tracks.setdefault(a.attempt, Track(a.started_at, a.resume_step if a.checkpoint else None, every_s))
+        t.ended_at, t.cause = a.ended_at, a.cause
+    for m in metrics:
+        if m["step"] is not None and m["attempt"] in tracks:
+            tracks[m["attempt"]].add(m["at"], m["step"])
+    return tracks
+
+
+def goodput_of(tracks: Mapping[int, Track], now: float) -> Goodput | None:
+    """Goodput over ``tracks`` (None before the first attempt)."""
+    if not tracks:
+        return None
+    return compute([AttemptTimeline(a, t.started_at, t.ended_at, t.cause, t.resume_step, t.points())
+                    for a, t in sorted(tracks.items())], now)

@@ -40,6 +40,9 @@ class Clock:
     def time(self) -> float:
         return time.time()
 
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
 
 class OsApi:
     def killpg(self, pgid: int, sig: int) -> bool:
@@ -75,6 +78,13 @@ class OsApi:
             except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
                 continue
         return out
+
+    def started_after(self, pid: int, t: float) -> bool:
+        """True when ``pid`` lives and was started at or after wall time ``t``."""
+        try:
+            return psutil.Process(pid).create_time() >= t
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
 
     def proc_ref(self, pid: int) -> ProcRef | None:
         try:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Mapping, Sequence
 
+from .core.messages import ExitInfo
 from .events import Cause
 from .osapi import OsApi, ProcRef, signal_name
 from .output import PipePump, SinkFanout
@@ -36,15 +37,6 @@ class LaunchSpec:
     cwd: str
     env: Mapping[str, str]  # the full environment of the job
     added_env: Mapping[str, str]  # what we added on top of the daemon's (for the ledger)
-
-
-@dataclass(frozen=True)
-class ExitInfo:
-    exit_code: int | None
-    signal: str | None
-    cause: Cause | None  # None: success (exit 0)
-    summary: str
-    oom_evidence: str | None = None
 
 
 class JobProcess:

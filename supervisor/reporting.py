@@ -12,23 +12,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .goodput import AttemptTimeline, compute
+from .goodput import goodput_of, tracks_from_rows
 from .ledger import Ledger
 
 
 def goodput_from_ledger(led: Ledger, run_id: str, now: float | None = None) -> dict[str, Any] | None:
     import time
 
-    rows = led.attempts(run_id)
-    if not rows:
-        return None
-    pts: dict[int, list[tuple[float, int]]] = {}
-    for m in led.metrics(run_id):
-        if m["step"] is not None:
-            pts.setdefault(m["attempt"], []).append((m["at"], m["step"]))
-    tls = [AttemptTimeline(a.attempt, a.started_at, a.ended_at, a.cause, a.resume_step if a.checkpoint else None,
-                           tuple(pts.get(a.attempt, ()))) for a in rows]
-    return compute(tls, now if now is not None else time.time()).to_json()
+    gp = goodput_of(tracks_from_rows(led.attempts(run_id), led.metrics(run_id), every_s=0.0),
+                    now if now is not None else time.time())
+    return gp.to_json() if gp is not None else None
 
 
 def _checkpoint_rows(led: Ledger, run_id: str, state_dir: Path) -> list[dict[str, Any]]:

@@ -13,21 +13,17 @@ request (a second SIGTERM) calls ``escalate`` and goes straight to KILL_WAIT.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Callable, Protocol
 
 import structlog
 
+from .core.messages import Mode, ShutdownPlan, ShutdownResult
 from .osapi import signal_name
 
+__all__ = ["Group", "Mode", "Phase", "Shutdown", "ShutdownPlan", "ShutdownResult"]
+
 log = structlog.get_logger("supervisor.shutdown")
-
-
-class Mode(StrEnum):
-    GRACEFUL = "graceful"
-    FORCED = "forced"
-    HYBRID = "hybrid"
 
 
 class Phase(StrEnum):
@@ -41,28 +37,6 @@ class Group(Protocol):
     def signal_group(self, sig: int) -> None: ...
 
     def group_alive(self) -> bool: ...
-
-
-@dataclass(frozen=True)
-class ShutdownPlan:
-    mode: Mode
-    grace_s: float
-    stop_signal: int = signal.SIGTERM
-    checkpoint_signal: int = signal.SIGUSR1
-    checkpoint_timeout_s: float = 300.0
-    reason: str = ""
-    # After SIGKILL, how long to wait for the group to vanish before reporting stragglers
-    # (processes in uninterruptible sleep, e.g. stuck in the GPU driver).
-    kill_wait_s: float = 30.0
-
-
-@dataclass(frozen=True)
-class ShutdownResult:
-    mode: Mode
-    escalated: bool  # SIGKILL was needed
-    checkpoint_seen: bool | None  # hybrid: did the emergency checkpoint appear
-    seconds: float
-    stragglers: bool  # something survived even SIGKILL within kill_wait_s
 
 
 class Shutdown:
@@ -156,9 +130,6 @@ class Shutdown:
                 self.phase = Phase.DONE
                 return True
         return False
-
-    def next_deadline(self) -> float:
-        return self.deadline
 
     def result(self, now: float) -> ShutdownResult:
         return ShutdownResult(self.plan.mode, self.escalated, self.checkpoint_seen, now - self.started,

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.config import DEFAULT_ACTIONS, config_from_table
+from supervisor.config import config_from_table
+from supervisor.core.causes import CAUSES
 from supervisor.events import Action, Cause
 from supervisor.policy import Failure, PastAttempt, backoff_delay, decide, merge_args
 
@@ -17,7 +18,7 @@ def past(n, cause=Cause.CRASH, ended_at=1000.0, ran_s=1.0, counted=True):
 
 
 def test_every_cause_has_a_default_action_and_crash_restarts():
-    assert set(DEFAULT_ACTIONS) == set(Cause)
+    assert set(CAUSES) == set(Cause)
     d = decide(cfg(), [], Failure(Cause.CRASH, "exit 1"), now=1000, ran_s=5)
     assert d.action is Action.RESTART and d.relaunch
     assert decide(cfg(), [], Failure(Cause.NAN, "nan"), now=1000, ran_s=5).action is Action.ROLLBACK

@@ -23,6 +23,7 @@ from typing import Callable, Collection, Mapping
 
 import structlog
 
+from ..core.causes import GateCheck
 from .config import GpuConfig
 from .gpu import GpuBackend, GpuBlindError, GpuLostError
 from .host import ProbeResult, StorageBaseline, probe_storage
@@ -34,7 +35,9 @@ _RELEASE_POLL_S = 0.5
 
 @dataclass(frozen=True)
 class GateVerdict:
-    """``passed`` false: ``reasons`` say why (root cause first). ``warnings`` never block a launch."""
+    """``passed`` false: ``reasons`` say why (root cause first) and ``failed_checks`` which check
+    failed for each (what the failure means: :func:`supervisor.core.causes.gate_failure`).
+    ``warnings`` never block a launch."""
 
     passed: bool
     reasons: tuple[str, ...]
@@ -42,6 +45,7 @@ class GateVerdict:
     details: Mapping[str, object] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     unavailable: bool = False  # GPU health could not be observed (blind)
+    failed_checks: tuple[GateCheck, ...] = ()  # one per reason, in the same order
 
     def summary(self) -> str:
         if not self.passed:
@@ -54,6 +58,7 @@ class GateVerdict:
         """For the ledger (``attempts.gate``): plain JSON types, plus ``summary`` (one line)."""
         d = asdict(self)
         d["reasons"], d["warnings"], d["details"] = list(self.reasons), list(self.warnings), dict(self.details)
+        d["failed_checks"] = [c.value for c in self.failed_checks]
         d["summary"] = self.summary()
         return d
 
@@ -64,7 +69,7 @@ def run_gate(backend: GpuBackend, cfg: GpuConfig, previous_pids: Collection[int]
              expected_devices: int | None = None) -> GateVerdict:
     """One gate run. ``expected_devices`` is the count seen at the first gate (``gpu.expected_devices`` wins)."""
     t0 = clock()
-    reasons: list[str] = []
+    failures: list[tuple[GateCheck, str]] = []
     warnings: list[str] = []
     details: dict[str, object] = {}
     waited = 0.0
@@ -77,7 +82,7 @@ def run_gate(backend: GpuBackend, cfg: GpuConfig, previous_pids: Collection[int]
         details["gpu_unavailable"] = str(exc)
         msg = f"GPU health unavailable: {exc}"
         if cfg.require:
-            reasons.append(msg + " (gpu.require = true)")
+            failures.append((GateCheck.GPU_SIGHT, msg + " (gpu.require = true)"))
         else:
             warnings.append(msg + "; launching without GPU checks (set gpu.require = true to refuse)")
         count = None
@@ -86,37 +91,41 @@ def run_gate(backend: GpuBackend, cfg: GpuConfig, previous_pids: Collection[int]
         details["device_count"] = count
         details["expected_devices"] = expected if expected is not None else count
         if expected is not None and count < expected:
-            reasons.append(f"only {count} of {expected} expected GPUs are visible: drain or reset this node")
-        reasons.extend(_device_problems(backend, count))
-        if not any("lost" in r for r in reasons):
+            failures.append((GateCheck.GPU_COUNT,
+                             f"only {count} of {expected} expected GPUs are visible: drain or reset this node"))
+        lost = _device_problems(backend, count, failures)
+        if not lost:
             ok, waited, mem = _wait_for_release(backend, cfg, count, frozenset(previous_pids), clock, sleep)
             details["memory"] = mem
             if not ok:
-                reasons.append(_release_reason(mem, cfg, waited))
+                failures.append((GateCheck.GPU_MEMORY, _release_reason(mem, cfg, waited)))
     if checkpoint_dir is not None:
         probe: ProbeResult = probe_storage(checkpoint_dir, storage_baseline)
         details["storage_probe"] = probe.to_dict()
         if not probe.ok:
-            reasons.append(f"storage probe failed: {probe.reason}")
+            failures.append((GateCheck.STORAGE, f"storage probe failed: {probe.reason}"))
     details["seconds"] = round(clock() - t0, 3)
-    return GateVerdict(not reasons, tuple(reasons), round(waited, 3), details, tuple(warnings), unavailable)
+    return GateVerdict(not failures, tuple(r for _, r in failures), round(waited, 3), details, tuple(warnings),
+                       unavailable, tuple(c for c, _ in failures))
 
 
-def _device_problems(backend: GpuBackend, count: int) -> list[str]:
-    problems = []
+def _device_problems(backend: GpuBackend, count: int, failures: list[tuple[GateCheck, str]]) -> bool:
+    """Appends a GPU_REPAIR failure per lost GPU or GPU needing a reset; True when one is lost."""
+    lost = False
     for i in range(count):
         try:
             pending = backend.pending_repair(i)
         except GpuLostError:
-            problems.append(f"GPU {i} is lost (fell off the bus): drain or reset this node")
+            lost = True
+            failures.append((GateCheck.GPU_REPAIR, f"GPU {i} is lost (fell off the bus): drain or reset this node"))
             continue
         if pending.needs_reset:
             what = ", ".join(name for name, flag in (
                 ("retired pages pending", pending.retired_pages_pending),
                 ("row remapping pending", pending.remap_pending),
                 ("row remapping failed", pending.remap_failure)) if flag)
-            problems.append(f"GPU {i} needs a reset ({what}): drain or reset this node")
-    return problems
+            failures.append((GateCheck.GPU_REPAIR, f"GPU {i} needs a reset ({what}): drain or reset this node"))
+    return lost
 
 
 def _wait_for_release(backend: GpuBackend, cfg: GpuConfig, count: int, previous: frozenset[int],

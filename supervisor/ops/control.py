@@ -14,8 +14,9 @@ has its own thread, so none of this reaches the daemon's main loop.
 
 The server calls ``handler(verb, args)`` on the connection's thread; the runner implements it by
 posting the request to its main loop and waiting for the answer (the main loop owns all
-decisions). A handler raises :class:`ControlError` for an error reply; any other exception
-becomes an ``internal`` error reply and is logged.
+decisions). A handler raises a :class:`~supervisor.errors.SupervisorError` (such as
+:class:`ControlError`) for an error reply with its code; any other exception is a bug: it becomes
+an ``internal`` error reply and is logged with its traceback.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
+from ..errors import SupervisorError
 
 log = structlog.get_logger("supervisor.ops")
 
@@ -53,15 +56,16 @@ VERBS: Mapping[str, Mapping[str, type]] = {
 Handler = Callable[[str, Mapping[str, Any]], Any]
 
 
-class ControlError(Exception):
-    """An error reply: raised by a handler to refuse a request (``code`` is a stable short name
-    such as ``busy`` or ``no_checkpoint``), and by :func:`request` when the daemon replied with
-    an error. The message says what happened and what to do."""
+class ControlError(SupervisorError):
+    """An error reply with any ``code`` (a stable short name such as ``busy`` or
+    ``no_checkpoint``): raised by the server for a malformed request, by a handler to refuse one,
+    and by :func:`request` when the daemon replied with an error. The message says what happened
+    and what to do. (Handlers may raise any :class:`~supervisor.errors.SupervisorError`: its
+    ``code`` becomes the reply's.)"""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-        self.message = message
 
     def __str__(self) -> str:
         return f"{self.message} ({self.code})"
@@ -74,9 +78,11 @@ class DaemonNotRunning(ControlError):
         super().__init__("not_running", message)
 
 
-class SocketInUse(RuntimeError):
+class SocketInUse(SupervisorError):
     """Raised by :class:`ControlServer` when another live daemon already serves this state dir:
     two daemons on one state dir would run two copies of the job. Stop the other one first."""
+
+    code = "in_use"
 
 
 def socket_path(state_dir: str | os.PathLike[str]) -> Path:
@@ -273,7 +279,7 @@ class ControlServer:
                     try:
                         verb, args = parse_request(self._read_line(conn))
                         reply = self._dispatch(verb, args)
-                    except ControlError as e:
+                    except SupervisorError as e:
                         reply = _reply_error(e.code, e.message)
                     except (TimeoutError, socket.timeout):
                         reply = _reply_error("timeout", f"no complete request within {self.read_timeout_s:g} s")
@@ -321,7 +327,7 @@ class ControlServer:
     def _dispatch(self, verb: str, args: Mapping[str, Any]) -> bytes:
         try:
             return _reply_ok(self.handler(verb, args))
-        except ControlError as e:
+        except SupervisorError as e:
             return _reply_error(e.code, e.message)
         except Exception as e:  # the daemon survives a handler bug; the operator sees it
             log.exception("control_handler_failed", verb=verb, error=str(e),

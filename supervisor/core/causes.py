@@ -1,0 +1,145 @@
+"""Every cause of a failure, with everything the supervisor knows about it, in one entry.
+
+The policy reads the default action and whether a failure spends the restart budget, the state
+machine reads how to stop the job and whether the next attempts get diagnostics, and the docs
+(``config.example.toml``, the README table) are written from the doc lines. A new cause is a
+member of :class:`Cause`, its :class:`CauseSpec` in :data:`CAUSES` (the import fails if one is
+missing), and the detector that emits it (``docs/DEVELOPING.md`` has the steps).
+
+    python -m supervisor.core.causes     # prints the README table
+
+Cause and action names are stable contracts: they appear in logs, the ledger, ``status`` and
+config keys (``[on.<cause>]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+
+class Action(StrEnum):
+    """What the policy decides for a failure."""
+
+    RESTART = "restart"  # relaunch from the last known good checkpoint
+    ROLLBACK = "rollback"  # relaunch from the newest good checkpoint before the anomaly's onset
+    GIVE_UP = "give_up"  # stop for good; the daemon exits 3
+    WARN = "warn"  # record only; the job keeps running
+
+
+class Cause(StrEnum):
+    """Why an attempt ended or must end (the SPEC's stable names); see :data:`CAUSES`."""
+
+    CRASH = "crash"
+    OOM = "oom"
+    NAN = "nan"
+    LOSS_SPIKE = "loss_spike"
+    HANG = "hang"
+    NCCL_TIMEOUT = "nccl_timeout"
+    GPU_FAULT = "gpu_fault"
+    GPU_MEMORY = "gpu_memory"
+    CHECKPOINT_LOAD_ERROR = "checkpoint_load_error"
+    VALIDATION_FAILED = "validation_failed"
+    NO_PROGRESS = "no_progress"
+    DISK_LOW = "disk_low"
+    MANUAL = "manual"
+
+
+class StopStyle(StrEnum):
+    """How a job failing with the cause is stopped."""
+
+    CONFIGURED = "configured"  # shutdown.mode and shutdown.grace_s
+    HUNG = "hung"  # stacks dumped first, then graceful with shutdown.hang_grace_s: it flushes nothing
+
+
+@dataclass(frozen=True)
+class CauseSpec:
+    cause: Cause
+    default: Action  # the action unless [on.<cause>] action says otherwise
+    doc: str  # one line: what the cause means (config docs, README)
+    note: str = ""  # what the default does beyond its name (README "default" column)
+    counted: bool = True  # spends the restart budget and books the attempt against its checkpoint
+    stop: StopStyle = StopStyle.CONFIGURED
+    diagnostics: bool = False  # the following attempts get validation.diagnostics_env
+
+    def default_text(self) -> str:
+        return self.default.value + (f" ({self.note})" if self.note else "")
+
+
+def _registry(specs: Sequence[CauseSpec]) -> Mapping[Cause, CauseSpec]:
+    table = {s.cause: s for s in specs}
+    missing = [c.value for c in Cause if c not in table]
+    if missing or len(table) != len(specs):
+        raise ImportError(f"supervisor.core.causes: every Cause needs exactly one CauseSpec; missing {missing}")
+    return MappingProxyType(table)
+
+
+CAUSES: Mapping[Cause, CauseSpec] = _registry([
+    CauseSpec(Cause.CRASH, Action.RESTART, "a non-zero exit or a killing signal, nothing more specific seen"),
+    CauseSpec(Cause.OOM, Action.RESTART, "CUDA or host out of memory (a log line, or the kernel OOM killer)"),
+    CauseSpec(Cause.NAN, Action.ROLLBACK, "a non-finite loss, grad norm or eval loss"),
+    CauseSpec(Cause.LOSS_SPIKE, Action.ROLLBACK, "a persistent jump of the loss above its robust baseline"),
+    CauseSpec(Cause.HANG, Action.RESTART, "no heartbeat, step or output line for the timeout (or no first step)",
+              note="stacks dumped first", stop=StopStyle.HUNG),
+    CauseSpec(Cause.NCCL_TIMEOUT, Action.RESTART, "a collective or driver timeout seen in the log"),
+    CauseSpec(Cause.GPU_FAULT, Action.RESTART, "an Xid, a double-bit ECC error, a GPU lost or a failed GPU gate",
+              note='node-level Xid: give up, "drain or reset this node"'),
+    CauseSpec(Cause.GPU_MEMORY, Action.WARN, "device memory above its watermark for too long (a forecast)"),
+    CauseSpec(Cause.CHECKPOINT_LOAD_ERROR, Action.RESTART, "resuming failed: missing keys, wrong sizes, truncation",
+              note="from the next older ready checkpoint"),
+    CauseSpec(Cause.VALIDATION_FAILED, Action.ROLLBACK, "the first steps after a resume disagree with the run before it",
+              note="with diagnostics env", diagnostics=True),
+    CauseSpec(Cause.NO_PROGRESS, Action.GIVE_UP, "attempts keep failing without a newer checkpoint"),
+    CauseSpec(Cause.DISK_LOW, Action.WARN, "too little space for the next checkpoint, or a failed storage gate"),
+    CauseSpec(Cause.MANUAL, Action.RESTART, "an operator asked (the restart verb)",
+              note="not counted against the budget", counted=False),
+])
+
+
+class GateCheck(StrEnum):
+    """The checks of the pre-launch health gate; a failed gate is typed by the checks that failed."""
+
+    GPU_SIGHT = "gpu_sight"  # the GPUs cannot be observed and gpu.require = true
+    GPU_COUNT = "gpu_count"  # fewer GPUs than expected
+    GPU_REPAIR = "gpu_repair"  # a GPU lost, or one needing a reset (pages, rows)
+    GPU_MEMORY = "gpu_memory"  # the previous attempt's memory was not released
+    STORAGE = "storage"  # the checkpoint storage probe failed
+
+
+# What a failed gate becomes, by its first (root) failed check, and where a human should look.
+GATE_FAILURES: Mapping[GateCheck, tuple[Cause, str]] = MappingProxyType({
+    GateCheck.GPU_SIGHT: (Cause.GPU_FAULT, "the node (nvidia-smi, dmesg)"),
+    GateCheck.GPU_COUNT: (Cause.GPU_FAULT, "the node (nvidia-smi, dmesg)"),
+    GateCheck.GPU_REPAIR: (Cause.GPU_FAULT, "the node (nvidia-smi, dmesg)"),
+    GateCheck.GPU_MEMORY: (Cause.GPU_FAULT, "the node (nvidia-smi, dmesg)"),
+    GateCheck.STORAGE: (Cause.DISK_LOW, "the checkpoint storage (mounts, free space, permissions)"),
+})
+
+
+def gate_failure(failed: Sequence[GateCheck]) -> tuple[Cause, str]:
+    """The cause of a failed gate and where to look: those of its first failed check (the gate
+    runs the GPU checks before the storage probe, so storage alone means disk_low)."""
+    return GATE_FAILURES[failed[0]] if failed else (Cause.GPU_FAULT, "the node (nvidia-smi, dmesg)")
+
+
+README_BEGIN = "<!-- causes table: generated by `python -m supervisor.core.causes`; a test compares -->"
+README_END = "<!-- end of causes table -->"
+
+
+def readme_table() -> str:
+    """The README's table of causes and their defaults."""
+    rows = ["| cause | default | what it is |", "|---|---|---|"]
+    rows += [f"| `{s.cause.value}` | {s.default_text()} | {s.doc} |" for s in CAUSES.values()]
+    return "\n".join(rows)
+
+
+def config_doc_lines() -> list[str]:
+    """The cause list of ``config.example.toml`` (comment lines)."""
+    width = max(len(c.value) for c in Cause)
+    return [f"#   {s.cause.value:<{width}}  {s.default.value:<8}  {s.doc}" for s in CAUSES.values()]
+
+
+if __name__ == "__main__":
+    print(readme_table())

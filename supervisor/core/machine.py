@@ -1,0 +1,402 @@
+"""The state machine of a supervised run: events in, commands out, nothing else.
+
+::
+
+      (Boot) STARTING --Spawned, FirstMetric--> RUNNING --JobExited 0 (group gone)--------> FINISHED
+               |  |                              |   \\--Detected (not warn) / restart / stop--> STOPPING
+               |  |                              \\--JobExited (failure)--+                      |
+               |  |                                                      v                      v
+               |  +--gate / no progress / spawn failed--> GAVE_UP <--give up-- (decide) <--StopFinished
+               |                                                      | relaunch       \\--stop requested--> STOPPED
+               +--StopRequested while preparing--> STOPPED             v
+                                                                    BACKOFF --TimerFired--> STARTING
+                                                                       \\--StopRequested--> STOPPED
+
+:data:`MOVES` lists every allowed move; any other is a bug (:class:`~supervisor.errors.IllegalMove`).
+A launch is two steps: :class:`PrepareLaunch` (the gate and the checkpoint choice, seconds, off
+the main loop) answered by :class:`Prepared`, then :class:`Launch` answered by :class:`Spawned`.
+A stop is :class:`StopJob` answered by :class:`StopFinished`; what follows it (relaunch, give up,
+exit) was decided when the stop began and waits in :attr:`Machine.pending`.
+
+The policy (:func:`supervisor.policy.decide`) says what to do about a failure; the cause registry
+(:mod:`supervisor.core.causes`) says how to stop, whether it counts, whether diagnostics follow.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from ..config import Config, signal_number
+from ..errors import Conflict, IllegalMove
+from ..events import Detection
+from ..policy import Decision, Failure, PastAttempt, decide, merge_args
+from .causes import CAUSES, Action, Cause, StopStyle, gate_failure
+from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, ArmTimer, Boot, CheckpointRequested, Command, Detected,
+                       EndAttempt, EscalateStop, Event, ExitInfo, Finish, FirstMetric, JobExited, Launch, Mode,
+                       PrepareLaunch, Prepared, Record, RecordDetection, Reply, RestartRequested, Resume, ShutdownPlan,
+                       ShutdownResult, SignalJob, Spawned, SpawnFailed, StateChanged, StopFinished, StopJob,
+                       StopRequested, TimerFired, detection_dict)
+
+
+class State(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    BACKOFF = "backoff"
+    STOPPED = "stopped"
+    GAVE_UP = "gave_up"
+    FINISHED = "finished"
+
+
+_ENDS = frozenset({State.STOPPED, State.GAVE_UP, State.FINISHED})
+MOVES: Mapping[State, frozenset[State]] = MappingProxyType({
+    # A job that exits before its first metric ends from STARTING, like one from RUNNING.
+    State.STARTING: frozenset({State.RUNNING, State.STOPPING, State.BACKOFF}) | _ENDS,
+    State.RUNNING: frozenset({State.STOPPING, State.BACKOFF}) | _ENDS,
+    State.STOPPING: frozenset({State.BACKOFF}) | _ENDS,
+    State.BACKOFF: frozenset({State.STARTING, State.STOPPED}),
+    State.STOPPED: frozenset(), State.GAVE_UP: frozenset(), State.FINISHED: frozenset(),
+})
+
+
+@dataclass
+class Pending:
+    """What happens once the current stop completes."""
+
+    decision: Decision | None = None  # relaunch or give up
+    exit_after: bool = False  # an operator stop (or the job's success): exit 0
+    explicit_checkpoint: str | None = None  # restart --from
+
+
+class Machine:
+    """One run's state; :meth:`handle` takes an event and returns the commands to carry out."""
+
+    def __init__(self, cfg: Config, state_dir: Path) -> None:
+        self.cfg = cfg  # replaced on reload; read at each decision and launch
+        self.state_dir = state_dir  # named in the give-up message
+        self.state = State.STARTING
+        self.attempt = -1
+        self.spawned = False  # the current attempt's job was started
+        self.preparing = False  # a PrepareLaunch is out
+        self.pid: int | None = None
+        self.pgid: int | None = None
+        self.attempt_started = 0.0  # monotonic
+        self.pending = Pending()
+        self.root: Detection | None = None  # the first failure of this attempt
+        self.last_anomaly: Detection | None = None
+        self.resume: Resume = FRESH_START
+        self.history: list[PastAttempt] = []
+        self.restarts_by_cause: Counter[str] = Counter()
+        self.remedy_env: dict[str, str] = {}
+        self.remedy_args: list[str] = []
+        self.skip_batches = 0
+        self.diagnostics = False  # after a failed validation: the next attempts say more
+        self.stop_requests = 0
+        self.exit_code: int | None = None
+        self.exit_reason = ""
+        self._out: list[Command] = []
+        self._handlers: Mapping[type, Callable[[Any], None]] = {
+            Boot: self._boot, Prepared: self._prepared, Spawned: self._spawned, SpawnFailed: self._spawn_failed,
+            FirstMetric: self._first_metric, Detected: self._detected, JobExited: self._job_exited,
+            StopFinished: self._stop_finished, TimerFired: self._timer, StopRequested: self._stop_requested,
+            RestartRequested: self._restart_requested, CheckpointRequested: self._checkpoint_requested,
+        }
+
+    def handle(self, event: Event) -> list[Command]:
+        """Apply ``event``; the commands, in the order they must be carried out. Raises
+        :class:`~supervisor.errors.Conflict` for a request the current state refuses."""
+        self._out = []
+        self._handlers[type(event)](event)
+        out, self._out = self._out, []
+        return out
+
+    @property
+    def counted_restarts(self) -> int:
+        return sum(1 for p in self.history if p.counted and p.cause is not None)
+
+    # ------------------------------------------------------------------ helpers
+    def _do(self, *commands: Command) -> None:
+        self._out.extend(commands)
+
+    def _record(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None:
+        self._do(Record(event, level, message, data, ledger_only))
+
+    def _move(self, new: State, why: str) -> None:
+        if new is self.state:
+            return
+        if new not in MOVES[self.state]:
+            raise IllegalMove(f"no move from {self.state.value} to {new.value} ({why})")
+        old, self.state = self.state, new
+        self._do(StateChanged(old.value, new.value, why, self.attempt))
+
+    def _decide(self, failure: Failure, now: float, wall: float, jitter: float) -> Decision:
+        return decide(self.cfg, list(self.history), failure, now=wall, ran_s=now - self.attempt_started,
+                      jitter_draw=jitter)
+
+    def _onset_step(self) -> int | None:
+        d = self.root or self.last_anomaly
+        if d is None:
+            return None
+        return d.onset_step if d.onset_step is not None else d.step
+
+    def _plan_for(self, cause: Cause | None, decision: Decision | None) -> ShutdownPlan:
+        s = self.cfg.shutdown
+        mode, grace = Mode(s.mode), s.grace_s
+        if cause is not None and CAUSES[cause].stop is StopStyle.HUNG:
+            mode, grace = Mode.GRACEFUL, s.hang_grace_s  # a hung job flushes nothing: short grace
+        if mode is Mode.HYBRID and decision is not None and decision.action in (Action.ROLLBACK, Action.GIVE_UP):
+            mode = Mode.GRACEFUL  # an emergency checkpoint of a diverged model is worthless
+        return ShutdownPlan(mode, grace, signal_number(s.stop_signal), signal_number(s.checkpoint_signal),
+                            s.checkpoint_timeout_s, reason=cause.value if cause else "stop")
+
+    # ------------------------------------------------------------------ launching
+    def _boot(self, ev: Boot) -> None:
+        self.attempt = ev.next_attempt - 1
+        self.history = list(ev.history)
+        self.restarts_by_cause = Counter(p.cause.value for p in ev.history if p.cause is not None)
+        self._launch()
+
+    def _launch(self) -> None:
+        """(initial) | BACKOFF -> STARTING: prepare off the main loop."""
+        self._move(State.STARTING, "launching")
+        self.attempt += 1
+        self.spawned = False
+        self.preparing = True
+        decision = self.pending.decision
+        self._do(PrepareLaunch(self.attempt, decision.action if decision else Action.RESTART,
+                               self._onset_step() if decision else None, self.pending.explicit_checkpoint))
+
+    def _prepared(self, ev: Prepared) -> None:
+        """STARTING (prepared) -> launch, or GAVE_UP when the gate or the checkpoint choice failed."""
+        if not self.preparing or self.state is not State.STARTING:
+            return  # stopped while preparing: the result is dropped
+        self.preparing = False
+        if ev.error is not None:
+            self._record("checkpoint_selection_failed", "error", f"choosing a checkpoint failed: {ev.error!r}; "
+                         "starting without one would lose progress, so giving up")
+            self._give_up(f"could not choose a checkpoint to resume from: {ev.error}", Cause.CHECKPOINT_LOAD_ERROR)
+            return
+        if ev.no_progress is not None:
+            self._give_up(ev.no_progress, Cause.NO_PROGRESS)
+            return
+        if ev.gate is not None and not ev.gate.passed:
+            cause, where = gate_failure(ev.gate.failed_checks)
+            self._give_up(f"the pre-launch health gate failed: {ev.gate.summary()}; look at {where} "
+                          "before restarting", cause)
+            return
+        self.resume = ev.resume or FRESH_START
+        self.root = None
+        self._do(Launch(self.attempt, self.resume, ev.gate, dict(self.remedy_env), list(self.remedy_args),
+                        self.skip_batches, self.diagnostics))
+
+    def _spawned(self, ev: Spawned) -> None:
+        self.spawned = True
+        self.pid, self.pgid = ev.pid, ev.pgid
+        self.attempt_started = ev.now
+        resume_txt = (f"resuming from {self.resume.checkpoint} (step {self.resume.step})"
+                      if self.resume.checkpoint else "fresh start (no checkpoint)")
+        self._record("job_started", "info",
+                     f"attempt {self.attempt} started (pid {ev.pid}, restarts so far {self.counted_restarts}/"
+                     f"{self.cfg.policy.max_restarts}); {resume_txt}", pid=ev.pid, argv=list(ev.argv),
+                     checkpoint=self.resume.checkpoint, resume_step=self.resume.step)
+        self.pending = Pending()
+
+    def _spawn_failed(self, ev: SpawnFailed) -> None:
+        self._do(EndAttempt(self.attempt, Cause.CRASH, Action.GIVE_UP, f"cannot start: {ev.error}", True,
+                            spawned=False))
+        self._give_up(f"cannot start the job: {ev.error} (argv {list(ev.argv)!r}, cwd {ev.cwd}); "
+                      "fix job.command / job.workdir", Cause.CRASH)
+
+    def _first_metric(self, _ev: FirstMetric) -> None:
+        if self.state is State.STARTING and self.spawned:
+            self._move(State.RUNNING, "first metric seen")
+
+    # ------------------------------------------------------------------ failures
+    def _detected(self, ev: Detected) -> None:
+        d = ev.detection
+        if not self.spawned or self.state not in (State.STARTING, State.RUNNING, State.STOPPING):
+            return
+        self.last_anomaly = d
+        data = detection_dict(d)
+        if self.root is not None or self.state is State.STOPPING:
+            self._record("detection_noted", "info", f"also seen while stopping: {d.summary}", **data)
+            return
+        decision = self._decide(Failure(d.cause, d.summary, d.suggested_action, d.step, d.onset_step),
+                                ev.now, ev.wall, ev.jitter)
+        if decision.action is Action.WARN:
+            self._record("detection_warned", "warning", f"{d.summary} (from {d.source}); {decision.reason}", **data)
+            return
+        self.root = d
+        self._do(RecordDetection(self.attempt, d))
+        self._record("failure_detected", "warning",
+                     f"attempt {self.attempt} failing: {d.cause.value}"
+                     + (f" at step {d.step}" if d.step is not None else "") + f": {d.summary}; "
+                     + _what_next(decision), cause=d.cause.value, step=d.step, onset_step=d.onset_step,
+                     evidence=d.evidence, source=d.source, action=decision.action.value)
+        self.pending.decision = decision
+        self._begin_stop(self._plan_for(d.cause, decision))
+
+    def _begin_stop(self, plan: ShutdownPlan) -> None:
+        """STARTING/RUNNING -> STOPPING."""
+        hung = self.root is not None and CAUSES[self.root.cause].stop is StopStyle.HUNG
+        self._do(StopJob(plan, dump_stacks=hung))
+        self._move(State.STOPPING, plan.reason)
+
+    def _job_exited(self, ev: JobExited) -> None:
+        """The leader exited by itself: stop what is left of its group, then decide."""
+        if not self.spawned or self.state not in (State.STARTING, State.RUNNING):
+            return
+        info = ev.info
+        if info.cause is None:
+            self.pending.decision = None
+            self.pending.exit_after = True
+        else:
+            d = Detection(info.cause, info.summary, "exit",
+                          value=float(info.exit_code) if info.exit_code is not None else None,
+                          evidence=info.oom_evidence, step=ev.last_step, at=ev.wall)
+            self.root = d
+            decision = self._decide(Failure(d.cause, d.summary), ev.now, ev.wall, ev.jitter)
+            if decision.action is Action.WARN:  # a crash cannot be "warned": the job is gone
+                decision = Decision(Action.GIVE_UP, d.cause, f"[on.{d.cause.value}] action = warn, but the job "
+                                                              "exited; nothing left to supervise")
+            self.pending.decision = decision
+        if ev.group_alive:
+            s = self.cfg.shutdown
+            plan = ShutdownPlan(Mode.GRACEFUL, s.leftover_grace_s, signal_number(s.stop_signal), reason="leftovers")
+            self._record("job_leftovers", "warning",
+                         f"the job's main process ended ({info.summary}) but processes of its group remain; "
+                         f"stopping them (SIGKILL after {plan.grace_s:g} s)")
+            self._do(StopJob(plan, leftovers=True))
+            self._move(State.STOPPING, "leftovers")
+            return
+        self._after_stop(info, None, ev.now, ev.wall)
+
+    def _stop_finished(self, ev: StopFinished) -> None:
+        if self.state is State.STOPPING:
+            self._after_stop(ev.info, ev.shutdown, ev.now, ev.wall)
+
+    def _after_stop(self, info: ExitInfo, shutdown: ShutdownResult | None, now: float, wall: float) -> None:
+        """STOPPING (or a job that exited) -> BACKOFF | STOPPED | FINISHED | GAVE_UP."""
+        ran = now - self.attempt_started
+        decision = self.pending.decision
+        cause = self.root.cause if self.root else None
+        counted = cause is not None and CAUSES[cause].counted
+        summary = self.root.summary if self.root else info.summary
+        self._do(EndAttempt(self.attempt, cause, decision.action if decision else None, summary, counted,
+                            info.exit_code, info.signal, self.root, decision, shutdown))
+        self.history.append(PastAttempt(self.attempt, cause, wall, ran, counted))
+        if cause is not None:
+            self.restarts_by_cause[cause.value] += 1
+        if self.pending.exit_after:
+            if cause is None and not self.stop_requests and info.exit_code == 0:
+                self._finish(State.FINISHED, EXIT_OK, f"the job finished successfully after {ran:.1f} s "
+                                                      f"(attempt {self.attempt})")
+            else:
+                self._finish(State.STOPPED, EXIT_OK, "stopped on request after a graceful stop of the job"
+                             + (" (escalated to SIGKILL)" if shutdown and shutdown.escalated else ""))
+            return
+        if decision is None:
+            decision = Decision(Action.GIVE_UP, cause or Cause.CRASH, "no decision recorded")
+        if not decision.relaunch:
+            self._give_up(f"attempt {self.attempt} failed: {summary}; {decision.reason}", decision.cause)
+            return
+        self._apply_remedies(decision)
+        if CAUSES[decision.cause].diagnostics:
+            self.diagnostics = True
+        self._do(ArmTimer(decision.delay_s))
+        self._move(State.BACKOFF, decision.cause.value)
+        self._record("restart_scheduled", "warning",
+                     f"attempt {self.attempt} failed: {decision.cause.value} ({summary}) after {ran:.1f} s; "
+                     f"{decision.action.value} {decision.restarts_in_window}/{decision.max_restarts} "
+                     f"in {decision.delay_s:.1f} s", cause=decision.cause.value, action=decision.action.value,
+                     delay_s=round(decision.delay_s, 3), remedies=decision.remedies.as_json() or None)
+        self.pending = Pending(decision=decision, explicit_checkpoint=self.pending.explicit_checkpoint)
+
+    def _apply_remedies(self, decision: Decision) -> None:
+        r = decision.remedies
+        if r.rungs:
+            self.remedy_env.update(r.env)
+            self.remedy_args = merge_args(self.remedy_args, r.args)
+            self.skip_batches = max(self.skip_batches, r.skip_batches)
+            self._record("remedies_applied", "warning",
+                         f"{decision.cause.value} repeated: applying remedies {list(r.rungs)} of "
+                         f"[on.{decision.cause.value}] to the next attempts", env=dict(r.env), args=list(r.args),
+                         skip_batches=r.skip_batches)
+
+    def _timer(self, _ev: TimerFired) -> None:
+        if self.state is State.BACKOFF:
+            self._launch()
+
+    def _give_up(self, reason: str, cause: Cause) -> None:
+        self._move(State.GAVE_UP, cause.value)
+        self._record("gave_up", "critical", f"gave up: {reason}. The job is not restarted; a human should "
+                                            f"look at the journal, `transformer-supervisor history` and the "
+                                            f"state dir {self.state_dir}", cause=cause.value)
+        self._finish(State.GAVE_UP, EXIT_GAVE_UP, reason)
+
+    def _finish(self, state: State, code: int, reason: str) -> None:
+        self._move(state, reason)
+        if state is not State.GAVE_UP:
+            self._record("daemon_exiting", "info", reason, exit_code=code)
+        self.exit_reason, self.exit_code = reason, code
+        self._do(Finish(state.value, code, reason))
+
+    # ------------------------------------------------------------------ requests
+    def _stop_requested(self, ev: StopRequested) -> None:
+        if ev.signal is not None:
+            self._record("signal_received", "info", f"received {ev.signal}"
+                         + ("; stopping the job gracefully" if self.stop_requests == 0 else "; escalating to SIGKILL"))
+        self.stop_requests += 1
+        if self.state is State.BACKOFF or self.preparing or (not self.spawned and self.state is State.STARTING):
+            self.preparing = False
+            self._finish(State.STOPPED, EXIT_OK, "stopped on request while waiting to restart")
+        elif self.state is State.STOPPING:
+            self.pending.exit_after = True
+            self.pending.decision = None
+            if ev.escalate_on_repeat and self.stop_requests > 1:
+                self._do(EscalateStop())
+        elif self.state in (State.STARTING, State.RUNNING):
+            s = self.cfg.shutdown
+            self._record("stop_requested", "info", f"stop requested; stopping the job ({s.mode}, grace "
+                                                   f"{s.grace_s:g} s), then the daemon exits 0")
+            self.pending = Pending(exit_after=True)
+            self._begin_stop(self._plan_for(None, None))
+        self._do(Reply({"accepted": True, "message": "stopping the job gracefully, then the daemon exits 0"}))
+
+    def _restart_requested(self, ev: RestartRequested) -> None:
+        if self.state not in (State.STARTING, State.RUNNING, State.BACKOFF) or (
+                self.state is State.STARTING and not self.spawned):
+            raise Conflict(f"cannot restart while {self.state.value}"
+                           + (" (a launch is being prepared)" if self.preparing else ""))
+        action = Action.ROLLBACK if ev.rollback else Action.RESTART
+        decision = Decision(action, Cause.MANUAL, f"operator request ({ev.reason})")
+        self.pending = Pending(decision=decision, explicit_checkpoint=ev.checkpoint)
+        if self.state is State.BACKOFF:
+            self._do(ArmTimer(0.0), Reply({"accepted": True, "message": "restarting now (was waiting in backoff)"}))
+            return
+        self.root = Detection(Cause.MANUAL, f"operator restart: {ev.reason}", "control", at=ev.wall)
+        self._record("restart_requested", "warning", f"operator restart ({ev.reason}); stopping the job, then "
+                     f"{action.value}" + (f" from {ev.checkpoint}" if ev.checkpoint else ""), cause="manual")
+        self._begin_stop(self._plan_for(Cause.MANUAL, decision))
+        self._do(Reply({"accepted": True, "message": f"stopping the job, then {action.value}"}))
+
+    def _checkpoint_requested(self, _ev: CheckpointRequested) -> None:
+        if not self.spawned or self.state not in (State.STARTING, State.RUNNING):
+            raise Conflict(f"no running job (state {self.state.value})")
+        name = self.cfg.shutdown.checkpoint_signal
+        self._do(SignalJob(signal_number(name)))
+        self._record("checkpoint_requested", "info", f"sent {name} to the job: it should write a checkpoint "
+                                                     "at its next step boundary and keep training")
+        self._do(Reply({"signal": name, "pgid": self.pgid}))
+
+
+def _what_next(decision: Decision) -> str:
+    if decision.action is Action.GIVE_UP:
+        return f"giving up after stopping the job ({decision.reason})"
+    return (f"stopping the job, then {decision.action.value} in {decision.delay_s:.1f} s "
+            f"(restart {decision.restarts_in_window}/{decision.max_restarts}; {decision.reason})")

@@ -1,0 +1,279 @@
+"""The real implementations of the job launcher, checkpoint store and health gate ports."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Sequence
+
+import structlog
+
+from ..config import Config
+from ..core.messages import EndAttempt, ExitInfo, Resume
+from ..events import Action, MetricRecord, Monitor
+from ..osapi import OsApi, become_subreaper
+from ..output import SinkFanout
+from ..process import JobProcess, LaunchSpec, cgroup_oom_kills, classify_exit
+from .concerns import close_each
+from .ports import Concern, DaemonView, GateVerdictLike, Job
+
+log = structlog.get_logger("supervisor.daemon")
+
+
+class ProcessLauncher:
+    """Real processes: :class:`~supervisor.process.JobProcess`, output to the fanout and the
+    passthrough, exits classified with the kernel's and the cgroup's OOM evidence."""
+
+    def __init__(self, fanout: SinkFanout, passthrough: BinaryIO | None, osapi: OsApi) -> None:
+        self.fanout = fanout
+        self.passthrough = passthrough
+        self.osapi = osapi
+        self._oom_kills_before: int | None = None
+        self._subreaper = False
+
+    def launch(self, spec: LaunchSpec, log_path: Path | None, on_eof: Callable[[str], None]) -> JobProcess:
+        if not self._subreaper:
+            # Orphaned descendants of the job get re-parented to us (not init), so we can find and
+            # reap them: nothing of a job survives a relaunch, and no zombie is left behind.
+            self._subreaper = True
+            become_subreaper()
+        self._oom_kills_before = cgroup_oom_kills()
+        return JobProcess(spec, self.fanout, self.passthrough, log_path, on_eof, self.osapi)
+
+    def exit_info(self, job: Job, *, evidence: bool) -> ExitInfo:
+        if job.status is None:
+            return ExitInfo(None, None, None, "not reaped")
+        if not evidence:
+            return classify_exit(job.status, [], None)
+        return classify_exit(job.status, list(job.known), self._oom_kills_before)
+
+
+def newest_checkpoint(svc: Any) -> Any:
+    """The newest complete checkpoint by a fresh discovery scan: its own short lock, never the
+    service's, which a load test on the preparation thread may hold for seconds."""
+    from ..checkpoints.discovery import Layout
+
+    cands = [c for c in svc.discovery.scan() if c.layout is not Layout.LAST_GOOD]
+    return cands[0] if cands else None
+
+
+def _key(c: Any) -> Any:
+    return None if c is None else (str(c.path), c.mtime, c.size)
+
+
+def remedy_keys(cfg: Config) -> list[str]:
+    """Launch-arg keys that remedies change: the checkpoint config diff allows them."""
+    keys: list[str] = []
+    for oc in cfg.on.values():
+        for rem in oc.remedies:
+            for a in rem.args:
+                if a.startswith("-"):
+                    keys.append(a.split("=", 1)[0].lstrip("-"))
+            keys += list(rem.env)
+    return keys
+
+
+class CheckpointConcern(Concern):
+    """The checkpoint store (verify, quarantine, choose) and its bookkeeping per attempt; with
+    no checkpoint dir configured every resume is a fresh start."""
+
+    name = "checkpoints"
+
+    def __init__(self) -> None:
+        self.svc: Any = None  # CheckpointService once started, when a checkpoint dir is configured
+        self.daemon: DaemonView | None = None
+        self._newest_at_launch: Any = None
+        self._ended: tuple[Any, str, bool, int | None] | None = None
+        self._newest_cache: Any = None
+        self._newest_at = float("-inf")
+        self._verified_key: Any = None
+        self._verifier: threading.Thread | None = None
+
+    def start(self, daemon: DaemonView) -> None:
+        from ..checkpoints.service import CheckpointService
+
+        self.daemon = daemon
+        cfg = daemon.cfg
+        d = cfg.checkpoint_dir()
+        if d is None:
+            return
+        d.mkdir(parents=True, exist_ok=True)
+        self.svc = CheckpointService(cfg.checkpoints, d, daemon.state_dir, cfg.job.python, list(cfg.job.command),
+                                     cfg.workdir(), remedy_keys=remedy_keys(cfg))
+
+    # -- the port -------------------------------------------------------------------------
+    def book_last_attempt(self) -> str | None:
+        """On the preparation thread: book the last attempt's result against its checkpoint
+        (a checkpoint failed from twice is marked bad); a reason to give up on no progress."""
+        ended, self._ended = self._ended, None
+        if self.svc is None or ended is None:
+            return None
+        assert self.daemon is not None
+        ckpt, cause, newer, step = ended
+        if self.svc.note_attempt_result(ckpt, cause, newer, step=step):
+            self.daemon.event("checkpoint_marked_bad", "warning",
+                              f"checkpoint {ckpt} is marked bad: the job failed from it ({cause}) without producing "
+                              "a newer one; the next resume uses an older ready checkpoint", path=ckpt, cause=cause)
+        if not self.svc.no_progress():
+            return None
+        return (f"no progress: {self.svc.attempts_without_progress()} attempts in a row failed without a newer "
+                f"checkpoint (steps resumed from: {self.svc.steps_seen()}; "
+                f"checkpoints.no_progress_attempts = {self.daemon.cfg.checkpoints.no_progress_attempts})")
+
+    def choose(self, action: Action, onset_step: int | None, explicit: str | None,
+               metrics: Sequence[MetricRecord]) -> Resume:
+        """On the preparation thread: verify, quarantine, choose (seconds)."""
+        if explicit:
+            return Resume(explicit, None, "the operator's choice (restart --from)")
+        if self.svc is None:
+            return Resume(None, None, "no checkpoint dir configured")
+        from ..checkpoints.quicklist import metrics_from_records
+
+        assert self.daemon is not None
+        svc, event = self.svc, self.daemon.event
+        svc.set_writer_active(False)  # the previous attempt's group is gone
+        svc.preserve_single_checkpoints()
+        choice = svc.choose_for_resume(action, onset_step, metrics_from_records(list(metrics)))
+        for q in getattr(svc, "last_quarantined", ()) or ():
+            event("checkpoint_quarantined", "warning",  # the service logged it; keep it in the ledger
+                  f"checkpoint {q.source} is bad ({q.reason}); moved to {q.dest} (never deleted)",
+                  ledger_only=True, source=str(q.source), dest=str(q.dest), reason=q.reason)
+        self._newest_at_launch = _key(newest_checkpoint(svc))
+        if choice is None:
+            return Resume(None, None, "no ready checkpoint: " + ("every candidate failed the quicklist"
+                                                                 if svc.scan() else "none written yet"))
+        rd = choice.readiness.to_json() if choice.readiness is not None else None
+        event("checkpoint_chosen", "info", f"resuming from {choice.path} (step {choice.step}): {choice.reason}"
+              + (f"; passed over {len(choice.skipped)} newer" if choice.skipped else ""), ledger_only=True,
+              path=str(choice.path), step=choice.step, skipped=[list(x) for x in choice.skipped] or None, readiness=rd)
+        return Resume(str(choice.path), choice.step, choice.reason)
+
+    def emergency_checkpoint_probe(self) -> Callable[[], bool] | None:
+        if self.svc is None:  # no checkpoint dir configured: nothing to wait for
+            return None
+        before = _key(newest_checkpoint(self.svc))
+
+        def probe() -> bool:
+            # A new complete checkpoint (not a temp file, settled) is the emergency one.
+            key = _key(newest_checkpoint(self.svc))
+            return key is not None and key != before
+
+        return probe
+
+    # -- the concern ----------------------------------------------------------------------
+    def attempt_started(self, ctx: Any, resume: Resume, wall: float) -> None:
+        if self.svc is not None:
+            self.svc.set_writer_active(True)
+
+    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
+        if self.svc is None or not end.spawned or end.cause is None or not end.counted:
+            return
+        # Only noted here: the service's bookkeeping takes its lock, which a background load test
+        # may hold for seconds, so it happens on the launch-preparation thread (book_last_attempt).
+        self.svc.set_writer_active(False)  # the attempt's group is gone: nothing still writes
+        newer = _key(newest_checkpoint(self.svc)) != self._newest_at_launch
+        self._ended = (resume.checkpoint, end.cause.value, newer, resume.step)
+
+    def tick(self, now: float) -> None:
+        """A checkpoint that appeared while the job runs is verified on a thread of its own."""
+        d = self.daemon
+        if self.svc is None or d is None or not d.cfg.checkpoints.verify_in_background or not d.has_job:
+            return
+        newest = self.newest()
+        key = _key(newest)
+        if key is None or key == self._verified_key or (self._verifier and self._verifier.is_alive()):
+            return
+        self._verified_key = key
+        svc = self.svc
+
+        def verify() -> None:
+            try:
+                row = svc.verify_newest()
+            except Exception as e:
+                log.warning("checkpoint_background_verify_failed", error=repr(e))
+                return
+            if row is not None and not row.ready:
+                log.warning("checkpoint_not_ready", path=str(row.path), reasons=list(row.reasons),
+                            message=f"the newest checkpoint {row.path} fails the readiness quicklist: "
+                                    f"{'; '.join(row.reasons)}; a restart would use an older one")
+
+        self._verifier = threading.Thread(target=verify, name="checkpoint-verify", daemon=True)
+        self._verifier.start()
+
+    def newest(self) -> Any:
+        """The newest complete checkpoint, at most every 5 s (status, the host monitor's disk check)."""
+        if self.svc is None:
+            return None
+        now = time.monotonic()
+        if now - self._newest_at >= 5.0:
+            self._newest_at = now
+            self._newest_cache = newest_checkpoint(self.svc)
+        return self._newest_cache
+
+    def status(self) -> dict[str, Any]:
+        newest = self.newest()
+        if newest is None:
+            return {}
+        return {"newest_checkpoint": str(newest.path),
+                "seconds_since_last_good_checkpoint": round(max(0.0, time.time() - newest.mtime), 1)}
+
+
+class HealthConcern(Concern):
+    """The GPU and host monitors of every attempt, and the pre-launch health gate."""
+
+    name = "health"
+
+    def __init__(self, newest_checkpoint_bytes: Callable[[], int | None] = lambda: None) -> None:
+        self._newest_bytes = newest_checkpoint_bytes
+        self.gpu_mon: Any = None
+        self.host_mon: Any = None
+        self.launch_gate: Any = None
+        self.daemon: DaemonView | None = None
+
+    def start(self, daemon: DaemonView) -> None:
+        from ..health import GpuMonitor, HostMonitor, LaunchGate, make_backend
+
+        self.daemon = daemon
+        cfg = daemon.cfg
+        ckdir = cfg.checkpoint_dir()
+        try:
+            backend = make_backend(cfg.gpu.backend)
+        except Exception as e:  # a broken GPU stack must not stop supervision: say we are blind
+            daemon.event("gpu_blind", "warning", f"GPU backend unavailable ({e}); GPU checks say 'unavailable'")
+            return
+        self.gpu_mon = GpuMonitor(backend, cfg.gpu, on_blind=lambda reason: daemon.event(
+            "gpu_blind", "warning", f"cannot see the GPUs: {reason}; GPU checks are unavailable (never 'healthy')",
+            ledger_only=True))
+        self.host_mon = HostMonitor(cfg.host, checkpoint_dir=ckdir, state_dir=daemon.state_dir,
+                                    last_checkpoint_bytes=self._newest_bytes)
+        self.launch_gate = LaunchGate(backend, cfg.gpu, checkpoint_dir=ckdir, storage_probe=cfg.host.storage_probe)
+
+    def check(self, previous_pids: Sequence[int]) -> GateVerdictLike | None:
+        if self.launch_gate is None:
+            return None
+        verdict = self.launch_gate.check(previous_pids)
+        assert self.daemon is not None
+        self.daemon.event("health_gate", "info" if verdict.passed else "error",
+                          f"pre-launch health gate: {verdict.summary()}", ledger_only=True,
+                          passed=verdict.passed, waited_s=verdict.waited_s)
+        return verdict  # type: ignore[no-any-return]
+
+    def monitors(self) -> list[Monitor]:
+        return [m for m in (self.gpu_mon, self.host_mon) if m is not None]
+
+    def snapshot(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, mon in (("gpu", self.gpu_mon), ("host", self.host_mon)):
+            if mon is not None:
+                try:
+                    out[key] = mon.snapshot()
+                except Exception as e:
+                    out[key] = {"error": repr(e)}
+        return out
+
+    def status(self) -> dict[str, Any]:
+        return {"gpus": self.gpu_mon.gpus()} if self.gpu_mon is not None else {}
+
+    def close(self) -> None:
+        close_each(self.gpu_mon)

@@ -1,0 +1,287 @@
+"""The concerns that plug into the runner: the job's output and heartbeats, post-reboot
+validation, goodput, and the operator's side (control socket, Prometheus, systemd status)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import structlog
+
+from ..core.causes import Cause
+from ..core.messages import EndAttempt, Resume
+from ..events import AttemptContext, Detection, MetricRecord, Monitor
+from ..goodput import Track, goodput_of, tracks_from_rows
+from .ports import Concern, DaemonView, Notifier
+
+log = structlog.get_logger("supervisor.daemon")
+
+STATUS_EVERY_S = 0.25  # the status cache, the Prometheus gauges, systemd's STATUS= line
+GOODPUT_EVERY_S = 5.0
+
+
+class OpsConcern(Concern):
+    """The control socket, the Prometheus endpoint or textfile, systemd's status line."""
+
+    name = "ops"
+
+    def __init__(self, notifier: Notifier) -> None:
+        self.notifier = notifier
+        self.control: Any = None
+        self.metrics: Any = None
+        self.daemon: DaemonView | None = None
+        self._last_status = float("-inf")
+        self._status_line = ""
+
+    def start(self, daemon: DaemonView) -> None:
+        from ..ops.control import ControlServer
+        from ..ops.metrics import Metrics
+
+        self.daemon = daemon
+        self.control = ControlServer(daemon.state_dir, daemon.control)
+        self.control.start()
+        mc = daemon.cfg.metrics
+        if mc.listen or mc.textfile:
+            self.metrics = Metrics(mc)
+            try:
+                self.metrics.start()
+            except OSError as e:  # a taken port must not stop the supervision of a training run
+                daemon.event("metrics_unavailable", "error", f"cannot serve Prometheus metrics on {mc.listen}: "
+                             f"{e}; supervising without the endpoint")
+
+    def tick(self, now: float) -> None:
+        if self.daemon is None or now - self._last_status < STATUS_EVERY_S:
+            return
+        self._last_status = now
+        st = self.daemon.refresh_status_cache()
+        if self.metrics is not None:
+            try:
+                self.metrics.update(st)
+            except Exception as e:
+                log.warning("metrics_update_failed", error=repr(e))
+        line = status_line(st)
+        if line != self._status_line:
+            self._status_line = line
+            self.notifier.status(line)
+
+    def close(self) -> None:
+        close_each(self.control, self.metrics)
+
+
+def close_each(*parts: Any) -> None:
+    """Close every part; one that fails is logged and the others are still closed."""
+    for part in parts:
+        if part is not None:
+            try:
+                part.close()
+            except Exception as e:
+                log.warning("part_close_failed", part=type(part).__name__, error=repr(e))
+
+
+def status_line(st: Mapping[str, Any]) -> str:
+    """systemd's STATUS= line: state, attempt, step, loss."""
+    lm = st.get("last_metric") or {}
+    parts = [f"{st.get('state')}", f"attempt {st.get('attempt')}"]
+    if lm.get("step") is not None:
+        parts.append(f"step {lm['step']}")
+    if lm.get("loss") is not None:
+        parts.append(f"loss {lm['loss']:.4g}")
+    return ", ".join(parts)
+
+
+class WatchConcern(Concern):
+    """The job's output (log watcher and detectors), its heartbeats and liveness, tailed files."""
+
+    name = "watch"
+
+    def __init__(self) -> None:
+        self.heartbeat: Any = None
+        self.logwatch: Any = None
+        self.tailer: Any = None
+        self.daemon: DaemonView | None = None
+
+    def start(self, daemon: DaemonView) -> None:
+        from ..watch.heartbeat import HeartbeatMonitor
+        from ..watch.logwatch import LogWatcher
+        from ..watch.tail import FileTailer
+
+        self.daemon = daemon
+        cfg = daemon.cfg
+        concern = self
+
+        class _ToLogWatch:
+            # The heartbeat monitor tails the client's metric files into the log watcher, which in
+            # turn tells the heartbeat monitor about progress: this breaks the construction cycle.
+            def feed(self, source: str, lines: Any) -> None:
+                concern.logwatch.feed(source, lines)
+
+        self.heartbeat = HeartbeatMonitor(cfg.heartbeat, metrics_sink=_ToLogWatch(), wall=daemon.clock.time)
+        self.logwatch = LogWatcher(cfg.detectors, daemon.emit, daemon.on_metric, progress=self.heartbeat,
+                                   clock=daemon.clock.monotonic)
+        daemon.fanout.add(self.logwatch)
+        if cfg.job.watch_files:
+            self.tailer = FileTailer(list(cfg.job.watch_files), cfg.workdir(), self.logwatch)
+
+    def monitors(self) -> list[Monitor]:
+        return [m for m in (self.heartbeat, self.tailer) if m is not None]
+
+    def job_env(self) -> dict[str, str]:
+        from ..watch.heartbeat import client_env
+
+        assert self.daemon is not None
+        return client_env(self.daemon.cfg.heartbeat)
+
+    def before_spawn(self, attempt: int, resume: Resume) -> None:
+        """Detectors start afresh for the new attempt before its first line can arrive."""
+        if self.logwatch is not None:
+            self.logwatch.reset(attempt, resume.step if resume.checkpoint else None)
+
+    def job_hung(self, attempt: int, pids: Sequence[int]) -> None:
+        """Before a hung job is killed: every process's Python stack, into the state dir."""
+        d = self.daemon
+        assert d is not None
+        hb = d.cfg.heartbeat
+        if not hb.dump_stacks or not pids:
+            return
+        from ..watch.stacks import dump_stacks
+
+        path = dump_stacks(pids, d.state_dir / "stacks", native=hb.dump_stacks_native,
+                           timeout_s=hb.dump_stacks_timeout_s, label=f"attempt{attempt}-hang")
+        if path is not None:
+            d.event("stacks_dumped", "warning", f"saved the Python stacks of the hung job ({len(pids)} "
+                    f"processes) to {path} before stopping it", path=str(path))
+        else:
+            d.event("stacks_unavailable", "warning", "py-spy is not installed: no stack dump of the hung job "
+                    "(pip install 'transformer-supervisor[diagnostics]')", ledger_only=True)
+
+    def status(self) -> dict[str, Any]:
+        if self.heartbeat is None:
+            return {}
+        return {"heartbeats": {str(k): round(v, 3) for k, v in self.heartbeat.heartbeats().items()}}
+
+    def close(self) -> None:
+        close_each(self.heartbeat, self.tailer)
+
+
+class GoodputConcern(Concern):
+    """Each attempt's progress, for goodput (rebuilt from the ledger after a daemon restart)."""
+
+    name = "goodput"
+
+    def __init__(self) -> None:
+        self.tracks: dict[int, Track] = {}
+        self.daemon: DaemonView | None = None
+        self._cached: dict[str, Any] | None = None
+        self._cached_at = float("-inf")
+
+    def start(self, daemon: DaemonView) -> None:
+        self.daemon = daemon
+        try:
+            self.tracks = tracks_from_rows(daemon.ledger.attempts(daemon.run_id), daemon.ledger.metrics(daemon.run_id))
+        except Exception as e:
+            log.warning("goodput_history_unreadable", error=repr(e))
+
+    def startups(self, but: int) -> list[float]:
+        """Launch -> first step of every attempt except ``but``."""
+        return [s for a, t in self.tracks.items() if a != but and (s := t.startup()) is not None]
+
+    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
+        self.tracks[ctx.attempt] = Track(wall, resume.step if resume.checkpoint else None)
+
+    def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None:
+        assert self.daemon is not None
+        track = self.tracks.get(self.daemon.attempt)
+        if track is not None:
+            for m in batch:
+                if m.step is not None:
+                    track.add(m.at, m.step)
+
+    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
+        track = self.tracks.get(end.attempt)
+        if track is not None:
+            track.ended_at = wall
+            track.cause = end.cause.value if end.cause else None
+        self._cached_at = float("-inf")
+
+    def goodput(self) -> dict[str, Any] | None:
+        assert self.daemon is not None
+        now = self.daemon.clock.monotonic()
+        if now - self._cached_at < GOODPUT_EVERY_S and self._cached is not None:
+            return self._cached
+        self._cached_at = now
+        gp = goodput_of(self.tracks, self.daemon.clock.time())
+        self._cached = gp.to_json() if gp is not None else None
+        return self._cached
+
+    def status(self) -> dict[str, Any]:
+        gp = self.goodput()
+        return {"goodput": gp["ratio"] if gp else None, "goodput_detail": gp}
+
+
+class ValidationConcern(Concern):
+    """Post-reboot validation: the first steps after every resume against the run before it
+    (:mod:`supervisor.validation`); a failure becomes a ``validation_failed`` detection."""
+
+    name = "validation"
+
+    def __init__(self, goodput: GoodputConcern) -> None:
+        self.goodput = goodput  # earlier attempts' start-up times
+        self.validator: Any = None
+        self.last: dict[str, Any] | None = None
+        self.daemon: DaemonView | None = None
+
+    def start(self, daemon: DaemonView) -> None:
+        self.daemon = daemon
+
+    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
+        d = self.daemon
+        assert d is not None
+        self.validator = None
+        vc = d.cfg.validation
+        if not (resume.checkpoint and vc.enabled):
+            return
+        from ..validation import Baseline, Validator
+
+        baseline = Baseline.from_history(list(d.metric_history), resume.step, self.goodput.startups(ctx.attempt))
+        self.validator = Validator(vc, baseline, resume.step, ctx.started_monotonic)
+        d.event("validation_started", "info",
+                f"validating the first {vc.steps} steps after resuming from step {resume.step}"
+                + (f" (reference loss {baseline.loss_at_resume:.4g})" if baseline.loss_at_resume is not None
+                   else " (no loss recorded at that step: loss check skipped)"),
+                reference_loss=baseline.loss_at_resume, grad_norm_p99=baseline.grad_norm_p99,
+                throughput_median=baseline.throughput_median)
+
+    def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None:
+        if self.validator is not None:
+            self._verdict(self.validator.feed(batch, now))
+
+    def tick(self, now: float) -> None:
+        if self.validator is not None and self.daemon is not None and self.daemon.has_job:
+            self._verdict(self.validator.poll(now))
+
+    def _verdict(self, verdict: Any) -> None:
+        if verdict is None:
+            return
+        d = self.daemon
+        assert d is not None
+        js = verdict.to_json()
+        self.last = js
+        d.ledger.update_attempt(d.run_id, d.attempt, validation_json=js)
+        if verdict.passed:
+            d.event("validation_passed", "info", f"post-reboot validation {verdict.summary}", checks=js["checks"])
+            return
+        d.event("validation_failed", "warning", f"post-reboot validation {verdict.summary}; the resumed state is "
+                "suspect", checks=js["checks"])
+        seen = self.validator.seen if self.validator else None
+        d.emit(Detection(Cause.VALIDATION_FAILED, f"post-reboot validation {verdict.summary}", "validation",
+                         step=max(seen) if seen else None, onset_step=verdict.resume_step, details=js))
+
+    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
+        if self.validator is not None and self.validator.verdict is None:
+            inc = self.validator.incomplete()
+            assert self.daemon is not None
+            self.daemon.ledger.update_attempt(self.daemon.run_id, end.attempt, validation_json=inc)
+            self.last = inc
+        self.validator = None
+
+    def status(self) -> dict[str, Any]:
+        return {"validation": self.last}

@@ -1,0 +1,244 @@
+"""The ports: every effect the runner has goes through one of these interfaces.
+
+Real implementations: :class:`~supervisor.osapi.Clock`, :class:`~supervisor.daemon.adapters.ProcessLauncher`
+(:class:`~supervisor.process.JobProcess`), :class:`~supervisor.ledger.Ledger`,
+:class:`~supervisor.daemon.adapters.CheckpointConcern`, :class:`~supervisor.daemon.adapters.HealthConcern`,
+:class:`~supervisor.ops.notify.Notifier`. Small fakes for tests: ``tests/fakes.py``.
+
+A :class:`Concern` plugs a part of the daemon (watchers, validation, goodput, checkpoints,
+health, the control socket) into fixed points of an attempt; every hook is optional, and the
+runner guards each call, so a failing concern is reported and the daemon goes on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
+
+from ..core.messages import EndAttempt, ExitInfo, GateResult, Resume
+from ..events import Action, AttemptContext, Detection, MetricRecord, Monitor
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..ledger import AttemptRow
+    from ..osapi import OsApi, ProcRef
+    from ..output import SinkFanout
+    from ..process import LaunchSpec
+
+
+class Clock(Protocol):
+    """Monotonic time for deadlines, wall time for the ledger, and a sleep."""
+
+    def monotonic(self) -> float: ...
+
+    def time(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class Job(Protocol):
+    """One running attempt: the leader, its process group, the pumps reading its pipes."""
+
+    pid: int
+    pgid: int
+    leader: "ProcRef"
+    known: Mapping[int, "ProcRef"]  # every descendant seen, with its start time
+    status: int | None  # the leader's raw wait status once reaped
+
+    def refresh_tree(self, now: float) -> None: ...
+
+    def reap_orphans(self) -> None: ...
+
+    def poll(self) -> int | None: ...
+
+    def group_alive(self) -> bool: ...
+
+    def signal_group(self, sig: int) -> None: ...
+
+    def pids(self) -> list[int]: ...
+
+    def pumps_done(self, timeout: float = 0.0) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class JobLauncher(Protocol):
+    def launch(self, spec: "LaunchSpec", log_path: Path | None, on_eof: Callable[[str], None]) -> Job:
+        """Spawn the job in a session of its own; raises OSError when it cannot start."""
+        ...
+
+    def exit_info(self, job: Job, *, evidence: bool) -> ExitInfo:
+        """How the leader ended; ``evidence``: look for OOM-killer evidence (kernel log, cgroup)."""
+        ...
+
+
+class LedgerStore(Protocol):
+    """The run ledger (all SQL lives in :mod:`supervisor.ledger`)."""
+
+    def open_run(self, name: str, config_json: Mapping[str, Any]) -> tuple[str, bool]: ...
+
+    def end_run(self, run_id: str, state: str, exit_code: int, reason: str) -> None: ...
+
+    def next_attempt_number(self, run_id: str) -> int: ...
+
+    def begin_attempt(self, run_id: str, attempt: int, argv: list[str], cwd: str, env: Mapping[str, str],
+                      snapshot: Mapping[str, Any] | None, checkpoint: str | None, resume_step: int | None,
+                      remedies: list[Any], gate: Mapping[str, Any] | None) -> None: ...
+
+    def set_attempt_process(self, run_id: str, attempt: int, pid: int, pgid: int, ctime: float) -> None: ...
+
+    def update_attempt(self, run_id: str, attempt: int, **fields: Any) -> None: ...
+
+    def end_attempt(self, run_id: str, attempt: int, *, exit_code: int | None, signal: str | None,
+                    cause: str | None, action: str | None, summary: str, counted: bool = True,
+                    detection: Mapping[str, Any] | None = None, decision: Mapping[str, Any] | None = None,
+                    shutdown: Mapping[str, Any] | None = None) -> None: ...
+
+    def attempts(self, run_id: str) -> list["AttemptRow"]: ...
+
+    def event(self, run_id: str, attempt: int | None, event: str, level: str, message: str | None,
+              data: Mapping[str, Any] | None = None) -> None: ...
+
+    def metrics_batch(self, run_id: str, attempt: int, rows: list[tuple[float, Any, Any, Any, Any, Any]]) -> None: ...
+
+    def metrics(self, run_id: str) -> Iterator[Any]: ...
+
+    def close(self) -> None: ...
+
+
+class CheckpointStore(Protocol):
+    """Where attempts resume from. ``choose`` and ``book_last_attempt`` run on the
+    launch-preparation thread (they verify and may take seconds)."""
+
+    def book_last_attempt(self) -> str | None:
+        """Book the last attempt against its checkpoint; a reason to give up on no progress."""
+        ...
+
+    def choose(self, action: Action, onset_step: int | None, explicit: str | None,
+               metrics: Sequence[MetricRecord]) -> Resume: ...
+
+    def emergency_checkpoint_probe(self) -> Callable[[], bool] | None:
+        """For a hybrid stop: true once a new checkpoint appeared; None without a checkpoint dir."""
+        ...
+
+
+class GateVerdictLike(GateResult, Protocol):
+    def to_dict(self) -> dict[str, object]: ...
+
+
+class HealthGate(Protocol):
+    def check(self, previous_pids: Sequence[int]) -> GateVerdictLike | None:
+        """The pre-launch health gate (may wait for GPU memory); None when there is none."""
+        ...
+
+
+class Notifier(Protocol):
+    """systemd's notify socket (a no-op outside systemd)."""
+
+    def ready(self, status: str | None = None) -> bool: ...
+
+    def reloading(self) -> bool: ...
+
+    def stopping(self, status: str | None = None) -> bool: ...
+
+    def status(self, text: str) -> bool: ...
+
+    def watchdog(self, *, force: bool = False) -> bool: ...
+
+    def extend_timeout(self, seconds: float) -> bool: ...
+
+
+class EnvironmentProbe(Protocol):
+    """What an attempt runs on: library versions of the job's Python, git state, host (probed
+    once, on the launch-preparation thread), plus the world size and what the monitors saw."""
+
+    def probe(self, cfg: "Config") -> Mapping[str, Any]: ...
+
+    def of_attempt(self, cfg: "Config", spec: "LaunchSpec", extra: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+class DaemonView(Protocol):
+    """What a concern may see and call of the running daemon."""
+
+    cfg: "Config"  # the current config (a reload replaces it)
+    state_dir: Path
+    run_id: str
+    ledger: LedgerStore
+    clock: Clock
+    fanout: "SinkFanout"
+
+    @property
+    def attempt(self) -> int: ...
+
+    @property
+    def metric_history(self) -> Sequence[MetricRecord]: ...
+
+    @property
+    def has_job(self) -> bool:
+        """A job was spawned for the current attempt (it may have exited since)."""
+        ...
+
+    def emit(self, d: Detection) -> None: ...
+
+    def on_metric(self, rec: MetricRecord) -> None: ...
+
+    def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None: ...
+
+    def control(self, verb: str, args: Mapping[str, Any], timeout: float = 20.0) -> Any: ...
+
+    def refresh_status_cache(self) -> dict[str, Any]: ...
+
+
+class Concern:
+    """A part of the daemon plugged into fixed points of the run; every hook is a no-op here."""
+
+    name = "concern"
+
+    def start(self, daemon: DaemonView) -> None:
+        """Once, when the daemon starts (a failure here stops the daemon with exit 3)."""
+
+    def close(self) -> None:
+        """Once, when the daemon exits."""
+
+    def monitors(self) -> Sequence[Monitor]:
+        """The monitors to start for each attempt."""
+        return ()
+
+    def job_env(self) -> Mapping[str, str]:
+        return {}
+
+    def before_spawn(self, attempt: int, resume: Resume) -> None:
+        """Right before the job is spawned (before its first line can arrive)."""
+
+    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None: ...
+
+    def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None: ...
+
+    def job_hung(self, attempt: int, pids: Sequence[int]) -> None:
+        """Before a hung job is stopped."""
+
+    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None: ...
+
+    def tick(self, now: float) -> None: ...
+
+    def status(self) -> Mapping[str, Any]:
+        return {}
+
+    def snapshot(self) -> Mapping[str, Any]:
+        """What the attempt runs on (GPUs, host), for the ledger."""
+        return {}
+
+
+@dataclass
+class Ports:
+    """Every effect the runner has, in one place (built by :mod:`supervisor.daemon.wiring`)."""
+
+    clock: Clock
+    launcher: JobLauncher
+    ledger: LedgerStore
+    checkpoints: CheckpointStore
+    gate: HealthGate
+    notifier: Notifier
+    osapi: "OsApi"  # the process table, for a job group a previous daemon left running
+    environment: EnvironmentProbe

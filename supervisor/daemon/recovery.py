@@ -1,0 +1,64 @@
+"""After a daemon crash (kill -9, the systemd watchdog): close what the previous daemon left open.
+
+A job group left running is stopped (matched by pid AND start time, never a reused pid), its
+attempt is closed as not counted, and the attempts that ended before become the history the
+policy counts the restart budget on.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any, Callable
+
+from ..config import Config
+from ..core.causes import Cause
+from ..osapi import OsApi, ProcRef
+from ..policy import PastAttempt
+from .ports import Clock, LedgerStore
+
+Event = Callable[..., None]
+
+
+def close_previous_life(ledger: LedgerStore, run_id: str, cfg: Config, osapi: OsApi, clock: Clock,
+                        event: Event) -> list[PastAttempt]:
+    """Close the attempts a previous daemon left open; the history of the ended ones."""
+    for r in ledger.attempts(run_id):
+        if r.ended_at is None:
+            stopped = stop_leftover(r, cfg.shutdown.leftover_grace_s, osapi, clock)
+            ledger.end_attempt(run_id, r.attempt, exit_code=None, signal=None, cause=None, action=None,
+                               summary="the daemon was restarted while this attempt ran"
+                                       + ("; its leftover job group was stopped" if stopped else ""),
+                               counted=False)
+            event("previous_attempt_closed", "warning",
+                  f"attempt {r.attempt} was running when the previous daemon died; "
+                  + ("its job group was still alive and has been stopped" if stopped
+                     else "its job is already gone") + "; continuing the same run")
+    history = []
+    causes = {c.value for c in Cause}
+    for r in ledger.attempts(run_id):
+        if r.ended_at is not None:
+            cause = Cause(r.cause) if r.cause in causes else None
+            history.append(PastAttempt(r.attempt, cause, r.ended_at, r.ended_at - r.started_at, r.counted))
+    return history
+
+
+def stop_leftover(r: Any, grace_s: float, osapi: OsApi, clock: Clock) -> bool:
+    """SIGTERM, a short grace, SIGKILL to a job group of the previous life; False when none is left."""
+    if r.pgid is None:
+        return False
+    leader = ProcRef(r.pid, r.leader_ctime or 0.0) if r.pid else None
+
+    def members() -> list[int]:
+        # Only processes started after the attempt (a reused pgid is someone else's).
+        return [p for p in osapi.group_members(r.pgid) if osapi.started_after(p, r.started_at - 5)]
+
+    if not members() and not (leader and leader.alive()):
+        return False
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        osapi.killpg(r.pgid, sig)
+        deadline = clock.monotonic() + wait
+        while clock.monotonic() < deadline:
+            if not members():
+                return True
+            clock.sleep(0.05)
+    return True

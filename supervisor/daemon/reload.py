@@ -1,0 +1,50 @@
+"""``systemctl reload`` (SIGHUP, the reload verb): read the config file again and say what changes.
+
+Sections whose objects are built once at daemon start are recorded and apply after a daemon
+restart; ``job``, ``policy``, ``shutdown``, ``on`` and ``validation`` apply at the next launch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import configschema
+from ..config import Config, ConfigError, load_config
+from ..process import is_secret
+
+# Config sections whose objects are built once at daemon start: a reload records them, a
+# daemon restart applies them.
+RESTART_SECTIONS = ("state", "log", "heartbeat", "detectors", "checkpoints", "gpu", "host", "metrics", "systemd")
+
+
+def reload_config(current: Config, config_path: Path | None, state_dir: Path,
+                  event: Callable[..., None]) -> tuple[Config | None, dict[str, Any]]:
+    """The new config (None: keep the running one) and the reply to the operator."""
+    if config_path is None:
+        event("reload_ignored", "warning", "reload requested but the daemon runs without a config file "
+              "(wrap with flags only); nothing to reload")
+        return None, {"reloaded": False, "reason": "no config file"}
+    try:
+        new = load_config(config_path)
+    except ConfigError as e:
+        problems = [str(p) for p in e.problems]
+        event("reload_rejected", "error", f"reload of {config_path} rejected, keeping the running config: "
+              + "; ".join(problems), problems=problems)
+        return None, {"reloaded": False, "problems": problems}
+    changed = configschema.diff(current, new)
+    if new.state_dir().resolve() != state_dir:
+        changed.pop("state.dir", None)
+        event("reload_partial", "warning", "state.dir cannot change while running; restart the daemon")
+        new = new.__class__(**{**{f: getattr(new, f) for f in new.__dataclass_fields__}, "state": current.state})
+    # Sections read once at daemon start (monitors, services, listeners) need a restart.
+    later = sorted(k for k in changed if k.split(".", 1)[0] in RESTART_SECTIONS)
+    if later:
+        event("reload_needs_restart", "warning",
+              f"{len(later)} changed key(s) take effect only after a daemon restart: {', '.join(later)}", keys=later)
+    event("config_reloaded", "info",
+          f"config reloaded from {config_path}: {len(changed)} key(s) changed"
+          + (f" ({', '.join(sorted(changed))})" if changed else "") + "; applied at the next launch",
+          changed={k: (["<redacted>", "<redacted>"] if is_secret(k.rsplit(".", 1)[-1]) else [str(a), str(b)])
+                   for k, (a, b) in changed.items()})
+    return new, {"reloaded": True, "changed": sorted(changed)}

@@ -1,0 +1,38 @@
+"""The one place that builds the daemon from a config: the ports, the concerns, the runner."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import BinaryIO, Sequence
+
+from ..config import Config
+from ..ledger import Ledger
+from ..ops.notify import Notifier
+from ..osapi import Clock, OsApi
+from ..output import SinkFanout
+from ..runner import Runner
+from .adapters import CheckpointConcern, HealthConcern, ProcessLauncher
+from .concerns import GoodputConcern, OpsConcern, ValidationConcern, WatchConcern
+from .launch import Environment
+from .ports import Concern, Ports
+
+
+def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: BinaryIO | None = None,
+                 extra: Sequence[Concern] = ()) -> Runner:
+    """The daemon for ``cfg``: the job's output goes to ``passthrough`` (default: our stdout)
+    besides its log file; ``extra`` concerns plug in after the standard ones (the demo's narration)."""
+    state_dir = cfg.state_dir().resolve()
+    osapi = OsApi()
+    fanout = SinkFanout()
+    notifier = Notifier(enabled=cfg.systemd.notify, watchdog_enabled=cfg.systemd.watchdog)
+    checkpoints = CheckpointConcern()
+    health = HealthConcern(newest_checkpoint_bytes=lambda: getattr(checkpoints.newest(), "size", None))
+    goodput = GoodputConcern()
+    concerns: list[Concern] = [OpsConcern(notifier), WatchConcern(), health, checkpoints, goodput,
+                               ValidationConcern(goodput), *extra]
+    ports = Ports(clock=Clock(), launcher=ProcessLauncher(fanout, passthrough if passthrough is not None
+                                                          else sys.stdout.buffer, osapi),
+                  ledger=Ledger(state_dir), checkpoints=checkpoints, gate=health, notifier=notifier, osapi=osapi,
+                  environment=Environment())
+    return Runner(cfg, ports, concerns, fanout=fanout, config_path=config_path)

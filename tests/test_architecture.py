@@ -1,0 +1,84 @@
+"""The shape of the code: no import cycle, a pure core, runner and wiring apart."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "supervisor"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = p.relative_to(PKG.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = p
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every supervisor module ``name`` imports, anywhere in the file (functions and
+    TYPE_CHECKING blocks included)."""
+    is_pkg = path.name == "__init__.py"
+    deps: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                mod = ".".join(base) + (f".{node.module}" if node.module else "")
+            else:
+                mod = node.module or ""
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        deps |= {t for t in targets if t in modules and t != name}
+    return deps
+
+
+def graph() -> dict[str, set[str]]:
+    modules = _modules()
+    # A package importing its own submodules (its __init__ re-exporting them) is not a cycle.
+    return {n: {d for d in _imports(n, p, modules) if not d.startswith(n + ".")} for n, p in modules.items()}
+
+
+def test_no_import_cycles():
+    g = graph()
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(n: str) -> None:
+        if n in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
+        if n in done:
+            return
+        path.append(n)
+        for d in sorted(g[n]):
+            visit(d)
+        path.pop()
+        done.add(n)
+
+    for n in sorted(g):
+        visit(n)
+
+
+def test_the_core_imports_nothing_that_acts():
+    g = graph()
+    allowed = {"supervisor.core", "supervisor.events", "supervisor.policy", "supervisor.config",
+               "supervisor.errors", "supervisor.configschema"}
+    for n in [m for m in g if m.startswith("supervisor.core")]:
+        outside = {d for d in g[n] if not d.startswith("supervisor.core") and d not in allowed}
+        assert not outside, f"{n} imports {outside}"
+        text = (PKG / Path(*n.split(".")[1:])).with_suffix(".py") if n != "supervisor.core" else PKG / "core" / "__init__.py"
+        source = text.read_text()
+        for effect in ("import threading", "import socket", "import subprocess", "import time", "import os"):
+            assert effect not in source, f"{n}: {effect}"
+
+
+def test_the_runner_and_the_wiring_do_not_import_each_other_both_ways():
+    g = graph()
+    assert "supervisor.runner" in g["supervisor.daemon.wiring"]
+    assert not any(d.startswith("supervisor.daemon.wiring") for d in g["supervisor.runner"])
+    for concern in ("supervisor.daemon.adapters", "supervisor.daemon.concerns", "supervisor.daemon.ports"):
+        assert "supervisor.runner" not in g[concern], f"{concern} must see the runner only through DaemonView"
