@@ -245,6 +245,7 @@ def sort_newest_first(cands: Iterable[Candidate]) -> list[Candidate]:
                                         c.mtime), reverse=True)
 
 
-def discover(checkpoint_dir: Path, **kwargs: object) -> list[Candidate]:
-    """One-shot scan (no previous scan to compare sizes with; the settle window still applies)."""
-    return Discovery(checkpoint_dir, **kwargs).scan()  # type: ignore[arg-type]
+def newest_complete(cands: Iterable[Candidate]) -> Candidate | None:
+    """The newest of ``cands`` (sorted newest first, as scans return them) that is the job's own
+    checkpoint, not a last_good copy: the one place that says which checkpoint is the newest."""
+    return next((c for c in cands if c.layout is not Layout.LAST_GOOD), None)

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence, TextIO
 import structlog
 
 from .config import CheckpointsConfig
-from .discovery import Candidate, Discovery, Layout, megatron_latest, sort_newest_first
+from .discovery import Candidate, Discovery, Layout, megatron_latest, newest_complete, sort_newest_first
 from .hashing import DigestCache, StatKey, tree_digest
 from .loadtest import LoadTestRequest, LoadTestResult, resolve_job_python, run_load_test
 from .manifest import (
@@ -115,8 +115,7 @@ class CheckpointService:
 
     def newest_complete(self) -> Candidate | None:
         """The newest complete checkpoint (not verified), e.g. to see one appear during shutdown."""
-        cands = [c for c in self.scan() if c.layout is not Layout.LAST_GOOD]
-        return cands[0] if cands else None
+        return newest_complete(self.scan())
 
     # ------------------------------------------------------------------ readiness
 
@@ -300,10 +299,8 @@ class CheckpointService:
         """Evaluate the newest settled checkpoint now (results are cached by stat), so the
         pre-resume gate finds it verified. Called off the main loop while the job runs."""
         with self._lock:
-            cands = [c for c in self.scan() if c.layout is not Layout.LAST_GOOD]
-            if not cands:
-                return None
-            return self.evaluate(cands[0], None, self._current_config())
+            newest = newest_complete(self.scan())
+            return None if newest is None else self.evaluate(newest, None, self._current_config())
 
     # ------------------------------------------------------------------ the pre-resume gate
 

@@ -52,10 +52,9 @@ class ProcessLauncher:
 def newest_checkpoint(svc: Any) -> Any:
     """The newest complete checkpoint by a fresh discovery scan: its own short lock, never the
     service's, which a load test on the preparation thread may hold for seconds."""
-    from ..checkpoints.discovery import Layout
+    from ..checkpoints.discovery import newest_complete
 
-    cands = [c for c in svc.discovery.scan() if c.layout is not Layout.LAST_GOOD]
-    return cands[0] if cands else None
+    return newest_complete(svc.discovery.scan())
 
 
 def _key(c: Any) -> Any:
