@@ -39,8 +39,11 @@ def test_faulted_demo_recovers_each_fault_and_ends_like_a_clean_run(tmp_path, fa
     causes = [a["cause"] for a in atts]
     assert causes == ["nan", "hang", "crash", "crash", None], causes
     assert [a["action"] for a in atts[:4]] == ["rollback", "restart", "restart", "restart"]
-    # nan at step 60 (0.2 x 300): rolled back to the checkpoint before the onset (step 50).
-    assert atts[0]["detection"]["onset_step"] == 60 and atts[1]["resume_step"] == 50
+    # nan at step 60 (0.2 x 300): the poison may have begun right after the last finite record
+    # (step 50 on stdout, printed every 10 steps; 59 from the client's per-step reports), so the
+    # onset is 51..60 and the rollback resumes from the checkpoint before it (step 50).
+    onset = atts[0]["detection"]["onset_step"]
+    assert 51 <= onset <= 60 and atts[1]["resume_step"] == 50, (onset, atts[1]["resume_step"])
     # The hung job's stacks were saved before it was killed.
     stacks = [e for e in h["events"] if e["event"] == "stacks_dumped"]
     assert stacks and Path(stacks[0]["data"]["path"]).exists()
