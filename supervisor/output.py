@@ -7,9 +7,11 @@ only complete lines (decoded as UTF-8 with replacement, capped in length) go to 
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
-from typing import BinaryIO, Callable, Sequence
+import time
+from typing import BinaryIO, Callable, Protocol, Sequence
 
 import structlog
 
@@ -48,6 +50,100 @@ class SinkFanout:
 
 
 TRUNCATED_MARKER = " ...[line truncated]"
+
+
+class Console(Protocol):
+    """Where the job's bytes are passed through (our stdout): must never block the caller."""
+
+    def offer(self, chunk: bytes) -> None: ...
+
+
+class ConsoleWriter:
+    """The job's output to our stdout, from a thread of its own, never blocking the pumps.
+
+    A terminal that stops reading (Ctrl-S, a full pipe into ``less``, an ssh session gone quiet)
+    must not stall the job (its pipe would fill and its prints block: a false ``hang``), nor the
+    main loop. The pumps ``offer`` chunks; this thread writes them. A console that reads, however
+    slowly, gets every byte: with more than ``limit`` bytes waiting, ``offer`` waits for room (back
+    pressure, as a terminal gives). Only a console that has taken nothing for ``stall_s`` is
+    treated as stopped: new chunks are then dropped and counted (the job log file keeps every
+    byte), and once it reads again a line says how much it missed. So the job waits at most
+    ``stall_s`` once per stall, far below any hang timeout. ``close`` waits at most its timeout.
+    """
+
+    def __init__(self, stream: BinaryIO, limit: int = 8 << 20, stall_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream
+        self.limit = limit
+        self.stall_s = stall_s
+        self._clock = clock
+        self._progress_at = clock()
+        self.dropped_bytes = 0
+        self.dropped_chunks = 0
+        self.broken = False
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._queued = 0
+        self._unreported = 0
+        self._cv = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="console-writer", daemon=True)
+        self._thread.start()
+
+    def offer(self, chunk: bytes) -> None:
+        with self._cv:
+            if self.broken or self._closing:
+                return
+            while self._queued and self._queued + len(chunk) > self.limit:
+                stalled_for = self._clock() - self._progress_at
+                if stalled_for >= self.stall_s:
+                    self.dropped_bytes += len(chunk)
+                    self.dropped_chunks += 1
+                    self._unreported += len(chunk)
+                    return
+                self._cv.wait(min(0.1, self.stall_s - stalled_for))
+                if self.broken or self._closing:
+                    return
+            self._queue.append(chunk)
+            self._queued += len(chunk)
+            self._cv.notify()
+
+    def pending(self) -> int:
+        with self._cv:
+            return self._queued
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closing:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                self._progress_at = self._clock()  # a write starts: a stall is counted from here
+                chunk = self._queue.popleft()
+                self._queued -= len(chunk)
+                missed, self._unreported = self._unreported, 0
+            try:
+                if missed:
+                    self.stream.write(f"\n[transformer-supervisor: {missed} bytes of the job's output were not "
+                                      "shown here because this console stopped reading; job.log has them all]\n"
+                                      .encode())
+                self.stream.write(chunk)
+                self.stream.flush()
+                with self._cv:
+                    self._progress_at = self._clock()
+                    self._cv.notify_all()
+            except (OSError, ValueError):
+                with self._cv:  # our stdout went away: stop passing through, keep the log file
+                    self.broken = True
+                    self._queue.clear()
+                    self._queued = 0
+                return
+
+    def close(self, timeout: float = 2.0) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        self._thread.join(timeout)
 
 
 class LineSplitter:
@@ -152,7 +248,7 @@ class LineSplitter:
 class PipePump(threading.Thread):
     """Reads one pipe until EOF. ``on_eof`` is called once, from this thread."""
 
-    def __init__(self, fd: int, source: str, passthrough: BinaryIO | None, logfile: BinaryIO | None,
+    def __init__(self, fd: int, source: str, passthrough: "Console | BinaryIO | None", logfile: BinaryIO | None,
                  out_lock: threading.Lock, fanout: SinkFanout, on_eof: Callable[[str], None]) -> None:
         super().__init__(name=f"pump-{source}", daemon=True)
         self.fd = fd
@@ -164,6 +260,39 @@ class PipePump(threading.Thread):
         self.on_eof = on_eof
         self.bytes = 0
         self.lines = 0
+        self._failed = False
+
+    def _handle(self, chunk: bytes, splitter: LineSplitter) -> None:
+        self.bytes += len(chunk)
+        with self.out_lock:
+            if self.passthrough is not None:
+                offer = getattr(self.passthrough, "offer", None)
+                if offer is not None:
+                    offer(chunk)  # a ConsoleWriter: never blocks
+                else:
+                    try:
+                        self.passthrough.write(chunk)  # type: ignore[union-attr]
+                        self.passthrough.flush()  # type: ignore[union-attr]
+                    except (OSError, ValueError):
+                        self.passthrough = None  # our stdout went away; keep the log file
+            if self.logfile is not None:
+                try:
+                    self.logfile.write(chunk)
+                except (OSError, ValueError) as e:
+                    log.error("job_log_write_failed", error=str(e),
+                              message="cannot append to the job log file; output still goes to stdout")
+                    self.logfile = None
+        lines = splitter.push(chunk)
+        if lines:
+            self.lines += len(lines)
+            self.fanout.feed(self.source, lines)
+
+    def _report(self, e: BaseException) -> None:
+        if not self._failed:  # once per pump: a repeating failure must not flood the journal
+            self._failed = True
+            log.error("output_pump_failed", source=self.source, error=repr(e), exc_info=e,
+                      message=f"handling the job's {self.source} failed ({e!r}); the pipe keeps being "
+                              "drained so the job never blocks, and the failure is reported once")
 
     def run(self) -> None:
         splitter = LineSplitter()
@@ -178,29 +307,17 @@ class PipePump(threading.Thread):
                     break
                 if not chunk:
                     break
-                self.bytes += len(chunk)
-                with self.out_lock:
-                    if self.passthrough is not None:
-                        try:
-                            self.passthrough.write(chunk)
-                            self.passthrough.flush()
-                        except (OSError, ValueError):
-                            self.passthrough = None  # our stdout went away; keep the log file
-                    if self.logfile is not None:
-                        try:
-                            self.logfile.write(chunk)
-                        except OSError as e:
-                            log.error("job_log_write_failed", error=str(e),
-                                      message="cannot append to the job log file; output still goes to stdout")
-                            self.logfile = None
-                lines = splitter.push(chunk)
-                if lines:
-                    self.lines += len(lines)
-                    self.fanout.feed(self.source, lines)
-            rest = splitter.flush()
-            if rest:
-                self.lines += len(rest)
-                self.fanout.feed(self.source, rest)
+                try:
+                    self._handle(chunk, splitter)
+                except Exception as e:  # noqa: BLE001 - the pipe must keep draining whatever fails
+                    self._report(e)
+            try:
+                rest = splitter.flush()
+                if rest:
+                    self.lines += len(rest)
+                    self.fanout.feed(self.source, rest)
+            except Exception as e:  # noqa: BLE001
+                self._report(e)
         finally:
             try:
                 os.close(self.fd)
@@ -210,6 +327,6 @@ class PipePump(threading.Thread):
                 if self.logfile is not None:
                     try:
                         self.logfile.flush()
-                    except OSError:
+                    except Exception:  # noqa: BLE001 - reported already; on_eof must still run
                         pass
             self.on_eof(self.source)

@@ -170,6 +170,7 @@ class Runner:
             self.job.close()
         self.ports.notifier.stopping()
         self._each("close")
+        self.ports.launcher.close()
         self.ledger.close()
 
     def _install_signals(self) -> None:

@@ -99,3 +99,14 @@ def pid_alive(pid: int) -> bool:
         return state != "Z"
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
+
+
+@pytest.fixture(autouse=True)
+def _structlog_restored():  # type: ignore[no-untyped-def]
+    """A test that runs a CLI entry point in-process configures structlog onto that test's
+    captured stream; later tests must not log into a closed file."""
+    import structlog
+
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)

@@ -121,6 +121,9 @@ class FakeLauncher:
         assert job.exit is not None
         return job.exit
 
+    def close(self) -> None:
+        self.closed = True
+
     @property
     def job(self) -> FakeJob:
         return self.jobs[-1]

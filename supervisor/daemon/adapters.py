@@ -13,7 +13,7 @@ from ..config import Config
 from ..core.messages import EndAttempt, ExitInfo, Resume
 from ..events import Action, MetricRecord, Monitor
 from ..osapi import OsApi, become_subreaper
-from ..output import SinkFanout
+from ..output import ConsoleWriter, SinkFanout
 from ..process import JobProcess, LaunchSpec, cgroup_oom_kills, classify_exit
 from .concerns import close_each
 from .ports import Concern, DaemonView, GateVerdictLike, Job
@@ -27,7 +27,9 @@ class ProcessLauncher:
 
     def __init__(self, fanout: SinkFanout, passthrough: BinaryIO | None, osapi: OsApi) -> None:
         self.fanout = fanout
-        self.passthrough = passthrough
+        # Our stdout through a thread of its own with a bounded buffer: a console that stops
+        # reading must never block the job's pipes (a false hang) or the main loop.
+        self.passthrough = ConsoleWriter(passthrough) if passthrough is not None else None
         self.osapi = osapi
         self._oom_kills_before: int | None = None
         self._subreaper = False
@@ -40,6 +42,14 @@ class ProcessLauncher:
             become_subreaper()
         self._oom_kills_before = cgroup_oom_kills()
         return JobProcess(spec, self.fanout, self.passthrough, log_path, on_eof, self.osapi)
+
+    def close(self) -> None:
+        if self.passthrough is not None:
+            if self.passthrough.dropped_bytes:
+                log.warning("console_output_dropped", bytes=self.passthrough.dropped_bytes,
+                            message=f"{self.passthrough.dropped_bytes} bytes of the job's output were not shown on "
+                                    "the console (it stopped reading); the job log file has every byte")
+            self.passthrough.close(timeout=2.0)
 
     def exit_info(self, job: Job, *, evidence: bool) -> ExitInfo:
         if job.status is None:

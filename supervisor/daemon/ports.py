@@ -72,6 +72,10 @@ class JobLauncher(Protocol):
         """How the leader ended; ``evidence``: look for OOM-killer evidence (kernel log, cgroup)."""
         ...
 
+    def close(self) -> None:
+        """The daemon exits: flush what is still on its way to the console (bounded wait)."""
+        ...
+
 
 class LedgerStore(Protocol):
     """The run ledger (all SQL lives in :mod:`supervisor.ledger`)."""
