@@ -27,7 +27,9 @@ exit status:
        `supervisor` package in this environment (see README: installs)
   3    run/wrap: gave up (restart budget spent, no progress, a fault that needs a human; the last
        log line says why); restart --wait: the daemon gave up instead of restarting
-  130  interrupted (Ctrl-C)
+  143  run/wrap: stopped by SIGTERM before the job finished (a scheduler's time limit, preemption
+       or eviction, `systemctl stop`): requeue it
+  130  run/wrap: the same for SIGINT (Ctrl-C); client verbs: interrupted
   141  stdout was closed early (`history --json | head`): the output was cut, quietly"""
 
 WRAP_EPILOG = """\

@@ -246,14 +246,26 @@ def test_a_detection_during_a_stop_is_only_noted():
     assert records(out) == ["detection_noted"] and not of(out, StopJob)
 
 
-def test_stop_request_stops_gracefully_a_second_escalates_and_the_daemon_exits_zero():
+def test_sigterm_stops_gracefully_a_second_escalates_and_the_daemon_exits_143():
     s = Script()
     s.running()
     out = s(StopRequested(signal="SIGTERM"))
     assert records(out)[:2] == ["signal_received", "stop_requested"] and one(out, StopJob)
     assert one(s(StopRequested(signal="SIGTERM")), EscalateStop) == EscalateStop()
     fin = one(s.stopped(escalated=True), Finish)
-    assert (fin.state, fin.code) == ("stopped", 0) and "escalated to SIGKILL" in fin.reason
+    # A scheduler's SIGTERM (Slurm time limit, pod eviction) before the job finished is no success.
+    assert (fin.state, fin.code) == ("stopped", 143) and "escalated to SIGKILL" in fin.reason
+
+
+def test_the_stop_verb_exits_zero_and_sigint_130():
+    s = Script()
+    s.running()
+    s(StopRequested())
+    assert one(s.stopped(), Finish).code == 0
+    s = Script()
+    s.running()
+    s.exited(1)  # waiting to restart
+    assert one(s(StopRequested(signal="SIGINT")), Finish).code == 130
 
 
 def test_stop_while_waiting_to_restart_or_while_preparing_exits_at_once():

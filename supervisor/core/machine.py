@@ -97,6 +97,9 @@ class Machine:
         self.skip_batches = 0
         self.diagnostics = False  # after a failed validation: the next attempts say more
         self.stop_requests = 0
+        # The first stop request's signal (SIGTERM from systemd, Slurm, Kubernetes): the daemon then
+        # exits 128 + its number, so a scheduler sees an interrupted run (requeue), not success.
+        self.stop_signal: str | None = None
         self.exit_code: int | None = None
         self.exit_reason = ""
         self._out: list[Command] = []
@@ -297,7 +300,7 @@ class Machine:
                 self._finish(State.FINISHED, EXIT_OK, f"the job finished successfully after {ran:.1f} s "
                                                       f"(attempt {self.attempt})")
             else:
-                self._finish(State.STOPPED, EXIT_OK, "stopped on request after a graceful stop of the job"
+                self._finish(State.STOPPED, self._stopped_code(), "stopped on request after a graceful stop of the job"
                              + (" (escalated to SIGKILL)" if shutdown and shutdown.escalated else ""))
             return
         if decision is None:
@@ -351,10 +354,13 @@ class Machine:
         if ev.signal is not None:
             self._record("signal_received", "info", f"received {ev.signal}"
                          + ("; stopping the job gracefully" if self.stop_requests == 0 else "; escalating to SIGKILL"))
+        if self.stop_requests == 0:
+            self.stop_signal = ev.signal
         self.stop_requests += 1
+        code = self._stopped_code()
         if self.state is State.BACKOFF or self.preparing or (not self.spawned and self.state is State.STARTING):
             self.preparing = False
-            self._finish(State.STOPPED, EXIT_OK, "stopped on request while waiting to restart")
+            self._finish(State.STOPPED, code, "stopped on request while waiting to restart")
         elif self.state is State.STOPPING:
             self.pending.exit_after = True
             self.pending.decision = None
@@ -363,10 +369,16 @@ class Machine:
         elif self.state in (State.STARTING, State.RUNNING):
             s = self.cfg.shutdown
             self._record("stop_requested", "info", f"stop requested; stopping the job ({s.mode}, grace "
-                                                   f"{s.grace_s:g} s), then the daemon exits 0")
+                                                   f"{s.grace_s:g} s), then the daemon exits {code}")
             self.pending = Pending(exit_after=True)
             self._begin_stop(self._plan_for(None, None))
-        self._do(Reply({"accepted": True, "message": "stopping the job gracefully, then the daemon exits 0"}))
+        self._do(Reply({"accepted": True, "message": f"stopping the job gracefully, then the daemon exits {code}"}))
+
+    def _stopped_code(self) -> int:
+        """0 for ``transformer-supervisor stop``; 128 + N when signal N stopped an unfinished run."""
+        if self.stop_signal is None:
+            return EXIT_OK
+        return 128 + int(signal_number(self.stop_signal))
 
     def _restart_requested(self, ev: RestartRequested) -> None:
         if self.state not in (State.STARTING, State.RUNNING, State.BACKOFF) or (
