@@ -1,0 +1,160 @@
+"""Break the code on purpose and check that a fast test notices.
+
+Each mutation below replaces one exact snippet of the committed tree (``git archive HEAD``) in a
+temporary copy; the fast suite (``-m "not slow and not systemd"``) then runs there with ``-x``,
+the tests most likely to notice first. A mutation is *caught* when a test fails, *missed* when
+the fast suite passes: a missed mutation is a hole in the tests. A snippet that no longer matches
+exactly once is *stale*: the code moved; update the mutation (the script exits 1 for missed and
+stale ones).
+
+    ./scripts/mutants              # every mutation (about 1-3 min each on 2 cores)
+    ./scripts/mutants onset nan    # the ones whose name contains a word
+
+When you add a feature that a silent regression could break, add a mutation here: the smallest
+edit that disables it, and the test files that should catch it first (``hint``).
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    old: str
+    new: str
+    hint: tuple[str, ...]  # test files run first (the whole fast suite follows if they pass)
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation("nan detector off", "supervisor/watch/detectors.py",
+             "        if self.fired or rec is None:\n            return None\n        bad = None",
+             "        if True:\n            return None\n        bad = None",
+             ("tests/test_detectors.py",)),
+    Mutation("hang never reported (output liveness)", "supervisor/watch/heartbeat.py",
+             "        if silence is None:\n            return None\n        out.fired(silence)",
+             "        if True:\n            return None\n        out.fired(silence)",
+             ("tests/test_liveness.py",)),
+    Mutation("hang cause changed to a warning", "supervisor/core/causes.py",
+             "CauseSpec(Cause.HANG, Action.RESTART,", "CauseSpec(Cause.HANG, Action.WARN,",
+             ("tests/test_causes.py", "tests/test_runner_wiring.py", "tests/test_machine.py")),
+    Mutation("onset dropped: rollback before the detection step", "supervisor/core/machine.py",
+             "return d.onset_step if d.onset_step is not None else d.step", "return d.step",
+             ("tests/test_runner_wiring.py", "tests/test_machine.py")),
+    Mutation("onset replaced by nothing", "supervisor/core/machine.py",
+             "return d.onset_step if d.onset_step is not None else d.step", "return None",
+             ("tests/test_runner_wiring.py", "tests/test_machine.py")),
+    Mutation("nan onset: first non-finite record, not after the last finite", "supervisor/watch/detectors.py",
+             "if ok is not None and onset is not None and ok + 1 < onset:",
+             "if False:", ("tests/test_detectors.py",)),
+    Mutation("quarantine is a no-op", "supervisor/checkpoints/quarantine.py",
+             "    os.rename(path, dest)  # same filesystem", "    pass  # os.rename(path, dest)  # same filesystem",
+             ("tests/test_checkpoint_quicklist.py", "tests/test_checkpoint_service.py")),
+    Mutation("load test always passes", "supervisor/checkpoints/loadtest.py",
+             "passed=bool(data.get(\"passed\"))", "passed=True",
+             ("tests/test_checkpoint_quicklist.py", "tests/test_checkpoint_service.py")),
+    Mutation("pickles trusted (weights_only=False)", "supervisor/checkpoints/_loadtest_script.py",
+             "return torch.load(path, map_location=\"cpu\", weights_only=True, mmap=mmap)",
+             "return torch.load(path, map_location=\"cpu\", weights_only=False, mmap=mmap)",
+             ("tests/test_checkpoint_quicklist.py",)),
+    Mutation("validation never fails", "supervisor/validation.py",
+             "        return Verdict(not failed, tuple(checks)", "        return Verdict(True, tuple(checks)",
+             ("tests/test_validation.py", "tests/test_runner_wiring.py")),
+    Mutation("restart budget never spent", "supervisor/policy.py",
+             "    if in_window + 1 > p.max_restarts:", "    if False:",
+             ("tests/test_policy.py",)),
+    Mutation("gave-up exit code changed", "supervisor/core/messages.py",
+             "EXIT_GAVE_UP = 3", "EXIT_GAVE_UP = 1", ("tests/test_machine.py", "tests/test_watch_e2e.py")),
+    Mutation("SIGTERM stop exits 0 (schedulers see success)", "supervisor/core/machine.py",
+             "        return 128 + int(signal_number(self.stop_signal))", "        return EXIT_OK",
+             ("tests/test_machine.py",)),
+    Mutation("no SIGKILL escalation", "supervisor/shutdown.py",
+             "        self.group.signal_group(signal.SIGKILL)", "        pass",
+             ("tests/test_output_and_shutdown.py", "tests/test_runner_wiring.py")),
+    Mutation("control socket mode 0666", "supervisor/ops/control.py",
+             "os.chmod(self.path, 0o600)", "os.chmod(self.path, 0o666)", ("tests/test_ops_control.py",)),
+    Mutation("peer-uid check removed", "supervisor/ops/control.py",
+             "return peer_uid == daemon_uid or peer_uid == 0", "return True", ("tests/test_ops_control.py",)),
+    Mutation("PYTHONUNBUFFERED not given to the job", "supervisor/daemon/launch.py",
+             'added["PYTHONUNBUFFERED"] = "1"', "pass", ("tests/test_unmodified_delivery.py",)),
+    Mutation("\\r no longer ends a line (tqdm bars)", "supervisor/output.py",
+             '.replace("\\r\\n", "\\n").replace("\\r", "\\n")', '.replace("\\r\\n", "\\n")',
+             ("tests/test_output_and_shutdown.py", "tests/test_logwatch_trainers.py")),
+    Mutation("HF 5.x quoted values not parsed", "supervisor/watch/parsers.py",
+             "def parse_hf(", "def _unused_parse_hf(", ("tests/test_parsers.py",)),
+    Mutation("the console blocks the job", "supervisor/output.py",
+             "                if stalled_for >= self.stall_s:", "                if False:",
+             ("tests/test_console.py",)),
+)
+
+
+def _copy_tree(dest: Path) -> None:
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+
+
+def _pytest(tree: Path, args: list[str], timeout: float) -> tuple[int, str]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    try:
+        cp = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                             "-m", "not slow and not systemd", *args], cwd=tree, env=env,
+                            capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 124, "timed out"
+    return cp.returncode, cp.stdout + cp.stderr
+
+
+def _first_failure(out: str) -> str:
+    m = re.search(r"^FAILED (\S+)", out, re.M) or re.search(r"^ERROR (\S+)", out, re.M)
+    return m.group(1) if m else "(the run failed without naming a test)"
+
+
+def run(mutation: Mutation, base: Path) -> tuple[str, str, float]:
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mutant-", dir=base) as d:
+        tree = Path(d)
+        _copy_tree(tree)
+        target = tree / mutation.path
+        if not target.exists():
+            return "stale", f"{mutation.path} does not exist", 0.0
+        text = target.read_text()
+        if text.count(mutation.old) != 1:
+            return "stale", f"the snippet occurs {text.count(mutation.old)} times in {mutation.path}", 0.0
+        target.write_text(text.replace(mutation.old, mutation.new))
+        hint = [h for h in mutation.hint if (tree / h).exists()]
+        if hint:
+            rc, out = _pytest(tree, hint, 600)
+            if rc not in (0, 5):
+                return "caught", _first_failure(out), time.monotonic() - t0
+        rc, out = _pytest(tree, [], 1200)
+        if rc not in (0, 5):
+            return "caught", _first_failure(out), time.monotonic() - t0
+        return "missed", "the fast suite passed", time.monotonic() - t0
+
+
+def main(argv: list[str]) -> int:
+    chosen = [m for m in MUTATIONS if not argv or any(w.lower() in m.name.lower() for w in argv)]
+    base = Path(tempfile.mkdtemp(prefix="tsup-mutants-"))
+    bad = 0
+    print(f"{len(chosen)} mutations of {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}\n")
+    print("| mutation | result | caught by | s |\n|---|---|---|---:|")
+    for m in chosen:
+        result, detail, secs = run(m, base)
+        bad += result != "caught"
+        print(f"| {m.name} | {result} | {detail} | {secs:.0f} |", flush=True)
+    print(f"\n{len(chosen) - bad} of {len(chosen)} caught by a fast test")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
