@@ -1,13 +1,14 @@
 """Shared fixtures: run the real daemon as a subprocess and read its ledger."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -72,19 +73,32 @@ def history(state_dir: Path) -> dict[str, Any]:
     return json.loads(cp.stdout)
 
 
-@pytest.fixture
-def daemons(tmp_path: Path):
-    started: list[Daemon] = []
+@contextlib.contextmanager
+def started_daemons(factory: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+    """The body of every daemon fixture: ``start(...)`` builds one through ``factory``; at
+    teardown each one still running is stopped (SIGTERM first, see ``kill``)."""
+    started: list[Any] = []
 
-    def start(args: list[str], env: dict[str, str] | None = None) -> Daemon:
-        d = Daemon(args, tmp_path, env)
+    def start(*args: Any, **kwargs: Any) -> Any:
+        d = factory(*args, **kwargs)
         started.append(d)
         return d
 
-    yield start
-    for d in started:
-        if d.proc.poll() is None:
-            d.kill()
+    try:
+        yield start
+    finally:
+        for d in started:
+            if d.proc.poll() is None:
+                d.kill()
+
+
+@pytest.fixture
+def daemons(tmp_path: Path):
+    def make(args: list[str], env: dict[str, str] | None = None) -> Daemon:
+        return Daemon(args, tmp_path, env)
+
+    with started_daemons(make) as start:
+        yield start
 
 
 def helper(name: str) -> str:

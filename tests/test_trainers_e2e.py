@@ -31,7 +31,7 @@ from supervisor.checkpoints.service import CheckpointService
 from supervisor.events import Cause
 from supervisor.watch.config import DetectorsConfig
 from supervisor.watch.logwatch import LogWatcher
-from tests.conftest import ROOT, Daemon, history
+from tests.conftest import ROOT, Daemon, history, started_daemons
 from tests.helpers import ckpt_factory as F
 
 JOBS = ROOT / "tests" / "jobs"
@@ -59,18 +59,12 @@ class BareDaemon(Daemon):
 
 @pytest.fixture
 def supervise(tmp_path: Path) -> Iterator[Any]:
-    started: list[BareDaemon] = []
-
-    def start(args: list[str], fault: str = "") -> BareDaemon:
+    def make(args: list[str], fault: str = "") -> BareDaemon:
         env = {"FAULT": fault, "FAULT_MARKER": str(tmp_path / "fault_done")} if fault else {}
-        d = BareDaemon(args, tmp_path, env)
-        started.append(d)
-        return d
+        return BareDaemon(args, tmp_path, env)
 
-    yield start
-    for d in started:
-        if d.proc.poll() is None:
-            d.kill()
+    with started_daemons(make) as start:
+        yield start
 
 
 def wrap(tmp: Path, *flags: str, config: str = "") -> list[str]:

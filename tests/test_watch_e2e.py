@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, Daemon, helper, history
+from tests.conftest import ROOT, Daemon, helper, history, started_daemons
 from tests.util import wait_for
 
 PY = sys.executable
@@ -103,17 +103,8 @@ class FakeGpuDaemon(Daemon):
 
 @pytest.fixture
 def fake_gpu_daemons(tmp_path: Path):
-    started: list[FakeGpuDaemon] = []
-
-    def start(timeline: Path, args: list[str]) -> FakeGpuDaemon:
-        d = FakeGpuDaemon(timeline, args, tmp_path)
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        if d.proc.poll() is None:
-            d.kill()
+    with started_daemons(lambda timeline, args: FakeGpuDaemon(timeline, args, tmp_path)) as start:
+        yield start
 
 
 def test_node_level_xid_gives_up_with_drain_advice(fake_gpu_daemons, tmp_path):

@@ -93,19 +93,18 @@ class SupervisorCallback(TrainerCallback):
             heartbeat(state.global_step)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._boundary(args, state, control)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._boundary(args, state, control)
+
+    def _boundary(self, args: Any, state: Any, control: Any) -> None:
+        """A step or epoch ended: heartbeat, serve the supervisor's requests, announce a save."""
         if not self._active:
             return
         heartbeat(state.global_step)
         self._requests(args, state, control)
         # With an evaluation first, the save is announced after it (on_evaluate).
-        if control.should_save and not control.should_evaluate:
-            self._begin_saving()
-
-    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not self._active:
-            return
-        heartbeat(state.global_step)
-        self._requests(args, state, control)
         if control.should_save and not control.should_evaluate:
             self._begin_saving()
 
