@@ -24,7 +24,8 @@ exit status:
   1    a client verb failed: no daemon runs for that state dir, the request was refused, a
        --wait timed out
   2    bad usage or config (every problem printed with its key path), or supervisord's
-       `supervisor` package in this environment (see README: installs)
+       `supervisor` package in this environment (see README: installs); run/wrap: another
+       daemon (its pid named) already holds the state dir, or the state dir is another user's
   3    run/wrap: gave up (restart budget spent, no progress, a fault that needs a human; the last
        log line says why); restart --wait: the daemon gave up instead of restarting
   143  run/wrap: stopped by SIGTERM before the job finished (a scheduler's time limit, preemption
@@ -260,7 +261,14 @@ def _run_daemon(cfg: Any, config_path: Path | None, log_format: str | None) -> i
     if jp is not None:
         logsetup.add_processor(jp)
     logsetup.configure(log_format or cfg.log.format, cfg.log.level)
-    return build_daemon(cfg, config_path=config_path).run()
+    from .daemon.statelock import StateDirLocked
+
+    try:
+        daemon = build_daemon(cfg, config_path=config_path)
+    except StateDirLocked as e:
+        print(f"transformer-supervisor: {e.message}", file=sys.stderr)
+        return EXIT_USAGE
+    return daemon.run()
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from .adapters import CheckpointConcern, HealthConcern, ProcessLauncher
 from .concerns import GoodputConcern, OpsConcern, ValidationConcern, WatchConcern
 from .launch import Environment
 from .ports import Concern, Ports
+from .statelock import StateLock, StateLockConcern
 
 
 def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: BinaryIO | None = None,
@@ -23,6 +24,8 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     """The daemon for ``cfg``: the job's output goes to ``passthrough`` (default: our stdout)
     besides its log file; ``extra`` concerns plug in after the standard ones (the demo's narration)."""
     state_dir = cfg.state_dir().resolve()
+    # Before anything opens the ledger or the socket: a refused second daemon touches nothing.
+    lock = StateLock.acquire(state_dir)
     osapi = OsApi()
     fanout = SinkFanout()
     notifier = Notifier(enabled=cfg.systemd.notify, watchdog_enabled=cfg.systemd.watchdog)
@@ -30,7 +33,7 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     health = HealthConcern(newest_checkpoint_bytes=lambda: getattr(checkpoints.newest(), "size", None))
     goodput = GoodputConcern()
     concerns: list[Concern] = [OpsConcern(notifier), WatchConcern(), health, checkpoints, goodput,
-                               ValidationConcern(goodput), *extra]
+                               ValidationConcern(goodput), StateLockConcern(lock), *extra]
     ports = Ports(clock=Clock(), launcher=ProcessLauncher(fanout, passthrough if passthrough is not None
                                                           else sys.stdout.buffer, osapi),
                   ledger=Ledger(state_dir), checkpoints=checkpoints, gate=health, notifier=notifier, osapi=osapi,

@@ -1,0 +1,58 @@
+"""Hardening under faults and hostile input (issue 12), through the real daemon where the row
+is about the daemon."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import sys
+from pathlib import Path
+
+from tests.conftest import history, pid_alive
+from tests.util import wait_for
+
+PY = sys.executable
+SLEEPER = [PY, "-c", "import os,sys,time; open(sys.argv[1],'w').write(str(os.getpid())); time.sleep(600)"]
+
+
+def wrap(sd: Path, *flags: str) -> list[str]:
+    return ["wrap", "--state-dir", str(sd), "--backoff", "0", "--grace", "2", *flags, "--"]
+
+
+def test_second_daemon_on_a_live_state_dir_is_refused_and_touches_nothing(daemons, tmp_path):
+    sd, ready = tmp_path / "sd", tmp_path / "ready"
+    d1 = daemons(wrap(sd) + SLEEPER + [str(ready)])
+    wait_for(ready.exists, 30, what="job ready")
+    job = int(ready.read_text())
+    before = history(sd)
+    ready.unlink()
+    d2 = daemons(wrap(sd) + SLEEPER + [str(ready)])
+    assert d2.wait(30) == 2
+    assert f"pid {d1.proc.pid}" in d2.stderr() and "already running" in d2.stderr()
+    after = history(sd)
+    assert after["run_id"] == before["run_id"]
+    assert after.get("state") == before.get("state") and after.get("state") != "gave_up"
+    assert len(after["attempts"]) == len(before["attempts"])
+    assert not ready.exists() and pid_alive(job) and d1.proc.poll() is None
+    d1.signal(signal.SIGTERM)
+    assert d1.wait(30) == 143
+
+
+def test_state_dir_deleted_while_running_is_noticed_and_said(daemons, tmp_path):
+    sd, ready = tmp_path / "sd", tmp_path / "ready"
+    d1 = daemons(wrap(sd) + SLEEPER + [str(ready)])
+    wait_for(ready.exists, 30, what="job ready")
+    shutil.rmtree(sd)
+    wait_for(lambda: "state_dir_lost" in d1.stderr(), 15, what="state_dir_lost event")
+    assert f"pid {d1.proc.pid}" in d1.stderr()
+    assert d1.proc.poll() is None  # the job keeps its supervisor
+    d1.signal(signal.SIGTERM)
+    assert d1.wait(30) == 143
+
+
+def test_state_dir_is_created_0700(daemons, tmp_path):
+    sd = tmp_path / "fresh" / "sd"
+    d = daemons(wrap(sd) + [PY, "-c", "pass"])
+    assert d.wait(30) == 0
+    assert stat.S_IMODE(os.stat(sd).st_mode) == 0o700
