@@ -11,8 +11,12 @@ Rules, in order:
    when the cause repeats past the last rung, give up ("the remedies did not help").
 4. The restart budget: at most ``max_restarts`` restarts whose failures fell inside the last
    ``restart_window_s``; one more gives up.
-5. Backoff: ``initial * factor**(n-1)`` capped at ``max``, n = consecutive failures, each attempt
-   that ran ``healthy_after_s`` resetting the count; +/- ``jitter``.
+5. Delay before the relaunch (restart as soon as it is safe): none after an attempt that made
+   progress (its steps went past the step it resumed from; the relaunch waits only for the old
+   process tree to be gone), none for a rollback after a detected NaN or loss spike; otherwise
+   backoff ``initial * factor**(n-1)`` capped at ``max``, n = attempts in a row that failed without
+   progress (an attempt that made progress or ran ``healthy_after_s`` resets the count);
+   +/- ``jitter``. The decision says which rule set the delay (``delay_reason``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class PastAttempt:
     ended_at: float  # wall-clock seconds
     ran_s: float
     counted: bool = True  # False: not a failure (e.g. the daemon itself was restarted)
+    progressed: bool = False  # its steps went past the step it resumed from
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class Decision:
     restarts_in_window: int = 0  # counting this one when it restarts
     max_restarts: int = 0
     remedies: AppliedRemedies = field(default_factory=AppliedRemedies)
+    delay_reason: str = ""  # which rule set delay_s, in words
 
     @property
     def relaunch(self) -> bool:
@@ -127,10 +133,31 @@ def _consecutive_failures(history: Sequence[PastAttempt], healthy_after_s: float
     for past in reversed(history):
         if not past.counted:
             continue
-        if past.cause is None or past.ran_s >= healthy_after_s:
+        if past.cause is None or past.ran_s >= healthy_after_s or past.progressed:
             break
         n += 1
     return n
+
+
+#: Causes whose rollback relaunches at once: the detection itself proves the job is not stuck
+#: in a fast crash loop, and waiting buys nothing.
+IMMEDIATE_ROLLBACK = frozenset({Cause.NAN, Cause.LOSS_SPIKE})
+
+
+def relaunch_delay(cfg: Config, history: Sequence[PastAttempt], cause: Cause, action: Action, *,
+                   ran_s: float, progressed: bool, jitter_draw: float) -> tuple[float, str]:
+    """(delay, why) before relaunching after ``cause``; rule 5 of the module docstring."""
+    p = cfg.policy
+    if action is Action.ROLLBACK and cause in IMMEDIATE_ROLLBACK:
+        return 0.0, f"no delay: rollback after a detected {cause.value}"
+    if progressed:
+        return 0.0, "no delay: the attempt made progress; relaunching once its process tree is gone"
+    consecutive = (_consecutive_failures(history, p.healthy_after_s) + 1) if ran_s < p.healthy_after_s else 1
+    delay = backoff_delay(cfg, consecutive, jitter_draw)
+    if ran_s >= p.healthy_after_s:
+        return delay, f"backoff {delay:.1f} s: the first failure after a healthy run (no step progress seen)"
+    return delay, (f"backoff {delay:.1f} s: {consecutive} attempt(s) in a row failed without progress "
+                   f"(policy.backoff_initial_s = {p.backoff_initial_s:g}, factor {p.backoff_factor:g})")
 
 
 def backoff_delay(cfg: Config, consecutive: int, jitter_draw: float) -> float:
@@ -143,11 +170,11 @@ def backoff_delay(cfg: Config, consecutive: int, jitter_draw: float) -> float:
 
 
 def decide(cfg: Config, history: Sequence[PastAttempt], failure: Failure, *, now: float,
-           ran_s: float, jitter_draw: float = 0.0) -> Decision:
+           ran_s: float, jitter_draw: float = 0.0, progressed: bool = False) -> Decision:
     """Decide what to do about ``failure`` that ended (or must end) the current attempt.
 
     ``history`` holds the attempts that ended before the current one; ``ran_s`` is how long the
-    current attempt ran.
+    current attempt ran; ``progressed``: its steps went past the step it resumed from.
     """
     cause = failure.cause
     p = cfg.policy
@@ -181,10 +208,10 @@ def decide(cfg: Config, history: Sequence[PastAttempt], failure: Failure, *, now
                         f"{p.restart_window_s:g} s (policy.max_restarts = {p.max_restarts})",
                         restarts_in_window=in_window, max_restarts=p.max_restarts, remedies=applied)
 
-    consecutive = (_consecutive_failures(history, p.healthy_after_s) + 1) if ran_s < p.healthy_after_s else 1
-    delay = backoff_delay(cfg, consecutive, jitter_draw)
+    delay, delay_reason = relaunch_delay(cfg, history, cause, action, ran_s=ran_s, progressed=progressed,
+                                         jitter_draw=jitter_draw)
     reason = f"{action.value} ({why_action})"
     if applied.rungs:
         reason += f"; remedies 1-{len(applied.rungs)} of [on.{cause.value}] applied"
     return Decision(action, cause, reason, delay_s=delay, restarts_in_window=in_window + 1,
-                    max_restarts=p.max_restarts, remedies=applied)
+                    max_restarts=p.max_restarts, remedies=applied, delay_reason=delay_reason)

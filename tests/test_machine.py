@@ -117,7 +117,7 @@ def test_nan_stops_the_job_then_rolls_back_to_before_the_onset_step_not_the_dete
     out = s.stopped()
     end = one(out, EndAttempt)
     assert (end.cause, end.action, end.counted) == (Cause.NAN, Action.ROLLBACK, True)
-    assert one(out, ArmTimer).delay_s == 2.0 and s.m.state is State.BACKOFF
+    assert one(out, ArmTimer).delay_s == 0.0 and s.m.state is State.BACKOFF  # no backoff for a NaN rollback
     assert "restart_scheduled" in records(out)
     prep = one(s(TimerFired()), PrepareLaunch)
     assert (prep.attempt, prep.action, prep.onset_step) == (1, Action.ROLLBACK, 111)
@@ -349,3 +349,24 @@ def test_the_machine_reads_no_clock_every_time_comes_from_the_events():
     out = s.exited(1)
     d = one(out, EndAttempt).detection
     assert d is not None and d.at == W0 + s.now and s.m.history[-1].ended_at == W0 + s.now
+
+
+def test_relaunch_at_once_after_progress_backoff_when_no_step_past_the_resume_step():
+    s = Script(policy={"backoff_initial_s": 10, "backoff_jitter": 0})
+    s.running(Resume("ckpt/step_40.pt", 40, "newest"))
+    out = s.exited(1)  # last step 50 > 40: progress
+    assert one(out, ArmTimer).delay_s == 0.0
+    sched = [r for r in out if isinstance(r, Record) and r.event == "restart_scheduled"][0]
+    assert sched.data["delay_reason"].startswith("no delay: the attempt made progress")
+    assert "no delay" in sched.message and s.m.history[-1].progressed
+    s.running(Resume("ckpt/step_50.pt", 50, "newest"))
+    out = s.exited(1)  # died again at step 50: nothing past the resume step, so backoff
+    assert one(out, ArmTimer).delay_s == 10.0 and not s.m.history[-1].progressed
+    assert "without progress" in [r for r in out if isinstance(r, Record) and r.event == "restart_scheduled"][0].message
+    # No metric at all (died during start-up): no progress either.
+    out = s(TimerFired())
+    s(Prepared(resume=Resume("ckpt/step_50.pt", 50, "newest")))
+    s(Spawned(11, 11, ["python", "train.py"], s.now))
+    s.now += 1
+    out = s(JobExited(ExitInfo(1, None, Cause.CRASH, "exit 1"), False, s.now, W0 + s.now))
+    assert one(out, ArmTimer).delay_s == 20.0

@@ -95,3 +95,31 @@ def test_remedy_ladder_climbs_cumulatively_then_gives_up():
 def test_merge_args_replaces_same_key():
     assert merge_args(["train.py", "--lr=1e-3", "--bs", "8"], ["--lr=1e-4", "--fast"]) == [
         "train.py", "--lr=1e-4", "--bs", "8", "--fast"]
+
+
+def test_restart_at_once_after_progress_backoff_only_for_fast_failures_without_progress():
+    c = cfg(policy={"backoff_initial_s": 10, "backoff_factor": 2, "backoff_jitter": 0, "max_restarts": 100,
+                    "healthy_after_s": 600})
+    crash = Failure(Cause.CRASH, "killed")
+    # An attempt that made progress relaunches at once, whatever came before it.
+    d = decide(c, past(3), crash, now=1100, ran_s=5, progressed=True)
+    assert d.delay_s == 0 and d.delay_reason.startswith("no delay: the attempt made progress")
+    # Without progress: backoff, counting only the failures in a row without progress.
+    d = decide(c, [], crash, now=1100, ran_s=5)
+    assert d.delay_s == 10 and "1 attempt(s) in a row failed without progress" in d.delay_reason
+    assert decide(c, past(2), crash, now=1100, ran_s=5).delay_s == 40
+    hist = past(2) + [PastAttempt(2, Cause.CRASH, 1050, 5, True, progressed=True)]
+    assert decide(c, hist, crash, now=1100, ran_s=5).delay_s == 10  # the progress reset the count
+    hist += [PastAttempt(3, Cause.CRASH, 1060, 5, True, progressed=False)]
+    assert decide(c, hist, crash, now=1100, ran_s=5).delay_s == 20
+
+
+def test_no_backoff_for_a_rollback_after_a_nan_or_spike_even_without_progress():
+    c = cfg(policy={"backoff_initial_s": 10, "backoff_jitter": 0.5, "max_restarts": 100})
+    for cause in (Cause.NAN, Cause.LOSS_SPIKE):
+        d = decide(c, past(4, cause), Failure(cause, "x"), now=1100, ran_s=1, jitter_draw=1.0)
+        assert d.action is Action.ROLLBACK and d.delay_s == 0
+        assert d.delay_reason == f"no delay: rollback after a detected {cause.value}"
+    # A NaN configured to restart (not roll back) is not a rollback: the no-progress backoff applies.
+    c2 = cfg(policy={"backoff_initial_s": 10, "backoff_jitter": 0}, on={"nan": {"action": "restart"}})
+    assert decide(c2, [], Failure(Cause.NAN, "x"), now=1100, ran_s=1).delay_s == 10

@@ -82,6 +82,8 @@ class Machine:
         self.state = State.STARTING
         self.attempt = -1
         self.spawned = False  # the current attempt's job was started
+        self.saw_metric = False  # the current attempt printed a training metric
+        self.last_step: int | None = None  # the newest step the current attempt reached, when known
         self.preparing = False  # a PrepareLaunch is out
         self.pid: int | None = None
         self.pgid: int | None = None
@@ -138,8 +140,19 @@ class Machine:
         self._do(StateChanged(old.value, new.value, why, self.attempt))
 
     def _decide(self, failure: Failure, now: float, wall: float, jitter: float) -> Decision:
+        if failure.step is not None:
+            self.last_step = max(failure.step, self.last_step or failure.step)
         return decide(self.cfg, list(self.history), failure, now=wall, ran_s=now - self.attempt_started,
-                      jitter_draw=jitter)
+                      jitter_draw=jitter, progressed=self._progressed())
+
+    def _progressed(self) -> bool:
+        """The current attempt made progress: it trained (printed a metric) and, when the steps are
+        known, went past the step it resumed from."""
+        if not self.saw_metric:
+            return False
+        if self.last_step is None or self.resume.step is None:
+            return True
+        return self.last_step > self.resume.step
 
     def _onset_step(self) -> int | None:
         d = self.root or self.last_anomaly
@@ -199,6 +212,7 @@ class Machine:
 
     def _spawned(self, ev: Spawned) -> None:
         self.spawned = True
+        self.saw_metric, self.last_step = False, None
         self.pid, self.pgid = ev.pid, ev.pgid
         self.attempt_started = ev.now
         resume_txt = (f"resuming from {self.resume.checkpoint} (step {self.resume.step})"
@@ -216,6 +230,8 @@ class Machine:
                       "fix job.command / job.workdir", Cause.CRASH)
 
     def _first_metric(self, _ev: FirstMetric) -> None:
+        if self.spawned:
+            self.saw_metric = True
         if self.state is State.STARTING and self.spawned:
             self._move(State.RUNNING, "first metric seen")
 
@@ -259,6 +275,8 @@ class Machine:
             self.pending.decision = None
             self.pending.exit_after = True
         else:
+            if ev.last_step is not None:
+                self.last_step = max(ev.last_step, self.last_step or ev.last_step)
             d = Detection(info.cause, info.summary, "exit",
                           value=float(info.exit_code) if info.exit_code is not None else None,
                           evidence=info.oom_evidence, step=ev.last_step, at=ev.wall)
@@ -292,7 +310,7 @@ class Machine:
         summary = self.root.summary if self.root else info.summary
         self._do(EndAttempt(self.attempt, cause, decision.action if decision else None, summary, counted,
                             info.exit_code, info.signal, self.root, decision, shutdown))
-        self.history.append(PastAttempt(self.attempt, cause, wall, ran, counted))
+        self.history.append(PastAttempt(self.attempt, cause, wall, ran, counted, self._progressed()))
         if cause is not None:
             self.restarts_by_cause[cause.value] += 1
         if self.pending.exit_after:
@@ -316,8 +334,9 @@ class Machine:
         self._record("restart_scheduled", "warning",
                      f"attempt {self.attempt} failed: {decision.cause.value} ({summary}) after {ran:.1f} s; "
                      f"{decision.action.value} {decision.restarts_in_window}/{decision.max_restarts} "
-                     f"in {decision.delay_s:.1f} s", cause=decision.cause.value, action=decision.action.value,
-                     delay_s=round(decision.delay_s, 3), remedies=decision.remedies.as_json() or None)
+                     f"in {decision.delay_s:.1f} s ({decision.delay_reason or 'no reason recorded'})",
+                     cause=decision.cause.value, action=decision.action.value,
+                     delay_s=round(decision.delay_s, 3), delay_reason=decision.delay_reason, remedies=decision.remedies.as_json() or None)
         self.pending = Pending(decision=decision, explicit_checkpoint=self.pending.explicit_checkpoint)
 
     def _apply_remedies(self, decision: Decision) -> None:
