@@ -101,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--from", dest="from_ckpt", metavar="CKPT", help="resume from this checkpoint (verified first)")
     g.add_argument("--rollback", action="store_true", help="restart as a rollback: no emergency checkpoint of the current (suspect) state first")
+    p.add_argument("--force", action="store_true",
+                   help="with --from: use the checkpoint even when its checks fail (missing, corrupt, needs pickled code)")
     _add_wait(p, "until the new attempt is launched")
 
     p = sub.add_parser("checkpoint-now", help="ask the job for an emergency checkpoint")
@@ -495,8 +497,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
         "stop": lambda a: cmd_simple(a, "stop"),
         "checkpoint-now": lambda a: cmd_simple(a, "checkpoint-now"),
         "reload": lambda a: cmd_simple(a, "reload"),
-        "restart": lambda a: cmd_simple(a, "restart", {"reason": a.reason, "from": a.from_ckpt,
-                                                       "rollback": a.rollback}),
+        "restart": lambda a: cmd_simple(a, "restart", {"reason": a.reason, "from": a.from_ckpt and os.path.abspath(a.from_ckpt),
+                                                       "rollback": a.rollback, "force": a.force or None}),
     }
     try:
         return handlers[verb](args)

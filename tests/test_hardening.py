@@ -3,6 +3,7 @@ is about the daemon."""
 from __future__ import annotations
 
 import os
+import subprocess
 import shutil
 import signal
 import stat
@@ -56,3 +57,57 @@ def test_state_dir_is_created_0700(daemons, tmp_path):
     d = daemons(wrap(sd) + [PY, "-c", "pass"])
     assert d.wait(30) == 0
     assert stat.S_IMODE(os.stat(sd).st_mode) == 0o700
+
+
+def _cli(*args: str) -> "subprocess.CompletedProcess[str]":
+    import subprocess
+
+    return subprocess.run([PY, "-m", "supervisor", *args], capture_output=True, text=True, timeout=120,
+                          cwd=str(Path(__file__).resolve().parent.parent))
+
+
+def test_deep_json_on_the_control_socket_gets_a_clear_error_reply(daemons, tmp_path):
+    import json
+    import socket
+
+    sd, ready = tmp_path / "sd", tmp_path / "ready"
+    d = daemons(wrap(sd) + SLEEPER + [str(ready)])
+    wait_for(ready.exists, 30, what="job ready")
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(str(sd / "control.sock"))
+    s.sendall(b'{"verb": "status", "args": ' + b"[" * 5000 + b"]" * 5000 + b"}\n")
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(65536)
+        assert chunk, "connection dropped without a reply"
+        buf += chunk
+    reply = json.loads(buf)
+    assert reply["ok"] is False and reply["error"]["code"] == "bad_request" and "deep" in reply["error"]["message"]
+    assert "Traceback" not in d.stderr() and "RecursionError" not in d.stderr()
+    assert _cli("status", "--state-dir", str(sd)).returncode == 0
+
+
+def test_restart_from_an_unready_checkpoint_is_refused_with_reasons_unless_forced(daemons, tmp_path):
+    import pickle
+
+    sd, ready = tmp_path / "sd", tmp_path / "ready"
+    d = daemons(wrap(sd) + SLEEPER + [str(ready)])
+    wait_for(ready.exists, 30, what="job ready")
+    cp = _cli("restart", "--state-dir", str(sd), "--from", "/nonexistent/ckpt.pt")
+    assert cp.returncode == 1 and "does not exist" in cp.stderr + cp.stdout, cp.stderr
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(pickle.dumps(_NeedsCode()))
+    cp = _cli("restart", "--state-dir", str(sd), "--from", str(evil))
+    assert cp.returncode == 1 and "refused" in cp.stderr + cp.stdout, cp.stderr
+    assert history(sd)["attempts"][-1]["attempt"] == 0  # nothing restarted
+    cp = _cli("restart", "--state-dir", str(sd), "--from", str(evil), "--force")
+    assert cp.returncode == 0, cp.stderr
+    wait_for(lambda: len(history(sd)["attempts"]) == 2, 30, what="forced restart")
+    d.signal(signal.SIGTERM)
+    d.wait(30)
+
+
+class _NeedsCode:
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (print, ("pickled code ran",))

@@ -24,8 +24,9 @@ class OpsConcern(Concern):
 
     name = "ops"
 
-    def __init__(self, notifier: Notifier) -> None:
+    def __init__(self, notifier: Notifier, checkpoints: Any = None) -> None:
         self.notifier = notifier
+        self.checkpoints = checkpoints  # the CheckpointConcern: `restart --from` is verified by its service
         self.control: Any = None
         self.metrics: Any = None
         self.daemon: DaemonView | None = None
@@ -37,7 +38,10 @@ class OpsConcern(Concern):
         from ..ops.metrics import Metrics
 
         self.daemon = daemon
-        self.control = ControlServer(daemon.state_dir, daemon.control)
+        from .restartfrom import gate_restart_from
+
+        self.control = ControlServer(daemon.state_dir, gate_restart_from(
+            daemon.control, lambda: daemon.cfg, daemon.state_dir, lambda: getattr(self.checkpoints, "svc", None)))
         self.control.start()
         mc = daemon.cfg.metrics
         if mc.listen or mc.textfile:

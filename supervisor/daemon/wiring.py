@@ -32,7 +32,7 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     checkpoints = CheckpointConcern()
     health = HealthConcern(newest_checkpoint_bytes=lambda: getattr(checkpoints.newest(), "size", None))
     goodput = GoodputConcern()
-    concerns: list[Concern] = [OpsConcern(notifier), WatchConcern(), health, checkpoints, goodput,
+    concerns: list[Concern] = [OpsConcern(notifier, checkpoints), WatchConcern(), health, checkpoints, goodput,
                                ValidationConcern(goodput), StateLockConcern(lock), *extra]
     ports = Ports(clock=Clock(), launcher=ProcessLauncher(fanout, passthrough if passthrough is not None
                                                           else sys.stdout.buffer, osapi),

@@ -47,7 +47,7 @@ MAX_CONNECTIONS = 16
 # well-formed requests.
 VERBS: Mapping[str, Mapping[str, type]] = {
     "status": {},
-    "restart": {"reason": str, "from": str, "rollback": bool},
+    "restart": {"reason": str, "from": str, "rollback": bool, "force": bool},
     "stop": {"reason": str},
     "checkpoint-now": {},
     "reload": {},
@@ -112,6 +112,8 @@ def parse_request(data: bytes) -> tuple[str, dict[str, Any]]:
         req = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ControlError("bad_request", f"request is not JSON: {e}") from None
+    except RecursionError:
+        raise ControlError("bad_request", "request JSON is nested too deeply") from None
     if not isinstance(req, dict):
         raise ControlError("bad_request", 'request must be a JSON object {"verb": ..., "args": {...}}')
     verb = req.get("verb")

@@ -1,0 +1,53 @@
+"""``restart --from CKPT``: the operator's checkpoint gets the same quicklist as any other
+(exists, complete, sha256 against its manifest, config match, load test without running
+pickled code) before the daemon accepts the request; refused with the reasons unless
+``--force``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..errors import Conflict
+
+
+def from_reasons(cfg: Any, state_dir: Path, svc: Any, path_str: str) -> list[str]:
+    """Why ``path_str`` is not a ready checkpoint (empty when it is)."""
+    from ..checkpoints.discovery import Candidate, Layout, classify
+    from ..checkpoints.service import CheckpointService
+
+    p = Path(path_str)
+    if not p.is_absolute():
+        p = (cfg.workdir() or Path.cwd()) / p
+    if not p.exists():
+        return [f"{p} does not exist"]
+    if svc is None:  # no checkpoint dir configured: a throwaway service for this one check
+        svc = CheckpointService(cfg.checkpoints, p.parent, state_dir, cfg.job.python, list(cfg.job.command),
+                                cfg.workdir(), write_manifests=False)
+    layout, step = classify(p) or (Layout.SINGLE, None)
+    st = os.stat(p)
+    size = st.st_size if not p.is_dir() else sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+    row = svc.evaluate(Candidate(p, step, layout, st.st_mtime, size))
+    if row.ready:
+        return []
+    return list(row.reasons) or ["not ready (no reason given)"]
+
+
+def gate_restart_from(handler: Callable[..., Any], cfg_of: Callable[[], Any], state_dir: Path,
+                      svc_of: Callable[[], Any]) -> Callable[..., Any]:
+    """Wrap the control handler: a ``restart`` with ``from`` is verified first unless ``force``."""
+
+    def gated(verb: str, args: Mapping[str, Any], *a: Any, **kw: Any) -> Any:
+        if verb == "restart":
+            args = dict(args)
+            force = bool(args.pop("force", False))
+            src = args.get("from")
+            if src and not force:
+                reasons = from_reasons(cfg_of(), state_dir, svc_of(), str(src))
+                if reasons:
+                    raise Conflict(f"restart --from {src} refused, the checkpoint is not ready: "
+                                   + "; ".join(reasons) + " (--force to use it anyway)")
+        return handler(verb, args, *a, **kw)
+
+    return gated
