@@ -88,7 +88,7 @@ def test_error_replies_have_one_shape(server):
     (b'{"verb": "format-disk"}\n', "unknown_verb"),
     (b'{"verb": "restart", "args": {"reason": 5}}\n', "bad_request"),
     (b'{"verb": "restart", "args": {"rollback": "yes"}}\n', "bad_request"),
-    (b'{"verb": "restart", "args": {"force": true}}\n', "bad_request"),
+    (b'{"verb": "restart", "args": {"bogus": true}}\n', "bad_request"),
     (b'{"verb": "status", "args": []}\n', "bad_request"),
     (b"\xff\xfe\n", "bad_request"),
     (b"\n", "bad_request"),
