@@ -452,3 +452,51 @@ def test_rollback_skips_a_checkpoint_with_nan_weights_before_the_onset(tmp_path:
     assert (ck / "step_10.pt").exists() and not choice.quarantined  # intact, just not a rollback target
     row = svc.evaluate(next(c for c in svc.scan() if c.step == 10))
     assert not row.ready and "non-finite" in " ".join(row.reasons)  # the finite result is remembered
+
+
+# ------------------------------------------------------------------------------ restart at once (issue 11)
+
+def _job_pids(out: Path) -> list[int]:
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                cmd = (p / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(b"nanogpt_train.py" in c for c in cmd) and f"--out_dir={out}".encode() in cmd:
+                pids.append(int(p.name))
+    return pids
+
+
+@slow
+def test_nanogpt_killed_from_outside_is_relaunched_at_once_not_after_the_backoff(supervise, tmp_path: Path) -> None:
+    # The defaults a user gets (backoff_initial_s = 10): an attempt that made progress is relaunched
+    # as soon as its process tree is gone, so the fault-to-next-iteration time is the job's start-up.
+    out, sd = tmp_path / "out", tmp_path / "sd"
+    d = supervise(["wrap", "--state-dir", str(sd), "--checkpoint-dir", str(out), *NANO_RESUME, "--"]
+                  + nano_cmd(out, "--max_iters=160", "--eval_interval=20"))
+    deadline = time.monotonic() + 120
+    while "iter 50:" not in d.stdout():
+        assert time.monotonic() < deadline and d.proc.poll() is None, d.stderr()[-3000:]
+        time.sleep(0.05)
+    [pid] = [p for p in _job_pids(out) if p != d.proc.pid]  # the daemon's own argv names the job too
+    seen = len(re.findall(r"^iter \d+:", d.stdout(), re.M))
+    os.kill(pid, 9)
+    killed = time.monotonic()
+    while len(re.findall(r"^iter \d+:", d.stdout(), re.M)) <= seen + 3:  # a few lines printed just before
+        assert time.monotonic() - killed < 60 and d.proc.poll() is None, d.stderr()[-3000:]
+        if "Resuming training" in d.stdout():
+            break
+        time.sleep(0.02)
+    while not re.search(r"Resuming training[\s\S]*^iter \d+:", d.stdout(), re.M):
+        assert time.monotonic() - killed < 60 and d.proc.poll() is None, d.stderr()[-3000:]
+        time.sleep(0.02)
+    fault_to_next = time.monotonic() - killed
+    assert d.wait(240) == 0, d.stderr()[-3000:]
+    [sched] = events(d, "restart_scheduled")
+    assert float(sched["delay_s"]) == 0.0 and sched["delay_reason"].startswith("no delay: the attempt made progress")
+    assert "no delay" in sched["message"]
+    assert fault_to_next < 9.0, f"fault to next iteration {fault_to_next:.1f} s: a backoff was slept"
+    a = attempts(sd)
+    assert a[0]["cause"] == "crash" and a[1]["resume_step"] in (40, 60) and a[1]["exit_code"] == 0
