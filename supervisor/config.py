@@ -87,9 +87,11 @@ class PolicyConfig:
         "restarts allowed within restart_window_s before giving up (exit 3)", min=0))
     restart_window_s: float = field(default=3600.0, metadata=meta(
         "the sliding window over which restarts are counted", min=0, min_exclusive=True))
-    backoff_initial_s: float = field(default=10.0, metadata=meta("delay before the first restart", min=0))
+    backoff_initial_s: float = field(default=10.0, metadata=meta(
+        "delay before relaunching an attempt that failed without progress (no step past its resume "
+        "step); one that made progress, or a NaN/spike rollback, relaunches at once", min=0))
     backoff_factor: float = field(default=2.0, metadata=meta(
-        "each consecutive failure multiplies the delay by this", min=1))
+        "each consecutive failure without progress multiplies the delay by this", min=1))
     backoff_max_s: float = field(default=300.0, metadata=meta("the delay never exceeds this", min=0))
     backoff_jitter: float = field(default=0.1, metadata=meta(
         "random +/- fraction of the delay, so many nodes do not restart in lockstep", min=0, max=1))
