@@ -58,7 +58,8 @@ class JobConfig:
     name: str = field(default="job", metadata=meta(
         "names the run, the state dir and the unit instance",
         check=lambda v: None if v and "/" not in v and v not in (".", "..")
-        else f'expected a name without "/", got "{v}"'))
+        and not any(ord(c) < 32 or ord(c) == 127 for c in v)
+        else f'expected a name without "/" or control characters, got {v!r}'))
     command: tuple[str, ...] = field(default=(), metadata=meta(
         "the launch command as an argv array (a single string when shell = true)"))
     workdir: str | None = field(default=None, metadata=meta("working directory of the job (default: the daemon's)"))
@@ -97,6 +98,10 @@ class PolicyConfig:
         "random +/- fraction of the delay, so many nodes do not restart in lockstep", min=0, max=1))
     healthy_after_s: float = field(default=600.0, metadata=meta(
         "an attempt that ran this long resets the backoff and the remedy ladder", min=0))
+    repeat_step_tolerance: int = field(default=10, metadata=meta(
+        "two failures of the same cause this many steps apart or less, resuming from the same checkpoint "
+        "with the same command and environment, are one deterministic failure: the second climbs the "
+        "remedy ladder at once, or gives up (exit 3) when no rung is left", min=0))
 
 
 @dataclass(frozen=True)

@@ -111,3 +111,35 @@ def test_restart_from_an_unready_checkpoint_is_refused_with_reasons_unless_force
 class _NeedsCode:
     def __reduce__(self):  # type: ignore[no-untyped-def]
         return (print, ("pickled code ran",))
+
+
+def test_job_name_with_control_characters_is_rejected_by_check_config(tmp_path):
+    for bad in ("a\\u0000b", "a\\nb", "a\\u001bb"):
+        cfgp = tmp_path / "c.toml"
+        cfgp.write_text(f'[job]\nname = "{bad}"\ncommand = ["true"]\n')
+        cp = _cli("check-config", str(cfgp))
+        assert cp.returncode == 2 and "job.name" in cp.stderr + cp.stdout, (bad, cp.stdout, cp.stderr)
+        assert "Traceback" not in cp.stderr
+
+
+def test_secret_in_remedies_env_is_masked_in_ledger_and_reload_event(daemons, tmp_path):
+    sd, ready = tmp_path / "sd", tmp_path / "ready"
+    cfgp = tmp_path / "c.toml"
+    cmd = ", ".join(f'"{a}"' for a in SLEEPER + [str(ready)])
+    base = f'[job]\ncommand = [{cmd}]\n[state]\ndir = "{sd}"\n'
+    on = '[on.nan]\nremedies = [{{ env = {{ HF_TOKEN = "{}", PLAIN_R = "shown" }} }}]\n'
+    cfgp.write_text(base + on.format("rem-s3cr3t-1"))
+    d = daemons(["run", "--config", str(cfgp)])
+    wait_for(ready.exists, 30, what="job ready")
+    cfgp.write_text(base + on.format("rem-s3cr3t-2"))
+    d.signal(signal.SIGHUP)
+    wait_for(lambda: "config_reloaded" in d.stderr(), 10)
+    d.signal(signal.SIGTERM)
+    assert d.wait(30) == 143
+    import json
+
+    stored = b"".join(p.read_bytes() for p in sd.iterdir() if p.name.startswith("ledger.sqlite"))
+    h = json.dumps(history(sd))
+    for secret in ("rem-s3cr3t-1", "rem-s3cr3t-2"):
+        assert secret not in d.stderr() and secret.encode() not in stored and secret not in h, secret
+    assert "on.nan" in d.stderr() and b"shown" in stored

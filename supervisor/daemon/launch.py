@@ -31,6 +31,9 @@ def config_json(cfg: Config) -> dict[str, Any]:
     """The config as stored in the ledger: secret-looking values of job.env masked."""
     js = jsonable(cfg)
     js["job"]["env"] = redact_env(js["job"]["env"])
+    for oc in (js.get("on") or {}).values():  # remedies env: masked the same way
+        for rem in (oc or {}).get("remedies") or ():
+            rem["env"] = redact_env(rem.get("env") or {})
     return js
 
 

@@ -18,6 +18,25 @@ from ..process import is_secret
 RESTART_SECTIONS = ("state", "log", "heartbeat", "detectors", "checkpoints", "gpu", "host", "metrics", "systemd")
 
 
+def _masked(v: Any) -> Any:
+    """``v`` with the secret-looking values of any remedy env masked (``[on.<cause>]``)."""
+    import dataclasses
+
+    from ..config import Remedy
+    from ..process import redact_env
+
+    if isinstance(v, Remedy):
+        return dataclasses.replace(v, env=redact_env(v.env))
+    if isinstance(v, (tuple, list)):
+        return type(v)(_masked(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _masked(x) for k, x in v.items()}
+    if dataclasses.is_dataclass(v) and not isinstance(v, type) and any(
+            f.name == "remedies" for f in dataclasses.fields(v)):
+        return dataclasses.replace(v, remedies=_masked(v.remedies))
+    return v
+
+
 def reload_config(current: Config, config_path: Path | None, state_dir: Path,
                   event: Callable[..., None]) -> tuple[Config | None, dict[str, Any]]:
     """The new config (None: keep the running one) and the reply to the operator."""
@@ -45,6 +64,7 @@ def reload_config(current: Config, config_path: Path | None, state_dir: Path,
     event("config_reloaded", "info",
           f"config reloaded from {config_path}: {len(changed)} key(s) changed"
           + (f" ({', '.join(sorted(changed))})" if changed else "") + "; applied at the next launch",
-          changed={k: (["<redacted>", "<redacted>"] if is_secret(k.rsplit(".", 1)[-1]) else [str(a), str(b)])
+          changed={k: (["<redacted>", "<redacted>"] if is_secret(k.rsplit(".", 1)[-1])
+                       else [str(_masked(a)), str(_masked(b))])
                    for k, (a, b) in changed.items()})
     return new, {"reloaded": True, "changed": sorted(changed)}
