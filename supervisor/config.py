@@ -57,9 +57,10 @@ def signal_number(name: str) -> int:
 class JobConfig:
     name: str = field(default="job", metadata=meta(
         "names the run, the state dir and the unit instance",
-        check=lambda v: None if v and "/" not in v and v not in (".", "..")
-        and not any(ord(c) < 32 or ord(c) == 127 for c in v)
-        else f'expected a name without "/" or control characters, got {v!r}'))
+        check=lambda v: (f'expected a name without control characters, got {v!r}'
+                         if any(ord(c) < 32 or ord(c) == 127 for c in v)
+                         else None if v and "/" not in v and v not in (".", "..")
+                         else f'expected a name without "/", got "{v}"')))
     command: tuple[str, ...] = field(default=(), metadata=meta(
         "the launch command as an argv array (a single string when shell = true)"))
     workdir: str | None = field(default=None, metadata=meta("working directory of the job (default: the daemon's)"))
