@@ -7,7 +7,13 @@ Rules, in order:
 1. The action is ``[on.<cause>].action`` when configured, else the monitor's suggestion (a
    node-level Xid suggests ``give_up``), else the cause's default.
 2. ``warn`` records and lets the job run; ``give_up`` gives up.
-3. The remedy ladder: each consecutive repeat of the same cause climbs one rung (cumulative);
+3. No futile repeats: the same cause at the same step (within ``policy.repeat_step_tolerance``),
+   resuming from the same checkpoint with the same command and environment as the attempt before
+   (:class:`RepeatKey`) is deterministic: the second occurrence climbs the remedy ladder at once
+   (no backoff) or, with no rung left, gives up naming the step, the checkpoint, the evidence and
+   what a human should try. Not for causes that come from outside the job (hang, NCCL, GPU, a
+   SIGKILL/SIGTERM), which say nothing about the next attempt.
+3b. The remedy ladder: each consecutive repeat of the same cause climbs one rung (cumulative);
    when the cause repeats past the last rung, give up ("the remedies did not help").
 4. The restart budget: at most ``max_restarts`` restarts whose failures fell inside the last
    ``restart_window_s``; one more gives up.
@@ -30,6 +36,48 @@ from .events import Action, Cause
 
 
 @dataclass(frozen=True)
+class RepeatKey:
+    """What makes two failures the same: where the attempt started, what ran, where and how it failed."""
+
+    checkpoint: str | None  # resumed from (None: from scratch)
+    resume_step: int | None
+    launch: str  # a digest of the argv and the env the supervisor chose (remedies, diagnostics)
+    step: int | None  # where it failed (the onset when known)
+    detail: str = ""  # e.g. "exit 1", "SIGSEGV"
+
+
+#: Causes a second identical occurrence of which is taken as deterministic.
+REPEATABLE = frozenset({Cause.NAN, Cause.LOSS_SPIKE, Cause.CRASH, Cause.OOM, Cause.VALIDATION_FAILED,
+                        Cause.CHECKPOINT_LOAD_ERROR})
+#: Crashes by these signals were sent from outside; the next attempt need not meet them.
+EXTERNAL_SIGNALS = frozenset({"SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"})
+
+_TRY: Mapping[Cause, str] = MappingProxyType({
+    Cause.NAN: "lower the learning rate (or add [on.nan] remedies that scale it), enable gradient clipping, "
+               "or look at the data around that step",
+    Cause.LOSS_SPIKE: "lower the learning rate or add [on.loss_spike] remedies (e.g. skip_batches), "
+                      "or look at the data around that step",
+    Cause.OOM: "lower the batch size or sequence length (or add [on.oom] remedies that do)",
+    Cause.CRASH: "read the traceback at the end of job.log; the same code on the same state fails the same way",
+    Cause.VALIDATION_FAILED: "compare the resumed checkpoint with the run before it, or roll back by hand "
+                             "with `transformer-supervisor restart --from`",
+    Cause.CHECKPOINT_LOAD_ERROR: "check that the checkpoint matches the model config, or resume from another "
+                                 "with `transformer-supervisor restart --from`",
+})
+
+
+def same_failure(a: RepeatKey | None, b: RepeatKey | None, tolerance: int) -> bool:
+    """``a`` and ``b`` are one deterministic failure (both known, same start, same launch, same place)."""
+    if a is None or b is None:
+        return False
+    if (a.checkpoint, a.resume_step, a.launch, a.detail) != (b.checkpoint, b.resume_step, b.launch, b.detail):
+        return False
+    if a.step is None or b.step is None:
+        return a.step is None and b.step is None
+    return abs(a.step - b.step) <= tolerance
+
+
+@dataclass(frozen=True)
 class PastAttempt:
     """What the policy needs to know about an attempt that already ended."""
 
@@ -39,6 +87,7 @@ class PastAttempt:
     ran_s: float
     counted: bool = True  # False: not a failure (e.g. the daemon itself was restarted)
     progressed: bool = False  # its steps went past the step it resumed from
+    repeat: RepeatKey | None = None  # what its failure looked like (None: unknown, e.g. recovered)
 
 
 @dataclass(frozen=True)
@@ -48,6 +97,7 @@ class Failure:
     suggested_action: Action | None = None
     step: int | None = None
     onset_step: int | None = None
+    detail: str = ""  # how it ended, for a crash: "exit 1", "SIGSEGV"
 
 
 @dataclass(frozen=True)
@@ -170,11 +220,13 @@ def backoff_delay(cfg: Config, consecutive: int, jitter_draw: float) -> float:
 
 
 def decide(cfg: Config, history: Sequence[PastAttempt], failure: Failure, *, now: float,
-           ran_s: float, jitter_draw: float = 0.0, progressed: bool = False) -> Decision:
+           ran_s: float, jitter_draw: float = 0.0, progressed: bool = False,
+           repeat: RepeatKey | None = None) -> Decision:
     """Decide what to do about ``failure`` that ended (or must end) the current attempt.
 
     ``history`` holds the attempts that ended before the current one; ``ran_s`` is how long the
-    current attempt ran; ``progressed``: its steps went past the step it resumed from.
+    current attempt ran; ``progressed``: its steps went past the step it resumed from; ``repeat``:
+    what the current attempt's failure looks like, compared with the attempt before it.
     """
     cause = failure.cause
     p = cfg.policy
@@ -194,6 +246,9 @@ def decide(cfg: Config, history: Sequence[PastAttempt], failure: Failure, *, now
     # The ladder: a repeat of the same cause (no healthy run between) climbs one rung.
     remedies = cfg.remedies_for(cause)
     repeats = _streak(history, cause, p.healthy_after_s) if ran_s < p.healthy_after_s else 0
+    identical = _identical_repeat(history, cause, repeat, p.repeat_step_tolerance)
+    if identical is not None and repeats > len(remedies):  # no new rung would change the next attempt
+        return Decision(Action.GIVE_UP, cause, _futile_message(cfg, cause, failure, identical, repeat, remedies))
     if remedies and repeats > len(remedies):
         return Decision(Action.GIVE_UP, cause,
                         f"{cause.value} repeated after all {len(remedies)} remedies of [on.{cause.value}] "
@@ -210,8 +265,43 @@ def decide(cfg: Config, history: Sequence[PastAttempt], failure: Failure, *, now
 
     delay, delay_reason = relaunch_delay(cfg, history, cause, action, ran_s=ran_s, progressed=progressed,
                                          jitter_draw=jitter_draw)
+    if identical is not None and delay:
+        delay, delay_reason = 0.0, ("no delay: an identical repeat is deterministic; waiting would not change it, "
+                                    "the next remedy rung does")
     reason = f"{action.value} ({why_action})"
     if applied.rungs:
         reason += f"; remedies 1-{len(applied.rungs)} of [on.{cause.value}] applied"
     return Decision(action, cause, reason, delay_s=delay, restarts_in_window=in_window + 1,
                     max_restarts=p.max_restarts, remedies=applied, delay_reason=delay_reason)
+
+
+def _identical_repeat(history: Sequence[PastAttempt], cause: Cause, repeat: RepeatKey | None,
+                      tolerance: int) -> PastAttempt | None:
+    """The attempt just before this one, when it failed identically (rule 3); else None."""
+    if cause not in REPEATABLE or repeat is None:
+        return None
+    if cause is Cause.CRASH and repeat.detail in EXTERNAL_SIGNALS:
+        return None
+    counted = [a for a in history if a.counted]
+    if not counted:
+        return None
+    prev = counted[-1]
+    if prev.cause is cause and same_failure(prev.repeat, repeat, tolerance):
+        return prev
+    return None
+
+
+def _futile_message(cfg: Config, cause: Cause, failure: Failure, prev: PastAttempt, repeat: RepeatKey | None,
+                    remedies: Sequence[Remedy]) -> str:
+    assert repeat is not None and prev.repeat is not None
+    where = f"at step {repeat.step}" if repeat.step is not None else "before any step"
+    first = f"step {prev.repeat.step}" if prev.repeat.step is not None else "no step"
+    start = (f"resuming from {repeat.checkpoint} (step {repeat.resume_step})" if repeat.checkpoint
+             else "starting from scratch (no checkpoint)")
+    left = (f"all {len(remedies)} remedies of [on.{cause.value}] are applied" if remedies
+            else f"no remedy is configured in [on.{cause.value}]")
+    return (f"{cause.value} {where} again, identical to attempt {prev.attempt} ({first}): {start} with the same "
+            f"command and environment, so the failure is deterministic and a third attempt would fail the same "
+            f"way; {left}. Evidence: {failure.summary}"
+            + (f" ({repeat.detail})" if repeat.detail else "")
+            + f". Try: {_TRY.get(cause, 'look at job.log around that step')}")

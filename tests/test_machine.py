@@ -80,10 +80,10 @@ class Script:
         return self(StopFinished(info, ShutdownResult(Mode.GRACEFUL, escalated, None, 1.0, False), self.now,
                                  W0 + self.now))
 
-    def exited(self, code: int, group_alive: bool = False) -> list:
+    def exited(self, code: int, group_alive: bool = False, last_step: int = 50, sig: str | None = None) -> list:
         self.now += 30
-        info = ExitInfo(code, None, None if code == 0 else Cause.CRASH, f"exit {code}" if code else "exited 0")
-        return self(JobExited(info, group_alive, self.now, W0 + self.now, last_step=50))
+        info = ExitInfo(code, sig, None if code == 0 else Cause.CRASH, f"exit {code}" if code else "exited 0")
+        return self(JobExited(info, group_alive, self.now, W0 + self.now, last_step=last_step))
 
 
 def test_the_table_of_moves_covers_every_state_and_ends_are_final():
@@ -216,10 +216,10 @@ def test_crashes_restart_until_the_budget_is_spent():
     s = Script(policy={"max_restarts": 2})
     for n in range(2):
         s.running(pid=10 + n)
-        out = s.exited(1)
+        out = s.exited(1, last_step=50 + 100 * n)  # different steps: not one deterministic failure
         assert one(out, EndAttempt).cause is Cause.CRASH and s.m.state is State.BACKOFF
     s.running(pid=20)
-    out = s.exited(1)
+    out = s.exited(1, last_step=300)
     assert s.m.state is State.GAVE_UP and "restart budget spent" in one(out, Finish).reason
     assert s.m.restarts_by_cause["crash"] == 3
 
@@ -370,3 +370,58 @@ def test_relaunch_at_once_after_progress_backoff_when_no_step_past_the_resume_st
     s.now += 1
     out = s(JobExited(ExitInfo(1, None, Cause.CRASH, "exit 1"), False, s.now, W0 + s.now))
     assert one(out, ArmTimer).delay_s == 20.0
+
+
+def test_an_identical_second_failure_gives_up_at_once_naming_step_checkpoint_evidence_and_what_to_try():
+    s = Script(policy={"backoff_initial_s": 10, "backoff_jitter": 0})
+    s.running()
+    s.detect(Cause.NAN, step=44)
+    s.stopped()
+    assert s.m.state is State.BACKOFF  # the first NaN: rolled back (from scratch, no checkpoint)
+    s.running()
+    s.detect(Cause.NAN, step=45)  # within the tolerance, same start, same argv and env
+    out = s.stopped()
+    assert s.m.state is State.GAVE_UP and one(out, Finish).code == 3
+    reason = one(out, Finish).reason
+    for part in ("nan at step 45 again", "identical to attempt 0 (step 44)", "starting from scratch",
+                 "no remedy is configured in [on.nan]", "Evidence: nan seen", "Try: lower the learning rate"):
+        assert part in reason, (part, reason)
+
+
+def test_not_identical_when_the_step_the_checkpoint_or_the_remedies_differ_or_a_signal_came_from_outside():
+    # A different step: the budget, not the repeat rule.
+    s = Script()
+    s.running()
+    s.detect(Cause.NAN, step=44)
+    s.stopped()
+    s.running()
+    s.detect(Cause.NAN, step=200)
+    s.stopped()
+    assert s.m.state is State.BACKOFF
+    # A different checkpoint: not the same start.
+    s = Script()
+    s.running(Resume("ckpt/step_40.pt", 40, "newest"))
+    s.exited(1, last_step=45)
+    s.running(Resume("ckpt/step_60.pt", 60, "newest"))
+    s.exited(1, last_step=45)
+    assert s.m.state is State.BACKOFF
+    # A SIGKILL from outside twice at the same place says nothing about the next attempt.
+    s = Script()
+    s.running(Resume("ckpt/step_40.pt", 40, "newest"))
+    s.exited(1, last_step=45, sig="SIGKILL")
+    s.running(Resume("ckpt/step_40.pt", 40, "newest"))
+    s.exited(1, last_step=45, sig="SIGKILL")
+    assert s.m.state is State.BACKOFF
+    # A remedy rung changes the launch: the second NaN climbs, the third (all rungs applied) gives up.
+    s = Script(on={"nan": {"remedies": [{"env": {"LR_SCALE": "0.5"}}]}})
+    s.running()
+    s.detect(Cause.NAN, step=44)
+    s.stopped()
+    s.running()
+    s.detect(Cause.NAN, step=44)
+    out = s.stopped()
+    assert s.m.state is State.BACKOFF and "remedies_applied" in records(out)
+    s.running()
+    s.detect(Cause.NAN, step=44)
+    s.stopped()
+    assert s.m.state is State.GAVE_UP

@@ -123,3 +123,32 @@ def test_no_backoff_for_a_rollback_after_a_nan_or_spike_even_without_progress():
     # A NaN configured to restart (not roll back) is not a rollback: the no-progress backoff applies.
     c2 = cfg(policy={"backoff_initial_s": 10, "backoff_jitter": 0}, on={"nan": {"action": "restart"}})
     assert decide(c2, [], Failure(Cause.NAN, "x"), now=1100, ran_s=1).delay_s == 10
+
+
+def test_an_identical_repeat_gives_up_without_remedies_and_climbs_at_once_with_them():
+    from supervisor.policy import RepeatKey, same_failure
+
+    key = RepeatKey("out/ckpt.pt", 40, "abc", 44, "")
+    assert same_failure(key, RepeatKey("out/ckpt.pt", 40, "abc", 54, ""), 10)
+    assert not same_failure(key, RepeatKey("out/ckpt.pt", 40, "abc", 55, ""), 10)
+    assert not same_failure(key, RepeatKey("out/ckpt.pt", 60, "abc", 44, ""), 10)  # another version of the file
+    assert not same_failure(key, RepeatKey("out/ckpt.pt", 40, "abd", 44, ""), 10)  # another launch
+    assert not same_failure(key, None, 10)
+    c = cfg(policy={"backoff_initial_s": 10, "backoff_jitter": 0, "max_restarts": 100})
+    nan = Failure(Cause.NAN, "loss is nan at step 44", step=44)
+    hist = [PastAttempt(0, Cause.NAN, 1000, 5, True, repeat=key)]
+    d = decide(c, hist, nan, now=1100, ran_s=5, repeat=key)
+    assert d.action is Action.GIVE_UP and "identical to attempt 0" in d.reason and "out/ckpt.pt (step 40)" in d.reason
+    # Different: the budget goes on as before.
+    assert decide(c, hist, nan, now=1100, ran_s=5, repeat=RepeatKey(None, None, "abc", 44, "")).relaunch
+    # With a rung left: it climbs, and at once (a deterministic failure gains nothing from waiting).
+    c2 = cfg(policy={"backoff_initial_s": 10, "backoff_jitter": 0}, on={"crash": {"remedies": [{"args": ["--x=1"]}]}})
+    crash = Failure(Cause.CRASH, "exit 1", step=44, detail="exit 1")
+    ck = RepeatKey("out/ckpt.pt", 40, "abc", 44, "exit 1")
+    d = decide(c2, [PastAttempt(0, Cause.CRASH, 1000, 5, True, repeat=ck)], crash, now=1100, ran_s=5, repeat=ck)
+    assert d.relaunch and d.remedies.rungs == (0,) and d.delay_s == 0 and "identical repeat" in d.delay_reason
+    # A crash by a signal from outside is not deterministic.
+    kill = RepeatKey("out/ckpt.pt", 40, "abc", 44, "SIGKILL")
+    d = decide(c, [PastAttempt(0, Cause.CRASH, 1000, 5, True, repeat=kill)], Failure(Cause.CRASH, "killed"),
+               now=1100, ran_s=5, repeat=kill)
+    assert d.relaunch

@@ -500,3 +500,26 @@ def test_nanogpt_killed_from_outside_is_relaunched_at_once_not_after_the_backoff
     assert fault_to_next < 9.0, f"fault to next iteration {fault_to_next:.1f} s: a backoff was slept"
     a = attempts(sd)
     assert a[0]["cause"] == "crash" and a[1]["resume_step"] in (40, 60) and a[1]["exit_code"] == 0
+
+
+@slow
+def test_nanogpt_deterministic_nan_gives_up_on_the_second_identical_failure_in_seconds(supervise,
+                                                                                      tmp_path: Path) -> None:
+    # A learning rate far too high: NaN within the first iterations, before the first save. The
+    # rollback has nowhere to go but scratch, and the same argv fails the same way: the second
+    # identical failure gives up (exit 3), no third attempt, no backoff (defaults: 10 s).
+    out, sd = tmp_path / "out", tmp_path / "sd"
+    t0 = time.monotonic()
+    d = supervise(["wrap", "--state-dir", str(sd), "--checkpoint-dir", str(out), *NANO_RESUME, "--"]
+                  + nano_cmd(out, "--max_iters=200", "--eval_interval=50", "--learning_rate=50.0"))
+    assert d.wait(120) == 3, d.stderr()[-3000:]
+    took = time.monotonic() - t0
+    a = attempts(sd)
+    assert len(a) == 2 and [x["cause"] for x in a] == ["nan", "nan"], a
+    [gave_up] = events(d, "gave_up")
+    msg = gave_up["message"]
+    for part in ("identical to attempt 0", "starting from scratch (no checkpoint)", "no remedy is configured in [on.nan]",
+                 "Evidence: ", "Try: lower the learning rate"):
+        assert part in msg, (part, msg)
+    assert re.search(r"nan at step \d+ again", msg), msg
+    assert took < 30, f"gave up after {took:.1f} s"

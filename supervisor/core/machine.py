@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping
 from ..config import Config, signal_number
 from ..errors import Conflict, IllegalMove
 from ..events import Detection
-from ..policy import Decision, Failure, PastAttempt, decide, merge_args
+from ..policy import Decision, Failure, PastAttempt, RepeatKey, decide, merge_args
 from .causes import CAUSES, Action, Cause, StopStyle, gate_failure
 from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, ArmTimer, Boot, CheckpointRequested, Command, Detected,
                        EndAttempt, EscalateStop, Event, ExitInfo, Finish, FirstMetric, JobExited, Launch, Mode,
@@ -84,6 +84,8 @@ class Machine:
         self.spawned = False  # the current attempt's job was started
         self.saw_metric = False  # the current attempt printed a training metric
         self.last_step: int | None = None  # the newest step the current attempt reached, when known
+        self.launch_digest = ""  # the current attempt's argv and the env the supervisor chose
+        self.repeat: RepeatKey | None = None  # what the current attempt's failure looks like
         self.preparing = False  # a PrepareLaunch is out
         self.pid: int | None = None
         self.pgid: int | None = None
@@ -142,8 +144,12 @@ class Machine:
     def _decide(self, failure: Failure, now: float, wall: float, jitter: float) -> Decision:
         if failure.step is not None:
             self.last_step = max(failure.step, self.last_step or failure.step)
+        where = failure.onset_step if failure.onset_step is not None else failure.step
+        if where is None and failure.cause is not Cause.CRASH:
+            where = self.last_step
+        self.repeat = RepeatKey(self.resume.checkpoint, self.resume.step, self.launch_digest, where, failure.detail)
         return decide(self.cfg, list(self.history), failure, now=wall, ran_s=now - self.attempt_started,
-                      jitter_draw=jitter, progressed=self._progressed())
+                      jitter_draw=jitter, progressed=self._progressed(), repeat=self.repeat)
 
     def _progressed(self) -> bool:
         """The current attempt made progress: it trained (printed a metric) and, when the steps are
@@ -212,7 +218,8 @@ class Machine:
 
     def _spawned(self, ev: Spawned) -> None:
         self.spawned = True
-        self.saw_metric, self.last_step = False, None
+        self.saw_metric, self.last_step, self.repeat = False, None, None
+        self.launch_digest = _digest(list(ev.argv), self.remedy_env, self.skip_batches, self.diagnostics)
         self.pid, self.pgid = ev.pid, ev.pgid
         self.attempt_started = ev.now
         resume_txt = (f"resuming from {self.resume.checkpoint} (step {self.resume.step})"
@@ -281,7 +288,9 @@ class Machine:
                           value=float(info.exit_code) if info.exit_code is not None else None,
                           evidence=info.oom_evidence, step=ev.last_step, at=ev.wall)
             self.root = d
-            decision = self._decide(Failure(d.cause, d.summary), ev.now, ev.wall, ev.jitter)
+            detail = info.signal or (f"exit {info.exit_code}" if info.exit_code is not None else "")
+            decision = self._decide(Failure(d.cause, d.summary, step=ev.last_step, detail=detail),
+                                    ev.now, ev.wall, ev.jitter)
             if decision.action is Action.WARN:  # a crash cannot be "warned": the job is gone
                 decision = Decision(Action.GIVE_UP, d.cause, f"[on.{d.cause.value}] action = warn, but the job "
                                                               "exited; nothing left to supervise")
@@ -310,7 +319,9 @@ class Machine:
         summary = self.root.summary if self.root else info.summary
         self._do(EndAttempt(self.attempt, cause, decision.action if decision else None, summary, counted,
                             info.exit_code, info.signal, self.root, decision, shutdown))
-        self.history.append(PastAttempt(self.attempt, cause, wall, ran, counted, self._progressed()))
+        self.history.append(PastAttempt(self.attempt, cause, wall, ran, counted, self._progressed(),
+                                        self.repeat if cause is not None and self.root is not None
+                                        and cause is self.root.cause else None))
         if cause is not None:
             self.restarts_by_cause[cause.value] += 1
         if self.pending.exit_after:
@@ -411,6 +422,7 @@ class Machine:
             self._do(ArmTimer(0.0), Reply({"accepted": True, "message": "restarting now (was waiting in backoff)"}))
             return
         self.root = Detection(Cause.MANUAL, f"operator restart: {ev.reason}", "control", at=ev.wall)
+        self.repeat = None
         self._record("restart_requested", "warning", f"operator restart ({ev.reason}); stopping the job, then "
                      f"{action.value}" + (f" from {ev.checkpoint}" if ev.checkpoint else ""), cause="manual")
         self._begin_stop(self._plan_for(Cause.MANUAL, decision))
@@ -424,6 +436,15 @@ class Machine:
         self._record("checkpoint_requested", "info", f"sent {name} to the job: it should write a checkpoint "
                                                      "at its next step boundary and keep training")
         self._do(Reply({"signal": name, "pgid": self.pgid}))
+
+
+def _digest(argv: list[str], env: Mapping[str, str], skip_batches: int, diagnostics: bool) -> str:
+    """The launch, for comparing attempts: argv and the env the supervisor chose (not the inherited env)."""
+    import hashlib
+    import json
+
+    blob = json.dumps([argv, sorted(env.items()), skip_batches, diagnostics])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _what_next(decision: Decision) -> str:
