@@ -25,7 +25,8 @@ exit status:
        --wait timed out
   2    bad usage or config (every problem printed with its key path), or supervisord's
        `supervisor` package in this environment (see README: installs); run/wrap: another
-       daemon (its pid named) already holds the state dir, or the state dir is another user's
+       daemon (its pid named) already holds the state dir, the state dir is another user's, or
+       its ledger is corrupt or was written by a newer version
   3    run/wrap: gave up (restart budget spent, no progress, a fault that needs a human; the last
        log line says why); restart --wait: the daemon gave up instead of restarting
   143  run/wrap: stopped by SIGTERM before the job finished (a scheduler's time limit, preemption
@@ -264,10 +265,11 @@ def _run_daemon(cfg: Any, config_path: Path | None, log_format: str | None) -> i
         logsetup.add_processor(jp)
     logsetup.configure(log_format or cfg.log.format, cfg.log.level)
     from .daemon.statelock import StateDirLocked
+    from .ledger import LedgerError
 
     try:
         daemon = build_daemon(cfg, config_path=config_path)
-    except StateDirLocked as e:
+    except (StateDirLocked, LedgerError) as e:
         print(f"transformer-supervisor: {e.message}", file=sys.stderr)
         return EXIT_USAGE
     return daemon.run()
@@ -345,12 +347,12 @@ def cmd_simple(args: argparse.Namespace, verb: str, payload: dict[str, Any] | No
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from .ledger import Ledger
+    from .ledger import Ledger, LedgerError
 
     sd = _state_dir(args)
     try:
         led = Ledger(sd, readonly=True)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, LedgerError) as e:
         print(f"transformer-supervisor: {e}", file=sys.stderr)
         return 1
     try:

@@ -8,6 +8,7 @@ connection. WAL mode keeps readers from blocking the writer. A daemon restarted 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Mapping
+
+from .errors import SupervisorError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -84,6 +87,20 @@ CREATE INDEX IF NOT EXISTS metrics_run ON metrics(run_id, attempt, step);
 
 LEDGER_FILE = "ledger.sqlite"
 
+# The ledger's schema version, kept in SQLite's user_version. A file of an older version is
+# migrated on open (MIGRATIONS[n] takes version n to n + 1); one of a newer version is refused
+# (an older supervisor must not write into a ledger it does not understand).
+SCHEMA_VERSION = 1
+MIGRATIONS: dict[int, str] = {
+    0: "",  # version 0: files written before the version was kept; SCHEMA (IF NOT EXISTS) is enough
+}
+
+
+class LedgerError(SupervisorError):
+    """The ledger file cannot be used: corrupt, not a ledger, or written by a newer version."""
+
+    code = "ledger"
+
 # Run states that end a run; any other state means the daemon died and the run continues.
 FINAL_STATES = ("finished", "gave_up")
 
@@ -117,6 +134,17 @@ class _Locked:
     def executemany(self, *a: Any) -> sqlite3.Cursor:
         with self._lock:
             return self._conn.executemany(*a)
+
+    def executemany_tx(self, sql: str, rows: Any) -> None:
+        """``executemany`` in one transaction (one commit, one fsync for the whole batch)."""
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.executemany(sql, rows)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
 
     def executescript(self, script: str) -> sqlite3.Cursor:
         with self._lock:
@@ -177,16 +205,51 @@ class Ledger:
             if not self.path.exists():
                 raise FileNotFoundError(f"no ledger at {self.path}: no run has used this state dir")
             self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10)
+            try:
+                self._check_version(self.db.execute("PRAGMA user_version").fetchone()[0])
+                self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            except sqlite3.DatabaseError as e:
+                self.db.close()
+                raise LedgerError(self._corrupt(e)) from None
+            except LedgerError:
+                self.db.close()
+                raise
         else:
-            state_dir.mkdir(parents=True, exist_ok=True)
+            state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not self.path.exists():  # 0600 from the start, whatever the umask
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
             # One connection shared by the main loop and the launch-preparation worker; every
             # statement is serialized by _Locked.
             self.db = _Locked(sqlite3.connect(self.path, timeout=10, isolation_level=None,
                                               check_same_thread=False))
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(SCHEMA)
+            try:
+                version = self.db.execute("PRAGMA user_version").fetchone()[0]
+                self._check_version(version)
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=NORMAL")
+                self.db.executescript(SCHEMA)
+                for v in range(version, SCHEMA_VERSION):
+                    if MIGRATIONS[v]:
+                        self.db.executescript(MIGRATIONS[v])
+                if version != SCHEMA_VERSION:
+                    self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            except sqlite3.DatabaseError as e:
+                self.db.close()
+                raise LedgerError(self._corrupt(e)) from None
+            except LedgerError:
+                self.db.close()
+                raise
         self.db.row_factory = sqlite3.Row
+
+    def _check_version(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise LedgerError(f"the ledger {self.path} was written by a newer transformer-supervisor (schema "
+                              f"version {version}, this one knows up to {SCHEMA_VERSION}); upgrade, or use "
+                              "another state dir")
+
+    def _corrupt(self, e: Exception) -> str:
+        return (f"the ledger {self.path} cannot be read ({e}): it is corrupt or not a ledger. Move it aside "
+                "(the run's history is in it) and start again, or use another state dir")
 
     def close(self) -> None:
         self.db.close()
@@ -269,8 +332,8 @@ class Ledger:
                         (run_id, attempt, time.time(), event, level, message, _json(data)))
 
     def metrics_batch(self, run_id: str, attempt: int, rows: list[tuple[float, Any, Any, Any, Any, Any]]) -> None:
-        self.db.executemany("INSERT INTO metrics(run_id, attempt, at, step, loss, grad_norm, tokens_per_sec, "
-                            "val_loss) VALUES (?,?,?,?,?,?,?,?)", [(run_id, attempt, *r) for r in rows])
+        self.db.executemany_tx("INSERT INTO metrics(run_id, attempt, at, step, loss, grad_norm, tokens_per_sec, "
+                               "val_loss) VALUES (?,?,?,?,?,?,?,?)", [(run_id, attempt, *r) for r in rows])
 
     def metrics(self, run_id: str) -> Iterator[sqlite3.Row]:
         return iter(self.db.execute("SELECT * FROM metrics WHERE run_id=? ORDER BY at", (run_id,)).fetchall())

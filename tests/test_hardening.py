@@ -143,3 +143,57 @@ def test_secret_in_remedies_env_is_masked_in_ledger_and_reload_event(daemons, tm
     for secret in ("rem-s3cr3t-1", "rem-s3cr3t-2"):
         assert secret not in d.stderr() and secret.encode() not in stored and secret not in h, secret
     assert "on.nan" in d.stderr() and b"shown" in stored
+
+
+def test_ledger_has_a_schema_version_and_refuses_corrupt_or_newer_files(daemons, tmp_path):
+    import sqlite3
+
+    from supervisor.ledger import LEDGER_FILE, SCHEMA_VERSION
+
+    sd = tmp_path / "sd"
+    d = daemons(wrap(sd) + [PY, "-c", "pass"])
+    assert d.wait(30) == 0
+    db = sqlite3.connect(sd / LEDGER_FILE)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    db.close()
+    d = daemons(wrap(sd) + [PY, "-c", "pass"])
+    assert d.wait(30) == 2 and "newer" in d.stderr() and "Traceback" not in d.stderr()
+    cp = _cli("history", "--state-dir", str(sd))
+    assert cp.returncode == 1 and "newer" in cp.stderr
+    for name in os.listdir(sd):
+        if name.startswith(LEDGER_FILE):
+            os.unlink(sd / name)
+    (sd / LEDGER_FILE).write_bytes(b"this is not a sqlite file" * 100)
+    d = daemons(wrap(sd) + [PY, "-c", "pass"])
+    assert d.wait(30) == 2 and "corrupt" in d.stderr() and "Traceback" not in d.stderr()
+    assert (sd / LEDGER_FILE).read_bytes().startswith(b"this is not")  # left as it was
+
+
+def test_ledger_of_version_0_is_migrated(tmp_path):
+    import sqlite3
+
+    from supervisor.ledger import LEDGER_FILE, SCHEMA, SCHEMA_VERSION, Ledger
+
+    tmp_path.joinpath("sd").mkdir()
+    db = sqlite3.connect(tmp_path / "sd" / LEDGER_FILE)
+    db.executescript(SCHEMA)
+    db.close()
+    led = Ledger(tmp_path / "sd")
+    assert led.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    led.close()
+
+
+def test_metric_batches_are_one_transaction(tmp_path):
+    from supervisor.ledger import Ledger
+
+    led = Ledger(tmp_path / "sd")
+    run, _ = led.open_run("m", {})
+    statements: list[str] = []
+    led.db._conn.set_trace_callback(statements.append)
+    led.metrics_batch(run, 0, [(float(i), i, 1.0, None, None, None) for i in range(1000)])
+    led.db._conn.set_trace_callback(None)
+    assert sum(1 for s in statements if s.strip().upper() in ("COMMIT", "BEGIN")) == 2
+    assert len(list(led.metrics(run))) == 1000
+    assert stat.S_IMODE(os.stat(led.path).st_mode) == 0o600
+    led.close()
