@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .checkpoints.config import CheckpointsConfig
 from .configschema import MISSING, Problem, build, meta
@@ -151,6 +151,9 @@ class Remedy:
         "args appended to the following attempts; --key=value replaces an earlier --key"))
     skip_batches: int = field(default=0, metadata=meta(
         "batches the job should skip after resuming (TSUP_SKIP_BATCHES, resume_info())", min=0))
+    scale: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}), metadata=meta(
+        "multiply the value of a flag already in job.command, e.g. { \"--learning_rate\" = 0.5 } "
+        "(--flag=v or --flag v; cumulative: two such rungs make x 0.25)"))
 
 
 @dataclass(frozen=True)
@@ -265,8 +268,48 @@ def _cross_checks(cfg: Config, problems: list[Problem], need_command: bool) -> N
         problems.append(Problem("policy.backoff_max_s",
                                 f"expected >= policy.backoff_initial_s ({cfg.policy.backoff_initial_s:g}), "
                                 f"got {cfg.policy.backoff_max_s:g}"))
+    _check_scales(cfg, problems)
     if cfg.job.workdir and not Path(cfg.job.workdir).expanduser().is_dir():
         problems.append(Problem("job.workdir", f'expected an existing directory, got "{cfg.job.workdir}"'))
+
+
+def find_flag(argv: Sequence[str], flag: str) -> tuple[int, str] | None:
+    """Where ``flag``'s value is in ``argv`` (``--flag=v`` or ``--flag v``): (index, value); the last wins."""
+    found = None
+    for i, a in enumerate(argv):
+        if a.startswith(flag + "="):
+            found = (i, a[len(flag) + 1:])
+        elif a == flag and i + 1 < len(argv):
+            found = (i + 1, argv[i + 1])
+    return found
+
+
+
+def _check_scales(cfg: Config, problems: list[Problem]) -> None:
+    """A scale remedy names a flag with a number in job.command, and a factor > 0."""
+    for key, oc in cfg.on.items():
+        for n, r in enumerate(oc.remedies):
+            for flag, factor in r.scale.items():
+                path = f"on.{key}.remedies[{n}].scale.{flag}"
+                if factor <= 0:
+                    problems.append(Problem(path, f"expected a factor > 0, got {factor:g}"))
+                if not flag.startswith("-"):
+                    problems.append(Problem(path, f'expected a flag such as "--learning_rate", got "{flag}"'))
+                    continue
+                if cfg.job.shell:
+                    problems.append(Problem(path, "a scale remedy needs job.command as an argv (job.shell = false)"))
+                    continue
+                if not cfg.job.command:
+                    continue
+                hit = find_flag(cfg.job.command, flag)
+                if hit is None:
+                    problems.append(Problem(path, f"{flag} is not in job.command; a scale remedy multiplies a "
+                                                  "value already there (add it, or use args)"))
+                else:
+                    try:
+                        float(hit[1])
+                    except ValueError:
+                        problems.append(Problem(path, f"{flag}'s value in job.command is not a number: {hit[1]!r}"))
 
 
 def _preprocess(table: dict[str, Any], problems: list[Problem]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
-from .config import Config, Remedy
+from .config import Config, Remedy, find_flag
 from .events import Action, Cause
 
 
@@ -106,12 +106,13 @@ class AppliedRemedies:
     args: tuple[str, ...] = ()
     skip_batches: int = 0
     rungs: tuple[int, ...] = ()  # which rungs (0-based) are applied
+    scale: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # flag -> product
 
     def as_json(self) -> list[dict[str, object]]:
         out: list[dict[str, object]] = []
         if self.rungs:
             out.append({"rungs": list(self.rungs), "env": dict(self.env), "args": list(self.args),
-                        "skip_batches": self.skip_batches})
+                        "skip_batches": self.skip_batches, "scale": dict(self.scale)})
         return out
 
 
@@ -136,11 +137,46 @@ def combine_remedies(remedies: Sequence[Remedy], upto: int) -> AppliedRemedies:
     env: dict[str, str] = {}
     args: list[str] = []
     skip = 0
+    scale: dict[str, float] = {}
     for r in remedies[:upto]:
         env.update(r.env)
         args = merge_args(args, r.args)
         skip = max(skip, r.skip_batches)
-    return AppliedRemedies(MappingProxyType(env), tuple(args), skip, tuple(range(min(upto, len(remedies)))))
+        for flag, factor in r.scale.items():
+            scale[flag] = scale.get(flag, 1.0) * factor
+    return AppliedRemedies(MappingProxyType(env), tuple(args), skip, tuple(range(min(upto, len(remedies)))),
+                           MappingProxyType(scale))
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def scaled_value(text: str, factor: float) -> str:
+    """``text`` (a number) times ``factor``, written in the same kind: an int stays an int (>= 1 when it was),
+    a float stays a float (``25.0``, ``0.0005``) so type-checking parsers (nanoGPT's configurator) accept it."""
+    value = float(text)
+    if "." not in text and "e" not in text.lower() and value == int(value):
+        out = int(round(value * factor))
+        return str(max(out, 1) if value >= 1 else out)
+    return repr(value * factor)
+
+
+def scale_args(argv: Sequence[str], scale: Mapping[str, float]) -> list[str]:
+    """``argv`` with each named flag's value multiplied (a flag that is absent or not a number is left alone;
+    config checks refuse that in advance)."""
+    out = list(argv)
+    for flag, factor in scale.items():
+        hit = find_flag(out, flag)
+        if hit is None or _number(hit[1]) is None:
+            continue
+        i, value = hit
+        new = scaled_value(value, factor)
+        out[i] = f"{flag}={new}" if out[i].startswith(flag + "=") else new
+    return out
 
 
 def _arg_key(arg: str) -> str | None:

@@ -152,3 +152,32 @@ def test_an_identical_repeat_gives_up_without_remedies_and_climbs_at_once_with_t
     d = decide(c, [PastAttempt(0, Cause.CRASH, 1000, 5, True, repeat=kill)], Failure(Cause.CRASH, "killed"),
                now=1100, ran_s=5, repeat=kill)
     assert d.relaunch
+
+
+def test_scale_remedies_multiply_a_flag_already_in_the_argv_in_both_forms_cumulatively():
+    from supervisor.policy import combine_remedies, scale_args, scaled_value
+    from supervisor.config import Remedy
+
+    assert scale_args(["python", "train.py", "--learning_rate=50.0"], {"--learning_rate": 0.5}) == [
+        "python", "train.py", "--learning_rate=25.0"]
+    assert scale_args(["train.py", "--lr", "3e-4", "--bs", "32"], {"--lr": 0.5, "--bs": 0.5}) == [
+        "train.py", "--lr", "0.00015", "--bs", "16"]
+    assert scale_args(["train.py"], {"--lr": 0.5}) == ["train.py"]  # absent: untouched
+    assert scaled_value("1", 0.5) == "1" and scaled_value("0.001", 0.5) == "0.0005"
+    rungs = (Remedy(scale={"--learning_rate": 0.5}), Remedy(scale={"--learning_rate": 0.5}))
+    assert dict(combine_remedies(rungs, 2).scale) == {"--learning_rate": 0.25}
+    assert combine_remedies(rungs, 1).as_json()[0]["scale"] == {"--learning_rate": 0.5}
+
+
+def test_scale_remedies_are_checked_against_job_command():
+    from supervisor.config import ConfigError
+
+    ok = config_from_table({"job": {"command": ["python", "t.py", "--learning_rate", "50.0"]},
+                            "on": {"nan": {"remedies": [{"scale": {"--learning_rate": 0.5}}]}}})
+    assert ok.remedies_for(Cause.NAN)[0].scale["--learning_rate"] == 0.5
+    for command, scale, words in ((["python", "t.py"], {"--learning_rate": 0.5}, "is not in job.command"),
+                                  (["python", "t.py", "--lr=x"], {"--lr": 0.5}, "not a number"),
+                                  (["python", "t.py", "--lr=1"], {"--lr": 0.0}, "factor > 0")):
+        with pytest.raises(ConfigError) as e:
+            config_from_table({"job": {"command": command}, "on": {"nan": {"remedies": [{"scale": scale}]}}})
+        assert words in str(e.value), str(e.value)

@@ -523,3 +523,23 @@ def test_nanogpt_deterministic_nan_gives_up_on_the_second_identical_failure_in_s
         assert part in msg, (part, msg)
     assert re.search(r"nan at step \d+ again", msg), msg
     assert took < 30, f"gave up after {took:.1f} s"
+
+
+@slow
+def test_nanogpt_nan_from_a_too_high_lr_is_cured_by_a_scale_remedy_on_its_argv(supervise, tmp_path: Path) -> None:
+    # [on.nan] scales --learning_rate, a flag already in the argv (nanoGPT's --key=value form): the
+    # repeat climbs the ladder at once, the next attempt runs with 50.0 x 0.001 and finishes finite.
+    out, sd = tmp_path / "out", tmp_path / "sd"
+    cfg = tmp_path / "tsup.toml"
+    cfg.write_text('[on.nan]\nremedies = [{ scale = { "--learning_rate" = 0.001 } }]\n')
+    d = supervise(["wrap", "--config", str(cfg), "--state-dir", str(sd), "--checkpoint-dir", str(out), *NANO_RESUME,
+                   "--"] + nano_cmd(out, "--max_iters=100", "--eval_interval=50", "--learning_rate=50.0"))
+    assert d.wait(180) == 0, d.stderr()[-3000:]  # the job itself exits 1 when its final model is not finite
+    a = attempts(sd)
+    assert [x["cause"] for x in a[:-1]] == ["nan", "nan"] and len(a) == 3, a
+    assert "--learning_rate=50.0" in a[0]["argv"] and "--learning_rate=50.0" in a[1]["argv"]
+    assert "--learning_rate=0.05" in a[2]["argv"], a[2]["argv"]
+    [applied] = events(d, "remedies_applied")
+    assert "--learning_rate x 0.001" in applied["message"]
+    assert all(float(s["delay_s"]) == 0.0 for s in events(d, "restart_scheduled"))
+    assert torch.isfinite(torch.load(out / "ckpt.pt", map_location="cpu")["model"]["lm_head.weight"]).all()

@@ -98,6 +98,7 @@ class Machine:
         self.restarts_by_cause: Counter[str] = Counter()
         self.remedy_env: dict[str, str] = {}
         self.remedy_args: list[str] = []
+        self.remedy_scale: dict[str, float] = {}
         self.skip_batches = 0
         self.diagnostics = False  # after a failed validation: the next attempts say more
         self.stop_requests = 0
@@ -214,7 +215,7 @@ class Machine:
         self.resume = ev.resume or FRESH_START
         self.root = None
         self._do(Launch(self.attempt, self.resume, ev.gate, dict(self.remedy_env), list(self.remedy_args),
-                        self.skip_batches, self.diagnostics))
+                        self.skip_batches, self.diagnostics, dict(self.remedy_scale)))
 
     def _spawned(self, ev: Spawned) -> None:
         self.spawned = True
@@ -356,10 +357,12 @@ class Machine:
             self.remedy_env.update(r.env)
             self.remedy_args = merge_args(self.remedy_args, r.args)
             self.skip_batches = max(self.skip_batches, r.skip_batches)
+            self.remedy_scale.update(r.scale)  # the ladder's cumulative product, not multiplied again
+            scaled = "".join(f"; {flag} x {factor:g}" for flag, factor in r.scale.items())
             self._record("remedies_applied", "warning",
                          f"{decision.cause.value} repeated: applying remedies {list(r.rungs)} of "
-                         f"[on.{decision.cause.value}] to the next attempts", env=dict(r.env), args=list(r.args),
-                         skip_batches=r.skip_batches)
+                         f"[on.{decision.cause.value}] to the next attempts{scaled}", env=dict(r.env),
+                         args=list(r.args), skip_batches=r.skip_batches, scale=dict(r.scale))
 
     def _timer(self, _ev: TimerFired) -> None:
         if self.state is State.BACKOFF:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any, Mapping, Protocol, Sequence
 
 from ..events import Detection
@@ -208,6 +209,7 @@ class Launch:
     remedy_args: Sequence[str]
     skip_batches: int
     diagnostics: bool  # add validation.diagnostics_env
+    remedy_scale: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # flag -> factor on job.command's value
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from ..config import Config
 from ..core.messages import Launch, Prepared, PrepareLaunch, jsonable
 from ..envsnapshot import snapshot, world_from_launch
-from ..policy import merge_args
+from ..policy import merge_args, scale_args
 from ..events import MetricRecord
 from ..process import LaunchSpec, job_python, redact_env
 
@@ -86,7 +86,7 @@ def launch_spec(cfg: Config, launch: Launch, *, run_id: str, state_dir: Path,
         extra = [shlex.quote(a) for a in [*launch.remedy_args, *resume_args(cfg, resume.checkpoint)]]
         argv = ["/bin/sh", "-c", " ".join([cfg.job.command[0], *extra])]
     else:
-        argv = merge_args(list(cfg.job.command), launch.remedy_args)
+        argv = scale_args(merge_args(list(cfg.job.command), launch.remedy_args), launch.remedy_scale)
         argv += resume_args(cfg, resume.checkpoint)
     hb = heartbeat_dir(state_dir, launch.attempt)
     hb.mkdir(parents=True, exist_ok=True)
@@ -120,9 +120,10 @@ def launch_spec(cfg: Config, launch: Launch, *, run_id: str, state_dir: Path,
 
 def remedies_record(launch: Launch) -> list[dict[str, Any]]:
     """The remedies in force for the ledger's attempt row (empty when none)."""
-    if not (launch.remedy_env or launch.remedy_args or launch.skip_batches):
+    if not (launch.remedy_env or launch.remedy_args or launch.skip_batches or launch.remedy_scale):
         return []
-    return [{"env": dict(launch.remedy_env), "args": list(launch.remedy_args), "skip_batches": launch.skip_batches}]
+    return [{"env": dict(launch.remedy_env), "args": list(launch.remedy_args), "skip_batches": launch.skip_batches,
+             "scale": dict(launch.remedy_scale)}]
 
 
 class Environment:
