@@ -96,6 +96,55 @@ MIGRATIONS: dict[int, str] = {
 }
 
 
+RECOVERED_AFTER_S = 30.0
+
+
+def _write(fn: Any) -> Any:
+    """A ledger write that never takes the daemon down: a failure (a full disk, an I/O error, a
+    state dir deleted underneath) is logged once per episode, counted, and the write dropped;
+    the first write that succeeds again ends the episode and says how many were lost."""
+    import functools
+
+    @functools.wraps(fn)
+    def guarded(self: "Ledger", *a: Any, **kw: Any) -> Any:
+        try:
+            result = fn(self, *a, **kw)
+        except (sqlite3.Error, OSError) as e:
+            self.write_errors += 1
+            self.lost_in_episode += 1
+            self.ok_since = None
+            if self.failing is None:
+                self.failing = str(e)
+                self.episodes += 1
+                _log().error("ledger_write_failed", error=str(e), path=str(self.path),
+                             message=f"the ledger {self.path} cannot be written ({e}): supervision continues, "
+                                     "records are dropped and counted until it can (said once per episode; "
+                                     "status shows ledger_write_errors)")
+            return None
+        if self.failing is not None:
+            # A nearly full disk lets small writes through between failures: the episode ends
+            # only after RECOVERED_AFTER_S of writes without a failure.
+            now = time.monotonic()
+            if self.ok_since is None:
+                self.ok_since = now
+            if now - self.ok_since < RECOVERED_AFTER_S:
+                return result
+            _log().warning("ledger_write_recovered", lost=self.lost_in_episode, path=str(self.path),
+                           message=f"the ledger can be written again; {self.lost_in_episode} record(s) were lost "
+                                   f"while it could not ({self.failing})")
+            self.failing = None
+            self.lost_in_episode = 0
+        return result
+
+    return guarded
+
+
+def _log() -> Any:
+    import structlog
+
+    return structlog.get_logger("supervisor.ledger")
+
+
 class LedgerError(SupervisorError):
     """The ledger file cannot be used: corrupt, not a ledger, or written by a newer version."""
 
@@ -201,6 +250,11 @@ class AttemptRow:
 class Ledger:
     def __init__(self, state_dir: Path, *, readonly: bool = False) -> None:
         self.path = state_dir / LEDGER_FILE
+        self.write_errors = 0  # writes dropped since the daemon started (see _write)
+        self.lost_in_episode = 0
+        self.episodes = 0
+        self.failing: str | None = None  # the error of the episode in progress
+        self.ok_since: float | None = None  # writes have succeeded since (monotonic), while failing
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(f"no ledger at {self.path}: no run has used this state dir")
@@ -269,6 +323,7 @@ class Ledger:
                         (run_id, name, time.time(), "running", _json(config_json)))
         return run_id, False
 
+    @_write
     def end_run(self, run_id: str, state: str, exit_code: int, reason: str) -> None:
         self.db.execute("UPDATE runs SET state=?, exit_code=?, reason=?, ended_at=? WHERE run_id=?",
                         (state, exit_code, reason, time.time(), run_id))
@@ -282,6 +337,7 @@ class Ledger:
         row = self.db.execute("SELECT MAX(attempt) AS m FROM attempts WHERE run_id=?", (run_id,)).fetchone()
         return 0 if row["m"] is None else int(row["m"]) + 1
 
+    @_write
     def begin_attempt(self, run_id: str, attempt: int, argv: list[str], cwd: str, env: Mapping[str, str],
                       snapshot: Mapping[str, Any] | None, checkpoint: str | None, resume_step: int | None,
                       remedies: list[Any], gate: Mapping[str, Any] | None) -> None:
@@ -291,10 +347,12 @@ class Ledger:
             (run_id, attempt, json.dumps(argv), cwd, json.dumps(dict(env), sort_keys=True), _json(snapshot),
              time.time(), checkpoint, resume_step, json.dumps(remedies, default=str), _json(gate)))
 
+    @_write
     def set_attempt_process(self, run_id: str, attempt: int, pid: int, pgid: int, ctime: float) -> None:
         self.db.execute("UPDATE attempts SET pid=?, pgid=?, leader_ctime=? WHERE run_id=? AND attempt=?",
                         (pid, pgid, ctime, run_id, attempt))
 
+    @_write
     def update_attempt(self, run_id: str, attempt: int, **fields: Any) -> None:
         cols = []
         vals: list[Any] = []
@@ -307,6 +365,7 @@ class Ledger:
             self.db.execute(f"UPDATE attempts SET {', '.join(cols)} WHERE run_id=? AND attempt=?",
                             (*vals, run_id, attempt))
 
+    @_write
     def end_attempt(self, run_id: str, attempt: int, *, exit_code: int | None, signal: str | None,
                     cause: str | None, action: str | None, summary: str, counted: bool = True,
                     detection: Mapping[str, Any] | None = None, decision: Mapping[str, Any] | None = None,
@@ -325,12 +384,14 @@ class Ledger:
                            r["action"], r["checkpoint"], bool(r["counted"]), r["resume_step"]) for r in rows]
 
     # -- events and metrics ---------------------------------------------------------------
+    @_write
     def event(self, run_id: str, attempt: int | None, event: str, level: str, message: str | None,
               data: Mapping[str, Any] | None = None) -> None:
         self.db.execute("INSERT INTO events(run_id, attempt, at, event, level, message, data_json) "
                         "VALUES (?,?,?,?,?,?,?)",
                         (run_id, attempt, time.time(), event, level, message, _json(data)))
 
+    @_write
     def metrics_batch(self, run_id: str, attempt: int, rows: list[tuple[float, Any, Any, Any, Any, Any]]) -> None:
         self.db.executemany_tx("INSERT INTO metrics(run_id, attempt, at, step, loss, grad_norm, tokens_per_sec, "
                                "val_loss) VALUES (?,?,?,?,?,?,?,?)", [(run_id, attempt, *r) for r in rows])

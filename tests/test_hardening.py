@@ -8,6 +8,7 @@ import shutil
 import signal
 import stat
 import sys
+import time
 from pathlib import Path
 
 from tests.conftest import history, pid_alive
@@ -197,3 +198,64 @@ def test_metric_batches_are_one_transaction(tmp_path):
     assert len(list(led.metrics(run))) == 1000
     assert stat.S_IMODE(os.stat(led.path).st_mode) == 0o600
     led.close()
+
+
+def _tiny_tmpfs(path: Path, size: str = "16m") -> bool:
+    import pytest
+
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a tiny tmpfs (a full disk)")
+    return True
+
+
+def _fill(path: Path) -> None:
+    try:
+        with open(path / "filler", "ab") as f:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+    except OSError:
+        pass
+
+
+def test_full_disk_ledger_errors_are_reported_once_and_supervision_stop_sigterm_keep_working(daemons, tmp_path):
+    mnt = tmp_path / "tfs"
+    _tiny_tmpfs(mnt)
+    try:
+        sd, ready = mnt / "sd", tmp_path / "ready"
+        # 1. the job finishes while the disk is full: the daemon exits 0 like always
+        job = [PY, "-c", "import os,sys,time\nopen(sys.argv[1],'w').write('1')\n"
+               "while not os.path.exists(sys.argv[1]+'.go'): time.sleep(0.05)\n"
+               "for i in range(200): print('line', i, flush=True)\n", str(ready)]
+        d = daemons(wrap(sd) + job)
+        wait_for(ready.exists, 30, what="job ready")
+        _fill(mnt)
+        Path(str(ready) + ".go").write_text("")
+        assert d.wait(30) == 0
+        assert d.stderr().count("ledger_write_failed") == 1, d.stderr()[-3000:]
+        # 2. stop and SIGTERM still work on a full disk
+        (mnt / "filler").unlink()
+        ready.unlink()
+        os.unlink(str(ready) + ".go")
+        d = daemons(wrap(sd) + SLEEPER + [str(ready)])
+        wait_for(ready.exists, 30, what="job ready")
+        _fill(mnt)
+        for _ in range(3):
+            _cli("reload", "--state-dir", str(sd))  # events the ledger cannot keep
+        st = _cli("status", "--state-dir", str(sd), "--json")
+        assert st.returncode == 0 and "\"ledger_write_errors\"" in st.stdout, (st.stderr, d.proc.poll(), d.stderr()[-3000:])
+        assert _cli("stop", "--state-dir", str(sd)).returncode == 0
+        assert d.wait(30) == 0
+        assert d.stderr().count("ledger_write_failed") == 1, d.stderr()[-3000:]
+        ready.unlink()
+        d = daemons(wrap(sd) + SLEEPER + [str(ready)])
+        (mnt / "filler").unlink()
+        wait_for(ready.exists, 30, what="job ready")
+        _fill(mnt)
+        time.sleep(0.5)
+        d.signal(signal.SIGTERM)
+        assert d.wait(30) == 143
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

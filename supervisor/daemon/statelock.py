@@ -101,13 +101,15 @@ class StateLock:
 
 
 class StateLockConcern(Concern):
-    """Holds the lock for the daemon's life; checks every tick that the state dir is still ours."""
+    """Holds the lock for the daemon's life; checks every tick that the state dir is still ours;
+    shows the ledger's dropped writes in ``status`` (and so in the metrics)."""
 
     name = "state_lock"
     CHECK_EVERY_S = 1.0
 
-    def __init__(self, lock: StateLock) -> None:
+    def __init__(self, lock: StateLock, ledger: Any = None) -> None:
         self.lock = lock
+        self.ledger = ledger
         self._daemon: Any = None
         self._next = 0.0
         self.reported: str | None = None
@@ -132,6 +134,12 @@ class StateLockConcern(Concern):
             import structlog
 
             structlog.get_logger("supervisor").error("state_dir_lost", message=msg, pid=os.getpid())
+
+    def status(self) -> dict[str, Any]:
+        led = self.ledger
+        return {"state_dir_lost": self.reported,
+                "ledger_write_errors": getattr(led, "write_errors", 0),
+                "ledger_failing": getattr(led, "failing", None)}
 
     def close(self) -> None:
         self.lock.release()

@@ -29,13 +29,14 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     osapi = OsApi()
     fanout = SinkFanout()
     notifier = Notifier(enabled=cfg.systemd.notify, watchdog_enabled=cfg.systemd.watchdog)
+    ledger = Ledger(state_dir)
     checkpoints = CheckpointConcern()
     health = HealthConcern(newest_checkpoint_bytes=lambda: getattr(checkpoints.newest(), "size", None))
     goodput = GoodputConcern()
     concerns: list[Concern] = [OpsConcern(notifier, checkpoints), WatchConcern(), health, checkpoints, goodput,
-                               ValidationConcern(goodput), StateLockConcern(lock), *extra]
+                               ValidationConcern(goodput), StateLockConcern(lock, ledger), *extra]
     ports = Ports(clock=Clock(), launcher=ProcessLauncher(fanout, passthrough if passthrough is not None
                                                           else sys.stdout.buffer, osapi),
-                  ledger=Ledger(state_dir), checkpoints=checkpoints, gate=health, notifier=notifier, osapi=osapi,
+                  ledger=ledger, checkpoints=checkpoints, gate=health, notifier=notifier, osapi=osapi,
                   environment=Environment())
     return Runner(cfg, ports, concerns, fanout=fanout, config_path=config_path)

@@ -147,6 +147,8 @@ class _StatusCollector(Collector):
                              at if at is not None else stamp(lm.get("age_s")))
         yield from gauge("goodput_ratio", "Fraction of wall time spent on useful training (0-1)",
                          status.get("goodput"))
+        yield from gauge("ledger_write_errors", "Ledger writes dropped since the daemon started (a full disk)",
+                         status.get("ledger_write_errors"))
         good_at = _float(status.get("last_good_checkpoint_at"))
         if good_at is None:
             good_at = stamp(status.get("seconds_since_last_good_checkpoint"))
