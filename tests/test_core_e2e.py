@@ -39,19 +39,32 @@ def test_success_exits_zero_and_records_the_attempt(daemons, tmp_path):
 
 def test_crash_loop_gives_up_with_exit_3_after_budget(daemons, tmp_path):
     sd = tmp_path / "sd"
-    d = daemons(wrap(sd, "--max-restarts", "2") + [PY, "-c", "import sys; sys.exit(1)"])
+    # Killed by SIGKILL each time (a signal that could come from outside): not a deterministic
+    # repeat, so the budget decides.
+    job = "import os; os.kill(os.getpid(), 9)"
+    d = daemons(wrap(sd, "--max-restarts", "2") + [PY, "-c", job])
     assert d.wait() == 3
     h = history(sd)
     assert len(h["attempts"]) == 3
     for a in h["attempts"]:
-        assert a["cause"] == "crash" and a["exit_code"] == 1
-        assert a["argv"] == [PY, "-c", "import sys; sys.exit(1)"]
+        assert a["cause"] == "crash" and a["signal"] == "SIGKILL"
+        assert a["argv"] == [PY, "-c", job]
         assert set(a) >= {"attempt", "argv", "cwd", "started_at", "ended_at", "exit_code", "signal", "cause",
                           "action", "checkpoint", "remedies", "validation"}
     assert [a["action"] for a in h["attempts"]] == ["restart", "restart", "give_up"]
     last = d.events()[-1]
     assert "gave_up" in d.stderr() and "restart budget spent" in d.stderr()
     assert "event=gave_up" in last or "gave_up" in last
+
+
+def test_an_identical_crash_gives_up_on_the_second_attempt(daemons, tmp_path):
+    # exit 1 before any step, from scratch, same argv and env: deterministic, no third attempt.
+    sd = tmp_path / "sd"
+    d = daemons(wrap(sd, "--max-restarts", "10") + [PY, "-c", "import sys; sys.exit(1)"])
+    assert d.wait() == 3
+    h = history(sd)
+    assert [a["exit_code"] for a in h["attempts"]] == [1, 1]
+    assert "identical to attempt 0" in h["reason"] and "Try: read the traceback" in h["reason"]
 
 
 def test_killing_signal_is_named(daemons, tmp_path):
@@ -281,7 +294,7 @@ def test_no_progress_gives_up_with_the_steps_seen(daemons, tmp_path):
     cfg.write_text("[checkpoints]\nno_progress_attempts = 3\n")
     # Every attempt dies before writing a newer checkpoint: restarting cannot help.
     d = daemons(wrap(sd, "--config", str(cfg), "--checkpoint-dir", str(ck), "--max-restarts", "10") +
-                [PY, "-c", "import sys; sys.exit(1)"])
+                [PY, "-c", "import os; os.kill(os.getpid(), 9)"])  # not an identical repeat (a SIGKILL)
     assert d.wait(120) == 3
     h = history(sd)
     assert len(h["attempts"]) == 3 and h["attempts"][0]["checkpoint"].endswith("step_000100.pt")
