@@ -77,11 +77,17 @@ def test_validation_failure_rolls_back_with_diagnostics(tmp_path):
     cp = demo(out, "crash,bad_resume")
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
     atts = history(out / "state")["attempts"]
-    assert [a["cause"] for a in atts] == ["crash", "validation_failed", None], [a["cause"] for a in atts]
+    causes = [a["cause"] for a in atts]
+    # On a loaded 2-core machine a later validation may also fail on timing alone (throughput,
+    # start-up): allowed, but only for those checks; the run must still end well.
+    assert causes[:2] == ["crash", "validation_failed"] and causes[-1] is None, causes
+    for a in atts[2:-1]:
+        bad = {k for k, c in a["validation"]["checks"].items() if c["passed"] is False}
+        assert a["cause"] == "validation_failed" and bad <= {"throughput", "startup"}, (a["cause"], bad)
     failed = atts[1]["validation"]
     assert failed["verdict"] == "fail" and failed["checks"]["initial_loss"]["passed"] is False
     assert atts[1]["action"] == "rollback"
     assert atts[2]["resume_step"] < atts[1]["resume_step"]
     assert atts[2]["env"]["NCCL_DEBUG"] == "INFO" and atts[2]["env"]["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
     assert "NCCL_DEBUG" not in atts[1]["env"]
-    assert atts[2]["validation"]["verdict"] == "pass"
+    assert atts[-1]["validation"]["verdict"] == "pass"
