@@ -70,6 +70,8 @@ class Runner:
         self.exit_seen_at: float | None = None
         self.monitors = AttemptMonitors(self.event)
         self.metrics_buf: deque[MetricRecord] = deque(maxlen=100_000)
+        self.metrics_dropped = 0  # records a burst pushed out of metrics_buf before the loop kept them
+        self._dropped_said = (0, float("-inf"))
         self.last_metric: MetricRecord | None = None
         self._metric_history: deque[MetricRecord] = deque(maxlen=50_000)
         self._attempt_snapshot: dict[str, Any] | None = None
@@ -107,6 +109,8 @@ class Runner:
     def on_metric(self, rec: MetricRecord) -> None:
         """Thread-safe: parsers and the client metrics reader call this."""
         self.last_metric = rec
+        if len(self.metrics_buf) == self.metrics_buf.maxlen:
+            self.metrics_dropped += 1  # the oldest record falls out: counted, recorded, shown
         self.metrics_buf.append(rec)
 
     def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None:
@@ -409,6 +413,12 @@ class Runner:
         batch = []
         while self.metrics_buf:
             batch.append(self.metrics_buf.popleft())
+        said, at = self._dropped_said
+        if self.metrics_dropped > said and (not batch or self.clock.monotonic() - at >= 5.0):
+            self._dropped_said = (self.metrics_dropped, self.clock.monotonic())
+            self.event("metrics_dropped", "warning", f"{self.metrics_dropped} metric record(s) in all were not kept: "
+                       "the job printed them faster than the ledger takes them (a burst); the newest are kept",
+                       dropped=self.metrics_dropped)
         if not batch:
             return
         self._feed(FirstMetric())
@@ -468,7 +478,7 @@ class Runner:
                            pids=self.job.pids() if self.job is not None and self.state in (
                                State.STARTING, State.RUNNING, State.STOPPING) else [], last_metric=self.last_metric,
                            restart_in_s=(self.timer_at if self.timer_at is not None else now) - now,
-                           extras=[c.status() for c in self.concerns])
+                           extras=[{"metrics_dropped": self.metrics_dropped}, *(c.status() for c in self.concerns)])
 
     def refresh_status_cache(self) -> dict[str, Any]:
         self._status_cache = self.status()

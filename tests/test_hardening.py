@@ -259,3 +259,52 @@ def test_full_disk_ledger_errors_are_reported_once_and_supervision_stop_sigterm_
         assert d.wait(30) == 143
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _request_s(sd: Path, verb: str) -> float:
+    import socket
+
+    t = time.monotonic()
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(str(sd / "control.sock"))
+    s.sendall(('{"verb": "%s"}\n' % verb).encode())
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    s.close()
+    assert b'"ok": true' in buf, buf
+    return time.monotonic() - t
+
+
+def test_metric_flood_is_kept_or_counted_and_control_answers(daemons, tmp_path):
+    import json
+    import sqlite3
+
+    n = 300_000
+    sd, done = tmp_path / "sd", tmp_path / "done"
+    flood = (f"import sys,time\nw=sys.stdout.write\nfor i in range({n}): w(f'step {{i}} loss 1.{{i%7}}\\n')\n"
+             f"sys.stdout.flush()\nopen({str(done)!r},'w').write('1')\ntime.sleep(600)\n")
+    d = daemons(wrap(sd) + [PY, "-c", flood])
+    wait_for(lambda: (sd / "control.sock").exists(), 30, what="socket")
+    latencies = []
+    while not done.exists():
+        latencies.append(_request_s(sd, "reload"))
+        time.sleep(0.05)
+    print("reload latencies under the flood:", sorted(latencies)[-3:])
+
+    def accounted() -> bool:
+        st = json.loads(_cli("status", "--state-dir", str(sd), "--json").stdout)
+        kept = sqlite3.connect(sd / "ledger.sqlite").execute("SELECT count(*) FROM metrics").fetchone()[0]
+        return kept + st["metrics_dropped"] == n
+
+    wait_for(accounted, 60, interval=0.5, what="every metric line kept or counted")
+    st = json.loads(_cli("status", "--state-dir", str(sd), "--json").stdout)
+    if st["metrics_dropped"]:
+        wait_for(lambda: "metrics_dropped" in d.stderr(), 10, what="the drop said")
+    d.signal(signal.SIGTERM)
+    assert d.wait(30) == 143
+    assert max(latencies) < 1.0, latencies
