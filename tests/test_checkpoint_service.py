@@ -119,3 +119,20 @@ def test_cli_json_and_table(tmp_path: Path) -> None:
     assert cli_checkpoints(tmp_path / "ck", NO_LOAD, False, tmp_path / "state", out=out2) == 0
     assert "step_100.pt" in out2.getvalue() and "ready" in out2.getvalue()
     assert cli_checkpoints(tmp_path / "nope", CFG, True, tmp_path / "state", out=io.StringIO()) == 2
+
+
+def test_a_single_overwritten_file_never_reports_the_step_of_an_earlier_version(tmp_path: Path) -> None:
+    # No manifest written (write_manifests off): the step comes from the load test, and only for the
+    # version that was tested; after the job overwrites ckpt.pt the old iter_num is not reused.
+    ck = tmp_path / "ck"
+    p = F.nanogpt(ck, 150)
+    svc = make(tmp_path)
+    svc.write_manifests = False
+    assert svc.evaluate(svc.scan()[0]).step == 150
+    assert svc.scan()[0].step == 150
+    F.nanogpt(ck, 350)
+    F.old_mtime(p)
+    svc.scan()  # changed since the previous scan: not settled yet
+    [c] = svc.scan()
+    assert c.step != 150  # unknown until tested, never the stale 150
+    assert svc.evaluate(c).step == 350 and svc.scan()[0].step == 350

@@ -74,7 +74,9 @@ class CheckpointService:
         self.book = CheckpointBook(self.state_dir, bad_after_same_cause=cfg.bad_after_same_cause)
         self._lock = threading.RLock()
         self._load_results: dict[tuple[str, Any, bool], LoadTestResult] = {}  # (path, stat, finite checked)
-        self._load_steps: dict[Path, int | None] = {}  # steps read by load tests (nanoGPT iter_num)
+        # Steps read by load tests (nanoGPT iter_num), with the stat they were read at: a single
+        # overwritten file (ckpt.pt) holds another step after each save, never the old one.
+        self._load_steps: dict[Path, tuple[Any, int | None]] = {}
         self.last_quarantined: tuple[QuarantineRecord, ...] = ()  # from the last choose_for_resume
 
     # ------------------------------------------------------------------ discovery
@@ -108,8 +110,8 @@ class CheckpointService:
                                                    and _stat_changed(m.stat, stat_record(c.path)))
                     if m is not None and fresh and m.step is not None:
                         c = c.with_step(m.step)
-                    elif c.path in self._load_steps:
-                        c = c.with_step(self._load_steps[c.path])
+                    elif c.path in self._load_steps and self._load_steps[c.path][0] == self._stat_token(c.path):
+                        c = c.with_step(self._load_steps[c.path][1])
                 out.append(c)
             return sort_newest_first(out)
 
@@ -141,7 +143,7 @@ class CheckpointService:
         log.info("checkpoint_load_test", path=str(path), passed=res.passed, seconds=res.seconds, error=res.error,
                  check_finite=check_finite)
         self._load_results[(str(path), token, check_finite)] = res
-        self._load_steps[path] = res.step
+        self._load_steps[path] = (token, res.step)
         return res
 
     def _digest(self, path: Path, algorithm: str) -> tuple[str, dict[str, Any] | None]:
