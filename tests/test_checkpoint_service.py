@@ -136,3 +136,21 @@ def test_a_single_overwritten_file_never_reports_the_step_of_an_earlier_version(
     [c] = svc.scan()
     assert c.step != 150  # unknown until tested, never the stale 150
     assert svc.evaluate(c).step == 350 and svc.scan()[0].step == 350
+
+
+def test_each_verified_version_of_a_single_file_is_kept_at_once_linked_when_the_job_renames(tmp_path: Path) -> None:
+    import os
+
+    ck = tmp_path / "ck"
+    p = F.nanogpt(ck, 150)
+    svc = make(tmp_path)
+    lg = ck / "last_good" / "ckpt.pt"
+    assert svc.verify_newest().ready and lg.exists()  # kept by the background verifier, not at restart
+    assert torch.load(lg, weights_only=True)["iter_num"] == 150
+    assert os.stat(lg).st_ino != os.stat(p).st_ino  # first version: how the job saves is unknown, so a copy
+    # The job saves by rename (a new inode): the next verified version is hard-linked, no extra disk.
+    os.replace(F.nanogpt(tmp_path / "elsewhere", 350), p)
+    F.old_mtime(p)
+    svc.scan()
+    assert svc.verify_newest().ready
+    assert os.stat(lg).st_ino == os.stat(p).st_ino and torch.load(lg, weights_only=True)["iter_num"] == 350

@@ -80,17 +80,31 @@ def last_good_path(path: Path) -> Path:
     return path.parent / LAST_GOOD_DIR / path.name
 
 
-def preserve_last_good(path: Path) -> Path:
+def preserve_last_good(path: Path, link: bool = False) -> Path:
     """Copy ``path`` (a verified single overwritten checkpoint) and its manifest to ``last_good/``.
 
     The copy goes to a temp name first and is renamed over the previous copy, so a crash
-    mid-copy leaves the previous last good copy intact. Returns the copy's path.
+    mid-copy leaves the previous last good copy intact. ``link``: the job replaces the file by
+    rename (each save a new inode), so a hard link keeps this version at no disk cost; never for a
+    job that rewrites the file in place (the link would be overwritten with it). Returns the copy's path.
     """
     path = Path(path)
     dest = last_good_path(path)
     dest.parent.mkdir(exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    if path.is_dir():
+    linked = False
+    if link and path.is_file():
+        try:
+            if tmp.exists():
+                tmp.unlink()  # our own leftover temp name
+            os.link(path, tmp)
+            os.replace(tmp, dest)
+            linked = True
+        except OSError:
+            linked = False  # another filesystem, or links refused: copy
+    if linked:
+        pass
+    elif path.is_dir():
         if tmp.exists():
             shutil.rmtree(tmp)  # our own leftover temp copy, never a checkpoint
         shutil.copytree(path, tmp)
@@ -114,6 +128,7 @@ def preserve_last_good(path: Path) -> Path:
             data["copied_from"] = str(path)
             write_json_atomic(manifest_path(dest), data)
     fsync_dir(dest.parent)
-    log.info("checkpoint_preserved_last_good", path=str(path), copy=str(dest),
+    log.info("checkpoint_preserved_last_good", path=str(path), copy=str(dest), how="hard link" if linked else "copy",
+             disk_bytes=0 if linked or path.is_dir() else dest.stat().st_size,
              next="a bad overwrite of the original can no longer destroy the last good state")
     return dest

@@ -77,6 +77,7 @@ class CheckpointService:
         # Steps read by load tests (nanoGPT iter_num), with the stat they were read at: a single
         # overwritten file (ckpt.pt) holds another step after each save, never the old one.
         self._load_steps: dict[Path, tuple[Any, int | None]] = {}
+        self._single_inodes: dict[Path, int] = {}  # inode of the last version seen (rename vs in place)
         self.last_quarantined: tuple[QuarantineRecord, ...] = ()  # from the last choose_for_resume
 
     # ------------------------------------------------------------------ discovery
@@ -302,7 +303,30 @@ class CheckpointService:
         pre-resume gate finds it verified. Called off the main loop while the job runs."""
         with self._lock:
             newest = newest_complete(self.scan())
-            return None if newest is None else self.evaluate(newest, None, self._current_config())
+            if newest is None:
+                return None
+            row = self.evaluate(newest, None, self._current_config())
+            if newest.layout is Layout.SINGLE and self.cfg.preserve_last_good and row.ready:
+                # Kept at once, not only before a restart: one bad overwrite then costs one save
+                # interval, never the whole run.
+                try:
+                    self._preserve_single(newest.path)
+                except OSError as exc:
+                    log.warning("checkpoint_preserve_failed", path=str(newest.path), error=str(exc),
+                                next="the previous last good copy stays")
+            return row
+
+    def _preserve_single(self, path: Path) -> Path | None:
+        """``path``'s verified version to last_good/ unless already there; a hard link once the job
+        was seen replacing the file by rename (a new inode per save), else a copy."""
+        st = path.stat()
+        lg = last_good_path(path)
+        if lg.exists() and lg.stat().st_mtime_ns == st.st_mtime_ns and lg.stat().st_size == st.st_size:
+            return None  # already kept
+        prev = self._single_inodes.get(path)
+        self._single_inodes[path] = st.st_ino
+        renamed = prev is not None and prev != st.st_ino
+        return preserve_last_good(path, link=renamed)
 
     # ------------------------------------------------------------------ the pre-resume gate
 
@@ -390,7 +414,9 @@ class CheckpointService:
                     if lg.exists() and lg.stat().st_mtime_ns == c.path.stat().st_mtime_ns:
                         continue  # already copied
                     if self.evaluate(c).ready:
-                        out.append(preserve_last_good(c.path))
+                        kept = self._preserve_single(c.path)
+                        if kept is not None:
+                            out.append(kept)
         return out
 
     # ------------------------------------------------------------------ bad marks, progress
