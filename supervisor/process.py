@@ -50,7 +50,10 @@ class JobProcess:
         self._logfile: BinaryIO | None = None
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._logfile = open(log_path, "ab", buffering=1 << 16)
+            # Never through a symlink (one planted at job.log would make the daemon append the
+            # job's output to any file it can write), and 0600 whatever the umask.
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            self._logfile = os.fdopen(fd, "ab", buffering=1 << 16)
         try:
             self.popen = subprocess.Popen(
                 list(spec.argv), cwd=spec.cwd, env=dict(spec.env), stdin=subprocess.DEVNULL,

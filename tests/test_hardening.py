@@ -308,3 +308,34 @@ def test_metric_flood_is_kept_or_counted_and_control_answers(daemons, tmp_path):
     d.signal(signal.SIGTERM)
     assert d.wait(30) == 143
     assert max(latencies) < 1.0, latencies
+
+
+def test_job_log_is_never_opened_through_a_symlink_and_files_are_0600(daemons, tmp_path):
+    sd = tmp_path / "sd"
+    d = daemons(wrap(sd) + [PY, "-c", "print('hello')"])
+    assert d.wait(30) == 0
+    logs = [p for p in sd.iterdir() if p.name.endswith(".log")]
+    assert logs, list(sd.iterdir())
+    for p in [*logs, sd / "ledger.sqlite", sd / "daemon.lock"]:
+        assert stat.S_IMODE(os.stat(p).st_mode) == 0o600, p
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    for p in logs:
+        p.unlink()
+        p.symlink_to(victim)
+    d = daemons(wrap(sd, "--max-restarts", "0") + [PY, "-c", "print('overwrite')"])
+    d.wait(30)
+    assert victim.read_text() == "precious\n"
+
+
+def test_state_dir_of_another_user_is_refused(tmp_path, monkeypatch):
+    import pytest
+
+    from supervisor.daemon import statelock
+
+    sd = tmp_path / "sd"
+    sd.mkdir()
+    monkeypatch.setattr(statelock.os, "geteuid", lambda: os.stat(sd).st_uid + 4242)
+    with pytest.raises(statelock.StateDirLocked, match="owned by uid"):
+        statelock.StateLock.acquire(sd)
+    assert not (sd / statelock.LOCK_NAME).exists()
