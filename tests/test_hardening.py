@@ -339,3 +339,22 @@ def test_state_dir_of_another_user_is_refused(tmp_path, monkeypatch):
     with pytest.raises(statelock.StateDirLocked, match="owned by uid"):
         statelock.StateLock.acquire(sd)
     assert not (sd / statelock.LOCK_NAME).exists()
+
+
+def test_checkpoint_discovery_does_not_follow_symlinks_out_of_its_dir(tmp_path):
+    from supervisor.checkpoints.discovery import Discovery
+
+    ck, outside = tmp_path / "ck", tmp_path / "outside"
+    ck.mkdir()
+    outside.mkdir()
+    (outside / "step_900.pt").write_bytes(b"x" * 10)
+    (ck / "step_100.pt").write_bytes(b"y" * 10)
+    (ck / "step_900.pt").symlink_to(outside / "step_900.pt")
+    (ck / "step_500.pt").symlink_to(ck / "step_100.pt")  # inside: kept
+    old = time.time() - 60
+    for p in (outside / "step_900.pt", ck / "step_100.pt"):
+        os.utime(p, (old, old))
+    found = {c.path.name for c in Discovery(ck, settle_s=0).scan()}
+    assert found == {"step_100.pt", "step_500.pt"}
+    found = {c.path.name for c in Discovery(ck, settle_s=0, follow_symlinks_out=True).scan()}
+    assert "step_900.pt" in found

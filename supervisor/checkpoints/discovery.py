@@ -163,8 +163,12 @@ class Discovery:
     """
 
     def __init__(self, checkpoint_dir: Path, *, glob: str | None = None, step_regex: str | None = None,
-                 settle_s: float = 2.0, clock: Callable[[], float] = time.time) -> None:
+                 settle_s: float = 2.0, clock: Callable[[], float] = time.time,
+                 follow_symlinks_out: bool = False) -> None:
         self.dir = Path(checkpoint_dir)
+        # A symlink in the checkpoint dir that leads outside it is skipped unless this is set:
+        # the supervisor hashes, load-tests and hands the job only what lives in its own dir.
+        self.follow_symlinks_out = follow_symlinks_out
         self.glob = glob
         self.step_regex = re.compile(step_regex) if step_regex else None
         self.settle_s = settle_s
@@ -177,6 +181,16 @@ class Discovery:
         self.writer_active = True
 
     def _entries(self) -> Iterable[tuple[Path, Layout, int | None]]:
+        return (e for e in self._all_entries() if self.follow_symlinks_out or self._inside(e[0]))
+
+    def _inside(self, p: Path) -> bool:
+        """``p`` resolves inside the checkpoint dir (a symlink out of it does not)."""
+        try:
+            return p.resolve().is_relative_to(self.dir.resolve())
+        except (OSError, RuntimeError):  # a symlink loop
+            return False
+
+    def _all_entries(self) -> Iterable[tuple[Path, Layout, int | None]]:
         seen: set[Path] = set()
         if self.glob:
             for p in sorted(self.dir.glob(self.glob)):
