@@ -94,6 +94,25 @@ class JobProcess:
         if self.status is None:
             for ref in self.osapi.descendants(self.pid):
                 self.known.setdefault(ref.pid, ref)
+        self._adopt_orphans()
+
+    def _adopt_orphans(self) -> None:
+        """A grandchild that double-forks is re-parented to the daemon (the subreaper) before a
+        walk of the leader's tree can see it: the daemon's own children that carry this
+        attempt's TSUP_RUN_ID and TSUP_ATTEMPT in their environment are the job's too."""
+        marker = [f"{k}={self.spec.env[k]}".encode() for k in ("TSUP_RUN_ID", "TSUP_ATTEMPT") if k in self.spec.env]
+        if len(marker) < 2:
+            return
+        for ref in self.osapi.descendants(os.getpid()):
+            if ref.pid in self.known or ref.pid == self.pid:
+                continue
+            try:
+                with open(f"/proc/{ref.pid}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            if all(m in env for m in marker):
+                self.known[ref.pid] = ref
 
     def pids(self) -> list[int]:
         return [r.pid for r in self.known.values() if r.alive()]
@@ -117,6 +136,7 @@ class JobProcess:
         return any(r.alive() for pid, r in self.known.items() if pid != self.pid)
 
     def signal_group(self, sig: int) -> None:
+        self._adopt_orphans()
         self.osapi.killpg(self.pgid, sig)
         # Descendants that moved to their own session are not in the group: signal them directly.
         for pid, ref in list(self.known.items()):

@@ -358,3 +358,37 @@ def test_checkpoint_discovery_does_not_follow_symlinks_out_of_its_dir(tmp_path):
     assert found == {"step_100.pt", "step_500.pt"}
     found = {c.path.name for c in Discovery(ck, settle_s=0, follow_symlinks_out=True).scan()}
     assert "step_900.pt" in found
+
+
+ESCAPER = r"""
+import os, signal, sys, time
+out = sys.argv[1]
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:  # the grandchild: out of the group and the session, deaf to SIGTERM
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open(out + ".tmp", "w").write(str(os.getpid()))
+        os.replace(out + ".tmp", out)
+        while True:
+            time.sleep(3600)
+    os._exit(0)  # its parent leaves at once: the grandchild is re-parented to the daemon
+os.wait()
+time.sleep(600)
+"""
+
+
+def test_stop_also_stops_a_double_forked_grandchild_that_ignores_sigterm(daemons, tmp_path):
+    sd, gpid_file = tmp_path / "sd", tmp_path / "gpid"
+    d = daemons(wrap(sd) + [PY, "-c", ESCAPER, str(gpid_file)])
+    wait_for(gpid_file.exists, 30, what="grandchild ready")
+    gpid = int(gpid_file.read_text())
+    try:
+        time.sleep(1.2)  # a tick or two: the daemon sees it as its own orphan
+        assert _cli("stop", "--state-dir", str(sd)).returncode == 0
+        assert d.wait(60) == 0
+        wait_for(lambda: not pid_alive(gpid), 10, what="grandchild gone")
+    finally:
+        try:
+            os.kill(gpid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
