@@ -1,6 +1,6 @@
 """Supervision core figures, each against a peer measured in the same run, each row naming its settings.
 
-- restart overhead: the failing job's last act (a timestamp, then exit 1) -> the next attempt's
+- restart overhead: the failing job's last act (a timestamp, then SIGKILL to itself) -> the next attempt's
   first act (a timestamp). Ours at the defaults (the first restart waits
   ``policy.backoff_initial_s`` = 10 s, +-10 % jitter), and with ``--backoff 0`` (named) beside it,
   against ``torchrun --standalone --nproc-per-node=1 --max-restarts=N`` (torchrun's default is 0:
@@ -48,7 +48,9 @@ if n > int(sys.argv[2]):
     sys.exit(0)
 with open(path, "a") as f:
     f.write(f"exit {time.time():.6f}\\n")
-os._exit(1)
+# Killed (SIGKILL), not exit 1: the same exit 1 at the same place with the same argv is a
+# deterministic failure that the supervisor gives up on at the second try (no futile repeats).
+os.kill(os.getpid(), 9)
 """
 
 # Prints RATE lines/s for SECONDS; with a folder, also saves a small torch checkpoint there every
