@@ -546,3 +546,30 @@ def test_nanogpt_nan_from_a_too_high_lr_is_cured_by_a_scale_remedy_on_its_argv(s
     assert "--learning_rate x 0.001" in applied["message"]
     assert all(float(s["delay_s"]) == 0.0 for s in events(d, "restart_scheduled"))
     assert torch.isfinite(torch.load(out / "ckpt.pt", map_location="cpu")["model"]["lm_head.weight"]).all()
+
+
+@slow
+def test_nanogpt_corrupt_newest_ckpt_resumes_from_the_last_good_copy_kept_in_the_background(supervise,
+                                                                                           tmp_path: Path) -> None:
+    # The version of ckpt.pt saved at 40 is verified while the job runs and kept in last_good/ at
+    # once; the file is then truncated (a bad overwrite) and the job killed: the run resumes from
+    # the kept copy restored to out/ckpt.pt, not from scratch, and the bad version is quarantined.
+    out, sd = tmp_path / "out", tmp_path / "sd"
+    d = supervise(["wrap", "--state-dir", str(sd), "--checkpoint-dir", str(out), "--heartbeat-timeout", "120",
+                   *NANO_RESUME, "--"] + nano_cmd(out, "--max_iters=80", "--eval_interval=20"), fault="hang@50")
+    lg = out / "last_good" / "ckpt.pt"
+    deadline = time.monotonic() + 120
+    while not ("iter 50:" in d.stdout() and lg.exists()
+               and torch.load(lg, map_location="cpu", weights_only=False)["iter_num"] == 40):
+        assert time.monotonic() < deadline and d.proc.poll() is None, d.stderr()[-3000:]
+        time.sleep(0.1)
+    ckpt = out / "ckpt.pt"
+    data = ckpt.read_bytes()
+    ckpt.write_bytes(data[: len(data) // 3])  # a save cut short
+    [pid] = [p for p in _job_pids(out) if p != d.proc.pid]
+    os.kill(pid, 9)
+    assert d.wait(240) == 0, d.stderr()[-3000:]
+    a = attempts(sd)
+    assert a[0]["cause"] == "crash" and a[1]["resume_step"] == 40 and a[1]["checkpoint"] == str(ckpt), a[1]
+    assert (out / "quarantine" / "ckpt.pt").stat().st_size == len(data) // 3
+    assert events(d, "checkpoint_restored_last_good") or "restored from last_good" in d.stderr()
