@@ -75,4 +75,6 @@ class CheckpointsConfig:
     quarantine: bool = field(default=True, metadata=meta(
         "move bad checkpoints (never delete) to quarantine/ beside them, with a note"))
     preserve_last_good: bool = field(default=True, metadata=meta(
-        "copy a verified single overwritten checkpoint (nanoGPT ckpt.pt) to last_good/ before a restart"))
+        "keep each verified version of a single overwritten checkpoint (nanoGPT ckpt.pt, last.ckpt) in "
+        "last_good/ as soon as the background verifier passes it: a hard link when the job replaces the file "
+        "by rename, else a copy (its size in disk, logged as disk_bytes); off for huge files"))
