@@ -335,11 +335,14 @@ def passthrough(tmp: Path) -> list[dict]:
             _row("pass-through ratio ours / cat", round(cat_s / ours_s, 3), "x", "report")]
 
 
+# Each attempt's NaN at another step (100 apart): an identical repeat (same cause, step, checkpoint,
+# argv) is given up on at the second occurrence, which would end the trials after two.
 NAN_JOB = """\
-import json, sys, time
-print(json.dumps({"step": 1, "loss": 2.0}), flush=True)
+import json, os, sys, time
+base = 100 * int(os.environ.get("TSUP_ATTEMPT", "0"))
+print(json.dumps({"step": base + 1, "loss": 2.0}), flush=True)
 time.sleep(0.05)
-sys.stdout.write(json.dumps({"step": 2, "loss": float("nan"), "t": time.time()}) + "\\n")
+sys.stdout.write(json.dumps({"step": base + 2, "loss": float("nan"), "t": time.time()}) + "\\n")
 sys.stdout.flush()
 time.sleep(30)
 """
