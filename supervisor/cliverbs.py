@@ -11,27 +11,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
+from .humanize import duration, size
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GAVE_UP = 0, 1, 2, 3
 
 
 # -- times people can read --------------------------------------------------------------------
-
-def duration(seconds: float) -> str:
-    """``0.4 s``, ``12 s``, ``4 min 05 s``, ``3 h 12 min``, ``2 d 04 h``."""
-    s = max(0.0, float(seconds))
-    if s < 10:
-        return f"{s:.1f} s"
-    if s < 60:
-        return f"{s:.0f} s"
-    if s < 3600:
-        m, r = divmod(int(round(s)), 60)
-        return f"{m} min {r:02d} s"
-    if s < 86400:
-        h, r = divmod(int(round(s)) // 60, 60)
-        return f"{h} h {r:02d} min"
-    d, r = divmod(int(round(s)) // 3600, 24)
-    return f"{d} d {r:02d} h"
-
 
 def clock(t: float, now: float | None = None) -> str:
     """A wall time in local time: ``14:02:11 CET`` today, ``2026-12-01 14:02 CET`` otherwise."""
@@ -259,14 +244,14 @@ class HashProgress:
         if path != self._current:
             self._current, self._started, self._last_draw = path, now, -math.inf
             if not self.tty:
-                self.stream.write(f"hashing {path.name} ({_size(total)}) ...\n")
+                self.stream.write(f"hashing {path.name} ({size(total)}) ...\n")
                 self.stream.flush()
         finished = done >= total
         if self.tty and (finished or now - self._last_draw >= 0.2):
             self._last_draw = now
             rate = done / max(1e-6, now - self._started)
             eta = (total - done) / rate if rate > 0 and not finished else 0.0
-            line = (f"hashing {path.name}: {_size(done)} of {_size(total)} ({100 * done / total:.0f} %)"
+            line = (f"hashing {path.name}: {size(done)} of {size(total)} ({100 * done / total:.0f} %)"
                     + (f", {duration(eta)} left" if eta >= 1 else ""))
             self.stream.write("\r" + line.ljust(self._width))
             self._width = len(line)
@@ -275,17 +260,9 @@ class HashProgress:
             self.stream.flush()
         if finished:
             if not self.tty:
-                self.stream.write(f"hashed {path.name} ({_size(total)}) in {duration(now - self._started)}\n")
+                self.stream.write(f"hashed {path.name} ({size(total)}) in {duration(now - self._started)}\n")
                 self.stream.flush()
             self._current = None
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: Path, *,

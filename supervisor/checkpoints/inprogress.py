@@ -22,6 +22,7 @@ from typing import Any, Iterable
 
 from .discovery import CHECKPOINT_SUFFIXES, LAST_GOOD_DIR, QUARANTINE_DIR, classify, is_temp_name
 from .manifest import is_manifest, stat_record
+from ..humanize import size
 
 _HF = re.compile(r"^checkpoint-(\d+)$")
 _STEP_DIR = re.compile(r"^(?:step|ckpt|checkpoint|iter|epoch|global_step)[-_]?(\d+)$")
@@ -100,17 +101,9 @@ def render(rows: list[InProgress], now: float | None = None) -> str:
     lines = []
     for r in rows:
         age = max(0.0, now - r.mtime)
-        lines.append(f"writing  {r.path}  ({_size(r.size)} so far, last write {_ago(age)} ago): {r.reason}"
+        lines.append(f"writing  {r.path}  ({size(r.size)} so far, last write {_ago(age)} ago): {r.reason}"
                      + ("; no write for a while: the save may have died" if age > 600 else ""))
     return "\n".join(lines)
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def _ago(s: float) -> str:

@@ -35,6 +35,7 @@ from typing import Any
 import structlog
 
 from ..errors import SupervisorError
+from ..humanize import size
 
 log = structlog.get_logger("supervisor.ops")
 
@@ -397,18 +398,6 @@ def _age(seconds: Any) -> str:
     return f"{s / 3600:.1f}h"
 
 
-def _bytes(n: Any) -> str:
-    try:
-        v = float(n)
-    except (TypeError, ValueError):
-        return str(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if v < 1024 or unit == "TiB":
-            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
-        v /= 1024
-    return str(n)
-
-
 def _num(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -423,7 +412,7 @@ def _gpu_line(g: Any) -> str:
     total = g.get("memory_total_bytes", g.get("memory_total"))
     parts = [f"gpu{idx}"]
     if used is not None:
-        parts.append(_bytes(used) + (f" / {_bytes(total)}" if total is not None else ""))
+        parts.append(size(used) + (f" / {size(total)}" if total is not None else ""))
     for k in ("utilization", "temperature_c", "health"):
         if g.get(k) is not None:
             parts.append(f"{k}={_num(g[k])}")
