@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from .errors import SupervisorError
 
@@ -258,42 +258,45 @@ class Ledger:
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(f"no ledger at {self.path}: no run has used this state dir")
-            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10)
-            try:
-                self._check_version(self.db.execute("PRAGMA user_version").fetchone()[0])
-                self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            except sqlite3.DatabaseError as e:
-                self.db.close()
-                raise LedgerError(self._corrupt(e)) from None
-            except LedgerError:
-                self.db.close()
-                raise
+            self.db = self._checked(sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10),
+                                    self._check_readable)
         else:
             state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             if not self.path.exists():  # 0600 from the start, whatever the umask
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
             # One connection shared by the main loop and the launch-preparation worker; every
             # statement is serialized by _Locked.
-            self.db = _Locked(sqlite3.connect(self.path, timeout=10, isolation_level=None,
-                                              check_same_thread=False))
-            try:
-                version = self.db.execute("PRAGMA user_version").fetchone()[0]
-                self._check_version(version)
-                self.db.execute("PRAGMA journal_mode=WAL")
-                self.db.execute("PRAGMA synchronous=NORMAL")
-                self.db.executescript(SCHEMA)
-                for v in range(version, SCHEMA_VERSION):
-                    if MIGRATIONS[v]:
-                        self.db.executescript(MIGRATIONS[v])
-                if version != SCHEMA_VERSION:
-                    self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            except sqlite3.DatabaseError as e:
-                self.db.close()
-                raise LedgerError(self._corrupt(e)) from None
-            except LedgerError:
-                self.db.close()
-                raise
+            self.db = self._checked(_Locked(sqlite3.connect(self.path, timeout=10, isolation_level=None,
+                                                            check_same_thread=False)), self._migrate)
         self.db.row_factory = sqlite3.Row
+
+    def _checked(self, db: Any, setup: Callable[[Any], None]) -> Any:
+        """``db`` once ``setup`` accepted it; closed, and the failure said plainly, otherwise."""
+        try:
+            setup(db)
+        except sqlite3.DatabaseError as e:
+            db.close()
+            raise LedgerError(self._corrupt(e)) from None
+        except LedgerError:
+            db.close()
+            raise
+        return db
+
+    def _check_readable(self, db: Any) -> None:
+        self._check_version(db.execute("PRAGMA user_version").fetchone()[0])
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+
+    def _migrate(self, db: Any) -> None:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        self._check_version(version)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(SCHEMA)
+        for v in range(version, SCHEMA_VERSION):
+            if MIGRATIONS[v]:
+                db.executescript(MIGRATIONS[v])
+        if version != SCHEMA_VERSION:
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def _check_version(self, version: int) -> None:
         if version > SCHEMA_VERSION:
