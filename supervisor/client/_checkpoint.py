@@ -31,6 +31,7 @@ from ..checkpoints.manifest import (
     utc_now_iso,
     write_json_atomic,
 )
+from ._env import warn
 
 __all__ = ["record_checkpoint", "save_checkpoint"]
 
@@ -257,3 +258,16 @@ def _prune_orphan_manifests(directory: Path, names: Callable[[str], bool]) -> No
             os.unlink(e.path)
         except (OSError, ValueError, AttributeError):
             continue
+
+
+def record_trainer_save(path: Path, *, step: int, last: Mapping[str, tuple[float, int]], config: Any,
+                        background: bool, siblings: Callable[[str], bool]) -> None:
+    """A trainer callback saw its trainer save ``path``: write its manifest with the last metrics
+    (``last``: name -> (value, step)), never raising into the training loop, then drop the
+    manifests of checkpoints the trainer has rotated away (names ``siblings`` accepts)."""
+    metrics = {name: {"value": v, "step": s} for name, (v, s) in last.items()}
+    try:
+        record_checkpoint(path, step=step, metrics=metrics, config=config, background=background)
+    except (OSError, ValueError, TypeError, RuntimeError) as exc:
+        warn(f"cannot write the manifest of {path}: {exc}")
+    _prune_orphan_manifests(path.parent, siblings)

@@ -203,13 +203,9 @@ class SupervisorCallback(TrainerCallback):
         folder = output_dir / f"checkpoint-{step}"
         if not folder.is_dir():
             return  # a hyperparameter-search run dir, or a custom save: the supervisor hashes it itself
-        metrics = {name: {"value": v, "step": s} for name, (v, s) in self._last.items()}
-        try:
-            _checkpoint.record_checkpoint(folder, step=step, metrics=metrics, config=self.config,
-                                          background=self.hash_in_background)
-        except (OSError, ValueError, TypeError, RuntimeError) as exc:
-            warn(f"cannot write the manifest of {folder}: {exc}")
-        _checkpoint._prune_orphan_manifests(output_dir, lambda name: name.startswith("checkpoint-"))
+        _checkpoint.record_trainer_save(folder, step=step, last=self._last, config=self.config,
+                                        background=self.hash_in_background,
+                                        siblings=lambda name: name.startswith("checkpoint-"))
 
     # -- start-up checks -------------------------------------------------------------------------
 

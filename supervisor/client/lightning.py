@@ -246,13 +246,9 @@ class SupervisorCallback(pl.Callback):  # type: ignore[misc,name-defined]
         path = Path(text)
         if not path.exists():
             return
-        metrics = {name: {"value": v, "step": s} for name, (v, s) in self._last.items()}
-        try:
-            _checkpoint.record_checkpoint(path, step=step, metrics=metrics, config=self.config,
-                                          background=self.hash_in_background)
-        except (OSError, ValueError, TypeError, RuntimeError) as exc:
-            warn(f"cannot write the manifest of {path}: {exc}")
-        _checkpoint._prune_orphan_manifests(path.parent, lambda name: name.endswith(".ckpt"))
+        _checkpoint.record_trainer_save(path, step=step, last=self._last, config=self.config,
+                                        background=self.hash_in_background,
+                                        siblings=lambda name: name.endswith(".ckpt"))
 
     # -- metrics ------------------------------------------------------------------------------------
 
