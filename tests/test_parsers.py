@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from supervisor.watch.parsers import METRIC_KEYWORDS, MetricParser, parse_human, parse_number
+from supervisor.watch.formats import parse_human, parse_number
+from supervisor.watch.parsers import METRIC_KEYWORDS, MetricParser
 
 P = MetricParser()
 

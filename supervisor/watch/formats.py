@@ -1,0 +1,443 @@
+"""The line formats of the trainers, one ``parse_<format>(line, source, rank)`` each, and the
+number and record helpers they share. Pure functions; :class:`~supervisor.watch.parsers.MetricParser`
+picks which one a line goes to (see its module for the formats and the prefilter).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Mapping
+
+from ..events import MetricRecord
+
+ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+RANK_PREFIX = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:\s?")
+
+# A number as trainers print it, non-finite spellings included.
+_NUM = r"[-+]?(?:\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|infinity|Infinity|INFINITY)"
+
+_NANOGPT_ITER = re.compile(rf"^iter (\d+): loss ({_NUM})(?:, time ({_NUM})ms)?(?:, mfu ({_NUM})%)?(?:,|$)")
+_NANOGPT_EVAL = re.compile(rf"^step (\d+): train loss ({_NUM}), val loss ({_NUM})\s*$")
+_TITAN = re.compile(rf"\bstep:\s*(\d+)\s+loss:\s*({_NUM})(?=\s|$)")
+_TITAN_FIELD = re.compile(rf"\b(grad_norm|memory|tps|tflops|mfu|lr):\s*({_NUM})")
+_MEGATRON = re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|")
+_MEGATRON_VAL = re.compile(rf"validation loss at iteration\s+(\d+)[^|]*\|\s*lm loss value:\s*({_NUM})")
+# 'key': value, 'key': 'value' (5.x), 'key': tensor(value), 'key': np.float64(value)
+_HF_PAIR = re.compile(r"'([^'\\]+)':\s*(?:tensor\(|np\.float\d*\(|')?([^,}()']+)'?\)?")
+
+# tqdm: "{desc}: {pct}%|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}{postfix}]" (desc optional).
+_BAR_TAIL = re.compile(r"[^|]*\|\s*(\d+)/(\d+)\s*\[([^\]]*)\]")
+_LIGHTNING_DESC = re.compile(r"^Epoch (\d+)(?:/\d+)?:?$")
+
+_LLMC_STEP = re.compile(rf"^step\s+(\d+)/(\d+)(?::|\s*\|)\s*(?:train )?loss\s+({_NUM})")
+_LLMC_C = re.compile(rf"^step (\d+): train loss ({_NUM}) \(took ({_NUM}) ms\)$")
+_LLMC_NORM = re.compile(rf"\bnorm\s+({_NUM})")
+_LLMC_LR = re.compile(rf"\blr\s+({_NUM})")
+_LLMC_MS = re.compile(rf"(?:^|[\s(|])({_NUM})\s*ms\b")
+_LLMC_TOKS = re.compile(rf"(?:^|[\s(|,])({_NUM})\s*tok/s")
+_LLMC_MFU = re.compile(rf"(?:^|[\s|])({_NUM})%[^|%]*MFU")
+_LLMC_ACC = re.compile(rf"\(acc ({_NUM})\)")
+_LLMC_VAL = re.compile(rf"^val loss ({_NUM})$")
+_LLMC_LOG = re.compile(rf"^s:(\d+) (trl|tel):({_NUM})(?: lr:({_NUM}) norm:({_NUM}))?$")
+
+_NANOTRON = re.compile(r"\biteration: (\d+) / (\d+) \|")
+_HUMAN_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+
+# kv: "step N" (or step=N, step: N, step N/M), then only key/value pairs.
+_KV_STEP = re.compile(r"(?<![\w/.\-])(?:global_step|[Ss]tep|STEP)(?:\s*[=:]\s*|\s+)(\d+)(?:\s*/\s*(\d+))?(?![\w.])")
+_KV_KEY = r"([A-Za-z_][\w./\-]*)"
+_KV_UNIT = r"(?:[A-Za-z%/]+)?"
+_KV_PART = re.compile(rf"{_KV_KEY}\s*(?:=|:|\s)\s*({_NUM}){_KV_UNIT}")
+_KV_SEQ = re.compile(rf"{_KV_KEY}(?:\s*=\s*|:\s*|\s+)({_NUM}){_KV_UNIT}(?:\s+|$)")
+_KV_ANON = re.compile(rf"\(?({_NUM})\s*{_KV_UNIT}\)?")
+_CSV_NAME = re.compile(r"[A-Za-z_][\w./\-]*")
+
+_SPECIALS = {"nan": math.nan, "-nan": math.nan, "+nan": math.nan,
+             "inf": math.inf, "+inf": math.inf, "-inf": -math.inf,
+             "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf}
+
+# Key spellings -> MetricRecord field, for JSON / HF / user dict-like formats.
+_KEYS: Mapping[str, str] = {
+    "step": "step", "iter": "step", "iteration": "step", "global_step": "step", "_step": "step",
+    "train/global_step": "step", "trainer/global_step": "step",
+    "loss": "loss", "train_loss": "loss", "train/loss": "loss", "lm_loss": "loss", "lm loss": "loss",
+    "grad_norm": "grad_norm", "grad-norm": "grad_norm", "gradnorm": "grad_norm", "train/grad_norm": "grad_norm",
+    "grad norm": "grad_norm",
+    "lr": "lr", "learning_rate": "lr", "learning rate": "lr", "train/learning_rate": "lr", "train/lr": "lr",
+    "tokens_per_sec": "tokens_per_sec", "tokens_per_second": "tokens_per_sec", "tps": "tokens_per_sec",
+    "tok/s": "tokens_per_sec", "throughput": "tokens_per_sec",
+    "val_loss": "val_loss", "eval_loss": "val_loss", "validation_loss": "val_loss", "val/loss": "val_loss",
+    "eval/loss": "val_loss",
+    "rank": "rank",
+}
+LOSS_FIELDS = ("loss", "val_loss", "grad_norm")
+
+
+def parse_number(text: str) -> float | None:
+    """``"1,234"``, ``"7.3E+00"``, ``"1.2%"``, ``"nan"``, ``"-Infinity"`` -> float; else None."""
+    try:
+        return float(text)  # float() itself accepts nan, -nan, inf, Infinity in any case
+    except ValueError:
+        pass
+    s = text.strip().rstrip("%").replace(",", "")
+    if not s:
+        return None
+    special = _SPECIALS.get(s.lower())
+    if special is not None:
+        return special
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    # Lightning pads numbers to 5 characters: "nan.0", "inf.0", "-inf."
+    t = s.lower()
+    if t.endswith("."):
+        return _SPECIALS.get(t[:-1])
+    if t.endswith(".0"):
+        return _SPECIALS.get(t.rstrip("0")[:-1])
+    return None
+
+
+def parse_human(text: str) -> float | None:
+    """nanotron's ``human_format``: ``"24.6K"`` -> 24600.0, ``"1.23M"``, ``"infE"`` -> inf."""
+    t = text.strip()
+    mult = _HUMAN_SUFFIX.get(t[-1:])
+    if mult is None:
+        return parse_number(t)
+    num = parse_number(t[:-1])
+    return None if num is None else num * mult
+
+
+def canonical_key(key: str) -> tuple[str | None, bool]:
+    """Key -> (record field or None, is_per_step). Lightning's ``*_step`` / ``*_epoch`` suffixes:
+    ``train_loss_step`` is the step's loss, ``train_loss_epoch`` an epoch mean (-> extra)."""
+    canon = _KEYS.get(key) or _KEYS.get(key.lower())
+    if canon is not None:
+        return canon, True
+    if key.endswith("_step"):
+        return _KEYS.get(key[:-5]), True
+    return None, False
+
+
+def _to_float(v: object) -> float | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        return parse_number(v)
+    return None
+
+
+def make_record(values: Mapping[str, object], fmt: str, source: str, rank: int | None,
+            extra: Mapping[str, float] | None = None) -> MetricRecord | None:
+    """Build a record from canonical field names; None unless a loss-like value is present."""
+    if not any(values.get(k) is not None for k in LOSS_FIELDS):
+        return None
+    step = values.get("step")
+    rk = values.get("rank")
+    return MetricRecord(
+        step=int(step) if isinstance(step, (int, float)) and math.isfinite(step) else None,
+        loss=values.get("loss"),  # type: ignore[arg-type]
+        grad_norm=values.get("grad_norm"),  # type: ignore[arg-type]
+        lr=values.get("lr"),  # type: ignore[arg-type]
+        tokens_per_sec=values.get("tokens_per_sec"),  # type: ignore[arg-type]
+        val_loss=values.get("val_loss"),  # type: ignore[arg-type]
+        rank=int(rk) if isinstance(rk, (int, float)) and math.isfinite(rk) else rank,
+        source=source, fmt=fmt, extra=dict(extra or {}),
+    )
+
+
+def _from_mapping(d: Mapping[str, object], fmt: str, source: str, rank: int | None) -> MetricRecord | None:
+    values: dict[str, object] = {}
+    extra: dict[str, float] = {}
+    for key, raw in d.items():
+        if not isinstance(key, str):
+            continue
+        canon = _KEYS.get(key) or _KEYS.get(key.lower())
+        num = _to_float(raw)
+        if num is None:
+            continue
+        if canon is None:
+            extra[key] = num
+        elif canon not in values:
+            values[canon] = num
+    return make_record(values, fmt, source, rank, extra)
+
+
+def parse_json(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
+    if not (line.startswith("{") and line.endswith("}")):
+        return None
+    try:
+        d = json.loads(line)  # accepts NaN / Infinity / -Infinity as Python does
+    except ValueError:
+        return None
+    if not isinstance(d, dict):
+        return None
+    return _from_mapping(d, "json", source, rank)
+
+
+def parse_hf(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
+    """4.x ``{'loss': 2.3, ...}`` and 5.x ``{'loss': '2.3', ...}`` dicts (the line is the dict)."""
+    if not (line.startswith("{'") and line.endswith("}")):
+        return None
+    pairs = _HF_PAIR.findall(line)
+    if not pairs:
+        return None
+    d: dict[str, object] = {}
+    for key, raw in pairs:
+        num = parse_number(raw)
+        if num is None:
+            return None  # a dict with non-numeric values is not a Trainer log line
+        d[key] = num
+    if "loss" not in d and "eval_loss" not in d:
+        return None  # train summaries ({'train_runtime': ..., 'train_loss': ...}) are not steps
+    d.pop("train_loss", None)
+    return _from_mapping(d, "hf", source, rank)
+
+
+def parse_nanogpt(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
+    m = _NANOGPT_ITER.match(line)
+    if m:
+        loss = parse_number(m.group(2))
+        if loss is None:
+            return None
+        t_ms, mfu = m.group(3, 4)
+        extra: dict[str, float] = {}
+        if t_ms is not None:
+            extra["time_ms"] = float(t_ms)
+        if mfu is not None:
+            extra["mfu"] = float(mfu)
+        # The hot path of the commonest format: built directly, not through make_record.
+        return MetricRecord(step=int(m.group(1)), loss=loss, rank=rank, source=source, fmt="nanogpt", extra=extra)
+    m = _NANOGPT_EVAL.match(line)
+    if m:
+        return make_record({"step": int(m.group(1)), "loss": parse_number(m.group(2)),
+                        "val_loss": parse_number(m.group(3))}, "nanogpt", source, rank,
+                       {"eval": 1.0})
+    return None
+
+
+def parse_torchtitan(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
+    m = _TITAN.search(line)
+    if not m:
+        return None
+    values: dict[str, object] = {"step": int(m.group(1)), "loss": parse_number(m.group(2))}
+    extra: dict[str, float] = {}
+    for name, raw in _TITAN_FIELD.findall(line, m.end()):
+        num = parse_number(raw)
+        if num is None:
+            continue
+        if name in ("grad_norm", "lr"):
+            values[name] = num
+        elif name == "tps":
+            values["tokens_per_sec"] = num
+        else:
+            extra[name] = num
+    return make_record(values, "torchtitan", source, rank, extra)
+
+
+def parse_megatron(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
+    pos = line.find("iteration ")
+    m = _MEGATRON.match(line, pos) if pos >= 0 and (pos == 0 or not line[pos - 1].isalnum()) else None
+    if m:
+        values: dict[str, object] = {"step": int(m.group(1))}
+        extra: dict[str, float] = {}
+        # "| name: value |" fields; split/partition is several times faster than a regex here.
+        for part in line[m.end():].split("|"):
+            name, sep, raw = part.partition(":")
+            if not sep:
+                continue
+            num = parse_number(raw)
+            if num is None:
+                continue
+            name = name.strip()
+            canon = _KEYS.get(name)
+            if canon:
+                values.setdefault(canon, num)
+            else:
+                extra[name] = num
+        return make_record(values, "megatron", source, rank, extra)
+    m = _MEGATRON_VAL.search(line)
+    if m:
+        return make_record({"step": int(m.group(1)), "val_loss": parse_number(m.group(2))}, "megatron", source, rank)
+    return None
+
+
+
+def parse_bar(line: str, source: str = "", rank: int | None = None, nested: bool = False) -> MetricRecord | None:
+    """A tqdm bar segment: ``progress`` (undescribed training bar), ``lightning`` / ``tqdm`` (a
+    loss in the postfix), else None. ``nested``: the raw segment carried tqdm's cursor-up."""
+    if nested:
+        return None  # an inner bar (HF eval during training, Lightning validation)
+    pos = line.find("%|")
+    if pos < 1:
+        return None
+    i = pos
+    while i > 0 and line[i - 1].isdigit():
+        i -= 1
+    if i == pos:
+        return None
+    desc = line[:i].rstrip()
+    if desc and "=" not in line:
+        return None  # a described bar without postfix metrics ("Map: 100%|...", "Writing model shards")
+    m = _BAR_TAIL.match(line, pos + 2)
+    if m is None:
+        return None
+    n, total = int(m.group(1)), int(m.group(2))
+    values: dict[str, object] = {}
+    extra: dict[str, float] = {}
+    inside = m.group(3)
+    if "=" in inside:
+        for item in inside.split(", "):
+            key, sep, raw = item.partition("=")
+            if not sep:
+                continue
+            key = key.strip()
+            if key == "v_num":
+                continue
+            num = parse_number(raw)
+            if num is None:
+                continue
+            canon, per_step = canonical_key(key)
+            if canon is not None and canon != "step" and per_step:
+                values.setdefault(canon, num)
+            else:
+                extra[key] = num
+    if any(values.get(k) is not None for k in LOSS_FIELDS):
+        le = _LIGHTNING_DESC.match(desc)
+        if le:
+            extra["epoch"] = float(le.group(1))
+        extra["batch"] = float(n)
+        extra["total"] = float(total)
+        return make_record(values, "lightning" if le else "tqdm", source, rank, extra)
+    if desc:
+        return None
+    return MetricRecord(step=n, rank=rank, source=source, fmt="progress", extra={"total": float(total)})
+
+
+def parse_llmc(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
+    """karpathy/llm.c stdout (train_gpt2.cu and train_gpt2.c) and its ``main.log``."""
+    if line.startswith("step"):
+        m = _LLMC_STEP.match(line)
+        if m and (" ms" in line or "tok/s" in line):  # every llm.c "step N/M" format has them
+            values: dict[str, object] = {"step": int(m.group(1)), "loss": parse_number(m.group(3))}
+            extra: dict[str, float] = {"total": float(m.group(2))}
+            rest = line[m.end():]
+            for rx, name in ((_LLMC_NORM, "grad_norm"), (_LLMC_LR, "lr"), (_LLMC_TOKS, "tokens_per_sec")):
+                f = rx.search(rest)
+                if f:
+                    values[name] = parse_number(f.group(1))
+            for rx, name in ((_LLMC_MS, "time_ms"), (_LLMC_MFU, "mfu"), (_LLMC_ACC, "acc_loss")):
+                f = rx.search(rest)
+                if f:
+                    num = parse_number(f.group(1))
+                    if num is not None:
+                        extra[name] = num
+            return make_record(values, "llmc", source, rank, extra)
+        m = _LLMC_C.match(line)
+        if m:
+            return make_record({"step": int(m.group(1)), "loss": parse_number(m.group(2))}, "llmc", source, rank,
+                           {"time_ms": parse_number(m.group(3)) or 0.0})
+        return None
+    if line.startswith("val loss "):
+        m = _LLMC_VAL.match(line)
+        return make_record({"val_loss": parse_number(m.group(1))}, "llmc", source, rank) if m else None
+    if line.startswith("s:"):
+        m = _LLMC_LOG.match(line)
+        if m is None:
+            return None
+        if m.group(2) == "tel":
+            return make_record({"step": int(m.group(1)), "val_loss": parse_number(m.group(3))}, "llmc", source, rank)
+        return make_record({"step": int(m.group(1)), "loss": parse_number(m.group(3)),
+                        "lr": parse_number(m.group(4)) if m.group(4) else None,
+                        "grad_norm": parse_number(m.group(5)) if m.group(5) else None}, "llmc", source, rank)
+    return None
+
+
+def parse_nanotron(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
+    """huggingface/nanotron's ``LoggerWriter.add_scalars_from_list`` line."""
+    m = _NANOTRON.search(line)
+    if m is None:
+        return None
+    values: dict[str, object] = {"step": int(m.group(1))}
+    extra: dict[str, float] = {"total": float(m.group(2))}
+    for part in line[m.end():].split(" | "):
+        name, sep, raw = part.partition(": ")
+        if not sep:
+            continue
+        name = name.strip()
+        num = parse_human(raw)
+        if num is None:
+            continue
+        canon = _KEYS.get(name)
+        if canon is not None and canon != "step":
+            values.setdefault(canon, num)
+        else:
+            extra[name] = num
+    return make_record(values, "nanotron", source, rank, extra)
+
+
+def parse_kv(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
+    """``step N`` then key/value pairs only (see the module docstring)."""
+    m = _KV_STEP.search(line)
+    if m is None:
+        return None
+    rest = line[m.end():].lstrip(" \t:|,;")
+    if not rest:
+        return None
+    pairs: list[tuple[str, str]] = []
+    if "|" in rest or "," in rest:
+        for part in rest.split("|" if "|" in rest else ","):
+            part = part.strip()
+            if not part:
+                continue
+            p = _KV_PART.fullmatch(part)
+            if p:
+                pairs.append((p.group(1), p.group(2)))
+            elif _KV_ANON.fullmatch(part) is None:
+                return None
+    else:
+        pos, end = 0, len(rest)
+        while pos < end:
+            p = _KV_SEQ.match(rest, pos)
+            if p is None:
+                return None
+            pairs.append((p.group(1), p.group(2)))
+            pos = p.end()
+    values: dict[str, object] = {"step": int(m.group(1))}
+    extra: dict[str, float] = {}
+    if m.group(2):
+        extra["total"] = float(m.group(2))
+    for key, raw in pairs:
+        num = parse_number(raw)
+        if num is None:
+            return None
+        canon = _KEYS.get(key) or _KEYS.get(key.lower())
+        if canon is None:
+            extra[key] = num
+        elif canon != "step":
+            values.setdefault(canon, num)
+    return make_record(values, "kv", source, rank, extra)
+
+
+def csv_header(line: str) -> tuple[str, ...] | None:
+    """A CSV header of metric names with at least one loss-like column, else None."""
+    if "," not in line or " " in line:
+        return None
+    names = tuple(line.split(","))
+    if len(names) < 2 or not all(_CSV_NAME.fullmatch(n) for n in names):
+        return None
+    if not any(canonical_key(n)[0] in LOSS_FIELDS for n in names):
+        return None
+    return names
+
+
+def last_segment(line: str) -> str:
+    """What a terminal shows of a line with carriage returns: its last non-blank segment."""
+    for seg in reversed(line.split("\r")):
+        if seg.strip():
+            return seg
+    return ""
