@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
                                                       "stop signal ([shutdown] grace_s, default 120)")
     p.add_argument("--resume-arg", action="append", default=None, metavar="ARG",
                    help="appended when resuming; {checkpoint} is replaced (repeatable)")
-    p.add_argument("--backoff", metavar="SECONDS", help="initial restart delay in seconds (policy.backoff_initial_s)")
+    p.add_argument("--backoff", metavar="SECONDS", help="first delay before relaunching an attempt that failed without progress (policy.backoff_initial_s; one that made progress relaunches at once)")
     p.add_argument("--shell", action="store_true", help="run CMD as one string through /bin/sh -c")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...: the job's launch command")
 
