@@ -12,11 +12,13 @@
   checkpoint dir; torchrun's agent and its tree except the worker, on the same job;
 - pass-through throughput (lines/s): the daemon at the defaults (stdout and its job.log copy)
   against the same stream through ``tee`` (the same two copies) and through ``cat`` (one);
-- detection latency: a NaN line written -> the daemon's failure_detected event.
+- detection latency: a NaN line written -> the daemon's failure_detected event;
+- control replies under a metric flood: ``reload`` requests (answered by the main loop) while the job
+  prints BENCH_FLOOD_LINES metric lines at full speed, against the same requests once it is quiet.
 
 ``python bench/bench_core.py`` prints the rows; ``run()`` returns them for scripts/bench.
 Knobs: BENCH_RESTARTS (20), BENCH_DEFAULT_RESTARTS (2 runs of one restart at the defaults, ~10 s
-each), BENCH_LATENCY_TRIALS (200), BENCH_PASS_LINES (1000000).
+each), BENCH_LATENCY_TRIALS (200), BENCH_PASS_LINES (1000000), BENCH_FLOOD_LINES (300000).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ PY = sys.executable
 RESTARTS = int(os.environ.get("BENCH_RESTARTS", "20"))
 DEFAULT_RESTARTS = int(os.environ.get("BENCH_DEFAULT_RESTARTS", "2"))
 PASS_LINES = int(os.environ.get("BENCH_PASS_LINES", "1000000"))
+FLOOD_LINES = int(os.environ.get("BENCH_FLOOD_LINES", "300000"))
 
 STAMP_JOB = """\
 import time, os, sys
@@ -387,7 +390,71 @@ def detection_latency(tmp: Path) -> list[dict]:
                  "<= 50")]
 
 
-PARTS = {"restart": restart_overhead, "rss": rss_and_cpu, "passthrough": passthrough, "latency": detection_latency}
+FLOOD_JOB = """\
+import sys, time
+n = int(sys.argv[1])
+w = sys.stdout.write
+for i in range(n):
+    w(f"step {i} loss 1.{i % 7}\\n")
+sys.stdout.flush()
+open(sys.argv[2], "w").write("1")
+time.sleep(600)
+"""
+
+
+def _reply_s(sock_path: Path, verb: str) -> float:
+    import socket
+
+    t = time.monotonic()
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(str(sock_path))
+    s.sendall(('{"verb": "%s"}\n' % verb).encode())
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    s.close()
+    assert b'"ok": true' in buf, buf
+    return time.monotonic() - t
+
+
+def control_under_flood(tmp: Path) -> list[dict]:
+    """Control replies that go through the main loop (``reload``) while the job prints a burst of
+    metric lines as fast as Python can, against the same requests to the same daemon once idle."""
+    n = FLOOD_LINES
+    job, done, sd = tmp / "flood_job.py", tmp / "flood.done", tmp / "sd-flood"
+    job.write_text(FLOOD_JOB)
+    d = subprocess.Popen([PY, "-m", "supervisor", "wrap", "--state-dir", str(sd), "--", PY, str(job), str(n),
+                          str(done)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        sock = sd / "control.sock"
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            assert time.monotonic() < deadline and d.poll() is None, "the daemon did not open its socket"
+            time.sleep(0.01)
+        flood: list[float] = []
+        while not done.exists():
+            flood.append(_reply_s(sock, "reload"))
+            time.sleep(0.02)
+        idle = [_reply_s(sock, "reload") for _ in range(50)]
+    finally:
+        d.terminate()
+        d.wait(30)
+    flood.sort()
+    idle.sort()
+    k = f"{n // 1000}k"
+    return [_row(f"control reply (reload, through the main loop) while the job prints {k} metric lines at full "
+                 f"speed, p50 ({len(flood)} requests)", round(flood[len(flood) // 2] * 1000, 1), "ms"),
+            _row(f"same, worst of {len(flood)}", round(flood[-1] * 1000, 1), "ms", "<= 100"),
+            _row("same requests to the same daemon once the job is quiet, p50 (peer: no flood)",
+                 round(idle[len(idle) // 2] * 1000, 1), "ms", "peer")]
+
+
+PARTS = {"restart": restart_overhead, "rss": rss_and_cpu, "passthrough": passthrough, "latency": detection_latency,
+         "control": control_under_flood}
 
 
 def run(parts: list[str] | None = None) -> list[dict]:

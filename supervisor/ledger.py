@@ -8,6 +8,7 @@ connection. WAL mode keeps readers from blocking the writer. A daemon restarted 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -160,6 +161,14 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
+def _numbers_json(rows: list[tuple[Any, ...]]) -> str:
+    """Rows of numbers (or None) as JSON that SQLite reads back as the same values: NaN becomes
+    null (SQLite stores a bound NaN as NULL too) and an infinity 1e999 (read back as infinity).
+    The rows hold numbers only, so the text replacement cannot touch anything else."""
+    text = json.dumps([[None if isinstance(v, float) and math.isnan(v) else v for v in r] for r in rows])
+    return text.replace("-Infinity", "-1e999").replace("Infinity", "1e999")
+
+
 def _json(v: Any) -> str | None:
     return None if v is None else json.dumps(v, default=str, sort_keys=True)
 
@@ -183,17 +192,6 @@ class _Locked:
     def executemany(self, *a: Any) -> sqlite3.Cursor:
         with self._lock:
             return self._conn.executemany(*a)
-
-    def executemany_tx(self, sql: str, rows: Any) -> None:
-        """``executemany`` in one transaction (one commit, one fsync for the whole batch)."""
-        with self._lock:
-            self._conn.execute("BEGIN")
-            try:
-                self._conn.executemany(sql, rows)
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
 
     def executescript(self, script: str) -> sqlite3.Cursor:
         with self._lock:
@@ -396,8 +394,17 @@ class Ledger:
 
     @_write
     def metrics_batch(self, run_id: str, attempt: int, rows: list[tuple[float, Any, Any, Any, Any, Any]]) -> None:
-        self.db.executemany_tx("INSERT INTO metrics(run_id, attempt, at, step, loss, grad_norm, tokens_per_sec, "
-                               "val_loss) VALUES (?,?,?,?,?,?,?,?)", [(run_id, attempt, *r) for r in rows])
+        """All ``rows`` in one statement, so one transaction and one commit. Why JSON and not
+        ``executemany``: executemany releases and retakes the GIL for every row, and while the
+        output thread parses a metric flood each retake waits for a GIL switch (a convoy): 2 000
+        rows took 0.4-1 s instead of 3 ms, and every control reply waited behind them. One
+        ``json_each`` statement takes the GIL once."""
+        self.db.execute(
+            "INSERT INTO metrics(run_id, attempt, at, step, loss, grad_norm, tokens_per_sec, val_loss) "
+            "SELECT ?, ?, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), "
+            "json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]') "
+            "FROM json_each(?) ORDER BY CAST(key AS INTEGER)",
+            (run_id, attempt, _numbers_json(rows)))
 
     def metrics(self, run_id: str) -> Iterator[sqlite3.Row]:
         return iter(self.db.execute("SELECT * FROM metrics WHERE run_id=? ORDER BY at", (run_id,)).fetchall())
