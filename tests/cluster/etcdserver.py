@@ -1,0 +1,120 @@
+"""A real etcd on loopback for the cluster tests: installed on demand (Debian's etcd-server,
+like tests/systemd installs its tools), started with free ports and a temporary data dir,
+polled for health, stopped; it can be restarted on the same ports and data (etcd restarted
+mid-run). :class:`Unavailable` carries the reason a test is skipped."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+PACKAGES = ("etcd-server",)
+LOCK = Path("/tmp/tsup-test-apt.lock")
+
+
+class Unavailable(Exception):
+    """etcd cannot be installed or started here; the message is the skip reason."""
+
+
+def etcd_binary() -> str:
+    """The etcd binary, installing Debian's etcd-server when it is missing (root, apt-get)."""
+    found = shutil.which("etcd") or (Path("/usr/bin/etcd").exists() and "/usr/bin/etcd")
+    if found:
+        return str(found)
+    if os.geteuid() != 0:
+        raise Unavailable("etcd is not installed and installing it (apt-get install etcd-server) needs root")
+    if not shutil.which("apt-get"):
+        raise Unavailable("etcd is not installed and there is no apt-get to install etcd-server")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
+    with open(LOCK, "w") as lock:  # two test processes must not run apt at once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        r = subprocess.run(install, capture_output=True, text=True, timeout=600, env=env)
+        if r.returncode != 0:
+            # A fresh machine may have no package lists yet: fetch them once, then try again.
+            subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, timeout=600, env=env)
+            r = subprocess.run(install, capture_output=True, text=True, timeout=600, env=env)
+    found = shutil.which("etcd") or (Path("/usr/bin/etcd").exists() and "/usr/bin/etcd")
+    if r.returncode != 0 or not found:
+        raise Unavailable(f"could not install {' '.join(PACKAGES)}: {r.stderr.strip()[-300:]}")
+    # The package enables a system etcd.service on 2379; where systemd runs it, it is not ours to
+    # stop, and our instances use other ports.
+    return str(found)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EtcdServer:
+    """One etcd member on 127.0.0.1 (client and peer ports chosen free at construction)."""
+
+    def __init__(self, data_dir: Path, binary: str | None = None) -> None:
+        self.binary = binary or etcd_binary()
+        self.data_dir = data_dir
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def start(self, timeout: float = 20.0) -> None:
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        argv = [self.binary, "--name", "tsup-test", "--data-dir", str(self.data_dir),
+                "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"tsup-test={peer}", "--initial-cluster-state", "new",
+                "--log-level", "warn"]
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while not self.healthy():
+            if self.proc.poll() is not None:
+                raise Unavailable(f"etcd exited {self.proc.returncode} at start: {self._log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise Unavailable(f"etcd not healthy within {timeout:g} s: {self._log_tail()}")
+            time.sleep(0.05)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.endpoint + "/health", timeout=1) as r:
+                return b'"true"' in r.read()
+        except OSError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def restart(self) -> None:
+        """Stop and start again on the same ports and data dir (the keys and leases survive)."""
+        self.stop()
+        self.start()
+
+    def _log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-500:]
+        except OSError:
+            return ""
