@@ -1,0 +1,360 @@
+"""The coordination rules of a multi-node run, without I/O or clock reads: a view of the run's
+keys in etcd and this node's own state in, the commands to carry out (through etcd or on the
+local job) out. :mod:`supervisor.cluster.agent` reads the keys, calls :meth:`Coordinator.step`
+and carries the commands out; the tests drive it with scripted views.
+
+Keys under the run's prefix ``P``::
+
+    P/nodes/<id>   NodeRecord    on the node's lease: membership (gone when the lease expires)
+    P/leader       <id>          on the leader's lease: the election (first create wins)
+    P/plan         Plan          the current generation, written by the leader (compare-and-swap)
+    P/end/<gen>    EndRequest    a request to end generation <gen> (first create wins, the rest fold)
+    P/finished/<id> <gen>        the node's job finished successfully in <gen> (no lease: it stays)
+
+A generation is one launch of the job on a set of nodes. Any node's failure (or the leader seeing
+a member's lease gone: ``node_lost``) ends it; every member stops its job and says so (``waiting``,
+with the checkpoint steps it verified); the leader then writes the next plan: the nodes, each one's
+rank, the newest step verified on every one of them (before the onset for a rollback), or a give-up
+when fewer than ``min_nodes`` came back within ``wait_for_nodes_s``. Only the plan in etcd starts a
+generation, so two can never run at once; a node cut off from etcd for a lease TTL stops its job
+(it can no longer tell whether it was declared lost).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any, Iterable, Mapping
+
+NODE_LOST = "node_lost"
+
+
+class Phase(StrEnum):
+    RUNNING = "running"  # the job of generation ``gen`` runs here
+    WAITING = "waiting"  # no job: ready to join a generation newer than ``gen``
+    GAVE_UP = "gave_up"  # this node's supervisor gave up: the run cannot go on
+
+
+@dataclass(frozen=True)
+class Rules:
+    nodes: int  # the generation starts at once when this many are ready
+    min_nodes: int  # fewer than this after wait_for_nodes_s: give up
+    wait_for_nodes_s: float
+    lease_ttl_s: float
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    node_id: str
+    addr: str
+    phase: Phase
+    gen: int  # RUNNING: the generation it runs; WAITING: the newest it ran or saw
+    steps: tuple[int, ...] = ()  # checkpoint steps verified on this node (WAITING)
+    state: str = ""  # the local supervisor's state, for `status`
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "steps": list(self.steps)}, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "NodeRecord":
+        d = json.loads(text)
+        return NodeRecord(str(d["node_id"]), str(d.get("addr", "")), Phase(d["phase"]), int(d["gen"]),
+                          tuple(int(s) for s in d.get("steps") or ()), str(d.get("state", "")))
+
+
+@dataclass(frozen=True)
+class EndRequest:
+    gen: int
+    by: str  # the node that asked
+    cause: str  # a Cause value: the followers stop with the same cause
+    summary: str
+    step: int | None = None
+    onset_step: int | None = None
+    action: str = "restart"  # the requesting node's policy decision (restart, rollback, give_up)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "EndRequest":
+        d = json.loads(text)
+        return EndRequest(int(d["gen"]), str(d["by"]), str(d["cause"]), str(d.get("summary", "")),
+                          d.get("step"), d.get("onset_step"), str(d.get("action") or "restart"))
+
+
+@dataclass(frozen=True)
+class Plan:
+    gen: int
+    nodes: tuple[str, ...]  # rank order: the leader first when it takes part
+    step: int | None  # the checkpoint step every node resumes from (None: fresh start)
+    leader: str
+    master_addr: str  # rank 0's address: the rendezvous endpoint
+    reason: str
+    give_up: str | None = None  # the run ends: why
+
+    def rank(self, node_id: str) -> int:
+        return self.nodes.index(node_id)
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "nodes": list(self.nodes)}, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "Plan":
+        d = json.loads(text)
+        return Plan(int(d["gen"]), tuple(d["nodes"]), d.get("step"), str(d["leader"]), str(d.get("master_addr", "")),
+                    str(d.get("reason", "")), d.get("give_up"))
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str
+
+    @property
+    def nodes(self) -> str:
+        return f"{self.prefix}/nodes/"
+
+    def node(self, node_id: str) -> str:
+        return f"{self.nodes}{node_id}"
+
+    @property
+    def leader(self) -> str:
+        return f"{self.prefix}/leader"
+
+    @property
+    def plan(self) -> str:
+        return f"{self.prefix}/plan"
+
+    def end(self, gen: int) -> str:
+        return f"{self.prefix}/end/{gen}"
+
+    def finished(self, node_id: str) -> str:
+        return f"{self.prefix}/finished/{node_id}"
+
+    @property
+    def all(self) -> str:
+        return f"{self.prefix}/"
+
+
+@dataclass(frozen=True)
+class View:
+    """The run's keys at one revision."""
+
+    nodes: Mapping[str, NodeRecord] = field(default_factory=dict)
+    leader: str | None = None
+    plan: Plan | None = None
+    plan_rev: int = 0  # the plan key's mod revision (0: none yet): the leader's compare-and-swap
+    ends: Mapping[int, EndRequest] = field(default_factory=dict)
+    finished: Mapping[str, int] = field(default_factory=dict)  # node -> the generation its job finished in
+
+    @staticmethod
+    def parse(keys: Keys, kvs: Iterable[tuple[str, str, int]]) -> "View":
+        """From (key, value, mod_revision) triples; a key that does not parse is skipped (a
+        newer supervisor's record must not stop an older one)."""
+        nodes: dict[str, NodeRecord] = {}
+        ends: dict[int, EndRequest] = {}
+        finished: dict[str, int] = {}
+        leader, plan, plan_rev = None, None, 0
+        for key, value, rev in kvs:
+            try:
+                if key.startswith(keys.nodes):
+                    rec = NodeRecord.from_json(value)
+                    nodes[rec.node_id] = rec
+                elif key == keys.leader:
+                    leader = value
+                elif key == keys.plan:
+                    plan, plan_rev = Plan.from_json(value), rev
+                elif key.startswith(f"{keys.prefix}/end/"):
+                    req = EndRequest.from_json(value)
+                    ends[req.gen] = req
+                elif key.startswith(f"{keys.prefix}/finished/"):
+                    finished[key.rsplit("/", 1)[1]] = int(value)
+            except (ValueError, KeyError, TypeError):
+                continue
+        return View(nodes, leader, plan, plan_rev, ends, finished)
+
+
+# ---------------------------------------------------------------------- commands
+@dataclass(frozen=True)
+class Campaign:
+    """No leader: try to become it (create the leader key on our lease)."""
+
+
+@dataclass(frozen=True)
+class RequestEnd:
+    """Ask to end a generation (create its end key; an existing one wins)."""
+
+    request: EndRequest
+
+
+@dataclass(frozen=True)
+class StopLocal:
+    """Stop the local job: its generation ended (the request says who asked and why)."""
+
+    request: EndRequest
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """The leader's next generation (compare-and-swap on ``expect_rev``)."""
+
+    plan: Plan
+    expect_rev: int
+
+
+@dataclass(frozen=True)
+class Join:
+    """Launch the job as ``rank`` of the plan's generation."""
+
+    plan: Plan
+    rank: int
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    reason: str
+
+
+Command = Campaign | RequestEnd | StopLocal | WritePlan | Join | GiveUp
+
+
+def choose_step(records: Iterable[NodeRecord], action: str, onset_step: int | None) -> int | None:
+    """The newest checkpoint step verified on every node (before the onset for a rollback);
+    None when they share none."""
+    common: set[int] | None = None
+    for r in records:
+        common = set(r.steps) if common is None else common & set(r.steps)
+    if not common:
+        return None
+    if action == "rollback" and onset_step is not None:
+        common = {s for s in common if s < onset_step}
+    return max(common) if common else None
+
+
+class Coordinator:
+    """One node's coordination: :meth:`step` with the current view, this node's own record and
+    the monotonic time; the commands to carry out. Keeps only what the view cannot say: when
+    the leader began waiting for nodes, and which generation it already stopped for."""
+
+    def __init__(self, node_id: str, rules: Rules) -> None:
+        self.node_id = node_id
+        self.rules = rules
+        self.waiting_since: float | None = None  # leader: when the current barrier began
+        self.stopped_for = 0  # the newest generation a StopLocal was issued for
+        self.joined = 0  # the newest generation a Join was issued for
+
+    def step(self, view: View, me: NodeRecord, now: float) -> list[Command]:
+        out: list[Command] = []
+        if view.leader is None:
+            out.append(Campaign())
+        out += self._follow(view, me)
+        if view.leader == self.node_id:
+            out += self._lead(view, now)
+        else:
+            self.waiting_since = None
+        return out
+
+    def lost_contact(self, me: NodeRecord, last_ok: float, now: float) -> list[Command]:
+        """Cut off from etcd since ``last_ok``: after a lease TTL the others may have declared
+        this node lost and started a generation without it, so its job must stop (fencing)."""
+        if me.phase is Phase.RUNNING and now - last_ok >= self.rules.lease_ttl_s and self.stopped_for < me.gen:
+            self.stopped_for = me.gen
+            return [StopLocal(EndRequest(me.gen, self.node_id, NODE_LOST,
+                                         f"node {self.node_id} lost contact with etcd for {now - last_ok:.1f} s "
+                                         f"(lease TTL {self.rules.lease_ttl_s:g} s): the others may have gone on "
+                                         "without it"))]
+        return []
+
+    # ------------------------------------------------------------------ every node
+    def _follow(self, view: View, me: NodeRecord) -> list[Command]:
+        plan = view.plan
+        if me.phase is Phase.RUNNING:
+            g = me.gen
+            if g in view.ends and self.stopped_for < g:
+                self.stopped_for = g
+                return [StopLocal(view.ends[g])]
+            if plan is not None and plan.gen > g and self.stopped_for < g:
+                self.stopped_for = g  # the run moved on without us (a partition healed): stop, join the next
+                return [StopLocal(EndRequest(g, self.node_id, NODE_LOST, f"generation {plan.gen} started without "
+                                             f"node {self.node_id}, which was still running generation {g}"))]
+            return []
+        if me.phase is Phase.WAITING and plan is not None and plan.gen > me.gen and plan.gen > self.joined:
+            if plan.give_up:
+                self.joined = plan.gen
+                return [GiveUp(plan.give_up)]
+            if self.node_id in plan.nodes:
+                self.joined = plan.gen
+                return [Join(plan, plan.rank(self.node_id))]
+        return []
+
+    # ------------------------------------------------------------------ the leader
+    def _lead(self, view: View, now: float) -> list[Command]:
+        plan = view.plan
+        if plan is not None and plan.give_up:
+            return []
+        g = plan.gen if plan is not None else 0
+        if plan is not None and g not in view.ends:
+            lost = self._lost_members(view, plan)
+            if lost:
+                return [RequestEnd(EndRequest(g, self.node_id, NODE_LOST, lost))]
+            return []
+        if plan is not None:
+            running = [n for n in plan.nodes if n in view.nodes and not self._stopped(view.nodes[n], g)
+                       and view.finished.get(n, 0) < g]
+            if running:
+                return []  # every member still alive stops first: never two generations at once
+        return self._next_plan(view, g, now)
+
+    def _lost_members(self, view: View, plan: Plan) -> str:
+        done = {n for n, g in view.finished.items() if g >= plan.gen}  # finished nodes are not lost
+        gone = [n for n in plan.nodes if n not in view.nodes and n not in done]
+        if gone:
+            return f"node {', '.join(gone)} lost: its lease expired (daemon killed, node down or cut off)"
+        back = [n for n in plan.nodes if n not in done and n in view.nodes and view.nodes[n].phase is not Phase.RUNNING and view.nodes[n].gen >= plan.gen]
+        if back:
+            return f"node {', '.join(back)} is no longer running generation {plan.gen} (its supervisor restarted)"
+        return ""
+
+    @staticmethod
+    def _stopped(rec: NodeRecord, g: int) -> bool:
+        return rec.phase is Phase.GAVE_UP or (rec.phase is Phase.WAITING and rec.gen >= g)
+
+    def _next_plan(self, view: View, g: int, now: float) -> list[Command]:
+        end = view.ends.get(g)
+        rules = self.rules
+        gave_up = sorted(n for n, r in view.nodes.items() if r.phase is Phase.GAVE_UP)
+        if gave_up or (end is not None and end.action == "give_up"):
+            why = (f"node {', '.join(gave_up)} gave up" if gave_up else
+                   f"node {end.by} gave up after {end.cause}: {end.summary}")  # type: ignore[union-attr]
+            return [self._write(view, g, (), None, why, give_up=f"the cluster gives up: {why}")]
+        ready = sorted(n for n, r in view.nodes.items() if r.phase is Phase.WAITING and r.gen >= g)
+        if self.waiting_since is None:
+            self.waiting_since = now
+        waited = now - self.waiting_since
+        if len(ready) < rules.nodes and waited < rules.wait_for_nodes_s:
+            return []
+        if len(ready) < rules.min_nodes:
+            why = (f"only {len(ready)} of {rules.nodes} nodes ready ({', '.join(ready) or 'none'}) after "
+                   f"{waited:.0f} s; min_nodes = {rules.min_nodes}")
+            return [self._write(view, g, (), None, why, give_up=f"the cluster gives up: {why}")]
+        chosen = ready[: rules.nodes]
+        if self.node_id in chosen:  # the leader is rank 0: its address is the rendezvous endpoint
+            chosen = [self.node_id] + [n for n in chosen if n != self.node_id]
+        action = end.action if end is not None else "restart"
+        step = choose_step((view.nodes[n] for n in chosen), action, end.onset_step if end else None)
+        after = f"after {end.cause} on {end.by}" if end is not None else "first generation"
+        why = (f"generation {g + 1} on {len(chosen)} node(s) ({after}); "
+               + (f"resuming from step {step}, verified on every node" if step is not None
+                  else "no checkpoint step verified on every node: fresh start"))
+        return [self._write(view, g, tuple(chosen), step, why)]
+
+    def _write(self, view: View, g: int, nodes: tuple[str, ...], step: int | None, reason: str,
+               give_up: str | None = None) -> WritePlan:
+        self.waiting_since = None
+        addr = view.nodes[nodes[0]].addr if nodes and nodes[0] in view.nodes else ""
+        return WritePlan(Plan(g + 1, nodes, step, self.node_id, addr, reason, give_up), view.plan_rev)
+
+
+def as_dict(cmd: Any) -> dict[str, Any]:
+    """A command for the ledger and the logs."""
+    return {"command": type(cmd).__name__, **asdict(cmd)}

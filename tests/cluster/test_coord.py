@@ -1,0 +1,160 @@
+"""The coordination rules alone: scripted views in, commands out; no etcd, thread or clock."""
+
+from __future__ import annotations
+
+from supervisor.cluster.coord import (NODE_LOST, Campaign, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord,
+                                      Phase, Plan, RequestEnd, Rules, StopLocal, View, WritePlan, choose_step)
+
+RULES = Rules(nodes=3, min_nodes=2, wait_for_nodes_s=30.0, lease_ttl_s=5.0)
+
+
+def rec(node: str, phase: Phase = Phase.WAITING, gen: int = 0, steps: tuple[int, ...] = ()) -> NodeRecord:
+    return NodeRecord(node, f"10.0.0.{node[-1]}", phase, gen, steps)
+
+
+def view(*records: NodeRecord, leader: str | None = "n1", plan: Plan | None = None,
+         ends: dict[int, EndRequest] | None = None, finished: dict[str, int] | None = None) -> View:
+    return View({r.node_id: r for r in records}, leader, plan, 7 if plan else 0, ends or {}, finished or {})
+
+
+def plan(gen: int, nodes: tuple[str, ...] = ("n1", "n2", "n3"), step: int | None = None,
+         give_up: str | None = None) -> Plan:
+    return Plan(gen, nodes, step, "n1", "10.0.0.1", "test", give_up)
+
+
+def only(cmds: list, kind: type):
+    found = [c for c in cmds if isinstance(c, kind)]
+    assert len(found) == 1, f"expected one {kind.__name__} in {cmds}"
+    return found[0]
+
+
+def test_no_leader_every_node_campaigns() -> None:
+    c = Coordinator("n2", RULES)
+    assert Campaign() in c.step(view(rec("n2"), leader=None), rec("n2"), 0.0)
+
+
+def test_first_generation_starts_when_all_nodes_are_ready_leader_is_rank_zero() -> None:
+    lead = Coordinator("n2", RULES)
+    v = view(rec("n1"), rec("n2"), leader="n2")
+    assert lead.step(v, rec("n2"), 0.0) == []  # 2 of 3: waits for the third
+    v = view(rec("n1"), rec("n2"), rec("n3"), leader="n2")
+    wp = only(lead.step(v, rec("n2"), 1.0), WritePlan)
+    assert wp.plan.gen == 1 and wp.plan.nodes == ("n2", "n1", "n3") and wp.plan.master_addr == "10.0.0.2"
+    assert wp.plan.step is None and wp.expect_rev == 0 and not wp.plan.give_up
+
+
+def test_every_waiting_node_joins_with_its_rank_once() -> None:
+    c = Coordinator("n3", RULES)
+    p = plan(1)
+    v = view(rec("n1"), rec("n2"), rec("n3"), plan=p)
+    assert only(c.step(v, rec("n3"), 0.0), Join) == Join(p, 2)
+    assert c.step(v, rec("n3"), 0.1) == []  # the same plan is joined once
+
+
+def test_after_wait_for_nodes_the_leader_starts_with_min_nodes_or_gives_up() -> None:
+    lead = Coordinator("n1", RULES)
+    two = view(rec("n1"), rec("n2"))
+    assert lead.step(two, rec("n1"), 0.0) == []
+    wp = only(lead.step(two, rec("n1"), 30.0), WritePlan)
+    assert wp.plan.nodes == ("n1", "n2") and not wp.plan.give_up
+    lead = Coordinator("n1", RULES)
+    one = view(rec("n1"))
+    assert lead.step(one, rec("n1"), 0.0) == []
+    wp = only(lead.step(one, rec("n1"), 31.0), WritePlan)
+    assert wp.plan.give_up and "min_nodes = 2" in wp.plan.give_up and wp.plan.nodes == ()
+
+
+def test_a_failure_anywhere_stops_every_node_once() -> None:
+    end = EndRequest(1, "n2", "nan", "loss is nan at step 70", 70, 65, "rollback")
+    for node in ("n1", "n2", "n3"):
+        c = Coordinator(node, RULES)
+        me = rec(node, Phase.RUNNING, 1)
+        v = view(*(rec(n, Phase.RUNNING, 1) for n in ("n1", "n2", "n3")), plan=plan(1), ends={1: end})
+        assert only(c.step(v, me, 0.0), StopLocal).request == end
+        assert not [x for x in c.step(v, me, 0.1) if isinstance(x, StopLocal)]
+
+
+def test_leader_waits_for_every_member_to_stop_then_picks_the_common_step_before_the_onset() -> None:
+    lead = Coordinator("n1", RULES)
+    end = EndRequest(1, "n2", "nan", "loss is nan", 70, 65, "rollback")
+    stopped = [rec("n1", Phase.WAITING, 1, (20, 40, 60, 80)), rec("n2", Phase.WAITING, 1, (20, 40, 60))]
+    v = view(*stopped, rec("n3", Phase.RUNNING, 1), plan=plan(1), ends={1: end})
+    assert not [x for x in lead.step(v, stopped[0], 0.0) if isinstance(x, WritePlan)]  # n3 still running
+    v = view(*stopped, rec("n3", Phase.WAITING, 1, (40, 60, 80)), plan=plan(1), ends={1: end})
+    wp = only(lead.step(v, stopped[0], 1.0), WritePlan)
+    assert wp.plan.gen == 2 and wp.plan.step == 60 and wp.expect_rev == 7  # 80 is not on n2; 60 < onset 65
+    assert "nan on n2" in wp.plan.reason
+
+
+def test_choose_step() -> None:
+    a, b = rec("n1", steps=(10, 20, 30)), rec("n2", steps=(10, 30))
+    assert choose_step([a, b], "restart", None) == 30
+    assert choose_step([a, b], "rollback", 30) == 10  # strictly before the onset
+    assert choose_step([a, rec("n3", steps=())], "restart", None) is None  # nothing shared: fresh start
+
+
+def test_lease_expiry_of_a_member_is_node_lost_requested_by_the_leader() -> None:
+    lead = Coordinator("n1", RULES)
+    v = view(rec("n1", Phase.RUNNING, 1), rec("n3", Phase.RUNNING, 1), plan=plan(1))  # n2's key expired
+    req = only(lead.step(v, rec("n1", Phase.RUNNING, 1), 0.0), RequestEnd).request
+    assert req.cause == NODE_LOST and req.gen == 1 and "n2" in req.summary
+    follower = Coordinator("n3", RULES)
+    assert follower.step(v, rec("n3", Phase.RUNNING, 1), 0.0) == []  # only the leader declares a node lost
+
+
+def test_lost_node_then_min_nodes_go_on_without_it_and_a_late_node_waits_for_the_next_generation() -> None:
+    lead = Coordinator("n1", RULES)
+    end = EndRequest(1, "n1", NODE_LOST, "node n2 lost")
+    v = view(rec("n1", Phase.WAITING, 1, (50,)), rec("n3", Phase.WAITING, 1, (50,)), plan=plan(1), ends={1: end})
+    assert not [x for x in lead.step(v, rec("n1", Phase.WAITING, 1), 100.0) if isinstance(x, WritePlan)]
+    wp = only(lead.step(v, rec("n1", Phase.WAITING, 1), 130.0), WritePlan)
+    assert wp.plan.nodes == ("n1", "n3") and wp.plan.step == 50
+    late = Coordinator("n2", RULES)
+    v2 = view(rec("n1", Phase.RUNNING, 2), rec("n2", Phase.WAITING, 2), rec("n3", Phase.RUNNING, 2), plan=wp.plan)
+    assert late.step(v2, rec("n2", Phase.WAITING, 2), 0.0) == []  # not in generation 2: waits for 3
+
+
+def test_a_member_whose_supervisor_restarted_ends_the_generation() -> None:
+    lead = Coordinator("n1", RULES)
+    v = view(rec("n1", Phase.RUNNING, 1), rec("n2", Phase.WAITING, 1), rec("n3", Phase.RUNNING, 1), plan=plan(1))
+    assert "n2" in only(lead.step(v, rec("n1", Phase.RUNNING, 1), 0.0), RequestEnd).request.summary
+
+
+def test_finished_nodes_are_not_lost() -> None:
+    lead = Coordinator("n1", RULES)
+    v = view(rec("n1", Phase.RUNNING, 1), rec("n3", Phase.RUNNING, 1), plan=plan(1), finished={"n2": 1})
+    assert lead.step(v, rec("n1", Phase.RUNNING, 1), 0.0) == []
+
+
+def test_a_node_that_gave_up_or_asked_to_give_up_ends_the_run_everywhere() -> None:
+    lead = Coordinator("n1", RULES)
+    end = EndRequest(1, "n3", "nan", "loss is nan", action="give_up")
+    v = view(rec("n1", Phase.WAITING, 1), rec("n2", Phase.WAITING, 1), rec("n3", Phase.WAITING, 1),
+             plan=plan(1), ends={1: end})
+    wp = only(lead.step(v, rec("n1", Phase.WAITING, 1), 0.0), WritePlan)
+    assert wp.plan.give_up and "n3 gave up" in wp.plan.give_up
+    follower = Coordinator("n2", RULES)
+    v2 = view(rec("n2", Phase.WAITING, 1), plan=wp.plan)
+    assert only(follower.step(v2, rec("n2", Phase.WAITING, 1), 0.0), GiveUp).reason == wp.plan.give_up
+
+
+def test_partition_minority_fences_itself_after_a_ttl_and_stops_when_the_run_moved_on() -> None:
+    c = Coordinator("n3", RULES)
+    me = rec("n3", Phase.RUNNING, 1)
+    assert c.lost_contact(me, last_ok=10.0, now=14.0) == []  # shorter than the TTL: supervision goes on
+    stop = only(c.lost_contact(me, last_ok=10.0, now=15.0), StopLocal)
+    assert stop.request.cause == NODE_LOST and stop.request.gen == 1
+    assert c.lost_contact(me, last_ok=10.0, now=16.0) == []  # once
+    c = Coordinator("n3", RULES)  # healed before it noticed: the run is at generation 2 already
+    v = view(rec("n1", Phase.RUNNING, 2), rec("n3", Phase.RUNNING, 1), plan=plan(2, ("n1", "n2")))
+    assert only(c.step(v, me, 0.0), StopLocal).request.cause == NODE_LOST
+
+
+def test_view_parses_keys_and_skips_garbage() -> None:
+    k = Keys("/tsup/run")
+    p = plan(1)
+    end = EndRequest(1, "n2", "crash", "exit 1")
+    v = View.parse(k, [(k.node("n1"), rec("n1").to_json(), 3), (k.leader, "n1", 4), (k.plan, p.to_json(), 9),
+                       (k.end(1), end.to_json(), 10), (k.node("bad"), "{not json", 11), (k.finished("n2"), "1", 12)])
+    assert set(v.nodes) == {"n1"} and v.leader == "n1" and v.plan == p and v.plan_rev == 9
+    assert v.ends == {1: end} and v.finished == {"n2": 1}
