@@ -83,7 +83,7 @@ SCENARIOS: dict[str, str] = {
     "combined": _combined(),
 }
 
-# The demo's own settings (supervisor/demorun.py: demo_config), shown beside the defaults.
+# The demo's own settings (supervisor/demo/run.py: demo_config), shown beside the defaults.
 TUNED: dict[str, dict[str, Any]] = {
     "policy": {"backoff_initial_s": 1.0, "backoff_max_s": 2.0, "healthy_after_s": 20.0},
     "shutdown": {"grace_s": 20.0, "hang_grace_s": 2.0},
@@ -241,8 +241,8 @@ class OursRun:
         self._err.close()
         r = Result(self.who, self.scenario, time.monotonic() - self.t0, _summary(self.out / "job_summary.json"),
                    f"exit {rc}")
-        from supervisor.ledger import Ledger
-        from supervisor.reporting import goodput_from_ledger
+        from supervisor.ledger.store import Ledger
+        from supervisor.report.collect import goodput_from_ledger
 
         try:
             led = Ledger(self.out / "state", readonly=True)

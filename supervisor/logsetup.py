@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, MutableMapping, TextIO
 
 import structlog
 
-from .process import is_secret
+from .job.process import is_secret
 
 Processor = Callable[[Any, str, MutableMapping[str, Any]], Any]
 _extra: list[Processor] = []

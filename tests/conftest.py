@@ -118,9 +118,11 @@ def pid_alive(pid: int) -> bool:
 @pytest.fixture(autouse=True)
 def _structlog_restored():  # type: ignore[no-untyped-def]
     """A test that runs a CLI entry point in-process configures structlog onto that test's
-    captured stream; later tests must not log into a closed file."""
+    captured stream; later tests must not log into a closed file. A runner run in-process binds
+    its run id into the context: later tests must not see it in their lines either."""
     import structlog
 
     saved = structlog.get_config()
     yield
     structlog.configure(**saved)
+    structlog.contextvars.clear_contextvars()

@@ -8,16 +8,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from supervisor.config import Config, config_from_table
+from supervisor.config.model import Config, config_from_table
 from supervisor.core.messages import ExitInfo, Resume
 from supervisor.daemon.concerns import GoodputConcern, ValidationConcern, WatchConcern
 from supervisor.daemon.ports import Concern, Ports
 from supervisor.events import Action, Cause, MetricRecord
 from supervisor.health.gate import GateVerdict
-from supervisor.ledger import AttemptRow
-from supervisor.osapi import OsApi, signal_name
-from supervisor.output import SinkFanout
-from supervisor.runner import Runner
+from supervisor.ledger.store import AttemptRow
+from supervisor.job.osapi import OsApi, signal_name
+from supervisor.job.output import SinkFanout
+from supervisor.daemon.runner import Runner
 
 
 class FakeClock:

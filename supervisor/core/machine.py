@@ -18,7 +18,7 @@ the main loop) answered by :class:`Prepared`, then :class:`Launch` answered by :
 A stop is :class:`StopJob` answered by :class:`StopFinished`; what follows it (relaunch, give up,
 exit) was decided when the stop began and waits in :attr:`Machine.pending`.
 
-The policy (:func:`supervisor.policy.decide`) says what to do about a failure; the cause registry
+The policy (:func:`supervisor.core.policy.decide`) says what to do about a failure; the cause registry
 (:mod:`supervisor.core.causes`) says how to stop, whether it counts, whether diagnostics follow.
 """
 
@@ -31,10 +31,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from ..config import Config, signal_number
+from ..config.model import Config, signal_number
 from ..errors import Conflict, IllegalMove
 from ..events import Detection
-from ..policy import Decision, Failure, PastAttempt, RepeatKey, decide, merge_args
+from .policy import Decision, Failure, PastAttempt, RepeatKey, decide, merge_args
 from .causes import CAUSES, Action, Cause, StopStyle, gate_failure
 from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, ArmTimer, Boot, CheckpointRequested, Command, Detected,
                        EndAttempt, EscalateStop, Event, ExitInfo, Finish, FirstMetric, JobExited, Launch, Mode,

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Protocol, Sequence
 
 from ..events import Detection
-from ..policy import Decision, PastAttempt
+from .policy import Decision, PastAttempt
 from .causes import Action, Cause, GateCheck
 
 EXIT_OK = 0

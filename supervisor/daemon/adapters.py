@@ -9,12 +9,12 @@ from typing import Any, BinaryIO, Callable, Sequence
 
 import structlog
 
-from ..config import Config
+from ..config.model import Config
 from ..core.messages import EndAttempt, ExitInfo, Resume
 from ..events import Action, MetricRecord, Monitor
-from ..osapi import OsApi, become_subreaper
-from ..output import ConsoleWriter, SinkFanout
-from ..process import JobProcess, LaunchSpec, cgroup_oom_kills, classify_exit
+from ..job.osapi import OsApi, become_subreaper
+from ..job.output import ConsoleWriter, SinkFanout
+from ..job.process import JobProcess, LaunchSpec, cgroup_oom_kills, classify_exit
 from .concerns import close_each
 from .ports import Concern, DaemonView, GateVerdictLike, Job
 
@@ -22,7 +22,7 @@ log = structlog.get_logger("supervisor.daemon")
 
 
 class ProcessLauncher:
-    """Real processes: :class:`~supervisor.process.JobProcess`, output to the fanout and the
+    """Real processes: :class:`~supervisor.job.process.JobProcess`, output to the fanout and the
     passthrough, exits classified with the kernel's and the cgroup's OOM evidence."""
 
     def __init__(self, fanout: SinkFanout, passthrough: BinaryIO | None, osapi: OsApi) -> None:

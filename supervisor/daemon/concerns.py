@@ -10,7 +10,7 @@ import structlog
 from ..core.causes import Cause
 from ..core.messages import EndAttempt, Resume
 from ..events import AttemptContext, Detection, MetricRecord, Monitor
-from ..goodput import Track, goodput_of, tracks_from_rows
+from ..core.goodput import Track, goodput_of, tracks_from_rows
 from .ports import Concern, DaemonView, Notifier
 
 log = structlog.get_logger("supervisor.daemon")
@@ -223,7 +223,7 @@ class GoodputConcern(Concern):
 
 class ValidationConcern(Concern):
     """Post-reboot validation: the first steps after every resume against the run before it
-    (:mod:`supervisor.validation`); a failure becomes a ``validation_failed`` detection."""
+    (:mod:`supervisor.core.validation`); a failure becomes a ``validation_failed`` detection."""
 
     name = "validation"
 
@@ -243,7 +243,7 @@ class ValidationConcern(Concern):
         vc = d.cfg.validation
         if not (resume.checkpoint and vc.enabled):
             return
-        from ..validation import Baseline, Validator
+        from ..core.validation import Baseline, Validator
 
         baseline = Baseline.from_history(list(d.metric_history), resume.step, self.goodput.startups(ctx.attempt))
         self.validator = Validator(vc, baseline, resume.step, ctx.started_monotonic)

@@ -1,7 +1,7 @@
 """The ports: every effect the runner has goes through one of these interfaces.
 
-Real implementations: :class:`~supervisor.osapi.Clock`, :class:`~supervisor.daemon.adapters.ProcessLauncher`
-(:class:`~supervisor.process.JobProcess`), :class:`~supervisor.ledger.Ledger`,
+Real implementations: :class:`~supervisor.job.osapi.Clock`, :class:`~supervisor.daemon.adapters.ProcessLauncher`
+(:class:`~supervisor.job.process.JobProcess`), :class:`~supervisor.ledger.store.Ledger`,
 :class:`~supervisor.daemon.adapters.CheckpointConcern`, :class:`~supervisor.daemon.adapters.HealthConcern`,
 :class:`~supervisor.ops.notify.Notifier`. Small fakes for tests: ``tests/fakes.py``.
 
@@ -20,11 +20,11 @@ from ..core.messages import EndAttempt, ExitInfo, GateResult, Resume
 from ..events import Action, AttemptContext, Detection, MetricRecord, Monitor
 
 if TYPE_CHECKING:
-    from ..config import Config
-    from ..ledger import AttemptRow
-    from ..osapi import OsApi, ProcRef
-    from ..output import SinkFanout
-    from ..process import LaunchSpec
+    from ..config.model import Config
+    from ..ledger.store import AttemptRow
+    from ..job.osapi import OsApi, ProcRef
+    from ..job.output import SinkFanout
+    from ..job.process import LaunchSpec
 
 
 class Clock(Protocol):
@@ -78,7 +78,7 @@ class JobLauncher(Protocol):
 
 
 class LedgerStore(Protocol):
-    """The run ledger (all SQL lives in :mod:`supervisor.ledger`)."""
+    """The run ledger (all SQL lives in :mod:`supervisor.ledger.store`)."""
 
     def open_run(self, name: str, config_json: Mapping[str, Any]) -> tuple[str, bool]: ...
 

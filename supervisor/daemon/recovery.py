@@ -10,10 +10,10 @@ from __future__ import annotations
 import signal
 from typing import Any, Callable
 
-from ..config import Config
+from ..config.model import Config
 from ..core.causes import Cause
-from ..osapi import OsApi, ProcRef
-from ..policy import PastAttempt
+from ..job.osapi import OsApi, ProcRef
+from ..core.policy import PastAttempt
 from .ports import Clock, LedgerStore
 
 Event = Callable[..., None]

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import configschema
-from ..config import Config, ConfigError, load_config
-from ..process import is_secret
+from ..config import schema as configschema
+from ..config.model import Config, ConfigError, load_config
+from ..job.process import is_secret
 
 # Config sections whose objects are built once at daemon start: a reload records them, a
 # daemon restart applies them.
@@ -22,8 +22,8 @@ def _masked(v: Any) -> Any:
     """``v`` with the secret-looking values of any remedy env masked (``[on.<cause>]``)."""
     import dataclasses
 
-    from ..config import Remedy
-    from ..process import redact_env
+    from ..config.model import Remedy
+    from ..job.process import redact_env
 
     if isinstance(v, Remedy):
         return dataclasses.replace(v, env=redact_env(v.env))

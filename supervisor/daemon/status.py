@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ..config import Config
+from ..config.model import Config
 from ..core.machine import Machine, State
 from ..core.messages import detection_dict
 from ..events import MetricRecord

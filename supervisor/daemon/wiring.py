@@ -6,15 +6,15 @@ import sys
 from pathlib import Path
 from typing import BinaryIO, Sequence
 
-from ..config import Config
-from ..ledger import Ledger
+from ..config.model import Config
+from ..ledger.store import Ledger
 from ..ops.notify import Notifier
-from ..osapi import Clock, OsApi
-from ..output import SinkFanout
-from ..runner import Runner
+from ..job.osapi import Clock, OsApi
+from ..job.output import SinkFanout
+from .runner import Runner
 from .adapters import CheckpointConcern, HealthConcern, ProcessLauncher
 from .concerns import GoodputConcern, OpsConcern, ValidationConcern, WatchConcern
-from .launch import Environment
+from ..job.launch import Environment
 from .ports import Concern, Ports
 from .statelock import StateLock, StateLockConcern
 

@@ -5,7 +5,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..configschema import meta
+from ..config.schema import meta
 
 _ACTIONS = ("restart", "rollback", "give_up", "warn")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..configschema import meta
+from ..config.schema import meta
 
 
 def check_listen(value: str) -> str | None:

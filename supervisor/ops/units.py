@@ -3,7 +3,7 @@
 A wheel install (``pipx install transformer-supervisor``, ``pip install`` into a venv per node)
 has no source checkout: the units ship as package data (``supervisor/ops/systemd/*.service``,
 which ``systemd/`` in the checkout links to) and the example config is generated from the schema
-(:func:`supervisor.configdoc.render`). Install them with::
+(:func:`supervisor.config.doc.render`). Install them with::
 
     sudo transformer-supervisor install-units            # units, /etc/transformer-supervisor/{config.toml,env}
     transformer-supervisor install-units --print         # the plain unit on stdout, nothing written
@@ -54,7 +54,7 @@ def unit_text(name: str, bin_path: str = DEFAULT_BIN, config_dir: str = DEFAULT_
 
 
 def example_config() -> str:
-    from ..configdoc import render
+    from ..config.doc import render
 
     return render()
 
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ..installcheck import refuse_foreign
+    from ..cli.installcheck import refuse_foreign
 
     refuse_foreign()
     ap = argparse.ArgumentParser(prog="python -m supervisor.ops.units",

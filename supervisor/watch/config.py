@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from ..configschema import meta
+from ..config.schema import meta
 
 
 def _check_regexes(patterns: tuple[str, ...]) -> str | None:

@@ -37,7 +37,7 @@ from typing import Any, Mapping, Sequence
 import structlog
 
 from ..events import AttemptContext, Emit, LineSink
-from ..output import TRUNCATED_MARKER, LineSplitter
+from ..job.output import TRUNCATED_MARKER, LineSplitter
 
 log = structlog.get_logger("supervisor.watch")
 

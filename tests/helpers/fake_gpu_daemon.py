@@ -22,7 +22,7 @@ from supervisor.health.gpu import FakeBackend  # noqa: E402
 def main() -> int:
     timeline = sys.argv[1]
     health.make_backend = lambda _spec, **_kw: FakeBackend.from_file(timeline)  # type: ignore[assignment]
-    from supervisor.cli import main as cli_main
+    from supervisor.cli.main import main as cli_main
 
     return cli_main(sys.argv[2:])
 

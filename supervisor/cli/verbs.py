@@ -1,0 +1,297 @@
+"""The client verbs' work for ``supervisor.cli.main``: ``stop``/``restart`` with ``--wait`` and
+``--json``, ``status`` with times people read, ``checkpoints`` with the ones still being written
+and hashing progress. Nothing here imports the daemon."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, TextIO
+
+from ..humanize import duration, size
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GAVE_UP = 0, 1, 2, 3
+
+
+# -- times people can read --------------------------------------------------------------------
+
+def clock(t: float, now: float | None = None) -> str:
+    """A wall time in local time: ``14:02:11 CET`` today, ``2026-12-01 14:02 CET`` otherwise."""
+    now = time.time() if now is None else now
+    lt = time.localtime(t)
+    if time.strftime("%Y-%m-%d", lt) == time.strftime("%Y-%m-%d", time.localtime(now)):
+        return time.strftime("%H:%M:%S %Z", lt)
+    return time.strftime("%Y-%m-%d %H:%M %Z", lt)
+
+
+def ago(seconds: float, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    return f"{duration(seconds)} ago, at {clock(now - seconds, now)}"
+
+
+def humane_status(result: Mapping[str, Any], now: float | None = None) -> dict[str, Any]:
+    """The ``status`` result with its times said for people (the table renders it): ages and
+    unix times become "4 min 05 s ago, at 14:02:11 CET", countdowns "in 3.0 s, at ..."."""
+    now = time.time() if now is None else now
+    out: dict[str, Any] = dict(result)
+    lm = out.get("last_metric")
+    if isinstance(lm, Mapping):
+        age = lm.get("age_s")
+        if age is None and isinstance(lm.get("at"), (int, float)):
+            age = max(0.0, now - float(lm["at"]))
+        keep = {k: v for k, v in lm.items() if k not in ("at", "fmt", "source", "age_s")}
+        out["last_metric"] = {**keep, **({"age_s": age} if age is not None else {})}
+    since = out.pop("seconds_since_last_good_checkpoint", None)
+    newest = out.pop("newest_checkpoint", None)
+    if isinstance(since, (int, float)):
+        out["newest_good_checkpoint"] = (f"{newest}  " if newest else "") + f"(saved {ago(float(since), now)})"
+    elif newest:
+        out["newest_good_checkpoint"] = str(newest)
+    wait = out.pop("restart_in_s", None)
+    if isinstance(wait, (int, float)):
+        out["restart_in"] = f"{duration(float(wait))}, at {clock(now + float(wait), now)}"
+    gd = out.get("goodput_detail")
+    if isinstance(gd, Mapping):
+        lost = gd.get("lost_by_cause")
+        if isinstance(lost, Mapping) and lost:
+            out["lost_time"] = ", ".join(f"{k} {duration(float(v))}" for k, v in
+                                         sorted(lost.items(), key=lambda kv: -float(kv[1] or 0)) if v)
+        if isinstance(gd.get("total_s"), (int, float)):
+            out["supervised_for"] = duration(float(gd["total_s"]))
+    return out
+
+
+def render_status(result: Mapping[str, Any]) -> str:
+    from ..ops.control import render_status as table
+
+    return table(humane_status(result))
+
+
+# -- stop / restart / checkpoint-now / reload -------------------------------------------------
+
+def _request(sd: Path, verb: str, payload: Mapping[str, Any] | None = None, timeout: float = 30.0) -> Any:
+    from ..ops.control import request
+
+    return request(sd, verb, payload or {}, timeout=timeout)
+
+
+def _final_run(sd: Path, run_id: str | None) -> dict[str, Any]:
+    try:
+        from ..ledger.store import Ledger
+
+        led = Ledger(sd, readonly=True)
+    except Exception:
+        return {}
+    try:
+        h = led.history(run_id)
+        return {k: h.get(k) for k in ("run_id", "state", "exit_code", "reason")}
+    except Exception:
+        return {}
+    finally:
+        led.close()
+
+
+def wait_stopped(sd: Path, before: Mapping[str, Any], timeout: float, poll: float = 0.2,
+                 sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """Wait until the daemon of ``sd`` has exited (its control socket no longer answers)."""
+    from ..ops.control import ControlError, DaemonNotRunning
+
+    t0 = time.monotonic()
+    while True:
+        try:
+            st = _request(sd, "status", timeout=min(5.0, max(poll, timeout)))
+        except DaemonNotRunning:
+            run = _final_run(sd, before.get("run_id"))
+            return {"done": True, "waited_s": round(time.monotonic() - t0, 3), "state": run.get("state", "stopped"),
+                    "exit_code": run.get("exit_code"), "reason": run.get("reason")}
+        except ControlError:
+            st = {}
+        if time.monotonic() - t0 >= timeout:
+            return {"done": False, "waited_s": round(time.monotonic() - t0, 3),
+                    "state": st.get("state") if isinstance(st, Mapping) else None}
+        sleep(poll)
+
+
+def wait_restarted(sd: Path, before: Mapping[str, Any], timeout: float, poll: float = 0.2,
+                   sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """Wait until a newer attempt than ``before``'s runs (launched, with a live process)."""
+    from ..ops.control import ControlError, DaemonNotRunning
+
+    a0 = before.get("attempt")
+    a0 = a0 if isinstance(a0, int) else -1
+    t0 = time.monotonic()
+    st: Any = {}
+    while True:
+        try:
+            st = _request(sd, "status", timeout=min(5.0, max(poll, timeout)))
+        except DaemonNotRunning:
+            run = _final_run(sd, before.get("run_id"))
+            return {"done": False, "waited_s": round(time.monotonic() - t0, 3), "daemon_exited": True,
+                    "state": run.get("state"), "exit_code": run.get("exit_code"), "reason": run.get("reason")}
+        except ControlError:
+            st = {}
+        if isinstance(st, Mapping):
+            attempt, state = st.get("attempt"), st.get("state")
+            if isinstance(attempt, int) and attempt > a0 and state in ("starting", "running") and st.get("pids"):
+                return {"done": True, "waited_s": round(time.monotonic() - t0, 3), "attempt": attempt,
+                        "state": state, "pids": st.get("pids"), "checkpoint": st.get("checkpoint")}
+            if state in ("gave_up", "stopped"):
+                return {"done": False, "waited_s": round(time.monotonic() - t0, 3), "state": state,
+                        "attempt": attempt}
+        if time.monotonic() - t0 >= timeout:
+            return {"done": False, "waited_s": round(time.monotonic() - t0, 3),
+                    "state": st.get("state") if isinstance(st, Mapping) else None}
+        sleep(poll)
+
+
+def _text(e: Exception) -> str:
+    return str(getattr(e, "message", None) or e)
+
+
+def control_verb(sd: Path, verb: str, payload: Mapping[str, Any] | None = None, *, wait: bool = False,
+                 timeout: float = 600.0, json_out: bool = False, out: TextIO | None = None,
+                 err: TextIO | None = None) -> int:
+    """``stop``/``restart``/``checkpoint-now``/``reload``: send, print the answer, optionally wait.
+
+    Exit 0 when accepted (and, with ``wait``, done); 1 when no daemon answers, the request was
+    refused or the wait timed out; 3 when ``restart --wait`` saw the daemon give up."""
+    from ..ops.control import ControlError, DaemonNotRunning
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    before: Any = {}
+    try:
+        if wait:
+            before = _request(sd, "status")
+        res = _request(sd, verb, payload)
+    except DaemonNotRunning as e:
+        if json_out:
+            out.write(json.dumps({"ok": False, "error": {"code": "not_running", "message": _text(e)}}) + "\n")
+        print(f"transformer-supervisor: {e}", file=err)
+        return EXIT_FAILED
+    except ControlError as e:
+        if json_out:
+            out.write(json.dumps({"ok": False, "error": {"code": e.code, "message": _text(e)}}) + "\n")
+        print(f"transformer-supervisor: {verb} failed: {e}", file=err)
+        return EXIT_FAILED
+    reply: dict[str, Any] = dict(res) if isinstance(res, Mapping) else {"result": res}
+    code = EXIT_OK
+    if not json_out:
+        print(reply.get("message") or json.dumps(res), file=out, flush=True)
+    if wait and verb in ("stop", "restart"):
+        before = before if isinstance(before, Mapping) else {}
+        if verb == "stop":
+            w = wait_stopped(sd, before, timeout)
+            if not json_out:
+                if w["done"]:
+                    ex = f" with exit code {w['exit_code']}" if w.get("exit_code") is not None else ""
+                    print(f"the daemon exited{ex} after {duration(w['waited_s'])}"
+                          + (f": {w['reason']}" if w.get("reason") else ""), file=out)
+                else:
+                    print(f"transformer-supervisor: the daemon is still running after {duration(timeout)} "
+                          f"(state {w.get('state')})", file=err)
+        else:
+            w = wait_restarted(sd, before, timeout)
+            if not json_out:
+                if w["done"]:
+                    print(f"attempt {w['attempt']} is {w['state']} (pid {' '.join(map(str, w.get('pids') or []))})"
+                          + (f", from {w['checkpoint']}" if w.get("checkpoint") else ", from scratch")
+                          + f", after {duration(w['waited_s'])}", file=out)
+                elif w.get("state") == "gave_up":
+                    print("transformer-supervisor: the daemon gave up instead of restarting the job; "
+                          "see `transformer-supervisor history`", file=err)
+                elif w.get("daemon_exited"):
+                    print("transformer-supervisor: the daemon exited instead of restarting the job", file=err)
+                else:
+                    print(f"transformer-supervisor: no new attempt running after {duration(w['waited_s'])} "
+                          f"(state {w.get('state')})", file=err)
+        reply["wait"] = w
+        if not w["done"]:
+            code = EXIT_GAVE_UP if w.get("state") == "gave_up" else EXIT_FAILED
+    if json_out:
+        out.write(json.dumps({"ok": code == EXIT_OK, **reply}, indent=2, sort_keys=True, default=str) + "\n")
+    return code
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+
+#: files smaller than this hash in a blink: no progress shown for them
+PROGRESS_MIN_BYTES = 64 * 1024 * 1024
+
+
+class HashProgress:
+    """Shows hashing progress of large files on ``stream``: a line rewritten in place on a
+    terminal (at most 5 times a second), else one line when a file starts and one when it ends."""
+
+    def __init__(self, stream: TextIO, min_bytes: int = PROGRESS_MIN_BYTES,
+                 clock_fn: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream
+        self.min_bytes = min_bytes
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.clock = clock_fn
+        self._current: Path | None = None
+        self._started = 0.0
+        self._last_draw = -math.inf
+        self._width = 0
+
+    def __call__(self, path: Path, done: int, total: int) -> None:
+        if total < self.min_bytes:
+            return
+        now = self.clock()
+        if path != self._current:
+            self._current, self._started, self._last_draw = path, now, -math.inf
+            if not self.tty:
+                self.stream.write(f"hashing {path.name} ({size(total)}) ...\n")
+                self.stream.flush()
+        finished = done >= total
+        if self.tty and (finished or now - self._last_draw >= 0.2):
+            self._last_draw = now
+            rate = done / max(1e-6, now - self._started)
+            eta = (total - done) / rate if rate > 0 and not finished else 0.0
+            line = (f"hashing {path.name}: {size(done)} of {size(total)} ({100 * done / total:.0f} %)"
+                    + (f", {duration(eta)} left" if eta >= 1 else ""))
+            self.stream.write("\r" + line.ljust(self._width))
+            self._width = len(line)
+            if finished:
+                self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+        if finished:
+            if not self.tty:
+                self.stream.write(f"hashed {path.name} ({size(total)}) in {duration(now - self._started)}\n")
+                self.stream.flush()
+            self._current = None
+
+
+def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: Path, *,
+                     job_argv: Sequence[str] = (), job_cwd: Path | None = None, out: TextIO | None = None,
+                     err: TextIO | None = None, progress_min_bytes: int = PROGRESS_MIN_BYTES) -> int:
+    """``transformer-supervisor checkpoints [--json]``: the quicklist, plus the checkpoints still
+    being written (never "no checkpoints found" while one is being saved), with hashing progress
+    on stderr. Read-only: writes no manifests and moves nothing (the digest cache aside). 0, or 2
+    for a bad dir."""
+    from ..checkpoints import hashing
+    from ..checkpoints.inprogress import in_progress, render as render_writing
+    from ..checkpoints.quicklist import render_table
+    from ..checkpoints.service import CheckpointService
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if not Path(checkpoint_dir).is_dir():
+        print(f"checkpoints: no checkpoint dir {checkpoint_dir} (not a directory)", file=err)
+        return EXIT_USAGE
+    svc = CheckpointService(cfg, Path(checkpoint_dir), Path(state_dir), None, list(job_argv), job_cwd,
+                            write_manifests=False)
+    with hashing.progress(HashProgress(err, progress_min_bytes)):
+        rows = svc.quicklist()
+    writing = in_progress(Path(checkpoint_dir), getattr(svc.discovery, "unsettled", ()))
+    if json_out:
+        out.write(json.dumps([w.to_json() for w in writing] + [r.to_json() for r in rows], indent=2) + "\n")
+        return EXIT_OK
+    parts = [render_table(rows) if rows or not writing else "no complete checkpoint yet"]
+    if writing:
+        parts.append(render_writing(writing))
+    out.write("\n".join(parts) + "\n")
+    return EXIT_OK

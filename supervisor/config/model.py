@@ -1,0 +1,359 @@
+"""The daemon's configuration: TOML -> one frozen :class:`Config`.
+
+Sections owned by other concerns (watch, checkpoints, health, ops) live in their own
+``config.py``; this module composes them, adds the core sections, and runs the checks that span
+sections. ``load_config`` raises :class:`ConfigError` listing *every* problem.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
+
+from ..checkpoints.config import CheckpointsConfig
+from .schema import MISSING, Problem, build, meta
+from ..core.causes import CAUSES, Action, Cause
+from ..errors import SupervisorError
+from ..health.config import GpuConfig, HostConfig
+from ..ops.config import MetricsConfig, SystemdConfig
+from ..watch.config import DetectorsConfig, HeartbeatConfig
+
+
+class ConfigError(SupervisorError):
+    """Raised when a config file cannot be used. ``problems`` lists every problem found.
+
+    The daemon exits 2 and prints each one; fix them all and run ``check-config`` again.
+    """
+
+    code = "bad_config"
+
+    def __init__(self, source: str, problems: list[Problem]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source}: {len(problems)} problem(s):\n{lines}")
+
+
+def _signal_name(value: str) -> str | None:
+    name = value.upper()
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    if not hasattr(signal, name) or name in ("SIG_DFL", "SIG_IGN", "SIG_BLOCK", "SIG_UNBLOCK", "SIG_SETMASK"):
+        return f'expected a signal name such as "SIGTERM" or "SIGUSR1", got "{value}"'
+    return None
+
+
+def signal_number(name: str) -> int:
+    name = name.upper()
+    return int(getattr(signal, name if name.startswith("SIG") else "SIG" + name))
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    name: str = field(default="job", metadata=meta(
+        "names the run, the state dir and the unit instance",
+        check=lambda v: (f'expected a name without control characters, got {v!r}'
+                         if any(ord(c) < 32 or ord(c) == 127 for c in v)
+                         else None if v and "/" not in v and v not in (".", "..")
+                         else f'expected a name without "/", got "{v}"')))
+    command: tuple[str, ...] = field(default=(), metadata=meta(
+        "the launch command as an argv array (a single string when shell = true)"))
+    workdir: str | None = field(default=None, metadata=meta("working directory of the job (default: the daemon's)"))
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), metadata=meta(
+        "extra environment for the job, on top of the daemon's (values are never logged when the "
+        "name contains TOKEN, KEY, SECRET or PASSWORD)"))
+    inherit_env: bool = field(default=True, metadata=meta("start from the daemon's environment"))
+    unbuffered: bool = field(default=True, metadata=meta(
+        "set PYTHONUNBUFFERED=1 for the job (unless its environment sets it), so a Python job's lines "
+        "reach the detectors when printed, not in 4-8 KiB blocks or at exit; false leaves it alone"))
+    shell: bool = field(default=False, metadata=meta("true: command is one string run by /bin/sh -c"))
+    resume_args: tuple[str, ...] = field(default=(), metadata=meta(
+        "args appended only when resuming; {checkpoint} is replaced by the checkpoint path"))
+    log_file: str | None = field(default=None, metadata=meta(
+        "copy of the job's stdout+stderr (appended); default <state dir>/job.log"))
+    watch_files: tuple[str, ...] = field(default=(), metadata=meta(
+        "extra log files to tail (globs, relative to workdir), e.g. torchrun --log-dir rank files"))
+    python: str | None = field(default=None, metadata=meta(
+        "the job's Python, for checkpoint load tests and the environment snapshot "
+        "(default: found from the command, else the daemon's)"))
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    max_restarts: int = field(default=10, metadata=meta(
+        "restarts allowed within restart_window_s before giving up (exit 3)", min=0))
+    restart_window_s: float = field(default=3600.0, metadata=meta(
+        "the sliding window over which restarts are counted", min=0, min_exclusive=True))
+    backoff_initial_s: float = field(default=10.0, metadata=meta(
+        "delay before relaunching an attempt that failed without progress (no step past its resume "
+        "step); one that made progress, or a NaN/spike rollback, relaunches at once", min=0))
+    backoff_factor: float = field(default=2.0, metadata=meta(
+        "each consecutive failure without progress multiplies the delay by this", min=1))
+    backoff_max_s: float = field(default=300.0, metadata=meta("the delay never exceeds this", min=0))
+    backoff_jitter: float = field(default=0.1, metadata=meta(
+        "random +/- fraction of the delay, so many nodes do not restart in lockstep", min=0, max=1))
+    healthy_after_s: float = field(default=600.0, metadata=meta(
+        "an attempt that ran this long resets the backoff and the remedy ladder", min=0))
+    repeat_step_tolerance: int = field(default=10, metadata=meta(
+        "two failures of the same cause this many steps apart or less, resuming from the same checkpoint "
+        "with the same command and environment, are one deterministic failure: the second climbs the "
+        "remedy ladder at once, or gives up (exit 3) when no rung is left", min=0))
+
+
+@dataclass(frozen=True)
+class ShutdownConfig:
+    mode: str = field(default="graceful", metadata=meta(
+        "graceful: stop signal, wait grace_s, SIGKILL; hybrid: checkpoint signal, wait for the "
+        "checkpoint, then graceful; forced: SIGKILL at once",
+        choices=("graceful", "forced", "hybrid")))
+    grace_s: float = field(default=120.0, metadata=meta(
+        "how long the job may take to flush and exit after the stop signal", min=0))
+    stop_signal: str = field(default="SIGTERM", metadata=meta("sent to the job's process group to stop it",
+                                                               check=_signal_name))
+    checkpoint_signal: str = field(default="SIGUSR1", metadata=meta(
+        "asks the job for an emergency checkpoint (hybrid mode, checkpoint-now)", check=_signal_name))
+    checkpoint_timeout_s: float = field(default=300.0, metadata=meta(
+        "hybrid: how long to wait for the emergency checkpoint to appear", min=0))
+    hang_grace_s: float = field(default=10.0, metadata=meta(
+        "grace for a job stopped because it hangs (it will not flush anything)", min=0))
+    leftover_grace_s: float = field(default=10.0, metadata=meta(
+        "grace for processes left in the job's group after its main process exited", min=0))
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    dir: str | None = field(default=None, metadata=meta(
+        "ledger, control socket, heartbeats, reports (default: $STATE_DIRECTORY/NAME under systemd, "
+        "else ./.tsup/NAME)"))
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    format: str = field(default="auto", metadata=meta(
+        "auto: console on a TTY, logfmt under the journal or a pipe",
+        choices=("auto", "console", "logfmt", "json")))
+    level: str = field(default="info", metadata=meta("lowest level logged",
+                                                     choices=("debug", "info", "warning", "error")))
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """One rung of a remedy ladder: extra env, extra/replacing args, batches to skip."""
+
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), metadata=meta(
+        "environment added to the following attempts"))
+    args: tuple[str, ...] = field(default=(), metadata=meta(
+        "args appended to the following attempts; --key=value replaces an earlier --key"))
+    skip_batches: int = field(default=0, metadata=meta(
+        "batches the job should skip after resuming (TSUP_SKIP_BATCHES, resume_info())", min=0))
+    scale: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}), metadata=meta(
+        "multiply the value of a flag already in job.command, e.g. { \"--learning_rate\" = 0.5 } "
+        "(--flag=v or --flag v; cumulative: two such rungs make x 0.25)"))
+
+
+@dataclass(frozen=True)
+class OnCause:
+    action: Action | None = field(default=None, metadata=meta("restart | rollback | give_up | warn"))
+    remedies: tuple[Remedy, ...] = field(default=(), metadata=meta(
+        "applied one more each time the same cause repeats; when exhausted and it repeats: give up"))
+
+
+def _diagnostics_default() -> Mapping[str, str]:
+    return MappingProxyType({
+        "NCCL_DEBUG": "INFO",
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+        "TORCH_SHOW_CPP_STACKTRACES": "1",
+        "PYTHONFAULTHANDLER": "1",
+    })
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    enabled: bool = field(default=True, metadata=meta("validate the first steps after every resume"))
+    steps: int = field(default=20, metadata=meta("steps observed after a resume before the verdict", min=1))
+    loss_tolerance: float = field(default=0.15, metadata=meta(
+        "the first losses may differ from the loss recorded at the resumed step by this fraction",
+        min=0))
+    grad_norm_factor: float = field(default=3.0, metadata=meta(
+        "grad norm must stay under the pre-reboot p99 times this", min=1))
+    throughput_tolerance: float = field(default=0.2, metadata=meta(
+        "throughput may be this fraction below the pre-reboot median", min=0, max=1))
+    startup_factor: float = field(default=5.0, metadata=meta(
+        "time to the first step may be this many times the earlier attempts' median", min=1))
+    first_step_timeout_s: float = field(default=1800.0, metadata=meta(
+        "the first step after a launch must come within this (else: hang)", min=0,
+        min_exclusive=True))
+    diagnostics_env: Mapping[str, str] = field(default_factory=_diagnostics_default, metadata=meta(
+        "environment added after a failed validation, so the next attempt says more"))
+
+
+@dataclass(frozen=True)
+class Config:
+    job: JobConfig = field(default_factory=JobConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
+    state: StateConfig = field(default_factory=StateConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    on: Mapping[str, OnCause] = field(default_factory=lambda: MappingProxyType({}), metadata=meta(
+        "per-cause action and remedy ladder: [on.nan] action = \"rollback\""))
+    heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
+    detectors: DetectorsConfig = field(default_factory=DetectorsConfig)
+    checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    host: HostConfig = field(default_factory=HostConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    systemd: SystemdConfig = field(default_factory=SystemdConfig)
+
+    # -- derived values -------------------------------------------------------------------
+    def action_for(self, cause: Cause) -> Action:
+        oc = self.on.get(cause.value)
+        if oc is not None and oc.action is not None:
+            return oc.action
+        return CAUSES[cause].default
+
+    def action_configured(self, cause: Cause) -> bool:
+        oc = self.on.get(cause.value)
+        return oc is not None and oc.action is not None
+
+    def remedies_for(self, cause: Cause) -> tuple[Remedy, ...]:
+        oc = self.on.get(cause.value)
+        return oc.remedies if oc is not None else ()
+
+    def state_dir(self) -> Path:
+        if self.state.dir:
+            return Path(self.state.dir).expanduser()
+        sysd = os.environ.get("STATE_DIRECTORY")
+        if sysd:
+            # systemd may pass several dirs separated by ':'; ours is the first.
+            return Path(sysd.split(":")[0]) / self.job.name
+        return Path(".tsup") / self.job.name
+
+    def workdir(self) -> Path:
+        return Path(self.job.workdir).expanduser() if self.job.workdir else Path.cwd()
+
+    def checkpoint_dir(self) -> Path | None:
+        d = self.checkpoints.dir
+        if not d:
+            return None
+        p = Path(d).expanduser()
+        return p if p.is_absolute() else self.workdir() / p
+
+    def log_file(self) -> Path:
+        if self.job.log_file:
+            p = Path(self.job.log_file).expanduser()
+            return p if p.is_absolute() else self.workdir() / p
+        return self.state_dir() / "job.log"
+
+
+def _cross_checks(cfg: Config, problems: list[Problem], need_command: bool) -> None:
+    valid_causes = [c.value for c in Cause]
+    for key, oc in cfg.on.items():
+        if key not in valid_causes:
+            import difflib
+            hint = difflib.get_close_matches(key, valid_causes, n=1)
+            problems.append(Problem(f"on.{key}", "unknown cause" + (
+                f" (did you mean 'on.{hint[0]}'?)" if hint else f" (causes: {', '.join(valid_causes)})")))
+    if need_command and not cfg.job.command and not any(p.path.startswith("job.command") for p in problems):
+        problems.append(Problem("job.command", "required: expected the launch command, e.g. "
+                                               '["python", "train.py"]'))
+    if cfg.job.shell and len(cfg.job.command) > 1:
+        problems.append(Problem("job.command", "with job.shell = true, expected one string"))
+    if cfg.policy.backoff_max_s < cfg.policy.backoff_initial_s:
+        problems.append(Problem("policy.backoff_max_s",
+                                f"expected >= policy.backoff_initial_s ({cfg.policy.backoff_initial_s:g}), "
+                                f"got {cfg.policy.backoff_max_s:g}"))
+    _check_scales(cfg, problems)
+    if cfg.job.workdir and not Path(cfg.job.workdir).expanduser().is_dir():
+        problems.append(Problem("job.workdir", f'expected an existing directory, got "{cfg.job.workdir}"'))
+
+
+def find_flag(argv: Sequence[str], flag: str) -> tuple[int, str] | None:
+    """Where ``flag``'s value is in ``argv`` (``--flag=v`` or ``--flag v``): (index, value); the last wins."""
+    found = None
+    for i, a in enumerate(argv):
+        if a.startswith(flag + "="):
+            found = (i, a[len(flag) + 1:])
+        elif a == flag and i + 1 < len(argv):
+            found = (i + 1, argv[i + 1])
+    return found
+
+
+
+def _check_scales(cfg: Config, problems: list[Problem]) -> None:
+    """A scale remedy names a flag with a number in job.command, and a factor > 0."""
+    for key, oc in cfg.on.items():
+        for n, r in enumerate(oc.remedies):
+            for flag, factor in r.scale.items():
+                path = f"on.{key}.remedies[{n}].scale.{flag}"
+                if factor <= 0:
+                    problems.append(Problem(path, f"expected a factor > 0, got {factor:g}"))
+                if not flag.startswith("-"):
+                    problems.append(Problem(path, f'expected a flag such as "--learning_rate", got "{flag}"'))
+                    continue
+                if cfg.job.shell:
+                    problems.append(Problem(path, "a scale remedy needs job.command as an argv (job.shell = false)"))
+                    continue
+                if not cfg.job.command:
+                    continue
+                hit = find_flag(cfg.job.command, flag)
+                if hit is None:
+                    problems.append(Problem(path, f"{flag} is not in job.command; a scale remedy multiplies a "
+                                                  "value already there (add it, or use args)"))
+                else:
+                    try:
+                        float(hit[1])
+                    except ValueError:
+                        problems.append(Problem(path, f"{flag}'s value in job.command is not a number: {hit[1]!r}"))
+
+
+def _preprocess(table: dict[str, Any], problems: list[Problem]) -> dict[str, Any]:
+    job = table.get("job")
+    if isinstance(job, dict) and isinstance(job.get("command"), str):
+        job = dict(job)
+        if job.get("shell") is True:
+            job["command"] = [job["command"]]
+        else:
+            problems.append(Problem("job.command", "expected an array of strings such as "
+                                                   '["python", "train.py"] (a single string needs job.shell = true)'))
+            job.pop("command")
+        table = {**table, "job": job}
+    return table
+
+
+def config_from_table(table: Mapping[str, Any], source: str = "<config>", *, need_command: bool = True) -> Config:
+    problems: list[Problem] = []
+    table = _preprocess(dict(table), problems)
+    cfg = build(Config, table, "", problems)
+    if cfg is MISSING:
+        raise ConfigError(source, problems)
+    _cross_checks(cfg, problems, need_command)
+    if problems:
+        raise ConfigError(source, problems)
+    return cfg
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(str(path), [Problem("", "file not found")]) from None
+    except PermissionError:
+        raise ConfigError(str(path), [Problem("", "permission denied reading the file")]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(str(path), [Problem("", f"not valid TOML: {e}")]) from None
+    except IsADirectoryError:
+        raise ConfigError(str(path), [Problem("", "is a directory, expected a TOML file")]) from None
+
+
+def load_config(path: str | Path, *, need_command: bool = True) -> Config:
+    """Load and validate a config file; raises ConfigError with every problem."""
+    p = Path(path)
+    return config_from_table(read_toml(p), str(p), need_command=need_command)
+

@@ -1,0 +1,491 @@
+"""The runner: the loop that feeds events to the state machine and carries out its commands.
+
+Monitors observe and put events on one queue; signal handlers only record; the loop takes the
+events in order, hands each to :class:`~supervisor.core.machine.Machine` (which decides, with
+the pure policy) and carries out the commands it returns through the ports
+(:mod:`supervisor.daemon.ports`): the only place that acts. The states and every allowed move are
+drawn in :mod:`supervisor.core.machine`; the daemon is put together by
+:func:`supervisor.daemon.wiring.build_daemon`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import signal
+import threading
+from collections import deque
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import structlog
+
+from ..config.model import Config
+from ..core.machine import Machine, State
+from ..core.messages import (EXIT_GAVE_UP, ArmTimer, Boot, CheckpointRequested, Command, Detected, EndAttempt,
+                            EscalateStop, Event, Finish, FirstMetric, JobExited, Launch, PrepareLaunch, Prepared,
+                            Record, RecordDetection, Reply, RestartRequested, SignalJob, Spawned, SpawnFailed,
+                            StateChanged, StopFinished, StopJob, StopRequested, TimerFired, detection_dict, jsonable)
+from ..job.launch import config_json, heartbeat_dir, launch_spec, prepare_launch, remedies_record
+from .monitors import AttemptMonitors
+from .ports import Concern, Job, Ports
+from .recovery import close_previous_life
+from .reload import reload_config
+from .status import metric_json, status_dict
+from ..errors import NotAnswered, UnknownVerb
+from ..events import AttemptContext, Detection, MetricRecord
+from ..job.output import SinkFanout
+from ..job.process import redact_env
+from ..job.shutdown import Shutdown
+
+log = structlog.get_logger("supervisor.daemon.runner")
+
+TICK_S = 0.1
+EXIT_DRAIN_S = 1.0  # after the leader exits, how long to wait for the last output lines
+METRIC_CHUNK = 2000  # records kept per loop turn (about 10 ms of work on one core)
+VERBS = ("status", "restart", "stop", "checkpoint-now", "reload")
+
+
+class Runner:
+    def __init__(self, cfg: Config, ports: Ports, concerns: Sequence[Concern], *, fanout: SinkFanout,
+                 config_path: Path | None = None, rng: random.Random | None = None, tick_s: float = TICK_S) -> None:
+        self.cfg = cfg
+        self.tick_s = tick_s  # the longest wait for an event before the loop ticks
+        self.config_path = config_path
+        self.ports = ports
+        self.clock = ports.clock
+        self.ledger = ports.ledger
+        self.concerns = list(concerns)
+        self.fanout = fanout
+        self.rng = rng or random.Random()
+        self.q: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.state_dir = cfg.state_dir().resolve()
+        self.machine = Machine(cfg, self.state_dir)
+        self.run_id = ""
+        self.job: Job | None = None
+        self.shutdown: Shutdown | None = None
+        self.preparing: Future[Prepared] | None = None
+        self.timer_at: float | None = None  # when TimerFired is due (monotonic)
+        self.exit_seen_at: float | None = None
+        self.monitors = AttemptMonitors(self.event)
+        self.metrics_buf: deque[MetricRecord] = deque(maxlen=100_000)
+        self.metrics_dropped = 0  # records a burst pushed out of metrics_buf before the loop kept them
+        self._dropped_said = (0, float("-inf"))
+        self.last_metric: MetricRecord | None = None
+        self._metric_history: deque[MetricRecord] = deque(maxlen=50_000)
+        self._attempt_snapshot: dict[str, Any] | None = None
+        self._status_cache: dict[str, Any] = {}
+
+    # ================================================================== what concerns see
+    @property
+    def attempt(self) -> int:
+        return self.machine.attempt
+
+    @property
+    def state(self) -> State:
+        return self.machine.state
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.machine.exit_code
+
+    @property
+    def exit_reason(self) -> str:
+        return self.machine.exit_reason
+
+    @property
+    def metric_history(self) -> Sequence[MetricRecord]:
+        return self._metric_history
+
+    @property
+    def has_job(self) -> bool:
+        return self.job is not None
+
+    def emit(self, d: Detection) -> None:
+        """Thread-safe: monitors call this from any thread."""
+        self.q.put(("detection", d))
+
+    def on_metric(self, rec: MetricRecord) -> None:
+        """Thread-safe: parsers and the client metrics reader call this."""
+        self.last_metric = rec
+        if len(self.metrics_buf) == self.metrics_buf.maxlen:
+            self.metrics_dropped += 1  # the oldest record falls out: counted, recorded, shown
+        self.metrics_buf.append(rec)
+
+    def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None:
+        """Log one event line and keep it in the ledger (``ledger_only``: a module logged it already)."""
+        attempt = self.attempt if self.attempt >= 0 else None
+        if not ledger_only:
+            getattr(log, level)(event, attempt=attempt, message=message,
+                                **{k: v for k, v in data.items() if v is not None})
+        try:
+            self.ledger.event(self.run_id, attempt, event, level, message, jsonable(data) if data else None)
+        except Exception as e:  # a full disk must not take the supervisor down
+            log.error("ledger_write_failed", error=str(e), message="the ledger could not record an event")
+
+    # ================================================================== life cycle
+    def run(self) -> int:
+        """The daemon's life: start, loop until the machine finishes, close; the exit code."""
+        self._install_signals()
+        if not self.start():
+            return EXIT_GAVE_UP
+        try:
+            while self.exit_code is None:
+                self.step()
+        finally:
+            self.close()
+        assert self.exit_code is not None
+        return self.exit_code
+
+    def start(self) -> bool:
+        """Open the run, start the concerns, close what a previous daemon left, launch. False
+        when a concern cannot start (the run is then ended as given up)."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.run_id, continued = self.ledger.open_run(self.cfg.job.name, config_json(self.cfg))
+        structlog.contextvars.bind_contextvars(run_id=self.run_id)
+        started: list[Concern] = []
+        try:
+            for c in self.concerns:
+                c.start(self)
+                started.append(c)
+        except Exception as e:
+            self.event("daemon_start_failed", "error", f"cannot start: {e}")
+            self.ledger.end_run(self.run_id, "gave_up", EXIT_GAVE_UP, str(e))
+            self.concerns = started
+            self.close()
+            return False
+        self.event("daemon_started", "info",
+                   f"supervising run {self.run_id} ({'continuing after a daemon restart' if continued else 'new run'}); "
+                   f"state dir {self.state_dir}", continued=continued, pid=os.getpid())
+        history = close_previous_life(self.ledger, self.run_id, self.cfg, self.ports.osapi, self.clock,
+                                      self.event) if continued else []
+        self._feed(Boot(self.ledger.next_attempt_number(self.run_id), history))
+        return True
+
+    def step(self) -> None:
+        """One turn of the loop: wait for an event (at most a tick), handle what is queued, tick."""
+        self._wait_and_handle()
+        self._tick()
+
+    def close(self) -> None:
+        self.monitors.stop()
+        if self.job is not None:
+            self.job.close()
+        self.ports.notifier.stopping()
+        self._each("close")
+        self.ports.launcher.close()
+        self.ledger.close()
+
+    def _install_signals(self) -> None:
+        # Handlers only record (SimpleQueue.put is reentrant-safe); the loop decides.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, lambda s, _f: self.q.put(("signal", s)))
+
+    # ================================================================== the loop
+    def _wait_and_handle(self) -> None:
+        timeout = self.tick_s
+        if self.metrics_buf:
+            timeout = 0.0  # a burst is still being kept: do not sleep on it, but serve requests between chunks
+        if self.timer_at is not None:
+            timeout = min(timeout, max(0.0, self.timer_at - self.clock.monotonic()))
+        try:
+            item = self.q.get(timeout=max(0.001, timeout))
+        except queue.Empty:
+            return
+        self._handle(item)
+        self._drain_queue()
+
+    def _drain_queue(self) -> None:
+        """Handle what is already queued, without waiting (bounded, so a flood cannot starve the tick)."""
+        for _ in range(1000):
+            try:
+                item = self.q.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(item)
+
+    def _handle(self, item: tuple[Any, ...]) -> None:
+        kind = item[0]
+        try:
+            if kind == "signal":
+                self._on_signal(item[1])
+            elif kind == "detection":
+                self._feed(Detected(item[1], self.clock.monotonic(), self.clock.time(), self.rng.uniform(-1, 1)))
+            elif kind == "control":
+                _kind, verb, args, fut = item
+                try:
+                    fut.set_result(self._on_control(verb, args))
+                except Exception as e:
+                    fut.set_exception(e)
+            # "eof" and "wake" only wake the loop; the tick acts
+        except Exception as e:  # the daemon must survive its own bugs
+            log.exception("runner_handler_failed", item=kind, error=repr(e),
+                          message="internal error while handling an event; the daemon keeps going")
+
+    def _tick(self) -> None:
+        try:
+            self._tick_inner()
+        except Exception as e:  # the daemon must survive its own parts failing
+            log.exception("runner_tick_failed", error=repr(e),
+                          message="internal error in the main loop; the job keeps running and the loop goes on")
+
+    def _tick_inner(self) -> None:
+        now = self.clock.monotonic()
+        self._drain_metrics()
+        if self.job is not None and self.state in (State.STARTING, State.RUNNING, State.STOPPING):
+            self.job.refresh_tree(now)
+            self.job.reap_orphans()
+            self.monitors.poll(now)
+            self._check_job_exit(now)
+        if self.state is State.STOPPING and self.shutdown is not None and self.job is not None:
+            if self.shutdown.poll(now) and self._job_output_done(now):
+                self.job.poll()
+                self._feed(StopFinished(self.ports.launcher.exit_info(self.job, evidence=False),
+                                        self.shutdown.result(now), now, self.clock.time()))
+        if self.timer_at is not None and now >= self.timer_at:
+            self.timer_at = None
+            self._feed(TimerFired())
+        if self.preparing is not None and self.preparing.done() and self.exit_code is None:
+            prepared, self.preparing = self.preparing.result(), None
+            self._feed(prepared)
+        self._each("tick", now)
+        self.ports.notifier.watchdog()
+
+    # ================================================================== the machine
+    def _feed(self, ev: Event) -> Any:
+        """One event through the machine; its commands carried out in order; the reply, if any."""
+        reply = None
+        for cmd in self.machine.handle(ev):
+            if isinstance(cmd, Reply):
+                reply = dict(cmd.result)
+            else:
+                self._carry_out(cmd)
+        return reply
+
+    def _carry_out(self, cmd: Command) -> None:
+        if isinstance(cmd, Record):
+            self.event(cmd.event, cmd.level, cmd.message, ledger_only=cmd.ledger_only, **cmd.data)
+        elif isinstance(cmd, StateChanged):
+            log.info("state_changed", old=cmd.old, new=cmd.new, why=cmd.why, attempt=cmd.attempt)
+        elif isinstance(cmd, RecordDetection):
+            self.ledger.update_attempt(self.run_id, cmd.attempt, detection_json=detection_dict(cmd.detection))
+        elif isinstance(cmd, PrepareLaunch):
+            self._prepare(cmd)
+        elif isinstance(cmd, Launch):
+            self._spawn(cmd)
+        elif isinstance(cmd, StopJob):
+            self._stop(cmd)
+        elif isinstance(cmd, EscalateStop):
+            if self.shutdown is not None:
+                self.shutdown.escalate(self.clock.monotonic())
+        elif isinstance(cmd, SignalJob):
+            if self.job is not None:
+                self.job.signal_group(cmd.signal)
+        elif isinstance(cmd, ArmTimer):
+            self.timer_at = self.clock.monotonic() + cmd.delay_s  # from a fresh clock: bookkeeping takes time
+        elif isinstance(cmd, EndAttempt):
+            self._end_attempt(cmd)
+        elif isinstance(cmd, Finish):
+            self.preparing = self.timer_at = None
+            self.ledger.end_run(self.run_id, cmd.state, cmd.code, cmd.reason)
+
+    # ================================================================== launching
+    def _prepare(self, cmd: PrepareLaunch) -> None:
+        previous_pids = list(self.job.known) if self.job else []
+        if self.job is not None:
+            self.job.close()
+            self.job = None
+        self.preparing = prepare_launch(cmd, self.ports, self.cfg, previous_pids, list(self._metric_history),
+                                        wake=lambda: self.q.put(("wake",)))
+
+    def _spawn(self, cmd: Launch) -> None:
+        cfg, resume = self.cfg, cmd.resume
+        job_env: dict[str, str] = {}
+        for c in self.concerns:
+            job_env.update(c.job_env())
+        spec = launch_spec(cfg, cmd, run_id=self.run_id, state_dir=self.state_dir, job_env=job_env)
+        self.ledger.begin_attempt(self.run_id, cmd.attempt, list(spec.argv), spec.cwd, redact_env(spec.added_env),
+                                  None, resume.checkpoint, resume.step, remedies_record(cmd),
+                                  cmd.gate.to_dict() if cmd.gate is not None else None)  # type: ignore[attr-defined]
+        self.exit_seen_at = None
+        self.shutdown = None
+        self.last_metric = None
+        self._each("before_spawn", cmd.attempt, resume)
+        try:
+            self.job = self.ports.launcher.launch(spec, cfg.log_file(), lambda src: self.q.put(("eof", src)))
+        except OSError as e:
+            self._feed(SpawnFailed(e, spec.argv, spec.cwd))
+            return
+        job, now, wall = self.job, self.clock.monotonic(), self.clock.time()
+        self.ledger.set_attempt_process(self.run_id, cmd.attempt, job.pid, job.pgid, job.leader.create_time)
+        self._feed(Spawned(job.pid, job.pgid, spec.argv, now))
+        ctx = AttemptContext(self.run_id, cmd.attempt, job.pgid, job.pid, now, self.state_dir,
+                             heartbeat_dir(self.state_dir, cmd.attempt), cfg.checkpoint_dir(), resume.checkpoint,
+                             resume.step)
+        self.monitors.start([m for c in self.concerns for m in c.monitors()], ctx, self.emit)
+        # Now the GPU/host monitors have looked at least once: record what the attempt runs on.
+        self._attempt_snapshot = self.ports.environment.of_attempt(cfg, spec, self._concern_snapshots())
+        self.ledger.update_attempt(self.run_id, cmd.attempt, snapshot_json=self._attempt_snapshot)
+        self._each("attempt_started", ctx, resume, wall)
+        self.ports.notifier.ready()
+
+    # ================================================================== stopping
+    def _stop(self, cmd: StopJob) -> None:
+        """Stop the monitors and start the timed stop of the job (polled by the tick)."""
+        assert self.job is not None
+        now = self.clock.monotonic()
+        if cmd.dump_stacks:
+            self._each("job_hung", self.attempt, self.job.pids())
+        self.monitors.stop()
+        if cmd.leftovers:
+            self.shutdown = Shutdown(cmd.plan, self.job, now)
+        else:
+            self.shutdown = Shutdown(cmd.plan, self.job, now, self.ports.checkpoints.emergency_checkpoint_probe(),
+                                     self.ports.notifier.extend_timeout)
+
+    def _check_job_exit(self, now: float) -> None:
+        assert self.job is not None
+        if self.state is State.STOPPING:
+            self.job.poll()
+            return
+        if self.job.poll() is None:
+            return
+        # Give the pumps a moment: the line that explains the exit (an OOM traceback) is often
+        # the last one written, and its detection must be the root cause, not "crash".
+        if not self._job_output_done(now):
+            return
+        self._drain_queue()
+        if self.state is State.STOPPING:  # a detection arrived and started a stop
+            return
+        info = self.ports.launcher.exit_info(self.job, evidence=True)
+        self._feed(JobExited(info, self.job.group_alive(), now, self.clock.time(),
+                             last_step=self.last_metric.step if self.last_metric else None,
+                             jitter=self.rng.uniform(-1, 1)))
+
+    def _job_output_done(self, now: float) -> bool:
+        assert self.job is not None
+        if self.exit_seen_at is None:
+            self.exit_seen_at = now
+        return self.job.pumps_done(0) or now - self.exit_seen_at >= EXIT_DRAIN_S
+
+    def _end_attempt(self, cmd: EndAttempt) -> None:
+        if cmd.spawned:
+            self.monitors.stop()
+            self._each("attempt_ended", cmd, self.machine.resume, self.clock.time())
+            try:  # the state at the failure (metrics, heartbeats, GPU/host), beside the state at launch
+                at_end = dict(self._concern_snapshots())
+                at_end["last_metric"] = metric_json(self.last_metric) if self.last_metric else None
+                at_end["heartbeats"] = self._status_cache.get("heartbeats")
+                self.ledger.update_attempt(self.run_id, cmd.attempt,
+                                           snapshot_json={**(self._attempt_snapshot or {}), "at_end": at_end})
+            except Exception as e:
+                log.warning("snapshot_failed", error=repr(e))
+        self.ledger.end_attempt(
+            self.run_id, cmd.attempt, exit_code=cmd.exit_code, signal=cmd.signal,
+            cause=cmd.cause.value if cmd.cause else None, action=cmd.action.value if cmd.action else None,
+            summary=cmd.summary, counted=cmd.counted,
+            detection=detection_dict(cmd.detection) if cmd.detection else None,
+            decision=jsonable(cmd.decision) if cmd.decision else None,
+            shutdown=jsonable(cmd.shutdown) if cmd.shutdown else None)
+        if cmd.spawned:
+            self.shutdown = None
+            if self.job is not None:
+                self.job.close()
+
+    # ================================================================== concerns and monitors
+    def _each(self, hook: str, *args: Any) -> None:
+        """Call ``hook`` on every concern; one that fails is reported and the others go on."""
+        for c in self.concerns:
+            try:
+                getattr(c, hook)(*args)
+            except Exception as e:
+                log.exception("concern_failed", concern=c.name, hook=hook, error=repr(e),
+                              message=f"{c.name} failed in {hook}; the daemon keeps going")
+
+    def _concern_snapshots(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for c in self.concerns:
+            out.update(c.snapshot())
+        return out
+
+    def _drain_metrics(self) -> None:
+        # A bounded chunk per turn: a burst of 100 000 records kept in one go held the loop (and
+        # every control reply waiting on it) for seconds on a loaded machine; the rest waits for
+        # the next turn, which comes at once while the buffer is not empty.
+        batch = []
+        while self.metrics_buf and len(batch) < METRIC_CHUNK:
+            batch.append(self.metrics_buf.popleft())
+        said, at = self._dropped_said
+        if self.metrics_dropped > said and (not batch or self.clock.monotonic() - at >= 5.0):
+            self._dropped_said = (self.metrics_dropped, self.clock.monotonic())
+            self.event("metrics_dropped", "warning", f"{self.metrics_dropped} metric record(s) in all were not kept: "
+                       "the job printed them faster than the ledger takes them (a burst); the newest are kept",
+                       dropped=self.metrics_dropped)
+        if not batch:
+            return
+        self._feed(FirstMetric())
+        self._metric_history.extend(batch)
+        self._each("on_metrics", batch, self.clock.monotonic())
+        rows = [(r.at, r.step, r.loss, r.grad_norm, r.tokens_per_sec, r.val_loss) for r in batch]
+        try:
+            self.ledger.metrics_batch(self.run_id, max(self.attempt, 0), rows)
+        except Exception as e:
+            log.warning("ledger_metrics_failed", error=str(e))
+
+    # ================================================================== requests
+    def _on_signal(self, sig: int) -> None:
+        if sig in (signal.SIGTERM, signal.SIGINT):
+            self._feed(StopRequested(signal=signal.Signals(sig).name))
+        elif sig == signal.SIGHUP:
+            self.reload()
+        # SIGCHLD only wakes the loop; the tick reaps
+
+    def _on_control(self, verb: str, args: Mapping[str, Any]) -> Any:
+        handlers: dict[str, Callable[[], Any]] = {
+            "status": self.status,
+            "stop": lambda: self._feed(StopRequested()),
+            "restart": lambda: self._feed(RestartRequested(str(args.get("reason") or "operator request"),
+                                                           args.get("from"), bool(args.get("rollback")),
+                                                           self.clock.time())),
+            "checkpoint-now": lambda: self._feed(CheckpointRequested()),
+            "reload": self.reload,
+        }
+        if verb not in handlers:
+            raise UnknownVerb(f"unknown verb {verb!r}; known: {', '.join(VERBS)}")
+        return handlers[verb]()
+
+    def control(self, verb: str, args: Mapping[str, Any], timeout: float = 20.0) -> Any:
+        """Called from the control server's threads: hand over to the main loop, wait for it."""
+        if verb == "status":
+            return self._status_cache or self.status()
+        fut: Future[Any] = Future()
+        self.q.put(("control", verb, dict(args), fut))
+        try:
+            return fut.result(timeout=timeout)
+        except TimeoutError:
+            raise NotAnswered(f"the daemon's main loop did not answer {verb!r} within {timeout:g} s") from None
+
+    def reload(self) -> dict[str, Any]:
+        self.ports.notifier.reloading()
+        new, reply = reload_config(self.cfg, self.config_path, self.state_dir, self.event)
+        if new is not None:
+            self.cfg = self.machine.cfg = new
+        self.ports.notifier.ready()
+        return reply
+
+    # ================================================================== status
+    def status(self) -> dict[str, Any]:
+        now = self.clock.monotonic()
+        return status_dict(self.machine, run_id=self.run_id, cfg=self.cfg, state_dir=self.state_dir,
+                           pids=self.job.pids() if self.job is not None and self.state in (
+                               State.STARTING, State.RUNNING, State.STOPPING) else [], last_metric=self.last_metric,
+                           restart_in_s=(self.timer_at if self.timer_at is not None else now) - now,
+                           extras=[{"metrics_dropped": self.metrics_dropped}, *(c.status() for c in self.concerns)])
+
+    def refresh_status_cache(self) -> dict[str, Any]:
+        self._status_cache = self.status()
+        return self._status_cache

@@ -1,0 +1,215 @@
+"""``transformer-supervisor demo``: the main job, narrated.
+
+A tiny character-level GPT (``supervisor/demo/train.py``, run with this Python, which has torch)
+trains on the CPU under the real daemon (the same daemon as ``run``), with faults injected
+*by the job itself* (``--faults``). The daemon's own event lines go to ``OUT/daemon.log``; the
+console gets one plain sentence per detection, decision and recovery, a progress line every
+100 steps, and at the end a summary and the report (``OUT/report/report.html`` + PNG).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, MutableMapping, Sequence, TextIO
+
+import structlog
+
+from ..config.model import config_from_table
+from . import DEFAULT_STEPS, DemoLayout, demo_job_argv, format_faults
+from ..core.messages import Resume
+from ..daemon.ports import Concern
+from ..daemon.wiring import build_daemon
+from ..events import AttemptContext, MetricRecord
+from ..logsetup import _logfmt, _mask_secrets, quiet_library_logs
+
+PROGRESS_EVERY = 100
+
+
+# Events whose own message is the narration, with the prefix that marks its kind.
+_SAID_AS_IS: Mapping[str, str] = {
+    "restart_scheduled": "   ", "shutdown_signal_sent": "   ", "shutdown_escalated": "   ",
+    "shutdown_checkpoint_requested": "   ", "shutdown_checkpoint_seen": "   ", "job_leftovers": "   ",
+    "stacks_dumped": "   ", "remedies_applied": "   ", "validation_started": "   ",
+    "validation_passed": "ok ", "validation_failed": "!! ", "checkpoint_marked_bad": "xx ",
+    "gave_up": "XX ", "daemon_exiting": "== ", "detection_warned": "   (warning only) ",
+    "monitor_failed": "!! internal: ", "runner_handler_failed": "!! internal: ",
+    "runner_tick_failed": "!! internal: ", "concern_failed": "!! internal: ",
+}
+
+
+class Narrator:
+    """A structlog processor: every event to the daemon log (logfmt), the important ones to the
+    console as sentences. It ends the chain (DropEvent), so nothing else prints."""
+
+    def __init__(self, log_path: Path, console: TextIO, t0: float) -> None:
+        self.log = open(log_path, "a", buffering=1)
+        self.console = console
+        self.t0 = t0
+
+    def say(self, text: str) -> None:
+        m, s = divmod(int(time.monotonic() - self.t0), 60)
+        self.console.write(f"[{m:02d}:{s:02d}] {text}\n")
+        self.console.flush()
+
+    def __call__(self, _logger: Any, _name: str, ed: MutableMapping[str, Any]) -> Any:
+        line = _logfmt(None, "", dict(ed))
+        self.log.write(line + "\n")
+        text = self.narrate(ed)
+        if text:
+            self.say(text)
+        raise structlog.DropEvent
+
+    @staticmethod
+    def narrate(ed: MutableMapping[str, Any]) -> str | None:
+        ev = ed.get("event")
+        msg = ed.get("message") or ""
+        if ev == "job_started":
+            ck = ed.get("checkpoint")
+            where = f"resuming from step {ed.get('resume_step')} ({Path(ck).name})" if ck else "from scratch"
+            return f">> attempt {ed.get('attempt')} launched, {where}"
+        if ev == "failure_detected":
+            ev_line = ed.get("evidence")
+            out = f"!! detected {ed.get('cause')}" + (f" at step {ed['step']}" if ed.get("step") is not None else "")
+            out += f" (seen in {ed.get('source')})"
+            if ev_line:
+                out += f"\n         evidence: {str(ev_line)[:150]}"
+            if ed.get("onset_step") is not None and ed.get("onset_step") != ed.get("step"):
+                out += f"\n         the anomaly began at step {ed['onset_step']}"
+            return out + f"\n         decision: {msg.split('; ', 1)[-1]}"
+        if ev in _SAID_AS_IS:  # a module's own line without a message is said by the runner's twin
+            return _SAID_AS_IS[str(ev)] + msg if msg else None
+        if ev == "checkpoint_quarantined":
+            return (f"xx checkpoint {Path(str(ed.get('path'))).name} failed verification ({ed.get('reason')}); "
+                    f"moved to {ed.get('dest')} (never deleted)")
+        if ev == "checkpoint_chosen":
+            return f"ok verified {Path(str(ed.get('path'))).name} (step {ed.get('step')}): {ed.get('reason')}"
+        if ev == "checkpoint_none_ready" and "no checkpoints found" not in str(ed.get("reason")):
+            return f"!! no ready checkpoint: {ed.get('reason')}"  # (none at all: "from scratch" says it)
+        return None
+
+
+class DemoProgress(Concern):
+    """The demo's narration of progress: a line every PROGRESS_EVERY steps."""
+
+    name = "demo_progress"
+
+    def __init__(self, narrator: Narrator) -> None:
+        self.narrator = narrator
+        self._next = PROGRESS_EVERY
+        self._attempt = 0
+
+    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
+        self._attempt = ctx.attempt
+        self._next = ((resume.step or 0) // PROGRESS_EVERY + 1) * PROGRESS_EVERY
+
+    def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None:
+        for m in batch:
+            if m.step is not None and m.loss is not None and m.step >= self._next:
+                self.narrator.say(f"   step {m.step:>4}  loss {m.loss:.4f}  (attempt {self._attempt})")
+                self._next = (m.step // PROGRESS_EVERY + 1) * PROGRESS_EVERY
+            elif m.step is not None and m.step < self._next - PROGRESS_EVERY:
+                self._next = (m.step // PROGRESS_EVERY + 1) * PROGRESS_EVERY  # after a rollback
+
+
+def demo_config(out: Path, faults: str, steps: int, seed: int) -> Any:
+    layout = DemoLayout(out)
+    return config_from_table({
+        "job": {"name": "demo", "command": demo_job_argv(sys.executable, out, faults, seed, steps),
+                "workdir": str(out), "log_file": str(out / "job.log"),
+                # Only the demo's own faults: never inherit a user's LR_SCALE or similar.
+                "env": {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}},
+        "checkpoints": {"dir": str(layout.checkpoint_dir)},
+        "state": {"dir": str(out / "state")},
+        # Short attempts are normal here (a fault every ~100 steps): 20 s of training counts as a
+        # healthy run, so the backoff does not keep growing across unrelated faults.
+        "policy": {"max_restarts": 10, "backoff_initial_s": 1.0, "backoff_max_s": 2.0, "healthy_after_s": 20.0},
+        "shutdown": {"mode": "graceful", "grace_s": 20.0, "hang_grace_s": 2.0},
+        "heartbeat": {"timeout_s": 5.0, "startup_timeout_s": 120.0},
+        # This CPU is shared (2 cores, other processes): throughput swings more than on a GPU node.
+        "validation": {"steps": 20, "first_step_timeout_s": 120.0, "throughput_tolerance": 0.5},
+        "gpu": {"backend": "none"},
+    })
+
+
+def run_demo(out: Path, faults: str | None, steps: int | None, seed: int, quiet: bool = True,
+             log_format: str | None = None, console: TextIO | None = None) -> int:
+    console = console or sys.stdout
+    out = out.resolve()
+    if out.exists() and any(out.iterdir()):
+        # Never delete a previous run's checkpoints: keep it beside, renamed.
+        old = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        shutil.move(str(out), str(old))
+        console.write(f"(the previous demo output was moved to {old})\n")
+    out.mkdir(parents=True)
+    steps = steps or DEFAULT_STEPS
+    fault_list = format_faults(faults)
+    cfg = demo_config(out, fault_list, steps, seed)
+    t0 = time.monotonic()
+    narrator = Narrator(out / "daemon.log", console, t0)
+    quiet_library_logs()
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+                                    _mask_secrets, structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+                                    narrator], cache_logger_on_first_use=False)
+    narrator.say(f"transformer-supervisor demo: a tiny GPT, {steps} steps on the CPU, faults: {fault_list}")
+    narrator.say(f"   output in {out} (daemon events in daemon.log, the job's output in job.log)")
+    passthrough = None if quiet else sys.stdout.buffer
+    devnull = open(os.devnull, "wb") if quiet else None
+    runner = build_daemon(cfg, passthrough=devnull or passthrough, extra=[DemoProgress(narrator)])
+    code = runner.run()
+    wall = time.monotonic() - t0
+    summary = _summary(out, cfg, wall)
+    from ..report.collect import write_run_report
+
+    html, png = write_run_report(cfg.state_dir(), out / "report", summary={k: v for k, v in summary.items()
+                                                                            if k != "attempts"})
+    narrator.say(f"== finished in {wall:.0f} s with exit code {code}: {runner.exit_reason}")
+    for line in _summary_lines(summary):
+        narrator.say("   " + line)
+    narrator.say(f"== report: {html}" + (f"  (loss curve: {png})" if png else ""))
+    return code
+
+
+def _summary(out: Path, cfg: Any, wall: float) -> dict[str, Any]:
+    from ..ledger.store import Ledger
+    from ..report.collect import goodput_from_ledger
+
+    s: dict[str, Any] = {"wall time (s)": round(wall, 1)}
+    try:
+        js = json.loads((DemoLayout(out).summary_file).read_text())
+        s["final step"] = js.get("step")
+        s["final loss"] = js.get("loss")
+        s["final val loss"] = js.get("val_loss")
+    except (OSError, ValueError):
+        pass
+    led = Ledger(cfg.state_dir(), readonly=True)
+    try:
+        h = led.history()
+        s["attempts"] = [(a["attempt"], a["cause"], a["action"], a["resume_step"],
+                          (a.get("validation") or {}).get("verdict")) for a in h["attempts"]]
+        gp = goodput_from_ledger(led, h["run_id"])
+        if gp:
+            s["goodput"] = gp["ratio"]
+            s["lost time by cause (s)"] = gp["lost_by_cause"]
+        s["quarantined"] = [e["data"]["source"] for e in h["events"] if e["event"] == "checkpoint_quarantined"
+                            and e.get("data")]
+    finally:
+        led.close()
+    return s
+
+
+def _summary_lines(s: dict[str, Any]) -> list[str]:
+    out = []
+    for a, cause, action, rstep, verdict in s.get("attempts", []):
+        out.append(f"attempt {a}: " + (f"resumed at step {rstep}, " if rstep is not None else "fresh, ")
+                   + (f"ended by {cause} -> {action}" if cause else "finished")
+                   + (f", validation {verdict}" if verdict else ""))
+    for k in ("final step", "final loss", "final val loss", "goodput", "lost time by cause (s)", "quarantined"):
+        if s.get(k) not in (None, [], {}):
+            v = s[k]
+            out.append(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
+    return out

@@ -1,0 +1,147 @@
+"""Launching an attempt: the preparation off the main loop (bookkeeping, gate, checkpoint
+choice), exactly what is launched (argv, environment, working directory), and the record of what
+it runs on (library versions, git state, the world size)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from ..config.model import Config
+from ..core.messages import Launch, Prepared, PrepareLaunch, jsonable
+from .envsnapshot import snapshot, world_from_launch
+from ..core.policy import merge_args, scale_args
+from ..events import MetricRecord
+from .process import LaunchSpec, job_python, redact_env
+
+if TYPE_CHECKING:
+    from ..daemon.ports import Ports
+
+# systemd's own variables must not leak into the job: a job that inherits NOTIFY_SOCKET or
+# WATCHDOG_USEC could ping systemd on our behalf.
+STRIP_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
+             "LISTEN_FDNAMES", "INVOCATION_ID")
+
+
+def config_json(cfg: Config) -> dict[str, Any]:
+    """The config as stored in the ledger: secret-looking values of job.env masked."""
+    js = jsonable(cfg)
+    js["job"]["env"] = redact_env(js["job"]["env"])
+    for oc in (js.get("on") or {}).values():  # remedies env: masked the same way
+        for rem in (oc or {}).get("remedies") or ():
+            rem["env"] = redact_env(rem.get("env") or {})
+    return js
+
+
+def prepare_launch(cmd: PrepareLaunch, ports: "Ports", cfg: Config, previous_pids: Sequence[int],
+                   metrics: Sequence[MetricRecord], wake: Callable[[], None]) -> "Future[Prepared]":
+    """Book the last attempt, run the health gate, choose the checkpoint, on a worker thread:
+    hashing and load tests take seconds, and the main loop keeps answering signals, the control
+    socket and the systemd watchdog meanwhile. ``wake`` tells the loop the result is ready."""
+    fut: Future[Prepared] = Future()
+
+    def prepare() -> None:
+        try:
+            ports.environment.probe(cfg)  # ~50-250 ms once per daemon life: not on the main loop
+            stuck = ports.checkpoints.book_last_attempt()  # no progress: failures without a newer checkpoint
+            if stuck:
+                fut.set_result(Prepared(no_progress=stuck))
+                return
+            verdict = ports.gate.check(previous_pids)
+            if verdict is not None and not verdict.passed:
+                fut.set_result(Prepared(gate=verdict))
+                return
+            resume = ports.checkpoints.choose(cmd.action, cmd.onset_step, cmd.explicit_checkpoint, metrics)
+            fut.set_result(Prepared(resume=resume, gate=verdict))
+        except BaseException as e:
+            fut.set_result(Prepared(error=e))
+        finally:
+            wake()  # the loop launches at once, not at its next tick
+
+    threading.Thread(target=prepare, name="launch-prepare", daemon=True).start()
+    return fut
+
+
+def heartbeat_dir(state_dir: Path, attempt: int) -> Path:
+    # One folder per attempt: a heartbeat or metric line the previous attempt wrote while it
+    # was being stopped can never be mistaken for the new attempt's.
+    return state_dir / "heartbeats" / f"attempt-{attempt}"
+
+
+def resume_args(cfg: Config, checkpoint: str | None) -> list[str]:
+    if not checkpoint:
+        return []
+    return [a.replace("{checkpoint}", checkpoint) for a in cfg.job.resume_args]
+
+
+def launch_spec(cfg: Config, launch: Launch, *, run_id: str, state_dir: Path,
+                job_env: Mapping[str, str]) -> LaunchSpec:
+    """The argv and environment of ``launch``'s attempt (creates its heartbeat dir)."""
+    resume = launch.resume
+    if cfg.job.shell:
+        extra = [shlex.quote(a) for a in [*launch.remedy_args, *resume_args(cfg, resume.checkpoint)]]
+        argv = ["/bin/sh", "-c", " ".join([cfg.job.command[0], *extra])]
+    else:
+        argv = scale_args(merge_args(list(cfg.job.command), launch.remedy_args), launch.remedy_scale)
+        argv += resume_args(cfg, resume.checkpoint)
+    hb = heartbeat_dir(state_dir, launch.attempt)
+    hb.mkdir(parents=True, exist_ok=True)
+    added: dict[str, str] = dict(job_env)
+    added.update(cfg.job.env)
+    added.update(launch.remedy_env)
+    if launch.diagnostics:
+        added.update(cfg.validation.diagnostics_env)
+    ckdir = cfg.checkpoint_dir()
+    added.update({
+        "TSUP_RUN_ID": run_id,
+        "TSUP_ATTEMPT": str(launch.attempt),
+        "TSUP_RESUME_FROM": resume.checkpoint or "",
+        "TSUP_RESUME_STEP": "" if resume.step is None else str(resume.step),
+        "TSUP_SKIP_BATCHES": str(launch.skip_batches) if resume.checkpoint else "0",
+        "TSUP_HEARTBEAT_DIR": str(hb),
+        "TSUP_CHECKPOINT_DIR": str(ckdir) if ckdir else "",
+        "TSUP_STATE_DIR": str(state_dir),
+        "TSUP_STOP_SIGNAL": cfg.shutdown.stop_signal,
+        "TSUP_CHECKPOINT_SIGNAL": cfg.shutdown.checkpoint_signal,
+    })
+    base = {k: v for k, v in os.environ.items() if k not in STRIP_ENV} if cfg.job.inherit_env else {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    if cfg.job.unbuffered and not base.get("PYTHONUNBUFFERED") and "PYTHONUNBUFFERED" not in added:
+        # Python block-buffers stdout into a pipe: without this a NaN line printed at step
+        # 60 reaches the detectors minutes later, or only when the job exits.
+        added["PYTHONUNBUFFERED"] = "1"
+    env = {**base, **added}
+    return LaunchSpec(tuple(argv), str(cfg.workdir()), env, added)
+
+
+def remedies_record(launch: Launch) -> list[dict[str, Any]]:
+    """The remedies in force for the ledger's attempt row (empty when none)."""
+    if not (launch.remedy_env or launch.remedy_args or launch.skip_batches or launch.remedy_scale):
+        return []
+    return [{"env": dict(launch.remedy_env), "args": list(launch.remedy_args), "skip_batches": launch.skip_batches,
+             "scale": dict(launch.remedy_scale)}]
+
+
+class Environment:
+    """Library versions of the job's Python, git state, host: probed once per daemon life
+    (~50-250 ms, so on the launch-preparation thread, never the main loop)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] | None = None
+
+    def probe(self, cfg: Config) -> dict[str, Any]:
+        if self._cache is None:
+            py = job_python(cfg.job.command, cfg.job.python)
+            try:
+                self._cache = snapshot(py, cfg.workdir(), cfg.job.command, {**os.environ, **cfg.job.env})
+            except Exception as e:
+                self._cache = {"error": repr(e)}
+        return self._cache
+
+    def of_attempt(self, cfg: Config, spec: LaunchSpec, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """The attempt's snapshot: the environment, its world size, what the monitors saw."""
+        return {**self.probe(cfg), "world": world_from_launch(spec.argv, spec.env), **extra}

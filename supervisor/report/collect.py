@@ -1,0 +1,70 @@
+"""``transformer-supervisor report``: the ledger of a run -> the HTML report and the loss curve.
+
+Reads only the state dir (the ledger's attempts, events and metric series); the checkpoint table
+is the quicklist without load tests (the report must not take minutes on a folder of large
+checkpoints; ``checkpoints`` runs the full list).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from ..core.goodput import goodput_of, tracks_from_rows
+from ..ledger.store import Ledger
+
+
+def goodput_from_ledger(led: Ledger, run_id: str, now: float | None = None) -> dict[str, Any] | None:
+    import time
+
+    gp = goodput_of(tracks_from_rows(led.attempts(run_id), led.metrics(run_id), every_s=0.0),
+                    now if now is not None else time.time())
+    return gp.to_json() if gp is not None else None
+
+
+def _checkpoint_rows(led: Ledger, run_id: str, state_dir: Path) -> list[dict[str, Any]]:
+    try:
+        run = led.db.execute("SELECT config_json FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        cfg = json.loads(run["config_json"]) if run and run["config_json"] else {}
+        ck = (cfg.get("checkpoints") or {}).get("dir")
+        if not ck:
+            return []
+        from ..config.model import config_from_table
+        from ..checkpoints.service import CheckpointService
+
+        c = config_from_table({"job": {"command": ["python"]}, "checkpoints": {"dir": ck}}, need_command=False)
+        cc = dataclasses.replace(c.checkpoints, load_test=False, write_manifests=False)
+        workdir = (cfg.get("job") or {}).get("workdir")
+        d = Path(ck) if Path(ck).is_absolute() else Path(workdir or ".") / ck
+        if not d.is_dir():
+            return []
+        svc = CheckpointService(cc, d, state_dir, None, [], None, write_manifests=False)
+        svc.set_writer_active(False)
+        return [r.to_json() for r in svc.quicklist()]
+    except Exception as e:  # the report still renders without the table
+        return [{"path": f"(checkpoint table unavailable: {e})", "step": None, "ready": False, "reasons": [str(e)]}]
+
+
+def write_run_report(state_dir: Path, out_dir: Path, run_id: str | None = None,
+                     summary: dict[str, Any] | None = None) -> tuple[Path, Path | None]:
+    from .page import ReportData, write_report
+
+    led = Ledger(state_dir, readonly=True)
+    try:
+        hist = led.history(run_id)
+        rid = hist["run_id"]
+        if rid is None:
+            raise SystemExit(f"no run recorded in {state_dir}")
+        metrics = [(m["at"], m["step"], m["loss"], m["attempt"]) for m in led.metrics(rid)
+                   if m["step"] is not None and m["loss"] is not None]
+        gp = goodput_from_ledger(led, rid)
+        rows = _checkpoint_rows(led, rid, state_dir)
+    finally:
+        led.close()
+    facts = {"state": hist.get("state"), "exit code": hist.get("exit_code"), **(summary or {})}
+    if hist.get("reason"):
+        facts["ended because"] = hist["reason"]
+    data = ReportData.from_history(hist, metrics, rows, goodput=gp, summary=facts)
+    return write_report(data, out_dir)
