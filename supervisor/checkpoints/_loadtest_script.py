@@ -5,6 +5,10 @@ imports nothing from it. It is run as ``python -c <this source> '<json request>'
 script's folder never shadows a module of the job's environment) and prints one line
 ``TSUP_LOADTEST_RESULT {json}`` on stdout (other output, e.g. warnings, is ignored by the caller).
 
+What to do comes with the request: ``load`` names one of ``LOADERS`` (the layout spec's
+``LoadKind``, chosen by the supervisor), never guessed here from a file's extension; ``skip``
+names files a folder load passes over.
+
 Torch files load with ``weights_only=True`` (no pickled code runs) and ``mmap=True`` (no full
 read; falls back without mmap for the legacy format). A file that needs pickled code is reported
 as ``needs_pickle`` and loaded with ``weights_only=False`` only if the request trusts pickles.
@@ -15,8 +19,9 @@ from it, loaded the way it loads them: the weights (``model*.safetensors`` bound
 ``weights_only=True``; ``rng_state*.pth`` with ``weights_only=True`` plus the numpy types the
 Trainer itself allow-lists for it (``trainer_pt_utils.safe_globals``: ndarray, dtype and numpy's
 array reconstructor, data only, no code); and ``trainer_state.json``, parsed (it gives the step).
-``training_args.bin`` is skipped: the Trainer never reads it on resume, and it is a pickle of the
-TrainingArguments class that only loads by running code (the transformers import included).
+``training_args.bin`` is skipped (in ``skip``): the Trainer never reads it on resume, and it is a
+pickle of the TrainingArguments class that only loads by running code (the transformers import
+included).
 """
 from __future__ import annotations
 
@@ -29,8 +34,6 @@ from typing import Any
 
 MARKER = "TSUP_LOADTEST_RESULT "
 STEP_KEYS = ("step", "global_step", "iter_num", "iteration", "train_step", "num_steps")
-# Never read on resume, and a pickle that needs code to load (HF's TrainingArguments): skipped.
-SKIP_IN_FOLDERS = ("training_args.bin",)
 # HF's RNG states: python/numpy/torch generator states; numpy's need the numpy allow-list.
 RNG_PREFIX = "rng_state"
 HF_STATE_FILE = "trainer_state.json"
@@ -230,54 +233,65 @@ def hf_state_step(path: str) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
+def load_torch_file(path: str, req: dict[str, Any], res: dict[str, Any]) -> None:
+    keys: set[str] = set()
+    test_torch_file(path, req, res, keys)
+    res["keys"] = sorted(keys)
+
+
+def load_folder(path: str, req: dict[str, Any], res: dict[str, Any]) -> None:
+    """Every weight and state file of a folder (HF, Megatron, DeepSpeed), the way its trainer reads it."""
+    keys: set[str] = set()
+    loaded = 0
+    skip = tuple(req.get("skip") or ())
+    state_file = os.path.join(path, HF_STATE_FILE)
+    if os.path.isfile(state_file):
+        res["step"] = hf_state_step(state_file)
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            fp = os.path.join(root, name)
+            if name.endswith(".safetensors"):
+                safetensors_header(fp)
+                if req.get("check_finite"):
+                    sub: dict[str, Any] = {"notes": res["notes"], "nonfinite": []}
+                    test_safetensors(fp, req, sub)
+                    res["nonfinite"].extend(sub["nonfinite"])
+                loaded += 1
+            elif name.endswith((".pt", ".pth", ".bin")):
+                if skip and name.startswith(skip):
+                    res["notes"].append(f"{name}: skipped (not read on resume; a pickle that "
+                                        "only loads by running code)")
+                    continue
+                if name.startswith(RNG_PREFIX):
+                    test_torch_file(fp, req, res, set(), allow=numpy_safe_globals())
+                else:
+                    test_torch_file(fp, req, res, keys)
+                loaded += 1
+    if loaded == 0:
+        raise ValueError("no loadable files (.pt/.pth/.bin/.safetensors) in the folder")
+    res["keys"] = sorted(keys)
+
+
+# The load kinds (the supervisor's layouts.spec.LoadKind values) -> what to do; folder loads name
+# the file in their messages.
+LOADERS = {"torch": load_torch_file, "safetensors": test_safetensors, "dcp": test_dcp, "folder": load_folder}
+FOLDER_KINDS = ("dcp", "folder")
+
+
 def run(req: dict[str, Any]) -> dict[str, Any]:
     path = req["path"]
     res: dict[str, Any] = {"passed": False, "seconds": 0.0, "error": None, "step": None, "keys": [],
                            "needs_pickle": False, "nonfinite": [], "notes": []}
     t0 = time.perf_counter()
     try:
-        if os.path.isdir(path):
-            req["_folder"] = True
-            if os.path.isfile(os.path.join(path, ".metadata")):
-                test_dcp(path, req, res)
-            else:
-                keys: set[str] = set()
-                loaded = 0
-                state_file = os.path.join(path, HF_STATE_FILE)
-                if os.path.isfile(state_file):
-                    res["step"] = hf_state_step(state_file)
-                for root, dirs, files in os.walk(path):
-                    dirs.sort()
-                    for name in sorted(files):
-                        fp = os.path.join(root, name)
-                        if name.endswith(".safetensors"):
-                            safetensors_header(fp)
-                            if req.get("check_finite"):
-                                sub: dict[str, Any] = {"notes": res["notes"], "nonfinite": []}
-                                test_safetensors(fp, req, sub)
-                                res["nonfinite"].extend(sub["nonfinite"])
-                            loaded += 1
-                        elif name.endswith((".pt", ".pth", ".bin")):
-                            if name.startswith(SKIP_IN_FOLDERS):
-                                res["notes"].append(f"{name}: skipped (not read on resume; a pickle that "
-                                                    "only loads by running code)")
-                                continue
-                            if name.startswith(RNG_PREFIX):
-                                test_torch_file(fp, req, res, set(), allow=numpy_safe_globals())
-                            else:
-                                test_torch_file(fp, req, res, keys)
-                            loaded += 1
-                if loaded == 0:
-                    raise ValueError("no loadable files (.pt/.pth/.bin/.safetensors) in the folder")
-                res["keys"] = sorted(keys)
-        elif path.endswith(".safetensors"):
-            req["_folder"] = False
-            test_safetensors(path, req, res)
-        else:
-            req["_folder"] = False
-            keys = set()
-            test_torch_file(path, req, res, keys)
-            res["keys"] = sorted(keys)
+        kind = req.get("load")
+        loader = LOADERS.get(kind)  # type: ignore[arg-type]
+        if loader is None:
+            raise ValueError(f"unknown load kind {kind!r} (this script knows {', '.join(LOADERS)}): "
+                             "the supervisor and its load-test script disagree")
+        req["_folder"] = kind in FOLDER_KINDS
+        loader(path, req, res)
         expected = [k for k in req.get("expected_keys") or [] if k not in res["keys"]]
         if expected:
             res["error"] = f"missing top-level keys: {', '.join(expected)} (found: {', '.join(res['keys'][:20]) or 'none'})"

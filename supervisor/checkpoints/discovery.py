@@ -1,62 +1,37 @@
-"""Find checkpoints in a directory, in the layouts people use, skipping ones still being written.
+"""Find checkpoints in a directory, skipping ones still being written.
 
-Layouts (``Candidate.layout``):
-  ``file``        one file per step: step_1000.pt, ckpt_00001000.pt, model_500.safetensors, ...
-  ``single``      one overwritten file without a step in its name (nanoGPT ckpt.pt); the step
-                  comes from its manifest or the load test (``iter_num`` inside)
-  ``lightning``   epoch=0-step=500.ckpt and last.ckpt
-  ``safetensors`` a *.safetensors file
-  ``hf``          HF Trainer checkpoint-500/ (trainer_state.json inside: the Trainer writes it
-                  last, so a folder without it is still being saved, or its save died)
-  ``dcp``         torch.distributed.checkpoint / torchtitan step-1000/ with .metadata
-  ``megatron``    Megatron-LM iter_0001000/ (latest_checkpointed_iteration.txt beside it)
-  ``deepspeed``   DeepSpeed global_step1000/
-  ``custom``      matched by the configured glob, step from the configured regex
-  ``last_good``   a copy the supervisor kept aside in last_good/ (see quarantine.preserve_last_good)
+The layouts (``Candidate.layout``) are the specs in ``layouts/registry.py``, one module each
+(torch file per step, nanoGPT's overwritten ``ckpt.pt``, Lightning, safetensors, HF
+``checkpoint-N/``, DCP, Megatron, DeepSpeed), plus two that say where a checkpoint came from:
+``custom`` (matched by the configured glob, step from the configured regex) and ``last_good``
+(a copy the supervisor kept aside in last_good/, see quarantine.preserve_last_good).
 
-A checkpoint is still being written when its name is a temp name (.x, *.tmp, *.partial, tmp-*)
-or a DCP folder has no .metadata yet (an HF folder no trainer_state.json), or its size / newest
-mtime changed within ``settle_s`` or since the previous scan. The clock is injected so tests need
-not wait.
-
-Not checkpoints although they look like one: HF's ``training_args.bin`` (a pickle of the
-TrainingArguments), and beside HF checkpoint-N/ folders the final export ``Trainer.save_model``
-writes at the top of its output dir (``model.safetensors``, ``pytorch_model.bin``, adapters):
-weights without optimizer or trainer state, which ``--resume_from_checkpoint`` cannot resume.
+A checkpoint is still being written when its name is a temp name (.x, *.tmp, *.partial, tmp-*),
+its layout says something its writer adds last is missing (an HF folder's trainer_state.json, a
+Megatron iteration its tracker file does not name yet), or its size / newest mtime changed
+within ``settle_s`` or since the previous scan. The clock is injected so tests need not wait.
 """
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
+from .layouts import registry
+from .layouts.names import CHECKPOINT_SUFFIXES, is_temp_name
+from .layouts.spec import Layout
 from .manifest import MANIFEST_SUFFIX, is_manifest, stat_record
+
+__all__ = ["CHECKPOINT_SUFFIXES", "Candidate", "Discovery", "LAST_GOOD_DIR", "Layout", "NOTE_SUFFIX",
+           "QUARANTINE_DIR", "classify", "is_temp_name", "newest_complete", "sort_newest_first",
+           "written_by_supervisor"]
 
 QUARANTINE_DIR = "quarantine"
 LAST_GOOD_DIR = "last_good"
 NOTE_SUFFIX = ".quarantine.json"
-
-
-class Layout(StrEnum):
-    FILE = "file"
-    SINGLE = "single"
-    LIGHTNING = "lightning"
-    SAFETENSORS = "safetensors"
-    HF = "hf"
-    DCP = "dcp"
-    MEGATRON = "megatron"
-    DEEPSPEED = "deepspeed"
-    CUSTOM = "custom"
-    LAST_GOOD = "last_good"
-
-    @property
-    def is_folder(self) -> bool:
-        return self in (Layout.HF, Layout.DCP, Layout.MEGATRON, Layout.DEEPSPEED)
 
 
 @dataclass(frozen=True)
@@ -73,29 +48,6 @@ class Candidate:
         return replace(self, step=step)
 
 
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".tar")
-_TEMP_SUFFIXES = (".tmp", ".temp", ".partial", ".part", ".incomplete", ".lock", ".swp")
-_LIGHTNING = re.compile(r"(?:^|[-_])step=(\d+)")
-_STEP_IN_NAME = re.compile(r"(\d+)(?=\.[A-Za-z]+$|$)")  # the last number before the extension
-_SHARD = re.compile(r"-\d+-of-\d+\.")  # model-00001-of-00002.safetensors: a shard, not a step
-_HF_DIR = re.compile(r"^checkpoint-(\d+)$")
-_MEGATRON_DIR = re.compile(r"^iter_(\d+)$")
-_DEEPSPEED_DIR = re.compile(r"^global_step(\d+)$")
-_STEP_DIR = re.compile(r"^(?:step|ckpt|checkpoint|iter|epoch)[-_]?(\d+)$")
-HF_STATE_FILE = "trainer_state.json"
-# Files the HF Trainer writes that are never checkpoints: the pickled TrainingArguments, anywhere.
-NEVER_CHECKPOINTS = frozenset({"training_args.bin"})
-# The final model Trainer.save_model(output_dir) exports beside the checkpoint-N/ folders.
-HF_EXPORT_NAMES = frozenset({"model.safetensors", "pytorch_model.bin", "adapter_model.safetensors",
-                             "adapter_model.bin"})
-
-
-def is_temp_name(name: str) -> bool:
-    low = name.lower()
-    return (name.startswith(".") or low.startswith(("tmp-", "tmp_", "tmp.")) or low.endswith(_TEMP_SUFFIXES)
-            or ".tmp" in low or ".partial" in low)
-
-
 def written_by_supervisor(name: str) -> bool:
     """An entry of a checkpoint dir that the supervisor itself writes, never the job: manifests,
     quarantine notes, the ``quarantine/`` and ``last_good/`` folders, and their temp files. A scan
@@ -105,55 +57,23 @@ def written_by_supervisor(name: str) -> bool:
             or (name.startswith(".") and (f"{MANIFEST_SUFFIX}." in name or name.endswith(".restore.tmp"))))
 
 
+def _skipped(path: Path) -> bool:
+    """A temp name or the supervisor's own sidecar: never looked at as a checkpoint."""
+    return is_temp_name(path.name) or is_manifest(path) or path.name.endswith(NOTE_SUFFIX)
+
+
+def recognise(path: Path) -> registry.Entry | None:
+    """The layout of one directory entry, complete or still being written, or None."""
+    return None if _skipped(path) else registry.recognise(path)
+
+
 def classify(path: Path) -> tuple[Layout, int | None] | None:
-    """The layout and step of one directory entry, or None when it is not a checkpoint."""
-    name = path.name
-    if is_temp_name(name) or is_manifest(path) or name.endswith(NOTE_SUFFIX):
+    """The layout and step of one complete directory entry, or None when it is not a checkpoint
+    (or one still being written)."""
+    entry = recognise(path)
+    if entry is None or not entry.complete:
         return None
-    if path.is_dir():
-        if (path / ".metadata").is_file():
-            m = _STEP_IN_NAME.search(name)
-            return Layout.DCP, int(m.group(1)) if m else None
-        if m := _HF_DIR.match(name):
-            if not (path / HF_STATE_FILE).is_file():
-                return None  # the Trainer writes trainer_state.json last: a save in progress (or one that died)
-            return Layout.HF, int(m.group(1))
-        if m := _MEGATRON_DIR.match(name):
-            return Layout.MEGATRON, int(m.group(1))
-        if m := _DEEPSPEED_DIR.match(name):
-            return Layout.DEEPSPEED, int(m.group(1))
-        return None  # step-1000/ without .metadata: a DCP save in progress, or not a checkpoint
-    if not path.is_file() or not name.lower().endswith(CHECKPOINT_SUFFIXES) or name in NEVER_CHECKPOINTS:
-        return None
-    if _SHARD.search(name):
-        return None
-    if name.endswith(".ckpt") and (name == "last.ckpt" or name.startswith("last-v") or _LIGHTNING.search(name)):
-        m = _LIGHTNING.search(name)
-        return Layout.LIGHTNING, int(m.group(1)) if m else None
-    m = _STEP_IN_NAME.search(name)
-    if name.endswith(".safetensors"):
-        return Layout.SAFETENSORS, int(m.group(1)) if m else None
-    if m:
-        return Layout.FILE, int(m.group(1))
-    return Layout.SINGLE, None
-
-
-def hf_step(folder: Path) -> int | None:
-    try:
-        data = json.loads((folder / "trainer_state.json").read_text())
-        step = data.get("global_step")
-        return step if isinstance(step, int) else None
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def megatron_latest(checkpoint_dir: Path) -> int | None:
-    """The iteration Megatron's tracker file names (``latest_checkpointed_iteration.txt``)."""
-    try:
-        text = (checkpoint_dir / "latest_checkpointed_iteration.txt").read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
+    return entry.spec.layout, entry.step
 
 
 class Discovery:
@@ -196,7 +116,7 @@ class Discovery:
             for p in sorted(self.dir.glob(self.glob)):
                 if QUARANTINE_DIR in p.relative_to(self.dir).parts or LAST_GOOD_DIR in p.relative_to(self.dir).parts:
                     continue
-                if is_temp_name(p.name) or is_manifest(p) or p.name.endswith(NOTE_SUFFIX):
+                if _skipped(p):
                     continue
                 step = None
                 # Searched in the path relative to dir, so the regex can read a folder name too.
@@ -208,19 +128,13 @@ class Discovery:
             children = sorted(self.dir.iterdir())
         except OSError:
             return
-        hf_output_dir = any(_HF_DIR.match(p.name) and p.is_dir() for p in children)
+        not_here = registry.not_checkpoints(children)  # e.g. HF's final export beside checkpoint-N/
         for p in children:
-            if p in seen or p.name in (QUARANTINE_DIR, LAST_GOOD_DIR):
+            if p in seen or p.name in (QUARANTINE_DIR, LAST_GOOD_DIR) or p.name in not_here:
                 continue
-            if hf_output_dir and p.name in HF_EXPORT_NAMES:
-                continue  # the Trainer's final export, not a resumable checkpoint (see the module doc)
             c = classify(p)
-            if c is None:
-                continue
-            layout, step = c
-            if layout is Layout.HF and step is None:
-                step = hf_step(p)
-            yield p, layout, step
+            if c is not None:
+                yield p, c[0], c[1]
         lg = self.dir / LAST_GOOD_DIR
         if lg.is_dir():
             for p in sorted(lg.iterdir()):
@@ -252,10 +166,14 @@ class Discovery:
         return sort_newest_first(out)
 
 
-def sort_newest_first(cands: Iterable[Candidate]) -> list[Candidate]:
-    # A step beats a mtime (copies change mtimes); unknown steps sort by mtime among themselves.
-    # Ties at the same step: the original before its last_good copy.
-    return sorted(cands, key=lambda c: (c.step if c.step is not None else -1, c.layout is not Layout.LAST_GOOD,
+_Ranked = TypeVar("_Ranked", bound=Any)  # anything with step, layout and mtime: candidates, quicklist rows
+
+
+def sort_newest_first(items: Iterable[_Ranked]) -> list[_Ranked]:
+    """Candidates or quicklist rows, newest first. A step beats a mtime (copies change mtimes);
+    unknown steps sort by mtime among themselves. Ties at the same step: the original before
+    its last_good copy."""
+    return sorted(items, key=lambda c: (c.step if c.step is not None else -1, c.layout != Layout.LAST_GOOD,
                                         c.mtime), reverse=True)
 
 

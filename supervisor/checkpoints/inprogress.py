@@ -6,8 +6,9 @@ Three signs, each with its reason:
 
 - a temp name that looks like a checkpoint (``.step_000100.pt.123.tmp``, ``ckpt.pt.partial``,
   ``tmp-step-5/``): the writer renames it when done;
-- a checkpoint folder without the file its writer adds last: ``checkpoint-N/`` without
-  ``trainer_state.json`` (HF Trainer), ``step-N/`` without ``.metadata`` (torch.distributed.checkpoint);
+- a checkpoint its layout says is not complete yet (``layouts/``): ``checkpoint-N/`` without
+  ``trainer_state.json`` (HF Trainer), ``step-N/`` without ``.metadata`` (torch.distributed.checkpoint),
+  a Megatron ``iter_N/`` its tracker file does not name yet;
 - an entry discovery saw change within its settle window (``Discovery.unsettled``).
 
 A save that died leaves the same signs; the age of the last write tells the two apart.
@@ -20,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from .discovery import CHECKPOINT_SUFFIXES, LAST_GOOD_DIR, QUARANTINE_DIR, classify, is_temp_name
+from .discovery import CHECKPOINT_SUFFIXES, LAST_GOOD_DIR, QUARANTINE_DIR, is_temp_name, recognise
+from .layouts import registry
 from .manifest import is_manifest, stat_record
 from ..humanize import size
 
-_HF = re.compile(r"^checkpoint-(\d+)$")
+# A temp name that looks like a checkpoint's: a checkpoint suffix or a step folder's name.
 _STEP_DIR = re.compile(r"^(?:step|ckpt|checkpoint|iter|epoch|global_step)[-_]?(\d+)$")
 _NUMBER = re.compile(r"(\d+)")
 
@@ -55,14 +57,12 @@ def _step(name: str) -> int | None:
     return int(nums[0]) if nums else None
 
 
-def _why_folder(p: Path) -> str | None:
-    if classify(p) is not None:
-        return None
-    if _HF.match(p.name):
-        return "no trainer_state.json yet (the HF Trainer writes it last)"
-    if _STEP_DIR.match(p.name):
-        return "no .metadata yet (torch.distributed.checkpoint writes it last)"
-    return None
+def _why_writing(p: Path) -> str | None:
+    """What its layout says is missing yet, or why it looks like a layout being written."""
+    entry = recognise(p)
+    if entry is not None:
+        return entry.missing
+    return registry.pending_reason(p)
 
 
 def in_progress(checkpoint_dir: Path, unsettled: Iterable[Path] = ()) -> list[InProgress]:
@@ -79,10 +79,8 @@ def in_progress(checkpoint_dir: Path, unsettled: Iterable[Path] = ()) -> list[In
         if is_temp_name(name):
             if _looks_like_checkpoint(name):
                 found[p] = "a temporary name (the writer renames it when the save is complete)"
-        elif p.is_dir():
-            why = _why_folder(p)
-            if why:
-                found[p] = why
+        elif why := _why_writing(p):
+            found[p] = why
     for p in unsettled:
         found.setdefault(Path(p), "it changed within the last seconds")
     out: list[InProgress] = []

@@ -2,6 +2,8 @@
 
 The daemon never imports torch: the test is ``_loadtest_script.py`` run by the interpreter the
 job itself uses (so the torch version that will resume is the one that loads), with a timeout.
+What the child does (``load``: torch file, safetensors, DCP folder, folder of files) comes from
+the checkpoint's layout spec and is sent with the request: the child never guesses it.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from typing import Any, Sequence
 
 import structlog
 
+from .layouts import registry
+
 log = structlog.get_logger("supervisor.checkpoints")
 
 _SCRIPT = Path(__file__).with_name("_loadtest_script.py")
@@ -32,6 +36,7 @@ class LoadTestRequest:
     check_finite: bool = False
     trust_pickles: bool = False
     mmap: bool = True
+    layout: str | None = None  # a Layout; None: the registry recognises ``path``
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,8 @@ def _shebang_python(script: Path) -> str | None:
 
 def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: Path | None = None) -> LoadTestResult:
     """Load ``req.path`` in a subprocess; a timeout, crash or garbled output is a failed test."""
-    payload = json.dumps({"path": str(req.path), "expected_keys": list(req.expected_keys),
+    payload = json.dumps({"path": str(req.path), "load": str(registry.load_kind(req.path, req.layout)),
+                          "skip": sorted(registry.NEVER), "expected_keys": list(req.expected_keys),
                           "check_finite": req.check_finite, "trust_pickles": req.trust_pickles, "mmap": req.mmap})
     argv = [python, "-c", _SCRIPT.read_text(), payload]
     env = dict(os.environ)

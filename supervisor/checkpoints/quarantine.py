@@ -1,14 +1,17 @@
 """Move bad checkpoints aside (never delete) and keep a copy of the last good overwritten one.
 
-``quarantine(path, reason)`` renames the checkpoint (file or folder) and its manifest into
-``quarantine/`` beside it, with ``<name>.quarantine.json`` saying why, when and by whom.
-``preserve_last_good(path)`` copies a single overwritten checkpoint (nanoGPT ``ckpt.pt``) to
-``last_good/`` (with its manifest) so a bad overwrite cannot destroy the only good state.
+``quarantine(path, reason, layout)`` renames the checkpoint (file or folder) and the sidecar
+files its layout names (its manifest) into ``quarantine/`` beside it, with
+``<name>.quarantine.json`` saying why, when and by whom. ``preserve_last_good(path)`` copies a
+checkpoint of a layout that ``keeps_last_good`` (nanoGPT's overwritten ``ckpt.pt``) to
+``last_good/`` (with its manifest) so a bad overwrite cannot destroy the only good state;
+``restore_last_good`` puts such a copy back where the job reads it.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import getpass
+import json
 import os
 import shutil
 import socket
@@ -17,7 +20,8 @@ from pathlib import Path
 
 import structlog
 
-from .discovery import LAST_GOOD_DIR, NOTE_SUFFIX, QUARANTINE_DIR
+from .discovery import LAST_GOOD_DIR, NOTE_SUFFIX, QUARANTINE_DIR, Layout
+from .layouts import registry
 from .manifest import fsync_dir, manifest_path, write_json_atomic
 
 log = structlog.get_logger("supervisor.checkpoints")
@@ -53,9 +57,11 @@ def _who() -> str:
     return f"transformer-supervisor (pid {os.getpid()}, {user}@{socket.gethostname()})"
 
 
-def quarantine(path: Path, reason: str) -> QuarantineRecord:
-    """Move ``path`` and its manifest into ``quarantine/`` beside it; raises OSError if it cannot."""
+def quarantine(path: Path, reason: str, layout: Layout | str | None = None) -> QuarantineRecord:
+    """Move ``path`` and its layout's sidecars (its manifest) into ``quarantine/`` beside it;
+    raises OSError if it cannot."""
     path = Path(path)
+    sidecars = [p for p in registry.sidecars(path, layout) if p.exists()]
     qdir = path.parent / QUARANTINE_DIR
     qdir.mkdir(exist_ok=True)
     dest = _free_name(qdir, path.name)
@@ -66,9 +72,8 @@ def quarantine(path: Path, reason: str) -> QuarantineRecord:
     write_json_atomic(note, {"original_path": str(path), "quarantined_path": str(dest), "reason": reason,
                              "at": at, "by": _who()})
     os.rename(path, dest)  # same filesystem (a sibling dir): atomic, nothing copied or lost
-    mp = manifest_path(path)
-    if mp.exists():
-        os.rename(mp, manifest_path(dest))
+    for side in sidecars:  # <name><suffix> beside it -> <dest name><suffix>
+        os.rename(side, dest.with_name(dest.name + side.name[len(path.name):]))
     fsync_dir(qdir)
     fsync_dir(path.parent)
     log.warning("checkpoint_quarantined", path=str(path), dest=str(dest), reason=reason,
@@ -121,8 +126,6 @@ def preserve_last_good(path: Path, link: bool = False) -> Path:
         os.replace(tmp, dest)
     mp = manifest_path(path)
     if mp.exists():
-        import json
-
         data = json.loads(mp.read_text())
         if isinstance(data, dict):
             data["copied_from"] = str(path)
@@ -132,3 +135,16 @@ def preserve_last_good(path: Path, link: bool = False) -> Path:
              disk_bytes=0 if linked or path.is_dir() else dest.stat().st_size,
              next="a bad overwrite of the original can no longer destroy the last good state")
     return dest
+
+
+def restore_last_good(copy: Path, original: Path) -> None:
+    """Put a last_good/ copy (and its manifest) back at ``original``, where the job resumes from
+    (nanoGPT reads out_dir/ckpt.pt). ``original`` must be gone (moved to quarantine/)."""
+    tmp = original.with_name(f".{original.name}.restore.tmp")
+    shutil.copy2(copy, tmp)
+    os.replace(tmp, original)
+    mp = manifest_path(copy)
+    if mp.exists():
+        write_json_atomic(manifest_path(original), json.loads(mp.read_text()))
+    log.info("checkpoint_restored_last_good", copy=str(copy), to=str(original),
+             next="the job resumes from its usual path")

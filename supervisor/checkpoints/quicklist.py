@@ -281,3 +281,13 @@ class RowBuilder:
                          config_diff=dict(self.config_diff), val_metric=self.val_metric, load_test=self.load_test,
                          ready=ready, reasons=tuple(self.reasons), notes=tuple(self.notes), bad=self.bad,
                          mtime=self.mtime)
+
+
+def is_corrupt(row: Readiness) -> bool:
+    """Unusable as stored (not a matter of config, trust or time): quarantine it."""
+    if row.bad or not row.complete or row.sha256_ok is False:
+        return True
+    lt = row.load_test
+    return lt is not None and not lt.passed and not lt.needs_pickle and "timed out" not in (lt.error or "") \
+        and "missing top-level keys" not in (lt.error or "") and "cannot start" not in (lt.error or "") \
+        and "non-finite" not in (lt.error or "")

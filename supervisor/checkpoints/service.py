@@ -21,8 +21,6 @@ not quarantined: it is intact, just useless.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
 import threading
 import time
@@ -33,8 +31,10 @@ from typing import Any, Callable, Sequence, TextIO
 import structlog
 
 from .config import CheckpointsConfig
-from .discovery import Candidate, Discovery, Layout, megatron_latest, newest_complete, sort_newest_first
+from .discovery import Candidate, Discovery, Layout, newest_complete, sort_newest_first
 from .hashing import DigestCache, StatKey, tree_digest
+from .integrity import check_integrity, stat_changed
+from .layouts.registry import keeps_last_good
 from .loadtest import LoadTestRequest, LoadTestResult, resolve_job_python, run_load_test
 from .manifest import (
     Manifest,
@@ -45,8 +45,8 @@ from .manifest import (
     supervisor_manifest,
     write_json_atomic,
 )
-from .quarantine import QuarantineRecord, last_good_path, preserve_last_good, quarantine
-from .quicklist import MetricsSeen, Readiness, RowBuilder, config_diff, current_config, val_metric_for
+from .quarantine import QuarantineRecord, last_good_path, preserve_last_good, quarantine, restore_last_good
+from .quicklist import MetricsSeen, Readiness, RowBuilder, config_diff, current_config, is_corrupt, val_metric_for
 from .selection import CheckpointBook, Choice, Mode, select_explained
 
 log = structlog.get_logger("supervisor.checkpoints")
@@ -97,18 +97,13 @@ class CheckpointService:
     def scan(self) -> list[Candidate]:
         """Complete, settled checkpoints with steps from their manifests where names lack one."""
         with self._lock:
-            cands = self.discovery.scan()
-            latest = megatron_latest(self.dir)
             out: list[Candidate] = []
-            for c in cands:
-                # Megatron updates its tracker file last: an iteration beyond it is still being saved.
-                if c.layout is Layout.MEGATRON and latest is not None and c.step is not None and c.step > latest:
-                    continue
+            for c in self.discovery.scan():
                 if c.step is None:
                     m = self._manifest_of(c.path).manifest
                     # A supervisor manifest made before the job overwrote the file names an old step.
                     fresh = m is not None and not (m.origin == "supervisor" and m.stat is not None
-                                                   and _stat_changed(m.stat, stat_record(c.path)))
+                                                   and stat_changed(m.stat, stat_record(c.path)))
                     if m is not None and fresh and m.step is not None:
                         c = c.with_step(m.step)
                     elif c.path in self._load_steps and self._load_steps[c.path][0] == self._stat_token(c.path):
@@ -128,7 +123,7 @@ class CheckpointService:
             return (st["size"], st["mtime_ns"], st["files"])
         return StatKey.of(path)
 
-    def _load_test(self, path: Path, finite: bool = False) -> LoadTestResult:
+    def _load_test(self, path: Path, layout: str, finite: bool = False) -> LoadTestResult:
         """The (cached) load test; ``finite`` also checks every tensor is finite (a result that
         checked it answers a request that does not need it too)."""
         check_finite = self.cfg.check_finite or finite
@@ -139,7 +134,7 @@ class CheckpointService:
                 return hit
         res = run_load_test(LoadTestRequest(path, expected_keys=self.cfg.expected_keys,
                                             check_finite=check_finite, trust_pickles=self.cfg.trust_pickles,
-                                            mmap=self.cfg.mmap),
+                                            mmap=self.cfg.mmap, layout=layout),
                             python=self.job_python, timeout_s=self.cfg.load_timeout_s, cwd=self.job_cwd)
         log.info("checkpoint_load_test", path=str(path), passed=res.passed, seconds=res.seconds, error=res.error,
                  check_finite=check_finite)
@@ -201,12 +196,12 @@ class CheckpointService:
             if mread.problem:
                 row.no(mread.problem)
             stale = (manifest is not None and manifest.origin == "supervisor" and manifest.stat is not None
-                     and _stat_changed(manifest.stat, stat_record(path)))
+                     and stat_changed(manifest.stat, stat_record(path)))
             lt: LoadTestResult | None = None
             if (manifest is None and not mread.present) or stale:
                 step = cand.step
                 if step is None and self.cfg.load_test:
-                    lt = self._load_test(path, finite)
+                    lt = self._load_test(path, row.layout, finite)
                     step = lt.step
                 if self.write_manifests:
                     if stale:
@@ -219,7 +214,8 @@ class CheckpointService:
                     row.notes.append("no manifest: integrity not checked")
             if row.step is None and manifest is not None:
                 row.step = manifest.step
-            self._check_integrity(row, manifest)
+            if manifest is not None:
+                check_integrity(row, manifest, self.cfg.hash_algorithm, self._digest)
             # Config snapshot vs the job's current config.
             if manifest is not None and manifest.config is not None:
                 if cfg_problem and not cur_cfg:
@@ -238,7 +234,7 @@ class CheckpointService:
                 row.no(f"no validation metric {self.cfg.val_metric!r} recorded for this checkpoint")
             # The load test last: it is the slow part and pointless for a corrupt file.
             if self.cfg.load_test and row.complete and row.sha256_ok is not False:
-                lt = lt or self._load_test(path, finite)
+                lt = lt or self._load_test(path, row.layout, finite)
                 row.load_test = lt
                 if row.step is None:
                     row.step = lt.step
@@ -249,38 +245,6 @@ class CheckpointService:
                 row.bad = True
                 row.no(f"marked bad: {self.book.bad_reason(path)}")
             return row.build()
-
-    def _check_integrity(self, row: RowBuilder, manifest: Manifest | None) -> None:
-        if manifest is None:
-            return
-        path = row.path
-        st = stat_record(path)
-        if manifest.size is not None and manifest.size != st["size"]:
-            row.complete = False
-            what = "truncated" if st["size"] < manifest.size else "larger than saved"
-            row.no(f"{what}: {st['size']} bytes, the manifest says {manifest.size}")
-            row.sha256_ok = False
-            return
-        alg = self.cfg.hash_algorithm if self.cfg.hash_algorithm in manifest.digests else (
-            "sha256" if "sha256" in manifest.digests else next(iter(manifest.digests), None))
-        if alg is None:
-            row.notes.append("manifest has no digest: integrity not checked")
-            return
-        try:
-            digest, files = self._digest(path, alg)
-        except (OSError, ValueError) as exc:
-            row.sha256_ok = None
-            row.no(f"cannot hash the checkpoint: {exc}")
-            return
-        row.sha256_ok = digest == manifest.digests[alg]
-        if not row.sha256_ok:
-            detail = ""
-            if files is not None and manifest.files:
-                changed = [k for k in sorted(set(files) | set(manifest.files))
-                           if (files.get(k) or {}).get(alg) != (manifest.files.get(k) or {}).get(alg)]
-                detail = f" (files differing: {', '.join(changed[:5])})"
-            row.no(f"{alg} mismatch: the checkpoint changed or is corrupt since its manifest was written"
-                   f"{detail}; manifest {manifest.digests[alg][:12]}, file {digest[:12]}")
 
     def _current_config(self) -> tuple[dict[str, Any], str | None]:
         f = self.cfg.job_config_file
@@ -296,7 +260,7 @@ class CheckpointService:
         with self._lock:
             current = self._current_config()
             rows = [self.evaluate(c, metrics_seen, current) for c in self.scan()]
-            return _sort_rows(rows)
+            return sort_newest_first(rows)
 
     def verify_newest(self) -> Readiness | None:
         """Evaluate the newest settled checkpoint now (results are cached by stat), so the
@@ -306,7 +270,7 @@ class CheckpointService:
             if newest is None:
                 return None
             row = self.evaluate(newest, None, self._current_config())
-            if newest.layout is Layout.SINGLE and self.cfg.preserve_last_good and row.ready:
+            if keeps_last_good(newest.layout) and self.cfg.preserve_last_good and row.ready:
                 # Kept at once, not only before a restart: one bad overwrite then costs one save
                 # interval, never the whole run.
                 try:
@@ -344,9 +308,9 @@ class CheckpointService:
                 if limit is not None and cand.step is not None and cand.step >= limit:
                     continue  # after the anomaly began: not a rollback target, no need to verify it
                 row = self.evaluate(cand, metrics_seen, current, finite=mode == "rollback")
-                if not row.ready and self.cfg.quarantine and _is_corrupt(row):
+                if not row.ready and self.cfg.quarantine and is_corrupt(row):
                     try:
-                        quarantined.append(quarantine(row.path, "; ".join(row.reasons)))
+                        quarantined.append(quarantine(row.path, "; ".join(row.reasons), row.layout))
                     except OSError as exc:
                         log.error("checkpoint_quarantine_failed", path=str(row.path), error=str(exc),
                                   next="marked bad instead; it stays where it is")
@@ -374,7 +338,7 @@ class CheckpointService:
 
     def _finish_choice(self, choice: Choice) -> Choice:
         """Keep a copy of a single overwritten checkpoint; put a last_good copy back in place."""
-        if choice.layout == str(Layout.SINGLE) and self.cfg.preserve_last_good:
+        if keeps_last_good(choice.layout) and self.cfg.preserve_last_good:
             try:
                 preserve_last_good(choice.path)
             except OSError as exc:
@@ -388,19 +352,11 @@ class CheckpointService:
                 row = self.evaluate(Candidate(original, None, Layout.SINGLE, 0.0, 0))
                 if not row.ready:
                     rec = quarantine(original, "overwritten with a checkpoint that is not ready ("
-                                     + "; ".join(row.reasons) + "); the last good copy is restored")
+                                     + "; ".join(row.reasons) + "); the last good copy is restored", Layout.SINGLE)
                     choice = replace(choice, quarantined=choice.quarantined + (rec,))
             if not original.exists():
-                # The job resumes from its usual path (nanoGPT reads out_dir/ckpt.pt): restore the copy
-                # there. The original was moved to quarantine/, so nothing is overwritten.
-                tmp = original.with_name(f".{original.name}.restore.tmp")
-                shutil.copy2(choice.path, tmp)
-                os.replace(tmp, original)
-                mp = manifest_path(choice.path)
-                if mp.exists():
-                    write_json_atomic(manifest_path(original), json.loads(mp.read_text()))
-                log.info("checkpoint_restored_last_good", copy=str(choice.path), to=str(original),
-                         next="the job resumes from its usual path")
+                # The original was moved to quarantine/, so nothing is overwritten.
+                restore_last_good(choice.path, original)
                 return replace(choice, path=original, reason=choice.reason + " (restored from last_good/)")
         return choice
 
@@ -409,7 +365,7 @@ class CheckpointService:
         out: list[Path] = []
         with self._lock:
             for c in self.scan():
-                if c.layout is Layout.SINGLE and self.cfg.preserve_last_good:
+                if keeps_last_good(c.layout) and self.cfg.preserve_last_good:
                     lg = last_good_path(c.path)
                     if lg.exists() and lg.stat().st_mtime_ns == c.path.stat().st_mtime_ns:
                         continue  # already copied
@@ -444,25 +400,6 @@ class CheckpointService:
 
     def steps_seen(self) -> list[int | None]:
         return self.book.steps_seen()
-
-
-def _stat_changed(recorded: Any, now: dict[str, int]) -> bool:
-    return recorded.get("size") != now.get("size") or recorded.get("mtime_ns") != now.get("mtime_ns")
-
-
-def _is_corrupt(row: Readiness) -> bool:
-    """Unusable as stored (not a matter of config or trust): quarantine it."""
-    if row.bad or not row.complete or row.sha256_ok is False:
-        return True
-    lt = row.load_test
-    return lt is not None and not lt.passed and not lt.needs_pickle and "timed out" not in (lt.error or "") \
-        and "missing top-level keys" not in (lt.error or "") and "cannot start" not in (lt.error or "") \
-        and "non-finite" not in (lt.error or "")
-
-
-def _sort_rows(rows: list[Readiness]) -> list[Readiness]:
-    return sorted(rows, key=lambda r: (r.step if r.step is not None else -1, r.layout != str(Layout.LAST_GOOD),
-                                       r.mtime), reverse=True)
 
 
 def cli_checkpoints(checkpoint_dir: Path | str | None, cfg: CheckpointsConfig, json_out: bool, state_dir: Path | str,
