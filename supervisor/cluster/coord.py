@@ -10,6 +10,7 @@ Keys under the run's prefix ``P``::
     P/plan         Plan          the current generation, written by the leader (compare-and-swap)
     P/end/<gen>    EndRequest    a request to end generation <gen> (first create wins, the rest fold)
     P/finished/<id> <gen>        the node's job finished successfully in <gen> (no lease: it stays)
+    P/gave_up/<id> <reason>      the node's supervisor gave up (no lease): the whole run gives up
 
 A generation is one launch of the job on a set of nodes. Any node's failure (or the leader seeing
 a member's lease gone: ``node_lost``) ends it; every member stops its job and says so (``waiting``,
@@ -131,6 +132,9 @@ class Keys:
     def finished(self, node_id: str) -> str:
         return f"{self.prefix}/finished/{node_id}"
 
+    def gave_up(self, node_id: str) -> str:
+        return f"{self.prefix}/gave_up/{node_id}"
+
     @property
     def all(self) -> str:
         return f"{self.prefix}/"
@@ -146,6 +150,7 @@ class View:
     plan_rev: int = 0  # the plan key's mod revision (0: none yet): the leader's compare-and-swap
     ends: Mapping[int, EndRequest] = field(default_factory=dict)
     finished: Mapping[str, int] = field(default_factory=dict)  # node -> the generation its job finished in
+    gave_up: Mapping[str, str] = field(default_factory=dict)  # node -> why its supervisor gave up
 
     @staticmethod
     def parse(keys: Keys, kvs: Iterable[tuple[str, str, int]]) -> "View":
@@ -154,6 +159,7 @@ class View:
         nodes: dict[str, NodeRecord] = {}
         ends: dict[int, EndRequest] = {}
         finished: dict[str, int] = {}
+        gave_up: dict[str, str] = {}
         leader, plan, plan_rev = None, None, 0
         for key, value, rev in kvs:
             try:
@@ -169,9 +175,11 @@ class View:
                     ends[req.gen] = req
                 elif key.startswith(f"{keys.prefix}/finished/"):
                     finished[key.rsplit("/", 1)[1]] = int(value)
+                elif key.startswith(f"{keys.prefix}/gave_up/"):
+                    gave_up[key.rsplit("/", 1)[1]] = value
             except (ValueError, KeyError, TypeError):
                 continue
-        return View(nodes, leader, plan, plan_rev, ends, finished)
+        return View(nodes, leader, plan, plan_rev, ends, finished, gave_up)
 
 
 # ---------------------------------------------------------------------- commands
@@ -293,6 +301,9 @@ class Coordinator:
         if plan is not None and plan.give_up:
             return []
         g = plan.gen if plan is not None else 0
+        if view.gave_up and g not in view.ends:
+            who = sorted(view.gave_up)[0]
+            return [RequestEnd(EndRequest(g, who, "gave_up", view.gave_up[who], action="give_up"))]
         if plan is not None and g not in view.ends:
             lost = self._lost_members(view, plan)
             if lost:
@@ -322,7 +333,7 @@ class Coordinator:
     def _next_plan(self, view: View, g: int, now: float) -> list[Command]:
         end = view.ends.get(g)
         rules = self.rules
-        gave_up = sorted(n for n, r in view.nodes.items() if r.phase is Phase.GAVE_UP)
+        gave_up = sorted({n for n, r in view.nodes.items() if r.phase is Phase.GAVE_UP} | set(view.gave_up))
         if gave_up or (end is not None and end.action == "give_up"):
             why = (f"node {', '.join(gave_up)} gave up" if gave_up else
                    f"node {end.by} gave up after {end.cause}: {end.summary}")  # type: ignore[union-attr]

@@ -1,0 +1,276 @@
+"""One node's link to the run's keys in etcd: a thread that keeps this node's lease and record,
+polls the keys (a watch by revision would save nothing at this pace), hands the view to the pure
+:class:`~supervisor.cluster.coord.Coordinator` and carries out what it says.
+
+The daemon sees three calls: :meth:`ClusterAgent.request_end` (a local failure ends the
+generation), :meth:`ClusterAgent.wait_for_generation` (the launch barrier, on the launch
+preparation thread: publish this node's verified steps, block until the leader's plan includes
+it or the run gives up) and :meth:`ClusterAgent.finished`; ``on_stop`` tells it when another
+node's failure (or losing etcd for a lease TTL) means the local job must stop.
+
+When etcd cannot be reached, local supervision goes on and nothing is decided blind; the lease is
+re-granted and the node re-registered when etcd answers again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+import structlog
+
+from .coord import (Campaign, Command, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord, Phase, Plan,
+                    RequestEnd, Rules, StopLocal, View, WritePlan)
+from .etcd import EtcdClient, EtcdError, EtcdUnavailable, LeaseExpired
+
+log = structlog.get_logger("supervisor.cluster")
+
+POLL_S = 0.2  # how often the keys are read: a remote failure reaches this node within about this
+
+
+class ClusterGaveUp(Exception):
+    """Raised by the launch barrier when the run gives up (fewer than min_nodes came back, or a
+    node gave up); the daemon then gives up too (exit 3)."""
+
+
+class ClusterClosed(Exception):
+    """Raised by the launch barrier when the agent was closed while waiting."""
+
+
+EventSink = Callable[[str, str, str, Mapping[str, Any]], None]
+
+
+class ClusterAgent:
+    def __init__(self, client: EtcdClient, keys: Keys, node_id: str, addr: str, rules: Rules, *,
+                 on_stop: Callable[[EndRequest], None], on_event: EventSink,
+                 clock: Callable[[], float] = time.monotonic, poll_s: float = POLL_S) -> None:
+        self.client = client
+        self.keys = keys
+        self.node_id = node_id
+        self.addr = addr
+        self.rules = rules
+        self.on_stop = on_stop
+        self.on_event = on_event
+        self.clock = clock
+        self.poll_s = poll_s
+        self.coord = Coordinator(node_id, rules)
+        self.me = NodeRecord(node_id, addr, Phase.WAITING, 0)
+        self.view = View()
+        self.plan: Plan | None = None  # the generation this node runs (or last ran)
+        self.lease: int | None = None
+        self.last_ok = clock()
+        self._keepalive_at = 0.0
+        self._published: NodeRecord | None = None
+        self._reachable = True
+        self._cond = threading.Condition()
+        self._outcome: Join | GiveUp | None = None
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seen_view = False
+
+    # ------------------------------------------------------------------ life
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="cluster-agent", daemon=True)
+        self._thread.start()
+
+    def close(self, gave_up: str | None = None) -> None:
+        """Stop the thread and leave the run: a node that gave up says so first (the others then
+        give up too); the lease is revoked so the others see this node gone at once."""
+        self._closing.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            if gave_up is not None:
+                self.client.put(self.keys.gave_up(self.node_id), gave_up)
+            if self.lease is not None:
+                self.client.revoke(self.lease)
+        except EtcdError as e:
+            log.warning("cluster_leave_failed", error=str(e), message="could not leave the run cleanly; "
+                        "the others see this node gone when its lease expires")
+
+    # ------------------------------------------------------------------ the daemon's calls
+    def request_end(self, cause: str, summary: str, step: int | None, onset_step: int | None, action: str) -> None:
+        """A local failure: ask to end the generation this node runs (the first request wins;
+        a later one folds into it). Without etcd the request is not made: the job is stopped
+        locally, and the others see this node as lost when its lease expires."""
+        with self._cond:
+            if self.me.phase is not Phase.RUNNING:
+                return
+            gen = self.me.gen
+        req = EndRequest(gen, self.node_id, cause, summary, step, onset_step, action)
+        try:
+            won, existing = self.client.create(self.keys.end(gen), req.to_json())
+        except EtcdError as e:
+            self._emit("cluster_end_request_failed", "warning", f"could not ask the cluster to end generation "
+                       f"{gen} ({e}); the job stops here, and the others notice when this node's lease expires")
+            return
+        if won:
+            self._emit("cluster_generation_end_requested", "warning", f"asked the cluster to end generation "
+                       f"{gen}: {cause} here ({summary}); every node stops its job", **req.__dict__)
+        elif existing is not None:
+            self._emit("cluster_generation_end_folded", "info", f"generation {gen} is already ending "
+                       f"({existing.value[:200]}); this node's {cause} folds into it", cause=cause)
+        self.coord.stopped_for = max(self.coord.stopped_for, gen)  # our own stop is under way
+
+    def wait_for_generation(self, steps: list[int], state: str = "waiting") -> Plan:
+        """The launch barrier: this node is ready (its job is stopped) with ``steps`` verified;
+        block until the leader's plan includes it. Raises :class:`ClusterGaveUp` or
+        :class:`ClusterClosed`."""
+        with self._cond:
+            gen = max(self.me.gen, self.coord.joined)
+            self.me = NodeRecord(self.node_id, self.addr, Phase.WAITING, gen, tuple(sorted(set(steps))), state)
+            self._outcome = None
+            self._cond.notify_all()
+            while self._outcome is None and not self._closing.is_set():
+                self._cond.wait(timeout=1.0)
+            outcome = self._outcome
+        if isinstance(outcome, GiveUp):
+            raise ClusterGaveUp(outcome.reason)
+        if not isinstance(outcome, Join):
+            raise ClusterClosed("the cluster agent closed while waiting for a generation")
+        return outcome.plan
+
+    def finished(self) -> None:
+        """The job finished successfully in this generation: not a lost node when it leaves."""
+        with self._cond:
+            gen = self.me.gen
+        try:
+            self.client.put(self.keys.finished(self.node_id), str(gen))
+        except EtcdError as e:
+            log.warning("cluster_finish_unrecorded", error=str(e))
+
+    def set_state(self, state: str) -> None:
+        """The local supervisor's state, shown by `status` on every node."""
+        with self._cond:
+            if self.me.state != state:
+                self.me = NodeRecord(self.me.node_id, self.me.addr, self.me.phase, self.me.gen, self.me.steps, state)
+
+    def status(self) -> dict[str, Any]:
+        v, plan = self.view, self.plan
+        return {"node_id": self.node_id, "leader": v.leader, "etcd_reachable": self._reachable,
+                "generation": plan.gen if plan else None, "rank": plan.rank(self.node_id) if plan and
+                self.node_id in plan.nodes else None,
+                "nodes": {n: {"phase": r.phase.value, "gen": r.gen, "state": r.state, "addr": r.addr}
+                          for n, r in sorted(v.nodes.items())}}
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        while not self._closing.is_set():
+            try:
+                self._turn()
+            except Exception as e:  # the agent must outlive its own bugs; supervision goes on
+                log.exception("cluster_agent_failed", error=repr(e), message="internal error in the cluster "
+                              "agent; it keeps going")
+            self._closing.wait(self.poll_s)
+
+    def _turn(self) -> None:
+        now = self.clock()
+        try:
+            self._keep_lease(now)
+            self._publish()
+            kvs, _rev = self.client.get_prefix(self.keys.all)
+            view = View.parse(self.keys, ((kv.key, kv.value, kv.mod_revision) for kv in kvs))
+        except EtcdUnavailable as e:
+            if self._reachable:
+                self._reachable = False
+                self._emit("cluster_etcd_unreachable", "warning", f"etcd does not answer ({e}); local supervision "
+                           f"goes on, no cluster decision is made; after {self.rules.lease_ttl_s:g} s the job "
+                           "stops (the others may have declared this node lost)")
+            with self._cond:
+                cmds: list[Command] = list(self.coord.lost_contact(self.me, self.last_ok, now))
+            self._carry_out(cmds)
+            return
+        self.last_ok = now
+        if not self._reachable:
+            self._reachable = True
+            self._emit("cluster_etcd_back", "info", "etcd answers again; this node is registered")
+        self.view = view
+        with self._cond:
+            if not self._seen_view and view.plan is not None and self.me.phase is Phase.WAITING:
+                # A supervisor (re)started into a run under way: its job is not part of the running
+                # generation, whatever the plan says; it joins the next one.
+                self.me = NodeRecord(self.node_id, self.addr, Phase.WAITING, max(self.me.gen, view.plan.gen),
+                                     self.me.steps, self.me.state)
+                self.coord.joined = max(self.coord.joined, view.plan.gen)
+            self._seen_view = True
+            me = self.me
+            cmds = self.coord.step(view, me, now)
+        self._carry_out(cmds)
+
+    def _keep_lease(self, now: float) -> None:
+        if self.lease is not None and now >= self._keepalive_at:
+            try:
+                self.client.keepalive(self.lease)
+            except LeaseExpired:
+                self._emit("cluster_lease_lost", "warning", "this node's lease expired (etcd was out of reach "
+                           "longer than its TTL); registering again")
+                self.lease, self._published = None, None
+            else:
+                self._keepalive_at = now + self.rules.lease_ttl_s / 3
+        if self.lease is None:
+            self.lease = self.client.grant(max(1, round(self.rules.lease_ttl_s))).id
+            self._keepalive_at = now + self.rules.lease_ttl_s / 3
+            self._published = None
+
+    def _publish(self) -> None:
+        with self._cond:
+            me = self.me
+        if me != self._published:
+            assert self.lease is not None
+            self.client.put(self.keys.node(self.node_id), me.to_json(), lease=self.lease)
+            self._published = me
+
+    def _carry_out(self, cmds: list[Command]) -> None:
+        for cmd in cmds:
+            try:
+                self._one(cmd)
+            except EtcdError as e:
+                log.warning("cluster_command_failed", command=type(cmd).__name__, error=str(e),
+                            message="retried at the next turn")
+
+    def _one(self, cmd: Command) -> None:
+        if isinstance(cmd, Campaign):
+            assert self.lease is not None
+            won, _ = self.client.create(self.keys.leader, self.node_id, lease=self.lease)
+            if won:
+                self._emit("cluster_leader", "info", f"node {self.node_id} leads the run (membership, generations, "
+                           "the checkpoint step)")
+        elif isinstance(cmd, RequestEnd):
+            won, _ = self.client.create(self.keys.end(cmd.request.gen), cmd.request.to_json())
+            if won:
+                self._emit("cluster_generation_end_requested", "warning", f"ending generation {cmd.request.gen}: "
+                           f"{cmd.request.summary}", **cmd.request.__dict__)
+        elif isinstance(cmd, WritePlan):
+            ok = (self.client.create(self.keys.plan, cmd.plan.to_json())[0] if cmd.expect_rev == 0
+                  else self.client.replace(self.keys.plan, cmd.plan.to_json(), cmd.expect_rev))
+            if ok:
+                level = "critical" if cmd.plan.give_up else "info"
+                self._emit("cluster_plan_written", level, cmd.plan.give_up or cmd.plan.reason, **_plan_data(cmd.plan))
+        elif isinstance(cmd, StopLocal):
+            r = cmd.request
+            self._emit("cluster_generation_ended", "warning", f"generation {r.gen} ends: {r.cause} on node {r.by} "
+                       f"({r.summary}); stopping the local job", **r.__dict__)
+            self.on_stop(r)
+        elif isinstance(cmd, Join):
+            with self._cond:
+                self.plan = cmd.plan
+                self.me = NodeRecord(self.node_id, self.addr, Phase.RUNNING, cmd.plan.gen, (), self.me.state)
+                self._outcome = cmd
+                self._cond.notify_all()
+            self._emit("cluster_generation_joined", "info", f"joining generation {cmd.plan.gen} as rank {cmd.rank} "
+                       f"of {len(cmd.plan.nodes)}: {cmd.plan.reason}", rank=cmd.rank, **_plan_data(cmd.plan))
+        elif isinstance(cmd, GiveUp):
+            with self._cond:
+                self._outcome = cmd
+                self._cond.notify_all()
+
+    def _emit(self, event: str, level: str, message: str, **data: Any) -> None:
+        self.on_event(event, level, message, data)
+
+
+def _plan_data(plan: Plan) -> dict[str, Any]:
+    return {"generation": plan.gen, "nodes": list(plan.nodes), "step": plan.step, "leader": plan.leader,
+            "master_addr": plan.master_addr, "give_up": plan.give_up}
