@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from ..checkpoints.config import CheckpointsConfig
+from ..cluster.config import ClusterConfig, cluster_problems
 from .schema import MISSING, Problem, build, meta
 from ..core.causes import CAUSES, Action, Cause
 from ..errors import SupervisorError
@@ -209,6 +210,7 @@ class Config:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     systemd: SystemdConfig = field(default_factory=SystemdConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     # -- derived values -------------------------------------------------------------------
     def action_for(self, cause: Cause) -> Action:
@@ -269,6 +271,7 @@ def _cross_checks(cfg: Config, problems: list[Problem], need_command: bool) -> N
                                 f"expected >= policy.backoff_initial_s ({cfg.policy.backoff_initial_s:g}), "
                                 f"got {cfg.policy.backoff_max_s:g}"))
     _check_scales(cfg, problems)
+    problems.extend(cluster_problems(cfg.cluster))
     if cfg.job.workdir and not Path(cfg.job.workdir).expanduser().is_dir():
         problems.append(Problem("job.workdir", f'expected an existing directory, got "{cfg.job.workdir}"'))
 

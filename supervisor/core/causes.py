@@ -45,6 +45,7 @@ class Cause(StrEnum):
     NO_PROGRESS = "no_progress"
     DISK_LOW = "disk_low"
     MANUAL = "manual"
+    NODE_LOST = "node_lost"
 
 
 class StopStyle(StrEnum):
@@ -95,6 +96,8 @@ CAUSES: Mapping[Cause, CauseSpec] = _registry([
     CauseSpec(Cause.DISK_LOW, Action.WARN, "too little space for the next checkpoint, or a failed storage gate"),
     CauseSpec(Cause.MANUAL, Action.RESTART, "an operator asked (the restart verb)",
               note="not counted against the budget", counted=False),
+    CauseSpec(Cause.NODE_LOST, Action.RESTART, "multi-node: a node's lease expired (daemon killed, node down, "
+              "cut off from etcd)", note="every node stops; the run goes on with min_nodes"),
 ])
 
 
