@@ -168,7 +168,8 @@ class FakeLedger:
     def attempts(self, run_id: str) -> list[AttemptRow]:
         return [AttemptRow(a, r.get("argv", []), r.get("cwd", ""), r.get("started_at", 0.0), r.get("ended_at"),
                            r.get("pid"), r.get("pgid"), None, r.get("exit_code"), r.get("signal"), r.get("cause"),
-                           r.get("action"), r.get("checkpoint"), r.get("counted", True), r.get("resume_step"))
+                           r.get("action"), r.get("checkpoint"), r.get("counted", True), r.get("resume_step"),
+                           r.get("repeat"), r.get("progressed", False))
                 for a, r in sorted(self.rows.items())]
 
     def event(self, run_id: str, attempt: int | None, event: str, level: str, message: str | None,

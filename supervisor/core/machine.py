@@ -318,11 +318,12 @@ class Machine:
         cause = self.root.cause if self.root else None
         counted = cause is not None and CAUSES[cause].counted
         summary = self.root.summary if self.root else info.summary
+        repeat = self.repeat if cause is not None and self.root is not None and cause is self.root.cause else None
+        progressed = self._progressed()
         self._do(EndAttempt(self.attempt, cause, decision.action if decision else None, summary, counted,
-                            info.exit_code, info.signal, self.root, decision, shutdown))
-        self.history.append(PastAttempt(self.attempt, cause, wall, ran, counted, self._progressed(),
-                                        self.repeat if cause is not None and self.root is not None
-                                        and cause is self.root.cause else None))
+                            info.exit_code, info.signal, self.root, decision, shutdown, repeat=repeat,
+                            progressed=progressed))
+        self.history.append(PastAttempt(self.attempt, cause, wall, ran, counted, progressed, repeat))
         if cause is not None:
             self.restarts_by_cause[cause.value] += 1
         if self.pending.exit_after:

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Protocol, Sequence
 
 from ..events import Detection
-from .policy import Decision, PastAttempt
+from .policy import Decision, PastAttempt, RepeatKey
 from .causes import Action, Cause, GateCheck
 
 EXIT_OK = 0
@@ -281,6 +281,10 @@ class EndAttempt:
     decision: Decision | None = None
     shutdown: ShutdownResult | None = None
     spawned: bool = True
+    # Kept in the ledger so that a restarted daemon still sees an identical repeat (no third
+    # identical attempt across daemon lives) and the backoff streak.
+    repeat: RepeatKey | None = None
+    progressed: bool = False
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,8 @@ class LedgerStore(Protocol):
     def end_attempt(self, run_id: str, attempt: int, *, exit_code: int | None, signal: str | None,
                     cause: str | None, action: str | None, summary: str, counted: bool = True,
                     detection: Mapping[str, Any] | None = None, decision: Mapping[str, Any] | None = None,
-                    shutdown: Mapping[str, Any] | None = None) -> None: ...
+                    shutdown: Mapping[str, Any] | None = None, repeat: Mapping[str, Any] | None = None,
+                    progressed: bool = False) -> None: ...
 
     def attempts(self, run_id: str) -> list["AttemptRow"]: ...
 

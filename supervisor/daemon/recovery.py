@@ -13,7 +13,7 @@ from typing import Any, Callable
 from ..config.model import Config
 from ..core.causes import Cause
 from ..job.osapi import OsApi, ProcRef
-from ..core.policy import PastAttempt
+from ..core.policy import PastAttempt, RepeatKey
 from .ports import Clock, LedgerStore
 
 Event = Callable[..., None]
@@ -38,8 +38,20 @@ def close_previous_life(ledger: LedgerStore, run_id: str, cfg: Config, osapi: Os
     for r in ledger.attempts(run_id):
         if r.ended_at is not None:
             cause = Cause(r.cause) if r.cause in causes else None
-            history.append(PastAttempt(r.attempt, cause, r.ended_at, r.ended_at - r.started_at, r.counted))
+            history.append(PastAttempt(r.attempt, cause, r.ended_at, r.ended_at - r.started_at, r.counted,
+                                       r.progressed, repeat_key(r.repeat)))
     return history
+
+
+def repeat_key(data: Any) -> RepeatKey | None:
+    """The ledger's repeat_json back as a :class:`RepeatKey`; None for a row without one (or one
+    an older or newer daemon wrote in another shape: then no repeat is claimed)."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return RepeatKey(**{f: data[f] for f in ("checkpoint", "resume_step", "launch", "step", "detail")})
+    except (KeyError, TypeError):
+        return None
 
 
 def stop_leftover(r: Any, grace_s: float, osapi: OsApi, clock: Clock) -> bool:

@@ -361,6 +361,10 @@ class Runner:
         self._drain_queue()
         if self.state is State.STOPPING:  # a detection arrived and started a stop
             return
+        if False and self.metrics_buf and now - (self.exit_seen_at or now) < EXIT_DRAIN_S:
+            # The attempt's last records first: whether it made progress (no backoff) and its
+            # last step; kept a chunk per turn, the next turn comes at once while any are left.
+            return
         info = self.ports.launcher.exit_info(self.job, evidence=True)
         self._feed(JobExited(info, self.job.group_alive(), now, self.clock.time(),
                              last_step=self.last_metric.step if self.last_metric else None,
@@ -390,7 +394,8 @@ class Runner:
             summary=cmd.summary, counted=cmd.counted,
             detection=detection_dict(cmd.detection) if cmd.detection else None,
             decision=jsonable(cmd.decision) if cmd.decision else None,
-            shutdown=jsonable(cmd.shutdown) if cmd.shutdown else None)
+            shutdown=jsonable(cmd.shutdown) if cmd.shutdown else None,
+            repeat=jsonable(cmd.repeat) if cmd.repeat else None, progressed=cmd.progressed)
         if cmd.spawned:
             self.shutdown = None
             if self.job is not None:

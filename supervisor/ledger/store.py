@@ -91,9 +91,14 @@ LEDGER_FILE = "ledger.sqlite"
 # The ledger's schema version, kept in SQLite's user_version. A file of an older version is
 # migrated on open (MIGRATIONS[n] takes version n to n + 1); one of a newer version is refused
 # (an older supervisor must not write into a ledger it does not understand).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIGRATIONS: dict[int, str] = {
     0: "",  # version 0: files written before the version was kept; SCHEMA (IF NOT EXISTS) is enough
+    # Version 2: what each failure looked like (policy.RepeatKey as JSON) and whether the attempt
+    # made progress, so a restarted daemon keeps "no third identical attempt" and the backoff
+    # streak. Added here, not in SCHEMA: a new file runs every migration too.
+    1: "ALTER TABLE attempts ADD COLUMN repeat_json TEXT;\n"
+       "ALTER TABLE attempts ADD COLUMN progressed INTEGER NOT NULL DEFAULT 0;",
 }
 
 
@@ -243,6 +248,8 @@ class AttemptRow:
     checkpoint: str | None
     counted: bool
     resume_step: int | None
+    repeat: dict[str, Any] | None = None  # policy.RepeatKey's fields, for a failure that has one
+    progressed: bool = False
 
 
 class Ledger:
@@ -370,19 +377,21 @@ class Ledger:
     def end_attempt(self, run_id: str, attempt: int, *, exit_code: int | None, signal: str | None,
                     cause: str | None, action: str | None, summary: str, counted: bool = True,
                     detection: Mapping[str, Any] | None = None, decision: Mapping[str, Any] | None = None,
-                    shutdown: Mapping[str, Any] | None = None) -> None:
+                    shutdown: Mapping[str, Any] | None = None, repeat: Mapping[str, Any] | None = None,
+                    progressed: bool = False) -> None:
         self.db.execute(
             "UPDATE attempts SET ended_at=?, exit_code=?, signal=?, cause=?, action=?, summary=?, counted=?, "
-            "detection_json=COALESCE(?, detection_json), decision_json=?, shutdown_json=? "
-            "WHERE run_id=? AND attempt=?",
+            "detection_json=COALESCE(?, detection_json), decision_json=?, shutdown_json=?, repeat_json=?, "
+            "progressed=? WHERE run_id=? AND attempt=?",
             (time.time(), exit_code, signal, cause, action, summary, int(counted), _json(detection),
-             _json(decision), _json(shutdown), run_id, attempt))
+             _json(decision), _json(shutdown), _json(repeat), int(progressed), run_id, attempt))
 
     def attempts(self, run_id: str) -> list[AttemptRow]:
         rows = self.db.execute("SELECT * FROM attempts WHERE run_id=? ORDER BY attempt", (run_id,)).fetchall()
         return [AttemptRow(r["attempt"], json.loads(r["argv_json"]), r["cwd"], r["started_at"], r["ended_at"],
                            r["pid"], r["pgid"], r["leader_ctime"], r["exit_code"], r["signal"], r["cause"],
-                           r["action"], r["checkpoint"], bool(r["counted"]), r["resume_step"]) for r in rows]
+                           r["action"], r["checkpoint"], bool(r["counted"]), r["resume_step"],
+                           _load(r["repeat_json"]), bool(r["progressed"])) for r in rows]
 
     # -- events and metrics ---------------------------------------------------------------
     @_write
@@ -439,6 +448,7 @@ class Ledger:
                 "env": json.loads(r["env_json"]),
                 "environment": _load(r["snapshot_json"]),
                 "counted": bool(r["counted"]),
+                "repeat": _load(r["repeat_json"]),
             })
         events = [{"at": iso(e["at"]), "attempt": e["attempt"], "event": e["event"], "level": e["level"],
                    "message": e["message"], "data": _load(e["data_json"])}

@@ -300,3 +300,27 @@ def test_no_progress_gives_up_with_the_steps_seen(daemons, tmp_path):
     assert len(h["attempts"]) == 3 and h["attempts"][0]["checkpoint"].endswith("step_000100.pt")
     assert h["state"] == "gave_up" and "no progress: 3 attempts in a row" in h["reason"]
     assert "gave up" in d.stderr()
+
+
+def test_an_identical_failure_is_remembered_across_a_daemon_restart(daemons, tmp_path):
+    # Attempt 0 exits 1 before any step; attempt 1 hangs and its daemon is killed -9; the next
+    # daemon's attempt 2 exits 1 exactly as attempt 0 did: the second identical failure, so it
+    # gives up (no third identical attempt), the repeat identity read back from the ledger.
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    job = ("import os, sys, time\n"
+           "if os.environ['TSUP_ATTEMPT'] == '1':\n"
+           f"    open({str(out / 'ready')!r}, 'w').write(str(os.getpid()))\n"
+           "    time.sleep(3600)\n"
+           "sys.exit(1)\n")
+    args = wrap(sd, "--max-restarts", "10", *short_leftover_grace(tmp_path)) + [PY, "-c", job]
+    d1 = daemons(args)
+    wait_for(lambda: (out / "ready").exists(), 30, what="attempt 1 running")
+    os.kill(d1.proc.pid, signal.SIGKILL)
+    d1.proc.wait(10)
+    d2 = daemons(args)
+    assert d2.wait(60) == 3
+    h = history(sd)
+    assert [a["attempt"] for a in h["attempts"]] == [0, 1, 2]
+    assert [a["exit_code"] for a in h["attempts"]][::2] == [1, 1]
+    assert "identical to attempt 0" in h["reason"], h["reason"]
