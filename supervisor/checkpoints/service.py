@@ -20,31 +20,21 @@ not quarantined: it is intact, just useless.
 """
 from __future__ import annotations
 
-import json
-import sys
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, Callable, Sequence
 
 import structlog
 
 from .config import CheckpointsConfig
 from .discovery import Candidate, Discovery, Layout, newest_complete, sort_newest_first
 from .hashing import DigestCache, StatKey, tree_digest
-from .integrity import check_integrity, stat_changed
+from .integrity import check_integrity, stat_changed, write_own_manifest
 from .layouts.registry import keeps_last_good
 from .loadtest import LoadTestRequest, LoadTestResult, resolve_job_python, run_load_test
-from .manifest import (
-    Manifest,
-    fallback_manifest_path,
-    manifest_path,
-    read_manifest,
-    stat_record,
-    supervisor_manifest,
-    write_json_atomic,
-)
+from .manifest import read_manifest, stat_record
 from .quarantine import QuarantineRecord, last_good_path, preserve_last_good, quarantine, restore_last_good
 from .quicklist import MetricsSeen, Readiness, RowBuilder, config_diff, current_config, is_corrupt, val_metric_for
 from .selection import CheckpointBook, Choice, Mode, select_explained
@@ -148,35 +138,6 @@ class CheckpointService:
             return d, files
         return self.digests.digest(path, algorithm), None
 
-    def _write_own_manifest(self, cand: Candidate, step: int | None, current: dict[str, Any]) -> Manifest | None:
-        alg = self.cfg.hash_algorithm
-        try:
-            st = stat_record(cand.path)
-            digest, files = self._digest(cand.path, alg)
-            if stat_record(cand.path) != st:
-                return None  # changed while hashing: not settled after all; next time
-        except OSError:
-            return None
-        data = supervisor_manifest(cand.path, digests={alg: digest}, size=st["size"], step=step, files=files,
-                                   config=current or None, stat=st, layout=str(cand.layout))
-        target = manifest_path(cand.path)
-        try:
-            if target.exists() and self._manifest_of(cand.path).manifest is not None and \
-                    self._manifest_of(cand.path).manifest.origin != "supervisor":  # type: ignore[union-attr]
-                return self._manifest_of(cand.path).manifest  # the job wrote one meanwhile: it wins
-            write_json_atomic(target, data)
-        except OSError as exc:
-            target = fallback_manifest_path(self.state_dir, cand.path)
-            log.info("checkpoint_manifest_fallback", path=str(cand.path), error=str(exc), fallback=str(target),
-                     next="the manifest is kept in the state dir instead")
-            try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(target, data)
-            except OSError:
-                return None
-        log.info("checkpoint_manifest_written", path=str(cand.path), manifest=str(target), step=step, origin="supervisor")
-        return self._manifest_of(cand.path).manifest
-
     def evaluate(self, cand: Candidate, metrics_seen: MetricsSeen | None = None,
                  current: tuple[dict[str, Any], str | None] | None = None, *, finite: bool = False) -> Readiness:
         """One quicklist row for ``cand`` (hashes and load-tests it; results are cached).
@@ -206,7 +167,8 @@ class CheckpointService:
                 if self.write_manifests:
                     if stale:
                         row.notes.append("rewritten since the supervisor's manifest: manifest renewed")
-                    manifest = self._write_own_manifest(cand, step, cur_cfg)
+                    manifest = write_own_manifest(path, str(cand.layout), step, cur_cfg or None,
+                                                  self.cfg.hash_algorithm, self._digest, self.state_dir)
                     if manifest is not None:
                         row.notes.append("no manifest from the job: the supervisor wrote one (origin=supervisor)")
                 else:
@@ -400,26 +362,3 @@ class CheckpointService:
 
     def steps_seen(self) -> list[int | None]:
         return self.book.steps_seen()
-
-
-def cli_checkpoints(checkpoint_dir: Path | str | None, cfg: CheckpointsConfig, json_out: bool, state_dir: Path | str,
-                    *, job_argv: Sequence[str] = (), job_cwd: Path | None = None, out: TextIO | None = None) -> int:
-    """``transformer-supervisor checkpoints [--json]``: print the quicklist. 0, or 2 for a bad dir.
-
-    Read-only: writes no manifests and moves nothing (the digest cache in the state dir aside).
-    """
-    out = out or sys.stdout
-    d = checkpoint_dir or cfg.dir
-    if not d or not Path(d).is_dir():
-        print(f"checkpoints: no checkpoint dir {'(set checkpoints.dir or --checkpoint-dir)' if not d else str(d) + ' (not a directory)'}",
-              file=sys.stderr)
-        return 2
-    svc = CheckpointService(cfg, Path(d), Path(state_dir), None, job_argv, job_cwd, write_manifests=False)
-    rows = svc.quicklist()
-    if json_out:
-        out.write(json.dumps([r.to_json() for r in rows], indent=2) + "\n")
-    else:
-        from .quicklist import render_table
-
-        out.write(render_table(rows) + "\n")
-    return 0

@@ -11,7 +11,9 @@ import torch
 
 from supervisor.checkpoints.config import CheckpointsConfig
 from supervisor.checkpoints.manifest import manifest_path
-from supervisor.checkpoints.service import CheckpointService, cli_checkpoints
+from supervisor.checkpoints.inprogress import in_progress
+from supervisor.checkpoints.service import CheckpointService
+from supervisor.cli.verbs import checkpoints_verb
 from supervisor.client._checkpoint import save_checkpoint
 from tests.helpers import ckpt_factory as F
 
@@ -105,20 +107,22 @@ def test_newest_complete_and_megatron_in_progress(tmp_path: Path) -> None:
     svc = make(tmp_path, NO_LOAD)
     n = svc.newest_complete()
     assert n is not None and n.step == 1000
+    [writing] = in_progress(ck)
+    assert writing.path.name == "iter_0002000" and "names iteration 1000" in writing.reason
 
 
 def test_cli_json_and_table(tmp_path: Path) -> None:
     saved(tmp_path, 100)
     F.torch_file(tmp_path / "ck" / "step_200.pt", 200)  # no manifest: the CLI writes none
     out = io.StringIO()
-    assert cli_checkpoints(tmp_path / "ck", NO_LOAD, True, tmp_path / "state", out=out) == 0
+    assert checkpoints_verb(tmp_path / "ck", NO_LOAD, True, tmp_path / "state", out=out, err=io.StringIO()) == 0
     rows = json.loads(out.getvalue())
     assert [r["step"] for r in rows] == [200, 100] and all(r["ready"] for r in rows)
     assert rows[0]["sha256_ok"] is None and not manifest_path(tmp_path / "ck" / "step_200.pt").exists()
     out2 = io.StringIO()
-    assert cli_checkpoints(tmp_path / "ck", NO_LOAD, False, tmp_path / "state", out=out2) == 0
+    assert checkpoints_verb(tmp_path / "ck", NO_LOAD, False, tmp_path / "state", out=out2, err=io.StringIO()) == 0
     assert "step_100.pt" in out2.getvalue() and "ready" in out2.getvalue()
-    assert cli_checkpoints(tmp_path / "nope", CFG, True, tmp_path / "state", out=io.StringIO()) == 2
+    assert checkpoints_verb(tmp_path / "nope", CFG, True, tmp_path / "state", out=io.StringIO(), err=io.StringIO()) == 2
 
 
 def test_a_single_overwritten_file_never_reports_the_step_of_an_earlier_version(tmp_path: Path) -> None:

@@ -1,12 +1,19 @@
-"""Tiny real checkpoints in every layout discovery knows (tests only; imports torch)."""
+"""Tiny real checkpoints in every layout discovery knows (tests only; imports torch).
+
+``LAYOUT_CASES`` has one maker per layout in ``supervisor/checkpoints/layouts/registry.py``
+(tests/checkpoints/test_checkpoint_layouts.py checks that it covers every spec): a new layout
+adds its maker there.
+"""
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
+
+from supervisor.checkpoints.layouts.spec import Layout
 
 
 def state(step: int, *, nan: bool = False) -> dict[str, Any]:
@@ -89,6 +96,29 @@ def megatron_folder(folder: Path, it: int, *, tracker: bool = True) -> Path:
         (folder / "latest_checkpointed_iteration.txt").write_text(str(it))
     old_mtime(d.parent)
     return d.parent
+
+
+def deepspeed_folder(folder: Path, step: int) -> Path:
+    d = folder / f"global_step{step}"
+    d.mkdir(parents=True)
+    torch.save({"module": {"w": torch.ones(2)}, "global_steps": step}, d / "mp_rank_00_model_states.pt")
+    torch.save({"optimizer_state_dict": {"state": {}}}, d / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    old_mtime(d)
+    return d
+
+
+# One complete, loadable checkpoint of each layout at ``step`` in ``folder``; the returned path is
+# what discovery lists. The single overwritten file says its step only inside (iter_num).
+LAYOUT_CASES: Mapping[Layout, Callable[[Path, int], Path]] = {
+    Layout.FILE: lambda folder, step: torch_file(folder / f"step_{step}.pt", step),
+    Layout.SINGLE: nanogpt,
+    Layout.LIGHTNING: lambda folder, step: lightning(folder, 0, step),
+    Layout.SAFETENSORS: lambda folder, step: safetensors_file(folder / f"model_{step}.safetensors"),
+    Layout.HF: hf_folder,
+    Layout.DCP: dcp_folder,
+    Layout.MEGATRON: megatron_folder,
+    Layout.DEEPSPEED: deepspeed_folder,
+}
 
 
 def malicious(path: Path, marker: Path) -> Path:
