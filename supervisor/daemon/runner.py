@@ -361,7 +361,7 @@ class Runner:
         self._drain_queue()
         if self.state is State.STOPPING:  # a detection arrived and started a stop
             return
-        if False and self.metrics_buf and now - (self.exit_seen_at or now) < EXIT_DRAIN_S:
+        if self.metrics_buf and now - (self.exit_seen_at or now) < EXIT_DRAIN_S:
             # The attempt's last records first: whether it made progress (no backoff) and its
             # last step; kept a chunk per turn, the next turn comes at once while any are left.
             return
