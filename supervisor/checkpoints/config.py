@@ -31,6 +31,9 @@ class CheckpointsConfig:
         check=_valid_regex))
     settle_s: float = field(default=2.0, metadata=meta(
         "a checkpoint whose size/mtime changed within this many seconds is still being written", min=0))
+    follow_symlinks_out: bool = field(default=False, metadata=meta(
+        "follow a symlink in dir that leads outside it (off: such an entry is not a checkpoint, so nothing "
+        "outside dir is hashed, load-tested, moved or handed to the job)"))
     # Manifests and integrity
     write_manifests: bool = field(default=True, metadata=meta(
         "write a manifest (origin=supervisor) beside checkpoints that come without one"))

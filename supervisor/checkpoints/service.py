@@ -59,7 +59,7 @@ class CheckpointService:
         self.remedy_keys = tuple(remedy_keys)
         self.write_manifests = cfg.write_manifests if write_manifests is None else write_manifests
         self.discovery = Discovery(self.dir, glob=cfg.glob, step_regex=cfg.step_regex, settle_s=cfg.settle_s,
-                                   clock=clock)
+                                   clock=clock, follow_symlinks_out=cfg.follow_symlinks_out)
         self.digests = DigestCache(self.state_dir / "checkpoint_digests.json" if self.state_dir.is_dir() else None)
         self.book = CheckpointBook(self.state_dir, bad_after_same_cause=cfg.bad_after_same_cause)
         self._lock = threading.RLock()
