@@ -1,4 +1,5 @@
-"""The command line: parsing and the daemon's start (:mod:`.main`), the verbs that ask a running
-daemon or read a state dir (:mod:`.verbs`), and the start-up refusal to run beside supervisord's
-package of the same import name (:mod:`.installcheck`).
+"""The command line: the verbs and their flags (:mod:`.parser`), each verb's command and the
+daemon's start (:mod:`.main`), the verbs that ask a running daemon or read a state dir
+(:mod:`.verbs`), what they print for people (:mod:`.render`), and the start-up refusal to run
+beside supervisord's package of the same import name (:mod:`.installcheck`).
 """

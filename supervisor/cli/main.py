@@ -1,4 +1,5 @@
-"""Command line: ``transformer-supervisor <verb>`` (also ``python -m supervisor``)."""
+"""Command line: ``transformer-supervisor <verb>`` (also ``python -m supervisor``): each verb's
+command function and the daemon's start (the verbs' flags are in :mod:`.parser`)."""
 
 from __future__ import annotations
 
@@ -9,159 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-# Nothing from the package at import time but the install check (stdlib only): when supervisord's
-# `supervisor` package was installed over ours, `from . import __version__` is what fails, and
-# main() must first say why (supervisor.cli.installcheck).
+# Nothing from the package at import time but the install check and the parser (stdlib only):
+# when supervisord's `supervisor` package was installed over ours, `from . import __version__` is
+# what fails, and main() must first say why (supervisor.cli.installcheck).
 from .installcheck import refuse_foreign
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GAVE_UP = 0, 1, 2, 3
-EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
-
-EXIT_CODES = """\
-exit status:
-  0    run/wrap: the job finished, or was stopped on request (`stop`) after a graceful stop;
-       other verbs: done
-  1    a client verb failed: no daemon runs for that state dir, the request was refused, a
-       --wait timed out
-  2    bad usage or config (every problem printed with its key path), or supervisord's
-       `supervisor` package in this environment (see README: installs); run/wrap: another
-       daemon (its pid named) already holds the state dir, the state dir is another user's, or
-       its ledger is corrupt or was written by a newer version
-  3    run/wrap: gave up (restart budget spent, no progress, a fault that needs a human; the last
-       log line says why); restart --wait: the daemon gave up instead of restarting
-  143  run/wrap: stopped by SIGTERM before the job finished (a scheduler's time limit, preemption
-       or eviction, `systemctl stop`): requeue it
-  130  run/wrap: the same for SIGINT (Ctrl-C); client verbs: interrupted
-  141  stdout was closed early (`history --json | head`): the output was cut, quietly"""
-
-WRAP_EPILOG = """\
-Flags override the same keys of --config (every key: config.example.toml).
-Example:
-  transformer-supervisor wrap --max-restarts 5 --checkpoint-dir ckpt \\
-      --resume-arg=--resume={checkpoint} -- torchrun --nproc-per-node=8 --max-restarts=0 train.py
-
-""" + EXIT_CODES
-
-
-def _add_locator(p: argparse.ArgumentParser) -> None:
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--state-dir", help="the run's state dir (ledger, control socket)")
-    g.add_argument("--config", help="the run's config file (its state dir is used)")
-
-
-def _parser() -> argparse.ArgumentParser:
-    from .. import __version__
-
-    ap = argparse.ArgumentParser(prog="transformer-supervisor",
-                                 description="Supervise a training job: detect failures, reboot it under control.",
-                                 epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--version", action="version", version=f"transformer-supervisor {__version__}")
-    ap.add_argument("--log-format", choices=("auto", "console", "logfmt", "json"), default=None,
-                    help="the daemon's own event lines on stderr (default: config log.format)")
-    sub = ap.add_subparsers(dest="verb", metavar="VERB")
-    sub.required = True
-
-    p = sub.add_parser("run", help="the daemon in the foreground (systemd's ExecStart)",
-                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="the run's config file (TOML; check it with check-config)")
-
-    p = sub.add_parser("wrap", help="supervise any command: wrap [options] -- CMD ARGS...",
-                       description="Supervise CMD: the daemon in the foreground, configured by flags.",
-                       epilog=WRAP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", metavar="PATH", help="a config file to start from; the flags override its keys")
-    p.add_argument("--name", help="the run's name ([job] name): names the state dir ./.tsup/NAME (default: job)")
-    p.add_argument("--state-dir", metavar="DIR", help="ledger, control socket, heartbeats ([state] dir; "
-                                                      "default ./.tsup/NAME)")
-    p.add_argument("--checkpoint-dir", metavar="DIR", help="where the job writes its checkpoints ([checkpoints] "
-                                                           "dir): verified before every resume")
-    p.add_argument("--log-file", metavar="PATH", help="also append the job's output to this file ([job] log_file)")
-    p.add_argument("--max-restarts", metavar="N", help="restarts allowed within the restart window before "
-                                                       "giving up with exit 3 ([policy] max_restarts)")
-    p.add_argument("--heartbeat-timeout", metavar="SECONDS",
-                   help="hang timeout ([heartbeat] timeout_s): a rank's heartbeat older than this, or, for a "
-                        "job without the client, no new step and no output line for this long "
-                        "(default: learned from the job's rhythm)")
-    p.add_argument("--shutdown", metavar="MODE", help="how the job is stopped ([shutdown] mode): graceful (stop "
-                                                      "signal, wait --grace, SIGKILL), hybrid (emergency "
-                                                      "checkpoint first) or forced (SIGKILL)")
-    p.add_argument("--grace", metavar="SECONDS", help="how long the job may take to flush and exit after the "
-                                                      "stop signal ([shutdown] grace_s, default 120)")
-    p.add_argument("--resume-arg", action="append", default=None, metavar="ARG",
-                   help="appended when resuming; {checkpoint} is replaced (repeatable)")
-    p.add_argument("--backoff", metavar="SECONDS", help="first delay before relaunching an attempt that failed without progress (policy.backoff_initial_s; one that made progress relaunches at once)")
-    p.add_argument("--shell", action="store_true", help="run CMD as one string through /bin/sh -c")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...: the job's launch command")
-
-    p = sub.add_parser("status", help="ask the running daemon for its state")
-    _add_locator(p)
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser("restart", help="controlled reboot now")
-    _add_locator(p)
-    p.add_argument("--reason", default="operator request", help="recorded in the ledger and the journal")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--from", dest="from_ckpt", metavar="CKPT", help="resume from this checkpoint (verified first)")
-    g.add_argument("--rollback", action="store_true", help="restart as a rollback: no emergency checkpoint of the current (suspect) state first")
-    p.add_argument("--force", action="store_true",
-                   help="with --from: use the checkpoint even when its checks fail (missing, corrupt, needs pickled code)")
-    _add_wait(p, "until the new attempt is launched")
-
-    p = sub.add_parser("checkpoint-now", help="ask the job for an emergency checkpoint")
-    _add_locator(p)
-    p.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
-
-    p = sub.add_parser("stop", help="graceful stop of the job, then the daemon exits 0")
-    _add_locator(p)
-    _add_wait(p, "until the daemon has exited (the job stopped, its checkpoint flushed)")
-
-    p = sub.add_parser("reload", help="reload the daemon's config (same as SIGHUP)")
-    _add_locator(p)
-    p.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
-
-    p = sub.add_parser("checkpoints", help="the readiness quicklist for every checkpoint found, and the ones "
-                                           "still being written")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--config")
-    g.add_argument("--checkpoint-dir")
-    p.add_argument("--state-dir", help="where the hash cache lives (default: the config's state dir)")
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser("history", help="the run ledger")
-    _add_locator(p)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--run", help="a run id (default: the newest)")
-
-    p = sub.add_parser("check-config", help="validate a config file")
-    p.add_argument("path")
-
-    p = sub.add_parser("demo", help="a tiny GPT trained under supervision, with injected faults")
-    p.add_argument("--faults", default=None, help="comma list (default: nan,hang,crash,oom,corrupt_ckpt); "
-                                                  "'none' for a clean run")
-    p.add_argument("--out", default="demo-out", help="where the demo writes its run, checkpoints and report")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--show-job-output", action="store_true",
-                   help="pass the job's own output through too (it is always in OUT/job.log)")
-
-    p = sub.add_parser("report", help="write the HTML report of a run")
-    _add_locator(p)
-    p.add_argument("--out", help="output folder (default: <state dir>/report)")
-    p.add_argument("--run", help="a run id (default: the newest)")
-
-    from ..ops import units
-
-    p = sub.add_parser("install-units", help="install the systemd units, the example config and the env file "
-                                             "from this installed package (--print: show them)",
-                       description=units.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    units.add_arguments(p)
-    return ap
-
-
-def _add_wait(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--wait", action="store_true", help=f"wait {what}; exit 1 if it does not happen in --timeout")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
-                   help="how long --wait waits (default 600)")
-    p.add_argument("--json", action="store_true", help="print the daemon's answer (and the wait's outcome) as JSON")
+from .parser import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser
 
 
 def _die_usage(msg: str) -> int:
@@ -342,7 +195,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(res, indent=2, sort_keys=True))
     else:
-        from .verbs import render_status
+        from .render import render_status
 
         print(render_status(res))
     return EXIT_OK
@@ -371,34 +224,10 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(h, indent=2, default=str))
         return EXIT_OK
+    from .render import render_history
+
     print(render_history(h))
     return EXIT_OK
-
-
-def render_history(h: dict[str, Any]) -> str:
-    if h.get("run_id") is None:
-        return "no runs recorded in this state dir yet"
-    lines = [f"run {h['run_id']}  ({h.get('name')}; state {h.get('state')}"
-             + (f", exit {h['exit_code']}" if h.get("exit_code") is not None else "") + ")"]
-    if h.get("reason"):
-        lines.append(f"  {h['reason']}")
-    lines.append("")
-    hdr = f"{'#':>3}  {'started (UTC)':<23}  {'ended':<12}  {'exit':<9}  {'cause':<22}  {'action':<9}  checkpoint"
-    lines.append(hdr)
-    lines.append("-" * len(hdr))
-    for a in h["attempts"]:
-        ex = (str(a["exit_code"]) if a["exit_code"] is not None else (a["signal"] or "-"))
-        ended = (a["ended_at"] or "running")[11:23] if a["ended_at"] else "running"
-        lines.append(f"{a['attempt']:>3}  {(a['started_at'] or '')[:23]:<23}  {ended:<12}  {ex:<9}  "
-                     f"{(a['cause'] or '-'):<22}  {(a['action'] or '-'):<9}  {a['checkpoint'] or '-'}")
-        if a.get("summary"):
-            lines.append(f"     {a['summary']}")
-        v = a.get("validation")
-        if v:
-            lines.append(f"     validation: {v.get('verdict', v)}")
-        if a.get("remedies"):
-            lines.append(f"     remedies: {json.dumps(a['remedies'])}")
-    return "\n".join(lines)
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
@@ -483,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = _parser()
+    ap = build_parser()
     # `wrap ... -- CMD`: argparse would try to parse CMD's own flags; split at the first "--".
     if argv and "wrap" in argv and "--" in argv:
         i = argv.index("--")

@@ -1,6 +1,6 @@
 """The client verbs' work for ``supervisor.cli.main``: ``stop``/``restart`` with ``--wait`` and
-``--json``, ``status`` with times people read, ``checkpoints`` with the ones still being written
-and hashing progress. Nothing here imports the daemon."""
+``--json``, ``checkpoints`` with the ones still being written and hashing progress. Nothing here
+imports the daemon."""
 
 from __future__ import annotations
 
@@ -12,62 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
 from ..humanize import duration, size
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GAVE_UP = 0, 1, 2, 3
-
-
-# -- times people can read --------------------------------------------------------------------
-
-def clock(t: float, now: float | None = None) -> str:
-    """A wall time in local time: ``14:02:11 CET`` today, ``2026-12-01 14:02 CET`` otherwise."""
-    now = time.time() if now is None else now
-    lt = time.localtime(t)
-    if time.strftime("%Y-%m-%d", lt) == time.strftime("%Y-%m-%d", time.localtime(now)):
-        return time.strftime("%H:%M:%S %Z", lt)
-    return time.strftime("%Y-%m-%d %H:%M %Z", lt)
-
-
-def ago(seconds: float, now: float | None = None) -> str:
-    now = time.time() if now is None else now
-    return f"{duration(seconds)} ago, at {clock(now - seconds, now)}"
-
-
-def humane_status(result: Mapping[str, Any], now: float | None = None) -> dict[str, Any]:
-    """The ``status`` result with its times said for people (the table renders it): ages and
-    unix times become "4 min 05 s ago, at 14:02:11 CET", countdowns "in 3.0 s, at ..."."""
-    now = time.time() if now is None else now
-    out: dict[str, Any] = dict(result)
-    lm = out.get("last_metric")
-    if isinstance(lm, Mapping):
-        age = lm.get("age_s")
-        if age is None and isinstance(lm.get("at"), (int, float)):
-            age = max(0.0, now - float(lm["at"]))
-        keep = {k: v for k, v in lm.items() if k not in ("at", "fmt", "source", "age_s")}
-        out["last_metric"] = {**keep, **({"age_s": age} if age is not None else {})}
-    since = out.pop("seconds_since_last_good_checkpoint", None)
-    newest = out.pop("newest_checkpoint", None)
-    if isinstance(since, (int, float)):
-        out["newest_good_checkpoint"] = (f"{newest}  " if newest else "") + f"(saved {ago(float(since), now)})"
-    elif newest:
-        out["newest_good_checkpoint"] = str(newest)
-    wait = out.pop("restart_in_s", None)
-    if isinstance(wait, (int, float)):
-        out["restart_in"] = f"{duration(float(wait))}, at {clock(now + float(wait), now)}"
-    gd = out.get("goodput_detail")
-    if isinstance(gd, Mapping):
-        lost = gd.get("lost_by_cause")
-        if isinstance(lost, Mapping) and lost:
-            out["lost_time"] = ", ".join(f"{k} {duration(float(v))}" for k, v in
-                                         sorted(lost.items(), key=lambda kv: -float(kv[1] or 0)) if v)
-        if isinstance(gd.get("total_s"), (int, float)):
-            out["supervised_for"] = duration(float(gd["total_s"]))
-    return out
-
-
-def render_status(result: Mapping[str, Any]) -> str:
-    from ..ops.control import render_status as table
-
-    return table(humane_status(result))
+from .parser import EXIT_FAILED, EXIT_GAVE_UP, EXIT_OK, EXIT_USAGE
 
 
 # -- stop / restart / checkpoint-now / reload -------------------------------------------------

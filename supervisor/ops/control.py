@@ -35,7 +35,6 @@ from typing import Any
 import structlog
 
 from ..errors import SupervisorError
-from ..humanize import size
 
 log = structlog.get_logger("supervisor.ops")
 
@@ -382,88 +381,3 @@ def request(state_dir: str | os.PathLike[str], verb: str, args: Mapping[str, Any
         return reply.get("result")
     err = reply.get("error") or {}
     raise ControlError(str(err.get("code", "error")), str(err.get("message", "the daemon refused the request")))
-
-
-# -- rendering for the CLI ----------------------------------------------------------------------
-
-def _age(seconds: Any) -> str:
-    try:
-        s = float(seconds)
-    except (TypeError, ValueError):
-        return str(seconds)
-    if s < 120:
-        return f"{s:.1f}s"
-    if s < 7200:
-        return f"{s / 60:.1f}m"
-    return f"{s / 3600:.1f}h"
-
-
-def _num(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def _gpu_line(g: Any) -> str:
-    if not isinstance(g, Mapping):
-        return str(g)
-    idx = g.get("index", g.get("gpu", "?"))
-    used = g.get("memory_used_bytes", g.get("memory_used"))
-    total = g.get("memory_total_bytes", g.get("memory_total"))
-    parts = [f"gpu{idx}"]
-    if used is not None:
-        parts.append(size(used) + (f" / {size(total)}" if total is not None else ""))
-    for k in ("utilization", "temperature_c", "health"):
-        if g.get(k) is not None:
-            parts.append(f"{k}={_num(g[k])}")
-    return "  ".join(parts)
-
-
-def render_status(result: Mapping[str, Any]) -> str:
-    """A readable table of the ``status`` verb's result; renders whichever keys are present."""
-    rows: list[tuple[str, str]] = []
-    shown = set()
-
-    def row(label: str, key: str, fmt: Callable[[Any], str] = _num) -> None:
-        shown.add(key)
-        if key in result and result[key] is not None:
-            rows.append((label, fmt(result[key])))
-
-    row("state", "state")
-    row("run id", "run_id")
-    row("attempt", "attempt")
-    row("pids", "pids", lambda v: " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v))
-    shown.add("restarts_by_cause")
-    rbc = result.get("restarts_by_cause")
-    if isinstance(rbc, Mapping):
-        total = sum(int(v) for v in rbc.values() if isinstance(v, (int, float)))
-        detail = ", ".join(f"{k} {v}" for k, v in sorted(rbc.items()) if v)
-        rows.append(("restarts", f"{total}" + (f" ({detail})" if detail else "")))
-    shown.add("last_metric")
-    lm = result.get("last_metric")
-    if isinstance(lm, Mapping):
-        text = "  ".join(f"{k}={_num(v)}" for k, v in lm.items() if v is not None and k != "age_s")
-        if lm.get("age_s") is not None:
-            text += f"  ({_age(lm['age_s'])} ago)"
-        rows.append(("last step", text))
-    elif "last_metric" in result:
-        rows.append(("last step", "(no metric seen yet)"))
-    shown.add("heartbeats")
-    hb = result.get("heartbeats")
-    if isinstance(hb, Mapping):
-        rows.append(("heartbeats", "  ".join(f"rank{k} {_age(v)} ago" for k, v in sorted(hb.items(), key=lambda kv: str(kv[0]).zfill(6)))
-                     or "(none yet)"))
-    shown.add("gpus")
-    gpus = result.get("gpus")
-    if isinstance(gpus, (list, tuple)):
-        for i, g in enumerate(gpus):
-            rows.append(("gpus" if i == 0 else "", _gpu_line(g)))
-    row("checkpoint", "checkpoint")
-    if "checkpoint" in result and result["checkpoint"] is None:
-        rows.append(("checkpoint", "(none yet)"))
-    row("goodput", "goodput", lambda v: f"{float(v) * 100:.1f} %" if isinstance(v, (int, float)) else str(v))
-    for key, value in result.items():  # anything newer than this renderer
-        if key not in shown and value is not None and not isinstance(value, (Mapping, list)):
-            rows.append((key.replace("_", " "), _num(value)))
-    width = max((len(label) for label, _ in rows), default=0)
-    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

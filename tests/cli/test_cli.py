@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cli import main as cli, verbs as cliverbs
+from supervisor.cli import main as cli, render, verbs as cliverbs
+from supervisor.cli.parser import build_parser
+from supervisor.cli.render import status_table
+from supervisor.humanize import duration
 from supervisor.ledger.store import Ledger
 from tests.conftest import ROOT, helper
 from tests.util import wait_for
@@ -23,7 +26,7 @@ TSUP = [sys.executable, "-m", "supervisor"]
 
 
 def _sub(name: str) -> argparse.ArgumentParser:
-    ap = cli._parser()
+    ap = build_parser()
     sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
     return sub.choices[name]
 
@@ -117,7 +120,7 @@ def test_stop_and_restart_wait_against_a_real_daemon(daemons, tmp_path: Path):
 
 def test_humane_status_times():
     now = 1_800_000_000.0
-    st = cliverbs.humane_status({"state": "backoff", "restart_in_s": 3.0, "seconds_since_last_good_checkpoint": 245.0,
+    st = render.humane_status({"state": "backoff", "restart_in_s": 3.0, "seconds_since_last_good_checkpoint": 245.0,
                                  "newest_checkpoint": "/c/step_100.pt",
                                  "last_metric": {"step": 5, "loss": 1.5, "at": now - 2, "fmt": "json",
                                                  "source": "stdout", "age_s": 2.0},
@@ -128,7 +131,7 @@ def test_humane_status_times():
     assert st["last_metric"] == {"step": 5, "loss": 1.5, "age_s": 2.0}
     assert st["lost_time"] == "crash 1 min 05 s, startup 4.0 s" and st["supervised_for"] == "2 h 01 min"
     assert "seconds_since_last_good_checkpoint" not in st and "restart_in_s" not in st
-    assert cliverbs.duration(3 * 86400 + 7200) == "3 d 02 h"
+    assert duration(3 * 86400 + 7200) == "3 d 02 h"
 
 
 def _save(path: Path, mb: int) -> None:
@@ -189,3 +192,26 @@ def test_hash_progress_on_a_terminal():
     text = out.getvalue()
     assert "\rhashing step_1.pt: 100 B of 200 B (50 %)" in text
     assert text.endswith("\r") and "small.pt" not in text
+
+
+def test_render_status_table():
+    text = status_table({
+        "state": "running", "run_id": "gpt-small-1", "attempt": 3, "pids": [101, 102],
+        "restarts_by_cause": {"nan": 2, "oom": 1, "crash": 0},
+        "last_metric": {"step": 1200, "loss": 2.3456789, "grad_norm": None, "age_s": 3.0},
+        "heartbeats": {"0": 1.25, "1": 300.0},
+        "gpus": [{"index": 0, "memory_used_bytes": 3 * 1024**3, "memory_total_bytes": 80 * 1024**3}],
+        "checkpoint": "/ckpt/step_1000.pt", "goodput": 0.934, "uptime_s": 42,
+    })
+    lines = dict((ln[:12].strip(), ln[12:].strip()) for ln in text.splitlines())
+    assert lines["state"] == "running"
+    assert lines["attempt"] == "3"
+    assert lines["pids"] == "101 102"
+    assert lines["restarts"] == "3 (nan 2, oom 1)"
+    assert lines["last step"] == "step=1200  loss=2.346  (3.0s ago)"
+    assert lines["heartbeats"] == "rank0 1.2s ago  rank1 5.0m ago"
+    assert lines["gpus"] == "gpu0  3.0 GiB / 80.0 GiB"
+    assert lines["goodput"] == "93.4 %"
+    assert lines["uptime s"] == "42"
+    assert status_table({"state": "starting", "last_metric": None}).splitlines()[-1].endswith("(no metric seen yet)")
+    assert status_table({"checkpoint": None}) == "checkpoint  (none yet)"

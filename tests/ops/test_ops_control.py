@@ -16,7 +16,7 @@ import pytest
 
 from supervisor.ops import control
 from supervisor.ops.control import (ControlError, ControlServer, DaemonNotRunning, SocketInUse,
-                                    parse_request, peer_allowed, render_status, request, socket_path)
+                                    parse_request, peer_allowed, request, socket_path)
 from tests.util import wait_for
 
 
@@ -262,29 +262,6 @@ def test_no_fd_leak(server):
 
 def test_parse_request_drops_null_args():
     assert parse_request(b'{"verb": "restart", "args": {"from": null, "reason": "x"}}') == ("restart", {"reason": "x"})
-
-
-def test_render_status_table():
-    text = render_status({
-        "state": "running", "run_id": "gpt-small-1", "attempt": 3, "pids": [101, 102],
-        "restarts_by_cause": {"nan": 2, "oom": 1, "crash": 0},
-        "last_metric": {"step": 1200, "loss": 2.3456789, "grad_norm": None, "age_s": 3.0},
-        "heartbeats": {"0": 1.25, "1": 300.0},
-        "gpus": [{"index": 0, "memory_used_bytes": 3 * 1024**3, "memory_total_bytes": 80 * 1024**3}],
-        "checkpoint": "/ckpt/step_1000.pt", "goodput": 0.934, "uptime_s": 42,
-    })
-    lines = dict((ln[:12].strip(), ln[12:].strip()) for ln in text.splitlines())
-    assert lines["state"] == "running"
-    assert lines["attempt"] == "3"
-    assert lines["pids"] == "101 102"
-    assert lines["restarts"] == "3 (nan 2, oom 1)"
-    assert lines["last step"] == "step=1200  loss=2.346  (3.0s ago)"
-    assert lines["heartbeats"] == "rank0 1.2s ago  rank1 5.0m ago"
-    assert lines["gpus"] == "gpu0  3.0 GiB / 80.0 GiB"
-    assert lines["goodput"] == "93.4 %"
-    assert lines["uptime s"] == "42"
-    assert render_status({"state": "starting", "last_metric": None}).splitlines()[-1].endswith("(no metric seen yet)")
-    assert render_status({"checkpoint": None}) == "checkpoint  (none yet)"
 
 
 def test_too_many_connections_get_busy_and_slots_come_back(tmp_path: Path):

@@ -1,0 +1,172 @@
+"""What the client verbs print for people: the ``status`` table (times said as "4 min 05 s ago,
+at 14:02:11 CET"), and the ``history`` table of a run's attempts."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable, Mapping
+
+from ..humanize import duration, size
+
+
+# -- times people can read --------------------------------------------------------------------
+
+def clock(t: float, now: float | None = None) -> str:
+    """A wall time in local time: ``14:02:11 CET`` today, ``2026-12-01 14:02 CET`` otherwise."""
+    now = time.time() if now is None else now
+    lt = time.localtime(t)
+    if time.strftime("%Y-%m-%d", lt) == time.strftime("%Y-%m-%d", time.localtime(now)):
+        return time.strftime("%H:%M:%S %Z", lt)
+    return time.strftime("%Y-%m-%d %H:%M %Z", lt)
+
+
+def ago(seconds: float, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    return f"{duration(seconds)} ago, at {clock(now - seconds, now)}"
+
+
+def humane_status(result: Mapping[str, Any], now: float | None = None) -> dict[str, Any]:
+    """The ``status`` result with its times said for people (the table renders it): ages and
+    unix times become "4 min 05 s ago, at 14:02:11 CET", countdowns "in 3.0 s, at ..."."""
+    now = time.time() if now is None else now
+    out: dict[str, Any] = dict(result)
+    lm = out.get("last_metric")
+    if isinstance(lm, Mapping):
+        age = lm.get("age_s")
+        if age is None and isinstance(lm.get("at"), (int, float)):
+            age = max(0.0, now - float(lm["at"]))
+        keep = {k: v for k, v in lm.items() if k not in ("at", "fmt", "source", "age_s")}
+        out["last_metric"] = {**keep, **({"age_s": age} if age is not None else {})}
+    since = out.pop("seconds_since_last_good_checkpoint", None)
+    newest = out.pop("newest_checkpoint", None)
+    if isinstance(since, (int, float)):
+        out["newest_good_checkpoint"] = (f"{newest}  " if newest else "") + f"(saved {ago(float(since), now)})"
+    elif newest:
+        out["newest_good_checkpoint"] = str(newest)
+    wait = out.pop("restart_in_s", None)
+    if isinstance(wait, (int, float)):
+        out["restart_in"] = f"{duration(float(wait))}, at {clock(now + float(wait), now)}"
+    gd = out.get("goodput_detail")
+    if isinstance(gd, Mapping):
+        lost = gd.get("lost_by_cause")
+        if isinstance(lost, Mapping) and lost:
+            out["lost_time"] = ", ".join(f"{k} {duration(float(v))}" for k, v in
+                                         sorted(lost.items(), key=lambda kv: -float(kv[1] or 0)) if v)
+        if isinstance(gd.get("total_s"), (int, float)):
+            out["supervised_for"] = duration(float(gd["total_s"]))
+    return out
+
+
+def render_status(result: Mapping[str, Any]) -> str:
+    """The ``status`` verb's table, its times said for people."""
+    return status_table(humane_status(result))
+
+
+def age_text(seconds: Any) -> str:
+    try:
+        s = float(seconds)
+    except (TypeError, ValueError):
+        return str(seconds)
+    if s < 120:
+        return f"{s:.1f}s"
+    if s < 7200:
+        return f"{s / 60:.1f}m"
+    return f"{s / 3600:.1f}h"
+
+
+def num_text(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def gpu_line(g: Any) -> str:
+    if not isinstance(g, Mapping):
+        return str(g)
+    idx = g.get("index", g.get("gpu", "?"))
+    used = g.get("memory_used_bytes", g.get("memory_used"))
+    total = g.get("memory_total_bytes", g.get("memory_total"))
+    parts = [f"gpu{idx}"]
+    if used is not None:
+        parts.append(size(used) + (f" / {size(total)}" if total is not None else ""))
+    for k in ("utilization", "temperature_c", "health"):
+        if g.get(k) is not None:
+            parts.append(f"{k}={num_text(g[k])}")
+    return "  ".join(parts)
+
+
+def status_table(result: Mapping[str, Any]) -> str:
+    """A readable table of the ``status`` verb's result; renders whichever keys are present."""
+    rows: list[tuple[str, str]] = []
+    shown = set()
+
+    def row(label: str, key: str, fmt: Callable[[Any], str] = num_text) -> None:
+        shown.add(key)
+        if key in result and result[key] is not None:
+            rows.append((label, fmt(result[key])))
+
+    row("state", "state")
+    row("run id", "run_id")
+    row("attempt", "attempt")
+    row("pids", "pids", lambda v: " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v))
+    shown.add("restarts_by_cause")
+    rbc = result.get("restarts_by_cause")
+    if isinstance(rbc, Mapping):
+        total = sum(int(v) for v in rbc.values() if isinstance(v, (int, float)))
+        detail = ", ".join(f"{k} {v}" for k, v in sorted(rbc.items()) if v)
+        rows.append(("restarts", f"{total}" + (f" ({detail})" if detail else "")))
+    shown.add("last_metric")
+    lm = result.get("last_metric")
+    if isinstance(lm, Mapping):
+        text = "  ".join(f"{k}={num_text(v)}" for k, v in lm.items() if v is not None and k != "age_s")
+        if lm.get("age_s") is not None:
+            text += f"  ({age_text(lm['age_s'])} ago)"
+        rows.append(("last step", text))
+    elif "last_metric" in result:
+        rows.append(("last step", "(no metric seen yet)"))
+    shown.add("heartbeats")
+    hb = result.get("heartbeats")
+    if isinstance(hb, Mapping):
+        rows.append(("heartbeats", "  ".join(f"rank{k} {age_text(v)} ago" for k, v in sorted(hb.items(), key=lambda kv: str(kv[0]).zfill(6)))
+                     or "(none yet)"))
+    shown.add("gpus")
+    gpus = result.get("gpus")
+    if isinstance(gpus, (list, tuple)):
+        for i, g in enumerate(gpus):
+            rows.append(("gpus" if i == 0 else "", gpu_line(g)))
+    row("checkpoint", "checkpoint")
+    if "checkpoint" in result and result["checkpoint"] is None:
+        rows.append(("checkpoint", "(none yet)"))
+    row("goodput", "goodput", lambda v: f"{float(v) * 100:.1f} %" if isinstance(v, (int, float)) else str(v))
+    for key, value in result.items():  # anything newer than this renderer
+        if key not in shown and value is not None and not isinstance(value, (Mapping, list)):
+            rows.append((key.replace("_", " "), num_text(value)))
+    width = max((len(label) for label, _ in rows), default=0)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def render_history(h: dict[str, Any]) -> str:
+    if h.get("run_id") is None:
+        return "no runs recorded in this state dir yet"
+    lines = [f"run {h['run_id']}  ({h.get('name')}; state {h.get('state')}"
+             + (f", exit {h['exit_code']}" if h.get("exit_code") is not None else "") + ")"]
+    if h.get("reason"):
+        lines.append(f"  {h['reason']}")
+    lines.append("")
+    hdr = f"{'#':>3}  {'started (UTC)':<23}  {'ended':<12}  {'exit':<9}  {'cause':<22}  {'action':<9}  checkpoint"
+    lines.append(hdr)
+    lines.append("-" * len(hdr))
+    for a in h["attempts"]:
+        ex = (str(a["exit_code"]) if a["exit_code"] is not None else (a["signal"] or "-"))
+        ended = (a["ended_at"] or "running")[11:23] if a["ended_at"] else "running"
+        lines.append(f"{a['attempt']:>3}  {(a['started_at'] or '')[:23]:<23}  {ended:<12}  {ex:<9}  "
+                     f"{(a['cause'] or '-'):<22}  {(a['action'] or '-'):<9}  {a['checkpoint'] or '-'}")
+        if a.get("summary"):
+            lines.append(f"     {a['summary']}")
+        v = a.get("validation")
+        if v:
+            lines.append(f"     validation: {v.get('verdict', v)}")
+        if a.get("remedies"):
+            lines.append(f"     remedies: {json.dumps(a['remedies'])}")
+    return "\n".join(lines)
