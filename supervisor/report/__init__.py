@@ -1,3 +1,4 @@
-"""The run report: the ledger collected into a :class:`~.page.ReportData` (:mod:`.collect`), written
-as one self-contained HTML page with the loss curve (:mod:`.page`).
+"""The run report: the ledger collected into a :class:`~.data.ReportData` (:mod:`.collect`), the
+restart markers worked out from it (:mod:`.data`), the loss curve drawn as a PNG (:mod:`.plot`)
+and the self-contained HTML page written with it (:mod:`.page`).
 """

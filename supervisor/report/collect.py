@@ -49,7 +49,8 @@ def _checkpoint_rows(led: Ledger, run_id: str, state_dir: Path) -> list[dict[str
 
 def write_run_report(state_dir: Path, out_dir: Path, run_id: str | None = None,
                      summary: dict[str, Any] | None = None) -> tuple[Path, Path | None]:
-    from .page import ReportData, write_report
+    from .data import ReportData
+    from .page import write_report
 
     led = Ledger(state_dir, readonly=True)
     try:

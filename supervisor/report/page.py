@@ -1,4 +1,4 @@
-"""The run report: one self-contained HTML page and a PNG of the loss curve.
+"""The run report: one self-contained HTML page, the PNG of the loss curve (:mod:`.plot`) beside it.
 
 ``write_report(ReportData(...), out_dir)`` writes ``report.html`` (the PNG embedded as base64) and
 ``loss_curve.png`` beside it. The page shows the loss over steps and over wall time with a marker at
@@ -17,264 +17,21 @@ import base64
 import html
 import json
 import math
-import re
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import structlog
+
+from .data import MetricPoint, ReportData, epoch_seconds, metric_points, restart_markers
+from .plot import render_loss_png
 
 log = structlog.get_logger("supervisor.report.page")
 
 HTML_NAME = "report.html"
 PNG_NAME = "loss_curve.png"
-_STEP_IN_NAME = re.compile(r"(\d+)(?!.*\d)")
 
 
-class MetricPoint(NamedTuple):
-    """One loss observation: wall-clock time (epoch seconds), step, loss, attempt number."""
-
-    wall_time: float
-    step: int
-    loss: float
-    attempt: int
-
-
-@dataclass(frozen=True)
-class ReportData:
-    """Everything the report shows; built by the runner / ``report`` command from the ledger.
-
-    ``attempts`` follow the SPEC's ``history --json`` shape (``attempt``, ``started_at``,
-    ``ended_at``, ``exit_code``, ``signal``, ``cause``, ``action``, ``checkpoint``, ``remedies``,
-    ``validation``; an optional ``resume_step`` wins over the step read from the checkpoint).
-    ``checkpoints`` are ``checkpoints --json`` rows. ``goodput``: ``productive_s``, ``lost_s``
-    (a number, or a mapping cause -> seconds), ``ratio``. ``summary``: free key/value facts shown at
-    the top (e.g. final loss, fault-free reference loss).
-    """
-
-    run_id: str
-    metrics: Sequence[tuple[float, int, float, int]] = ()
-    attempts: Sequence[Mapping[str, Any]] = ()
-    events: Sequence[Mapping[str, Any]] = ()
-    checkpoints: Sequence[Mapping[str, Any]] = ()
-    goodput: Mapping[str, Any] | None = None
-    summary: Mapping[str, Any] = field(default_factory=dict)
-    title: str = "transformer-supervisor run report"
-
-    @classmethod
-    def from_history(
-        cls,
-        history: Mapping[str, Any],
-        metrics: Iterable[tuple[float, int, float, int]],
-        checkpoints: Sequence[Mapping[str, Any]] = (),
-        goodput: Mapping[str, Any] | None = None,
-        summary: Mapping[str, Any] | None = None,
-    ) -> ReportData:
-        """From a ``history --json`` document plus the metric series."""
-        return cls(
-            run_id=str(history.get("run_id", "")),
-            metrics=tuple(metrics),
-            attempts=tuple(history.get("attempts", ())),
-            events=tuple(history.get("events", ())),
-            checkpoints=tuple(checkpoints),
-            goodput=goodput,
-            summary=dict(summary or {}),
-        )
-
-
-@dataclass(frozen=True)
-class Marker:
-    """A restart of attempt ``attempt``: when, why the attempt before it ended, where it resumed."""
-
-    attempt: int
-    wall_time: float | None  # epoch seconds of the attempt's start
-    cause: str  # cause of the previous attempt
-    action: str  # what the supervisor did about it
-    resume_step: int | None  # the step the run went back to (None: from scratch)
-    previous_last_step: int | None  # the last step the previous attempt reached
-
-    @property
-    def is_rollback(self) -> bool:
-        return (
-            self.resume_step is not None
-            and self.previous_last_step is not None
-            and self.resume_step < self.previous_last_step
-        )
-
-    @property
-    def label(self) -> str:
-        where = f"step {self.resume_step}" if self.resume_step is not None else "scratch"
-        return f"restart {self.attempt} after {self.cause}: {self.action} to {where}"
-
-
-# --------------------------------------------------------------------------------------------
-# Reading the inputs
-# --------------------------------------------------------------------------------------------
-
-
-def _epoch(value: Any) -> float | None:
-    """ISO-8601 text (naive = UTC) or epoch seconds -> epoch seconds."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    try:
-        dt = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
-
-
-def _points(data: ReportData) -> list[MetricPoint]:
-    pts = [MetricPoint(float(t), int(s), float(l), int(a)) for t, s, l, a in data.metrics]
-    return sorted(pts, key=lambda p: (p.wall_time, p.attempt, p.step))
-
-
-def _checkpoint_step(path: str | None, checkpoints: Sequence[Mapping[str, Any]]) -> int | None:
-    if not path:
-        return None
-    for row in checkpoints:
-        if row.get("path") == path and row.get("step") is not None:
-            return int(row["step"])
-    match = _STEP_IN_NAME.search(Path(path).name)
-    return int(match.group(1)) if match else None
-
-
-def restart_markers(data: ReportData) -> list[Marker]:
-    """One marker per attempt after the first, oldest first."""
-    attempts = sorted(data.attempts, key=lambda a: int(a.get("attempt", 0)))
-    points = _points(data)
-    last_step: dict[int, int] = {}
-    for p in points:
-        last_step[p.attempt] = max(last_step.get(p.attempt, p.step), p.step)
-    markers: list[Marker] = []
-    for prev, cur in zip(attempts, attempts[1:]):
-        n = int(cur.get("attempt", 0))
-        resume = cur.get("resume_step")
-        if resume is None:
-            resume = _checkpoint_step(cur.get("checkpoint"), data.checkpoints)
-        if resume is None and not cur.get("checkpoint"):
-            resume = 0  # relaunched without a checkpoint: back to the start
-        markers.append(
-            Marker(
-                attempt=n,
-                wall_time=_epoch(cur.get("started_at")),
-                cause=str(prev.get("cause") or "unknown"),
-                action=str(prev.get("action") or "restart"),
-                resume_step=int(resume) if resume is not None else None,
-                previous_last_step=last_step.get(int(prev.get("attempt", 0))),
-            )
-        )
-    return markers
-
-
-def load_client_metrics(paths: Iterable[str | Path]) -> list[tuple[float, int, float, int]]:
-    """``(wall_time, step, loss, attempt)`` from the client's ``metrics-rank*.jsonl`` files.
-
-    The client appends one JSON object per ``report()`` with ``t``, ``step``, ``loss`` and
-    ``attempt``; records without a step or a loss, and unreadable lines (a torn last line of a
-    killed job), are skipped. NaN/Infinity losses are kept: the plot marks them.
-    """
-    out: list[tuple[float, int, float, int]] = []
-    for path in paths:
-        try:
-            lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                rec = json.loads(line)
-                out.append((float(rec["t"]), int(rec["step"]), float(rec["loss"]), int(rec.get("attempt", 0))))
-            except (ValueError, KeyError, TypeError):
-                continue
-    return sorted(out)
-
-
-# --------------------------------------------------------------------------------------------
-# The plot
-# --------------------------------------------------------------------------------------------
-
-
-def render_loss_png(data: ReportData, path: Path) -> None:
-    """Two panels (loss over steps, loss over wall time) with restart and rollback markers.
-
-    Raises ImportError when matplotlib is missing (the caller turns that into a note).
-    """
-    import matplotlib  # noqa: PLC0415 (optional dependency, loaded only to draw)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    points = _points(data)
-    markers = restart_markers(data)
-    t0_candidates = [p.wall_time for p in points]
-    t0_candidates += [t for t in (_epoch(a.get("started_at")) for a in data.attempts) if t is not None]
-    t0 = min(t0_candidates) if t0_candidates else 0.0
-
-    fig, (ax_step, ax_time) = plt.subplots(2, 1, figsize=(11, 8), constrained_layout=True)
-    cmap = plt.get_cmap("tab10")
-    finite = [p.loss for p in points if math.isfinite(p.loss)]
-    top = max(finite) if finite else 1.0
-    attempts = sorted({p.attempt for p in points})
-    nan_labelled = {id(ax_step): False, id(ax_time): False}
-    for ax, xs_of in ((ax_step, lambda p: p.step), (ax_time, lambda p: p.wall_time - t0)):
-        for a in attempts:
-            series = [p for p in points if p.attempt == a]
-            ok = [p for p in series if math.isfinite(p.loss)]
-            bad = [p for p in series if not math.isfinite(p.loss)]
-            color = cmap(a % 10)
-            ax.plot([xs_of(p) for p in ok], [p.loss for p in ok], color=color, lw=1.2,
-                    label=f"attempt {a}")
-            if bad:
-                # a non-finite loss cannot be plotted at its value: a red x at the top instead
-                ax.scatter([xs_of(p) for p in bad], [top] * len(bad), marker="x", color="red",
-                           zorder=5, label=None if nan_labelled[id(ax)] else "NaN/Inf loss")
-                nan_labelled[id(ax)] = True
-        ax.set_ylabel("loss")
-        ax.grid(alpha=0.3)
-    if finite and max(finite) / max(min(finite), 1e-9) > 30:
-        for ax in (ax_step, ax_time):
-            ax.set_yscale("log")
-
-    for m in markers:
-        color = "crimson" if m.is_rollback else "darkorange"
-        if m.resume_step is not None:
-            ax_step.axvline(m.resume_step, color=color, ls="--", lw=1)
-            ax_step.annotate(m.label, xy=(m.resume_step, 1.0), xycoords=("data", "axes fraction"),
-                             rotation=90, va="top", ha="right", fontsize=7, color=color)
-            if m.is_rollback and m.previous_last_step is not None:
-                ax_step.axvspan(m.resume_step, m.previous_last_step, color=color, alpha=0.08)
-        if m.wall_time is not None:
-            x = m.wall_time - t0
-            ax_time.axvline(x, color=color, ls="--", lw=1)
-            ax_time.annotate(f"restart {m.attempt} ({m.cause})", xy=(x, 1.0),
-                             xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
-                             fontsize=7, color=color)
-    # downtime between attempts, shaded on the wall-time panel
-    ordered = sorted(data.attempts, key=lambda a: int(a.get("attempt", 0)))
-    for prev, cur in zip(ordered, ordered[1:]):
-        end, start = _epoch(prev.get("ended_at")), _epoch(cur.get("started_at"))
-        if end is not None and start is not None and start > end:
-            ax_time.axvspan(end - t0, start - t0, color="grey", alpha=0.15)
-
-    ax_step.set_xlabel("step")
-    ax_step.set_title(f"loss over steps: {data.run_id} (dashed: restarts; shaded: rolled-back steps)")
-    ax_time.set_xlabel("wall time since start (s)")
-    ax_time.set_title("loss over wall time (grey: downtime between attempts)")
-    handles, labels = ax_step.get_legend_handles_labels()
-    uniq = dict(zip(labels, handles))
-    if uniq:
-        ax_step.legend(uniq.values(), uniq.keys(), fontsize=8, loc="upper right")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-# --------------------------------------------------------------------------------------------
-# The page
-# --------------------------------------------------------------------------------------------
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1200px}
@@ -314,7 +71,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 
 def _duration(a: Mapping[str, Any]) -> str:
-    start, end = _epoch(a.get("started_at")), _epoch(a.get("ended_at"))
+    start, end = epoch_seconds(a.get("started_at")), epoch_seconds(a.get("ended_at"))
     return f"{end - start:.1f} s" if start is not None and end is not None else ""
 
 
@@ -337,7 +94,7 @@ def _summary_section(data: ReportData, points: list[MetricPoint]) -> str:
 def _timeline_bar(data: ReportData) -> str:
     spans = []
     for a in sorted(data.attempts, key=lambda a: int(a.get("attempt", 0))):
-        start, end = _epoch(a.get("started_at")), _epoch(a.get("ended_at"))
+        start, end = epoch_seconds(a.get("started_at")), epoch_seconds(a.get("ended_at"))
         if start is not None and end is not None and end > start:
             spans.append((a, start, end))
     if not spans:
@@ -404,7 +161,7 @@ def _event_row(ev: Mapping[str, Any]) -> list[str]:
 
 
 def render_html(data: ReportData, png_bytes: bytes | None, png_note: str | None = None) -> str:
-    points = _points(data)
+    points = metric_points(data)
     markers = restart_markers(data)
     out: list[str] = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
@@ -539,9 +296,3 @@ def write_report(data: ReportData, out_dir: str | Path) -> tuple[Path, Path | No
     tmp.replace(html_path)
     log.info("report_written", html=str(html_path), png=str(png_path) if png_path else None)
     return html_path, png_path
-
-
-__all__ = [
-    "Marker", "MetricPoint", "ReportData", "load_client_metrics", "render_html", "restart_markers",
-    "write_report",
-]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.report.page import ReportData, load_client_metrics, restart_markers, write_report
+from supervisor.report.data import ReportData, load_client_metrics, restart_markers
+from supervisor.report.page import write_report
 
 T0 = 1_700_000_000.0
 
