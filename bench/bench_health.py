@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from supervisor.health.config import GpuConfig  # noqa: E402
-from supervisor.health.gpu import FakeBackend  # noqa: E402
+from supervisor.health.gpufake import FakeBackend  # noqa: E402
 from supervisor.health.gpumonitor import GpuMonitor  # noqa: E402
 
 DEVICES = 8

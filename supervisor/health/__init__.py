@@ -14,9 +14,11 @@ The daemon never imports torch; neither does this package (``gpucheck`` runs tor
 """
 from .config import GpuConfig, HostConfig
 from .gate import GateVerdict, LaunchGate, run_gate
-from .gpu import FakeBackend, GpuBackend, GpuBlindError, GpuLostError, NvmlBackend, make_backend
+from .gpu import GpuBackend, GpuBlindError, GpuLostError
+from .gpufake import FakeBackend
 from .gpumonitor import GpuMonitor
 from .host import HostMonitor, ProbeResult, StorageBaseline, probe_storage
+from .nvml import NvmlBackend, make_backend
 from .xid import XID_TABLE, classify_xid
 
 __all__ = [

@@ -67,7 +67,7 @@ def _row(name: str, value: object, ok: bool | None, note: str = "") -> dict[str,
 
 def nvml_check(seconds: float) -> list[dict[str, Any]]:
     from .config import GpuConfig
-    from .gpu import NvmlBackend
+    from .nvml import NvmlBackend
     from .gpumonitor import GpuMonitor
 
     detections: list[Any] = []

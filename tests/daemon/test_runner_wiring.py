@@ -17,7 +17,7 @@ from supervisor.daemon.ports import Concern
 from supervisor.errors import Conflict, SupervisorError, UnknownVerb
 from supervisor.health.config import GpuConfig
 from supervisor.health.gate import run_gate
-from supervisor.health.gpu import FakeBackend
+from supervisor.health.gpufake import FakeBackend
 from supervisor.ops.control import ControlError, ControlServer, request
 
 from ..fakes import close_all, config, daemon

@@ -9,7 +9,8 @@ import pytest
 
 from supervisor.health.config import GpuConfig
 from supervisor.health.gate import LaunchGate, run_gate
-from supervisor.health.gpu import FakeBackend, NvmlBackend
+from supervisor.health.gpufake import FakeBackend
+from supervisor.health.nvml import NvmlBackend
 
 GiB = 1024**3
 

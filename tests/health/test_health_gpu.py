@@ -12,7 +12,9 @@ import pytest
 from supervisor.config.schema import Problem, build
 from supervisor.events import Action, AttemptContext, Cause, Detection
 from supervisor.health.config import GpuConfig
-from supervisor.health.gpu import FakeBackend, GpuBlindError, NvmlBackend, NullBackend, make_backend
+from supervisor.health.gpu import GpuBlindError
+from supervisor.health.gpufake import FakeBackend
+from supervisor.health.nvml import NullBackend, NvmlBackend, make_backend
 from supervisor.health.gpumonitor import GpuMonitor, linear_slope
 from supervisor.health.xid import XidLevel, classify_xid
 from tests.util import wait_for
@@ -195,7 +197,7 @@ def test_blind_log_line_is_emitted_once(tmp_path: Path) -> None:
         "import structlog, sys\n"
         "structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))\n"
         "from supervisor.health.gpumonitor import GpuMonitor\n"
-        "from supervisor.health.gpu import NvmlBackend\n"
+        "from supervisor.health.nvml import NvmlBackend\n"
         "m = GpuMonitor(NvmlBackend(), threaded=False)\n"
         "for _ in range(3):\n"
         "    m.start(None, lambda d: None); m.poll(0.0); m.stop()\n")
@@ -270,8 +272,8 @@ def test_production_cannot_switch_to_the_fake(tmp_path: Path, monkeypatch: pytes
     problems: list[Problem] = []
     cfg = build(GpuConfig, {"backend": f"fake:{path}"}, "gpu", problems)
     assert problems and 'gpu.backend: expected "nvml" or "none"' in str(problems[0]), (cfg, problems)
-    import supervisor.health.gpu as gpu_mod
-    assert not hasattr(gpu_mod, "BACKEND_ENV")
+    import supervisor.health.nvml as nvml_mod
+    assert not hasattr(nvml_mod, "BACKEND_ENV")
 
 
 def test_linear_slope() -> None:

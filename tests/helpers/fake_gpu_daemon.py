@@ -6,7 +6,7 @@ Production has no way to swap a node's GPU health for a fake (no environment var
 value): ``gpu.backend`` is ``nvml`` or ``none``. The end-to-end tests inject the fake here, in a
 process of their own, by replacing the backend factory the daemon calls
 (``supervisor.health.make_backend``) before the CLI starts. Timeline format: see
-``supervisor/health/gpu.py`` (:meth:`FakeBackend.from_file`).
+``supervisor/health/gpufake.py`` (:meth:`FakeBackend.from_file`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from supervisor import health  # noqa: E402
-from supervisor.health.gpu import FakeBackend  # noqa: E402
+from supervisor.health.gpufake import FakeBackend  # noqa: E402
 
 
 def main() -> int:
