@@ -15,7 +15,8 @@ from supervisor.health.config import GpuConfig
 from supervisor.health.gpu import GpuBlindError
 from supervisor.health.gpufake import FakeBackend
 from supervisor.health.nvml import NullBackend, NvmlBackend, make_backend
-from supervisor.health.gpumonitor import GpuMonitor, linear_slope
+from supervisor.health.gpumonitor import GpuMonitor
+from supervisor.health.gpureading import linear_slope
 from supervisor.health.xid import XidLevel, classify_xid
 from tests.util import wait_for
 

@@ -13,7 +13,8 @@ import pytest
 from supervisor.events import Action, AttemptContext, Cause, Detection
 from supervisor.health.config import GpuConfig, HostConfig
 from supervisor.health.gpufake import FakeBackend
-from supervisor.health.gpumonitor import GpuMonitor, job_tree_pids
+from supervisor.health.gpumonitor import GpuMonitor
+from supervisor.health.gpureading import job_tree_pids
 from supervisor.health.host import (HostMonitor, StorageBaseline, check_disk, host_memory,
                                     probe_storage, tree_rss)
 
