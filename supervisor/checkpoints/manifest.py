@@ -150,6 +150,21 @@ def read_manifest(checkpoint: Path, fallback_dir: Path | None = None) -> Manifes
     return ManifestRead(None, None, False)
 
 
+def record_metric(manifest: Manifest, name: str, value: float, step: int) -> None:
+    """Add ``name`` = ``value`` (printed at ``step``) to a manifest the supervisor wrote (rewritten
+    atomically where it was read). A failed write is logged: the metric is then missing, nothing else."""
+    data = dict(manifest.raw)
+    data["metrics"] = {**(data.get("metrics") or {}), name: {"value": float(value), "step": step}}
+    try:
+        write_json_atomic(manifest.path, data)
+    except OSError as exc:
+        import structlog
+
+        structlog.get_logger("supervisor.checkpoints").info(
+            "checkpoint_manifest_metric_not_written", manifest=str(manifest.path), error=str(exc),
+            next="the listing shows no validation metric for this version")
+
+
 def fallback_manifest_path(state_dir: Path, checkpoint: Path) -> Path:
     """Where the supervisor keeps a manifest when the checkpoint dir is not writable."""
     tag = hashlib.sha256(str(checkpoint.resolve()).encode()).hexdigest()[:16]

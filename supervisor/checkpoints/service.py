@@ -34,7 +34,7 @@ from .hashing import DigestCache, StatKey, tree_digest
 from .integrity import check_integrity, stat_changed, write_own_manifest
 from .layouts.registry import keeps_last_good
 from .loadtest import LoadTestRequest, LoadTestResult, resolve_job_python, run_load_test
-from .manifest import read_manifest, stat_record
+from .manifest import read_manifest, record_metric, stat_record
 from .quarantine import QuarantineRecord, last_good_path, preserve_last_good, quarantine, restore_last_good
 from .quicklist import MetricsSeen, Readiness, RowBuilder, config_diff, current_config, is_corrupt, val_metric_for
 from .selection import CheckpointBook, Choice, Mode, select_explained
@@ -192,6 +192,11 @@ class CheckpointService:
                                + " (allow with checkpoints.config_allow_diff)")
             row.val_metric = val_metric_for(row.step, self.cfg.val_metric, manifest.metrics if manifest else None,
                                             metrics_seen)
+            if (row.val_metric is not None and manifest is not None and manifest.origin == "supervisor"
+                    and self.cfg.val_metric not in manifest.metrics and self.write_manifests):
+                # The newest one the log printed at or before this version's step, kept with the
+                # version (a single overwritten file gets a fresh manifest per version).
+                record_metric(manifest, row.val_metric.name, row.val_metric.value, row.val_metric.step)
             if row.val_metric is None and self.cfg.require_val_metric:
                 row.no(f"no validation metric {self.cfg.val_metric!r} recorded for this checkpoint")
             # The load test last: it is the slow part and pointless for a corrupt file.
@@ -224,14 +229,15 @@ class CheckpointService:
             rows = [self.evaluate(c, metrics_seen, current) for c in self.scan()]
             return sort_newest_first(rows)
 
-    def verify_newest(self) -> Readiness | None:
+    def verify_newest(self, metrics_seen: MetricsSeen | None = None) -> Readiness | None:
         """Evaluate the newest settled checkpoint now (results are cached by stat), so the
-        pre-resume gate finds it verified. Called off the main loop while the job runs."""
+        pre-resume gate finds it verified. Called off the main loop while the job runs;
+        ``metrics_seen``: the validation metrics the log printed (recorded in its manifest)."""
         with self._lock:
             newest = newest_complete(self.scan())
             if newest is None:
                 return None
-            row = self.evaluate(newest, None, self._current_config())
+            row = self.evaluate(newest, metrics_seen, self._current_config())
             if keeps_last_good(newest.layout) and self.cfg.preserve_last_good and row.ready:
                 # Kept at once, not only before a restart: one bad overwrite then costs one save
                 # interval, never the whole run.

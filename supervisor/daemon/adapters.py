@@ -195,10 +195,15 @@ class CheckpointConcern(Concern):
             return
         self._verified_key = key
         svc = self.svc
+        from ..checkpoints.quicklist import metrics_from_records
+
+        # Taken here, on the main loop that appends to the history: the validation metrics the log
+        # printed, for the new version's manifest.
+        seen = metrics_from_records([r for r in d.metric_history if r.val_loss is not None or r.extra])
 
         def verify() -> None:
             try:
-                row = svc.verify_newest()
+                row = svc.verify_newest(seen)
             except Exception as e:
                 log.warning("checkpoint_background_verify_failed", error=repr(e))
                 return

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import history
 from tests.helpers.ckpt_factory import torch_file
 
@@ -35,3 +37,54 @@ def test_a_symlink_out_of_the_checkpoint_dir_is_never_resumed_from_unless_config
         assert resumed == ("step_900.pt" if follow == "true" else "step_100.pt")
         assert history(sd)["attempts"][0]["resume_step"] == (900 if follow == "true" else 100)
     assert (outside / "step_900.pt").exists()  # never moved or quarantined
+
+
+# nanoGPT's order: the eval line, then the save of the one overwritten ckpt.pt (by rename); each
+# version waits for the test to say go.
+NANOGPT_EVALS = """
+import os, sys, time, torch
+out, ck = sys.argv[1], sys.argv[2]
+for it, val in ((10, 2.75), (20, 2.5)):
+    print(f"step {it}: train loss {val + 0.1:.4f}, val loss {val:.4f}", flush=True)
+    torch.save({"model": {"w": torch.ones(2)}, "optimizer": {}, "iter_num": it}, os.path.join(ck, "ckpt.pt.tmp"))
+    os.replace(os.path.join(ck, "ckpt.pt.tmp"), os.path.join(ck, "ckpt.pt"))
+    while not os.path.exists(os.path.join(out, f"go{it}")):
+        time.sleep(0.05)
+"""
+
+
+def _manifest_metric(ck: Path) -> tuple[float, int] | None:
+    from supervisor.checkpoints.manifest import read_manifest
+
+    m = read_manifest(ck / "ckpt.pt").manifest
+    if m is None or "val_loss" not in m.metrics or m.step is None:
+        return None
+    return m.metrics["val_loss"]["value"], m.metrics["val_loss"]["step"]
+
+
+@pytest.mark.slow
+def test_the_val_loss_the_log_printed_is_kept_in_the_manifest_of_each_version(daemons, tmp_path):
+    import json
+    import subprocess
+
+    from tests.conftest import ROOT
+    from tests.util import wait_for
+
+    sd, ck, out = tmp_path / "sd", tmp_path / "ck", tmp_path / "out"
+    ck.mkdir(), out.mkdir()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[checkpoints]\nsettle_s = 0.2\n")
+    d = daemons(wrap(sd, "--config", str(cfg), "--checkpoint-dir", str(ck))
+                + [PY, "-c", NANOGPT_EVALS, str(out), str(ck)])
+    assert wait_for(lambda: _manifest_metric(ck), 60, what="manifest of iter 10 with its val loss") == (2.75, 10)
+    (out / "go10").touch()
+    assert wait_for(lambda: _manifest_metric(ck) == (2.5, 20), 60, what="the next version's val loss")
+    (out / "go20").touch()
+    assert d.wait(60) == 0
+    listing = subprocess.run([PY, "-m", "supervisor", "checkpoints", "--json", "--checkpoint-dir", str(ck),
+                              "--state-dir", str(sd)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    rows = {Path(r["path"]).parent.name + "/" + Path(r["path"]).name: r for r in json.loads(listing.stdout)}
+    assert rows["ck/ckpt.pt"]["val_metric"] == {"name": "val_loss", "value": 2.5, "step": 20}
+    table = subprocess.run([PY, "-m", "supervisor", "checkpoints", "--checkpoint-dir", str(ck), "--state-dir",
+                            str(sd)], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+    assert "2.5" in table
