@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Any, Callable, Mapping
 
 import structlog
@@ -55,7 +56,7 @@ class ClusterAgent:
         self.clock = clock
         self.poll_s = poll_s
         self.coord = Coordinator(node_id, rules)
-        self.me = NodeRecord(node_id, addr, Phase.WAITING, 0)
+        self.me = NodeRecord(node_id, addr, Phase.STARTING, 0, life=uuid.uuid4().hex[:12])
         self.view = View()
         self.plan: Plan | None = None  # the generation this node runs (or last ran)
         self.lease: int | None = None
@@ -67,7 +68,6 @@ class ClusterAgent:
         self._outcome: Join | GiveUp | None = None
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
-        self._seen_view = False
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
@@ -121,7 +121,7 @@ class ClusterAgent:
         :class:`ClusterClosed`."""
         with self._cond:
             gen = max(self.me.gen, self.coord.joined)
-            self.me = NodeRecord(self.node_id, self.addr, Phase.WAITING, gen, tuple(sorted(set(steps))), state)
+            self.me = self.me.but(phase=Phase.WAITING, gen=gen, steps=tuple(sorted(set(steps))), state=state)
             self._outcome = None
             self._cond.notify_all()
             while self._outcome is None and not self._closing.is_set():
@@ -146,7 +146,7 @@ class ClusterAgent:
         """The local supervisor's state, shown by `status` on every node."""
         with self._cond:
             if self.me.state != state:
-                self.me = NodeRecord(self.me.node_id, self.me.addr, self.me.phase, self.me.gen, self.me.steps, state)
+                self.me = self.me.but(state=state)
 
     def status(self) -> dict[str, Any]:
         v, plan = self.view, self.plan
@@ -189,13 +189,10 @@ class ClusterAgent:
             self._emit("cluster_etcd_back", "info", "etcd answers again; this node is registered")
         self.view = view
         with self._cond:
-            if not self._seen_view and view.plan is not None and self.me.phase is Phase.WAITING:
-                # A supervisor (re)started into a run under way: its job is not part of the running
-                # generation, whatever the plan says; it joins the next one.
-                self.me = NodeRecord(self.node_id, self.addr, Phase.WAITING, max(self.me.gen, view.plan.gen),
-                                     self.me.steps, self.me.state)
-                self.coord.joined = max(self.coord.joined, view.plan.gen)
-            self._seen_view = True
+            if self.me.phase is Phase.STARTING and view.plan is not None and self.me.gen < view.plan.gen:
+                # Started into a run under way: the running generation is not ours (a plan names the
+                # daemon lives it launched, never a starting one); this node joins the next one.
+                self.me = self.me.but(gen=view.plan.gen)
             me = self.me
             cmds = self.coord.step(view, me, now)
         self._carry_out(cmds)
@@ -257,7 +254,7 @@ class ClusterAgent:
         elif isinstance(cmd, Join):
             with self._cond:
                 self.plan = cmd.plan
-                self.me = NodeRecord(self.node_id, self.addr, Phase.RUNNING, cmd.plan.gen, (), self.me.state)
+                self.me = self.me.but(phase=Phase.RUNNING, gen=cmd.plan.gen, steps=())
                 self._outcome = cmd
                 self._cond.notify_all()
             self._emit("cluster_generation_joined", "info", f"joining generation {cmd.plan.gen} as rank {cmd.rank} "

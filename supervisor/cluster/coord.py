@@ -24,7 +24,7 @@ generation, so two can never run at once; a node cut off from etcd for a lease T
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Iterable, Mapping
 
@@ -32,6 +32,7 @@ NODE_LOST = "node_lost"
 
 
 class Phase(StrEnum):
+    STARTING = "starting"  # registered, not ready yet (its supervisor is starting up)
     RUNNING = "running"  # the job of generation ``gen`` runs here
     WAITING = "waiting"  # no job: ready to join a generation newer than ``gen``
     GAVE_UP = "gave_up"  # this node's supervisor gave up: the run cannot go on
@@ -53,6 +54,7 @@ class NodeRecord:
     gen: int  # RUNNING: the generation it runs; WAITING: the newest it ran or saw
     steps: tuple[int, ...] = ()  # checkpoint steps verified on this node (WAITING)
     state: str = ""  # the local supervisor's state, for `status`
+    life: str = ""  # one id per daemon start: a plan names the lives it launched
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "steps": list(self.steps)}, sort_keys=True)
@@ -61,7 +63,11 @@ class NodeRecord:
     def from_json(text: str) -> "NodeRecord":
         d = json.loads(text)
         return NodeRecord(str(d["node_id"]), str(d.get("addr", "")), Phase(d["phase"]), int(d["gen"]),
-                          tuple(int(s) for s in d.get("steps") or ()), str(d.get("state", "")))
+                          tuple(int(s) for s in d.get("steps") or ()), str(d.get("state", "")),
+                          str(d.get("life", "")))
+
+    def but(self, **changes: Any) -> "NodeRecord":
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -93,18 +99,23 @@ class Plan:
     master_addr: str  # rank 0's address: the rendezvous endpoint
     reason: str
     give_up: str | None = None  # the run ends: why
+    lives: tuple[str, ...] = ()  # each node's daemon life when the plan was made (same order as nodes)
+
+    def life_of(self, node_id: str) -> str:
+        i = self.nodes.index(node_id)
+        return self.lives[i] if i < len(self.lives) else ""
 
     def rank(self, node_id: str) -> int:
         return self.nodes.index(node_id)
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "nodes": list(self.nodes)}, sort_keys=True)
+        return json.dumps({**asdict(self), "nodes": list(self.nodes), "lives": list(self.lives)}, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "Plan":
         d = json.loads(text)
         return Plan(int(d["gen"]), tuple(d["nodes"]), d.get("step"), str(d["leader"]), str(d.get("master_addr", "")),
-                    str(d.get("reason", "")), d.get("give_up"))
+                    str(d.get("reason", "")), d.get("give_up"), tuple(d.get("lives") or ()))
 
 
 @dataclass(frozen=True)
@@ -292,6 +303,8 @@ class Coordinator:
                 return [GiveUp(plan.give_up)]
             if self.node_id in plan.nodes:
                 self.joined = plan.gen
+                if plan.lives and plan.life_of(self.node_id) != me.life:
+                    return []  # made for this node's previous daemon: it joins the next generation
                 return [Join(plan, plan.rank(self.node_id))]
         return []
 
@@ -321,7 +334,9 @@ class Coordinator:
         gone = [n for n in plan.nodes if n not in view.nodes and n not in done]
         if gone:
             return f"node {', '.join(gone)} lost: its lease expired (daemon killed, node down or cut off)"
-        back = [n for n in plan.nodes if n not in done and n in view.nodes and view.nodes[n].phase is not Phase.RUNNING and view.nodes[n].gen >= plan.gen]
+        back = [n for n in plan.nodes if n not in done and n in view.nodes and (
+            (plan.lives and view.nodes[n].life != plan.life_of(n))  # its daemon restarted: its job is gone
+            or (view.nodes[n].phase in (Phase.WAITING, Phase.GAVE_UP) and view.nodes[n].gen >= plan.gen))]
         if back:
             return f"node {', '.join(back)} is no longer running generation {plan.gen} (its supervisor restarted)"
         return ""
@@ -363,7 +378,8 @@ class Coordinator:
                give_up: str | None = None) -> WritePlan:
         self.waiting_since = None
         addr = view.nodes[nodes[0]].addr if nodes and nodes[0] in view.nodes else ""
-        return WritePlan(Plan(g + 1, nodes, step, self.node_id, addr, reason, give_up), view.plan_rev)
+        lives = tuple(view.nodes[n].life for n in nodes if n in view.nodes)
+        return WritePlan(Plan(g + 1, nodes, step, self.node_id, addr, reason, give_up, lives), view.plan_rev)
 
 
 def as_dict(cmd: Any) -> dict[str, Any]:

@@ -199,6 +199,9 @@ class Machine:
         if not self.preparing or self.state is not State.STARTING:
             return  # stopped while preparing: the result is dropped
         self.preparing = False
+        if ev.error is not None and isinstance(getattr(ev.error, "cause", None), Cause):
+            self._give_up(str(ev.error), ev.error.cause)  # type: ignore[attr-defined]  # a multi-node run gave up
+            return
         if ev.error is not None:
             self._record("checkpoint_selection_failed", "error", f"choosing a checkpoint failed: {ev.error!r}; "
                          "starting without one would lose progress, so giving up")

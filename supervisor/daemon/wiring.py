@@ -15,7 +15,7 @@ from .runner import Runner
 from .adapters import CheckpointConcern, HealthConcern, ProcessLauncher
 from .concerns import GoodputConcern, OpsConcern, ValidationConcern, WatchConcern
 from ..job.launch import Environment
-from .ports import Concern, Ports
+from .ports import CheckpointStore, Concern, Ports
 from .statelock import StateLock, StateLockConcern
 
 
@@ -35,8 +35,15 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     goodput = GoodputConcern()
     concerns: list[Concern] = [OpsConcern(notifier, checkpoints), WatchConcern(), health, checkpoints, goodput,
                                ValidationConcern(goodput), StateLockConcern(lock, ledger), *extra]
+    store: CheckpointStore = checkpoints
+    if cfg.cluster.enabled:  # multi-node: imported only then, so a single node carries none of it
+        from ..cluster.concern import ClusterCheckpoints, ClusterConcern
+
+        cluster = ClusterConcern(cfg.cluster, cfg.job.name)
+        concerns.insert(len(concerns) - len(extra), cluster)
+        store = ClusterCheckpoints(checkpoints, cluster)
     ports = Ports(clock=Clock(), launcher=ProcessLauncher(fanout, passthrough if passthrough is not None
                                                           else sys.stdout.buffer, osapi),
-                  ledger=ledger, checkpoints=checkpoints, gate=health, notifier=notifier, osapi=osapi,
+                  ledger=ledger, checkpoints=store, gate=health, notifier=notifier, osapi=osapi,
                   environment=Environment())
     return Runner(cfg, ports, concerns, fanout=fanout, config_path=config_path)

@@ -158,3 +158,22 @@ def test_view_parses_keys_and_skips_garbage() -> None:
                        (k.end(1), end.to_json(), 10), (k.node("bad"), "{not json", 11), (k.finished("n2"), "1", 12)])
     assert set(v.nodes) == {"n1"} and v.leader == "n1" and v.plan == p and v.plan_rev == 9
     assert v.ends == {1: end} and v.finished == {"n2": 1}
+
+
+def test_plans_name_daemon_lives_a_restarted_daemon_does_not_join_its_old_generation() -> None:
+    lead = Coordinator("n1", RULES)
+    recs = [NodeRecord(n, "a", Phase.WAITING, 0, life=f"{n}-life1") for n in ("n1", "n2", "n3")]
+    wp = only(lead.step(view(*recs), recs[0], 0.0), WritePlan)
+    assert wp.plan.life_of("n2") == "n2-life1"
+    reborn = NodeRecord("n2", "a", Phase.WAITING, 0, life="n2-life2")  # its daemon restarted meanwhile
+    assert Coordinator("n2", RULES).step(view(reborn, plan=wp.plan), reborn, 0.0) == []
+    running = [r.but(phase=Phase.RUNNING, gen=1) for r in recs]
+    v = view(running[0], NodeRecord("n2", "a", Phase.STARTING, 1, life="n2-life2"), running[2], plan=wp.plan)
+    req = only(lead.step(v, running[0], 1.0), RequestEnd).request
+    assert "n2" in req.summary and req.cause == NODE_LOST
+
+
+def test_a_starting_node_is_not_ready() -> None:
+    lead = Coordinator("n1", RULES)
+    v = view(rec("n1"), rec("n2"), NodeRecord("n3", "a", Phase.STARTING, 0))
+    assert lead.step(v, rec("n1"), 0.0) == []  # 2 ready of 3: waits

@@ -1,0 +1,206 @@
+"""What plugs a node's supervisor into a multi-node run (``[cluster]`` with endpoints).
+
+Two parts, both built by :func:`supervisor.daemon.wiring.build_daemon` only when the section
+is on, so a single-node daemon neither imports nor runs any of this:
+
+* :class:`ClusterConcern`: the node's :class:`~supervisor.cluster.agent.ClusterAgent`. A local
+  failure (the machine stopping the job for a detection, or the job exiting with a failure)
+  becomes a request to end the generation; another node's request (or a lost node, or etcd out
+  of reach for a lease TTL) reaches the machine as a detection with the same cause, so every
+  node stops its job the way it stops it alone, and books the same failure (the same restart
+  budget and remedy ladder everywhere). The leader's decisions are mirrored into the local
+  ledger as ``cluster_*`` events; ``status`` shows every node.
+* :class:`ClusterCheckpoints`: the checkpoint port with the launch barrier in front. On the
+  launch preparation thread (off the main loop) it publishes the steps verified here, waits for
+  the leader's plan and resumes from the plan's step; the job gets ``TSUP_GENERATION``,
+  ``TSUP_NODE_RANK``, ``TSUP_NNODES``, ``TSUP_MASTER_ADDR``/``MASTER_ADDR`` and the port.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any, Callable, Mapping, Sequence
+
+import structlog
+
+from ..core.causes import Action, Cause
+from ..core.messages import EXIT_GAVE_UP, EXIT_OK, EndAttempt, Resume
+from ..events import Detection, MetricRecord
+from ..daemon.ports import Concern, DaemonView
+from .agent import ClusterAgent, ClusterGaveUp
+from .config import ClusterConfig
+from .coord import EndRequest, Keys, Plan, Rules
+from .etcd import EtcdClient
+
+log = structlog.get_logger("supervisor.cluster")
+
+SOURCE = "cluster:"  # the detection source of another node's failure: it is not requested again
+
+
+class ClusterGiveUp(ClusterGaveUp):
+    """The run gives up (exit 3): the machine books it with :attr:`cause`."""
+
+    cause = Cause.NODE_LOST
+
+
+def _state(d: DaemonView) -> str:
+    """The runner's state and exit, which the DaemonView port does not name (read-only here)."""
+    st = getattr(d, "state", None)
+    return str(getattr(st, "value", st or ""))
+
+
+def _cause(name: str) -> Cause:
+    try:
+        return Cause(name)
+    except ValueError:
+        return Cause.NODE_LOST  # a node gave up, or a cause this version does not know
+
+
+class ClusterConcern(Concern):
+    name = "cluster"
+
+    def __init__(self, cc: ClusterConfig, job_name: str,
+                 agent_factory: Callable[..., ClusterAgent] | None = None) -> None:
+        self.cc = cc
+        self.job_name = job_name
+        self.agent_factory = agent_factory or ClusterAgent
+        self.agent: ClusterAgent | None = None
+        self.daemon: DaemonView | None = None
+        self.plan: Plan | None = None  # the generation the next (or current) attempt runs in
+        self._events: deque[tuple[str, str, str, Mapping[str, Any]]] = deque()
+        self._requested: set[int] = set()  # attempts whose failure was sent to the cluster
+        self._lock = threading.Lock()
+
+    def start(self, daemon: DaemonView) -> None:
+        self.daemon = daemon
+        cc = self.cc
+        client = EtcdClient(cc.endpoints, timeout_s=cc.request_timeout_s)
+        rules = Rules(cc.nodes, cc.min_needed(), cc.wait_for_nodes_s, cc.lease_ttl_s)
+        self.agent = self.agent_factory(client, Keys(cc.key_prefix(self.job_name)), cc.node_name(), cc.address(),
+                                        rules, on_stop=self._stop_from_cluster, on_event=self._queue_event)
+        self.agent.start()
+        daemon.event("cluster_started", "info", f"node {cc.node_name()} of a {cc.nodes}-node run (min "
+                     f"{cc.min_needed()}), etcd {', '.join(cc.endpoints)}, keys under {cc.key_prefix(self.job_name)}; "
+                     "every launch waits for the leader's plan", node_id=cc.node_name(), addr=cc.address())
+
+    # ------------------------------------------------------------------ from the agent thread
+    def _queue_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
+        self._events.append((event, level, message, data))  # the main loop writes them at its next tick
+
+    def _stop_from_cluster(self, req: EndRequest) -> None:
+        assert self.daemon is not None
+        self.daemon.emit(Detection(_cause(req.cause), f"generation {req.gen} ended by node {req.by}: {req.summary}",
+                                   SOURCE + req.by, step=req.step, onset_step=req.onset_step,
+                                   details={"generation": req.gen, "by": req.by, "cause": req.cause}))
+
+    # ------------------------------------------------------------------ the daemon's hooks
+    def job_env(self) -> Mapping[str, str]:
+        plan, agent = self.plan, self.agent
+        if plan is None or agent is None or agent.node_id not in plan.nodes:
+            return {}
+        port = str(self.cc.master_port)
+        return {"TSUP_GENERATION": str(plan.gen), "TSUP_NODE_RANK": str(plan.rank(agent.node_id)),
+                "TSUP_NNODES": str(len(plan.nodes)), "TSUP_NODE_ID": agent.node_id,
+                "TSUP_MASTER_ADDR": plan.master_addr, "TSUP_MASTER_PORT": port,
+                "MASTER_ADDR": plan.master_addr, "MASTER_PORT": port,
+                "TSUP_RDZV_ID": f"{self.job_name}-g{plan.gen}"}
+
+    def tick(self, now: float) -> None:
+        d, agent = self.daemon, self.agent
+        if d is None or agent is None:
+            return
+        while self._events:
+            event, level, message, data = self._events.popleft()
+            d.event(event, level, message, **data)
+        agent.set_state(_state(d))
+        # The fast path: the machine began stopping the job for a failure seen here; the others
+        # stop now, not after this node's grace period.
+        m = getattr(d, "machine", None)
+        root = getattr(m, "root", None)
+        decision = getattr(getattr(m, "pending", None), "decision", None)
+        if m is not None and _state(d) == "stopping" and root is not None and decision is not None:
+            self._request(d.attempt, root, decision.action)
+
+    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
+        if end.cause is None or end.detection is None:
+            if end.cause is not None:  # a crash without a detection object
+                self._request(end.attempt, Detection(end.cause, end.summary, "exit"),
+                              end.action or Action.RESTART)
+            return
+        self._request(end.attempt, end.detection, end.action or Action.RESTART)
+
+    def _request(self, attempt: int, d: Detection, action: Action) -> None:
+        if attempt in self._requested or d.source.startswith(SOURCE) or self.agent is None:
+            return
+        self._requested.add(attempt)
+        self.agent.request_end(d.cause.value, d.summary, d.step, d.onset_step, action.value)
+
+    def status(self) -> Mapping[str, Any]:
+        return {"cluster": self.agent.status()} if self.agent is not None else {}
+
+    def close(self) -> None:
+        d, agent = self.daemon, self.agent
+        if agent is None or d is None:
+            return
+        gave_up = None
+        code = getattr(d, "exit_code", None)
+        if code == EXIT_OK and _state(d) == "finished":
+            agent.finished()
+        elif code == EXIT_GAVE_UP:
+            gave_up = f"node {agent.node_id}: {getattr(d, 'exit_reason', '')}"
+        agent.close(gave_up=gave_up)
+        while self._events:  # the last words (the ledger is still open)
+            event, level, message, data = self._events.popleft()
+            d.event(event, level, message, **data)
+
+
+class ClusterCheckpoints:
+    """The checkpoint port of a node in a multi-node run: the local store, with the launch
+    barrier in :meth:`choose` (on the launch preparation thread)."""
+
+    def __init__(self, inner: Any, concern: ClusterConcern) -> None:
+        self.inner = inner  # the CheckpointConcern
+        self.concern = concern
+
+    def book_last_attempt(self) -> str | None:
+        return self.inner.book_last_attempt()  # type: ignore[no-any-return]
+
+    def emergency_checkpoint_probe(self) -> Any:
+        return self.inner.emergency_checkpoint_probe()
+
+    def newest(self) -> Any:
+        return self.inner.newest()
+
+    def choose(self, action: Action, onset_step: int | None, explicit: str | None,
+               metrics: Sequence[MetricRecord]) -> Resume:
+        agent = self.concern.agent
+        assert agent is not None
+        rows = self._ready_rows()
+        try:
+            plan = agent.wait_for_generation(sorted(rows))
+        except ClusterGaveUp as e:
+            raise ClusterGiveUp(str(e)) from None
+        self.concern.plan = plan
+        if explicit:
+            log.warning("cluster_explicit_checkpoint_ignored", path=explicit,
+                        message="restart --from is not used in a multi-node run: the leader chooses the step")
+        if plan.step is None:
+            return Resume(None, None, f"generation {plan.gen}: {plan.reason}")
+        path = rows.get(plan.step)
+        if path is None:  # verified here a moment ago; gone since: the job cannot resume as agreed
+            raise ClusterGiveUp(f"the checkpoint of step {plan.step} chosen for generation {plan.gen} is no longer "
+                                "ready on this node")
+        return Resume(path, plan.step, f"generation {plan.gen}: {plan.reason}")
+
+    def _ready_rows(self) -> dict[int, str]:
+        """Step -> path of every checkpoint verified ready here (empty without a checkpoint dir)."""
+        svc = getattr(self.inner, "svc", None)
+        if svc is None:
+            return {}
+        svc.set_writer_active(False)  # the previous attempt's group is gone
+        out: dict[int, str] = {}
+        for row in svc.quicklist():
+            if row.ready and not row.bad and row.step is not None:
+                out.setdefault(int(row.step), str(row.path))
+        return out

@@ -1,0 +1,43 @@
+"""A tiny "training" job for the cluster tests (no torch): prints JSON metric lines, writes a
+checkpoint file with a client manifest every SAVE steps, resumes from TSUP_RESUME_STEP, and
+records every launch (the TSUP_* cluster variables) in OUT/launches.jsonl.
+
+Usage: cluster_job.py OUT CKDIR TOTAL STEP_S SAVE [NAN_NODE NAN_STEP]
+NaN is printed at NAN_STEP on node NAN_NODE in generation 1 only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from supervisor.client import record_checkpoint
+
+
+def main() -> None:
+    out, ckdir = Path(sys.argv[1]), Path(sys.argv[2])
+    total, step_s, save = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+    nan_node, nan_step = (sys.argv[6], int(sys.argv[7])) if len(sys.argv) > 7 else ("", -1)
+    env = os.environ
+    node, gen = env.get("TSUP_NODE_ID", ""), int(env.get("TSUP_GENERATION") or 0)
+    resume = int(env["TSUP_RESUME_STEP"]) if env.get("TSUP_RESUME_STEP") else 0
+    out.mkdir(parents=True, exist_ok=True)
+    rec = {k: v for k, v in env.items() if k.startswith("TSUP_") or k.startswith("MASTER_")}
+    with open(out / "launches.jsonl", "a") as f:
+        f.write(json.dumps({**rec, "pid": os.getpid(), "at": time.time()}) + "\n")
+    for step in range(resume + 1, total + 1):
+        time.sleep(step_s)
+        loss = float("nan") if (node == nan_node and gen == 1 and step == nan_step) else 10.0 / step
+        print(json.dumps({"step": step, "loss": loss if loss == loss else "NaN"}).replace('"NaN"', "NaN"), flush=True)
+        if step % save == 0:
+            p = ckdir / f"step_{step}.pt"
+            tmp = ckdir / f".step_{step}.tmp"
+            tmp.write_bytes(f"{node} {step}".encode())
+            os.replace(tmp, p)
+            record_checkpoint(p, step=step)
+
+
+if __name__ == "__main__":
+    main()

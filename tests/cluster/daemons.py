@@ -1,0 +1,62 @@
+"""Several real supervisor daemons on one machine, one per simulated node, each with its own
+state dir, checkpoint dir and config, coordinated through a real etcd."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.cluster.etcdserver import EtcdServer
+from tests.conftest import Daemon
+
+JOB = Path(__file__).resolve().parent / "cluster_job.py"
+
+
+def node_config(tmp: Path, node: str, etcd: EtcdServer, prefix: str, *, nodes: int, job_args: list[str],
+                min_nodes: int = 0, lease_ttl_s: float = 3.0, wait_for_nodes_s: float = 30.0) -> Path:
+    d = tmp / node
+    (d / "ck").mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(JOB), str(d / "out"), str(d / "ck"), *job_args]
+    p = d / "config.toml"
+    p.write_text(f"""
+[job]
+name = "clustertest"
+command = {json.dumps(command)}
+[state]
+dir = "{d / 'state'}"
+[checkpoints]
+dir = "{d / 'ck'}"
+load_test = false
+[policy]
+backoff_initial_s = 0.0
+backoff_jitter = 0.0
+[validation]
+enabled = false
+[shutdown]
+grace_s = 5.0
+[cluster]
+endpoints = ["{etcd.endpoint}"]
+prefix = "{prefix}"
+node_id = "{node}"
+advertise_addr = "127.0.0.1"
+nodes = {nodes}
+min_nodes = {min_nodes}
+lease_ttl_s = {lease_ttl_s}
+wait_for_nodes_s = {wait_for_nodes_s}
+request_timeout_s = 1.0
+""")
+    return p
+
+
+def start(tmp: Path, node: str, config: Path) -> Daemon:
+    (tmp / node / "d").mkdir(parents=True, exist_ok=True)
+    return Daemon(["run", "--config", str(config)], tmp / node / "d")
+
+
+def launches(tmp: Path, node: str) -> list[dict[str, Any]]:
+    p = tmp / node / "out" / "launches.jsonl"
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]

@@ -1,0 +1,104 @@
+"""Three real daemons, one per simulated node, and a real etcd: a failure on one node stops all
+three and they resume together from the same step; a killed daemon is a lost node; an etcd
+restart mid-run changes nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.daemons import launches, node_config, start
+from tests.cluster.etcdserver import EtcdServer
+from tests.conftest import history, pid_alive
+from tests.util import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+NODES = ("n1", "n2", "n3")
+
+
+def _prefix() -> str:
+    return f"/tsup/e2e-{uuid.uuid4().hex[:8]}"
+
+
+def test_nan_on_one_node_stops_all_three_and_they_resume_from_the_same_step(
+        etcd: EtcdServer, tmp_path: Path) -> None:
+    prefix = _prefix()
+    ds = {n: start(tmp_path, n, node_config(tmp_path, n, etcd, prefix, nodes=3,
+                                            job_args=["60", "0.05", "10", "n2", "35"])) for n in NODES}
+    try:
+        codes = {n: d.wait(180) for n, d in ds.items()}
+    finally:
+        for d in ds.values():
+            if d.proc.poll() is None:
+                d.kill()
+    assert codes == {"n1": 0, "n2": 0, "n3": 0}, {n: d.stderr()[-2000:] for n, d in ds.items()}
+    runs = {n: launches(tmp_path, n) for n in NODES}
+    for n, ls in runs.items():
+        assert [int(x["TSUP_GENERATION"]) for x in ls] == [1, 2], (n, ls)
+        assert {x["TSUP_NNODES"] for x in ls} == {"3"} and {x["MASTER_ADDR"] for x in ls} == {"127.0.0.1"}
+    assert sorted(runs[n][0]["TSUP_NODE_RANK"] for n in NODES) == ["0", "1", "2"]
+    # every node resumed generation 2 from the same step: the newest verified everywhere before the NaN
+    assert {runs[n][1]["TSUP_RESUME_STEP"] for n in NODES} == {"30"}
+    for n in NODES:
+        h = history(tmp_path / n / "state")
+        first = h["attempts"][0]
+        assert first["cause"] == "nan", (n, first)
+        events = {e["event"] for e in h["events"]}
+        assert {"cluster_generation_joined", "cluster_started"} <= events, (n, events)
+        if n != "n2":
+            assert "cluster_generation_ended" in events  # told by the cluster, not seen here
+
+
+def test_a_killed_daemon_is_a_lost_node_the_others_stop_within_ttl_and_go_on(
+        etcd: EtcdServer, tmp_path: Path) -> None:
+    prefix, ttl = _prefix(), 3.0
+    ds = {n: start(tmp_path, n, node_config(tmp_path, n, etcd, prefix, nodes=3, min_nodes=2, lease_ttl_s=ttl,
+                                            wait_for_nodes_s=2.0, job_args=["100000", "0.05", "10"]))
+          for n in NODES}
+    try:
+        for n in NODES:
+            wait_for(lambda n=n: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
+        jobs = {n: launches(tmp_path, n)[0]["pid"] for n in NODES}
+        victim = "n3"
+        ds[victim].proc.send_signal(signal.SIGKILL)  # the node dies: its daemon and its job
+        os.killpg(os.getpgid(jobs[victim]), signal.SIGKILL)
+        killed_at = time.monotonic()
+        for n in ("n1", "n2"):
+            wait_for(lambda n=n: not pid_alive(jobs[n]), timeout=ttl + 15, what=f"{n}'s job stopped")
+        stopped_in = time.monotonic() - killed_at
+        assert stopped_in < ttl + 5 + 5  # TTL + etcd's expiry slack + the job's stop (grace 5 s)
+        for n in ("n1", "n2"):
+            ls = wait_for(lambda n=n: launches(tmp_path, n)[1:], timeout=30, what=f"{n} relaunched")
+            assert ls[0]["TSUP_GENERATION"] == "2" and ls[0]["TSUP_NNODES"] == "2"
+        for n in ("n1", "n2"):
+            assert wait_for(lambda n=n: any(e["event"] == "cluster_generation_ended" and "n3" in (e["message"] or "")
+                                            for e in history(tmp_path / n / "state")["events"]), timeout=10)
+    finally:
+        for n in ("n1", "n2"):
+            ds[n].kill()
+    for n in ("n1", "n2"):
+        h = history(tmp_path / n / "state")
+        assert h["attempts"][0]["cause"] == "node_lost", h["attempts"][0]
+
+
+def test_etcd_restarted_mid_run_changes_nothing(etcd: EtcdServer, tmp_path: Path) -> None:
+    prefix = _prefix()
+    ds = {n: start(tmp_path, n, node_config(tmp_path, n, etcd, prefix, nodes=3, lease_ttl_s=5.0,
+                                            job_args=["80", "0.05", "10"])) for n in NODES}
+    try:
+        for n in NODES:
+            wait_for(lambda n=n: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
+        etcd.restart()
+        codes = {n: d.wait(180) for n, d in ds.items()}
+    finally:
+        for d in ds.values():
+            if d.proc.poll() is None:
+                d.kill()
+    assert codes == {"n1": 0, "n2": 0, "n3": 0}, {n: d.stderr()[-2000:] for n, d in ds.items()}
+    for n in NODES:
+        assert [x["TSUP_GENERATION"] for x in launches(tmp_path, n)] == ["1"]  # one generation, never stopped
