@@ -1,29 +1,26 @@
-"""The line formats of the trainers, one ``parse_<format>(line, source, rank)`` each, and the
-number and record helpers they share. Pure functions; :class:`~supervisor.watch.parsers.MetricParser`
+"""The line formats of the trainers, one ``parse_<format>(line, source, rank)`` each (the numbers,
+key spellings and records they share are in :mod:`.records`). Pure functions; :class:`~supervisor.watch.parsers.MetricParser`
 picks which one a line goes to (see its module for the formats and the prefilter).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
-from typing import Mapping
 
 from ..events import MetricRecord
+from .records import (KEYS, LOSS_FIELDS, NUM, canonical_key, field_of, make_record, parse_human, parse_number,
+                      record_from_mapping)
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 RANK_PREFIX = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:\s?")
 
-# A number as trainers print it, non-finite spellings included.
-_NUM = r"[-+]?(?:\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|infinity|Infinity|INFINITY)"
-
-_NANOGPT_ITER = re.compile(rf"^iter (\d+): loss ({_NUM})(?:, time ({_NUM})ms)?(?:, mfu ({_NUM})%)?(?:,|$)")
-_NANOGPT_EVAL = re.compile(rf"^step (\d+): train loss ({_NUM}), val loss ({_NUM})\s*$")
-_TITAN = re.compile(rf"\bstep:\s*(\d+)\s+loss:\s*({_NUM})(?=\s|$)")
-_TITAN_FIELD = re.compile(rf"\b(grad_norm|memory|tps|tflops|mfu|lr):\s*({_NUM})")
+_NANOGPT_ITER = re.compile(rf"^iter (\d+): loss ({NUM})(?:, time ({NUM})ms)?(?:, mfu ({NUM})%)?(?:,|$)")
+_NANOGPT_EVAL = re.compile(rf"^step (\d+): train loss ({NUM}), val loss ({NUM})\s*$")
+_TITAN = re.compile(rf"\bstep:\s*(\d+)\s+loss:\s*({NUM})(?=\s|$)")
+_TITAN_FIELD = re.compile(rf"\b(grad_norm|memory|tps|tflops|mfu|lr):\s*({NUM})")
 _MEGATRON = re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|")
-_MEGATRON_VAL = re.compile(rf"validation loss at iteration\s+(\d+)[^|]*\|\s*lm loss value:\s*({_NUM})")
+_MEGATRON_VAL = re.compile(rf"validation loss at iteration\s+(\d+)[^|]*\|\s*lm loss value:\s*({NUM})")
 # 'key': value, 'key': 'value' (5.x), 'key': tensor(value), 'key': np.float64(value)
 _HF_PAIR = re.compile(r"'([^'\\]+)':\s*(?:tensor\(|np\.float\d*\(|')?([^,}()']+)'?\)?")
 
@@ -31,141 +28,27 @@ _HF_PAIR = re.compile(r"'([^'\\]+)':\s*(?:tensor\(|np\.float\d*\(|')?([^,}()']+)
 _BAR_TAIL = re.compile(r"[^|]*\|\s*(\d+)/(\d+)\s*\[([^\]]*)\]")
 _LIGHTNING_DESC = re.compile(r"^Epoch (\d+)(?:/\d+)?:?$")
 
-_LLMC_STEP = re.compile(rf"^step\s+(\d+)/(\d+)(?::|\s*\|)\s*(?:train )?loss\s+({_NUM})")
-_LLMC_C = re.compile(rf"^step (\d+): train loss ({_NUM}) \(took ({_NUM}) ms\)$")
-_LLMC_NORM = re.compile(rf"\bnorm\s+({_NUM})")
-_LLMC_LR = re.compile(rf"\blr\s+({_NUM})")
-_LLMC_MS = re.compile(rf"(?:^|[\s(|])({_NUM})\s*ms\b")
-_LLMC_TOKS = re.compile(rf"(?:^|[\s(|,])({_NUM})\s*tok/s")
-_LLMC_MFU = re.compile(rf"(?:^|[\s|])({_NUM})%[^|%]*MFU")
-_LLMC_ACC = re.compile(rf"\(acc ({_NUM})\)")
-_LLMC_VAL = re.compile(rf"^val loss ({_NUM})$")
-_LLMC_LOG = re.compile(rf"^s:(\d+) (trl|tel):({_NUM})(?: lr:({_NUM}) norm:({_NUM}))?$")
+_LLMC_STEP = re.compile(rf"^step\s+(\d+)/(\d+)(?::|\s*\|)\s*(?:train )?loss\s+({NUM})")
+_LLMC_C = re.compile(rf"^step (\d+): train loss ({NUM}) \(took ({NUM}) ms\)$")
+_LLMC_NORM = re.compile(rf"\bnorm\s+({NUM})")
+_LLMC_LR = re.compile(rf"\blr\s+({NUM})")
+_LLMC_MS = re.compile(rf"(?:^|[\s(|])({NUM})\s*ms\b")
+_LLMC_TOKS = re.compile(rf"(?:^|[\s(|,])({NUM})\s*tok/s")
+_LLMC_MFU = re.compile(rf"(?:^|[\s|])({NUM})%[^|%]*MFU")
+_LLMC_ACC = re.compile(rf"\(acc ({NUM})\)")
+_LLMC_VAL = re.compile(rf"^val loss ({NUM})$")
+_LLMC_LOG = re.compile(rf"^s:(\d+) (trl|tel):({NUM})(?: lr:({NUM}) norm:({NUM}))?$")
 
 _NANOTRON = re.compile(r"\biteration: (\d+) / (\d+) \|")
-_HUMAN_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 
 # kv: "step N" (or step=N, step: N, step N/M), then only key/value pairs.
 _KV_STEP = re.compile(r"(?<![\w/.\-])(?:global_step|[Ss]tep|STEP)(?:\s*[=:]\s*|\s+)(\d+)(?:\s*/\s*(\d+))?(?![\w.])")
 _KV_KEY = r"([A-Za-z_][\w./\-]*)"
 _KV_UNIT = r"(?:[A-Za-z%/]+)?"
-_KV_PART = re.compile(rf"{_KV_KEY}\s*(?:=|:|\s)\s*({_NUM}){_KV_UNIT}")
-_KV_SEQ = re.compile(rf"{_KV_KEY}(?:\s*=\s*|:\s*|\s+)({_NUM}){_KV_UNIT}(?:\s+|$)")
-_KV_ANON = re.compile(rf"\(?({_NUM})\s*{_KV_UNIT}\)?")
+_KV_PART = re.compile(rf"{_KV_KEY}\s*(?:=|:|\s)\s*({NUM}){_KV_UNIT}")
+_KV_SEQ = re.compile(rf"{_KV_KEY}(?:\s*=\s*|:\s*|\s+)({NUM}){_KV_UNIT}(?:\s+|$)")
+_KV_ANON = re.compile(rf"\(?({NUM})\s*{_KV_UNIT}\)?")
 _CSV_NAME = re.compile(r"[A-Za-z_][\w./\-]*")
-
-_SPECIALS = {"nan": math.nan, "-nan": math.nan, "+nan": math.nan,
-             "inf": math.inf, "+inf": math.inf, "-inf": -math.inf,
-             "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf}
-
-# Key spellings -> MetricRecord field, for JSON / HF / user dict-like formats.
-_KEYS: Mapping[str, str] = {
-    "step": "step", "iter": "step", "iteration": "step", "global_step": "step", "_step": "step",
-    "train/global_step": "step", "trainer/global_step": "step",
-    "loss": "loss", "train_loss": "loss", "train/loss": "loss", "lm_loss": "loss", "lm loss": "loss",
-    "grad_norm": "grad_norm", "grad-norm": "grad_norm", "gradnorm": "grad_norm", "train/grad_norm": "grad_norm",
-    "grad norm": "grad_norm",
-    "lr": "lr", "learning_rate": "lr", "learning rate": "lr", "train/learning_rate": "lr", "train/lr": "lr",
-    "tokens_per_sec": "tokens_per_sec", "tokens_per_second": "tokens_per_sec", "tps": "tokens_per_sec",
-    "tok/s": "tokens_per_sec", "throughput": "tokens_per_sec",
-    "val_loss": "val_loss", "eval_loss": "val_loss", "validation_loss": "val_loss", "val/loss": "val_loss",
-    "eval/loss": "val_loss",
-    "rank": "rank",
-}
-LOSS_FIELDS = ("loss", "val_loss", "grad_norm")
-
-
-def parse_number(text: str) -> float | None:
-    """``"1,234"``, ``"7.3E+00"``, ``"1.2%"``, ``"nan"``, ``"-Infinity"`` -> float; else None."""
-    try:
-        return float(text)  # float() itself accepts nan, -nan, inf, Infinity in any case
-    except ValueError:
-        pass
-    s = text.strip().rstrip("%").replace(",", "")
-    if not s:
-        return None
-    special = _SPECIALS.get(s.lower())
-    if special is not None:
-        return special
-    try:
-        return float(s)
-    except ValueError:
-        pass
-    # Lightning pads numbers to 5 characters: "nan.0", "inf.0", "-inf."
-    t = s.lower()
-    if t.endswith("."):
-        return _SPECIALS.get(t[:-1])
-    if t.endswith(".0"):
-        return _SPECIALS.get(t.rstrip("0")[:-1])
-    return None
-
-
-def parse_human(text: str) -> float | None:
-    """nanotron's ``human_format``: ``"24.6K"`` -> 24600.0, ``"1.23M"``, ``"infE"`` -> inf."""
-    t = text.strip()
-    mult = _HUMAN_SUFFIX.get(t[-1:])
-    if mult is None:
-        return parse_number(t)
-    num = parse_number(t[:-1])
-    return None if num is None else num * mult
-
-
-def canonical_key(key: str) -> tuple[str | None, bool]:
-    """Key -> (record field or None, is_per_step). Lightning's ``*_step`` / ``*_epoch`` suffixes:
-    ``train_loss_step`` is the step's loss, ``train_loss_epoch`` an epoch mean (-> extra)."""
-    canon = _KEYS.get(key) or _KEYS.get(key.lower())
-    if canon is not None:
-        return canon, True
-    if key.endswith("_step"):
-        return _KEYS.get(key[:-5]), True
-    return None, False
-
-
-def _to_float(v: object) -> float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        return parse_number(v)
-    return None
-
-
-def make_record(values: Mapping[str, object], fmt: str, source: str, rank: int | None,
-            extra: Mapping[str, float] | None = None) -> MetricRecord | None:
-    """Build a record from canonical field names; None unless a loss-like value is present."""
-    if not any(values.get(k) is not None for k in LOSS_FIELDS):
-        return None
-    step = values.get("step")
-    rk = values.get("rank")
-    return MetricRecord(
-        step=int(step) if isinstance(step, (int, float)) and math.isfinite(step) else None,
-        loss=values.get("loss"),  # type: ignore[arg-type]
-        grad_norm=values.get("grad_norm"),  # type: ignore[arg-type]
-        lr=values.get("lr"),  # type: ignore[arg-type]
-        tokens_per_sec=values.get("tokens_per_sec"),  # type: ignore[arg-type]
-        val_loss=values.get("val_loss"),  # type: ignore[arg-type]
-        rank=int(rk) if isinstance(rk, (int, float)) and math.isfinite(rk) else rank,
-        source=source, fmt=fmt, extra=dict(extra or {}),
-    )
-
-
-def _from_mapping(d: Mapping[str, object], fmt: str, source: str, rank: int | None) -> MetricRecord | None:
-    values: dict[str, object] = {}
-    extra: dict[str, float] = {}
-    for key, raw in d.items():
-        if not isinstance(key, str):
-            continue
-        canon = _KEYS.get(key) or _KEYS.get(key.lower())
-        num = _to_float(raw)
-        if num is None:
-            continue
-        if canon is None:
-            extra[key] = num
-        elif canon not in values:
-            values[canon] = num
-    return make_record(values, fmt, source, rank, extra)
-
 
 def parse_json(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
     if not (line.startswith("{") and line.endswith("}")):
@@ -176,7 +59,7 @@ def parse_json(line: str, source: str = "", rank: int | None = None) -> MetricRe
         return None
     if not isinstance(d, dict):
         return None
-    return _from_mapping(d, "json", source, rank)
+    return record_from_mapping(d, "json", source, rank)
 
 
 def parse_hf(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
@@ -195,7 +78,7 @@ def parse_hf(line: str, source: str = "", rank: int | None = None) -> MetricReco
     if "loss" not in d and "eval_loss" not in d:
         return None  # train summaries ({'train_runtime': ..., 'train_loss': ...}) are not steps
     d.pop("train_loss", None)
-    return _from_mapping(d, "hf", source, rank)
+    return record_from_mapping(d, "hf", source, rank)
 
 
 def parse_nanogpt(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
@@ -254,7 +137,7 @@ def parse_megatron(line: str, source: str = "", rank: int | None = None) -> Metr
             if num is None:
                 continue
             name = name.strip()
-            canon = _KEYS.get(name)
+            canon = KEYS.get(name)
             if canon:
                 values.setdefault(canon, num)
             else:
@@ -372,7 +255,7 @@ def parse_nanotron(line: str, source: str = "", rank: int | None = None) -> Metr
         num = parse_human(raw)
         if num is None:
             continue
-        canon = _KEYS.get(name)
+        canon = KEYS.get(name)
         if canon is not None and canon != "step":
             values.setdefault(canon, num)
         else:
@@ -415,7 +298,7 @@ def parse_kv(line: str, source: str = "", rank: int | None = None) -> MetricReco
         num = parse_number(raw)
         if num is None:
             return None
-        canon = _KEYS.get(key) or _KEYS.get(key.lower())
+        canon = field_of(key)
         if canon is None:
             extra[key] = num
         elif canon != "step":

@@ -70,12 +70,9 @@ from typing import Sequence
 from ..events import MetricRecord
 from .formats import (
     ANSI_RE,
-    LOSS_FIELDS,
     RANK_PREFIX,
-    canonical_key,
     csv_header,
     last_segment,
-    make_record,
     parse_bar,
     parse_hf,
     parse_json,
@@ -84,9 +81,9 @@ from .formats import (
     parse_megatron,
     parse_nanogpt,
     parse_nanotron,
-    parse_number,
     parse_torchtitan,
 )
+from .records import LOSS_FIELDS, canonical_key, make_record, parse_number
 
 # Substrings at least one of which every built-in metric line contains, except in the files for which
 # MetricParser.wants_all_lines is True (CSV data rows, llm.c's main.log: metric lines only, no keyword).

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from supervisor.watch.formats import parse_human, parse_number
+from supervisor.watch.records import parse_human, parse_number
 from supervisor.watch.parsers import METRIC_KEYWORDS, MetricParser
 
 P = MetricParser()

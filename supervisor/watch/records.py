@@ -1,0 +1,132 @@
+"""What every trainer line format shares: numbers as trainers print them (``1,234``, ``nan.0``,
+``24.6K``), the key spellings of each metric field, and the :class:`~supervisor.events.MetricRecord`
+built from them. Pure functions, used by :mod:`.formats` and :mod:`.parsers`."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from ..events import MetricRecord
+
+# A number as trainers print it, non-finite spellings included.
+NUM = r"[-+]?(?:\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|infinity|Infinity|INFINITY)"
+
+_HUMAN_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+
+_SPECIALS = {"nan": math.nan, "-nan": math.nan, "+nan": math.nan,
+             "inf": math.inf, "+inf": math.inf, "-inf": -math.inf,
+             "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf}
+
+# Key spellings -> MetricRecord field, for JSON / HF / user dict-like formats.
+KEYS: Mapping[str, str] = {
+    "step": "step", "iter": "step", "iteration": "step", "global_step": "step", "_step": "step",
+    "train/global_step": "step", "trainer/global_step": "step",
+    "loss": "loss", "train_loss": "loss", "train/loss": "loss", "lm_loss": "loss", "lm loss": "loss",
+    "grad_norm": "grad_norm", "grad-norm": "grad_norm", "gradnorm": "grad_norm", "train/grad_norm": "grad_norm",
+    "grad norm": "grad_norm",
+    "lr": "lr", "learning_rate": "lr", "learning rate": "lr", "train/learning_rate": "lr", "train/lr": "lr",
+    "tokens_per_sec": "tokens_per_sec", "tokens_per_second": "tokens_per_sec", "tps": "tokens_per_sec",
+    "tok/s": "tokens_per_sec", "throughput": "tokens_per_sec",
+    "val_loss": "val_loss", "eval_loss": "val_loss", "validation_loss": "val_loss", "val/loss": "val_loss",
+    "eval/loss": "val_loss",
+    "rank": "rank",
+}
+LOSS_FIELDS = ("loss", "val_loss", "grad_norm")
+
+
+def parse_number(text: str) -> float | None:
+    """``"1,234"``, ``"7.3E+00"``, ``"1.2%"``, ``"nan"``, ``"-Infinity"`` -> float; else None."""
+    try:
+        return float(text)  # float() itself accepts nan, -nan, inf, Infinity in any case
+    except ValueError:
+        pass
+    s = text.strip().rstrip("%").replace(",", "")
+    if not s:
+        return None
+    special = _SPECIALS.get(s.lower())
+    if special is not None:
+        return special
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    # Lightning pads numbers to 5 characters: "nan.0", "inf.0", "-inf."
+    t = s.lower()
+    if t.endswith("."):
+        return _SPECIALS.get(t[:-1])
+    if t.endswith(".0"):
+        return _SPECIALS.get(t.rstrip("0")[:-1])
+    return None
+
+
+def parse_human(text: str) -> float | None:
+    """nanotron's ``human_format``: ``"24.6K"`` -> 24600.0, ``"1.23M"``, ``"infE"`` -> inf."""
+    t = text.strip()
+    mult = _HUMAN_SUFFIX.get(t[-1:])
+    if mult is None:
+        return parse_number(t)
+    num = parse_number(t[:-1])
+    return None if num is None else num * mult
+
+
+def field_of(key: str) -> str | None:
+    """The record field a key names (as spelled, else in lower case), or None."""
+    return KEYS.get(key) or KEYS.get(key.lower())
+
+
+def canonical_key(key: str) -> tuple[str | None, bool]:
+    """Key -> (record field or None, is_per_step). Lightning's ``*_step`` / ``*_epoch`` suffixes:
+    ``train_loss_step`` is the step's loss, ``train_loss_epoch`` an epoch mean (-> extra)."""
+    canon = field_of(key)
+    if canon is not None:
+        return canon, True
+    if key.endswith("_step"):
+        return KEYS.get(key[:-5]), True
+    return None, False
+
+
+def to_float(v: object) -> float | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        return parse_number(v)
+    return None
+
+
+def make_record(values: Mapping[str, object], fmt: str, source: str, rank: int | None,
+            extra: Mapping[str, float] | None = None) -> MetricRecord | None:
+    """Build a record from canonical field names; None unless a loss-like value is present."""
+    if not any(values.get(k) is not None for k in LOSS_FIELDS):
+        return None
+    step = values.get("step")
+    rk = values.get("rank")
+    return MetricRecord(
+        step=int(step) if isinstance(step, (int, float)) and math.isfinite(step) else None,
+        loss=values.get("loss"),  # type: ignore[arg-type]
+        grad_norm=values.get("grad_norm"),  # type: ignore[arg-type]
+        lr=values.get("lr"),  # type: ignore[arg-type]
+        tokens_per_sec=values.get("tokens_per_sec"),  # type: ignore[arg-type]
+        val_loss=values.get("val_loss"),  # type: ignore[arg-type]
+        rank=int(rk) if isinstance(rk, (int, float)) and math.isfinite(rk) else rank,
+        source=source, fmt=fmt, extra=dict(extra or {}),
+    )
+
+
+def record_from_mapping(d: Mapping[str, object], fmt: str, source: str, rank: int | None) -> MetricRecord | None:
+    values: dict[str, object] = {}
+    extra: dict[str, float] = {}
+    for key, raw in d.items():
+        if not isinstance(key, str):
+            continue
+        canon = field_of(key)
+        num = to_float(raw)
+        if num is None:
+            continue
+        if canon is None:
+            extra[key] = num
+        elif canon not in values:
+            values[canon] = num
+    return make_record(values, fmt, source, rank, extra)
