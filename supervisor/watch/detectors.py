@@ -32,12 +32,13 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from dataclasses import dataclass
 from statistics import median
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from ..events import Action, Cause, Detection, MetricRecord
 from .config import DetectorsConfig, LossSpikeConfig, NanDetectorConfig, TextDetectorConfig
+from .textrules import (CKPT_KEYWORDS, CKPT_RULES, FATAL_XIDS, GPU_RULES, NAN_TEXT_KEYWORDS, NAN_TEXT_RULES,
+                        NCCL_KEYWORDS, NCCL_RULES, OOM_KEYWORDS, OOM_RULES, XID_LINE, TextRule)
 
 
 def truncate(text: str, limit: int) -> str:
@@ -53,92 +54,6 @@ class Detector(Protocol):
     def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None: ...
 
     def reset(self, resume_step: int | None) -> None: ...
-
-
-@dataclass(frozen=True)
-class TextRule:
-    """A regex whose match on a line means ``cause``, with a human summary.
-
-    ``anchors``: literal substrings one of which any match contains; checked with ``in`` before
-    the regex runs (a substring test costs tens of nanoseconds, a regex search microseconds).
-    Empty for user patterns: those always run.
-    """
-
-    cause: Cause
-    pattern: re.Pattern[str]
-    summary: str
-    anchors: tuple[str, ...] = ()
-    action: Action | None = None
-
-
-def _rules(cause: Cause, rows: Iterable[tuple[str | tuple[str, ...], str, str]]) -> list[TextRule]:
-    out = []
-    for anchors, pattern, summary in rows:
-        out.append(TextRule(cause, re.compile(pattern), summary, (anchors,) if isinstance(anchors, str) else anchors))
-    return out
-
-
-OOM_RULES = _rules(Cause.OOM, [
-    ("out of memory", r"(?:CUDA|HIP|XPU|MPS) out of memory", "GPU out of memory"),
-    ("OutOfMemoryError", r"OutOfMemoryError", "GPU out of memory"),
-    (("ALLOC_FAILED", "cudaErrorMemoryAllocation"),
-     r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation", "GPU allocation failed"),
-    ("MemoryError", r"^\s*(?:\[rank\d+\]:\s*)?MemoryError\b", "host out of memory (MemoryError)"),
-    ("bad_alloc", r"std::bad_alloc", "host allocation failed (std::bad_alloc)"),
-    ("Out of memory", r"RESOURCE_EXHAUSTED: Out of memory", "device out of memory"),
-])
-
-NCCL_RULES = _rules(Cause.NCCL_TIMEOUT, [
-    ("Watchdog caught", r"Watchdog caught collective operation timeout", "NCCL collective timed out (watchdog)"),
-    ("ProcessGroupNCCL", r"ProcessGroupNCCL.*(?:[Tt]imeout|timed out|[Ee]rror|abort)", "ProcessGroupNCCL error"),
-    ("ommunicator", r"[Cc]ommunicator (?:was )?abort", "NCCL communicator aborted"),
-    ("Some NCCL operations", r"Some NCCL operations have failed or timed out", "NCCL operations failed or timed out"),
-    ("NCCL watchdog", r"NCCL watchdog thread terminated", "NCCL watchdog terminated"),
-    ("nccl", r"nccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage)\b", "NCCL error"),
-    (("NCCL error", "NCCL Error", "NCCL ERROR"),
-     r"NCCL (?:error|Error|ERROR)\b.*(?:timeout|timed out|unhandled|remote|internal|system)", "NCCL error"),
-    ("DistBackendError", r"DistBackendError", "distributed backend error"),
-    (("ocket", "Connection reset"),
-     r"(?:Socket|socket) [Tt]imeout|Connection reset by peer.*(?:gloo|nccl|c10d)", "collective socket timeout"),
-    ("illegal memory access", r"an illegal memory access was encountered", "CUDA illegal memory access"),
-    ("unspecified launch failure", r"unspecified launch failure", "CUDA unspecified launch failure"),
-])
-
-GPU_RULES = _rules(Cause.GPU_FAULT, [
-    ("uncorrectable ECC", r"uncorrectable ECC error", "uncorrectable ECC error"),
-    (("GPU is lost", "off the bus"), r"GPU is lost|fallen off the bus", "GPU lost"),
-])
-_XID = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
-# Xids after which a restart on the same node does not help.
-FATAL_XIDS = frozenset({48, 64, 74, 79, 92, 94, 95, 119, 120})
-
-CKPT_RULES = _rules(Cause.CHECKPOINT_LOAD_ERROR, [
-    ("Missing key(s) in state_dict", r"Missing key\(s\) in state_dict", "missing keys in state_dict"),
-    ("Unexpected key(s) in state_dict", r"Unexpected key\(s\) in state_dict", "unexpected keys in state_dict"),
-    ("in loading state_dict", r"Error\(s\) in loading state_dict", "state_dict does not match the model"),
-    ("size mismatch for", r"size mismatch for \S+", "tensor size mismatch in state_dict"),
-    ("PytorchStreamReader failed", r"PytorchStreamReader failed", "checkpoint archive unreadable (PytorchStreamReader)"),
-    (("nexpected EOF", "EOFError"), r"[Uu]nexpected EOF|EOFError: Ran out of input",
-     "checkpoint file truncated (unexpected EOF)"),
-    ("Weights only load failed", r"Weights only load failed", "weights-only checkpoint load failed"),
-    ("UnpicklingError", r"UnpicklingError", "checkpoint unpickling failed"),
-    (("SafetensorError", "deserializing header"), r"SafetensorError|Error while deserializing header",
-     "safetensors checkpoint unreadable"),
-    # HF Trainer, --resume_from_checkpoint a folder with no weights file. Its resume *warnings*
-    # ("There were missing keys in the checkpoint model loaded: ['lm_head.weight']." for tied
-    # weights, printed on every resume) are not load errors and match nothing here.
-    ("valid checkpoint", r"Can't find a valid checkpoint at", "HF Trainer found no weights in the checkpoint folder"),
-])
-
-NAN_TEXT_RULES = _rules(Cause.NAN, [
-    ("nan iterations", r"number of nan iterations:\s*([1-9]\d*)", "Megatron reports nan iterations"),
-    (("oss is", "oss became", "oss was", "oss ="), r"\b[Ll]oss (?:is|became|was|=) (?:NaN|nan|NAN|inf|Inf|-inf)\b",
-     "loss is not finite"),
-    (("NaN", "nan ", "Detected"),
-     r"\b(?:NaN|nan) (?:or Inf )?(?:loss|detected|found)\b|\bDetected (?:NaN|nan|inf|Inf)\b", "NaN detected"),
-    ("is non-finite", r"is non-finite, so it cannot be clipped", "gradient norm is non-finite"),
-    ("returned nan values", r"returned nan values in its \d+th output", "autograd anomaly: nan"),
-])
 
 
 class TextDetector:
@@ -192,7 +107,7 @@ class NcclDetector(TextDetector):
 
     def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None:
         if "Xid" in line and Cause.GPU_FAULT not in self.fired:
-            m = _XID.search(line)
+            m = XID_LINE.search(line)
             if m:
                 xid = int(m.group(2))
                 fatal = xid in FATAL_XIDS
@@ -399,17 +314,6 @@ class _SpikeStream:
     def _accept(self, loss: float) -> None:
         self.window.append(loss)
         self._stale += 1
-
-
-# Literal anchors per detector: every built-in rule of a detector contains one of its anchors,
-# so a line without any of them cannot match and is never shown to it. Few anchors = fewer passes
-# over each batch; "oss" is shared with the metric parser (loss), "emory" by oom and nccl.
-NAN_TEXT_KEYWORDS = ("nan", "NaN", "oss", "-finite", "etected")
-OOM_KEYWORDS = ("emory", "ALLOC", "_alloc")
-NCCL_KEYWORDS = ("NCCL", "nccl", "ommunicator", "Watchdog", "DistBackend", "ocket", "onnection reset", "emory", "launch", "ECC",
-                 "GPU is lost", "off the bus", "Xid")
-CKPT_KEYWORDS = ("state_dict", "mismatch", "Stream", "EOF", "npickl", "Weights only", "afetensor", "deserializ",
-                 "valid checkpoint")
 
 
 def build_detectors(cfg: DetectorsConfig) -> list[Detector]:

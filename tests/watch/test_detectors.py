@@ -299,7 +299,7 @@ def test_a_failing_sink_does_not_raise() -> None:
 def test_every_rule_anchor_is_reachable_through_the_scan_keywords() -> None:
     # The LogWatcher only shows a detector lines containing one of its keywords, and a rule only
     # runs its regex when one of its anchors is on the line: every anchor must contain a keyword.
-    from supervisor.watch import detectors as d
+    from supervisor.watch import textrules as d
 
     for rules, kws in [(d.OOM_RULES, d.OOM_KEYWORDS), (d.NCCL_RULES + d.GPU_RULES, d.NCCL_KEYWORDS),
                        (d.CKPT_RULES, d.CKPT_KEYWORDS), (d.NAN_TEXT_RULES, d.NAN_TEXT_KEYWORDS)]:
