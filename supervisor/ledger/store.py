@@ -336,6 +336,11 @@ class Ledger:
         self.db.execute("UPDATE runs SET state=?, exit_code=?, reason=?, ended_at=? WHERE run_id=?",
                         (state, exit_code, reason, time.time(), run_id))
 
+    def run_config(self, run_id: str) -> dict[str, Any]:
+        """The config a run was started (or last continued) with, as its table; {} if none."""
+        row = self.db.execute("SELECT config_json FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        return json.loads(row["config_json"]) if row and row["config_json"] else {}
+
     def latest_run_id(self) -> str | None:
         row = self.db.execute("SELECT run_id FROM runs ORDER BY created_at DESC LIMIT 1").fetchone()
         return row["run_id"] if row else None

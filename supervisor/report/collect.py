@@ -8,7 +8,6 @@ checkpoints; ``checkpoints`` runs the full list).
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,7 @@ def goodput_from_ledger(led: Ledger, run_id: str, now: float | None = None) -> d
 
 def _checkpoint_rows(led: Ledger, run_id: str, state_dir: Path) -> list[dict[str, Any]]:
     try:
-        run = led.db.execute("SELECT config_json FROM runs WHERE run_id=?", (run_id,)).fetchone()
-        cfg = json.loads(run["config_json"]) if run and run["config_json"] else {}
+        cfg = led.run_config(run_id)
         ck = (cfg.get("checkpoints") or {}).get("dir")
         if not ck:
             return []
