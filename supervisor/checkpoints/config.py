@@ -80,4 +80,7 @@ class CheckpointsConfig:
     preserve_last_good: bool = field(default=True, metadata=meta(
         "keep each verified version of a single overwritten checkpoint (nanoGPT ckpt.pt, last.ckpt) in "
         "last_good/ as soon as the background verifier passes it: a hard link when the job replaces the file "
-        "by rename, else a copy (its size in disk, logged as disk_bytes); off for huge files"))
+        "by rename, else a reflink where the filesystem clones, else a copy; status shows last_good_disk_bytes"))
+    last_good_max_bytes: int = field(default=0, metadata=meta(
+        "keep no last_good/ version bigger than this many bytes (0: no limit): a kept version holds its size "
+        "on disk once the job saves the next one", min=0))

@@ -22,7 +22,8 @@ import structlog
 
 from .discovery import LAST_GOOD_DIR, NOTE_SUFFIX, QUARANTINE_DIR, Layout
 from .layouts import registry
-from .manifest import fsync_dir, manifest_path, write_json_atomic
+from .manifest import fsync_dir, manifest_path, stat_record, write_json_atomic
+from .reflink import clone_file
 
 log = structlog.get_logger("supervisor.checkpoints")
 
@@ -85,29 +86,38 @@ def last_good_path(path: Path) -> Path:
     return path.parent / LAST_GOOD_DIR / path.name
 
 
-def preserve_last_good(path: Path, link: bool = False) -> Path:
-    """Copy ``path`` (a verified single overwritten checkpoint) and its manifest to ``last_good/``.
+def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0) -> Path | None:
+    """Keep ``path`` (a verified single overwritten checkpoint) and its manifest in ``last_good/``.
 
     The copy goes to a temp name first and is renamed over the previous copy, so a crash
-    mid-copy leaves the previous last good copy intact. ``link``: the job replaces the file by
-    rename (each save a new inode), so a hard link keeps this version at no disk cost; never for a
-    job that rewrites the file in place (the link would be overwritten with it). Returns the copy's path.
+    mid-copy leaves the previous last good copy intact. How, cheapest first: ``link`` (the job
+    replaces the file by rename, each save a new inode) a hard link, no bytes until the next save
+    (never for a job that rewrites the file in place: the link would be overwritten with it);
+    else a reflink where the filesystem clones (shared extents); else a copy. ``max_bytes`` (0: no
+    limit): a bigger version is not kept at all, since any kept version holds its size on disk once
+    the job saves the next one. Returns the copy's path, or None when skipped for its size.
     """
     path = Path(path)
+    size = path.stat().st_size if path.is_file() else stat_record(path)["size"]
+    if max_bytes and size > max_bytes:
+        log.info("checkpoint_last_good_skipped", path=str(path), size=size, max_bytes=max_bytes,
+                 next="this version is not kept (checkpoints.last_good_max_bytes); a bad overwrite of it "
+                      "falls back to an older checkpoint")
+        return None
     dest = last_good_path(path)
     dest.parent.mkdir(exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    linked = False
+    how = "copy"
     if link and path.is_file():
         try:
             if tmp.exists():
                 tmp.unlink()  # our own leftover temp name
             os.link(path, tmp)
             os.replace(tmp, dest)
-            linked = True
+            how = "hard link"
         except OSError:
-            linked = False  # another filesystem, or links refused: copy
-    if linked:
+            pass  # another filesystem, or links refused: clone or copy
+    if how == "hard link":
         pass
     elif path.is_dir():
         if tmp.exists():
@@ -118,10 +128,13 @@ def preserve_last_good(path: Path, link: bool = False) -> Path:
             os.rename(dest, old)  # kept, never deleted
         os.rename(tmp, dest)
     else:
-        with open(path, "rb") as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst, 8 * 1024 * 1024)
-            dst.flush()
-            os.fsync(dst.fileno())
+        if clone_file(path, tmp):
+            how = "reflink"
+        else:
+            with open(path, "rb") as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst, 8 * 1024 * 1024)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
         shutil.copystat(path, tmp)
         os.replace(tmp, dest)
     mp = manifest_path(path)
@@ -131,10 +144,38 @@ def preserve_last_good(path: Path, link: bool = False) -> Path:
             data["copied_from"] = str(path)
             write_json_atomic(manifest_path(dest), data)
     fsync_dir(dest.parent)
-    log.info("checkpoint_preserved_last_good", path=str(path), copy=str(dest), how="hard link" if linked else "copy",
-             disk_bytes=0 if linked or path.is_dir() else dest.stat().st_size,
+    log.info("checkpoint_preserved_last_good", path=str(path), copy=str(dest), how=how,
+             disk_bytes=size if how == "copy" and not path.is_dir() else 0,
              next="a bad overwrite of the original can no longer destroy the last good state")
     return dest
+
+
+def last_good_disk_bytes(checkpoint_dir: Path) -> int | None:
+    """Bytes on disk that only ``last_good/`` holds (None without one): a hard link to the file
+    the job still has costs nothing; one whose original the job has since replaced, and a copy,
+    cost their allocated size. A reflink counts in full (stat cannot see shared extents): an
+    upper bound."""
+    lg = Path(checkpoint_dir) / LAST_GOOD_DIR
+    try:
+        entries = list(os.scandir(lg))
+    except OSError:
+        return None
+    total = 0
+    for e in entries:
+        try:
+            if e.name.startswith(".") or not e.is_file(follow_symlinks=False):
+                continue  # temp names, folders (copied folder checkpoints are rare; counted as 0)
+            st = e.stat(follow_symlinks=False)
+            try:
+                live = os.stat(Path(checkpoint_dir) / e.name)
+                if (live.st_dev, live.st_ino) == (st.st_dev, st.st_ino):
+                    continue
+            except OSError:
+                pass
+            total += st.st_blocks * 512
+        except OSError:
+            continue  # replaced while we looked
+    return total
 
 
 def restore_last_good(copy: Path, original: Path) -> None:

@@ -35,7 +35,8 @@ from .integrity import check_integrity, stat_changed, write_own_manifest
 from .layouts.registry import keeps_last_good
 from .loadtest import LoadTestRequest, LoadTestResult, resolve_job_python, run_load_test
 from .manifest import read_manifest, record_metric, stat_record
-from .quarantine import QuarantineRecord, last_good_path, preserve_last_good, quarantine, restore_last_good
+from .quarantine import (QuarantineRecord, last_good_disk_bytes, last_good_path, preserve_last_good, quarantine,
+                         restore_last_good)
 from .quicklist import MetricsSeen, Readiness, RowBuilder, config_diff, current_config, is_corrupt, val_metric_for
 from .selection import CheckpointBook, Choice, Mode, select_explained
 
@@ -258,7 +259,7 @@ class CheckpointService:
         prev = self._single_inodes.get(path)
         self._single_inodes[path] = st.st_ino
         renamed = prev is not None and prev != st.st_ino
-        return preserve_last_good(path, link=renamed)
+        return preserve_last_good(path, link=renamed, max_bytes=self.cfg.last_good_max_bytes)
 
     # ------------------------------------------------------------------ the pre-resume gate
 
@@ -308,7 +309,7 @@ class CheckpointService:
         """Keep a copy of a single overwritten checkpoint; put a last_good copy back in place."""
         if keeps_last_good(choice.layout) and self.cfg.preserve_last_good:
             try:
-                preserve_last_good(choice.path)
+                preserve_last_good(choice.path, max_bytes=self.cfg.last_good_max_bytes)
             except OSError as exc:
                 log.warning("checkpoint_preserve_failed", path=str(choice.path), error=str(exc),
                             next="resuming anyway; a bad overwrite could destroy this state")
@@ -327,6 +328,10 @@ class CheckpointService:
                 restore_last_good(choice.path, original)
                 return replace(choice, path=original, reason=choice.reason + " (restored from last_good/)")
         return choice
+
+    def last_good_disk_bytes(self) -> int | None:
+        """Disk bytes held only by last_good/ (None without one); see quarantine.last_good_disk_bytes."""
+        return last_good_disk_bytes(self.dir)
 
     def preserve_single_checkpoints(self) -> list[Path]:
         """Copy verified single overwritten checkpoints to last_good/ (call when a new one appears)."""

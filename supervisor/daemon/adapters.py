@@ -229,8 +229,12 @@ class CheckpointConcern(Concern):
         newest = self.newest()
         if newest is None:
             return {}
-        return {"newest_checkpoint": str(newest.path),
-                "seconds_since_last_good_checkpoint": round(max(0.0, time.time() - newest.mtime), 1)}
+        out: dict[str, Any] = {"newest_checkpoint": str(newest.path),
+                               "seconds_since_last_good_checkpoint": round(max(0.0, time.time() - newest.mtime), 1)}
+        lg = self.svc.last_good_disk_bytes()  # a scandir and a few stats
+        if lg is not None:
+            out["last_good_disk_bytes"] = lg
+        return out
 
 
 class HealthConcern(Concern):

@@ -88,3 +88,58 @@ def test_the_val_loss_the_log_printed_is_kept_in_the_manifest_of_each_version(da
     table = subprocess.run([PY, "-m", "supervisor", "checkpoints", "--checkpoint-dir", str(ck), "--state-dir",
                             str(sd)], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
     assert "2.5" in table
+
+
+# One overwritten ckpt.pt saved by rename (a new inode per save), versions 10 and 20; each
+# waits for the test to say go.
+NANOGPT_SAVES = """
+import os, sys, time, torch
+out, ck = sys.argv[1], sys.argv[2]
+for it in (10, 20):
+    torch.save({"model": {"w": torch.ones(4096)}, "iter_num": it}, os.path.join(ck, "ckpt.pt.tmp"))
+    os.replace(os.path.join(ck, "ckpt.pt.tmp"), os.path.join(ck, "ckpt.pt"))
+    while not os.path.exists(os.path.join(out, f"go{it}")):
+        time.sleep(0.05)
+"""
+
+
+def _status(sd: Path) -> dict:
+    import json
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    cp = subprocess.run([PY, "-m", "supervisor", "status", "--json", "--state-dir", str(sd)], cwd=ROOT,
+                        capture_output=True, text=True, timeout=60)
+    return json.loads(cp.stdout) if cp.returncode == 0 else {}
+
+
+@pytest.mark.slow
+def test_the_last_good_copy_reports_its_disk_cost_and_a_size_cap_turns_it_off(daemons, tmp_path):
+    from tests.util import wait_for
+
+    for cap in (0, 1000):
+        sd, out, ck = tmp_path / f"sd{cap}", tmp_path / f"out{cap}", tmp_path / f"ck{cap}"
+        ck.mkdir(), out.mkdir()
+        cfg = tmp_path / f"c{cap}.toml"
+        cfg.write_text(f"[checkpoints]\nsettle_s = 0.2\nlast_good_max_bytes = {cap}\n")
+        d = daemons(wrap(sd, "--config", str(cfg), "--checkpoint-dir", str(ck))
+                    + [PY, "-c", NANOGPT_SAVES, str(out), str(ck)])
+        kept = ck / "last_good" / "ckpt.pt"
+        if cap:
+            wait_for(lambda: "checkpoint_last_good_skipped" in d.stderr(), 60, what="the version too big to keep")
+            assert not kept.exists()
+            (out / "go10").touch(), (out / "go20").touch()
+            assert d.wait(60) == 0
+            continue
+        # The first version seen is copied (how the job saves is not known yet): it costs its size.
+        wait_for(lambda: kept.exists(), 60, what="version 10 kept")
+        size = kept.stat().st_blocks * 512  # 16 KiB of weights; its manifest copy adds a few KiB
+        assert size <= wait_for(lambda: _status(sd).get("last_good_disk_bytes"), 30, what="status") < 2 * size
+        (out / "go10").touch()
+        # The job replaced the file by rename: version 20 is kept as a hard link, no bytes for the
+        # weights (the manifest copy is all that last_good/ adds).
+        wait_for(lambda: kept.stat().st_ino == (ck / "ckpt.pt").stat().st_ino, 60, what="version 20 linked")
+        assert wait_for(lambda: _status(sd).get("last_good_disk_bytes", size) < size, 30, what="status")
+        (out / "go20").touch()
+        assert d.wait(60) == 0

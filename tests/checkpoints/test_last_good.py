@@ -1,0 +1,71 @@
+"""The last good copy of a single overwritten checkpoint: hard link, reflink or copy, the size
+cap, and the disk it costs (issue 11). Through the real daemon: tests/e2e/test_recovery_e2e.py."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from supervisor.checkpoints.quarantine import last_good_disk_bytes, preserve_last_good
+from supervisor.checkpoints.reflink import clone_file
+
+
+def _ckpt(folder: Path, data: bytes) -> Path:
+    folder.mkdir(exist_ok=True)
+    p = folder / "ckpt.pt"
+    tmp = folder / "ckpt.pt.tmp"
+    tmp.write_bytes(data)
+    os.replace(tmp, p)
+    return p
+
+
+def _reflinks(folder: Path) -> bool:
+    (folder / "probe").write_bytes(b"x" * 4096)
+    return clone_file(folder / "probe", folder / "probe.clone")
+
+
+def test_without_reflinks_the_clone_says_no_and_leaves_nothing_behind(tmp_path):
+    if _reflinks(tmp_path):
+        pytest.skip("this filesystem clones; the fallback is not reachable here")
+    assert not (tmp_path / "probe.clone").exists()
+    with pytest.raises(FileNotFoundError):
+        clone_file(tmp_path / "absent", tmp_path / "x")  # a real error is raised, not taken for "unsupported"
+
+
+def test_a_copy_is_kept_where_nothing_cheaper_works_and_costs_its_size(tmp_path):
+    ck = tmp_path / "ck"
+    p = _ckpt(ck, b"a" * 100_000)
+    assert last_good_disk_bytes(ck) is None  # no last_good/ yet
+    kept = preserve_last_good(p)
+    assert kept is not None and kept.read_bytes() == p.read_bytes()
+    assert kept.stat().st_ino != p.stat().st_ino
+    assert last_good_disk_bytes(ck) == kept.stat().st_blocks * 512 >= 100_000
+
+
+def test_a_hard_link_costs_nothing_until_the_job_replaces_the_file(tmp_path):
+    ck = tmp_path / "ck"
+    p = _ckpt(ck, b"a" * 100_000)
+    kept = preserve_last_good(p, link=True)
+    assert kept is not None and kept.stat().st_ino == p.stat().st_ino
+    assert last_good_disk_bytes(ck) == 0
+    _ckpt(ck, b"b" * 100_000)  # the next save, by rename: the kept version now holds its bytes alone
+    assert kept.read_bytes() == b"a" * 100_000
+    assert last_good_disk_bytes(ck) >= 100_000
+
+
+def test_a_version_over_the_size_cap_is_not_kept(tmp_path):
+    ck = tmp_path / "ck"
+    p = _ckpt(ck, b"a" * 10_000)
+    assert preserve_last_good(p, link=True, max_bytes=9_999) is None
+    assert not (ck / "last_good" / "ckpt.pt").exists()
+    assert preserve_last_good(p, max_bytes=10_000) is not None  # at the cap: kept
+
+
+def test_a_reflink_shares_the_extents_where_the_filesystem_clones(tmp_path):
+    if not _reflinks(tmp_path):
+        pytest.skip("no reflinks on this filesystem (ext4, tmpfs): btrfs or XFS with reflink=1 needed")
+    ck = tmp_path / "ck"
+    p = _ckpt(ck, b"a" * 100_000)
+    kept = preserve_last_good(p)
+    assert kept is not None and kept.read_bytes() == p.read_bytes() and kept.stat().st_ino != p.stat().st_ino
