@@ -11,7 +11,6 @@ import json
 import math
 import os
 import sqlite3
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -20,87 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import SupervisorError
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id      TEXT PRIMARY KEY,
-    name        TEXT NOT NULL,
-    created_at  REAL NOT NULL,
-    ended_at    REAL,
-    state       TEXT NOT NULL,
-    exit_code   INTEGER,
-    reason      TEXT,
-    config_json TEXT
-);
-CREATE TABLE IF NOT EXISTS attempts (
-    run_id          TEXT NOT NULL REFERENCES runs(run_id),
-    attempt         INTEGER NOT NULL,
-    argv_json       TEXT NOT NULL,
-    cwd             TEXT NOT NULL,
-    env_json        TEXT NOT NULL,
-    snapshot_json   TEXT,
-    started_at      REAL NOT NULL,
-    ended_at        REAL,
-    pid             INTEGER,
-    pgid            INTEGER,
-    leader_ctime    REAL,
-    exit_code       INTEGER,
-    signal          TEXT,
-    cause           TEXT,
-    action          TEXT,
-    checkpoint      TEXT,
-    resume_step     INTEGER,
-    remedies_json   TEXT NOT NULL DEFAULT '[]',
-    validation_json TEXT,
-    detection_json  TEXT,
-    gate_json       TEXT,
-    decision_json   TEXT,
-    shutdown_json   TEXT,
-    summary         TEXT,
-    counted         INTEGER NOT NULL DEFAULT 1,
-    first_step_at   REAL,
-    last_step       INTEGER,
-    PRIMARY KEY (run_id, attempt)
-);
-CREATE TABLE IF NOT EXISTS events (
-    id        INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id    TEXT NOT NULL,
-    attempt   INTEGER,
-    at        REAL NOT NULL,
-    event     TEXT NOT NULL,
-    level     TEXT NOT NULL,
-    message   TEXT,
-    data_json TEXT
-);
-CREATE INDEX IF NOT EXISTS events_run ON events(run_id, id);
-CREATE TABLE IF NOT EXISTS metrics (
-    run_id   TEXT NOT NULL,
-    attempt  INTEGER NOT NULL,
-    at       REAL NOT NULL,
-    step     INTEGER,
-    loss     REAL,
-    grad_norm REAL,
-    tokens_per_sec REAL,
-    val_loss REAL
-);
-CREATE INDEX IF NOT EXISTS metrics_run ON metrics(run_id, attempt, step);
-"""
-
-LEDGER_FILE = "ledger.sqlite"
-
-# The ledger's schema version, kept in SQLite's user_version. A file of an older version is
-# migrated on open (MIGRATIONS[n] takes version n to n + 1); one of a newer version is refused
-# (an older supervisor must not write into a ledger it does not understand).
-SCHEMA_VERSION = 2
-MIGRATIONS: dict[int, str] = {
-    0: "",  # version 0: files written before the version was kept; SCHEMA (IF NOT EXISTS) is enough
-    # Version 2: what each failure looked like (policy.RepeatKey as JSON) and whether the attempt
-    # made progress, so a restarted daemon keeps "no third identical attempt" and the backoff
-    # streak. Added here, not in SCHEMA: a new file runs every migration too.
-    1: "ALTER TABLE attempts ADD COLUMN repeat_json TEXT;\n"
-       "ALTER TABLE attempts ADD COLUMN progressed INTEGER NOT NULL DEFAULT 0;",
-}
-
+from .connection import LockedConnection
+from .schema import LEDGER_FILE, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 
 RECOVERED_AFTER_S = 30.0
 
@@ -182,55 +102,6 @@ def _load(v: str | None) -> Any:
     return None if v is None else json.loads(v)
 
 
-class _Locked:
-    """A sqlite3 connection whose execute/executemany/executescript run under one lock."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-        self._lock = threading.Lock()
-
-    def execute(self, *a: Any) -> sqlite3.Cursor:
-        with self._lock:
-            cur = self._conn.execute(*a)
-            return _Fetched(cur.fetchall(), cur) if cur.description else cur  # type: ignore[return-value]
-
-    def executemany(self, *a: Any) -> sqlite3.Cursor:
-        with self._lock:
-            return self._conn.executemany(*a)
-
-    def executescript(self, script: str) -> sqlite3.Cursor:
-        with self._lock:
-            return self._conn.executescript(script)
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    @property
-    def row_factory(self) -> Any:
-        return self._conn.row_factory
-
-    @row_factory.setter
-    def row_factory(self, v: Any) -> None:
-        self._conn.row_factory = v
-
-
-class _Fetched:
-    """Rows fetched while holding the lock, offering the cursor methods the ledger uses."""
-
-    def __init__(self, rows: list[Any], cur: sqlite3.Cursor) -> None:
-        self._rows = rows
-
-    def fetchone(self) -> Any:
-        return self._rows[0] if self._rows else None
-
-    def fetchall(self) -> list[Any]:
-        return self._rows
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._rows)
-
-
 @dataclass(frozen=True)
 class AttemptRow:
     attempt: int
@@ -270,8 +141,8 @@ class Ledger:
             if not self.path.exists():  # 0600 from the start, whatever the umask
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
             # One connection shared by the main loop and the launch-preparation worker; every
-            # statement is serialized by _Locked.
-            self.db = self._checked(_Locked(sqlite3.connect(self.path, timeout=10, isolation_level=None,
+            # statement is serialized by LockedConnection.
+            self.db = self._checked(LockedConnection(sqlite3.connect(self.path, timeout=10, isolation_level=None,
                                                             check_same_thread=False)), self._migrate)
         self.db.row_factory = sqlite3.Row
 

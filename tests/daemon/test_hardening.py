@@ -149,7 +149,7 @@ def test_secret_in_remedies_env_is_masked_in_ledger_and_reload_event(daemons, tm
 def test_ledger_has_a_schema_version_and_refuses_corrupt_or_newer_files(daemons, tmp_path):
     import sqlite3
 
-    from supervisor.ledger.store import LEDGER_FILE, SCHEMA_VERSION
+    from supervisor.ledger.schema import LEDGER_FILE, SCHEMA_VERSION
 
     sd = tmp_path / "sd"
     d = daemons(wrap(sd) + [PY, "-c", "pass"])
@@ -174,7 +174,8 @@ def test_ledger_has_a_schema_version_and_refuses_corrupt_or_newer_files(daemons,
 def test_ledger_of_version_0_is_migrated(tmp_path):
     import sqlite3
 
-    from supervisor.ledger.store import LEDGER_FILE, SCHEMA, SCHEMA_VERSION, Ledger
+    from supervisor.ledger.schema import LEDGER_FILE, SCHEMA, SCHEMA_VERSION
+    from supervisor.ledger.store import Ledger
 
     tmp_path.joinpath("sd").mkdir()
     db = sqlite3.connect(tmp_path / "sd" / LEDGER_FILE)

@@ -7,7 +7,8 @@ import sqlite3
 
 from supervisor.core.policy import RepeatKey
 from supervisor.daemon.recovery import repeat_key
-from supervisor.ledger.store import LEDGER_FILE, SCHEMA, SCHEMA_VERSION, Ledger
+from supervisor.ledger.schema import LEDGER_FILE, SCHEMA, SCHEMA_VERSION
+from supervisor.ledger.store import Ledger
 
 
 def test_a_version_1_ledger_gains_the_repeat_columns_and_keeps_its_rows(tmp_path):

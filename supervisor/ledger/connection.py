@@ -1,0 +1,57 @@
+"""One SQLite connection shared by the daemon's threads: every statement runs under one lock, and
+a query's rows are fetched before the lock is let go."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from typing import Any, Iterator
+
+
+class LockedConnection:
+    """A sqlite3 connection whose execute/executemany/executescript run under one lock."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def execute(self, *a: Any) -> sqlite3.Cursor:
+        with self._lock:
+            cur = self._conn.execute(*a)
+            return _Fetched(cur.fetchall(), cur) if cur.description else cur  # type: ignore[return-value]
+
+    def executemany(self, *a: Any) -> sqlite3.Cursor:
+        with self._lock:
+            return self._conn.executemany(*a)
+
+    def executescript(self, script: str) -> sqlite3.Cursor:
+        with self._lock:
+            return self._conn.executescript(script)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @property
+    def row_factory(self) -> Any:
+        return self._conn.row_factory
+
+    @row_factory.setter
+    def row_factory(self, v: Any) -> None:
+        self._conn.row_factory = v
+
+
+class _Fetched:
+    """Rows fetched while holding the lock, offering the cursor methods the ledger uses."""
+
+    def __init__(self, rows: list[Any], cur: sqlite3.Cursor) -> None:
+        self._rows = rows
+
+    def fetchone(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+    def fetchall(self) -> list[Any]:
+        return self._rows
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
