@@ -1,8 +1,10 @@
-"""Pumping the job's stdout/stderr: pass-through, log file copy, and lines for the monitors.
+"""The job's stdout/stderr in the daemon: pass-through, and lines for the monitors.
 
-One thread per pipe reads large chunks as soon as they arrive, so the job never blocks on a full
-pipe buffer while we parse. Bytes go to the daemon's stdout unchanged and to the job log file;
-only complete lines (decoded as UTF-8 with replacement, capped in length) go to the sinks.
+The output keeper (:mod:`.keeper`, a process of its own) reads the job's pipes, appends every
+byte to job.log and sends the chunks here, framed with their stream; :class:`KeeperLink` reads
+them on one thread. Bytes go to the daemon's stdout unchanged (through :class:`ConsoleWriter`,
+which never blocks); only complete lines (decoded as UTF-8 with replacement, capped in length)
+go to the sinks.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from typing import BinaryIO, Callable, Protocol, Sequence
 import structlog
 
 from ..events import LineSink
+from .keeper import EOF_STDERR, EOF_STDOUT, FRAME, NOTICE, STDERR, STDOUT
 
 log = structlog.get_logger("supervisor.job.output")
 
-CHUNK = 1 << 16
 MAX_LINE = 64 * 1024  # longer lines are cut (head kept): a 10 MB line costs bounded memory
 
 
@@ -245,88 +247,106 @@ class LineSplitter:
         return []
 
 
-class PipePump(threading.Thread):
-    """Reads one pipe until EOF. ``on_eof`` is called once, from this thread."""
+class KeeperLink(threading.Thread):
+    """The daemon's end of the output keeper (:mod:`.keeper`): framed chunks of the job's stdout
+    and stderr, each stream split into lines of its own (a tqdm bar on stderr never runs into a
+    metric line on stdout), passed through to the console and offered to the sinks. job.log is
+    the keeper's (written before the chunk is sent here). ``on_eof(source)`` is called once per
+    stream, from this thread; a keeper that dies before both streams ended is reported."""
 
-    def __init__(self, fd: int, source: str, passthrough: "Console | BinaryIO | None", logfile: BinaryIO | None,
-                 out_lock: threading.Lock, fanout: SinkFanout, on_eof: Callable[[str], None]) -> None:
-        super().__init__(name=f"pump-{source}", daemon=True)
-        self.fd = fd
-        self.source = source
+    def __init__(self, sock_fd: int, passthrough: Console | None, fanout: SinkFanout,
+                 on_eof: Callable[[str], None], keeper_pid: int | None = None) -> None:
+        super().__init__(name="job-output", daemon=True)
+        self.fd = sock_fd
         self.passthrough = passthrough
-        self.logfile = logfile
-        self.out_lock = out_lock
         self.fanout = fanout
         self.on_eof = on_eof
+        self.keeper_pid = keeper_pid
         self.bytes = 0
         self.lines = 0
+        self._splitters = {STDOUT: LineSplitter(), STDERR: LineSplitter()}
+        self._open = {STDOUT: "stdout", STDERR: "stderr"}
         self._failed = False
 
-    def _handle(self, chunk: bytes, splitter: LineSplitter) -> None:
+    @property
+    def ended(self) -> bool:
+        """Both streams reached EOF (every writer gone), or the keeper did."""
+        return not self._open or not self.is_alive()
+
+    def _data(self, kind: int, chunk: bytes) -> None:
         self.bytes += len(chunk)
-        with self.out_lock:
-            if self.passthrough is not None:
-                offer = getattr(self.passthrough, "offer", None)
-                if offer is not None:
-                    offer(chunk)  # a ConsoleWriter: never blocks
-                else:
-                    try:
-                        self.passthrough.write(chunk)  # type: ignore[union-attr]
-                        self.passthrough.flush()  # type: ignore[union-attr]
-                    except (OSError, ValueError):
-                        self.passthrough = None  # our stdout went away; keep the log file
-            if self.logfile is not None:
-                try:
-                    self.logfile.write(chunk)
-                except (OSError, ValueError) as e:
-                    log.error("job_log_write_failed", error=str(e),
-                              message="cannot append to the job log file; output still goes to stdout")
-                    self.logfile = None
-        lines = splitter.push(chunk)
+        if self.passthrough is not None:
+            self.passthrough.offer(chunk)  # a ConsoleWriter: never blocks
+        lines = self._splitters[kind].push(chunk)
         if lines:
             self.lines += len(lines)
-            self.fanout.feed(self.source, lines)
+            self.fanout.feed(self._open.get(kind, "stdout"), lines)
+
+    def _eof(self, kind: int) -> None:
+        source = self._open.pop(kind, None)
+        if source is None:
+            return
+        try:
+            rest = self._splitters[kind].flush()
+            if rest:
+                self.lines += len(rest)
+                self.fanout.feed(source, rest)
+        except Exception as e:  # noqa: BLE001 - on_eof must still run
+            self._report(e)
+        self.on_eof(source)
+
+    def _frame(self, kind: int, payload: bytes) -> None:
+        if kind in (STDOUT, STDERR):
+            self._data(kind, payload)
+        elif kind == EOF_STDOUT:
+            self._eof(STDOUT)
+        elif kind == EOF_STDERR:
+            self._eof(STDERR)
+        elif kind == NOTICE:
+            event, _, message = payload.decode("utf-8", "replace").partition(": ")
+            log.error(event, keeper_pid=self.keeper_pid, message=message)
 
     def _report(self, e: BaseException) -> None:
-        if not self._failed:  # once per pump: a repeating failure must not flood the journal
+        if not self._failed:  # once: a repeating failure must not flood the journal
             self._failed = True
-            log.error("output_pump_failed", source=self.source, error=repr(e), exc_info=e,
-                      message=f"handling the job's {self.source} failed ({e!r}); the pipe keeps being "
-                              "drained so the job never blocks, and the failure is reported once")
+            log.error("output_pump_failed", error=repr(e), exc_info=e,
+                      message=f"handling the job's output failed ({e!r}); it keeps being read so the job "
+                              "never blocks, job.log keeps every byte, and the failure is reported once")
 
     def run(self) -> None:
-        splitter = LineSplitter()
+        buf = bytearray()
         try:
             while True:
                 try:
-                    chunk = os.read(self.fd, CHUNK)
+                    data = os.read(self.fd, 1 << 18)
                 except InterruptedError:
                     continue
                 except OSError as e:
-                    log.warning("pipe_read_failed", source=self.source, error=str(e))
+                    log.warning("output_link_read_failed", error=str(e))
                     break
-                if not chunk:
+                if not data:
                     break
-                try:
-                    self._handle(chunk, splitter)
-                except Exception as e:  # noqa: BLE001 - the pipe must keep draining whatever fails
-                    self._report(e)
-            try:
-                rest = splitter.flush()
-                if rest:
-                    self.lines += len(rest)
-                    self.fanout.feed(self.source, rest)
-            except Exception as e:  # noqa: BLE001
-                self._report(e)
+                buf += data
+                pos, end = 0, len(buf)
+                while end - pos >= FRAME.size:
+                    kind, n = FRAME.unpack_from(buf, pos)
+                    if end - pos - FRAME.size < n:
+                        break
+                    payload = bytes(buf[pos + FRAME.size:pos + FRAME.size + n])
+                    pos += FRAME.size + n
+                    try:
+                        self._frame(kind, payload)
+                    except Exception as e:  # noqa: BLE001 - the link must keep draining whatever fails
+                        self._report(e)
+                del buf[:pos]
         finally:
             try:
                 os.close(self.fd)
             except OSError:
                 pass
-            with self.out_lock:
-                if self.logfile is not None:
-                    try:
-                        self.logfile.flush()
-                    except Exception:  # noqa: BLE001 - reported already; on_eof must still run
-                        pass
-            self.on_eof(self.source)
+            if self._open:
+                log.error("output_keeper_lost", keeper_pid=self.keeper_pid, streams=sorted(self._open.values()),
+                          message="the job's output keeper ended before the job's output did; what the job "
+                                  "prints now is neither shown nor parsed (and may fail with EPIPE)")
+            for kind in list(self._open):
+                self._eof(kind)

@@ -1,21 +1,21 @@
-"""The job process: spawn in its own session, pipe its output, classify how it ended."""
+"""The job process: spawn in its own session, its output through the keeper, classify how it ended."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..core.messages import ExitInfo
 from ..events import Cause
 from .osapi import OsApi, ProcRef, signal_name
-from .output import PipePump, SinkFanout
+from .output import Console, KeeperLink, SinkFanout
 
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 
@@ -40,46 +40,58 @@ class LaunchSpec:
 
 
 class JobProcess:
-    """One running attempt: the leader process, its group, and the pumps reading its pipes."""
+    """One running attempt: the leader process, its group, and its output keeper.
 
-    def __init__(self, spec: LaunchSpec, fanout: SinkFanout, passthrough: BinaryIO | None,
+    The job's stdout and stderr are pipes held by the output keeper (:mod:`.keeper`), a process
+    of its own that appends every byte to job.log and forwards it here: the job survives a
+    ``kill -9`` of the daemon (no EPIPE) and job.log keeps every line it printed."""
+
+    def __init__(self, spec: LaunchSpec, fanout: SinkFanout, passthrough: Console | None,
                  log_path: Path | None, on_eof: Callable[[str], None], osapi: OsApi) -> None:
         self.spec = spec
         self.osapi = osapi
-        self._out_lock = threading.Lock()
-        self._logfile: BinaryIO | None = None
+        log_fd = -1
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            # Never through a symlink (one planted at job.log would make the daemon append the
+            # Never through a symlink (one planted at job.log would make the keeper append the
             # job's output to any file it can write), and 0600 whatever the umask.
-            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            self._logfile = os.fdopen(fd, "ab", buffering=1 << 16)
+            log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.popen = subprocess.Popen(
-                list(spec.argv), cwd=spec.cwd, env=dict(spec.env), stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-                bufsize=0,
-            )
+            # The keeper first: from its fork on it holds the read ends, so no write of the job
+            # can ever meet a pipe without a reader.
+            self.keeper = start_keeper(out_r, err_r, theirs.fileno(), log_fd, str(log_path or ""))
         except BaseException:
-            if self._logfile:
-                self._logfile.close()
+            for fd in (out_w, err_w):
+                os.close(fd)
+            ours.close()
+            raise
+        finally:
+            for fd in (out_r, err_r, log_fd):
+                if fd >= 0:
+                    os.close(fd)
+            theirs.close()
+        try:
+            try:
+                self.popen = subprocess.Popen(
+                    list(spec.argv), cwd=spec.cwd, env=dict(spec.env), stdin=subprocess.DEVNULL,
+                    stdout=out_w, stderr=err_w, start_new_session=True, close_fds=True,
+                )
+            finally:
+                os.close(out_w)  # only the job holds the write ends: the keeper sees EOF when it is gone
+                os.close(err_w)
+        except BaseException:
+            ours.close()  # no job: the keeper sees EOF on both pipes and exits
+            _reap(self.keeper, 5.0)
             raise
         self.pid = self.popen.pid
         self.pgid = self.pid  # start_new_session: the leader's pid is the session and group id
         self.leader = osapi.proc_ref(self.pid) or ProcRef(self.pid, 0.0)
         self.known: dict[int, ProcRef] = {self.pid: self.leader}
-        assert self.popen.stdout is not None and self.popen.stderr is not None
-        # Detach the fds from Popen's file objects: the pumps own and close them.
-        out_fd = os.dup(self.popen.stdout.fileno())
-        err_fd = os.dup(self.popen.stderr.fileno())
-        self.popen.stdout.close()
-        self.popen.stderr.close()
-        self.pumps = [
-            PipePump(out_fd, "stdout", passthrough, self._logfile, self._out_lock, fanout, on_eof),
-            PipePump(err_fd, "stderr", passthrough, self._logfile, self._out_lock, fanout, on_eof),
-        ]
-        for p in self.pumps:
-            p.start()
+        self.link = KeeperLink(ours.detach(), passthrough, fanout, on_eof, self.keeper.pid)
+        self.link.start()
         self.status: int | None = None
         self._tree_at = float("-inf")
 
@@ -154,19 +166,36 @@ class JobProcess:
                 self.osapi.reap(pid)
 
     def pumps_done(self, timeout: float = 0.0) -> bool:
-        for p in self.pumps:
-            p.join(timeout)
-        return not any(p.is_alive() for p in self.pumps)
+        """Both output streams ended (every writer gone) and their last lines delivered."""
+        if timeout > 0:
+            self.link.join(timeout)
+        return self.link.ended
 
     def close(self) -> None:
-        for p in self.pumps:
-            p.join(2.0)
-        if self._logfile is not None:
-            with self._out_lock:
-                try:
-                    self._logfile.close()
-                except OSError:
-                    pass
+        self.link.join(2.0)
+        # The keeper exits once every writer of the pipes is gone; a straggler that escaped the
+        # stop keeps it (and its job.log copy) going, and the keeper is reaped later.
+        _reap(self.keeper, 1.0)
+
+
+def start_keeper(out_r: int, err_r: int, sock: int, log_fd: int, log_path: str) -> subprocess.Popen[bytes]:
+    """The output keeper process: in a session of its own (no signal meant for the job or a
+    terminal's group reaches it), standard library only (``-I -S``: milliseconds to start), with
+    none of the job's environment (it is not one of the job's processes)."""
+    fds = [fd for fd in (out_r, err_r, sock, log_fd) if fd >= 0]
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", str(Path(__file__).with_name("keeper.py")),
+         str(out_r), str(err_r), str(sock), str(log_fd), log_path],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=fds, start_new_session=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
+
+
+def _reap(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 _OOM_KILL = re.compile(r"(?:Out of memory|Memory cgroup out of memory): Killed process (\d+)|oom-kill:.*?task_memcg=.*?pid=(\d+)|oom-kill:.*?pid=(\d+)")

@@ -339,17 +339,8 @@ CASES = [
          config="[host]\npoll_s = 0.2\ndisk_min_free_gb = 0.004\ndisk_ckpt_multiple = 0\n"),
     Case("rotation", "nan", "rollback", drive=_drive_rotation, check=_check_rotation,
          config='[job]\nwatch_files = ["train.log"]\n'),
-    Case("daemon_kill9_quiet", None, None, drive=_daemon_kill9(printing=False), check=_check_daemon_kill9,
-         marks=(pytest.mark.xfail(strict=True, reason=(
-             "job.log is written through a 64 KiB buffer flushed only at the job's EOF "
-             "(supervisor/process.py, os.fdopen(..., buffering=1 << 16)): a kill -9 of the daemon loses "
-             "the job's lines not yet flushed, even when the job printed them long before")),)),
-    Case("daemon_kill9", None, None, drive=_daemon_kill9(printing=True), check=_check_daemon_kill9,
-         marks=(pytest.mark.xfail(strict=True, reason=(
-             "issue 12 row 'a daemon killed with -9 while the job prints': the job writes into a pipe "
-             "only the dead daemon read, so its next print fails with EPIPE (BrokenPipeError) and it "
-             "dies, and job.log loses its buffered lines (see daemon_kill9_quiet); remove this mark once "
-             "the job's output survives its daemon")),)),
+    Case("daemon_kill9_quiet", None, None, drive=_daemon_kill9(printing=False), check=_check_daemon_kill9),
+    Case("daemon_kill9", None, None, drive=_daemon_kill9(printing=True), check=_check_daemon_kill9),
     Case("grandchild", None, None, attempts=1, drive=_drive_grandchild, check=_check_stopped),
 ]
 

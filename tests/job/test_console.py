@@ -7,9 +7,25 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
-from supervisor.job.output import ConsoleWriter, PipePump, SinkFanout
+from supervisor.job.osapi import OsApi
+from supervisor.job.output import Console, ConsoleWriter, SinkFanout
+from supervisor.job.process import JobProcess, LaunchSpec
 from tests.util import wait_for
+
+
+def spawn(tmp_path: Path, code: str, console: Console | None, fanout: SinkFanout,
+          on_eof: Callable[[str], None] = lambda _s: None) -> JobProcess:
+    """A real job through the real output keeper, its job.log in ``tmp_path``."""
+    spec = LaunchSpec((sys.executable, "-c", code), str(tmp_path), dict(os.environ), {})
+    return JobProcess(spec, fanout, console, tmp_path / "job.log", on_eof, OsApi())
+
+
+def wait_exit(job: JobProcess, timeout: float = 60) -> int:
+    wait_for(lambda: job.poll() is not None, timeout, what="the job's exit")
+    assert job.status is not None
+    return os.waitstatus_to_exitcode(job.status)
 
 
 def test_a_console_that_stops_reading_drops_and_counts_then_says_so(tmp_path: Path) -> None:
@@ -45,20 +61,13 @@ def read_into(fd: int, out: bytearray) -> None:
 def test_a_blocked_console_does_not_block_the_job_and_the_log_keeps_everything(tmp_path: Path) -> None:
     r, w = os.pipe()  # our stdout, never read during the job
     con = ConsoleWriter(os.fdopen(w, "wb", buffering=0), limit=256 << 10, stall_s=0.5)
-    log_path = tmp_path / "job.log"
-    logfile = open(log_path, "ab")
-    job = subprocess.Popen([sys.executable, "-c", "import sys\nfor i in range(200000): print('line', i)"],
-                           stdout=subprocess.PIPE)
-    assert job.stdout is not None
     done = threading.Event()
-    pump = PipePump(os.dup(job.stdout.fileno()), "stdout", con, logfile, threading.Lock(), SinkFanout(),
-                    lambda _s: done.set())
-    job.stdout.close()
-    pump.start()
-    assert job.wait(timeout=60) == 0  # it finished although nobody read the console
+    job = spawn(tmp_path, "import sys\nfor i in range(200000): print('line', i)", con, SinkFanout(),
+                lambda _s: done.set())
+    assert wait_exit(job) == 0  # it finished although nobody read the console
     wait_for(done.is_set, 30)
-    logfile.close()
-    data = log_path.read_bytes()
+    job.close()
+    data = (tmp_path / "job.log").read_bytes()
     assert data.count(b"\n") == 200000 and data.endswith(b"line 199999\n")
     assert con.dropped_bytes > 0
     con.close(timeout=0.1)  # returns although the console still is not read
@@ -70,27 +79,19 @@ class Exploding:
         raise RuntimeError("a sink bug")
 
 
-def test_the_pump_survives_any_exception_and_keeps_draining(tmp_path: Path) -> None:
-    class BadLog:
-        def write(self, b: bytes) -> int:
+def test_the_output_link_survives_any_exception_and_keeps_draining(tmp_path: Path) -> None:
+    class BadConsole:
+        def offer(self, chunk: bytes) -> None:
             raise TypeError("not an OSError")
 
-        def flush(self) -> None:
-            raise TypeError("not an OSError")
-
-    job = subprocess.Popen([sys.executable, "-c", "import sys\nfor i in range(100000): print('line', i)"],
-                           stdout=subprocess.PIPE)
-    assert job.stdout is not None
-    done = threading.Event()
     fan = SinkFanout()
     fan.add(Exploding())  # type: ignore[arg-type]
-    pump = PipePump(os.dup(job.stdout.fileno()), "stdout", None, BadLog(), threading.Lock(), fan,  # type: ignore[arg-type]
-                    lambda _s: done.set())
-    job.stdout.close()
-    pump.start()
-    assert job.wait(timeout=60) == 0
-    wait_for(done.is_set, 30)
-    assert pump.bytes > 1_000_000
+    job = spawn(tmp_path, "import sys\nfor i in range(100000): print('line', i)", BadConsole(), fan)
+    assert wait_exit(job) == 0
+    assert job.pumps_done(30)
+    assert job.link.bytes > 1_000_000
+    job.close()
+    assert (tmp_path / "job.log").read_bytes().count(b"\n") == 100000
 
 
 def test_a_slow_but_reading_console_gets_every_byte(tmp_path: Path) -> None:
