@@ -19,7 +19,8 @@ Rules, in order:
    ``restart_window_s``; one more gives up.
 5. Delay before the relaunch (restart as soon as it is safe): none after an attempt that made
    progress (its steps went past the step it resumed from; the relaunch waits only for the old
-   process tree to be gone), none for a rollback after a detected NaN or loss spike; otherwise
+   process tree to be gone), none for a rollback after a detected NaN or loss spike, none after a
+   checkpoint load error (the next attempt resumes from another checkpoint); otherwise
    backoff ``initial * factor**(n-1)`` capped at ``max``, n = attempts in a row that failed without
    progress (an attempt that made progress or ran ``healthy_after_s`` resets the count);
    +/- ``jitter``. The decision says which rule set the delay (``delay_reason``).
@@ -236,6 +237,10 @@ def relaunch_delay(cfg: Config, history: Sequence[PastAttempt], cause: Cause, ac
     p = cfg.policy
     if action is Action.ROLLBACK and cause in IMMEDIATE_ROLLBACK:
         return 0.0, f"no delay: rollback after a detected {cause.value}"
+    if cause is Cause.CHECKPOINT_LOAD_ERROR:
+        # Not a job that fails fast: its checkpoint was bad, and the next attempt resumes from
+        # another one (no_progress_attempts still bounds a run where every checkpoint fails).
+        return 0.0, "no delay: the checkpoint that failed to load is set aside; the next attempt resumes from another"
     if progressed:
         return 0.0, "no delay: the attempt made progress; relaunching once its process tree is gone"
     consecutive = (_consecutive_failures(history, p.healthy_after_s) + 1) if ran_s < p.healthy_after_s else 1

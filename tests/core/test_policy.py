@@ -181,3 +181,11 @@ def test_scale_remedies_are_checked_against_job_command():
         with pytest.raises(ConfigError) as e:
             config_from_table({"job": {"command": command}, "on": {"nan": {"remedies": [{"scale": scale}]}}})
         assert words in str(e.value), str(e.value)
+
+
+def test_no_backoff_after_a_checkpoint_load_error_the_next_attempt_resumes_from_another():
+    c = cfg(policy={"backoff_initial_s": 10})
+    d = decide(c, past(2), Failure(Cause.CHECKPOINT_LOAD_ERROR, "load test failed"), now=1100, ran_s=1)
+    assert d.relaunch and d.delay_s == 0
+    assert d.delay_reason.startswith("no delay: the checkpoint that failed to load is set aside")
+    assert decide(c, past(2), Failure(Cause.CRASH, "x"), now=1100, ran_s=1).delay_s == 40  # others still back off
