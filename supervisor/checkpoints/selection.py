@@ -133,28 +133,47 @@ class CheckpointBook:
     def _key(path: Path | str) -> str:
         return str(Path(path).absolute())
 
+    @staticmethod
+    def _version(path: Path | str) -> list[int] | None:
+        """(size, mtime_ns) of a file: a mark holds for this version only. A single overwritten
+        checkpoint (nanoGPT ckpt.pt) gets a new version at each save, and the last good copy is
+        restored to the same path: neither may inherit the bad mark of the version before."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return [st.st_size, st.st_mtime_ns] if os.path.isfile(path) else None
+
     def mark_bad(self, path: Path | str, reason: str) -> None:
         with self._lock:
             key = self._key(path)
-            if key in self._bad:
+            if self._is_bad(key):
                 return
-            self._bad[key] = {"reason": reason, "at": self._clock()}
+            self._bad[key] = {"reason": reason, "at": self._clock(), "version": self._version(key)}
             self._save()
         log.warning("checkpoint_marked_bad", path=key, reason=reason,
                     next="it will not be resumed from; the next older ready checkpoint is used")
 
+    def _is_bad(self, key: str) -> bool:
+        entry = self._bad.get(key)
+        if entry is None:
+            return False
+        marked = entry.get("version")
+        now = self._version(key)
+        return marked is None or now is None or list(marked) == now
+
     def is_bad(self, path: Path | str) -> bool:
         with self._lock:
-            return self._key(path) in self._bad
+            return self._is_bad(self._key(path))
 
     def bad_reason(self, path: Path | str) -> str | None:
         with self._lock:
-            entry = self._bad.get(self._key(path))
-            return str(entry["reason"]) if entry else None
+            key = self._key(path)
+            return str(self._bad[key]["reason"]) if self._is_bad(key) else None
 
     def bad_paths(self) -> frozenset[Path]:
         with self._lock:
-            return frozenset(Path(k) for k in self._bad)
+            return frozenset(Path(k) for k in self._bad if self._is_bad(k))
 
     def forget_bad(self, path: Path | str) -> None:
         """Operator override (e.g. after replacing the file by hand)."""

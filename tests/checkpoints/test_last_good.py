@@ -69,3 +69,17 @@ def test_a_reflink_shares_the_extents_where_the_filesystem_clones(tmp_path):
     p = _ckpt(ck, b"a" * 100_000)
     kept = preserve_last_good(p)
     assert kept is not None and kept.read_bytes() == p.read_bytes() and kept.stat().st_ino != p.stat().st_ino
+
+
+def test_a_bad_mark_holds_for_the_version_it_was_given_to_not_the_next_save_at_that_path(tmp_path):
+    from supervisor.checkpoints.selection import CheckpointBook
+
+    ck = tmp_path / "ck"
+    p = _ckpt(ck, b"corrupt")
+    book = CheckpointBook(tmp_path)
+    book.mark_bad(p, "load test failed")
+    assert book.is_bad(p) and CheckpointBook(tmp_path).is_bad(p) and p in book.bad_paths()
+    os.utime(p, ns=(1, 1))  # another version at the same path (the next save, or a restored copy)
+    assert not book.is_bad(p) and book.bad_reason(p) is None and p not in book.bad_paths()
+    book.mark_bad("/nowhere/step_1.pt", "gone")  # a path without a file: marked as before
+    assert book.is_bad("/nowhere/step_1.pt")
