@@ -21,7 +21,7 @@ from typing import Sequence
 #: optimizer steps of the default demo run (~35-50 s fault-free on one idle CPU core)
 DEFAULT_STEPS = 600
 DEFAULT_SEED = 0
-#: the faults injected when none are chosen, each at a fraction of the run (train.py's table)
+#: the faults injected when none are chosen, each at a fraction of the run (faults.py's table)
 DEFAULT_FAULTS: tuple[str, ...] = ("nan", "hang", "crash", "oom", "corrupt_ckpt")
 #: every fault the job knows (``name`` or ``name@step``)
 KNOWN_FAULTS: tuple[str, ...] = ("nan", "hang", "crash", "oom", "corrupt_ckpt", "bad_resume", "spike")
@@ -30,6 +30,8 @@ CHECKPOINT_EVERY = 50
 JOB_MODULE = "supervisor.demo.train"
 #: env var the job also reads its fault list from (``--faults`` wins)
 FAULTS_ENV = "TSUP_DEMO_FAULTS"
+#: beside the checkpoints: which faults already fired in this run
+FAULTS_FIRED_FILE = ".demo_faults_fired"
 #: the job resumes from TSUP_RESUME_FROM by itself; these args are equivalent, for configs that
 #: prefer explicit resume args (``job.resume_args``)
 RESUME_ARGS: tuple[str, ...] = ("--resume", "{checkpoint}")
@@ -51,7 +53,7 @@ class DemoLayout:
 
     @property
     def faults_fired_file(self) -> Path:
-        return self.checkpoint_dir / ".demo_faults_fired"
+        return self.checkpoint_dir / FAULTS_FIRED_FILE
 
 
 def format_faults(faults: Sequence[str] | str | None) -> str:
@@ -108,5 +110,5 @@ def demo_job_argv(
 
 __all__ = [
     "CHECKPOINT_EVERY", "DEFAULT_FAULTS", "DEFAULT_SEED", "DEFAULT_STEPS", "DemoLayout",
-    "FAULTS_ENV", "JOB_MODULE", "KNOWN_FAULTS", "RESUME_ARGS", "demo_job_argv", "format_faults",
+    "FAULTS_ENV", "FAULTS_FIRED_FILE", "JOB_MODULE", "KNOWN_FAULTS", "RESUME_ARGS", "demo_job_argv", "format_faults",
 ]

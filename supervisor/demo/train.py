@@ -15,331 +15,31 @@ Run standalone (``python -m supervisor.demo.train --faults none``) or under the 
   so a resumed run continues exactly like an uninterrupted one (same loss to the last bit on the
   same machine and thread count).
 
-Faults (``--faults`` or ``TSUP_DEMO_FAULTS``, comma list of ``name`` or ``name@step``) live here and
-nowhere in the supervisor. Each fires once per run: fired faults are recorded in
+Faults (``--faults`` or ``TSUP_DEMO_FAULTS``, comma list of ``name`` or ``name@step``) live in
+:mod:`.faults` and nowhere in the supervisor. Each fires once per run: fired faults are recorded in
 ``<checkpoint_dir>/.demo_faults_fired`` before they take effect, so a relaunched attempt does not
-repeat them. See ``FAULT_HELP``.
+repeat them. See ``faults.FAULT_HELP``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import inspect
 import json
 import math
 import os
-import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Mapping
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-CORPUS_PATH = Path(__file__).with_name("corpus.txt")
-FIRED_FILE = ".demo_faults_fired"
-
-FAULT_HELP: Mapping[str, str] = {
-    "nan": "a weight becomes NaN at the step, so the loss printed at that step is nan",
-    "hang": "at the step, stop heartbeating and printing and sleep forever (ignores the stop flag)",
-    "crash": "raise RuntimeError during the step (exit 1 with a traceback)",
-    "oom": "raise torch.OutOfMemoryError with CUDA's message during the step (exit 1)",
-    "corrupt_ckpt": "after the first checkpoint at or after the step, truncate the newest "
-    "checkpoint file to half its size, then crash",
-    "bad_resume": "on the first resume at or after the step, train with the LR x100 for that attempt",
-    "spike": "LR x50 for 30 steps from the step (a loss spike)",
-}
-# Where each fault fires by default, as a fraction of --steps: spread over the run, each after a
-# checkpoint so that a rollback has somewhere to go, and (for the default 600 steps, checkpoint
-# every 50) 10-20 steps past one, so that little work is redone: 120, 210, 312, 414, 480->500.
-DEFAULT_FAULT_FRACTIONS: Mapping[str, float] = {
-    "nan": 0.20,
-    "hang": 0.35,
-    "crash": 0.52,
-    "oom": 0.69,
-    "corrupt_ckpt": 0.80,
-    "spike": 0.30,
-    "bad_resume": 0.0,
-}
-DEFAULT_FAULTS = ("nan", "hang", "crash", "oom", "corrupt_ckpt")
-SPIKE_STEPS = 30
-SPIKE_LR_FACTOR = 50.0
-BAD_RESUME_LR_FACTOR = 100.0
-
-
-# --------------------------------------------------------------------------------------------
-# The client library, with a local fallback for any piece that is missing, so the script runs
-# even where ``supervisor.client`` is absent or older than this script.
-# --------------------------------------------------------------------------------------------
-
-
-class ResumeInfo(NamedTuple):
-    path: str | None
-    step: int | None
-    skip_batches: int
-    attempt: int
-
-
-class _FallbackClient:
-    """Enough of ``supervisor.client`` for the demo: env-driven, no-op outside supervision."""
-
-    def __init__(self) -> None:
-        self._stop = False
-        self._ckpt = False
-        self._hb_path: Path | None = None
-        hb_dir = os.environ.get("TSUP_HEARTBEAT_DIR")
-        if hb_dir:
-            rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
-            self._hb_path = Path(hb_dir) / f"rank{rank}.json"
-            self._hb_path.parent.mkdir(parents=True, exist_ok=True)
-
-    def install_signals(self) -> None:
-        # Handlers only record; the loop acts at a step boundary.
-        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
-        signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "_ckpt", True))
-
-    def heartbeat(self, step: int | None = None) -> None:
-        if self._hb_path is None:
-            return
-        tmp = self._hb_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"time": time.time(), "step": step, "pid": os.getpid()}))
-        os.replace(tmp, self._hb_path)
-
-    def report(self, step: int | None = None, **metrics: float) -> None:
-        return None
-
-    def should_stop(self) -> bool:
-        return self._stop
-
-    def should_checkpoint(self) -> bool:
-        flag, self._ckpt = self._ckpt, False
-        return flag
-
-    def checkpointing(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-    def resume_info(self) -> ResumeInfo:
-        path = os.environ.get("TSUP_RESUME_FROM") or None
-        return ResumeInfo(
-            path=path,
-            step=None,
-            skip_batches=int(os.environ.get("TSUP_SKIP_BATCHES", "0") or 0),
-            attempt=int(os.environ.get("TSUP_ATTEMPT", "0") or 0),
-        )
-
-    def save_checkpoint(
-        self,
-        obj: Any,
-        path: str | os.PathLike[str],
-        *,
-        step: int,
-        config: Mapping[str, Any] | None = None,
-        metrics: Mapping[str, Any] | None = None,
-    ) -> Path:
-        # Atomic: temp file, fsync, rename, fsync the directory.
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        return path
-
-
-class Client:
-    """The calls the demo makes, bound to ``supervisor.client`` where it has them."""
-
-    def __init__(self) -> None:
-        self.fallback = _FallbackClient()
-        self.missing: list[str] = []
-        try:
-            from supervisor import client as real  # noqa: PLC0415 (optional at run time)
-        except Exception:  # noqa: BLE001 (any import failure means: use the fallback)
-            real = None
-        names = ("heartbeat", "report", "should_stop", "should_checkpoint", "checkpointing",
-                 "resume_info", "save_checkpoint")
-        for name in names:
-            fn = getattr(real, name, None) if real is not None else None
-            if fn is None:
-                self.missing.append(name)
-                fn = getattr(self.fallback, name)
-            setattr(self, name, fn)
-        # The fallback flags need their own signal handlers; the real client installs its own,
-        # early, so a stop request that arrives before the first should_stop() is not lost.
-        if "should_stop" in self.missing or "should_checkpoint" in self.missing:
-            self.fallback.install_signals()
-        elif callable(getattr(real, "install", None)):
-            real.install()
-
-    heartbeat: Callable[..., None]
-    report: Callable[..., None]
-    should_stop: Callable[[], bool]
-    should_checkpoint: Callable[[], bool]
-    checkpointing: Callable[[], contextlib.AbstractContextManager[Any]]
-    resume_info: Callable[[], Any]
-    save_checkpoint: Callable[..., Any]
-
-
-def _resume_fields(info: Any) -> ResumeInfo:
-    """Accept a tuple, a NamedTuple or a dataclass from the client's ``resume_info()``."""
-    if isinstance(info, tuple) and not hasattr(info, "_fields"):
-        path, step, skip, attempt = (list(info) + [None, None, 0, 0])[:4]
-    else:
-        path = getattr(info, "path", None)
-        step = getattr(info, "step", None)
-        skip = getattr(info, "skip_batches", 0)
-        attempt = getattr(info, "attempt", 0)
-    return ResumeInfo(
-        path=str(path) if path else None,
-        step=int(step) if step is not None else None,
-        skip_batches=int(skip or 0),
-        attempt=int(attempt or 0),
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# The model: a minimal GPT (pre-norm blocks, causal attention, tied nothing, no dropout so the
-# run is deterministic without RNG bookkeeping).
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab: int
-    context: int
-    d_model: int
-    layers: int
-    heads: int
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.heads = cfg.heads
-        self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.mlp = nn.Sequential(
-            nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.mlp(self.ln2(x))
-
-
-class TinyGPT(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
-        self.pos = nn.Embedding(cfg.context, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab)
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
-        for block in self.blocks:
-            x = block(x)
-        logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
-
-
-# --------------------------------------------------------------------------------------------
-# Data: the corpus split 90/10; the batch for index i is drawn from a generator seeded by
-# (seed, i), so the data order is a pure function of the step.
-# --------------------------------------------------------------------------------------------
-
-
-class Corpus:
-    def __init__(self, path: Path) -> None:
-        text = path.read_text(encoding="utf-8")
-        self.chars = sorted(set(text))
-        lookup = {c: i for i, c in enumerate(self.chars)}
-        data = torch.tensor([lookup[c] for c in text], dtype=torch.long)
-        cut = int(len(data) * 0.9)
-        self.train, self.val = data[:cut], data[cut:]
-
-    def batch(self, split: torch.Tensor, seed: int, index: int, size: int, context: int):
-        g = torch.Generator().manual_seed(seed * 1_000_003 + index)
-        ix = torch.randint(len(split) - context - 1, (size,), generator=g)
-        x = torch.stack([split[i : i + context] for i in ix.tolist()])
-        y = torch.stack([split[i + 1 : i + context + 1] for i in ix.tolist()])
-        return x, y
-
-
-# --------------------------------------------------------------------------------------------
-# Faults
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Fault:
-    name: str
-    step: int
-
-
-def parse_faults(spec: str | None, steps: int) -> tuple[Fault, ...]:
-    """``"nan,crash@120"`` -> faults; ``None`` -> the default set; ``""``/``"none"`` -> none."""
-    names = DEFAULT_FAULTS if spec is None else tuple(
-        s.strip() for s in spec.split(",") if s.strip() and s.strip().lower() != "none"
-    )
-    faults: list[Fault] = []
-    for item in names:
-        name, _, at = item.partition("@")
-        if name not in FAULT_HELP:
-            raise SystemExit(f"unknown demo fault {name!r}; known: {', '.join(FAULT_HELP)}")
-        step = int(at) if at else max(1, int(round(DEFAULT_FAULT_FRACTIONS[name] * steps)))
-        faults.append(Fault(name, step))
-    return tuple(faults)
-
-
-class FaultBook:
-    """Which faults have fired in this run, persisted beside the checkpoints."""
-
-    def __init__(self, path: Path, run_id: str, fresh: bool) -> None:
-        self.path = path
-        self.run_id = run_id
-        self.fired: set[str] = set()
-        if path.exists() and not fresh:
-            try:
-                data = json.loads(path.read_text())
-                if data.get("run_id") == run_id:
-                    self.fired = set(data.get("fired", []))
-            except (OSError, ValueError):
-                pass  # an unreadable book only means a fault may fire again; not fatal
-        self._write()
-
-    def fire(self, name: str, step: int) -> None:
-        # Recorded before the fault takes effect: a crash or kill must not make it fire again.
-        self.fired.add(name)
-        self._write()
-        # Announced in words the detectors do not react to: the evidence must be the fault itself.
-        print(f"demo: injecting the {name!r} fault at step {step}: {FAULT_HELP[name].replace('OutOfMemoryError', 'out-of-memory error')}",
-              file=sys.stderr, flush=True)
-
-    def _write(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump({"run_id": self.run_id, "fired": sorted(self.fired)}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+from . import DEFAULT_FAULTS, FAULTS_ENV, FAULTS_FIRED_FILE
+from .faults import (BAD_RESUME_LR_FACTOR, FAULT_HELP, SPIKE_LR_FACTOR, SPIKE_STEPS, FaultBook, parse_faults,
+                     raise_fake_oom)
+from .jobclient import Client, resume_fields
+from .model import CORPUS_PATH, Corpus, ModelConfig, TinyGPT
 
 
 def checkpoint_name(step: int) -> str:
@@ -349,20 +49,6 @@ def checkpoint_name(step: int) -> str:
 def newest_checkpoint(directory: Path) -> Path | None:
     found = sorted(directory.glob("step_*.pt"))
     return found[-1] if found else None
-
-
-def raise_fake_oom() -> None:
-    raise torch.OutOfMemoryError(
-        "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total capacity; "
-        "76.20 GiB already allocated; 1.05 GiB free; 77.48 GiB reserved in total by PyTorch) "
-        "If reserved memory is >> allocated memory try setting max_split_size_mb to avoid "
-        "fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF"
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Training
-# --------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -417,12 +103,12 @@ def main(argv: list[str] | None = None) -> int:
 
     ckpt_dir = Path(args.checkpoint_dir or os.environ.get("TSUP_CHECKPOINT_DIR") or "checkpoints")
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    info = _resume_fields(client.resume_info())
+    info = resume_fields(client.resume_info())
     resume_path = args.resume or info.path
     run_id = os.environ.get("TSUP_RUN_ID", "")
-    fault_spec = args.faults if args.faults is not None else os.environ.get("TSUP_DEMO_FAULTS")
+    fault_spec = args.faults if args.faults is not None else os.environ.get(FAULTS_ENV)
     faults = {f.name: f for f in parse_faults(fault_spec, args.steps)}
-    book = FaultBook(ckpt_dir / FIRED_FILE, run_id, fresh=(resume_path is None and info.attempt == 0))
+    book = FaultBook(ckpt_dir / FAULTS_FIRED_FILE, run_id, fresh=(resume_path is None and info.attempt == 0))
     lr_scale = float(os.environ.get("LR_SCALE", "1") or 1)
 
     corpus = Corpus(Path(args.corpus))
