@@ -46,6 +46,11 @@ class CheckpointsConfig:
     verify_in_background: bool = field(default=True, metadata=meta(
         "verify each new checkpoint (hash, load test) while the job runs, so a restart finds it "
         "already verified and a bad one is reported when it is written, not when it is needed"))
+    verify: str = field(default="overlap", metadata=meta(
+        "when a restart's checkpoint is load-tested: 'before-launch' (the job waits for it) or 'overlap' (the "
+        "cheap structural checks first, then the load test beside the job's start-up; should it fail, the job "
+        "is stopped and relaunched from an older verified checkpoint). A rollback always verifies first",
+        choices=("before-launch", "overlap")))
     python: str | None = field(default=None, metadata=meta(
         "python for the load test; default: the job command's python, else the supervisor's"))
     load_timeout_s: float = field(default=300.0, metadata=meta(

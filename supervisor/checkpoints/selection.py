@@ -39,6 +39,9 @@ class Choice:
     skipped: tuple[tuple[str, str], ...] = ()  # (path, why) for newer ones passed over
     quarantined: tuple[Any, ...] = ()  # QuarantineRecord(s) made while choosing (service fills it)
     readiness: Readiness | None = None
+    # checkpoints.verify = "overlap": only the cheap structural checks ran; the load test runs
+    # beside the job's start-up (CheckpointService.verify_chosen).
+    verify_pending: bool = False
 
 
 def select_explained(rows: Sequence[Readiness], *, mode: Mode, onset_step: int | None, margin_steps: int,

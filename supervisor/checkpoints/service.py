@@ -263,11 +263,79 @@ class CheckpointService:
 
     # ------------------------------------------------------------------ the pre-resume gate
 
+    def structural(self, cand: Candidate) -> tuple[list[str], int | None, bool]:
+        """The cheap checks, no hashing and no load test: (why it is unusable, its step when
+        known, whether this version already passed its load test)."""
+        with self._lock:
+            path = cand.path
+            try:
+                st = stat_record(path)
+            except OSError:
+                return ["the checkpoint does not exist (moved or deleted)"], None, False
+            if self.book.is_bad(path):
+                return [f"marked bad: {self.book.bad_reason(path)}"], None, False
+            mread = self._manifest_of(path)
+            if mread.problem:
+                return [mread.problem], None, False
+            m, step = mread.manifest, cand.step
+            if m is not None and not (m.origin == "supervisor" and m.stat is not None and stat_changed(m.stat, st)):
+                if m.size is not None and m.size != st["size"]:
+                    return [f"{st['size']} bytes, the manifest says {m.size}"], None, False
+                step = step if step is not None else m.step
+            token = self._stat_token(path)
+            done = self._load_results.get((str(path), token, False)) or self._load_results.get((str(path), token, True))
+            if done is not None and not done.passed:
+                return [f"load test failed: {done.error}"], step, False
+            return [], step if step is not None or done is None else done.step, done is not None
+
+    def _overlap_choice(self) -> Choice | None:
+        """checkpoints.verify = "overlap": the newest checkpoint when its structural checks pass
+        and its load test has not run yet (it then runs beside the job's start-up); None to let
+        the full gate decide (nothing written, a structural failure, or already verified)."""
+        with self._lock:
+            target = newest_complete(self.scan())
+            if target is None:
+                return None
+            problems, step, verified = self.structural(target)
+            if problems or verified:
+                return None
+            reason = (f"newest checkpoint (step {step if step is not None else '?'}): structural checks passed; "
+                      "its load test runs beside the job's start-up (checkpoints.verify = \"overlap\")")
+            self.last_quarantined = ()
+            log.info("checkpoint_chosen", path=str(target.path), step=step, mode="restart", reason=reason,
+                     next="the job is launched now; should the load test fail, it is stopped and relaunched "
+                          "from an older verified checkpoint")
+            return Choice(path=target.path, step=step, layout=str(target.layout), reason=reason, verify_pending=True)
+
+    def verify_chosen(self, path: Path, layout: str, metrics_seen: MetricsSeen | None = None) -> Readiness:
+        """The full readiness row (hash, load test) of a checkpoint chosen with its load test
+        pending; a single overwritten file that passes is kept in last_good/ as a verified version."""
+        with self._lock:
+            try:
+                st = stat_record(path)
+                cand = Candidate(path, None, Layout(layout), st["mtime_ns"] / 1e9, st["size"])
+            except (OSError, ValueError):
+                cand = Candidate(path, None, Layout.CUSTOM, 0.0, 0)
+            row = self.evaluate(cand, metrics_seen, self._current_config())
+            if row.ready and keeps_last_good(cand.layout) and self.cfg.preserve_last_good:
+                try:
+                    self._preserve_single(path)
+                except OSError as exc:
+                    log.warning("checkpoint_preserve_failed", path=str(path), error=str(exc),
+                                next="the previous last good copy stays")
+            return row
+
     def choose_for_resume(self, action: object, onset_step: int | None,
-                          metrics_seen: MetricsSeen | None = None) -> Choice | None:
+                          metrics_seen: MetricsSeen | None = None, *, overlap: bool = False) -> Choice | None:
         """The checkpoint to relaunch from, verified now; corrupt or bad ones met on the way are
-        quarantined (moved, never deleted) and the next older one is tried."""
+        quarantined (moved, never deleted) and the next older one is tried. ``overlap``: a restart
+        may take the newest checkpoint on its structural checks alone (``Choice.verify_pending``);
+        a rollback always verifies first (its finite check decides between candidates)."""
         mode = _action_mode(action)
+        if overlap and mode == "restart" and self.cfg.load_test:
+            early = self._overlap_choice()
+            if early is not None:
+                return early
         with self._lock:
             current = self._current_config()
             limit = onset_step - self.cfg.margin_steps if mode == "rollback" and onset_step is not None else None

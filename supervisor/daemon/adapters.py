@@ -11,7 +11,7 @@ import structlog
 
 from ..config.model import Config
 from ..core.messages import EndAttempt, ExitInfo, Resume
-from ..events import Action, MetricRecord, Monitor
+from ..events import Action, Cause, Detection, MetricRecord, Monitor
 from ..job.osapi import OsApi, become_subreaper
 from ..job.output import ConsoleWriter, SinkFanout
 from ..job.process import JobProcess, LaunchSpec, cgroup_oom_kills, classify_exit
@@ -98,6 +98,7 @@ class CheckpointConcern(Concern):
         self._newest_at = float("-inf")
         self._verified_key: Any = None
         self._verifier: threading.Thread | None = None
+        self._pending_verify: tuple[Path, str] | None = None  # chosen with its load test still to run
 
     def start(self, daemon: DaemonView) -> None:
         from ..checkpoints.service import CheckpointService
@@ -143,7 +144,9 @@ class CheckpointConcern(Concern):
         svc, event = self.svc, self.daemon.event
         svc.set_writer_active(False)  # the previous attempt's group is gone
         svc.preserve_single_checkpoints()
-        choice = svc.choose_for_resume(action, onset_step, metrics_from_records(list(metrics)))
+        choice = svc.choose_for_resume(action, onset_step, metrics_from_records(list(metrics)),
+                                       overlap=self.daemon.cfg.checkpoints.verify == "overlap")
+        self._pending_verify = (choice.path, choice.layout) if choice is not None and choice.verify_pending else None
         for q in getattr(svc, "last_quarantined", ()) or ():
             event("checkpoint_quarantined", "warning",  # the service logged it; keep it in the ledger
                   f"checkpoint {q.source} is bad ({q.reason}); moved to {q.dest} (never deleted)",
@@ -174,6 +177,40 @@ class CheckpointConcern(Concern):
     def attempt_started(self, ctx: Any, resume: Resume, wall: float) -> None:
         if self.svc is not None:
             self.svc.set_writer_active(True)
+        pending, self._pending_verify = self._pending_verify, None
+        if self.svc is not None and pending is not None:
+            self._verify_beside_start(pending[0], pending[1], ctx.attempt)
+
+    def _verify_beside_start(self, path: Path, layout: str, attempt: int) -> None:
+        """checkpoints.verify = "overlap": the load test of the checkpoint the job resumes from runs
+        now, beside the job's own start-up; a failure stops the job (a checkpoint_load_error) and
+        the next attempt resumes from an older verified checkpoint."""
+        svc, daemon = self.svc, self.daemon
+        assert svc is not None and daemon is not None
+        self._verified_key = _key(newest_checkpoint(svc))  # the tick must not start a second load test of it
+
+        def verify() -> None:
+            try:
+                row = svc.verify_chosen(path, layout)
+            except Exception as e:
+                log.warning("checkpoint_verify_after_launch_failed", path=str(path), error=repr(e),
+                            message="could not verify the checkpoint the job resumed from; the job keeps running")
+                return
+            if daemon.attempt != attempt:
+                return  # that attempt is over; the next choice sees the cached result
+            if row.ready:
+                daemon.event("checkpoint_verified_after_launch", "info",
+                             f"{path} passed its load test beside the job's start-up (step {row.step})",
+                             ledger_only=False, path=str(path), step=row.step)
+                return
+            why = "; ".join(row.reasons) or "not ready"
+            daemon.emit(Detection(Cause.CHECKPOINT_LOAD_ERROR,
+                                  f"the checkpoint attempt {attempt} resumes from, {path}, failed verification: {why}",
+                                  "checkpoint-verify", step=row.step, evidence=why[:400],
+                                  details={"path": str(path)}))
+
+        self._verifier = threading.Thread(target=verify, name="checkpoint-verify-launch", daemon=True)
+        self._verifier.start()
 
     def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
         if self.svc is None or not end.spawned or end.cause is None or not end.counted:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import history
-from tests.helpers.ckpt_factory import torch_file
+from tests.helpers.ckpt_factory import old_mtime, torch_file
 
 PY = sys.executable
 
@@ -143,3 +143,42 @@ def test_the_last_good_copy_reports_its_disk_cost_and_a_size_cap_turns_it_off(da
         assert wait_for(lambda: _status(sd).get("last_good_disk_bytes", size) < size, 30, what="status")
         (out / "go20").touch()
         assert d.wait(60) == 0
+
+
+# Writes where it resumed from; from step 20 it "starts up" for a minute (longer than any load
+# test), from anything else it exits 0 at once.
+SLOW_START = """
+import os, sys, time
+out, frm = sys.argv[1], os.environ["TSUP_RESUME_FROM"]
+open(os.path.join(out, "resumed" + os.environ["TSUP_ATTEMPT"]), "w").write(frm)
+if frm.endswith("step_20.pt"):
+    time.sleep(60)
+"""
+
+
+def test_overlap_launches_at_once_and_a_failed_load_test_stops_the_job_and_falls_back(daemons, tmp_path):
+    for verify in ("before-launch", "overlap"):
+        sd, ck, out = tmp_path / f"sd-{verify}", tmp_path / f"ck-{verify}", tmp_path / f"out-{verify}"
+        out.mkdir()
+        torch_file(ck / "step_10.pt", 10)
+        bad = torch_file(ck / "step_20.pt", 20)  # truncated, and no manifest says so: structurally fine
+        bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+        old_mtime(bad)
+        cfg = tmp_path / f"{verify}.toml"
+        cfg.write_text(f'[checkpoints]\nverify = "{verify}"\n[policy]\nbackoff_initial_s = 30\n')
+        d = daemons(wrap(sd, "--config", str(cfg), "--checkpoint-dir", str(ck), "--max-restarts", "3")
+                    + [PY, "-c", SLOW_START, str(out)])
+        assert d.wait(90) == 0, d.stderr()[-3000:]
+        h = history(sd)
+        resumed = [Path(a["checkpoint"]).name for a in h["attempts"]]
+        if verify == "before-launch":
+            assert resumed == ["step_10.pt"]  # the load test ran first and set the corrupt one aside
+        else:
+            # Launched from the newest on its structural checks; its load test failed beside the
+            # job's start-up: the job was stopped and relaunched at once from the verified one.
+            assert resumed == ["step_20.pt", "step_10.pt"]
+            first = h["attempts"][0]
+            assert first["cause"] == "checkpoint_load_error" and first["decision"]["delay_s"] == 0
+            assert any(e["event"] == "checkpoint_chosen" and "overlap" in (e["message"] or "") for e in h["events"])
+        assert not (ck / "step_20.pt").exists()
+        assert [p.name for p in (ck / "quarantine").iterdir() if p.name.endswith(".pt")] == ["step_20.pt"]
