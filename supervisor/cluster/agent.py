@@ -21,13 +21,14 @@ from typing import Any, Callable, Mapping
 
 import structlog
 
-from .coord import (Campaign, Command, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord, Phase, Plan,
+from .coord import (FENCE_AFTER, Campaign, Command, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord, Phase, Plan,
                     RequestEnd, Rules, StopLocal, View, WritePlan)
 from .etcd import EtcdClient, EtcdError, EtcdUnavailable, LeaseExpired
 
 log = structlog.get_logger("supervisor.cluster")
 
 POLL_S = 0.2  # how often the keys are read: a remote failure reaches this node within about this
+KEEPALIVE_EVERY = 0.25  # of the TTL: three tries fail before the fence (2/3 TTL) and the expiry
 
 
 class ClusterGaveUp(Exception):
@@ -60,7 +61,7 @@ class ClusterAgent:
         self.view = View()
         self.plan: Plan | None = None  # the generation this node runs (or last ran)
         self.lease: int | None = None
-        self.last_ok = clock()
+        self.last_ok = clock()  # the last keepalive etcd answered: the fence counts from it
         self._keepalive_at = 0.0
         self._published: NodeRecord | None = None
         self._reachable = True
@@ -177,13 +178,12 @@ class ClusterAgent:
             if self._reachable:
                 self._reachable = False
                 self._emit("cluster_etcd_unreachable", "warning", f"etcd does not answer ({e}); local supervision "
-                           f"goes on, no cluster decision is made; after {self.rules.lease_ttl_s:g} s the job "
-                           "stops (the others may have declared this node lost)")
+                           f"goes on, no cluster decision is made; {FENCE_AFTER * self.rules.lease_ttl_s:.1f} s "
+                           "after the last keepalive the job stops (before the others can declare this node lost)")
             with self._cond:
                 cmds: list[Command] = list(self.coord.lost_contact(self.me, self.last_ok, now))
             self._carry_out(cmds)
             return
-        self.last_ok = now
         if not self._reachable:
             self._reachable = True
             self._emit("cluster_etcd_back", "info", "etcd answers again; this node is registered")
@@ -206,10 +206,12 @@ class ClusterAgent:
                            "longer than its TTL); registering again")
                 self.lease, self._published = None, None
             else:
-                self._keepalive_at = now + self.rules.lease_ttl_s / 3
+                self.last_ok = now
+                self._keepalive_at = now + KEEPALIVE_EVERY * self.rules.lease_ttl_s
         if self.lease is None:
             self.lease = self.client.grant(max(1, round(self.rules.lease_ttl_s))).id
-            self._keepalive_at = now + self.rules.lease_ttl_s / 3
+            self.last_ok = now
+            self._keepalive_at = now + KEEPALIVE_EVERY * self.rules.lease_ttl_s
             self._published = None
 
     def _publish(self) -> None:

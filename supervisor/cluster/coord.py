@@ -18,7 +18,7 @@ with the checkpoint steps it verified); the leader then writes the next plan: th
 rank, the newest step verified on every one of them (before the onset for a rollback), or a give-up
 when fewer than ``min_nodes`` came back within ``wait_for_nodes_s``. Only the plan in etcd starts a
 generation, so two can never run at once; a node cut off from etcd for a lease TTL stops its job
-(it can no longer tell whether it was declared lost).
+(two thirds of a TTL after its last keepalive: before the others can declare it lost).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from enum import StrEnum
 from typing import Any, Iterable, Mapping
 
 NODE_LOST = "node_lost"
+FENCE_AFTER = 2 / 3  # of the lease TTL without a keepalive: the job stops before the lease can expire
 
 
 class Phase(StrEnum):
@@ -274,14 +275,15 @@ class Coordinator:
         return out
 
     def lost_contact(self, me: NodeRecord, last_ok: float, now: float) -> list[Command]:
-        """Cut off from etcd since ``last_ok``: after a lease TTL the others may have declared
-        this node lost and started a generation without it, so its job must stop (fencing)."""
-        if me.phase is Phase.RUNNING and now - last_ok >= self.rules.lease_ttl_s and self.stopped_for < me.gen:
+        """Cut off from etcd since ``last_ok`` (the last keepalive etcd answered): once the lease
+        may expire, the others may declare this node lost and start a generation without it, so
+        its job stops first, a third of a TTL before the lease can expire (fencing)."""
+        if me.phase is Phase.RUNNING and now - last_ok >= FENCE_AFTER * self.rules.lease_ttl_s and self.stopped_for < me.gen:
             self.stopped_for = me.gen
             return [StopLocal(EndRequest(me.gen, self.node_id, NODE_LOST,
                                          f"node {self.node_id} lost contact with etcd for {now - last_ok:.1f} s "
-                                         f"(lease TTL {self.rules.lease_ttl_s:g} s): the others may have gone on "
-                                         "without it"))]
+                                         f"(lease TTL {self.rules.lease_ttl_s:g} s): its lease may expire and the "
+                                         "others go on without it"))]
         return []
 
     # ------------------------------------------------------------------ every node
@@ -353,7 +355,8 @@ class Coordinator:
             why = (f"node {', '.join(gave_up)} gave up" if gave_up else
                    f"node {end.by} gave up after {end.cause}: {end.summary}")  # type: ignore[union-attr]
             return [self._write(view, g, (), None, why, give_up=f"the cluster gives up: {why}")]
-        ready = sorted(n for n, r in view.nodes.items() if r.phase is Phase.WAITING and r.gen >= g)
+        # Every waiting node, a late one too (its gen is older: it missed generations, it joins this one).
+        ready = sorted(n for n, r in view.nodes.items() if r.phase is Phase.WAITING)
         if self.waiting_since is None:
             self.waiting_since = now
         waited = now - self.waiting_since

@@ -15,7 +15,8 @@ JOB = Path(__file__).resolve().parent / "cluster_job.py"
 
 
 def node_config(tmp: Path, node: str, etcd: EtcdServer, prefix: str, *, nodes: int, job_args: list[str],
-                min_nodes: int = 0, lease_ttl_s: float = 3.0, wait_for_nodes_s: float = 30.0) -> Path:
+                min_nodes: int = 0, lease_ttl_s: float = 3.0, wait_for_nodes_s: float = 30.0,
+                endpoint: str | None = None) -> Path:
     d = tmp / node
     (d / "ck").mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(JOB), str(d / "out"), str(d / "ck"), *job_args]
@@ -37,7 +38,7 @@ enabled = false
 [shutdown]
 grace_s = 5.0
 [cluster]
-endpoints = ["{etcd.endpoint}"]
+endpoints = ["{endpoint or etcd.endpoint}"]
 prefix = "{prefix}"
 node_id = "{node}"
 advertise_addr = "127.0.0.1"

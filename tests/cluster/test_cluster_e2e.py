@@ -102,3 +102,51 @@ def test_etcd_restarted_mid_run_changes_nothing(etcd: EtcdServer, tmp_path: Path
     assert codes == {"n1": 0, "n2": 0, "n3": 0}, {n: d.stderr()[-2000:] for n, d in ds.items()}
     for n in NODES:
         assert [x["TSUP_GENERATION"] for x in launches(tmp_path, n)] == ["1"]  # one generation, never stopped
+
+
+def _read(p: Path) -> list[dict]:
+    import json
+
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
+
+
+def test_a_partitioned_node_stops_before_the_others_go_on_and_rejoins_the_next_generation(
+        etcd: EtcdServer, tmp_path: Path) -> None:
+    """n3 reaches etcd through a relay the test cuts: a partition of n3 alone."""
+    import subprocess
+    import sys
+
+    from tests.cluster.proxy import Relay
+
+    prefix, ttl = _prefix(), 3.0
+    relay = Relay(etcd.client_port)
+    relay.heal()
+    ds = {n: start(tmp_path, n, node_config(tmp_path, n, etcd, prefix, nodes=3, min_nodes=2, lease_ttl_s=ttl,
+                                            wait_for_nodes_s=2.0, job_args=["100000", "0.05", "10"],
+                                            endpoint=relay.endpoint if n == "n3" else None))
+          for n in NODES}
+    try:
+        for n in NODES:
+            wait_for(lambda n=n: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
+        relay.cut()
+        n3_stop = wait_for(lambda: _read(tmp_path / "n3" / "out" / "stops.jsonl"), timeout=ttl + 10,
+                           what="the cut-off node's job stopped")[0]
+        gen2 = {n: wait_for(lambda n=n: launches(tmp_path, n)[1:], timeout=30, what=f"{n} in generation 2")[0]
+                for n in ("n1", "n2")}
+        assert {g["TSUP_GENERATION"] for g in gen2.values()} == {"2"} and {g["TSUP_NNODES"] for g in gen2.values()} == {"2"}
+        # never two generations at once: the minority's job was gone before the majority relaunched
+        assert n3_stop["gen"] == 1 and n3_stop["at"] < min(g["at"] for g in gen2.values())
+        assert launches(tmp_path, "n3")[1:] == []  # it waits, not in generation 2
+        relay.heal()
+        # the next generation takes it back: an operator restart on n1 ends generation 2
+        r = subprocess.run([sys.executable, "-m", "supervisor", "restart", "--state-dir", str(tmp_path / "n1" / "state"),
+                            "--reason", "take n3 back"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        for n in NODES:
+            last = wait_for(lambda n=n: [x for x in launches(tmp_path, n) if x["TSUP_GENERATION"] == "3"],
+                            timeout=40, what=f"{n} in generation 3")[0]
+            assert last["TSUP_NNODES"] == "3"
+    finally:
+        relay.cut()
+        for d in ds.values():
+            d.kill()

@@ -141,8 +141,8 @@ def test_a_node_that_gave_up_or_asked_to_give_up_ends_the_run_everywhere() -> No
 def test_partition_minority_fences_itself_after_a_ttl_and_stops_when_the_run_moved_on() -> None:
     c = Coordinator("n3", RULES)
     me = rec("n3", Phase.RUNNING, 1)
-    assert c.lost_contact(me, last_ok=10.0, now=14.0) == []  # shorter than the TTL: supervision goes on
-    stop = only(c.lost_contact(me, last_ok=10.0, now=15.0), StopLocal)
+    assert c.lost_contact(me, last_ok=10.0, now=13.0) == []  # a short outage: supervision goes on
+    stop = only(c.lost_contact(me, last_ok=10.0, now=13.4), StopLocal)  # 2/3 TTL: before the lease can expire
     assert stop.request.cause == NODE_LOST and stop.request.gen == 1
     assert c.lost_contact(me, last_ok=10.0, now=16.0) == []  # once
     c = Coordinator("n3", RULES)  # healed before it noticed: the run is at generation 2 already
@@ -177,3 +177,12 @@ def test_a_starting_node_is_not_ready() -> None:
     lead = Coordinator("n1", RULES)
     v = view(rec("n1"), rec("n2"), NodeRecord("n3", "a", Phase.STARTING, 0))
     assert lead.step(v, rec("n1"), 0.0) == []  # 2 ready of 3: waits
+
+
+def test_a_late_node_waiting_since_an_older_generation_joins_the_next_one() -> None:
+    lead = Coordinator("n1", RULES)
+    end = EndRequest(2, "n1", "manual", "operator restart")
+    v = view(rec("n1", Phase.WAITING, 2), rec("n2", Phase.WAITING, 2), rec("n3", Phase.WAITING, 1),
+             plan=plan(2, ("n1", "n2")), ends={2: end})
+    wp = only(lead.step(v, rec("n1", Phase.WAITING, 2), 0.0), WritePlan)
+    assert wp.plan.gen == 3 and set(wp.plan.nodes) == {"n1", "n2", "n3"}
