@@ -21,6 +21,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 NODES = ("n1", "n2", "n3")
 
 
+def _status(state_dir: Path) -> dict | None:
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "supervisor", "status", "--json", "--state-dir", str(state_dir)],
+                       capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        return None
+    c = json.loads(r.stdout).get("cluster") or {}
+    nodes = c.get("nodes") or {}
+    return c if len(nodes) == len(NODES) and all(v["phase"] == "running" for v in nodes.values()) else None
+
+
 def _prefix() -> str:
     return f"/tsup/e2e-{uuid.uuid4().hex[:8]}"
 
@@ -93,6 +107,10 @@ def test_etcd_restarted_mid_run_changes_nothing(etcd: EtcdServer, tmp_path: Path
     try:
         for n in NODES:
             wait_for(lambda n=n: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
+        # `status` on any node shows every node
+        st = wait_for(lambda: _status(tmp_path / "n2" / "state"), timeout=10, what="n2's cluster status")
+        assert set(st["nodes"]) == set(NODES) and st["generation"] == 1 and st["leader"] in NODES
+        assert {v["phase"] for v in st["nodes"].values()} == {"running"}
         etcd.restart()
         codes = {n: d.wait(180) for n, d in ds.items()}
     finally:
@@ -150,3 +168,24 @@ def test_a_partitioned_node_stops_before_the_others_go_on_and_rejoins_the_next_g
         relay.cut()
         for d in ds.values():
             d.kill()
+
+
+def test_fewer_than_min_nodes_after_the_wait_gives_up_with_exit_3(etcd: EtcdServer, tmp_path: Path) -> None:
+    prefix = _prefix()
+    ds = {n: start(tmp_path, n, node_config(tmp_path, n, etcd, prefix, nodes=2, min_nodes=2, lease_ttl_s=3.0,
+                                            wait_for_nodes_s=2.0, job_args=["100000", "0.05", "10"]))
+          for n in ("n1", "n2")}
+    try:
+        for n in ds:
+            wait_for(lambda n=n: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
+        job = launches(tmp_path, "n2")[0]["pid"]
+        ds["n2"].proc.send_signal(signal.SIGKILL)
+        os.killpg(os.getpgid(job), signal.SIGKILL)
+        assert ds["n1"].wait(60) == 3
+    finally:
+        for d in ds.values():
+            d.kill()
+    h = history(tmp_path / "n1" / "state")
+    gave = [e for e in h["events"] if e["event"] == "gave_up"]
+    assert gave and "min_nodes = 2" in gave[-1]["message"], gave
+    assert h["attempts"][0]["cause"] == "node_lost"
