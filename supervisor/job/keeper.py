@@ -33,7 +33,12 @@ if TYPE_CHECKING:
 
 FRAME = struct.Struct("!BI")  # kind, payload length
 STDOUT, STDERR, EOF_STDOUT, EOF_STDERR, NOTICE = 1, 2, 3, 4, 5
-CHUNK = 1 << 16
+CHUNK = 1 << 18
+# While output streams in, wait this long between reads so that a read takes many lines, not
+# one: each chunk costs four system calls here and a turn of the daemon's parsers, whatever its
+# size. Only when data came less than this ago (a trickle of lines is forwarded at once), and
+# far below what a pipe of 1 MiB holds at any rate a job prints.
+COALESCE_S = 0.001
 ROTATION_CHECK_S = 1.0  # how often the keeper looks whether job.log was renamed away (logrotate)
 
 
@@ -121,11 +126,16 @@ class Keeper:
         for fd in self.streams:
             poller.register(fd, select.POLLIN)
         open_fds = set(self.streams)
+        last = 0.0
         while open_fds:
             try:
                 ready = poller.poll()
             except InterruptedError:
                 continue
+            now = time.monotonic()
+            if now - last < COALESCE_S:
+                time.sleep(COALESCE_S)
+            last = now
             for fd, _ev in ready:
                 if fd not in open_fds:
                     continue

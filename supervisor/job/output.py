@@ -306,6 +306,12 @@ class KeeperLink(threading.Thread):
             event, _, message = payload.decode("utf-8", "replace").partition(": ")
             log.error(event, keeper_pid=self.keeper_pid, message=message)
 
+    def _safe_frame(self, kind: int, payload: bytes) -> None:
+        try:
+            self._frame(kind, payload)
+        except Exception as e:  # noqa: BLE001 - the link must keep draining whatever fails
+            self._report(e)
+
     def _report(self, e: BaseException) -> None:
         if not self._failed:  # once: a repeating failure must not flood the journal
             self._failed = True
@@ -328,16 +334,28 @@ class KeeperLink(threading.Thread):
                     break
                 buf += data
                 pos, end = 0, len(buf)
+                # Consecutive frames of one stream are handled as one chunk: the keeper sends what
+                # each read gave it (a line or two while it keeps up with the job), and the
+                # console, the splitter and the sinks cost per call, not per byte.
+                run_kind, run_parts = 0, []
                 while end - pos >= FRAME.size:
                     kind, n = FRAME.unpack_from(buf, pos)
                     if end - pos - FRAME.size < n:
                         break
                     payload = bytes(buf[pos + FRAME.size:pos + FRAME.size + n])
                     pos += FRAME.size + n
-                    try:
-                        self._frame(kind, payload)
-                    except Exception as e:  # noqa: BLE001 - the link must keep draining whatever fails
-                        self._report(e)
+                    if kind == run_kind:
+                        run_parts.append(payload)
+                        continue
+                    if run_parts:
+                        self._safe_frame(run_kind, b"".join(run_parts))
+                    if kind in (STDOUT, STDERR):
+                        run_kind, run_parts = kind, [payload]
+                    else:
+                        run_kind, run_parts = 0, []
+                        self._safe_frame(kind, payload)
+                if run_parts:
+                    self._safe_frame(run_kind, b"".join(run_parts))
                 del buf[:pos]
         finally:
             try:

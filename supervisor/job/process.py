@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
@@ -58,6 +59,8 @@ class JobProcess:
             log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        for fd in (out_w, err_w):
+            _widen(fd)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             # The keeper first: from its fork on it holds the read ends, so no write of the job
@@ -189,6 +192,18 @@ def start_keeper(out_r: int, err_r: int, sock: int, log_fd: int, log_path: str) 
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=fds, start_new_session=True,
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
     )
+
+
+F_SETPIPE_SZ = 1031
+
+
+def _widen(pipe_fd: int) -> None:
+    """1 MiB of pipe (the unprivileged maximum by default) instead of 64 KiB: the job prints on
+    while the keeper batches its reads, or while a slow console holds the daemon for a moment."""
+    try:
+        fcntl.fcntl(pipe_fd, F_SETPIPE_SZ, 1 << 20)
+    except OSError:
+        pass  # over the system's limit: 64 KiB still works
 
 
 def _reap(proc: subprocess.Popen[bytes], timeout: float) -> None:
