@@ -82,6 +82,8 @@ class LayoutSpec:
     never: frozenset[str] = frozenset()
     # Names among a dir's entries that are not checkpoints when this layout is present there.
     shadows: Callable[[Sequence[Path]], frozenset[str]] = shadows_nothing
+    # Files beside the checkpoint that move with it into quarantine/, each named <its name><suffix>
+    # (the suffix is kept on the moved name).
     sidecars: Callable[[Path], tuple[Path, ...]] = manifest_only
     # One file the job overwrites at every save: each verified version is kept in last_good/.
     keeps_last_good: bool = False
