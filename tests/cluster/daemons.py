@@ -16,15 +16,17 @@ JOB = Path(__file__).resolve().parent / "cluster_job.py"
 
 def node_config(tmp: Path, node: str, etcd: EtcdServer, prefix: str, *, nodes: int, job_args: list[str],
                 min_nodes: int = 0, lease_ttl_s: float = 3.0, wait_for_nodes_s: float = 30.0,
-                endpoint: str | None = None) -> Path:
+                endpoint: str | None = None, command: list[str] | None = None, master_port: int = 29500) -> Path:
     d = tmp / node
     (d / "ck").mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(JOB), str(d / "out"), str(d / "ck"), *job_args]
+    shell = command is not None and len(command) == 1  # one string: run by /bin/sh (job.shell)
+    command = command or [sys.executable, str(JOB), str(d / "out"), str(d / "ck"), *job_args]
     p = d / "config.toml"
     p.write_text(f"""
 [job]
 name = "clustertest"
 command = {json.dumps(command)}
+shell = {"true" if shell else "false"}
 [state]
 dir = "{d / 'state'}"
 [checkpoints]
@@ -47,6 +49,7 @@ min_nodes = {min_nodes}
 lease_ttl_s = {lease_ttl_s}
 wait_for_nodes_s = {wait_for_nodes_s}
 request_timeout_s = 1.0
+master_port = {master_port}
 """)
     return p
 
