@@ -32,7 +32,7 @@ TIMESTAMP_KEY = "ts"
 EXCEPTION_KEY = "exception"
 
 
-def _mask_secrets(_logger: Any, _name: str, ed: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+def mask_secrets(_logger: Any, _name: str, ed: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     for k in list(ed):
         if k != "event" and is_secret(k):
             ed[k] = "<redacted>"
@@ -84,10 +84,6 @@ def logfmt_line(event_dict: Mapping[str, Any]) -> str:
     return render_logfmt(None, "", event_dict)
 
 
-# The name other modules have imported (the demo's daemon.log writer).
-_logfmt = render_logfmt
-
-
 class _DropBenignWatchdogRace(logging.Filter):
     # watchdog logs this at ERROR when an inotify observer is stopped while an event is in
     # flight (a race inside the library, harmless: we stop tailers between attempts).
@@ -119,7 +115,7 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
             fmt = "console"
         else:
             fmt = "logfmt"
-    pre: list[Any] = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, _mask_secrets,
+    pre: list[Any] = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, mask_secrets,
                       drop_none]
     renderer: Any
     if fmt == "console":

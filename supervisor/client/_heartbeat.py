@@ -81,7 +81,7 @@ def _write(state: str) -> None:
         _st.next_ns = _NEVER
 
 
-def _check_step(step: object) -> int:
+def check_step(step: object) -> int:
     if type(step) is int:
         return step
     if isinstance(step, bool):
@@ -101,7 +101,7 @@ def heartbeat(step: int | None = None) -> None:
     Raises :class:`ClientUsageError` when ``step`` is not an integer.
     """
     if step is not None:
-        step = _check_step(step)
+        step = check_step(step)
         _st.step = step
     now = time.monotonic_ns()
     if now < _st.next_ns:

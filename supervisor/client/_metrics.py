@@ -17,7 +17,7 @@ import time
 from typing import IO
 
 from ._env import ClientUsageError, env_int, metrics_path, rank, supervised
-from ._heartbeat import _check_step, heartbeat
+from ._heartbeat import check_step, heartbeat
 
 _lock = threading.Lock()
 _file: IO[str] | None = None
@@ -74,7 +74,7 @@ def report(step: int | None = None, *, loss: float | None = None, grad_norm: flo
     """
     rec: dict[str, object] = {}
     if step is not None:
-        rec["step"] = _check_step(step)
+        rec["step"] = check_step(step)
     for name, value in (("loss", loss), ("grad_norm", grad_norm), ("lr", lr),
                         ("tokens_per_sec", tokens_per_sec), ("val_loss", val_loss)):
         if value is not None:

@@ -25,7 +25,7 @@ from ..core.messages import Resume
 from ..daemon.ports import Concern
 from ..daemon.wiring import build_daemon
 from ..events import AttemptContext, MetricRecord
-from ..logsetup import _logfmt, _mask_secrets, quiet_library_logs
+from ..logsetup import logfmt_line, mask_secrets, quiet_library_logs
 
 PROGRESS_EVERY = 100
 
@@ -57,7 +57,7 @@ class Narrator:
         self.console.flush()
 
     def __call__(self, _logger: Any, _name: str, ed: MutableMapping[str, Any]) -> Any:
-        line = _logfmt(None, "", dict(ed))
+        line = logfmt_line(dict(ed))
         self.log.write(line + "\n")
         text = self.narrate(ed)
         if text:
@@ -153,7 +153,7 @@ def run_demo(out: Path, faults: str | None, steps: int | None, seed: int, quiet:
     narrator = Narrator(out / "daemon.log", console, t0)
     quiet_library_logs()
     structlog.configure(processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
-                                    _mask_secrets, structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+                                    mask_secrets, structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
                                     narrator], cache_logger_on_first_use=False)
     narrator.say(f"transformer-supervisor demo: a tiny GPT, {steps} steps on the CPU, faults: {fault_list}")
     narrator.say(f"   output in {out} (daemon events in daemon.log, the job's output in job.log)")
