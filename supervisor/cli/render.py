@@ -139,6 +139,16 @@ def status_table(result: Mapping[str, Any]) -> str:
     if "checkpoint" in result and result["checkpoint"] is None:
         rows.append(("checkpoint", "(none yet)"))
     row("goodput", "goodput", lambda v: f"{float(v) * 100:.1f} %" if isinstance(v, (int, float)) else str(v))
+    shown.add("cluster")
+    cl = result.get("cluster")
+    if isinstance(cl, Mapping) and isinstance(cl.get("nodes"), Mapping):
+        rows.append(("cluster", f"generation {cl.get('generation') or '-'}, leader {cl.get('leader') or '-'}, this node "
+                                f"{cl.get('node_id')} (rank {cl.get('rank') if cl.get('rank') is not None else '-'})"
+                     + ("" if cl.get("etcd_reachable", True) else "; etcd unreachable")))
+        for name, node in cl["nodes"].items():
+            if isinstance(node, Mapping):
+                rows.append(("", f"{name}: {node.get('phase')}, generation {node.get('gen')}, {node.get('state') or '?'}"
+                                 + (f" ({node['addr']})" if node.get("addr") else "")))
     for key, value in result.items():  # anything newer than this renderer
         if key not in shown and value is not None and not isinstance(value, (Mapping, list)):
             rows.append((key.replace("_", " "), num_text(value)))
