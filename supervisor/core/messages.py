@@ -18,7 +18,6 @@ from .policy import Decision, PastAttempt, RepeatKey
 from .causes import Action, Cause, GateCheck
 
 EXIT_OK = 0
-EXIT_CONFIG = 2
 EXIT_GAVE_UP = 3
 
 

@@ -131,10 +131,6 @@ class GpuMonitor:
     def available(self) -> bool:
         return self._initialized and self._blind_reason is None
 
-    @property
-    def blind_reason(self) -> str | None:
-        return self._blind_reason if not self.available else None
-
     def status(self) -> Mapping[str, object]:
         with self._lock:
             if not self.available:

@@ -41,7 +41,6 @@ def _write(fn: Any) -> Any:
             self.ok_since = None
             if self.failing is None:
                 self.failing = str(e)
-                self.episodes += 1
                 _log().error("ledger_write_failed", error=str(e), path=str(self.path),
                              message=f"the ledger {self.path} cannot be written ({e}): supervision continues, "
                                      "records are dropped and counted until it can (said once per episode; "
@@ -128,7 +127,6 @@ class Ledger:
         self.path = state_dir / LEDGER_FILE
         self.write_errors = 0  # writes dropped since the daemon started (see _write)
         self.lost_in_episode = 0
-        self.episodes = 0
         self.failing: str | None = None  # the error of the episode in progress
         self.ok_since: float | None = None  # writes have succeeded since (monotonic), while failing
         if readonly:

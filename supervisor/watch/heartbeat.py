@@ -109,7 +109,6 @@ class HeartbeatMonitor:
         self._output_learned_logged = False
         self._output_off_logged = False
         self._dir_problem: str | None = None
-        self._bad_records = 0
 
     # -- Monitor --------------------------------------------------------------------------
 
@@ -196,8 +195,7 @@ class HeartbeatMonitor:
                 seq = int(rec.get("seq", 0))
                 t = float(rec["t"])
             except (OSError, ValueError, KeyError, TypeError):
-                self._bad_records += 1  # a torn or foreign file: judged on the next read
-                continue
+                continue  # a torn or foreign file: judged on the next read
             attempt = rec.get("attempt")
             if attempt is not None and attempt != self._ctx.attempt:
                 continue  # left over from an earlier attempt

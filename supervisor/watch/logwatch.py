@@ -244,9 +244,6 @@ class LogWatcher:
     def last_metric(self) -> MetricRecord | None:
         return self._last
 
-    def last_detection(self) -> Detection | None:
-        return self._last_detection
-
     def status(self) -> Mapping[str, object]:
         last = self._last
         det = self._last_detection
