@@ -69,6 +69,7 @@ class ClusterAgent:
         self._outcome: Join | GiveUp | None = None
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
+        self._end_thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
@@ -101,7 +102,16 @@ class ClusterAgent:
             if self.me.phase is not Phase.RUNNING:
                 return
             gen = self.me.gen
+            self.coord.stopped_for = max(self.coord.stopped_for, gen)  # our own stop is under way
         req = EndRequest(gen, self.node_id, cause, summary, step, onset_step, action)
+        # Sent from a thread of its own: the caller is the daemon's main loop, which must not wait
+        # on etcd (a request can take request_timeout_s per endpoint when etcd is away).
+        self._end_thread = threading.Thread(target=self._send_end, args=(req,), name="cluster-end-request",
+                                            daemon=True)
+        self._end_thread.start()
+
+    def _send_end(self, req: EndRequest) -> None:
+        gen, cause, summary = req.gen, req.cause, req.summary
         try:
             won, existing = self.client.create(self.keys.end(gen), req.to_json())
         except EtcdError as e:
@@ -114,12 +124,14 @@ class ClusterAgent:
         elif existing is not None:
             self._emit("cluster_generation_end_folded", "info", f"generation {gen} is already ending "
                        f"({existing.value[:200]}); this node's {cause} folds into it", cause=cause)
-        self.coord.stopped_for = max(self.coord.stopped_for, gen)  # our own stop is under way
 
     def wait_for_generation(self, steps: list[int], state: str = "waiting") -> Plan:
         """The launch barrier: this node is ready (its job is stopped) with ``steps`` verified;
         block until the leader's plan includes it. Raises :class:`ClusterGaveUp` or
         :class:`ClusterClosed`."""
+        sending = self._end_thread
+        if sending is not None:  # our end request goes first: ready before it would read as a lost node
+            sending.join(timeout=len(self.client.endpoints) * self.client.timeout_s + 1)
         with self._cond:
             gen = max(self.me.gen, self.coord.joined)
             self.me = self.me.but(phase=Phase.WAITING, gen=gen, steps=tuple(sorted(set(steps))), state=state)
