@@ -11,6 +11,14 @@ in the same run:
   and with ``check_finite = true`` against a bare load that checks every tensor too. The cost of
   the finite check is shown on its own.
 
+- restart to first iteration after a fault, the two orders of ``checkpoints.verify``: the real
+  daemon, a job that saves a torch checkpoint (``BENCH_RESTART_MB``, default 200 MB) and is killed
+  right after (before the background verifier could see it settle), then resumes: it loads the
+  checkpoint as nanoGPT does (``torch.load``, no mmap) and prints its first iteration. The time
+  from the kill to that line, ``before-launch`` (hash + load test, then the job) against
+  ``overlap`` (structural checks, the job at once, hash + load test beside its start-up); median
+  of 3 per order, interleaved.
+
 ``python bench/bench_checkpoints.py [SIZE_MB]`` prints the rows (default 1024 MB; e.g. 64 for a
 quick run; env BENCH_CKPT_MB works too); ``run(size_mb)`` returns them for scripts/bench.
 Every contender reads a warm page cache (the file is read once before timing), so the ratios
@@ -143,6 +151,60 @@ def load_tests(d: Path, size_mb: int) -> list[dict[str, object]]:
     return rows
 
 
+# Attempt 0 trains a step, saves a fresh checkpoint and is killed at once (the fault: its time in
+# OUT/fault); attempt 1 loads it as nanoGPT does and prints its first iteration (time in OUT/first).
+RESTART_JOB = """\
+import os, sys, time
+out, ck, mb = sys.argv[1], sys.argv[2], int(sys.argv[3])
+import torch
+frm = os.environ.get("TSUP_RESUME_FROM")
+if not frm:
+    print("iter 0: loss 4.0000, time 10.00ms", flush=True)
+    n = mb * 1024 * 1024 // 4
+    torch.save({"model": {"w": torch.randn(n)}, "optimizer": {}, "iter_num": 1}, os.path.join(ck, "tmp.pt"))
+    os.replace(os.path.join(ck, "tmp.pt"), os.path.join(ck, "step_1.pt"))
+    open(os.path.join(out, "fault"), "w").write(repr(time.time()))
+    os.kill(os.getpid(), 9)
+state = torch.load(frm, map_location="cpu", weights_only=True)
+print(f"iter {state['iter_num'] + 1}: loss 3.9000, time 10.00ms", flush=True)
+open(os.path.join(out, "first"), "w").write(repr(time.time()))
+"""
+
+
+def restart_once(d: Path, verify: str, size_mb: int) -> float:
+    """Seconds from the kill of a job that had just saved ``size_mb`` to its next attempt's first
+    iteration, under the real daemon with ``checkpoints.verify = verify``."""
+    d.mkdir(parents=True)
+    ck, out, sd = d / "ck", d / "out", d / "sd"
+    ck.mkdir(), out.mkdir()
+    cfg = d / "c.toml"
+    cfg.write_text(f'[checkpoints]\nverify = "{verify}"\n')
+    cp = subprocess.run([sys.executable, "-m", "supervisor", "wrap", "--state-dir", str(sd), "--config", str(cfg),
+                         "--checkpoint-dir", str(ck), "--backoff", "0", "--max-restarts", "2", "--",
+                         sys.executable, "-c", RESTART_JOB, str(out), str(ck), str(size_mb)],
+                        cwd=str(Path(__file__).resolve().parent.parent), capture_output=True, timeout=600)
+    if cp.returncode != 0:
+        raise RuntimeError(f"verify={verify}: the daemon exited {cp.returncode}: {cp.stderr.decode()[-2000:]}")
+    return float((out / "first").read_text()) - float((out / "fault").read_text())
+
+
+def verify_order(d: Path, size_mb: int | None = None, rounds: int = 3) -> list[dict[str, object]]:
+    size_mb = size_mb or int(os.environ.get("BENCH_RESTART_MB", "200"))
+    times: dict[str, list[float]] = {"before-launch": [], "overlap": []}
+    for i in range(rounds):
+        for verify in times:  # interleaved, so a noisy moment hits both orders
+            times[verify].append(restart_once(d / f"{verify}-{i}", verify, size_mb))
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    return [
+        _row(f"kill to first iteration, fresh {size_mb} MB checkpoint, checkpoints.verify = before-launch "
+             "(hash + load test, then the job)", round(med["before-launch"], 3), "s"),
+        _row(f"kill to first iteration, same, checkpoints.verify = overlap (structural checks, the job at once, "
+             "load test beside its start-up; the default)", round(med["overlap"], 3), "s"),
+        _row("restart saved by overlap: before-launch - overlap", round(med["before-launch"] - med["overlap"], 3),
+             "s", "> 0"),
+    ]
+
+
 def run(size_mb: int | None = None) -> list[dict[str, object]]:
     size_mb = size_mb or int(os.environ.get("BENCH_CKPT_MB", "1024"))
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as d:
@@ -151,6 +213,7 @@ def run(size_mb: int | None = None) -> list[dict[str, object]]:
         rows = hashing(f)
         f.unlink()
         rows += load_tests(Path(d), size_mb)
+        rows += verify_order(Path(d) / "restart")
     return rows
 
 
