@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 # Nothing from the package at import time but the install check and the parser (stdlib only):
 # when supervisord's `supervisor` package was installed over ours, `from . import __version__` is
@@ -46,10 +46,18 @@ def _state_dir(args: argparse.Namespace) -> Path:
                                    if cands else "")))
 
 
-def _print_problems(e: Any) -> None:
-    print(f"{e.source}: {len(e.problems)} problem(s):", file=sys.stderr)
-    for p in e.problems:
-        print(f"  - {p}", file=sys.stderr)
+def _config(load: Callable[[], Any]) -> Any:
+    """The config ``load`` builds, or None once every problem in it is printed with its key path
+    (the verb then exits 2)."""
+    from ..config.model import ConfigError
+
+    try:
+        return load()
+    except ConfigError as e:
+        print(f"{e.source}: {len(e.problems)} problem(s):", file=sys.stderr)
+        for p in e.problems:
+            print(f"  - {p}", file=sys.stderr)
+        return None
 
 
 # -- daemon verbs -----------------------------------------------------------------------------
@@ -138,35 +146,28 @@ def _run_daemon(cfg: Any, config_path: Path | None, log_format: str | None) -> i
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..config.model import ConfigError, load_config
+    from ..config.model import load_config
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        _print_problems(e)
+    cfg = _config(lambda: load_config(args.config))
+    if cfg is None:
         return EXIT_USAGE
     return _run_daemon(cfg, Path(args.config).resolve(), args.log_format)
 
 
 def cmd_wrap(args: argparse.Namespace) -> int:
-    from ..config.model import ConfigError, config_from_table
+    from ..config.model import config_from_table
 
-    try:
-        table = _wrap_table(args)
-        cfg = config_from_table(table, args.config or "wrap flags")
-    except ConfigError as e:
-        _print_problems(e)
+    cfg = _config(lambda: config_from_table(_wrap_table(args), args.config or "wrap flags"))
+    if cfg is None:
         return EXIT_USAGE
     return _run_daemon(cfg, Path(args.config).resolve() if args.config else None, args.log_format)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from ..config.model import ConfigError, load_config
+    from ..config.model import load_config
 
-    try:
-        cfg = load_config(args.path)
-    except ConfigError as e:
-        _print_problems(e)
+    cfg = _config(lambda: load_config(args.path))
+    if cfg is None:
         return EXIT_USAGE
     print(f"{args.path}: OK (job {cfg.job.name!r}, state dir {cfg.state_dir()})")
     return EXIT_OK
@@ -231,17 +232,10 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
-    from ..config.model import ConfigError, load_config
+    from ..config.model import Config, load_config
 
-    try:
-        if args.config:
-            cfg = load_config(args.config, need_command=False)
-        else:
-            from ..config.model import Config
-
-            cfg = Config()
-    except ConfigError as e:
-        _print_problems(e)
+    cfg = _config(lambda: load_config(args.config, need_command=False) if args.config else Config())
+    if cfg is None:
         return EXIT_USAGE
     ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else cfg.checkpoint_dir()
     if ckdir is None:
