@@ -39,6 +39,7 @@ from .quarantine import (QuarantineRecord, last_good_disk_bytes, last_good_path,
                          restore_last_good)
 from .quicklist import MetricsSeen, Readiness, RowBuilder, config_diff, current_config, is_corrupt, val_metric_for
 from .selection import CheckpointBook, Choice, Mode, select_explained
+from .structure import structure_problem
 
 log = structlog.get_logger("supervisor.checkpoints")
 
@@ -282,6 +283,9 @@ class CheckpointService:
                 if m.size is not None and m.size != st["size"]:
                     return [f"{st['size']} bytes, the manifest says {m.size}"], None, False
                 step = step if step is not None else m.step
+            problem = structure_problem(path)
+            if problem:
+                return [problem], step, False
             token = self._stat_token(path)
             done = self._load_results.get((str(path), token, False)) or self._load_results.get((str(path), token, True))
             if done is not None and not done.passed:

@@ -156,14 +156,24 @@ if frm.endswith("step_20.pt"):
 """
 
 
+def _lost_a_member(src: Path, dst: Path) -> None:
+    """A torch zip whose directory is whole but whose tensor data member is gone: it passes the
+    structural checks (no manifest says otherwise) and fails to load."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for i in zin.infolist():
+            if not i.filename.endswith("/data/0"):
+                zout.writestr(i, zin.read(i))
+    old_mtime(dst)
+
+
 def test_overlap_launches_at_once_and_a_failed_load_test_stops_the_job_and_falls_back(daemons, tmp_path):
     for verify in ("before-launch", "overlap"):
         sd, ck, out = tmp_path / f"sd-{verify}", tmp_path / f"ck-{verify}", tmp_path / f"out-{verify}"
         out.mkdir()
         torch_file(ck / "step_10.pt", 10)
-        bad = torch_file(ck / "step_20.pt", 20)  # truncated, and no manifest says so: structurally fine
-        bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
-        old_mtime(bad)
+        _lost_a_member(torch_file(tmp_path / f"whole-{verify}.pt", 20), ck / "step_20.pt")
         cfg = tmp_path / f"{verify}.toml"
         cfg.write_text(f'[checkpoints]\nverify = "{verify}"\n[policy]\nbackoff_initial_s = 30\n')
         d = daemons(wrap(sd, "--config", str(cfg), "--checkpoint-dir", str(ck), "--max-restarts", "3")
