@@ -20,7 +20,9 @@ from typing import Any, Sequence
 
 import structlog
 
+from .hashing import StatKey
 from .layouts import registry
+from .manifest import stat_record
 
 log = structlog.get_logger("supervisor.checkpoints")
 
@@ -139,3 +141,58 @@ def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: P
     tail = (err.strip().splitlines() or ["no output"])[-1][:300]
     how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
     return LoadTestResult(False, 0.0, f"load test process failed ({how}): {tail}")
+
+
+def version_token(path: Path) -> Any:
+    """Which version of a checkpoint is on disk: its stat (a folder's summed size, newest mtime
+    and file count); a rewrite gives another token."""
+    if path.is_dir():
+        st = stat_record(path)
+        return (st["size"], st["mtime_ns"], st["files"])
+    return StatKey.of(path)
+
+
+class LoadTests:
+    """Load tests run with the job's python, their results kept per checkpoint version: a
+    result that checked every tensor is finite answers a request that does not need it too, and
+    the step a test read (nanoGPT ``iter_num``) belongs to the version it read it from (a single
+    overwritten ckpt.pt holds another step after each save, never the old one). Not thread-safe:
+    the service calls it under its lock."""
+
+    def __init__(self, python: str, *, expected_keys: Sequence[str], check_finite: bool, trust_pickles: bool,
+                 mmap: bool, timeout_s: float, cwd: Path | None) -> None:
+        self.python, self.cwd, self.timeout_s = python, cwd, timeout_s
+        self.expected_keys, self.check_finite = tuple(expected_keys), check_finite
+        self.trust_pickles, self.mmap = trust_pickles, mmap
+        self._results: dict[tuple[str, Any, bool], LoadTestResult] = {}  # (path, version, finite checked)
+        self._steps: dict[Path, tuple[Any, int | None]] = {}
+
+    def cached(self, path: Path, finite: bool = False) -> LoadTestResult | None:
+        """The result for the version on disk now that answers the request, if one ran."""
+        token = version_token(path)
+        for checked in (finite or self.check_finite, True):
+            hit = self._results.get((str(path), token, checked))
+            if hit is not None:
+                return hit
+        return None
+
+    def run(self, path: Path, layout: str | None, finite: bool = False) -> LoadTestResult:
+        """The (cached) load test; ``finite`` also checks every tensor is finite."""
+        hit = self.cached(path, finite)
+        if hit is not None:
+            return hit
+        check_finite = self.check_finite or finite
+        token = version_token(path)
+        res = run_load_test(LoadTestRequest(path, expected_keys=self.expected_keys, check_finite=check_finite,
+                                            trust_pickles=self.trust_pickles, mmap=self.mmap, layout=layout),
+                            python=self.python, timeout_s=self.timeout_s, cwd=self.cwd)
+        log.info("checkpoint_load_test", path=str(path), passed=res.passed, seconds=res.seconds, error=res.error,
+                 check_finite=check_finite)
+        self._results[(str(path), token, check_finite)] = res
+        self._steps[path] = (token, res.step)
+        return res
+
+    def step_read(self, path: Path) -> int | None:
+        """The step a load test read from the version on disk now, or None."""
+        seen = self._steps.get(path)
+        return seen[1] if seen is not None and seen[0] == version_token(path) else None

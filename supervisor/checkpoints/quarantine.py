@@ -178,6 +178,25 @@ def last_good_disk_bytes(checkpoint_dir: Path) -> int | None:
     return total
 
 
+class LastGoodKeeper:
+    """Keeps each verified version of a single overwritten checkpoint in last_good/: a hard link
+    once the job was seen replacing the file by rename (a new inode per save), else a copy."""
+
+    def __init__(self, max_bytes: int = 0) -> None:
+        self.max_bytes = max_bytes
+        self._inodes: dict[Path, int] = {}  # inode of the last version seen (rename vs in place)
+
+    def keep(self, path: Path) -> Path | None:
+        """``path``'s version to last_good/ unless already there; the copy's path, or None."""
+        st = path.stat()
+        lg = last_good_path(path)
+        if lg.exists() and lg.stat().st_mtime_ns == st.st_mtime_ns and lg.stat().st_size == st.st_size:
+            return None  # already kept
+        prev = self._inodes.get(path)
+        self._inodes[path] = st.st_ino
+        return preserve_last_good(path, link=prev is not None and prev != st.st_ino, max_bytes=self.max_bytes)
+
+
 def restore_last_good(copy: Path, original: Path) -> None:
     """Put a last_good/ copy (and its manifest) back at ``original``, where the job resumes from
     (nanoGPT reads out_dir/ckpt.pt). ``original`` must be gone (moved to quarantine/)."""

@@ -251,6 +251,20 @@ def render_table(rows: Sequence[Readiness]) -> str:
     return "\n".join(lines)
 
 
+def compare_config(row: "RowBuilder", snapshot: Any, union: bool, current: tuple[dict[str, Any], str | None],
+                   allow: Iterable[str]) -> None:
+    """A manifest's config snapshot against the job's current config, into ``row``."""
+    cur_cfg, problem = current
+    if problem and not cur_cfg:
+        row.notes.append(f"config not compared: {problem}")
+        return
+    diff = config_diff(snapshot, cur_cfg, allow=allow, union=union)
+    row.config_diff = diff
+    row.config_matches = not diff
+    if diff:
+        row.no("config differs from the snapshot in: " + ", ".join(diff) + " (allow with checkpoints.config_allow_diff)")
+
+
 @dataclass
 class RowBuilder:
     """Collects one row's findings; ``build()`` decides ``ready`` from them."""

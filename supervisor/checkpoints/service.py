@@ -30,14 +30,15 @@ import structlog
 
 from .config import CheckpointsConfig
 from .discovery import Candidate, Discovery, Layout, newest_complete, sort_newest_first
-from .hashing import DigestCache, StatKey, tree_digest
+from .hashing import DigestCache, tree_digest
 from .integrity import check_integrity, stat_changed, write_own_manifest
 from .layouts.registry import keeps_last_good
-from .loadtest import LoadTestRequest, LoadTestResult, resolve_job_python, run_load_test
+from .loadtest import LoadTestResult, LoadTests, resolve_job_python
 from .manifest import read_manifest, record_metric, stat_record
-from .quarantine import (QuarantineRecord, last_good_disk_bytes, last_good_path, preserve_last_good, quarantine,
-                         restore_last_good)
-from .quicklist import MetricsSeen, Readiness, RowBuilder, config_diff, current_config, is_corrupt, val_metric_for
+from .quarantine import (LastGoodKeeper, QuarantineRecord, last_good_disk_bytes, last_good_path, preserve_last_good,
+                         quarantine, restore_last_good)
+from .quicklist import (MetricsSeen, Readiness, RowBuilder, compare_config, current_config, is_corrupt,
+                        val_metric_for)
 from .selection import CheckpointBook, Choice, Mode, select_explained
 from .structure import structure_problem
 
@@ -65,11 +66,10 @@ class CheckpointService:
         self.digests = DigestCache(self.state_dir / "checkpoint_digests.json" if self.state_dir.is_dir() else None)
         self.book = CheckpointBook(self.state_dir, bad_after_same_cause=cfg.bad_after_same_cause)
         self._lock = threading.RLock()
-        self._load_results: dict[tuple[str, Any, bool], LoadTestResult] = {}  # (path, stat, finite checked)
-        # Steps read by load tests (nanoGPT iter_num), with the stat they were read at: a single
-        # overwritten file (ckpt.pt) holds another step after each save, never the old one.
-        self._load_steps: dict[Path, tuple[Any, int | None]] = {}
-        self._single_inodes: dict[Path, int] = {}  # inode of the last version seen (rename vs in place)
+        self.load_tests = LoadTests(self.job_python, expected_keys=cfg.expected_keys, check_finite=cfg.check_finite,
+                                    trust_pickles=cfg.trust_pickles, mmap=cfg.mmap, timeout_s=cfg.load_timeout_s,
+                                    cwd=self.job_cwd)
+        self.last_good = LastGoodKeeper(cfg.last_good_max_bytes)
         self.last_quarantined: tuple[QuarantineRecord, ...] = ()  # from the last choose_for_resume
 
     # ------------------------------------------------------------------ discovery
@@ -98,8 +98,8 @@ class CheckpointService:
                                                    and stat_changed(m.stat, stat_record(c.path)))
                     if m is not None and fresh and m.step is not None:
                         c = c.with_step(m.step)
-                    elif c.path in self._load_steps and self._load_steps[c.path][0] == self._stat_token(c.path):
-                        c = c.with_step(self._load_steps[c.path][1])
+                    else:
+                        c = c.with_step(self.load_tests.step_read(c.path))
                 out.append(c)
             return sort_newest_first(out)
 
@@ -108,31 +108,6 @@ class CheckpointService:
         return newest_complete(self.scan())
 
     # ------------------------------------------------------------------ readiness
-
-    def _stat_token(self, path: Path) -> Any:
-        if path.is_dir():
-            st = stat_record(path)
-            return (st["size"], st["mtime_ns"], st["files"])
-        return StatKey.of(path)
-
-    def _load_test(self, path: Path, layout: str, finite: bool = False) -> LoadTestResult:
-        """The (cached) load test; ``finite`` also checks every tensor is finite (a result that
-        checked it answers a request that does not need it too)."""
-        check_finite = self.cfg.check_finite or finite
-        token = self._stat_token(path)
-        for key in ((str(path), token, True), (str(path), token, check_finite)):
-            hit = self._load_results.get(key)
-            if hit is not None:
-                return hit
-        res = run_load_test(LoadTestRequest(path, expected_keys=self.cfg.expected_keys,
-                                            check_finite=check_finite, trust_pickles=self.cfg.trust_pickles,
-                                            mmap=self.cfg.mmap, layout=layout),
-                            python=self.job_python, timeout_s=self.cfg.load_timeout_s, cwd=self.job_cwd)
-        log.info("checkpoint_load_test", path=str(path), passed=res.passed, seconds=res.seconds, error=res.error,
-                 check_finite=check_finite)
-        self._load_results[(str(path), token, check_finite)] = res
-        self._load_steps[path] = (token, res.step)
-        return res
 
     def _digest(self, path: Path, algorithm: str) -> tuple[str, dict[str, Any] | None]:
         if path.is_dir():
@@ -147,7 +122,7 @@ class CheckpointService:
         with self._lock:
             if current is None:
                 current = self._current_config()
-            cur_cfg, cfg_problem = current
+            cur_cfg = current[0]
             path = cand.path
             row = RowBuilder(path=path, step=cand.step, layout=str(cand.layout), mtime=cand.mtime)
             if not path.exists():
@@ -164,7 +139,7 @@ class CheckpointService:
             if (manifest is None and not mread.present) or stale:
                 step = cand.step
                 if step is None and self.cfg.load_test:
-                    lt = self._load_test(path, row.layout, finite)
+                    lt = self.load_tests.run(path, row.layout, finite)
                     step = lt.step
                 if self.write_manifests:
                     if stale:
@@ -180,18 +155,9 @@ class CheckpointService:
                 row.step = manifest.step
             if manifest is not None:
                 check_integrity(row, manifest, self.cfg.hash_algorithm, self._digest)
-            # Config snapshot vs the job's current config.
             if manifest is not None and manifest.config is not None:
-                if cfg_problem and not cur_cfg:
-                    row.notes.append(f"config not compared: {cfg_problem}")
-                else:
-                    allow = tuple(self.cfg.config_allow_diff) + self.remedy_keys
-                    diff = config_diff(manifest.config, cur_cfg, allow=allow, union=manifest.origin == "supervisor")
-                    row.config_diff = diff
-                    row.config_matches = not diff
-                    if diff:
-                        row.no("config differs from the snapshot in: " + ", ".join(diff)
-                               + " (allow with checkpoints.config_allow_diff)")
+                compare_config(row, manifest.config, manifest.origin == "supervisor", current,
+                               tuple(self.cfg.config_allow_diff) + self.remedy_keys)
             row.val_metric = val_metric_for(row.step, self.cfg.val_metric, manifest.metrics if manifest else None,
                                             metrics_seen)
             if (row.val_metric is not None and manifest is not None and manifest.origin == "supervisor"
@@ -203,7 +169,7 @@ class CheckpointService:
                 row.no(f"no validation metric {self.cfg.val_metric!r} recorded for this checkpoint")
             # The load test last: it is the slow part and pointless for a corrupt file.
             if self.cfg.load_test and row.complete and row.sha256_ok is not False:
-                lt = lt or self._load_test(path, row.layout, finite)
+                lt = lt or self.load_tests.run(path, row.layout, finite)
                 row.load_test = lt
                 if row.step is None:
                     row.step = lt.step
@@ -244,23 +210,11 @@ class CheckpointService:
                 # Kept at once, not only before a restart: one bad overwrite then costs one save
                 # interval, never the whole run.
                 try:
-                    self._preserve_single(newest.path)
+                    self.last_good.keep(newest.path)
                 except OSError as exc:
                     log.warning("checkpoint_preserve_failed", path=str(newest.path), error=str(exc),
                                 next="the previous last good copy stays")
             return row
-
-    def _preserve_single(self, path: Path) -> Path | None:
-        """``path``'s verified version to last_good/ unless already there; a hard link once the job
-        was seen replacing the file by rename (a new inode per save), else a copy."""
-        st = path.stat()
-        lg = last_good_path(path)
-        if lg.exists() and lg.stat().st_mtime_ns == st.st_mtime_ns and lg.stat().st_size == st.st_size:
-            return None  # already kept
-        prev = self._single_inodes.get(path)
-        self._single_inodes[path] = st.st_ino
-        renamed = prev is not None and prev != st.st_ino
-        return preserve_last_good(path, link=renamed, max_bytes=self.cfg.last_good_max_bytes)
 
     # ------------------------------------------------------------------ the pre-resume gate
 
@@ -286,8 +240,7 @@ class CheckpointService:
             problem = structure_problem(path)
             if problem:
                 return [problem], step, False
-            token = self._stat_token(path)
-            done = self._load_results.get((str(path), token, False)) or self._load_results.get((str(path), token, True))
+            done = self.load_tests.cached(path)
             if done is not None and not done.passed:
                 return [f"load test failed: {done.error}"], step, False
             return [], step if step is not None or done is None else done.step, done is not None
@@ -323,7 +276,7 @@ class CheckpointService:
             row = self.evaluate(cand, metrics_seen, self._current_config())
             if row.ready and keeps_last_good(cand.layout) and self.cfg.preserve_last_good:
                 try:
-                    self._preserve_single(path)
+                    self.last_good.keep(path)
                 except OSError as exc:
                     log.warning("checkpoint_preserve_failed", path=str(path), error=str(exc),
                                 next="the previous last good copy stays")
@@ -415,7 +368,7 @@ class CheckpointService:
                     if lg.exists() and lg.stat().st_mtime_ns == c.path.stat().st_mtime_ns:
                         continue  # already copied
                     if self.evaluate(c).ready:
-                        kept = self._preserve_single(c.path)
+                        kept = self.last_good.keep(c.path)
                         if kept is not None:
                             out.append(kept)
         return out
@@ -426,9 +379,8 @@ class CheckpointService:
                             step: int | None = None) -> bool:
         """Record an attempt's end; True when it marked ``checkpoint`` bad (it is then quarantined)."""
         with self._lock:
-            marked = self.book.note_attempt_result(checkpoint, str(cause) if cause is not None else None,
-                                                   newer_checkpoint_appeared, step)
-            return marked
+            return self.book.note_attempt_result(checkpoint, str(cause) if cause is not None else None,
+                                                 newer_checkpoint_appeared, step)
 
     def mark_bad(self, path: Path | str, reason: str) -> None:
         self.book.mark_bad(path, reason)
