@@ -16,15 +16,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 #: optimizer steps of the default demo run (~35-50 s fault-free on one idle CPU core)
 DEFAULT_STEPS = 600
 DEFAULT_SEED = 0
 #: the faults injected when none are chosen, each at a fraction of the run (faults.py's table)
 DEFAULT_FAULTS: tuple[str, ...] = ("nan", "hang", "crash", "oom", "corrupt_ckpt")
-#: every fault the job knows (``name`` or ``name@step``)
-KNOWN_FAULTS: tuple[str, ...] = ("nan", "hang", "crash", "oom", "corrupt_ckpt", "bad_resume", "spike")
+#: every fault the job knows (``name`` or ``name@step``) and what it does (the job's --help)
+FAULT_HELP: Mapping[str, str] = {
+    "nan": "a weight becomes NaN at the step, so the loss printed at that step is nan",
+    "hang": "at the step, stop heartbeating and printing and sleep forever (ignores the stop flag)",
+    "crash": "raise RuntimeError during the step (exit 1 with a traceback)",
+    "oom": "raise torch.OutOfMemoryError with CUDA's message during the step (exit 1)",
+    "corrupt_ckpt": "after the first checkpoint at or after the step, truncate the newest "
+    "checkpoint file to half its size, then crash",
+    "bad_resume": "on the first resume at or after the step, train with the LR x100 for that attempt",
+    "spike": "LR x50 for 30 steps from the step (a loss spike)",
+}
+KNOWN_FAULTS: tuple[str, ...] = tuple(FAULT_HELP)
 CHECKPOINT_EVERY = 50
 #: module run by the job's Python
 JOB_MODULE = "supervisor.demo.train"
@@ -109,6 +119,7 @@ def demo_job_argv(
 
 
 __all__ = [
-    "CHECKPOINT_EVERY", "DEFAULT_FAULTS", "DEFAULT_SEED", "DEFAULT_STEPS", "DemoLayout",
-    "FAULTS_ENV", "FAULTS_FIRED_FILE", "JOB_MODULE", "KNOWN_FAULTS", "RESUME_ARGS", "demo_job_argv", "format_faults",
+    "CHECKPOINT_EVERY", "DEFAULT_FAULTS", "DEFAULT_SEED", "DEFAULT_STEPS", "DemoLayout", "FAULT_HELP",
+    "FAULTS_ENV", "FAULTS_FIRED_FILE", "JOB_MODULE", "KNOWN_FAULTS", "RESUME_ARGS", "demo_job_argv",
+    "format_faults",
 ]

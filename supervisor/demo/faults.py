@@ -1,6 +1,6 @@
-"""The demo job's injectable faults (they live here and nowhere in the supervisor): what each
-does, where it fires by default, and the book of those already fired, kept beside the
-checkpoints so that each fires once per run."""
+"""The demo job's injectable faults (they live here and nowhere in the supervisor; what each does
+is ``supervisor.demo.FAULT_HELP``): where each fires by default, and the book of those already
+fired, kept beside the checkpoints so that each fires once per run."""
 
 from __future__ import annotations
 
@@ -13,18 +13,8 @@ from typing import Mapping
 
 import torch
 
-from . import DEFAULT_FAULTS
+from . import DEFAULT_FAULTS, FAULT_HELP
 
-FAULT_HELP: Mapping[str, str] = {
-    "nan": "a weight becomes NaN at the step, so the loss printed at that step is nan",
-    "hang": "at the step, stop heartbeating and printing and sleep forever (ignores the stop flag)",
-    "crash": "raise RuntimeError during the step (exit 1 with a traceback)",
-    "oom": "raise torch.OutOfMemoryError with CUDA's message during the step (exit 1)",
-    "corrupt_ckpt": "after the first checkpoint at or after the step, truncate the newest "
-    "checkpoint file to half its size, then crash",
-    "bad_resume": "on the first resume at or after the step, train with the LR x100 for that attempt",
-    "spike": "LR x50 for 30 steps from the step (a loss spike)",
-}
 # Where each fault fires by default, as a fraction of --steps: spread over the run, each after a
 # checkpoint so that a rollback has somewhere to go, and (for the default 600 steps, checkpoint
 # every 50) 10-20 steps past one, so that little work is redone: 120, 210, 312, 414, 480->500.

@@ -18,7 +18,7 @@ Run standalone (``python -m supervisor.demo.train --faults none``) or under the 
 Faults (``--faults`` or ``TSUP_DEMO_FAULTS``, comma list of ``name`` or ``name@step``) live in
 :mod:`.faults` and nowhere in the supervisor. Each fires once per run: fired faults are recorded in
 ``<checkpoint_dir>/.demo_faults_fired`` before they take effect, so a relaunched attempt does not
-repeat them. See ``faults.FAULT_HELP``.
+repeat them. See ``supervisor.demo.FAULT_HELP``.
 """
 
 from __future__ import annotations
@@ -35,9 +35,8 @@ from typing import Any, Mapping
 
 import torch
 
-from . import DEFAULT_FAULTS, FAULTS_ENV, FAULTS_FIRED_FILE
-from .faults import (BAD_RESUME_LR_FACTOR, FAULT_HELP, SPIKE_LR_FACTOR, SPIKE_STEPS, FaultBook, parse_faults,
-                     raise_fake_oom)
+from . import DEFAULT_FAULTS, FAULT_HELP, FAULTS_ENV, FAULTS_FIRED_FILE
+from .faults import BAD_RESUME_LR_FACTOR, SPIKE_LR_FACTOR, SPIKE_STEPS, FaultBook, parse_faults, raise_fake_oom
 from .jobclient import Client, resume_fields
 from .model import CORPUS_PATH, Corpus, ModelConfig, TinyGPT
 
