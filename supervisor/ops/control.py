@@ -20,6 +20,7 @@ an ``internal`` error reply and is logged with its traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -28,7 +29,7 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +90,19 @@ def socket_path(state_dir: str | os.PathLike[str]) -> Path:
     return Path(state_dir) / SOCKET_NAME
 
 
-def _address(path: Path) -> tuple[str, int | None]:
-    """A bindable/connectable address for ``path``: sun_path holds at most 107 bytes, so a long
-    state dir is reached through /proc/self/fd/N of an open descriptor of the directory."""
+@contextlib.contextmanager
+def _address(path: Path) -> Iterator[str]:
+    """A bindable/connectable address for ``path``, valid inside the ``with``: sun_path holds at
+    most 107 bytes, so a long state dir is reached through /proc/self/fd/N of a descriptor of the
+    directory, held open until the block ends."""
     if len(os.fsencode(path)) < 108:
-        return str(path), None
+        yield str(path)
+        return
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    return f"/proc/self/fd/{dfd}/{path.name}", dfd
+    try:
+        yield f"/proc/self/fd/{dfd}/{path.name}"
+    finally:
+        os.close(dfd)
 
 
 def _reply_ok(result: Any) -> bytes:
@@ -174,20 +181,18 @@ class ControlServer:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._remove_stale()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        addr, dfd = _address(self.path)
         # The umask makes the file 0600 from the start (umask is process-wide, so it is held for
         # the bind only); the chmod below is what guarantees it. Clients cannot connect before
         # listen(), so the mode is final before anyone can talk to us.
-        old = os.umask(0o177)
-        try:
-            sock.bind(addr)
-        except OSError:
-            sock.close()
-            raise
-        finally:
-            os.umask(old)
-            if dfd is not None:
-                os.close(dfd)
+        with _address(self.path) as addr:
+            old = os.umask(0o177)
+            try:
+                sock.bind(addr)
+            except OSError:
+                sock.close()
+                raise
+            finally:
+                os.umask(old)
         os.chmod(self.path, 0o600)
         self._inode = os.stat(self.path).st_ino
         sock.listen(32)
@@ -206,19 +211,17 @@ class ControlServer:
             raise SocketInUse(f"{self.path} exists and is not a socket; remove it if it is not needed")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         probe.settimeout(1.0)
-        addr, dfd = _address(self.path)
-        try:
-            probe.connect(addr)
-        except OSError as e:
-            if e.errno not in (errno.ECONNREFUSED, errno.ENOENT):
-                raise
-            os.unlink(self.path)  # left behind by a daemon that died: ours now
-            log.info("control_socket_stale_removed", path=str(self.path))
-            return
-        finally:
-            probe.close()
-            if dfd is not None:
-                os.close(dfd)
+        with _address(self.path) as addr:
+            try:
+                probe.connect(addr)
+            except OSError as e:
+                if e.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                    raise
+                os.unlink(self.path)  # left behind by a daemon that died: ours now
+                log.info("control_socket_stale_removed", path=str(self.path))
+                return
+            finally:
+                probe.close()
         raise SocketInUse(f"another daemon is already running for state dir {self.path.parent} "
                           f"(its control socket {self.path} answers); stop it first or use another state dir")
 
@@ -348,29 +351,27 @@ def request(state_dir: str | os.PathLike[str], verb: str, args: Mapping[str, Any
         raise DaemonNotRunning(f"no daemon is running for state dir {Path(state_dir)} (no control socket {path})")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     sock.settimeout(timeout)
-    addr, dfd = _address(path)
-    try:
+    with _address(path) as addr:
         try:
-            sock.connect(addr)
-        except (ConnectionRefusedError, FileNotFoundError):
-            raise DaemonNotRunning(f"no daemon is running for state dir {Path(state_dir)} "
-                                   f"(stale control socket {path})") from None
-        except PermissionError:
-            raise ControlError("forbidden", f"permission denied on {path}: run as the daemon's user or root") from None
-        sock.sendall((json.dumps({"verb": verb, "args": dict(args or {})}) + "\n").encode())
-        buf = bytearray()
-        while True:
             try:
-                chunk = sock.recv(65536)
-            except (TimeoutError, socket.timeout):
-                raise ControlError("timeout", f"the daemon did not answer {verb!r} within {timeout:g} s") from None
-            if not chunk:
-                break
-            buf += chunk
-    finally:
-        sock.close()
-        if dfd is not None:
-            os.close(dfd)
+                sock.connect(addr)
+            except (ConnectionRefusedError, FileNotFoundError):
+                raise DaemonNotRunning(f"no daemon is running for state dir {Path(state_dir)} "
+                                       f"(stale control socket {path})") from None
+            except PermissionError:
+                raise ControlError("forbidden", f"permission denied on {path}: run as the daemon's user or root") from None
+            sock.sendall((json.dumps({"verb": verb, "args": dict(args or {})}) + "\n").encode())
+            buf = bytearray()
+            while True:
+                try:
+                    chunk = sock.recv(65536)
+                except (TimeoutError, socket.timeout):
+                    raise ControlError("timeout", f"the daemon did not answer {verb!r} within {timeout:g} s") from None
+                if not chunk:
+                    break
+                buf += chunk
+        finally:
+            sock.close()
     try:
         reply = json.loads(bytes(buf).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
