@@ -82,6 +82,10 @@ class JobConfig:
     python: str | None = field(default=None, metadata=meta(
         "the job's Python, for checkpoint load tests and the environment snapshot "
         "(default: found from the command, else the daemon's)"))
+    cgroup: bool = field(default=True, metadata=meta(
+        "run each attempt in a cgroup (v2) of its own where the daemon may create one (as root, or under "
+        "systemd with Delegate=yes): a stop then reaches every process the job started, wherever it went; "
+        "false, or where none can be made: tracked by session, process group and subreaper"))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import structlog
 from ..config.model import Config
 from ..core.messages import EndAttempt, ExitInfo, Resume
 from ..events import Action, Cause, Detection, MetricRecord, Monitor
+from ..job.cgroup import own_cgroup
 from ..job.osapi import OsApi, become_subreaper
 from ..job.output import ConsoleWriter, SinkFanout
 from ..job.process import JobProcess, LaunchSpec, cgroup_oom_kills, classify_exit
@@ -33,6 +34,7 @@ class ProcessLauncher:
         self.osapi = osapi
         self._oom_kills_before: int | None = None
         self._subreaper = False
+        self._cgroup_parent: Path | None = None
 
     def launch(self, spec: LaunchSpec, log_path: Path | None, on_eof: Callable[[str], None]) -> JobProcess:
         if not self._subreaper:
@@ -40,8 +42,27 @@ class ProcessLauncher:
             # reap them: nothing of a job survives a relaunch, and no zombie is left behind.
             self._subreaper = True
             become_subreaper()
+            self._cgroup_parent = self._isolation(spec)
         self._oom_kills_before = cgroup_oom_kills()
-        return JobProcess(spec, self.fanout, self.passthrough, log_path, on_eof, self.osapi)
+        return JobProcess(spec, self.fanout, self.passthrough, log_path, on_eof, self.osapi,
+                          cgroup_parent=self._cgroup_parent)
+
+    @staticmethod
+    def _isolation(spec: LaunchSpec) -> Path | None:
+        """Where each attempt's cgroup goes (said once): our own cgroup when it is writable."""
+        parent, why = own_cgroup()
+        if not spec.cgroup:
+            log.info("job_isolation", cgroup=None, message="[job] cgroup = false: the job's processes are "
+                     "tracked by session, group and subreaper (an escaped one that scrubs its environment is missed)")
+        elif parent is None:
+            log.info("job_isolation", cgroup=None, reason=why,
+                     message=f"no cgroup for the job ({why}); its processes are tracked by session, group and "
+                             "subreaper (an escaped one that scrubs its environment is missed)")
+        else:
+            log.info("job_isolation", cgroup=str(parent),
+                     message=f"each attempt runs in a cgroup of its own under {parent}: a stop reaches every "
+                             "process it started (cgroup.kill), wherever it went")
+        return parent
 
     def close(self) -> None:
         if self.passthrough is not None:
@@ -201,7 +222,9 @@ class CheckpointConcern(Concern):
             if row.ready:
                 daemon.event("checkpoint_verified_after_launch", "info",
                              f"{path} passed its load test beside the job's start-up (step {row.step})",
-                             ledger_only=False, path=str(path), step=row.step)
+                             path=str(path), step=row.step)
+                if row.step is not None:  # read by the load test (nanoGPT's iter_num): the history says it
+                    daemon.ledger.update_attempt(daemon.run_id, attempt, resume_step=row.step)
                 return
             why = "; ".join(row.reasons) or "not ready"
             daemon.emit(Detection(Cause.CHECKPOINT_LOAD_ERROR,

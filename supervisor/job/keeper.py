@@ -53,12 +53,14 @@ class JobLog:
         self.notice = notice
         self.lost = 0
         self._checked = time.monotonic()
+        self._at_line_end = True
 
     def write(self, chunk: bytes) -> None:
         if self.fd < 0:
             return
-        if self.path and time.monotonic() - self._checked >= ROTATION_CHECK_S:
-            self._follow_rotation()
+        if self.path and time.monotonic() - self._checked >= ROTATION_CHECK_S and (
+                self._at_line_end or time.monotonic() - self._checked >= 10 * ROTATION_CHECK_S):
+            self._follow_rotation()  # between lines: no line is cut in two across the files
         view = memoryview(chunk)
         try:
             while view:
@@ -70,6 +72,7 @@ class JobLog:
                             "the next output")
             self.lost += len(view)
             return
+        self._at_line_end = chunk.endswith((b"\n", b"\r"))
         if self.lost:
             self.notice(f"job_log_write_recovered: {self.path or 'the job log'} is written again; "
                         f"{self.lost} bytes of the job's output could not be written to it meanwhile")

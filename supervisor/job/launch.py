@@ -115,7 +115,7 @@ def launch_spec(cfg: Config, launch: Launch, *, run_id: str, state_dir: Path,
         # 60 reaches the detectors minutes later, or only when the job exits.
         added["PYTHONUNBUFFERED"] = "1"
     env = {**base, **added}
-    return LaunchSpec(tuple(argv), str(cfg.workdir()), env, added)
+    return LaunchSpec(tuple(argv), str(cfg.workdir()), env, added, cgroup=cfg.job.cgroup)
 
 
 def remedies_record(launch: Launch) -> list[dict[str, Any]]:

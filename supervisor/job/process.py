@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import re
 import signal
@@ -13,10 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+import structlog
+
 from ..core.messages import ExitInfo
 from ..events import Cause
 from .osapi import OsApi, ProcRef, signal_name
+from .cgroup import JobCgroup
 from .output import Console, KeeperLink, SinkFanout
+
+log = structlog.get_logger("supervisor.job.process")
 
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 
@@ -38,6 +44,7 @@ class LaunchSpec:
     cwd: str
     env: Mapping[str, str]  # the full environment of the job
     added_env: Mapping[str, str]  # what we added on top of the daemon's (for the ledger)
+    cgroup: bool = True  # in a cgroup of its own where one can be made ([job] cgroup)
 
 
 class JobProcess:
@@ -48,7 +55,8 @@ class JobProcess:
     ``kill -9`` of the daemon (no EPIPE) and job.log keeps every line it printed."""
 
     def __init__(self, spec: LaunchSpec, fanout: SinkFanout, passthrough: Console | None,
-                 log_path: Path | None, on_eof: Callable[[str], None], osapi: OsApi) -> None:
+                 log_path: Path | None, on_eof: Callable[[str], None], osapi: OsApi,
+                 cgroup_parent: Path | None = None) -> None:
         self.spec = spec
         self.osapi = osapi
         log_fd = -1
@@ -76,22 +84,35 @@ class JobProcess:
                 if fd >= 0:
                     os.close(fd)
             theirs.close()
+        self.cgroup = _job_cgroup(spec, cgroup_parent) if spec.cgroup and cgroup_parent is not None else None
+        procs_fd = self.cgroup.procs_fd() if self.cgroup is not None else -1
         try:
             try:
                 self.popen = subprocess.Popen(
                     list(spec.argv), cwd=spec.cwd, env=dict(spec.env), stdin=subprocess.DEVNULL,
                     stdout=out_w, stderr=err_w, start_new_session=True, close_fds=True,
+                    preexec_fn=(lambda: _enter_cgroup(procs_fd)) if procs_fd >= 0 else None,
                 )
             finally:
                 os.close(out_w)  # only the job holds the write ends: the keeper sees EOF when it is gone
                 os.close(err_w)
+                if procs_fd >= 0:
+                    os.close(procs_fd)
         except BaseException:
             ours.close()  # no job: the keeper sees EOF on both pipes and exits
             _reap(self.keeper, 5.0)
+            if self.cgroup is not None:
+                self.cgroup.remove()
             raise
         self.pid = self.popen.pid
         self.pgid = self.pid  # start_new_session: the leader's pid is the session and group id
         self.leader = osapi.proc_ref(self.pid) or ProcRef(self.pid, 0.0)
+        if self.cgroup is not None and self.pid not in self.cgroup.pids() and self.leader.alive():
+            log.warning("job_cgroup_not_entered", cgroup=str(self.cgroup.path),
+                        message=f"the job could not enter its cgroup {self.cgroup.path}; its processes are "
+                                "tracked by session, group and subreaper instead")
+            self.cgroup.remove()
+            self.cgroup = None
         self.known: dict[int, ProcRef] = {self.pid: self.leader}
         self.link = KeeperLink(ours.detach(), passthrough, fanout, on_eof, self.keeper.pid)
         self.link.start()
@@ -109,7 +130,18 @@ class JobProcess:
         if self.status is None:
             for ref in self.osapi.descendants(self.pid):
                 self.known.setdefault(ref.pid, ref)
+        self._adopt_cgroup()
         self._adopt_orphans()
+
+    def _adopt_cgroup(self) -> None:
+        """Everyone in the job's cgroup is the job's, whatever session or environment it has."""
+        if self.cgroup is None:
+            return
+        for pid in self.cgroup.pids():
+            if pid not in self.known:
+                ref = self.osapi.proc_ref(pid)
+                if ref is not None:
+                    self.known[pid] = ref
 
     def _adopt_orphans(self) -> None:
         """A grandchild that double-forks is re-parented to the daemon (the subreaper) before a
@@ -130,6 +162,7 @@ class JobProcess:
                 self.known[ref.pid] = ref
 
     def pids(self) -> list[int]:
+        self._adopt_cgroup()
         return [r.pid for r in self.known.values() if r.alive()]
 
     def poll(self) -> int | None:
@@ -148,10 +181,15 @@ class JobProcess:
         # when something answers do we pay for the full scan that tells zombies from the living.
         if self.osapi.killpg(self.pgid, 0) and self.osapi.group_members(self.pgid):
             return True
+        if self.cgroup is not None and self.cgroup.populated():
+            return True
         return any(r.alive() for pid, r in self.known.items() if pid != self.pid)
 
     def signal_group(self, sig: int) -> None:
+        self._adopt_cgroup()  # known, so that they are reaped once dead
         self._adopt_orphans()
+        if self.cgroup is not None:
+            self.cgroup.signal(sig)  # SIGKILL: cgroup.kill, nothing in it can fork away
         self.osapi.killpg(self.pgid, sig)
         # Descendants that moved to their own session are not in the group: signal them directly.
         for pid, ref in list(self.known.items()):
@@ -179,6 +217,35 @@ class JobProcess:
         # The keeper exits once every writer of the pipes is gone; a straggler that escaped the
         # stop keeps it (and its job.log copy) going, and the keeper is reaped later.
         _reap(self.keeper, 1.0)
+        if self.cgroup is not None and not self.cgroup.populated() and self.cgroup.remove():
+            self.cgroup = None
+
+
+def _job_cgroup(spec: LaunchSpec, parent: Path) -> JobCgroup | None:
+    run, attempt = spec.env.get("TSUP_RUN_ID"), spec.env.get("TSUP_ATTEMPT")
+    name = f"tsup-{run}-{attempt}" if run and attempt else f"tsup-pid{os.getpid()}-{next(_unnamed)}"
+    try:
+        cg = JobCgroup.create(parent, name)
+        os.close(cg.procs_fd())  # writable for us, or we know now
+        return cg
+    except OSError as e:
+        log.warning("job_cgroup_unavailable", parent=str(parent), error=str(e),
+                    message=f"cannot create the job's cgroup under {parent} ({e}); its processes are "
+                            "tracked by session, group and subreaper instead")
+        return None
+
+
+_unnamed = itertools.count()
+
+
+def _enter_cgroup(procs_fd: int) -> None:
+    """Between fork and exec, in the child: into the job's cgroup. Only a write to an fd opened
+    before the fork (no allocation, no lock another thread may hold); a failure is seen by the
+    parent, which then tracks the job without the cgroup."""
+    try:
+        os.write(procs_fd, b"0")
+    except OSError:
+        pass
 
 
 def start_keeper(out_r: int, err_r: int, sock: int, log_fd: int, log_path: str) -> subprocess.Popen[bytes]:

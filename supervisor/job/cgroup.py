@@ -1,0 +1,142 @@
+"""The job in a cgroup (v2) of its own, where the daemon may create one.
+
+Process groups, sessions and the subreaper find what the job starts as long as it stays in the
+job's group, or carries the attempt's TSUP_RUN_ID/TSUP_ATTEMPT (see
+:meth:`~supervisor.job.process.JobProcess._adopt_orphans`). A process that leaves the session
+*and* scrubs its environment escapes them. A cgroup does not let it: every process the job
+starts is born in the job's cgroup and stays there whatever it does, so a stop is "every pid in
+``cgroup.procs``" and the final blow is ``cgroup.kill`` (Linux 5.14+; a SIGKILL to each pid
+before). Where cgroup v2 is not writable for us (cgroup v1 only, a read-only /sys/fs/cgroup, a
+cgroup not delegated to us), the subreaper tracking stays the way, and the daemon says so once.
+
+Where: a child of the daemon's own cgroup, so it is ours to create. Under systemd that needs
+``Delegate=yes`` (the shipped units have it); as root in a container the cgroup namespace's root
+is ours. The child is created per attempt, named ``tsup-<run id>-<attempt>``, and removed once
+empty; the leftovers of a previous daemon life of the same run are stopped and removed before
+the next attempt starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger("supervisor.job.cgroup")
+
+
+def _cgroup2_mount() -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified in
+    the hybrid layout), from our mountinfo."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split(" ", 1)[0] == "cgroup2":
+                    return Path(left.split()[4])
+    except OSError:
+        return None
+    return None
+
+
+def own_cgroup() -> tuple[Path | None, str]:
+    """The daemon's own cgroup v2 directory when we may create cgroups in it; else None and why."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            rel = next((line.strip()[3:] for line in f if line.startswith("0::")), None)
+    except OSError as e:
+        return None, f"cannot read /proc/self/cgroup ({e})"
+    mount = _cgroup2_mount()
+    if rel is None or mount is None:
+        return None, "no cgroup v2 hierarchy (cgroup v1 only)"
+    path = mount / rel.lstrip("/")
+    if not (path / "cgroup.procs").exists():
+        return None, f"our cgroup {path} is not visible here"
+    if not os.access(path, os.W_OK):
+        return None, (f"our cgroup {path} is not writable (not delegated: under systemd it needs Delegate=yes "
+                      "and ProtectControlGroups=no)")
+    return path, ""
+
+
+class JobCgroup:
+    """One attempt's cgroup: who is in it, signals to all of them, removal once empty."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, parent: Path, name: str) -> "JobCgroup":
+        """Make ``parent/name`` (raises OSError when we may not); leftovers of an earlier life of
+        the same run (``name``'s prefix up to the attempt) are stopped and removed first."""
+        sweep(parent, name.rsplit("-", 1)[0] + "-")
+        path = parent / name
+        path.mkdir(mode=0o755)
+        return cls(path)
+
+    def procs_fd(self) -> int:
+        """An fd on ``cgroup.procs``: the child writes "0" to it between fork and exec, so the job
+        is in its cgroup before its first instruction (nothing it forks can be born outside)."""
+        return os.open(self.path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def populated(self) -> bool:
+        """Any live process in it (exited ones leave at once, reaped or not)."""
+        try:
+            for line in (self.path / "cgroup.events").read_text().splitlines():
+                if line.startswith("populated "):
+                    return line.split()[1] == "1"
+        except OSError:
+            return False
+        return bool(self.pids())
+
+    def signal(self, sig: int) -> None:
+        if sig == signal.SIGKILL and _kill_all(self.path):
+            return
+        for pid in self.pids():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                continue
+
+    def remove(self) -> bool:
+        """Remove it when empty; False while something is still in it (stuck in the kernel)."""
+        try:
+            self.path.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+
+
+def _kill_all(path: Path) -> bool:
+    """``cgroup.kill``: SIGKILL to every process in the cgroup at once, none can fork away."""
+    try:
+        (path / "cgroup.kill").write_text("1")
+        return True
+    except OSError:
+        return False
+
+
+def sweep(parent: Path, prefix: str) -> None:
+    """Stop and remove the job cgroups ``prefix*`` a previous daemon life left under ``parent``."""
+    try:
+        stale = [p for p in parent.iterdir() if p.name.startswith(prefix) and p.is_dir()]
+    except OSError:
+        return
+    for p in stale:
+        cg = JobCgroup(p)
+        pids = cg.pids()
+        if pids:
+            cg.signal(signal.SIGKILL)
+            log.warning("cgroup_leftovers_stopped", cgroup=str(p), pids=pids,
+                        message=f"{len(pids)} process(es) of an earlier attempt were still in {p}; "
+                                "killed before the next attempt starts")
+        cg.remove()  # not empty yet (the kill takes a moment): the next sweep removes it

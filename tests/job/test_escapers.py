@@ -1,0 +1,90 @@
+"""Every process the job started is stopped (issue 12), both ways, through the real daemon:
+
+- in a cgroup of its own (where cgroup v2 is writable here): even a grandchild that double-forks
+  out of the session, ignores SIGTERM *and* scrubs its environment is stopped (cgroup.kill);
+- with ``[job] cgroup = false`` (the fallback where no cgroup can be made): the daemon is a
+  subreaper, and the re-parented grandchild that keeps the attempt's environment is found by it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor.job.cgroup import own_cgroup
+from tests.conftest import ROOT, Daemon, history, pid_alive, started_daemons
+from tests.util import wait_for
+
+PY = sys.executable
+
+# The leader forks a child that leaves the session and forks the grandchild, then exits at once:
+# the grandchild is re-parented (to the daemon, the subreaper), ignores SIGTERM and, with
+# "scrub", execs sleep with an empty environment (no TSUP_RUN_ID to be recognised by).
+ESCAPER = r'''
+import os, signal, sys, time
+out, scrub = sys.argv[1], sys.argv[2] == "scrub"
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stays ignored across exec
+        with open(os.path.join(out, "gpid.tmp"), "w") as f:
+            f.write(str(os.getpid()))
+        if scrub:
+            os.replace(os.path.join(out, "gpid.tmp"), os.path.join(out, "gpid"))
+            os.execve("/bin/sleep", ["sleep", "600"], {})
+        os.replace(os.path.join(out, "gpid.tmp"), os.path.join(out, "gpid"))
+        while True:
+            time.sleep(3600)
+    os._exit(0)
+os.wait()
+while True:
+    time.sleep(3600)
+'''
+
+
+def run_and_stop(tmp_path: Path, scrub: bool, cgroup: bool) -> tuple[int, str, str]:
+    """Start the escaper under a daemon, stop it, return the grandchild's pid, the run id and the
+    daemon's stderr."""
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    job = tmp_path / "escaper.py"
+    job.write_text(ESCAPER)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[job]\nname = "escaper"\ncommand = ["{PY}", "{job}", "{out}", "{"scrub" if scrub else "keep"}"]\n'
+                   f'cgroup = {"true" if cgroup else "false"}\n[state]\ndir = "{sd}"\n[gpu]\nbackend = "none"\n'
+                   '[shutdown]\ngrace_s = 1\n')
+    own = tmp_path / "daemon"
+    own.mkdir()
+    gpid = 0
+    with started_daemons(lambda: Daemon(["run", "--config", str(cfg)], own)) as start:
+        d = start()
+        try:
+            wait_for(lambda: (out / "gpid").exists(), 30, what="the grandchild ready")
+            gpid = int((out / "gpid").read_text())
+            cp = subprocess.run([PY, "-m", "supervisor", "stop", "--state-dir", str(sd)], cwd=str(ROOT),
+                                capture_output=True, text=True, timeout=60)
+            assert cp.returncode == 0, cp.stderr
+            assert d.wait(60) == 0, d.stderr()[-3000:]
+            wait_for(lambda: not pid_alive(gpid), 10, what="the grandchild gone")
+        finally:
+            if gpid and pid_alive(gpid):
+                os.kill(gpid, signal.SIGKILL)
+    return gpid, history(sd)["run_id"], d.stderr()
+
+
+def test_a_scrubbed_double_forked_grandchild_is_stopped_through_the_jobs_cgroup(tmp_path):
+    parent, why = own_cgroup()
+    if parent is None:
+        pytest.skip(f"cgroup v2 is not writable here: {why}")
+    _gpid, run_id, err = run_and_stop(tmp_path, scrub=True, cgroup=True)
+    assert "event=job_isolation" in err and f"cgroup={parent}" in err
+    assert not list(parent.glob(f"tsup-{run_id}-*")), "the attempt's cgroup is removed once empty"
+
+
+def test_without_a_cgroup_the_subreaper_finds_the_double_forked_grandchild(tmp_path):
+    _gpid, _run_id, err = run_and_stop(tmp_path, scrub=False, cgroup=False)
+    assert "cgroup = false" in err
