@@ -164,9 +164,10 @@ class CheckpointConcern(Concern):
         assert self.daemon is not None
         svc, event = self.svc, self.daemon.event
         svc.set_writer_active(False)  # the previous attempt's group is gone
-        svc.preserve_single_checkpoints()
-        choice = svc.choose_for_resume(action, onset_step, metrics_from_records(list(metrics)),
-                                       overlap=self.daemon.cfg.checkpoints.verify == "overlap")
+        overlap = self.daemon.cfg.checkpoints.verify == "overlap"
+        if not overlap:  # with overlap, the version chosen is kept once its load test passes
+            svc.preserve_single_checkpoints()
+        choice = svc.choose_for_resume(action, onset_step, metrics_from_records(list(metrics)), overlap=overlap)
         self._pending_verify = (choice.path, choice.layout) if choice is not None and choice.verify_pending else None
         for q in getattr(svc, "last_quarantined", ()) or ():
             event("checkpoint_quarantined", "warning",  # the service logged it; keep it in the ledger

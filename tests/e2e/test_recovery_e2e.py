@@ -192,3 +192,29 @@ def test_overlap_launches_at_once_and_a_failed_load_test_stops_the_job_and_falls
             assert any(e["event"] == "checkpoint_chosen" and "overlap" in (e["message"] or "") for e in h["events"])
         assert not (ck / "step_20.pt").exists()
         assert [p.name for p in (ck / "quarantine").iterdir() if p.name.endswith(".pt")] == ["step_20.pt"]
+
+
+def test_overlap_a_good_unverified_single_file_is_verified_beside_the_start_and_its_step_recorded(daemons, tmp_path):
+    from tests.helpers.ckpt_factory import nanogpt
+    from tests.util import wait_for
+
+    sd, ck, out = tmp_path / "sd", tmp_path / "ck", tmp_path / "out"
+    out.mkdir()
+    nanogpt(ck, 7)  # ckpt.pt: its step is only inside the file
+    job = ("import os, sys, time\n"
+           "while not os.path.exists(sys.argv[1]):\n"
+           "    time.sleep(0.05)\n")
+    d = daemons(wrap(sd, "--checkpoint-dir", str(ck)) + [PY, "-c", job, str(out / "go")])
+
+    def verified() -> bool:
+        if not (sd / "ledger.sqlite").exists():
+            return False
+        h = history(sd)
+        return any(e["event"] == "checkpoint_verified_after_launch" for e in h["events"]) and h["attempts"]
+
+    wait_for(verified, 60, what="the load test beside the start-up")
+    (out / "go").touch()
+    assert d.wait(60) == 0, d.stderr()[-3000:]
+    [a] = history(sd)["attempts"]
+    assert Path(a["checkpoint"]).name == "ckpt.pt" and a["resume_step"] == 7
+    assert (ck / "last_good" / "ckpt.pt").exists()  # the version verified after the launch is kept
