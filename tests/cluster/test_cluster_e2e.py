@@ -4,8 +4,11 @@ restart mid-run changes nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,18 +24,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 NODES = ("n1", "n2", "n3")
 
 
-def _status(state_dir: Path) -> dict | None:
-    import json
-    import subprocess
-    import sys
-
+def _status(state_dir: Path, phases: set[str] | None = {"running"}) -> dict | None:
+    """The cluster block of a node's `status --json` once it lists every node (in ``phases``)."""
     r = subprocess.run([sys.executable, "-m", "supervisor", "status", "--json", "--state-dir", str(state_dir)],
                        capture_output=True, text=True, timeout=30)
     if r.returncode != 0:
         return None
     c = json.loads(r.stdout).get("cluster") or {}
     nodes = c.get("nodes") or {}
-    return c if len(nodes) == len(NODES) and all(v["phase"] == "running" for v in nodes.values()) else None
+    if phases is None:
+        return c
+    return c if len(nodes) == len(NODES) and all(v["phase"] in phases for v in nodes.values()) else None
 
 
 def _prefix() -> str:
@@ -92,9 +94,22 @@ def test_a_killed_daemon_is_a_lost_node_the_others_stop_within_ttl_and_go_on(
         for n in ("n1", "n2"):
             assert wait_for(lambda n=n: any(e["event"] == "cluster_generation_ended" and "n3" in (e["message"] or "")
                                             for e in history(tmp_path / n / "state")["events"]), timeout=10)
+        # n3's daemon comes back (same state dir: the same run continues in its ledger): it waits for
+        # the next generation instead of joining the running one, which an operator restart ends
+        ds["n3"] = start(tmp_path, "n3", tmp_path / "n3" / "config.toml")
+        wait_for(lambda: (_status(tmp_path / "n1" / "state", phases=None) or {}).get("nodes", {}).get("n3", {})
+                 .get("phase") == "waiting", timeout=30, what="n3 back and waiting")
+        assert launches(tmp_path, "n3")[1:] == []
+        r = subprocess.run([sys.executable, "-m", "supervisor", "restart", "--state-dir", str(tmp_path / "n2" / "state"),
+                            "--reason", "take n3 back"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        for n in NODES:
+            g3 = wait_for(lambda n=n: [x for x in launches(tmp_path, n) if x["TSUP_GENERATION"] == "3"],
+                          timeout=40, what=f"{n} in generation 3")[0]
+            assert g3["TSUP_NNODES"] == "3"
     finally:
-        for n in ("n1", "n2"):
-            ds[n].kill()
+        for d in ds.values():
+            d.kill()
     for n in ("n1", "n2"):
         h = history(tmp_path / n / "state")
         assert h["attempts"][0]["cause"] == "node_lost", h["attempts"][0]
@@ -123,17 +138,12 @@ def test_etcd_restarted_mid_run_changes_nothing(etcd: EtcdServer, tmp_path: Path
 
 
 def _read(p: Path) -> list[dict]:
-    import json
-
     return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
 
 
 def test_a_partitioned_node_stops_before_the_others_go_on_and_rejoins_the_next_generation(
         etcd: EtcdServer, tmp_path: Path) -> None:
     """n3 reaches etcd through a relay the test cuts: a partition of n3 alone."""
-    import subprocess
-    import sys
-
     from tests.cluster.proxy import Relay
 
     prefix, ttl = _prefix(), 3.0
