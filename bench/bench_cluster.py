@@ -23,7 +23,6 @@ import statistics
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from pathlib import Path
 

@@ -18,7 +18,6 @@ is on, so a single-node daemon neither imports nor runs any of this:
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from typing import Any, Callable, Mapping, Sequence
 
@@ -70,7 +69,6 @@ class ClusterConcern(Concern):
         self.plan: Plan | None = None  # the generation the next (or current) attempt runs in
         self._events: deque[tuple[str, str, str, Mapping[str, Any]]] = deque()
         self._requested: set[int] = set()  # attempts whose failure was sent to the cluster
-        self._lock = threading.Lock()
 
     def start(self, daemon: DaemonView) -> None:
         self.daemon = daemon

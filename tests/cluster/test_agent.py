@@ -3,10 +3,8 @@ a failure on one node stopping the others, the common step, a lost node, give-up
 
 from __future__ import annotations
 
-import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import pytest
 
