@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import textwrap
 import time
@@ -247,6 +248,9 @@ def _scenario(ct: Container) -> None:
     # ... and the sandbox as the job got it: the env file's variables, the seccomp filter, no
     # privilege gain, the capabilities training never uses dropped, the ones it may use kept
     job = _live_jobs(ct)[0]
+    # ... in a cgroup of its own below the unit's (Delegate=yes, the unit's subtree writable)
+    cgroup = ct.exec(["cat", f"/proc/{job}/cgroup"]).stdout
+    assert re.search(rf"^0::/.*/{re.escape(UNIT)}/tsup-[^/]+-0$", cgroup, re.M), cgroup
     environ = ct.exec(["cat", f"/proc/{job}/environ"]).stdout.split("\0")
     assert "TSUP_TEST_FROM_ENV_FILE=node-wide" in environ
     st = _proc_status(ct, job)
