@@ -4,19 +4,22 @@ state dir, checkpoint dir and config, coordinated through a real etcd."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tests.cluster.etcdserver import EtcdServer
-from tests.conftest import Daemon
+from tests.conftest import ROOT, Daemon
 
 JOB = Path(__file__).resolve().parent / "cluster_job.py"
 
 
 def node_config(tmp: Path, node: str, etcd: EtcdServer, prefix: str, *, nodes: int, job_args: list[str],
                 min_nodes: int = 0, lease_ttl_s: float = 3.0, wait_for_nodes_s: float = 30.0,
-                endpoint: str | None = None, command: list[str] | None = None, master_port: int = 29500) -> Path:
+                endpoint: str | None = None, command: list[str] | None = None, master_port: int = 29500,
+                advertise: str = "127.0.0.1") -> Path:
     d = tmp / node
     (d / "ck").mkdir(parents=True, exist_ok=True)
     shell = command is not None and len(command) == 1  # one string: run by /bin/sh (job.shell)
@@ -43,7 +46,7 @@ grace_s = 5.0
 endpoints = ["{endpoint or etcd.endpoint}"]
 prefix = "{prefix}"
 node_id = "{node}"
-advertise_addr = "127.0.0.1"
+advertise_addr = "{advertise}"
 nodes = {nodes}
 min_nodes = {min_nodes}
 lease_ttl_s = {lease_ttl_s}
@@ -57,6 +60,20 @@ master_port = {master_port}
 def start(tmp: Path, node: str, config: Path) -> Daemon:
     (tmp / node / "d").mkdir(parents=True, exist_ok=True)
     return Daemon(["run", "--config", str(config)], tmp / node / "d")
+
+
+def start_in(tmp: Path, node: str, config: Path, wrap: Callable[[list[str]], list[str]]) -> Daemon:
+    """A daemon whose command line ``wrap`` prefixes (``ip netns exec NS``: it execs, same pid)."""
+    d = tmp / node / "d"
+    d.mkdir(parents=True, exist_ok=True)
+    daemon = Daemon.__new__(Daemon)
+    daemon.tmp, daemon.stdout_path, daemon.stderr_path = d, d / "daemon.stdout", d / "daemon.stderr"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    daemon.proc = subprocess.Popen(wrap([sys.executable, "-m", "supervisor", "--log-format", "logfmt", "run",
+                                         "--config", str(config)]), cwd=str(ROOT), env=env,
+                                   stdout=open(daemon.stdout_path, "wb"), stderr=open(daemon.stderr_path, "wb"),
+                                   start_new_session=True)
+    return daemon
 
 
 def launches(tmp: Path, node: str) -> list[dict[str, Any]]:

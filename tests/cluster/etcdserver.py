@@ -58,7 +58,8 @@ def free_port() -> int:
 class EtcdServer:
     """One etcd member on 127.0.0.1 (client and peer ports chosen free at construction)."""
 
-    def __init__(self, data_dir: Path, binary: str | None = None) -> None:
+    def __init__(self, data_dir: Path, binary: str | None = None, host: str = "127.0.0.1") -> None:
+        self.host = host  # the partition test listens on its bridge's address
         self.binary = binary or etcd_binary()
         self.data_dir = data_dir
         self.client_port = free_port()
@@ -68,10 +69,10 @@ class EtcdServer:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"http://{self.host}:{self.client_port}"
 
     def start(self, timeout: float = 20.0) -> None:
-        peer = f"http://127.0.0.1:{self.peer_port}"
+        peer = f"http://{self.host}:{self.peer_port}"
         argv = [self.binary, "--name", "tsup-test", "--data-dir", str(self.data_dir),
                 "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,

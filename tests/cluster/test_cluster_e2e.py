@@ -199,3 +199,53 @@ def test_fewer_than_min_nodes_after_the_wait_gives_up_with_exit_3(etcd: EtcdServ
     gave = [e for e in h["events"] if e["event"] == "gave_up"]
     assert gave and "min_nodes = 2" in gave[-1]["message"], gave
     assert h["attempts"][0]["cause"] == "node_lost"
+
+
+def test_a_partition_by_network_namespaces_the_minority_stops_and_rejoins(tmp_path: Path) -> None:
+    """Each node in a network namespace of its own on a bridge the test creates (etcd on the
+    bridge's address); n3's link is cut: a partition of n3 from etcd and the other nodes."""
+    from tests.cluster.daemons import start_in
+    from tests.cluster.etcdserver import Unavailable as NoEtcd
+    from tests.cluster.netns import Bridge, Unavailable
+
+    try:
+        net = Bridge(list(NODES))
+    except Unavailable as e:
+        pytest.skip(f"no network namespaces here: {e}")
+    ds = {}
+    etcd = None
+    try:
+        try:
+            etcd = EtcdServer(tmp_path / "etcd-data", host=net.host_ip)
+            etcd.start()
+        except NoEtcd as e:
+            pytest.skip(f"no real etcd here: {e}")
+        prefix, ttl = _prefix(), 3.0
+        for n in NODES:
+            cfg = node_config(tmp_path, n, etcd, prefix, nodes=3, min_nodes=2, lease_ttl_s=ttl, wait_for_nodes_s=2.0,
+                              job_args=["100000", "0.05", "10"], advertise=net.addr(n))
+            ds[n] = start_in(tmp_path, n, cfg, lambda argv, n=n: net.argv(n, argv))
+        for n in NODES:
+            wait_for(lambda n=n: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
+        assert {launches(tmp_path, n)[0]["TSUP_MASTER_ADDR"] for n in NODES} <= {net.addr(n) for n in NODES}
+        net.cut("n3")
+        n3_stop = wait_for(lambda: _read(tmp_path / "n3" / "out" / "stops.jsonl"), timeout=ttl + 10,
+                           what="the cut-off node's job stopped")[0]
+        gen2 = {n: wait_for(lambda n=n: launches(tmp_path, n)[1:], timeout=30, what=f"{n} in generation 2")[0]
+                for n in ("n1", "n2")}
+        assert {g["TSUP_NNODES"] for g in gen2.values()} == {"2"}
+        assert n3_stop["gen"] == 1 and n3_stop["at"] < min(g["at"] for g in gen2.values())  # never two at once
+        net.heal("n3")
+        r = subprocess.run([sys.executable, "-m", "supervisor", "restart", "--state-dir", str(tmp_path / "n1" / "state"),
+                            "--reason", "take n3 back"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        for n in NODES:
+            g3 = wait_for(lambda n=n: [x for x in launches(tmp_path, n) if x["TSUP_GENERATION"] == "3"],
+                          timeout=40, what=f"{n} in generation 3")[0]
+            assert g3["TSUP_NNODES"] == "3"
+    finally:
+        for d in ds.values():
+            d.kill()
+        if etcd is not None:
+            etcd.stop()
+        net.close()
