@@ -131,3 +131,23 @@ def test_etcd_away_shorter_than_the_ttl_changes_nothing_longer_fences(etcd: Etcd
         finally:
             for n in ns:
                 n.agent.close()
+
+
+def test_the_leader_lost_another_takes_over_and_goes_on(etcd: EtcdServer, prefix: str) -> None:
+    ns = nodes(etcd, prefix, RULES)
+    with ThreadPoolExecutor(3) as pool:
+        try:
+            [f.result(timeout=15) for f in barrier(pool, ns)]
+            leader = wait_for(lambda: ns[0].agent.view.leader, timeout=5)
+            victim = next(n for n in ns if n.agent.node_id == leader)
+            victim.agent._closing.set()  # the leader's daemon dies: its lease (and the leader key) expire
+            victim.agent._thread.join(5)  # type: ignore[union-attr]
+            others = [n for n in ns if n is not victim]
+            for n in others:
+                wait_for(lambda n=n: n.stops, timeout=RULES.lease_ttl_s + 8, what="node_lost stop")
+                assert n.stops[0].cause == NODE_LOST and leader in n.stops[0].summary
+            plans = [f.result(timeout=15) for f in barrier(pool, others)]
+            assert {p.gen for p in plans} == {2} and plans[0].leader != leader and leader not in plans[0].nodes
+        finally:
+            for n in ns:
+                n.agent.close()
