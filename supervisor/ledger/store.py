@@ -122,6 +122,14 @@ class AttemptRow:
     progressed: bool = False
 
 
+def _repeat_of(r: sqlite3.Row) -> tuple[Any, bool]:
+    """(repeat, progressed) of an attempt row; a read-only look at a version 1 file (not
+    migrated: an older daemon may still be writing it) has neither column."""
+    if "repeat_json" not in r.keys():
+        return None, False
+    return _load(r["repeat_json"]), bool(r["progressed"])
+
+
 class Ledger:
     def __init__(self, state_dir: Path, *, readonly: bool = False) -> None:
         self.path = state_dir / LEDGER_FILE
@@ -265,7 +273,7 @@ class Ledger:
         return [AttemptRow(r["attempt"], json.loads(r["argv_json"]), r["cwd"], r["started_at"], r["ended_at"],
                            r["pid"], r["pgid"], r["leader_ctime"], r["exit_code"], r["signal"], r["cause"],
                            r["action"], r["checkpoint"], bool(r["counted"]), r["resume_step"],
-                           _load(r["repeat_json"]), bool(r["progressed"])) for r in rows]
+                           *_repeat_of(r)) for r in rows]
 
     # -- events and metrics ---------------------------------------------------------------
     @_write
@@ -322,7 +330,7 @@ class Ledger:
                 "env": json.loads(r["env_json"]),
                 "environment": _load(r["snapshot_json"]),
                 "counted": bool(r["counted"]),
-                "repeat": _load(r["repeat_json"]),
+                "repeat": _repeat_of(r)[0],
             })
         events = [{"at": iso(e["at"]), "attempt": e["attempt"], "event": e["event"], "level": e["level"],
                    "message": e["message"], "data": _load(e["data_json"])}

@@ -41,3 +41,20 @@ def test_a_repeat_row_of_another_shape_claims_no_repeat():
     assert repeat_key(["x"]) is None
     assert repeat_key({"checkpoint": None, "resume_step": None, "launch": "l", "step": None,
                        "detail": "exit 1"}) == RepeatKey(None, None, "l", None, "exit 1")
+
+
+def test_a_version_1_ledger_read_only_is_not_migrated_and_still_reads(tmp_path):
+    sd = tmp_path / "sd"
+    sd.mkdir()
+    db = sqlite3.connect(sd / LEDGER_FILE)
+    db.executescript(SCHEMA)
+    db.execute("INSERT INTO runs(run_id, name, created_at, state) VALUES ('r', 'n', 1, 'running')")
+    db.execute("INSERT INTO attempts(run_id, attempt, argv_json, cwd, env_json, started_at, ended_at, cause) "
+               "VALUES ('r', 0, '[]', '/', '{}', 1, 2, 'crash')")
+    db.execute("PRAGMA user_version=1")
+    db.commit()
+    db.close()
+    led = Ledger(sd, readonly=True)  # `history` beside an older daemon that may still write it
+    assert led.attempts("r")[0].repeat is None
+    assert led.history("r")["attempts"][0]["repeat"] is None
+    assert led.db.execute("PRAGMA user_version").fetchone()[0] == 1
