@@ -15,7 +15,8 @@ from ..job.process import is_secret
 
 # Config sections whose objects are built once at daemon start: a reload records them, a
 # daemon restart applies them.
-RESTART_SECTIONS = ("state", "log", "heartbeat", "detectors", "checkpoints", "gpu", "host", "metrics", "systemd")
+RESTART_SECTIONS = ("state", "log", "heartbeat", "detectors", "checkpoints", "gpu", "host", "metrics", "systemd",
+                    "cluster")
 
 
 def _masked(v: Any) -> Any:
