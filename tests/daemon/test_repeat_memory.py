@@ -58,3 +58,27 @@ def test_a_version_1_ledger_read_only_is_not_migrated_and_still_reads(tmp_path):
     assert led.attempts("r")[0].repeat is None
     assert led.history("r")["attempts"][0]["repeat"] is None
     assert led.db.execute("PRAGMA user_version").fetchone()[0] == 1
+
+
+def test_an_ended_attempt_carries_its_repeat_identity_and_a_rebooted_machine_gives_up_on_it():
+    from supervisor.core.causes import Cause
+    from supervisor.core.machine import State
+    from supervisor.core.messages import Boot, EndAttempt, FirstMetric, Prepared, Resume, Spawned
+    from supervisor.core.policy import PastAttempt
+    from tests.core.test_machine import W0, Script, one
+
+    s = Script(policy={"backoff_initial_s": 10, "backoff_jitter": 0})
+    s.running()
+    s.detect(Cause.NAN, step=44)
+    end = one(s.stopped(), EndAttempt)
+    assert end.repeat is not None and end.repeat.step == 44 and end.progressed
+    # What the ledger gives a restarted daemon: attempt 0 as it ended, attempt 1 cut short by the restart.
+    s2 = Script(policy={"backoff_initial_s": 10, "backoff_jitter": 0})
+    s2(Boot(next_attempt=2, history=[PastAttempt(0, Cause.NAN, W0, 30.0, True, end.progressed, end.repeat),
+                                     PastAttempt(1, None, W0 + 40, 5.0, False)]))
+    s2(Prepared(resume=Resume(None, None, "fresh")))
+    s2(Spawned(10, 10, ["python", "train.py"], s2.now))
+    s2(FirstMetric())
+    s2.detect(Cause.NAN, step=45)
+    s2.stopped()
+    assert s2.m.state is State.GAVE_UP and "identical to attempt 0" in s2.m.exit_reason
