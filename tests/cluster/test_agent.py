@@ -151,3 +151,19 @@ def test_the_leader_lost_another_takes_over_and_goes_on(etcd: EtcdServer, prefix
         finally:
             for n in ns:
                 n.agent.close()
+
+
+def test_started_while_etcd_is_away_the_nodes_wait_then_register_and_start(etcd: EtcdServer, prefix: str) -> None:
+    etcd.stop()
+    rules = Rules(nodes=2, min_nodes=2, wait_for_nodes_s=5.0, lease_ttl_s=3.0)
+    ns = nodes(etcd, prefix, rules, n=2)
+    with ThreadPoolExecutor(2) as pool:
+        try:
+            waiting = barrier(pool, ns)
+            wait_for(lambda: all(any(e == "cluster_etcd_unreachable" for e, _ in n.events) for n in ns), timeout=10)
+            assert not any(f.done() for f in waiting)  # no generation decided blind
+            etcd.start()
+            assert {f.result(timeout=15).gen for f in waiting} == {1}
+        finally:
+            for n in ns:
+                n.agent.close()
