@@ -170,7 +170,9 @@ class LoadTests:
     def cached(self, path: Path, finite: bool = False) -> LoadTestResult | None:
         """The result for the version on disk now that answers the request, if one ran."""
         token = version_token(path)
-        for checked in (finite or self.check_finite, True):
+        # The finite-checked result first: it answers a request that does not need the check too,
+        # and a version found non-finite must stay not ready (rollback targets skip it).
+        for checked in (True, finite or self.check_finite):
             hit = self._results.get((str(path), token, checked))
             if hit is not None:
                 return hit
