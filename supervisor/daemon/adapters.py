@@ -44,8 +44,11 @@ class ProcessLauncher:
             become_subreaper()
             self._cgroup_parent = self._isolation(spec)
         self._oom_kills_before = cgroup_oom_kills()
-        return JobProcess(spec, self.fanout, self.passthrough, log_path, on_eof, self.osapi,
-                          cgroup_parent=self._cgroup_parent)
+        job = JobProcess(spec, self.fanout, self.passthrough, log_path, on_eof, self.osapi,
+                         cgroup_parent=self._cgroup_parent)
+        if spec.cgroup and job.cgroup is None:
+            self._cgroup_parent = None  # it failed (and said why): not tried, nor said, at every launch
+        return job
 
     @staticmethod
     def _isolation(spec: LaunchSpec) -> Path | None:

@@ -199,6 +199,10 @@ class JobProcess:
                         self.osapi.kill(ref, sig)
                 except (ProcessLookupError, PermissionError):
                     continue
+        if sig not in (signal.SIGKILL, signal.SIGCONT):
+            # A stopped job (SIGSTOP, ^Z) acts on no signal until continued: without this, a hang
+            # that is a SIGSTOPped job waited out the whole grace before its SIGKILL. As systemd does.
+            self.signal_group(signal.SIGCONT)
 
     def reap_orphans(self) -> None:
         """As subreaper we inherit orphaned descendants; reap the ones that were the job's."""
@@ -224,11 +228,14 @@ class JobProcess:
 def _job_cgroup(spec: LaunchSpec, parent: Path) -> JobCgroup | None:
     run, attempt = spec.env.get("TSUP_RUN_ID"), spec.env.get("TSUP_ATTEMPT")
     name = f"tsup-{run}-{attempt}" if run and attempt else f"tsup-pid{os.getpid()}-{next(_unnamed)}"
+    cg: JobCgroup | None = None
     try:
         cg = JobCgroup.create(parent, name)
         os.close(cg.procs_fd())  # writable for us, or we know now
         return cg
     except OSError as e:
+        if cg is not None:
+            cg.remove()
         log.warning("job_cgroup_unavailable", parent=str(parent), error=str(e),
                     message=f"cannot create the job's cgroup under {parent} ({e}); its processes are "
                             "tracked by session, group and subreaper instead")

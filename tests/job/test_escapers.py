@@ -88,3 +88,26 @@ def test_a_scrubbed_double_forked_grandchild_is_stopped_through_the_jobs_cgroup(
 def test_without_a_cgroup_the_subreaper_finds_the_double_forked_grandchild(tmp_path):
     _gpid, _run_id, err = run_and_stop(tmp_path, scrub=False, cgroup=False)
     assert "cgroup = false" in err
+
+
+def test_a_cgroup_that_cannot_be_made_falls_back_and_says_so(tmp_path):
+    """A parent that is no cgroup (no cgroup.procs in the new directory): the job runs without
+    one, the directory made for it is removed, and the reason is said."""
+    from structlog.testing import capture_logs
+
+    from supervisor.job.osapi import OsApi
+    from supervisor.job.output import SinkFanout
+    from supervisor.job.process import JobProcess, LaunchSpec
+
+    parent = tmp_path / "not-a-cgroup"
+    parent.mkdir()
+    spec = LaunchSpec((PY, "-c", "print('ran')"), str(tmp_path),
+                      {**os.environ, "TSUP_RUN_ID": "r1", "TSUP_ATTEMPT": "0"}, {})
+    with capture_logs() as logs:
+        job = JobProcess(spec, SinkFanout(), None, tmp_path / "job.log", lambda _s: None, OsApi(), cgroup_parent=parent)
+    assert job.cgroup is None and not list(parent.iterdir())
+    assert [e["event"] for e in logs] == ["job_cgroup_unavailable"]
+    wait_for(lambda: job.poll() is not None, 30, what="the job's exit")
+    assert job.pumps_done(10)
+    job.close()
+    assert (tmp_path / "job.log").read_text() == "ran\n"
