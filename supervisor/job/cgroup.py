@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import structlog
 
 log = structlog.get_logger("supervisor.job.cgroup")
+
+SWEEP_WAIT_S = 2.0  # how long a sweep waits for killed leftovers to leave their cgroup
 
 
 def _cgroup2_mount() -> Path | None:
@@ -139,4 +142,7 @@ def sweep(parent: Path, prefix: str) -> None:
             log.warning("cgroup_leftovers_stopped", cgroup=str(p), pids=pids,
                         message=f"{len(pids)} process(es) of an earlier attempt were still in {p}; "
                                 "killed before the next attempt starts")
-        cg.remove()  # not empty yet (the kill takes a moment): the next sweep removes it
+            deadline = time.monotonic() + SWEEP_WAIT_S
+            while cg.populated() and time.monotonic() < deadline:
+                time.sleep(0.01)  # SIGKILLed processes leave in milliseconds; rare (a crashed daemon)
+        cg.remove()  # still not empty (stuck in the kernel): the next sweep tries again

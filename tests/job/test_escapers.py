@@ -111,3 +111,42 @@ def test_a_cgroup_that_cannot_be_made_falls_back_and_says_so(tmp_path):
     assert job.pumps_done(10)
     job.close()
     assert (tmp_path / "job.log").read_text() == "ran\n"
+
+
+def test_what_a_killed_daemon_left_in_the_jobs_cgroup_is_stopped_by_the_next_daemon(tmp_path):
+    """kill -9 of the daemon: the next one stops the old job's group as before, and the scrubbed
+    grandchild that escaped the group is killed with the old attempt's cgroup before attempt 1."""
+    parent, why = own_cgroup()
+    if parent is None:
+        pytest.skip(f"cgroup v2 is not writable here: {why}")
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    job = tmp_path / "escaper.py"
+    job.write_text("import os, sys\nif os.environ['TSUP_ATTEMPT'] != '0':\n    sys.exit(0)\n" + ESCAPER)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[job]\nname = "escaper"\ncommand = ["{PY}", "{job}", "{out}", "scrub"]\n[state]\ndir = "{sd}"\n'
+                   '[gpu]\nbackend = "none"\n[policy]\nbackoff_initial_s = 0\n[shutdown]\nleftover_grace_s = 1\n')
+    gpid = 0
+
+    def make(n: int) -> Daemon:
+        own = tmp_path / f"daemon{n}"
+        own.mkdir()
+        return Daemon(["run", "--config", str(cfg)], own)
+
+    with started_daemons(make) as start:
+        try:
+            d1 = start(0)
+            wait_for(lambda: (out / "gpid").exists(), 30, what="the grandchild ready")
+            gpid = int((out / "gpid").read_text())
+            os.kill(d1.proc.pid, signal.SIGKILL)
+            d1.proc.wait(10)
+            assert pid_alive(gpid)
+            d2 = start(1)
+            assert d2.wait(60) == 0, d2.stderr()[-3000:]
+            wait_for(lambda: not pid_alive(gpid), 10, what="the escaped grandchild gone")
+            assert "cgroup_leftovers_stopped" in d2.stderr()
+        finally:
+            if gpid and pid_alive(gpid):
+                os.kill(gpid, signal.SIGKILL)
+    run_id = history(sd)["run_id"]
+    wait_for(lambda: not list(parent.glob(f"tsup-{run_id}-*")), 10, what="the run's cgroups removed")
