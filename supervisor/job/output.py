@@ -304,7 +304,8 @@ class KeeperLink(threading.Thread):
             self._eof(STDERR)
         elif kind == NOTICE:
             event, _, message = payload.decode("utf-8", "replace").partition(": ")
-            log.error(event, keeper_pid=self.keeper_pid, message=message)
+            level = log.error if event.endswith("_failed") else log.warning
+            level(event, keeper_pid=self.keeper_pid, message=message)
 
     def _safe_frame(self, kind: int, payload: bytes) -> None:
         try:
