@@ -12,7 +12,7 @@ import structlog
 from ..config.model import Config
 from ..core.messages import EndAttempt, ExitInfo, Resume
 from ..events import Action, Cause, Detection, MetricRecord, Monitor
-from ..job.cgroup import own_cgroup
+from ..job.cgroup import own_cgroup, sweep_empty
 from ..job.osapi import OsApi, become_subreaper
 from ..job.output import ConsoleWriter, SinkFanout
 from ..job.process import JobProcess, LaunchSpec, cgroup_oom_kills, classify_exit
@@ -62,6 +62,7 @@ class ProcessLauncher:
                      message=f"no cgroup for the job ({why}); its processes are tracked by session, group and "
                              "subreaper (an escaped one that scrubs its environment is missed)")
         else:
+            sweep_empty(parent)  # what daemons killed outright (no successor on their state dir) left
             log.info("job_isolation", cgroup=str(parent),
                      message=f"each attempt runs in a cgroup of its own under {parent}: a stop reaches every "
                              "process it started (cgroup.kill), wherever it went")

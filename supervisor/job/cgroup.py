@@ -146,3 +146,20 @@ def sweep(parent: Path, prefix: str) -> None:
             while cg.populated() and time.monotonic() < deadline:
                 time.sleep(0.01)  # SIGKILLed processes leave in milliseconds; rare (a crashed daemon)
         cg.remove()  # still not empty (stuck in the kernel): the next sweep tries again
+
+
+def sweep_empty(parent: Path, older_than_s: float = 60.0, now: float | None = None) -> int:
+    """Remove the empty job cgroups (any run's) that daemons killed outright left under ``parent``;
+    the number removed. Only empty ones (rmdir refuses any other) and only old ones: a live
+    daemon's cgroup is empty just between its mkdir and its job's start."""
+    removed, now = 0, time.time() if now is None else now
+    try:
+        old = [p for p in parent.iterdir() if p.name.startswith("tsup-") and p.is_dir()
+               and now - p.stat().st_mtime > older_than_s]
+    except OSError:
+        return 0
+    for p in old:
+        cg = JobCgroup(p)
+        if not cg.populated() and cg.remove():
+            removed += 1
+    return removed

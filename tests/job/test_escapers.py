@@ -150,3 +150,31 @@ def test_what_a_killed_daemon_left_in_the_jobs_cgroup_is_stopped_by_the_next_dae
                 os.kill(gpid, signal.SIGKILL)
     run_id = history(sd)["run_id"]
     wait_for(lambda: not list(parent.glob(f"tsup-{run_id}-*")), 10, what="the run's cgroups removed")
+
+
+def test_old_empty_job_cgroups_are_swept_and_nothing_else(tmp_path):
+    """What daemons killed outright left (empty, old) is removed at the next daemon's start; a
+    cgroup with a process in it, or one just made (a live daemon about to start its job), is not."""
+    parent, why = own_cgroup()
+    if parent is None:
+        pytest.skip(f"cgroup v2 is not writable here: {why}")
+    import time
+
+    from supervisor.job.cgroup import JobCgroup, sweep_empty
+
+    empty, busy = (JobCgroup(parent / f"tsup-test{os.getpid()}-{n}") for n in ("empty", "busy"))
+    for cg in (empty, busy):
+        cg.path.mkdir()
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        (busy.path / "cgroup.procs").write_text(str(sleeper.pid))
+        sweep_empty(parent)  # both just made: kept
+        assert empty.path.exists() and busy.path.exists()
+        sweep_empty(parent, now=time.time() + 120)  # two minutes on: the empty one goes
+        assert not empty.path.exists() and busy.path.exists()
+    finally:
+        busy.signal(signal.SIGKILL)
+        sleeper.wait(10)
+        wait_for(lambda: not busy.populated(), 10, what="the sleeper gone from its cgroup")
+        busy.remove()
+        empty.remove()
