@@ -2,8 +2,9 @@
 checkpoint file with a client manifest every SAVE steps, resumes from TSUP_RESUME_STEP, and
 records every launch (the TSUP_* cluster variables) in OUT/launches.jsonl.
 
-Usage: cluster_job.py OUT CKDIR TOTAL STEP_S SAVE [NAN_NODE NAN_STEP]
+Usage: cluster_job.py OUT CKDIR TOTAL STEP_S SAVE [NAN_NODE NAN_STEP [BAD_NODE BAD_GEN]]
 NaN is printed at NAN_STEP on node NAN_NODE in generation 1 only (its wall time in OUT/nan_at);
+on node BAD_NODE in generation BAD_GEN every loss is 100 times too high (a resume gone wrong);
 a SIGTERM is recorded in OUT/stops.jsonl (generation, wall time) before the job exits 143.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ def main() -> None:
     out, ckdir = Path(sys.argv[1]), Path(sys.argv[2])
     total, step_s, save = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
     nan_node, nan_step = (sys.argv[6], int(sys.argv[7])) if len(sys.argv) > 7 else ("", -1)
+    bad_node, bad_gen = (sys.argv[8], int(sys.argv[9])) if len(sys.argv) > 9 else ("", -1)
     env = os.environ
     node = env.get("TSUP_NODE_ID", "")
     gen = int(env.get("TSUP_GENERATION") or int(env.get("TSUP_ATTEMPT") or 0) + 1)  # single node: by attempt
@@ -39,6 +41,8 @@ def main() -> None:
     for step in range(resume + 1, total + 1):
         time.sleep(step_s)
         loss = float("nan") if (node == nan_node and gen == 1 and step == nan_step) else 10.0 / step
+        if node == bad_node and gen == bad_gen:
+            loss *= 100
         if loss != loss:
             (out / "nan_at").write_text(str(time.time()))
         print(json.dumps({"step": step, "loss": loss if loss == loss else "NaN"}).replace('"NaN"', "NaN"), flush=True)
