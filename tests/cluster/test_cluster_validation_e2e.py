@@ -65,7 +65,7 @@ def test_a_failed_validation_on_one_node_rolls_all_three_back_to_the_same_step(
         assert atts[1]["action"] == "rollback", (n, atts[1])
         assert atts[2]["cause"] is None and atts[2]["exit_code"] == 0, (n, atts[2])
         assert (atts[2]["validation"] or {}).get("verdict") == "pass", (n, atts[2]["validation"])
-        events = [e for e in h["events"]]
+        events = h["events"]
         failed = [e for e in events if e["event"] == "validation_failed"]
         if n == "n3":
             assert failed and failed[0]["attempt"] == atts[1]["attempt"], (n, failed)
