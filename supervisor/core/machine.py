@@ -25,7 +25,6 @@ The policy (:func:`supervisor.core.policy.decide`) says what to do about a failu
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
@@ -34,10 +33,12 @@ from typing import Any, Callable, Mapping
 from ..config.model import Config, signal_number
 from ..errors import Conflict, IllegalMove
 from ..events import Detection
+from . import attempts
+from .attempts import Pending, shutdown_plan
 from .policy import Decision, Failure, PastAttempt, RepeatKey, decide, merge_args
 from .causes import CAUSES, Action, Cause, StopStyle, gate_failure
 from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, ArmTimer, Boot, CheckpointRequested, Command, Detected,
-                       EndAttempt, EscalateStop, Event, ExitInfo, Finish, FirstMetric, JobExited, Launch, Mode,
+                       EndAttempt, EscalateStop, Event, ExitInfo, Finish, FirstMetric, JobExited, Launch,
                        PrepareLaunch, Prepared, Record, RecordDetection, Reply, RestartRequested, Resume, ShutdownPlan,
                        ShutdownResult, SignalJob, Spawned, SpawnFailed, StateChanged, StopFinished, StopJob,
                        StopRequested, TimerFired, detection_dict)
@@ -62,15 +63,6 @@ MOVES: Mapping[State, frozenset[State]] = MappingProxyType({
     State.BACKOFF: frozenset({State.STARTING, State.STOPPED}),
     State.STOPPED: frozenset(), State.GAVE_UP: frozenset(), State.FINISHED: frozenset(),
 })
-
-
-@dataclass
-class Pending:
-    """What happens once the current stop completes."""
-
-    decision: Decision | None = None  # relaunch or give up
-    exit_after: bool = False  # an operator stop (or the job's success): exit 0
-    explicit_checkpoint: str | None = None  # restart --from
 
 
 class Machine:
@@ -150,32 +142,8 @@ class Machine:
             where = self.last_step
         self.repeat = RepeatKey(self.resume.checkpoint, self.resume.step, self.launch_digest, where, failure.detail)
         return decide(self.cfg, list(self.history), failure, now=wall, ran_s=now - self.attempt_started,
-                      jitter_draw=jitter, progressed=self._progressed(), repeat=self.repeat)
-
-    def _progressed(self) -> bool:
-        """The current attempt made progress: it trained (printed a metric) and, when the steps are
-        known, went past the step it resumed from."""
-        if not self.saw_metric:
-            return False
-        if self.last_step is None or self.resume.step is None:
-            return True
-        return self.last_step > self.resume.step
-
-    def _onset_step(self) -> int | None:
-        d = self.root or self.last_anomaly
-        if d is None:
-            return None
-        return d.onset_step if d.onset_step is not None else d.step
-
-    def _plan_for(self, cause: Cause | None, decision: Decision | None) -> ShutdownPlan:
-        s = self.cfg.shutdown
-        mode, grace = Mode(s.mode), s.grace_s
-        if cause is not None and CAUSES[cause].stop is StopStyle.HUNG:
-            mode, grace = Mode.GRACEFUL, s.hang_grace_s  # a hung job flushes nothing: short grace
-        if mode is Mode.HYBRID and decision is not None and decision.action in (Action.ROLLBACK, Action.GIVE_UP):
-            mode = Mode.GRACEFUL  # an emergency checkpoint of a diverged model is worthless
-        return ShutdownPlan(mode, grace, signal_number(s.stop_signal), signal_number(s.checkpoint_signal),
-                            s.checkpoint_timeout_s, reason=cause.value if cause else "stop")
+                      jitter_draw=jitter, repeat=self.repeat,
+                      progressed=attempts.progressed(self.saw_metric, self.last_step, self.resume))
 
     # ------------------------------------------------------------------ launching
     def _boot(self, ev: Boot) -> None:
@@ -191,8 +159,9 @@ class Machine:
         self.spawned = False
         self.preparing = True
         decision = self.pending.decision
-        self._do(PrepareLaunch(self.attempt, decision.action if decision else Action.RESTART,
-                               self._onset_step() if decision else None, self.pending.explicit_checkpoint))
+        onset = attempts.onset_step(self.root, self.last_anomaly) if decision else None
+        self._do(PrepareLaunch(self.attempt, decision.action if decision else Action.RESTART, onset,
+                               self.pending.explicit_checkpoint))
 
     def _prepared(self, ev: Prepared) -> None:
         """STARTING (prepared) -> launch, or GAVE_UP when the gate or the checkpoint choice failed."""
@@ -223,7 +192,7 @@ class Machine:
     def _spawned(self, ev: Spawned) -> None:
         self.spawned = True
         self.saw_metric, self.last_step, self.repeat = False, None, None
-        self.launch_digest = _digest(list(ev.argv), self.remedy_env, self.skip_batches, self.diagnostics)
+        self.launch_digest = attempts.launch_digest(ev.argv, self.remedy_env, self.skip_batches, self.diagnostics)
         self.pid, self.pgid = ev.pid, ev.pgid
         self.attempt_started = ev.now
         resume_txt = (f"resuming from {self.resume.checkpoint} (step {self.resume.step})"
@@ -266,10 +235,10 @@ class Machine:
         self._record("failure_detected", "warning",
                      f"attempt {self.attempt} failing: {d.cause.value}"
                      + (f" at step {d.step}" if d.step is not None else "") + f": {d.summary}; "
-                     + _what_next(decision), cause=d.cause.value, step=d.step, onset_step=d.onset_step,
+                     + attempts.what_next(decision), cause=d.cause.value, step=d.step, onset_step=d.onset_step,
                      evidence=d.evidence, source=d.source, action=decision.action.value)
         self.pending.decision = decision
-        self._begin_stop(self._plan_for(d.cause, decision))
+        self._begin_stop(shutdown_plan(self.cfg, d.cause, decision))
 
     def _begin_stop(self, plan: ShutdownPlan) -> None:
         """STARTING/RUNNING -> STOPPING."""
@@ -300,8 +269,7 @@ class Machine:
                                                               "exited; nothing left to supervise")
             self.pending.decision = decision
         if ev.group_alive:
-            s = self.cfg.shutdown
-            plan = ShutdownPlan(Mode.GRACEFUL, s.leftover_grace_s, signal_number(s.stop_signal), reason="leftovers")
+            plan = attempts.leftovers_plan(self.cfg)
             self._record("job_leftovers", "warning",
                          f"the job's main process ended ({info.summary}) but processes of its group remain; "
                          f"stopping them (SIGKILL after {plan.grace_s:g} s)")
@@ -322,7 +290,7 @@ class Machine:
         counted = cause is not None and CAUSES[cause].counted
         summary = self.root.summary if self.root else info.summary
         repeat = self.repeat if cause is not None and self.root is not None and cause is self.root.cause else None
-        progressed = self._progressed()
+        progressed = attempts.progressed(self.saw_metric, self.last_step, self.resume)
         self._do(EndAttempt(self.attempt, cause, decision.action if decision else None, summary, counted,
                             info.exit_code, info.signal, self.root, decision, shutdown, repeat=repeat,
                             progressed=progressed))
@@ -334,7 +302,8 @@ class Machine:
                 self._finish(State.FINISHED, EXIT_OK, f"the job finished successfully after {ran:.1f} s "
                                                       f"(attempt {self.attempt})")
             else:
-                self._finish(State.STOPPED, self._stopped_code(), "stopped on request after a graceful stop of the job"
+                self._finish(State.STOPPED, attempts.stopped_code(self.stop_signal),
+                             "stopped on request after a graceful stop of the job"
                              + (" (escalated to SIGKILL)" if shutdown and shutdown.escalated else ""))
             return
         if decision is None:
@@ -347,12 +316,7 @@ class Machine:
             self.diagnostics = True
         self._do(ArmTimer(decision.delay_s))
         self._move(State.BACKOFF, decision.cause.value)
-        self._record("restart_scheduled", "warning",
-                     f"attempt {self.attempt} failed: {decision.cause.value} ({summary}) after {ran:.1f} s; "
-                     f"{decision.action.value} {decision.restarts_in_window}/{decision.max_restarts} "
-                     f"in {decision.delay_s:.1f} s ({decision.delay_reason or 'no reason recorded'})",
-                     cause=decision.cause.value, action=decision.action.value,
-                     delay_s=round(decision.delay_s, 3), delay_reason=decision.delay_reason, remedies=decision.remedies.as_json() or None)
+        self._do(attempts.restart_scheduled(self.attempt, decision, summary, ran))
         self.pending = Pending(decision=decision, explicit_checkpoint=self.pending.explicit_checkpoint)
 
     def _apply_remedies(self, decision: Decision) -> None:
@@ -362,11 +326,7 @@ class Machine:
             self.remedy_args = merge_args(self.remedy_args, r.args)
             self.skip_batches = max(self.skip_batches, r.skip_batches)
             self.remedy_scale.update(r.scale)  # the ladder's cumulative product, not multiplied again
-            scaled = "".join(f"; {flag} x {factor:g}" for flag, factor in r.scale.items())
-            self._record("remedies_applied", "warning",
-                         f"{decision.cause.value} repeated: applying remedies {list(r.rungs)} of "
-                         f"[on.{decision.cause.value}] to the next attempts{scaled}", env=dict(r.env),
-                         args=list(r.args), skip_batches=r.skip_batches, scale=dict(r.scale))
+            self._do(attempts.remedies_applied(decision))
 
     def _timer(self, _ev: TimerFired) -> None:
         if self.state is State.BACKOFF:
@@ -374,9 +334,7 @@ class Machine:
 
     def _give_up(self, reason: str, cause: Cause) -> None:
         self._move(State.GAVE_UP, cause.value)
-        self._record("gave_up", "critical", f"gave up: {reason}. The job is not restarted; a human should "
-                                            f"look at the journal, `transformer-supervisor history` and the "
-                                            f"state dir {self.state_dir}", cause=cause.value)
+        self._do(attempts.gave_up(reason, cause, self.state_dir))
         self._finish(State.GAVE_UP, EXIT_GAVE_UP, reason)
 
     def _finish(self, state: State, code: int, reason: str) -> None:
@@ -394,7 +352,7 @@ class Machine:
         if self.stop_requests == 0:
             self.stop_signal = ev.signal
         self.stop_requests += 1
-        code = self._stopped_code()
+        code = attempts.stopped_code(self.stop_signal)
         if self.state is State.BACKOFF or self.preparing or (not self.spawned and self.state is State.STARTING):
             self.preparing = False
             self._finish(State.STOPPED, code, "stopped on request while waiting to restart")
@@ -408,14 +366,8 @@ class Machine:
             self._record("stop_requested", "info", f"stop requested; stopping the job ({s.mode}, grace "
                                                    f"{s.grace_s:g} s), then the daemon exits {code}")
             self.pending = Pending(exit_after=True)
-            self._begin_stop(self._plan_for(None, None))
+            self._begin_stop(shutdown_plan(self.cfg, None, None))
         self._do(Reply({"accepted": True, "message": f"stopping the job gracefully, then the daemon exits {code}"}))
-
-    def _stopped_code(self) -> int:
-        """0 for ``transformer-supervisor stop``; 128 + N when signal N stopped an unfinished run."""
-        if self.stop_signal is None:
-            return EXIT_OK
-        return 128 + int(signal_number(self.stop_signal))
 
     def _restart_requested(self, ev: RestartRequested) -> None:
         if self.state not in (State.STARTING, State.RUNNING, State.BACKOFF) or (
@@ -432,7 +384,7 @@ class Machine:
         self.repeat = None
         self._record("restart_requested", "warning", f"operator restart ({ev.reason}); stopping the job, then "
                      f"{action.value}" + (f" from {ev.checkpoint}" if ev.checkpoint else ""), cause="manual")
-        self._begin_stop(self._plan_for(Cause.MANUAL, decision))
+        self._begin_stop(shutdown_plan(self.cfg, Cause.MANUAL, decision))
         self._do(Reply({"accepted": True, "message": f"stopping the job, then {action.value}"}))
 
     def _checkpoint_requested(self, _ev: CheckpointRequested) -> None:
@@ -444,18 +396,3 @@ class Machine:
                                                      "at its next step boundary and keep training")
         self._do(Reply({"signal": name, "pgid": self.pgid}))
 
-
-def _digest(argv: list[str], env: Mapping[str, str], skip_batches: int, diagnostics: bool) -> str:
-    """The launch, for comparing attempts: argv and the env the supervisor chose (not the inherited env)."""
-    import hashlib
-    import json
-
-    blob = json.dumps([argv, sorted(env.items()), skip_batches, diagnostics])
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _what_next(decision: Decision) -> str:
-    if decision.action is Action.GIVE_UP:
-        return f"giving up after stopping the job ({decision.reason})"
-    return (f"stopping the job, then {decision.action.value} in {decision.delay_s:.1f} s "
-            f"(restart {decision.restarts_in_window}/{decision.max_restarts}; {decision.reason})")

@@ -1,0 +1,108 @@
+"""Pure bookkeeping of one attempt for :class:`~supervisor.core.machine.Machine`: what follows its
+stop (:class:`Pending`), how it is stopped (:func:`shutdown_plan`), whether it progressed, what
+its launch looked like (:func:`launch_digest`), and the records written when it starts and ends.
+Functions of their arguments only, so the machine keeps the state and this module the rules."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from ..config.model import Config, signal_number
+from ..events import Detection
+from .causes import CAUSES, Action, Cause, StopStyle
+from .messages import EXIT_OK, Mode, Record, Resume, ShutdownPlan
+from .policy import Decision
+
+
+@dataclass
+class Pending:
+    """What happens once the current stop completes."""
+
+    decision: Decision | None = None  # relaunch or give up
+    exit_after: bool = False  # an operator stop (or the job's success): exit 0
+    explicit_checkpoint: str | None = None  # restart --from
+
+
+def shutdown_plan(cfg: Config, cause: Cause | None, decision: Decision | None) -> ShutdownPlan:
+    """How to stop the job for ``cause`` (None: an operator stop) given what follows."""
+    s = cfg.shutdown
+    mode, grace = Mode(s.mode), s.grace_s
+    if cause is not None and CAUSES[cause].stop is StopStyle.HUNG:
+        mode, grace = Mode.GRACEFUL, s.hang_grace_s  # a hung job flushes nothing: short grace
+    if mode is Mode.HYBRID and decision is not None and decision.action in (Action.ROLLBACK, Action.GIVE_UP):
+        mode = Mode.GRACEFUL  # an emergency checkpoint of a diverged model is worthless
+    return ShutdownPlan(mode, grace, signal_number(s.stop_signal), signal_number(s.checkpoint_signal),
+                        s.checkpoint_timeout_s, reason=cause.value if cause else "stop")
+
+
+def leftovers_plan(cfg: Config) -> ShutdownPlan:
+    """Stopping what is left of the group after its leader exited: nothing to checkpoint."""
+    s = cfg.shutdown
+    return ShutdownPlan(Mode.GRACEFUL, s.leftover_grace_s, signal_number(s.stop_signal), reason="leftovers")
+
+
+def progressed(saw_metric: bool, last_step: int | None, resume: Resume) -> bool:
+    """The attempt made progress: it trained (printed a metric) and, when the steps are known,
+    went past the step it resumed from."""
+    if not saw_metric:
+        return False
+    if last_step is None or resume.step is None:
+        return True
+    return last_step > resume.step
+
+
+def onset_step(root: Detection | None, last_anomaly: Detection | None) -> int | None:
+    """Where the attempt's trouble began: the failure's onset, else its step (rollback targets it)."""
+    d = root or last_anomaly
+    if d is None:
+        return None
+    return d.onset_step if d.onset_step is not None else d.step
+
+
+def stopped_code(stop_signal: str | None) -> int:
+    """0 for ``transformer-supervisor stop``; 128 + N when signal N stopped an unfinished run."""
+    if stop_signal is None:
+        return EXIT_OK
+    return 128 + int(signal_number(stop_signal))
+
+
+def launch_digest(argv: Sequence[str], env: Mapping[str, str], skip_batches: int, diagnostics: bool) -> str:
+    """The launch, for comparing attempts: argv and the env the supervisor chose (not the inherited env)."""
+    blob = json.dumps([list(argv), sorted(env.items()), skip_batches, diagnostics])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def what_next(decision: Decision) -> str:
+    if decision.action is Action.GIVE_UP:
+        return f"giving up after stopping the job ({decision.reason})"
+    return (f"stopping the job, then {decision.action.value} in {decision.delay_s:.1f} s "
+            f"(restart {decision.restarts_in_window}/{decision.max_restarts}; {decision.reason})")
+
+
+def remedies_applied(decision: Decision) -> Record:
+    r = decision.remedies
+    scaled = "".join(f"; {flag} x {factor:g}" for flag, factor in r.scale.items())
+    return Record("remedies_applied", "warning",
+                  f"{decision.cause.value} repeated: applying remedies {list(r.rungs)} of "
+                  f"[on.{decision.cause.value}] to the next attempts{scaled}",
+                  {"env": dict(r.env), "args": list(r.args), "skip_batches": r.skip_batches, "scale": dict(r.scale)})
+
+
+def restart_scheduled(attempt: int, decision: Decision, summary: str, ran_s: float) -> Record:
+    return Record("restart_scheduled", "warning",
+                  f"attempt {attempt} failed: {decision.cause.value} ({summary}) after {ran_s:.1f} s; "
+                  f"{decision.action.value} {decision.restarts_in_window}/{decision.max_restarts} "
+                  f"in {decision.delay_s:.1f} s ({decision.delay_reason or 'no reason recorded'})",
+                  {"cause": decision.cause.value, "action": decision.action.value,
+                   "delay_s": round(decision.delay_s, 3), "delay_reason": decision.delay_reason,
+                   "remedies": decision.remedies.as_json() or None})
+
+
+def gave_up(reason: str, cause: Cause, state_dir: Path) -> Record:
+    return Record("gave_up", "critical", f"gave up: {reason}. The job is not restarted; a human should "
+                                         f"look at the journal, `transformer-supervisor history` and the "
+                                         f"state dir {state_dir}", {"cause": cause.value})
