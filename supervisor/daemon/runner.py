@@ -15,7 +15,6 @@ import queue
 import random
 import signal
 import threading
-from collections import deque
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -29,6 +28,7 @@ from ..core.messages import (EXIT_GAVE_UP, ArmTimer, Boot, CheckpointRequested, 
                             Record, RecordDetection, Reply, RestartRequested, SignalJob, Spawned, SpawnFailed,
                             StateChanged, StopFinished, StopJob, StopRequested, TimerFired, detection_dict, jsonable)
 from ..job.launch import config_json, heartbeat_dir, launch_spec, prepare_launch, remedies_record
+from .metricbuffer import MetricBuffer
 from .monitors import AttemptMonitors
 from .ports import Concern, Job, Ports
 from .recovery import close_previous_life
@@ -44,7 +44,6 @@ log = structlog.get_logger("supervisor.daemon.runner")
 
 TICK_S = 0.1
 EXIT_DRAIN_S = 1.0  # after the leader exits, how long to wait for the last output lines
-METRIC_CHUNK = 2000  # records kept per loop turn (about 10 ms of work on one core)
 VERBS = ("status", "restart", "stop", "checkpoint-now", "reload")
 
 
@@ -70,11 +69,7 @@ class Runner:
         self.timer_at: float | None = None  # when TimerFired is due (monotonic)
         self.exit_seen_at: float | None = None
         self.monitors = AttemptMonitors(self.event)
-        self.metrics_buf: deque[MetricRecord] = deque(maxlen=100_000)
-        self.metrics_dropped = 0  # records a burst pushed out of metrics_buf before the loop kept them
-        self._dropped_said = (0, float("-inf"))
-        self.last_metric: MetricRecord | None = None
-        self._metric_history: deque[MetricRecord] = deque(maxlen=50_000)
+        self.metrics = MetricBuffer()
         self._attempt_snapshot: dict[str, Any] | None = None
         self._status_cache: dict[str, Any] = {}
 
@@ -97,7 +92,7 @@ class Runner:
 
     @property
     def metric_history(self) -> Sequence[MetricRecord]:
-        return self._metric_history
+        return self.metrics.history
 
     @property
     def has_job(self) -> bool:
@@ -109,10 +104,7 @@ class Runner:
 
     def on_metric(self, rec: MetricRecord) -> None:
         """Thread-safe: parsers and the client metrics reader call this."""
-        self.last_metric = rec
-        if len(self.metrics_buf) == self.metrics_buf.maxlen:
-            self.metrics_dropped += 1  # the oldest record falls out: counted, recorded, shown
-        self.metrics_buf.append(rec)
+        self.metrics.put(rec)
 
     def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None:
         """Log one event line and keep it in the ledger (``ledger_only``: a module logged it already)."""
@@ -120,10 +112,8 @@ class Runner:
         if not ledger_only:
             getattr(log, level)(event, attempt=attempt, message=message,
                                 **{k: v for k, v in data.items() if v is not None})
-        try:
-            self.ledger.event(self.run_id, attempt, event, level, message, jsonable(data) if data else None)
-        except Exception as e:  # a full disk must not take the supervisor down
-            log.error("ledger_write_failed", error=str(e), message="the ledger could not record an event")
+        # A failed write (a full disk) does not raise: the ledger logs it once, counts and drops it.
+        self.ledger.event(self.run_id, attempt, event, level, message, jsonable(data) if data else None)
 
     # ================================================================== life cycle
     def run(self) -> int:
@@ -188,7 +178,7 @@ class Runner:
     # ================================================================== the loop
     def _wait_and_handle(self) -> None:
         timeout = self.tick_s
-        if self.metrics_buf:
+        if self.metrics.waiting:
             timeout = 0.0  # a burst is still being kept: do not sleep on it, but serve requests between chunks
         if self.timer_at is not None:
             timeout = min(timeout, max(0.0, self.timer_at - self.clock.monotonic()))
@@ -299,7 +289,7 @@ class Runner:
         if self.job is not None:
             self.job.close()
             self.job = None
-        self.preparing = prepare_launch(cmd, self.ports, self.cfg, previous_pids, list(self._metric_history),
+        self.preparing = prepare_launch(cmd, self.ports, self.cfg, previous_pids, list(self.metrics.history),
                                         wake=lambda: self.q.put(("wake",)))
 
     def _spawn(self, cmd: Launch) -> None:
@@ -313,7 +303,7 @@ class Runner:
                                   cmd.gate.to_dict() if cmd.gate is not None else None)  # type: ignore[attr-defined]
         self.exit_seen_at = None
         self.shutdown = None
-        self.last_metric = None
+        self.metrics.last = None
         self._each("before_spawn", cmd.attempt, resume)
         try:
             self.job = self.ports.launcher.launch(spec, cfg.log_file(), lambda src: self.q.put(("eof", src)))
@@ -361,13 +351,13 @@ class Runner:
         self._drain_queue()
         if self.state is State.STOPPING:  # a detection arrived and started a stop
             return
-        if self.metrics_buf and now - (self.exit_seen_at or now) < EXIT_DRAIN_S:
+        if self.metrics.waiting and now - (self.exit_seen_at or now) < EXIT_DRAIN_S:
             # The attempt's last records first: whether it made progress (no backoff) and its
             # last step; kept a chunk per turn, the next turn comes at once while any are left.
             return
         info = self.ports.launcher.exit_info(self.job, evidence=True)
         self._feed(JobExited(info, self.job.group_alive(), now, self.clock.time(),
-                             last_step=self.last_metric.step if self.last_metric else None,
+                             last_step=self.metrics.last.step if self.metrics.last else None,
                              jitter=self.rng.uniform(-1, 1)))
 
     def _job_output_done(self, now: float) -> bool:
@@ -382,7 +372,7 @@ class Runner:
             self._each("attempt_ended", cmd, self.machine.resume, self.clock.time())
             try:  # the state at the failure (metrics, heartbeats, GPU/host), beside the state at launch
                 at_end = dict(self._concern_snapshots())
-                at_end["last_metric"] = metric_json(self.last_metric) if self.last_metric else None
+                at_end["last_metric"] = metric_json(self.metrics.last) if self.metrics.last else None
                 at_end["heartbeats"] = self._status_cache.get("heartbeats")
                 self.ledger.update_attempt(self.run_id, cmd.attempt,
                                            snapshot_json={**(self._attempt_snapshot or {}), "at_end": at_end})
@@ -418,22 +408,16 @@ class Runner:
         return out
 
     def _drain_metrics(self) -> None:
-        # A bounded chunk per turn: a burst of 100 000 records kept in one go held the loop (and
-        # every control reply waiting on it) for seconds on a loaded machine; the rest waits for
-        # the next turn, which comes at once while the buffer is not empty.
-        batch = []
-        while self.metrics_buf and len(batch) < METRIC_CHUNK:
-            batch.append(self.metrics_buf.popleft())
-        said, at = self._dropped_said
-        if self.metrics_dropped > said and (not batch or self.clock.monotonic() - at >= 5.0):
-            self._dropped_said = (self.metrics_dropped, self.clock.monotonic())
-            self.event("metrics_dropped", "warning", f"{self.metrics_dropped} metric record(s) in all were not kept: "
+        """Keep a chunk of the waiting metric records (the rest waits for the next turn)."""
+        batch = self.metrics.take()
+        dropped = self.metrics.dropped_to_say(self.clock.monotonic(), burst_over=not batch)
+        if dropped is not None:
+            self.event("metrics_dropped", "warning", f"{dropped} metric record(s) in all were not kept: "
                        "the job printed them faster than the ledger takes them (a burst); the newest are kept",
-                       dropped=self.metrics_dropped)
+                       dropped=dropped)
         if not batch:
             return
         self._feed(FirstMetric())
-        self._metric_history.extend(batch)
         self._each("on_metrics", batch, self.clock.monotonic())
         rows = [(r.at, r.step, r.loss, r.grad_norm, r.tokens_per_sec, r.val_loss) for r in batch]
         try:
@@ -487,9 +471,9 @@ class Runner:
         now = self.clock.monotonic()
         return status_dict(self.machine, run_id=self.run_id, cfg=self.cfg, state_dir=self.state_dir,
                            pids=self.job.pids() if self.job is not None and self.state in (
-                               State.STARTING, State.RUNNING, State.STOPPING) else [], last_metric=self.last_metric,
+                               State.STARTING, State.RUNNING, State.STOPPING) else [], last_metric=self.metrics.last,
                            restart_in_s=(self.timer_at if self.timer_at is not None else now) - now,
-                           extras=[{"metrics_dropped": self.metrics_dropped}, *(c.status() for c in self.concerns)])
+                           extras=[{"metrics_dropped": self.metrics.dropped}, *(c.status() for c in self.concerns)])
 
     def refresh_status_cache(self) -> dict[str, Any]:
         self._status_cache = self.status()
