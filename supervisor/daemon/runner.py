@@ -14,37 +14,35 @@ import os
 import queue
 import random
 import signal
-import threading
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import structlog
 
 from ..config.model import Config
 from ..core.machine import Machine, State
-from ..core.messages import (EXIT_GAVE_UP, ArmTimer, Boot, CheckpointRequested, Command, Detected, EndAttempt,
+from ..core.messages import (EXIT_GAVE_UP, ArmTimer, Boot, Command, Detected, EndAttempt,
                             EscalateStop, Event, Finish, FirstMetric, JobExited, Launch, PrepareLaunch, Prepared,
-                            Record, RecordDetection, Reply, RestartRequested, SignalJob, Spawned, SpawnFailed,
-                            StateChanged, StopFinished, StopJob, StopRequested, TimerFired, detection_dict, jsonable)
-from ..job.launch import config_json, heartbeat_dir, launch_spec, prepare_launch, remedies_record
+                            Record, RecordDetection, Reply, SignalJob, Spawned, SpawnFailed,
+                            StateChanged, StopJob, StopRequested, TimerFired, detection_dict, jsonable)
+from ..job.launch import config_json, heartbeat_dir, launch_spec, prepare_launch
+from . import attemptrows
+from .concernset import ConcernSet
+from .jobstop import JobStop
 from .metricbuffer import MetricBuffer
 from .monitors import AttemptMonitors
 from .ports import Concern, Job, Ports
 from .recovery import close_previous_life
 from .reload import reload_config
-from .status import metric_json, status_dict
-from ..errors import NotAnswered, UnknownVerb
+from .requests import RUNNER_VERBS, answer, ask, install_signal_handlers, machine_request
+from .status import status_dict
 from ..events import AttemptContext, Detection, MetricRecord
 from ..job.output import SinkFanout
-from ..job.process import redact_env
-from ..job.shutdown import Shutdown
 
 log = structlog.get_logger("supervisor.daemon.runner")
 
 TICK_S = 0.1
-EXIT_DRAIN_S = 1.0  # after the leader exits, how long to wait for the last output lines
-VERBS = ("status", "restart", "stop", "checkpoint-now", "reload")
 
 
 class Runner:
@@ -56,7 +54,7 @@ class Runner:
         self.ports = ports
         self.clock = ports.clock
         self.ledger = ports.ledger
-        self.concerns = list(concerns)
+        self.concerns = ConcernSet(concerns)
         self.fanout = fanout
         self.rng = rng or random.Random()
         self.q: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -64,10 +62,9 @@ class Runner:
         self.machine = Machine(cfg, self.state_dir)
         self.run_id = ""
         self.job: Job | None = None
-        self.shutdown: Shutdown | None = None
+        self.jobstop = JobStop()
         self.preparing: Future[Prepared] | None = None
         self.timer_at: float | None = None  # when TimerFired is due (monotonic)
-        self.exit_seen_at: float | None = None
         self.monitors = AttemptMonitors(self.event)
         self.metrics = MetricBuffer()
         self._attempt_snapshot: dict[str, Any] | None = None
@@ -118,7 +115,7 @@ class Runner:
     # ================================================================== life cycle
     def run(self) -> int:
         """The daemon's life: start, loop until the machine finishes, close; the exit code."""
-        self._install_signals()
+        install_signal_handlers(self.q)
         if not self.start():
             return EXIT_GAVE_UP
         try:
@@ -135,15 +132,11 @@ class Runner:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.run_id, continued = self.ledger.open_run(self.cfg.job.name, config_json(self.cfg))
         structlog.contextvars.bind_contextvars(run_id=self.run_id)
-        started: list[Concern] = []
         try:
-            for c in self.concerns:
-                c.start(self)
-                started.append(c)
+            self.concerns.start(self)  # on failure only the concerns that started are kept, and closed
         except Exception as e:
             self.event("daemon_start_failed", "error", f"cannot start: {e}")
             self.ledger.end_run(self.run_id, "gave_up", EXIT_GAVE_UP, str(e))
-            self.concerns = started
             self.close()
             return False
         self.event("daemon_started", "info",
@@ -164,16 +157,9 @@ class Runner:
         if self.job is not None:
             self.job.close()
         self.ports.notifier.stopping()
-        self._each("close")
+        self.concerns.each("close")
         self.ports.launcher.close()
         self.ledger.close()
-
-    def _install_signals(self) -> None:
-        # Handlers only record (SimpleQueue.put is reentrant-safe); the loop decides.
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(sig, lambda s, _f: self.q.put(("signal", s)))
 
     # ================================================================== the loop
     def _wait_and_handle(self) -> None:
@@ -207,10 +193,7 @@ class Runner:
                 self._feed(Detected(item[1], self.clock.monotonic(), self.clock.time(), self.rng.uniform(-1, 1)))
             elif kind == "control":
                 _kind, verb, args, fut = item
-                try:
-                    fut.set_result(self._on_control(verb, args))
-                except Exception as e:
-                    fut.set_exception(e)
+                answer(fut, lambda: self._on_control(verb, args))
             # "eof" and "wake" only wake the loop; the tick acts
         except Exception as e:  # the daemon must survive its own bugs
             log.exception("runner_handler_failed", item=kind, error=repr(e),
@@ -231,18 +214,17 @@ class Runner:
             self.job.reap_orphans()
             self.monitors.poll(now)
             self._check_job_exit(now)
-        if self.state is State.STOPPING and self.shutdown is not None and self.job is not None:
-            if self.shutdown.poll(now) and self._job_output_done(now):
-                self.job.poll()
-                self._feed(StopFinished(self.ports.launcher.exit_info(self.job, evidence=False),
-                                        self.shutdown.result(now), now, self.clock.time()))
+        if self.state is State.STOPPING and self.job is not None:
+            finished = self.jobstop.finished(self.job, now, self.clock, self.ports)
+            if finished is not None:
+                self._feed(finished)
         if self.timer_at is not None and now >= self.timer_at:
             self.timer_at = None
             self._feed(TimerFired())
         if self.preparing is not None and self.preparing.done() and self.exit_code is None:
             prepared, self.preparing = self.preparing.result(), None
             self._feed(prepared)
-        self._each("tick", now)
+        self.concerns.each("tick", now)
         self.ports.notifier.watchdog()
 
     # ================================================================== the machine
@@ -270,8 +252,7 @@ class Runner:
         elif isinstance(cmd, StopJob):
             self._stop(cmd)
         elif isinstance(cmd, EscalateStop):
-            if self.shutdown is not None:
-                self.shutdown.escalate(self.clock.monotonic())
+            self.jobstop.escalate(self.clock.monotonic())
         elif isinstance(cmd, SignalJob):
             if self.job is not None:
                 self.job.signal_group(cmd.signal)
@@ -294,17 +275,11 @@ class Runner:
 
     def _spawn(self, cmd: Launch) -> None:
         cfg, resume = self.cfg, cmd.resume
-        job_env: dict[str, str] = {}
-        for c in self.concerns:
-            job_env.update(c.job_env())
-        spec = launch_spec(cfg, cmd, run_id=self.run_id, state_dir=self.state_dir, job_env=job_env)
-        self.ledger.begin_attempt(self.run_id, cmd.attempt, list(spec.argv), spec.cwd, redact_env(spec.added_env),
-                                  None, resume.checkpoint, resume.step, remedies_record(cmd),
-                                  cmd.gate.to_dict() if cmd.gate is not None else None)  # type: ignore[attr-defined]
-        self.exit_seen_at = None
-        self.shutdown = None
+        spec = launch_spec(cfg, cmd, run_id=self.run_id, state_dir=self.state_dir, job_env=self.concerns.job_env())
+        attemptrows.begin(self.ledger, self.run_id, cmd, spec)
+        self.jobstop.reset()
         self.metrics.last = None
-        self._each("before_spawn", cmd.attempt, resume)
+        self.concerns.each("before_spawn", cmd.attempt, resume)
         try:
             self.job = self.ports.launcher.launch(spec, cfg.log_file(), lambda src: self.q.put(("eof", src)))
         except OSError as e:
@@ -316,11 +291,11 @@ class Runner:
         ctx = AttemptContext(self.run_id, cmd.attempt, job.pgid, job.pid, now, self.state_dir,
                              heartbeat_dir(self.state_dir, cmd.attempt), cfg.checkpoint_dir(), resume.checkpoint,
                              resume.step)
-        self.monitors.start([m for c in self.concerns for m in c.monitors()], ctx, self.emit)
+        self.monitors.start(self.concerns.monitors(), ctx, self.emit)
         # Now the GPU/host monitors have looked at least once: record what the attempt runs on.
-        self._attempt_snapshot = self.ports.environment.of_attempt(cfg, spec, self._concern_snapshots())
+        self._attempt_snapshot = self.ports.environment.of_attempt(cfg, spec, self.concerns.snapshots())
         self.ledger.update_attempt(self.run_id, cmd.attempt, snapshot_json=self._attempt_snapshot)
-        self._each("attempt_started", ctx, resume, wall)
+        self.concerns.each("attempt_started", ctx, resume, wall)
         self.ports.notifier.ready()
 
     # ================================================================== stopping
@@ -329,13 +304,9 @@ class Runner:
         assert self.job is not None
         now = self.clock.monotonic()
         if cmd.dump_stacks:
-            self._each("job_hung", self.attempt, self.job.pids())
+            self.concerns.each("job_hung", self.attempt, self.job.pids())
         self.monitors.stop()
-        if cmd.leftovers:
-            self.shutdown = Shutdown(cmd.plan, self.job, now)
-        else:
-            self.shutdown = Shutdown(cmd.plan, self.job, now, self.ports.checkpoints.emergency_checkpoint_probe(),
-                                     self.ports.notifier.extend_timeout)
+        self.jobstop.begin(cmd, self.job, now, self.ports)
 
     def _check_job_exit(self, now: float) -> None:
         assert self.job is not None
@@ -346,12 +317,12 @@ class Runner:
             return
         # Give the pumps a moment: the line that explains the exit (an OOM traceback) is often
         # the last one written, and its detection must be the root cause, not "crash".
-        if not self._job_output_done(now):
+        if not self.jobstop.output_done(self.job, now):
             return
         self._drain_queue()
         if self.state is State.STOPPING:  # a detection arrived and started a stop
             return
-        if self.metrics.waiting and now - (self.exit_seen_at or now) < EXIT_DRAIN_S:
+        if self.metrics.waiting and self.jobstop.draining(now):
             # The attempt's last records first: whether it made progress (no backoff) and its
             # last step; kept a chunk per turn, the next turn comes at once while any are left.
             return
@@ -360,53 +331,20 @@ class Runner:
                              last_step=self.metrics.last.step if self.metrics.last else None,
                              jitter=self.rng.uniform(-1, 1)))
 
-    def _job_output_done(self, now: float) -> bool:
-        assert self.job is not None
-        if self.exit_seen_at is None:
-            self.exit_seen_at = now
-        return self.job.pumps_done(0) or now - self.exit_seen_at >= EXIT_DRAIN_S
-
     def _end_attempt(self, cmd: EndAttempt) -> None:
         if cmd.spawned:
             self.monitors.stop()
-            self._each("attempt_ended", cmd, self.machine.resume, self.clock.time())
-            try:  # the state at the failure (metrics, heartbeats, GPU/host), beside the state at launch
-                at_end = dict(self._concern_snapshots())
-                at_end["last_metric"] = metric_json(self.metrics.last) if self.metrics.last else None
-                at_end["heartbeats"] = self._status_cache.get("heartbeats")
-                self.ledger.update_attempt(self.run_id, cmd.attempt,
-                                           snapshot_json={**(self._attempt_snapshot or {}), "at_end": at_end})
-            except Exception as e:
-                log.warning("snapshot_failed", error=repr(e))
-        self.ledger.end_attempt(
-            self.run_id, cmd.attempt, exit_code=cmd.exit_code, signal=cmd.signal,
-            cause=cmd.cause.value if cmd.cause else None, action=cmd.action.value if cmd.action else None,
-            summary=cmd.summary, counted=cmd.counted,
-            detection=detection_dict(cmd.detection) if cmd.detection else None,
-            decision=jsonable(cmd.decision) if cmd.decision else None,
-            shutdown=jsonable(cmd.shutdown) if cmd.shutdown else None,
-            repeat=jsonable(cmd.repeat) if cmd.repeat else None, progressed=cmd.progressed)
+            self.concerns.each("attempt_ended", cmd, self.machine.resume, self.clock.time())
+            attemptrows.snapshot_at_end(self.ledger, self.run_id, cmd.attempt, self._attempt_snapshot,
+                                        self.concerns.snapshots, self.metrics.last,
+                                        self._status_cache.get("heartbeats"))
+        attemptrows.end(self.ledger, self.run_id, cmd)
         if cmd.spawned:
-            self.shutdown = None
+            self.jobstop.shutdown = None
             if self.job is not None:
                 self.job.close()
 
-    # ================================================================== concerns and monitors
-    def _each(self, hook: str, *args: Any) -> None:
-        """Call ``hook`` on every concern; one that fails is reported and the others go on."""
-        for c in self.concerns:
-            try:
-                getattr(c, hook)(*args)
-            except Exception as e:
-                log.exception("concern_failed", concern=c.name, hook=hook, error=repr(e),
-                              message=f"{c.name} failed in {hook}; the daemon keeps going")
-
-    def _concern_snapshots(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for c in self.concerns:
-            out.update(c.snapshot())
-        return out
-
+    # ================================================================== metrics
     def _drain_metrics(self) -> None:
         """Keep a chunk of the waiting metric records (the rest waits for the next turn)."""
         batch = self.metrics.take()
@@ -418,7 +356,7 @@ class Runner:
         if not batch:
             return
         self._feed(FirstMetric())
-        self._each("on_metrics", batch, self.clock.monotonic())
+        self.concerns.each("on_metrics", batch, self.clock.monotonic())
         rows = [(r.at, r.step, r.loss, r.grad_norm, r.tokens_per_sec, r.val_loss) for r in batch]
         try:
             self.ledger.metrics_batch(self.run_id, max(self.attempt, 0), rows)
@@ -434,29 +372,15 @@ class Runner:
         # SIGCHLD only wakes the loop; the tick reaps
 
     def _on_control(self, verb: str, args: Mapping[str, Any]) -> Any:
-        handlers: dict[str, Callable[[], Any]] = {
-            "status": self.status,
-            "stop": lambda: self._feed(StopRequested()),
-            "restart": lambda: self._feed(RestartRequested(str(args.get("reason") or "operator request"),
-                                                           args.get("from"), bool(args.get("rollback")),
-                                                           self.clock.time())),
-            "checkpoint-now": lambda: self._feed(CheckpointRequested()),
-            "reload": self.reload,
-        }
-        if verb not in handlers:
-            raise UnknownVerb(f"unknown verb {verb!r}; known: {', '.join(VERBS)}")
-        return handlers[verb]()
+        if verb in RUNNER_VERBS:
+            return self.status() if verb == "status" else self.reload()
+        return self._feed(machine_request(verb, args, self.clock.time()))
 
     def control(self, verb: str, args: Mapping[str, Any], timeout: float = 20.0) -> Any:
         """Called from the control server's threads: hand over to the main loop, wait for it."""
         if verb == "status":
             return self._status_cache or self.status()
-        fut: Future[Any] = Future()
-        self.q.put(("control", verb, dict(args), fut))
-        try:
-            return fut.result(timeout=timeout)
-        except TimeoutError:
-            raise NotAnswered(f"the daemon's main loop did not answer {verb!r} within {timeout:g} s") from None
+        return ask(self.q, verb, args, timeout)
 
     def reload(self) -> dict[str, Any]:
         self.ports.notifier.reloading()
@@ -473,7 +397,7 @@ class Runner:
                            pids=self.job.pids() if self.job is not None and self.state in (
                                State.STARTING, State.RUNNING, State.STOPPING) else [], last_metric=self.metrics.last,
                            restart_in_s=(self.timer_at if self.timer_at is not None else now) - now,
-                           extras=[{"metrics_dropped": self.metrics.dropped}, *(c.status() for c in self.concerns)])
+                           extras=[{"metrics_dropped": self.metrics.dropped}, *self.concerns.statuses()])
 
     def refresh_status_cache(self) -> dict[str, Any]:
         self._status_cache = self.status()
