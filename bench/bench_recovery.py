@@ -79,7 +79,7 @@ def env() -> dict[str, str]:
     return e
 
 
-def train_args(out: Path, iters: int, every: int, extra: list[str]) -> list[str]:
+def train_args(out: Path, iters: int, every: int, extra: tuple[str, ...] | list[str]) -> list[str]:
     return [f"--out_dir={out}", f"--max_iters={iters}", f"--eval_interval={every}", *MODEL, *extra]
 
 
@@ -153,7 +153,7 @@ class Tail:
 
 
 def run_arm(tmp: Path, arm: str, scenario: str, iters: int, every: int, faults: list[tuple[str, int]],
-            extra: list[str] = [], config: str | None = None, tag: str = "") -> Result:  # noqa: B006
+            extra: tuple[str, ...] = (), config: str | None = None, tag: str = "") -> Result:
     run = tmp / f"{arm}-{scenario}{tag}"
     out = run / "out"
     out.mkdir(parents=True)
@@ -400,7 +400,7 @@ def run() -> list[dict]:
                     ("ours", ARGS_REMEDY, "ours + args --learning_rate=0.001"),
                     ("ours", None, "ours, no remedy"), ("torchrun", None, "torchrun"), ("shell", None, "shell")]
             for i, (arm, cfg, label) in enumerate(arms):
-                r = run_arm(tmp, arm, "nan", ITERS, EVAL, [("nan", 0)] * 3, extra=[NAN_LR], config=cfg, tag=f"-{i}")
+                r = run_arm(tmp, arm, "nan", ITERS, EVAL, [("nan", 0)] * 3, extra=(NAN_LR,), config=cfg, tag=f"-{i}")
                 target = ("finite model" if cfg else "gives up on the 2nd identical failure, in seconds") \
                     if arm == "ours" else "peer"
                 row(f"NaN from {NAN_LR} (NaN at iter ~2, before the first save): {label}",
