@@ -194,6 +194,18 @@ class LoadTests:
         self._steps[path] = (token, res.step)
         return res
 
+    def carry(self, source: Path, copy: Path) -> None:
+        """``copy`` holds the same bytes as ``source``'s version now (a last_good/ link or copy, or
+        one restored from it): its results answer for the copy too, so the same bytes are not
+        loaded again on the restart path (a second torch import and a full read)."""
+        src, dst = version_token(source), version_token(copy)
+        for (p, token, checked), res in list(self._results.items()):
+            if p == str(source) and token == src:
+                self._results[(str(copy), dst, checked)] = res
+        seen = self._steps.get(source)
+        if seen is not None and seen[0] == src:
+            self._steps[copy] = (dst, seen[1])
+
     def step_read(self, path: Path) -> int | None:
         """The step a load test read from the version on disk now, or None."""
         seen = self._steps.get(path)

@@ -210,7 +210,9 @@ class CheckpointService:
                 # Kept at once, not only before a restart: one bad overwrite then costs one save
                 # interval, never the whole run.
                 try:
-                    self.last_good.keep(newest.path)
+                    kept = self.last_good.keep(newest.path)
+                    if kept is not None:
+                        self.load_tests.carry(newest.path, kept)
                 except OSError as exc:
                     log.warning("checkpoint_preserve_failed", path=str(newest.path), error=str(exc),
                                 next="the previous last good copy stays")
@@ -276,7 +278,9 @@ class CheckpointService:
             row = self.evaluate(cand, metrics_seen, self._current_config())
             if row.ready and keeps_last_good(cand.layout) and self.cfg.preserve_last_good:
                 try:
-                    self.last_good.keep(path)
+                    kept = self.last_good.keep(path)
+                    if kept is not None:
+                        self.load_tests.carry(path, kept)
                 except OSError as exc:
                     log.warning("checkpoint_preserve_failed", path=str(path), error=str(exc),
                                 next="the previous last good copy stays")
@@ -342,15 +346,20 @@ class CheckpointService:
             original = self.dir / choice.path.name
             if original.exists():
                 # The job overwrote it with something that did not pass (else it would have been
-                # chosen, being at least as new): move it aside so the good copy can go back.
-                row = self.evaluate(Candidate(original, None, Layout.SINGLE, 0.0, 0))
-                if not row.ready:
+                # chosen, being at least as new): move it aside so the good copy can go back. The
+                # structural check first: a truncated file is known bad in microseconds, without
+                # a load test on the restart path.
+                broken = structure_problem(original)
+                row = None if broken else self.evaluate(Candidate(original, None, Layout.SINGLE, 0.0, 0))
+                reasons = [broken] if broken else list(row.reasons) if row is not None and not row.ready else []
+                if broken or (row is not None and not row.ready):
                     rec = quarantine(original, "overwritten with a checkpoint that is not ready ("
-                                     + "; ".join(row.reasons) + "); the last good copy is restored", Layout.SINGLE)
+                                     + "; ".join(reasons) + "); the last good copy is restored", Layout.SINGLE)
                     choice = replace(choice, quarantined=choice.quarantined + (rec,))
             if not original.exists():
                 # The original was moved to quarantine/, so nothing is overwritten.
                 restore_last_good(choice.path, original)
+                self.load_tests.carry(choice.path, original)
                 return replace(choice, path=original, reason=choice.reason + " (restored from last_good/)")
         return choice
 
@@ -370,6 +379,7 @@ class CheckpointService:
                     if self.evaluate(c).ready:
                         kept = self.last_good.keep(c.path)
                         if kept is not None:
+                            self.load_tests.carry(c.path, kept)
                             out.append(kept)
         return out
 
