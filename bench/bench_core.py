@@ -402,22 +402,13 @@ time.sleep(600)
 """
 
 
-def _reply_s(sock_path: Path, verb: str) -> float:
-    import socket
+def _reply_s(state_dir: Path, verb: str) -> float:
+    """One control request through the client the CLI uses (what `transformer-supervisor reload`
+    does); its reply time."""
+    from supervisor.ops.control import request
 
     t = time.monotonic()
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(30)
-    s.connect(str(sock_path))
-    s.sendall(('{"verb": "%s"}\n' % verb).encode())
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-    s.close()
-    assert b'"ok": true' in buf, buf
+    request(state_dir, verb, timeout=30)
     return time.monotonic() - t
 
 
@@ -437,9 +428,9 @@ def control_under_flood(tmp: Path) -> list[dict]:
             time.sleep(0.01)
         flood: list[float] = []
         while not done.exists():
-            flood.append(_reply_s(sock, "reload"))
+            flood.append(_reply_s(sd, "reload"))
             time.sleep(0.02)
-        idle = [_reply_s(sock, "reload") for _ in range(50)]
+        idle = [_reply_s(sd, "reload") for _ in range(50)]
     finally:
         d.terminate()
         d.wait(30)

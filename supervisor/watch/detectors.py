@@ -36,8 +36,9 @@ from statistics import median
 from typing import Protocol, Sequence
 
 from ..events import Action, Cause, Detection, MetricRecord
+from ..health.xid import classify_xid
 from .config import DetectorsConfig, LossSpikeConfig, NanDetectorConfig, TextDetectorConfig
-from .textrules import (CKPT_KEYWORDS, CKPT_RULES, FATAL_XIDS, GPU_RULES, NAN_TEXT_KEYWORDS, NAN_TEXT_RULES,
+from .textrules import (CKPT_KEYWORDS, CKPT_RULES, GPU_RULES, NAN_TEXT_KEYWORDS, NAN_TEXT_RULES,
                         NCCL_KEYWORDS, NCCL_RULES, OOM_KEYWORDS, OOM_RULES, XID_LINE, TextRule)
 
 
@@ -110,7 +111,8 @@ class NcclDetector(TextDetector):
             m = XID_LINE.search(line)
             if m:
                 xid = int(m.group(2))
-                fatal = xid in FATAL_XIDS
+                # One table of what each Xid means (health/xid.py), for NVML events and log lines alike.
+                fatal = classify_xid(xid).action is Action.GIVE_UP
                 self.fired.add(Cause.GPU_FAULT)
                 return Detection(
                     cause=Cause.GPU_FAULT, summary=f"GPU Xid {xid} ({m.group(1)})"

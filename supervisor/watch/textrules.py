@@ -65,8 +65,6 @@ GPU_RULES = rules_for(Cause.GPU_FAULT, [
     (("GPU is lost", "off the bus"), r"GPU is lost|fallen off the bus", "GPU lost"),
 ])
 XID_LINE = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
-# Xids after which a restart on the same node does not help.
-FATAL_XIDS = frozenset({48, 64, 74, 79, 92, 94, 95, 119, 120})
 
 CKPT_RULES = rules_for(Cause.CHECKPOINT_LOAD_ERROR, [
     ("Missing key(s) in state_dict", r"Missing key\(s\) in state_dict", "missing keys in state_dict"),

@@ -263,21 +263,11 @@ def test_full_disk_ledger_errors_are_reported_once_and_supervision_stop_sigterm_
 
 
 def _request_s(sd: Path, verb: str) -> float:
-    import socket
+    """One control request through the client the CLI uses; its reply time."""
+    from supervisor.ops.control import request
 
     t = time.monotonic()
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(30)
-    s.connect(str(sd / "control.sock"))
-    s.sendall(('{"verb": "%s"}\n' % verb).encode())
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-    s.close()
-    assert b'"ok": true' in buf, buf
+    request(sd, verb, timeout=30)
     return time.monotonic() - t
 
 
