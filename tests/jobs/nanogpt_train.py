@@ -5,7 +5,8 @@ arguments (its configurator), ``iter N: loss X, time Yms, mfu Z%`` every ``log_i
 iterations, ``step N: train loss X, val loss Y`` at each evaluation, and one checkpoint,
 ``out_dir/ckpt.pt``, overwritten at each evaluation with the model, the optimizer and
 ``iter_num``. ``--init_from=resume`` resumes from it. Faults come from FAULT / FAULT_MARKER
-(see _faults.py).
+(see _faults.py; inert when FAULT is unset: bench/bench_recovery.py runs it so, as an
+unmodified nanoGPT-style script).
 
     python nanogpt_train.py --out_dir=out --max_iters=200 --eval_interval=20 [--init_from=resume]
 """
@@ -44,6 +45,7 @@ weight_decay = 0.1
 beta1, beta2 = 0.9, 0.95
 grad_clip = 1.0
 seed = 1337
+check_finite = True  # exit 1 when the final model is not finite (the bench turns it off: nanoGPT has no such check)
 # nanoGPT's configurator: --key=value overrides a global of the same name.
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))]
 for arg in sys.argv[1:]:
@@ -171,7 +173,7 @@ def main() -> None:
             print(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, mfu {running_mfu * 100:.2f}%")
         fault.inject(iter_num, list(model.parameters()))
         iter_num += 1
-    if not all(math.isfinite(p.sum().item()) for p in model.parameters()):
+    if check_finite and not all(math.isfinite(p.sum().item()) for p in model.parameters()):
         raise SystemExit("the final model is not finite")
 
 
