@@ -24,8 +24,10 @@ class OpsConcern(Concern):
 
     name = "ops"
 
-    def __init__(self, notifier: Notifier, checkpoints: Any = None) -> None:
+    def __init__(self, notifier: Notifier, checkpoints: Any = None, *, status_interval_s: float = 5.0) -> None:
         self.notifier = notifier
+        self.status_interval_s = status_interval_s  # systemd.status_interval_s: STATUS= at most this often
+        self._status_sent_at = float("-inf")
         self.checkpoints = checkpoints  # the CheckpointConcern: `restart --from` is verified by its service
         self.control: Any = None
         self.metrics: Any = None
@@ -63,8 +65,10 @@ class OpsConcern(Concern):
             except Exception as e:
                 log.warning("metrics_update_failed", error=repr(e))
         line = status_line(st)
-        if line != self._status_line:
-            self._status_line = line
+        # A changed line goes out once the interval since the last one has passed (a later tick
+        # sends it then): systemd's STATUS= never goes stale, and is not rewritten 4 times a second.
+        if line != self._status_line and now - self._status_sent_at >= self.status_interval_s:
+            self._status_line, self._status_sent_at = line, now
             self.notifier.status(line)
 
     def close(self) -> None:

@@ -28,12 +28,13 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     lock = StateLock.acquire(state_dir)
     osapi = OsApi()
     fanout = SinkFanout()
-    notifier = Notifier(enabled=cfg.systemd.notify, watchdog_enabled=cfg.systemd.watchdog)
+    notifier = Notifier(enabled=cfg.systemd.notify, watchdog_enabled=cfg.systemd.watchdog,
+                        extend_min_s=cfg.systemd.stop_extend_s)
     ledger = Ledger(state_dir)
     checkpoints = CheckpointConcern()
     health = HealthConcern(newest_checkpoint_bytes=lambda: getattr(checkpoints.newest(), "size", None))
     goodput = GoodputConcern()
-    concerns: list[Concern] = [OpsConcern(notifier, checkpoints), WatchConcern(), health, checkpoints, goodput,
+    concerns: list[Concern] = [OpsConcern(notifier, checkpoints, status_interval_s=cfg.systemd.status_interval_s), WatchConcern(), health, checkpoints, goodput,
                                ValidationConcern(goodput), StateLockConcern(lock, ledger), *extra]
     store: CheckpointStore = checkpoints
     if cfg.cluster.enabled:  # multi-node: imported only then, so a single node carries none of it

@@ -43,8 +43,10 @@ class Notifier:
     """
 
     def __init__(self, env: Mapping[str, str] | None = None, *, enabled: bool = True,
-                 watchdog_enabled: bool = True, clock: Callable[[], float] | None = None) -> None:
+                 watchdog_enabled: bool = True, clock: Callable[[], float] | None = None,
+                 extend_min_s: float = 0.0) -> None:
         env = os.environ if env is None else env
+        self.extend_min_s = extend_min_s  # systemd.stop_extend_s: the least one extension asks for
         self._address = _socket_address(env.get("NOTIFY_SOCKET", "")) if enabled else None
         self._clock = clock or time.monotonic
         self._lock = threading.Lock()
@@ -105,8 +107,9 @@ class Notifier:
         return self._send(f"RELOADING=1\nMONOTONIC_USEC={usec}")
 
     def extend_timeout(self, seconds: float) -> bool:
-        """Ask for ``seconds`` more before systemd's start/stop timeout fires (a save is running)."""
-        return self._send(f"EXTEND_TIMEOUT_USEC={max(0, int(seconds * 1e6))}")
+        """Ask for ``seconds`` more (at least ``extend_min_s``) before systemd's start/stop timeout
+        fires (a save is running)."""
+        return self._send(f"EXTEND_TIMEOUT_USEC={max(0, int(max(seconds, self.extend_min_s) * 1e6))}")
 
     def close(self) -> None:
         with self._lock:

@@ -52,6 +52,38 @@ def test_ready_status_stopping_extend(listener):
     n.close()
 
 
+def test_an_extension_asks_at_least_stop_extend_s(listener):
+    path, sock = listener
+    n = Notifier({"NOTIFY_SOCKET": path}, extend_min_s=60.0)
+    assert n.extend_timeout(5)
+    assert recv(sock) == {"EXTEND_TIMEOUT_USEC": "60000000"}
+    assert n.extend_timeout(90)
+    assert recv(sock) == {"EXTEND_TIMEOUT_USEC": "90000000"}
+    n.close()
+
+
+def test_the_status_line_goes_out_at_most_every_status_interval(listener):
+    from supervisor.daemon.concerns import OpsConcern
+
+    path, sock = listener
+    ops = OpsConcern(Notifier({"NOTIFY_SOCKET": path}), status_interval_s=5.0)
+    states = iter(["starting", "running", "running", "stopping"])
+
+    class View:
+        def refresh_status_cache(self):
+            return {"state": next(states)}
+
+    ops.daemon = View()  # type: ignore[assignment]
+    ops.tick(100.0)
+    first = recv(sock)["STATUS"]
+    ops.tick(101.0)  # changed, but within the interval: held
+    assert nothing_pending(sock)
+    ops.tick(106.0)  # the interval passed: the changed line goes out
+    second = recv(sock)["STATUS"]
+    assert first != second
+    ops.notifier.close()
+
+
 def test_reloading_carries_monotonic_usec(listener):
     path, sock = listener
     n = Notifier({"NOTIFY_SOCKET": path})
