@@ -139,7 +139,10 @@ class WatchConcern(Concern):
         return client_env(self.daemon.cfg.heartbeat)
 
     def before_spawn(self, attempt: int, resume: Resume) -> None:
-        """Detectors start afresh for the new attempt before its first line can arrive."""
+        """Detectors start afresh for the new attempt before its first line can arrive; the
+        tailed files' history is what they hold before the job starts, not when the tailer does."""
+        if self.tailer is not None:
+            self.tailer.baseline()
         if self.logwatch is not None:
             self.logwatch.reset(attempt, resume.step if resume.checkpoint else None)
 

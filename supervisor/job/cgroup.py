@@ -99,14 +99,20 @@ class JobCgroup:
             return False
         return bool(self.pids())
 
-    def signal(self, sig: int) -> None:
+    def signal(self, sig: int) -> set[int]:
+        """``sig`` once to every process in it; the pids it reached (the caller must not signal
+        them again: a second SIGUSR1 is a second emergency checkpoint)."""
+        pids = self.pids()
         if sig == signal.SIGKILL and _kill_all(self.path):
-            return
-        for pid in self.pids():
+            return set(pids)
+        reached: set[int] = set()
+        for pid in pids:
             try:
                 os.kill(pid, sig)
+                reached.add(pid)
             except (ProcessLookupError, PermissionError):
                 continue
+        return reached
 
     def remove(self) -> bool:
         """Remove it when empty; False while something is still in it (stuck in the kernel)."""

@@ -188,14 +188,20 @@ class JobProcess:
     def signal_group(self, sig: int) -> None:
         self._adopt_cgroup()  # known, so that they are reaped once dead
         self._adopt_orphans()
+        # Each process gets the signal once: the group and the cgroup overlap, and a signal that
+        # arrives twice is acted on twice when the first was already handled (two emergency
+        # checkpoints for one SIGUSR1 request).
+        reached: set[int] = set()
         if self.cgroup is not None:
-            self.cgroup.signal(sig)  # SIGKILL: cgroup.kill, nothing in it can fork away
-        self.osapi.killpg(self.pgid, sig)
-        # Descendants that moved to their own session are not in the group: signal them directly.
+            reached = self.cgroup.signal(sig)  # SIGKILL: cgroup.kill, nothing in it can fork away
+        if self.pid not in reached:
+            self.osapi.killpg(self.pgid, sig)
+        # Descendants that moved to their own session (or, with a cgroup, out of it) are not
+        # reached yet: signal them directly.
         for pid, ref in list(self.known.items()):
-            if pid != self.pid:
+            if pid != self.pid and pid not in reached:
                 try:
-                    if os.getpgid(pid) != self.pgid:
+                    if reached or os.getpgid(pid) != self.pgid:
                         self.osapi.kill(ref, sig)
                 except (ProcessLookupError, PermissionError):
                     continue

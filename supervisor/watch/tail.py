@@ -13,7 +13,8 @@ Files are followed by identity (device, inode), with the descriptor kept open, s
 - **deletion**: the rest of the file is drained from the open descriptor, then it is forgotten;
 - **late creation**: files (and directories) that appear later are picked up by the next scan.
 
-Where reading starts: files that already exist when the tailer first starts are read from their
+Where reading starts: files that already exist when the tailer first starts (or takes its
+``baseline``, just before the first job is spawned) are read from their
 *current end* (their content is history, possibly from an earlier run; replaying an old NaN would
 be wrong); files that appear afterwards are read from their beginning. Create one tailer per run
 and call ``start`` / ``stop`` per attempt: offsets carry over, and ``stop`` drains what the dead
@@ -117,6 +118,13 @@ class FileTailer:
             self.scan_now()
         self._thread = threading.Thread(target=self._run, name="tsup-tail", daemon=True)
         self._thread.start()
+
+    def baseline(self) -> None:
+        """Take the "what exists now is history" baseline if it is not taken yet. Call it before
+        the first attempt's job is spawned: a job that writes its first lines before the monitors
+        start (they start after the spawn) must not have them taken for history."""
+        if self._first_scan:
+            self.scan_now()
 
     def poll(self, now: float) -> None:
         return None

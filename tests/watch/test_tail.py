@@ -156,6 +156,20 @@ def test_garbage_and_a_10mb_line_cost_bounded_memory(tail: tuple[FileTailer, Sin
     assert all(f_.splitter.pending <= t.max_line_bytes for f_ in t._files.values())
 
 
+def test_what_the_job_writes_before_the_monitors_start_is_not_history(tail: tuple[FileTailer, Sink, Path]) -> None:
+    """The baseline is taken before the spawn; the job's first lines can land before the tailer
+    starts (the monitors start after the spawn): they are read, the older lines are not."""
+    t, sink, logs = tail
+    logs.mkdir(parents=True)
+    log = logs / "rank0.log"
+    log.write_text("an earlier run's NaN\n")
+    t.baseline()  # the daemon, just before it spawns the first attempt
+    append(log, "step 1 of this attempt\n")  # the job, before the monitors start
+    t.start()
+    wait_for(lambda: sink.lines(), 5, what="the job's first line")
+    assert sink.lines() == ["step 1 of this attempt"]
+
+
 def test_stop_drains_and_restart_keeps_offsets(tmp_path: Path) -> None:
     sink = Sink()
     f = tmp_path / "job.log"
