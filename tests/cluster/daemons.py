@@ -76,6 +76,18 @@ def start_in(tmp: Path, node: str, config: Path, wrap: Callable[[list[str]], lis
     return daemon
 
 
+def all_finish(ds: dict[str, Daemon], timeout: float) -> None:
+    """Every daemon exits 0 within ``timeout`` (each one's output tails when not); whatever is
+    still running when this ends is killed."""
+    try:
+        codes = {n: d.wait(timeout) for n, d in ds.items()}
+    finally:
+        for d in ds.values():
+            if d.proc.poll() is None:
+                d.kill()
+    assert codes == {n: 0 for n in ds}, {n: d.stderr()[-3000:] + d.stdout()[-2000:] for n, d in ds.items()}
+
+
 def launches(tmp: Path, node: str) -> list[dict[str, Any]]:
     p = tmp / node / "out" / "launches.jsonl"
     if not p.exists():

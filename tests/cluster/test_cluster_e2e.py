@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.daemons import launches, node_config, start
+from tests.cluster.daemons import all_finish, launches, node_config, start
 from tests.cluster.etcdserver import EtcdServer
 from tests.conftest import history, pid_alive
 from tests.util import wait_for
@@ -46,13 +46,7 @@ def test_nan_on_one_node_stops_all_three_and_they_resume_from_the_same_step(
     prefix = _prefix()
     ds = {n: start(tmp_path, n, node_config(tmp_path, n, etcd, prefix, nodes=3,
                                             job_args=["60", "0.05", "10", "n2", "38"])) for n in NODES}
-    try:
-        codes = {n: d.wait(180) for n, d in ds.items()}
-    finally:
-        for d in ds.values():
-            if d.proc.poll() is None:
-                d.kill()
-    assert codes == {"n1": 0, "n2": 0, "n3": 0}, {n: d.stderr()[-2000:] for n, d in ds.items()}
+    all_finish(ds, 180)
     runs = {n: launches(tmp_path, n) for n in NODES}
     for n, ls in runs.items():
         assert [int(x["TSUP_GENERATION"]) for x in ls] == [1, 2], (n, ls)
@@ -103,13 +97,7 @@ def test_a_killed_daemon_is_a_lost_node_the_others_stop_within_ttl_and_go_on(
         wait_for(lambda: (_status(tmp_path / "n1" / "state", phases=None) or {}).get("nodes", {}).get("n3", {})
                  .get("phase") == "waiting", timeout=30, what="n3 back and waiting")
         assert launches(tmp_path, "n3")[1:] == []
-        r = subprocess.run([sys.executable, "-m", "supervisor", "restart", "--state-dir", str(tmp_path / "n2" / "state"),
-                            "--reason", "take n3 back"], capture_output=True, text=True, timeout=30)
-        assert r.returncode == 0, r.stderr
-        for n in NODES:
-            g3 = wait_for(lambda n=n: [x for x in launches(tmp_path, n) if x["TSUP_GENERATION"] == "3"],
-                          timeout=40, what=f"{n} in generation 3")[0]
-            assert g3["TSUP_NNODES"] == "3"
+        _restart_into_generation_3_with_all(tmp_path, via="n2")
     finally:
         for d in ds.values():
             d.kill()
@@ -138,6 +126,18 @@ def test_etcd_restarted_mid_run_changes_nothing(etcd: EtcdServer, tmp_path: Path
     assert codes == {"n1": 0, "n2": 0, "n3": 0}, {n: d.stderr()[-2000:] for n, d in ds.items()}
     for n in NODES:
         assert [x["TSUP_GENERATION"] for x in launches(tmp_path, n)] == ["1"]  # one generation, never stopped
+
+
+def _restart_into_generation_3_with_all(tmp_path: Path, via: str) -> None:
+    """An operator restart on node ``via`` ends the running generation; every node, the one that
+    was away included, relaunches in generation 3 with all three nodes."""
+    r = subprocess.run([sys.executable, "-m", "supervisor", "restart", "--state-dir", str(tmp_path / via / "state"),
+                        "--reason", "take n3 back"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    for n in NODES:
+        g3 = wait_for(lambda n=n: [x for x in launches(tmp_path, n) if x["TSUP_GENERATION"] == "3"],
+                      timeout=40, what=f"{n} in generation 3")[0]
+        assert g3["TSUP_NNODES"] == "3"
 
 
 def _read(p: Path) -> list[dict]:
@@ -170,13 +170,7 @@ def test_a_partitioned_node_stops_before_the_others_go_on_and_rejoins_the_next_g
         assert launches(tmp_path, "n3")[1:] == []  # it waits, not in generation 2
         relay.heal()
         # the next generation takes it back: an operator restart on n1 ends generation 2
-        r = subprocess.run([sys.executable, "-m", "supervisor", "restart", "--state-dir", str(tmp_path / "n1" / "state"),
-                            "--reason", "take n3 back"], capture_output=True, text=True, timeout=30)
-        assert r.returncode == 0, r.stderr
-        for n in NODES:
-            last = wait_for(lambda n=n: [x for x in launches(tmp_path, n) if x["TSUP_GENERATION"] == "3"],
-                            timeout=40, what=f"{n} in generation 3")[0]
-            assert last["TSUP_NNODES"] == "3"
+        _restart_into_generation_3_with_all(tmp_path, via="n1")
     finally:
         relay.cut()
         for d in ds.values():
@@ -239,13 +233,7 @@ def test_a_partition_by_network_namespaces_the_minority_stops_and_rejoins(tmp_pa
         assert {g["TSUP_NNODES"] for g in gen2.values()} == {"2"}
         assert n3_stop["gen"] == 1 and n3_stop["at"] < min(g["at"] for g in gen2.values())  # never two at once
         net.heal("n3")
-        r = subprocess.run([sys.executable, "-m", "supervisor", "restart", "--state-dir", str(tmp_path / "n1" / "state"),
-                            "--reason", "take n3 back"], capture_output=True, text=True, timeout=30)
-        assert r.returncode == 0, r.stderr
-        for n in NODES:
-            g3 = wait_for(lambda n=n: [x for x in launches(tmp_path, n) if x["TSUP_GENERATION"] == "3"],
-                          timeout=40, what=f"{n} in generation 3")[0]
-            assert g3["TSUP_NNODES"] == "3"
+        _restart_into_generation_3_with_all(tmp_path, via="n1")
     finally:
         for d in ds.values():
             d.kill()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.daemons import launches, node_config, start
+from tests.cluster.daemons import all_finish, launches, node_config, start
 from tests.cluster.etcdserver import EtcdServer
 from tests.cluster.test_cluster_e2e import NODES, _prefix
 from tests.conftest import history
@@ -40,13 +40,7 @@ def test_a_failed_validation_on_one_node_rolls_all_three_back_to_the_same_step(
     args = ["60", "0.05", "10", "n2", "38", "n3", "2"]
     ds = {n: start(tmp_path, n, _with_validation(node_config(tmp_path, n, etcd, prefix, nodes=3, job_args=args)))
           for n in NODES}
-    try:
-        codes = {n: d.wait(100) for n, d in ds.items()}
-    finally:
-        for d in ds.values():
-            if d.proc.poll() is None:
-                d.kill()
-    assert codes == {"n1": 0, "n2": 0, "n3": 0}, {n: d.stderr()[-2000:] for n, d in ds.items()}
+    all_finish(ds, 100)
 
     # The job's own record of its launches: three generations on every node, each generation
     # resumed from one step on all three; generation 3 from the newest step before generation

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.daemons import node_config, start
+from tests.cluster.daemons import all_finish, node_config, start
 from tests.cluster.etcdserver import EtcdServer, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -29,13 +29,7 @@ def test_a_crash_on_node_1_relaunches_both_into_a_new_rendezvous_and_the_run_fin
                f"{JOB} {tmp_path / n / 'out'} 40 25")
         ds[n] = start(tmp_path, n, node_config(tmp_path, n, etcd, prefix, nodes=2, lease_ttl_s=5.0, job_args=[],
                                                command=[cmd], master_port=port))
-    try:
-        codes = {n: d.wait(240) for n, d in ds.items()}
-    finally:
-        for d in ds.values():
-            if d.proc.poll() is None:
-                d.kill()
-    assert codes == {"n1": 0, "n2": 0}, {n: d.stderr()[-3000:] + d.stdout()[-2000:] for n, d in ds.items()}
+    all_finish(ds, 240)
     import json
 
     runs = {n: [json.loads(x) for x in (tmp_path / n / "out" / "launches.jsonl").read_text().splitlines()]

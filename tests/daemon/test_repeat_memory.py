@@ -11,17 +11,23 @@ from supervisor.ledger.schema import LEDGER_FILE, SCHEMA, SCHEMA_VERSION
 from supervisor.ledger.store import Ledger
 
 
-def test_a_version_1_ledger_gains_the_repeat_columns_and_keeps_its_rows(tmp_path):
+def _version_1_ledger(tmp_path):
+    """A state dir whose ledger a version 1 daemon wrote: run 'r' with one ended attempt."""
     sd = tmp_path / "sd"
     sd.mkdir()
     db = sqlite3.connect(sd / LEDGER_FILE)
-    db.executescript(SCHEMA)
+    db.executescript(SCHEMA)  # the base schema is version 1's; MIGRATIONS[1] adds the repeat columns
     db.execute("INSERT INTO runs(run_id, name, created_at, state) VALUES ('r', 'n', 1, 'running')")
     db.execute("INSERT INTO attempts(run_id, attempt, argv_json, cwd, env_json, started_at, ended_at, cause) "
                "VALUES ('r', 0, '[]', '/', '{}', 1, 2, 'crash')")
     db.execute("PRAGMA user_version=1")
     db.commit()
     db.close()
+    return sd
+
+
+def test_a_version_1_ledger_gains_the_repeat_columns_and_keeps_its_rows(tmp_path):
+    sd = _version_1_ledger(tmp_path)
     led = Ledger(sd)
     assert led.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     old = led.attempts("r")[0]
@@ -44,16 +50,7 @@ def test_a_repeat_row_of_another_shape_claims_no_repeat():
 
 
 def test_a_version_1_ledger_read_only_is_not_migrated_and_still_reads(tmp_path):
-    sd = tmp_path / "sd"
-    sd.mkdir()
-    db = sqlite3.connect(sd / LEDGER_FILE)
-    db.executescript(SCHEMA)
-    db.execute("INSERT INTO runs(run_id, name, created_at, state) VALUES ('r', 'n', 1, 'running')")
-    db.execute("INSERT INTO attempts(run_id, attempt, argv_json, cwd, env_json, started_at, ended_at, cause) "
-               "VALUES ('r', 0, '[]', '/', '{}', 1, 2, 'crash')")
-    db.execute("PRAGMA user_version=1")
-    db.commit()
-    db.close()
+    sd = _version_1_ledger(tmp_path)
     led = Ledger(sd, readonly=True)  # `history` beside an older daemon that may still write it
     assert led.attempts("r")[0].repeat is None
     assert led.history("r")["attempts"][0]["repeat"] is None
