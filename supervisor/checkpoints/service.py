@@ -349,12 +349,13 @@ class CheckpointService:
                 # chosen, being at least as new): move it aside so the good copy can go back. The
                 # structural check first: a truncated file is known bad in microseconds, without
                 # a load test on the restart path.
-                broken = structure_problem(original)
-                row = None if broken else self.evaluate(Candidate(original, None, Layout.SINGLE, 0.0, 0))
-                reasons = [broken] if broken else list(row.reasons) if row is not None and not row.ready else []
-                if broken or (row is not None and not row.ready):
-                    rec = quarantine(original, "overwritten with a checkpoint that is not ready ("
-                                     + "; ".join(reasons) + "); the last good copy is restored", Layout.SINGLE)
+                problem = structure_problem(original)
+                if problem is None:
+                    row = self.evaluate(Candidate(original, None, Layout.SINGLE, 0.0, 0))
+                    problem = None if row.ready else "; ".join(row.reasons)
+                if problem is not None:
+                    rec = quarantine(original, f"overwritten with a checkpoint that is not ready ({problem}); "
+                                     "the last good copy is restored", Layout.SINGLE)
                     choice = replace(choice, quarantined=choice.quarantined + (rec,))
             if not original.exists():
                 # The original was moved to quarantine/, so nothing is overwritten.
