@@ -254,11 +254,14 @@ class FakeNotifier:
 
 
 class FakeEnvironment:
-    def probe(self, cfg: Config) -> Mapping[str, Any]:
+    def start(self, cfg: Config) -> None:
+        pass
+
+    def probed(self, wait: float = 0.0) -> Mapping[str, Any] | None:
         return {"python": "fake"}
 
-    def of_attempt(self, cfg: Config, spec: Any, extra: Mapping[str, Any]) -> dict[str, Any]:
-        return {"python": "fake", **extra}
+    def of_attempt(self, spec: Any, extra: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(extra)
 
 
 def config(tmp: Path, **sections: Any) -> Config:

@@ -316,7 +316,15 @@ def _quiet_broken_pipe() -> int:
     return EXIT_BROKEN_PIPE
 
 
+def _without_rich() -> None:
+    """structlog imports rich, when it is installed (transformers brings it in through typer), to
+    pretty-print exceptions; our renderers print them plainly (logsetup), and its 50 ms of imports
+    came before every run's first launch. Marked absent for this process unless already loaded."""
+    sys.modules.setdefault("rich", None)  # type: ignore[arg-type]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _without_rich()
     refuse_foreign()
     try:
         return _main(argv)

@@ -12,7 +12,7 @@ from ..core.messages import EndAttempt, Launch, detection_dict, jsonable
 from ..events import MetricRecord
 from ..job.launch import remedies_record
 from ..job.process import LaunchSpec, redact_env
-from .ports import LedgerStore
+from .ports import EnvironmentProbe, LedgerStore
 from .status import metric_json
 
 log = structlog.get_logger("supervisor.daemon.runner")
@@ -25,18 +25,51 @@ def begin(ledger: LedgerStore, run_id: str, cmd: Launch, spec: LaunchSpec) -> No
                          cmd.gate.to_dict() if cmd.gate is not None else None)  # type: ignore[attr-defined]
 
 
-def snapshot_at_end(ledger: LedgerStore, run_id: str, attempt: int, at_launch: Mapping[str, Any] | None,
-                    concerns: Callable[[], Mapping[str, Any]], last_metric: MetricRecord | None,
-                    heartbeats: Any) -> None:
-    """The state at the failure (metrics, heartbeats, GPU/host), beside the state at launch; a
-    failure here is logged and the attempt's end is still recorded."""
-    try:
-        at_end = dict(concerns())
-        at_end["last_metric"] = metric_json(last_metric) if last_metric else None
-        at_end["heartbeats"] = heartbeats
-        ledger.update_attempt(run_id, attempt, snapshot_json={**(at_launch or {}), "at_end": at_end})
-    except Exception as e:
-        log.warning("snapshot_failed", error=repr(e))
+class Snapshots:
+    """Each attempt's snapshot: what it runs on (the environment probe), what the monitors saw at
+    launch and at its end. The probe runs beside the first launch and may arrive after it (or
+    after that attempt's end): the rows written without it are completed when it does."""
+
+    def __init__(self, ledger: LedgerStore, environment: EnvironmentProbe) -> None:
+        self.ledger = ledger
+        self.environment = environment
+        self.at_launch: dict[str, Any] = {}  # the current attempt's, without the probe
+        self._incomplete: dict[tuple[str, int], dict[str, Any]] = {}  # written before the probe came
+
+    def launched(self, run_id: str, attempt: int, own: Mapping[str, Any]) -> None:
+        self.at_launch = dict(own)
+        self._write(run_id, attempt, self.at_launch)
+
+    def ended(self, run_id: str, attempt: int, concerns: Callable[[], Mapping[str, Any]],
+              last_metric: MetricRecord | None, heartbeats: Any) -> None:
+        """The state at the failure (metrics, heartbeats, GPU/host), beside the state at launch; a
+        failure here is logged and the attempt's end is still recorded."""
+        try:
+            at_end = dict(concerns())
+            at_end["last_metric"] = metric_json(last_metric) if last_metric else None
+            at_end["heartbeats"] = heartbeats
+            self._write(run_id, attempt, {**self.at_launch, "at_end": at_end})
+        except Exception as e:
+            log.warning("snapshot_failed", error=repr(e))
+
+    def complete(self, wait: float = 0.0) -> None:
+        """Add the probe to the rows written before it came (waiting up to ``wait`` seconds for it)."""
+        if not self._incomplete:
+            return
+        env = self.environment.probed(wait)
+        if env is None:
+            return
+        rows, self._incomplete = self._incomplete, {}
+        for (run_id, attempt), row in rows.items():
+            self.ledger.update_attempt(run_id, attempt, snapshot_json={**env, **row})
+
+    def _write(self, run_id: str, attempt: int, row: dict[str, Any]) -> None:
+        env = self.environment.probed()
+        if env is None:
+            self._incomplete[(run_id, attempt)] = row
+        else:
+            self._incomplete.pop((run_id, attempt), None)  # this row is newer than the one kept
+        self.ledger.update_attempt(run_id, attempt, snapshot_json={**(env or {}), **row})
 
 
 def end(ledger: LedgerStore, run_id: str, cmd: EndAttempt) -> None:

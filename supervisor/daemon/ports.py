@@ -156,11 +156,13 @@ class Notifier(Protocol):
 
 class EnvironmentProbe(Protocol):
     """What an attempt runs on: library versions of the job's Python, git state, host (probed
-    once, on the launch-preparation thread), plus the world size and what the monitors saw."""
+    once per daemon life, beside the first launch), plus the world size and what the monitors saw."""
 
-    def probe(self, cfg: "Config") -> Mapping[str, Any]: ...
+    def start(self, cfg: "Config") -> None: ...
 
-    def of_attempt(self, cfg: "Config", spec: "LaunchSpec", extra: Mapping[str, Any]) -> dict[str, Any]: ...
+    def probed(self, wait: float = 0.0) -> Mapping[str, Any] | None: ...
+
+    def of_attempt(self, spec: "LaunchSpec", extra: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
 class DaemonView(Protocol):

@@ -43,6 +43,9 @@ from ..job.output import SinkFanout
 log = structlog.get_logger("supervisor.daemon.runner")
 
 TICK_S = 0.1
+# A job that ends at once (a typo in its command) can end the daemon before the environment probe
+# comes back: its rows are completed if the probe answers within this, else left without it.
+PROBE_WAIT_AT_EXIT_S = 3.0
 
 
 class Runner:
@@ -67,7 +70,7 @@ class Runner:
         self.timer_at: float | None = None  # when TimerFired is due (monotonic)
         self.monitors = AttemptMonitors(self.event)
         self.metrics = MetricBuffer()
-        self._attempt_snapshot: dict[str, Any] | None = None
+        self.snapshots = attemptrows.Snapshots(self.ledger, ports.environment)
         self._status_cache: dict[str, Any] = {}
 
     # ================================================================== what concerns see
@@ -130,6 +133,7 @@ class Runner:
         """Open the run, start the concerns, close what a previous daemon left, launch. False
         when a concern cannot start (the run is then ended as given up)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.ports.environment.start(self.cfg)  # beside the first launch, not before it
         self.run_id, continued = self.ledger.open_run(self.cfg.job.name, config_json(self.cfg))
         structlog.contextvars.bind_contextvars(run_id=self.run_id)
         try:
@@ -154,6 +158,7 @@ class Runner:
 
     def close(self) -> None:
         self.monitors.stop()
+        self.snapshots.complete(wait=PROBE_WAIT_AT_EXIT_S)
         if self.job is not None:
             self.job.close()
         self.ports.notifier.stopping()
@@ -224,6 +229,7 @@ class Runner:
         if self.preparing is not None and self.preparing.done() and self.exit_code is None:
             prepared, self.preparing = self.preparing.result(), None
             self._feed(prepared)
+        self.snapshots.complete()
         self.concerns.each("tick", now)
         self.ports.notifier.watchdog()
 
@@ -293,8 +299,8 @@ class Runner:
                              resume.step)
         self.monitors.start(self.concerns.monitors(), ctx, self.emit)
         # Now the GPU/host monitors have looked at least once: record what the attempt runs on.
-        self._attempt_snapshot = self.ports.environment.of_attempt(cfg, spec, self.concerns.snapshots())
-        self.ledger.update_attempt(self.run_id, cmd.attempt, snapshot_json=self._attempt_snapshot)
+        self.snapshots.launched(self.run_id, cmd.attempt,
+                                self.ports.environment.of_attempt(spec, self.concerns.snapshots()))
         self.concerns.each("attempt_started", ctx, resume, wall)
         self.ports.notifier.ready()
 
@@ -335,9 +341,8 @@ class Runner:
         if cmd.spawned:
             self.monitors.stop()
             self.concerns.each("attempt_ended", cmd, self.machine.resume, self.clock.time())
-            attemptrows.snapshot_at_end(self.ledger, self.run_id, cmd.attempt, self._attempt_snapshot,
-                                        self.concerns.snapshots, self.metrics.last,
-                                        self._status_cache.get("heartbeats"))
+            self.snapshots.ended(self.run_id, cmd.attempt, self.concerns.snapshots, self.metrics.last,
+                                 self._status_cache.get("heartbeats"))
         attemptrows.end(self.ledger, self.run_id, cmd)
         if cmd.spawned:
             self.jobstop.shutdown = None

@@ -46,7 +46,6 @@ def prepare_launch(cmd: PrepareLaunch, ports: "Ports", cfg: Config, previous_pid
 
     def prepare() -> None:
         try:
-            ports.environment.probe(cfg)  # ~50-250 ms once per daemon life: not on the main loop
             stuck = ports.checkpoints.book_last_attempt()  # no progress: failures without a newer checkpoint
             if stuck:
                 fut.set_result(Prepared(no_progress=stuck))
@@ -127,21 +126,40 @@ def remedies_record(launch: Launch) -> list[dict[str, Any]]:
 
 
 class Environment:
-    """Library versions of the job's Python, git state, host: probed once per daemon life
-    (~50-250 ms, so on the launch-preparation thread, never the main loop)."""
+    """Library versions of the job's Python, git state, host: probed once per daemon life, on a
+    thread of its own started with the daemon. It takes 50-250 ms (a subprocess of the job's
+    Python; git status takes seconds in a big repository), so the first launch does not wait for
+    it: an attempt launched before it finished has its record completed when it arrives."""
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] | None = None
+        self._done = threading.Event()
+        self._started = False
+        self._lock = threading.Lock()
 
-    def probe(self, cfg: Config) -> dict[str, Any]:
-        if self._cache is None:
+    def start(self, cfg: Config) -> None:
+        """Begin the probe (once; later calls do nothing)."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=self._probe, args=(cfg,), name="environment-probe", daemon=True).start()
+
+    def _probe(self, cfg: Config) -> None:
+        try:
             py = job_python(cfg.job.command, cfg.job.python)
-            try:
-                self._cache = snapshot(py, cfg.workdir(), cfg.job.command, {**os.environ, **cfg.job.env})
-            except Exception as e:
-                self._cache = {"error": repr(e)}
+            self._cache = snapshot(py, cfg.workdir(), cfg.job.command, {**os.environ, **cfg.job.env})
+        except Exception as e:
+            self._cache = {"error": repr(e)}
+        finally:
+            self._done.set()
+
+    def probed(self, wait: float = 0.0) -> Mapping[str, Any] | None:
+        """The probe's result, or None while it runs (after waiting up to ``wait`` seconds)."""
+        if not self._started or not self._done.wait(wait):
+            return None
         return self._cache
 
-    def of_attempt(self, cfg: Config, spec: LaunchSpec, extra: Mapping[str, Any]) -> dict[str, Any]:
-        """The attempt's snapshot: the environment, its world size, what the monitors saw."""
-        return {**self.probe(cfg), "world": world_from_launch(spec.argv, spec.env), **extra}
+    def of_attempt(self, spec: LaunchSpec, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """The attempt's own part of its snapshot: its world size, what the monitors saw."""
+        return {"world": world_from_launch(spec.argv, spec.env), **extra}
