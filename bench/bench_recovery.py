@@ -363,9 +363,13 @@ def run() -> list[dict]:
             row(f"fault-free, ours, {ITERS} iterations", describe(ours_clean, ref, ITERS), "", "overhead")
         if "kill" in only:
             res: dict[str, list[tuple[Result, Result]]] = {a: [] for a in ("shell", "torchrun", "ours")}
-            for i in range(REPS):  # interleaved, each rep with its own fault-free reference: load changes hit all alike
+            arms = list(res)
+            for i in range(REPS):
+                # Interleaved, each rep with its own fault-free reference, and the arms' order
+                # rotated from rep to rep: on a machine that slows down or speeds up during a rep,
+                # no arm is always the one run last.
                 bare = run_arm(tmp, "bare", "kill-ref", ITERS, EVAL, [], tag=f"-{i}")
-                for arm in res:
+                for arm in arms[i % len(arms):] + arms[:i % len(arms)]:
                     res[arm].append((run_arm(tmp, arm, "kill", ITERS, EVAL, [("kill", KILL_AT)], tag=f"-{i}"), bare))
             med: dict[str, tuple[float, float]] = {}
             for arm, rs in res.items():
@@ -380,6 +384,16 @@ def run() -> list[dict]:
                     "ratio / s", "ours >= shell / ours <= torchrun" if arm == "ours" else "peer")
             row("one SIGKILL: ours / shell goodput, ours / torchrun goodput (medians)",
                 f"{med['ours'][0] / med['shell'][0]:.2f} / {med['ours'][0] / med['torchrun'][0]:.2f}", "x", ">= 1")
+            def ratio(ours: Result, peer: Result, bare: Result) -> float:
+                g = goodput(peer, bare, ITERS)
+                return goodput(ours, bare, ITERS) / g if g else float("inf")
+
+            paired = {peer: [ratio(r, p, b) for (r, b), (p, _) in zip(res["ours"], res[peer])]
+                      for peer in ("shell", "torchrun")}
+            row("one SIGKILL: ours / shell, ours / torchrun goodput within each rep (median; per rep)",
+                f"{statistics.median(paired['shell']):.2f} / {statistics.median(paired['torchrun']):.2f} "
+                f"({', '.join(f'{a:.2f}' for a in paired['shell'])} / {', '.join(f'{b:.2f}' for b in paired['torchrun'])})",
+                "x", ">= 1")
             row("one SIGKILL: ours - torchrun, ours - shell fault to next iteration (medians)",
                 f"{med['ours'][1] - med['torchrun'][1]:+.2f} / {med['ours'][1] - med['shell'][1]:+.2f}", "s", "<= 0")
         if "multi" in only:

@@ -26,7 +26,7 @@ from ..core.messages import (EXIT_GAVE_UP, ArmTimer, Boot, Command, Detected, En
                             EscalateStop, Event, Finish, FirstMetric, JobExited, Launch, PrepareLaunch, Prepared,
                             Record, RecordDetection, Reply, SignalJob, Spawned, SpawnFailed,
                             StateChanged, StopJob, StopRequested, TimerFired, detection_dict, jsonable)
-from ..job.launch import config_json, heartbeat_dir, launch_spec, prepare_launch
+from ..job.launch import config_json, drop_heartbeat_dir_if_empty, heartbeat_dir, launch_spec, prepare_launch
 from . import attemptrows
 from .concernset import ConcernSet
 from .jobstop import JobStop
@@ -348,6 +348,7 @@ class Runner:
             self.jobstop.shutdown = None
             if self.job is not None:
                 self.job.close()
+            drop_heartbeat_dir_if_empty(self.state_dir, cmd.attempt)
 
     # ================================================================== metrics
     def _drain_metrics(self) -> None:

@@ -71,6 +71,16 @@ def heartbeat_dir(state_dir: Path, attempt: int) -> Path:
     return state_dir / "heartbeats" / f"attempt-{attempt}"
 
 
+def drop_heartbeat_dir_if_empty(state_dir: Path, attempt: int) -> None:
+    """An ended attempt's heartbeat folder goes when the job wrote nothing there (most jobs do
+    not use the client): a week of restarts must not leave thousands of empty folders. One with
+    files stays (the client's heartbeats and metric reports, for a post-mortem)."""
+    try:
+        heartbeat_dir(state_dir, attempt).rmdir()
+    except OSError:
+        pass  # not empty, or already gone
+
+
 def resume_args(cfg: Config, checkpoint: str | None) -> list[str]:
     if not checkpoint:
         return []

@@ -57,6 +57,19 @@ def test_crash_loop_gives_up_with_exit_3_after_budget(daemons, tmp_path):
     assert "event=gave_up" in last or "gave_up" in last
 
 
+def test_an_ended_attempts_heartbeat_folder_goes_when_empty_and_stays_with_files(daemons, tmp_path):
+    # Attempt 0 writes a file where the client would put its heartbeats, attempt 1 writes nothing:
+    # a week of restarts leaves no empty folders, and nothing the job wrote is removed.
+    sd = tmp_path / "sd"
+    job = ("import os, sys; a = os.environ['TSUP_ATTEMPT']; "
+           "a == '0' and open(os.path.join(os.environ['TSUP_HEARTBEAT_DIR'], 'rank0.hb'), 'w').write('1'); "
+           "os.kill(os.getpid(), 9)")
+    d = daemons(wrap(sd, "--max-restarts", "1") + [PY, "-c", job])
+    assert d.wait() == 3
+    assert sorted(p.name for p in (sd / "heartbeats").iterdir()) == ["attempt-0"]
+    assert (sd / "heartbeats" / "attempt-0" / "rank0.hb").read_text() == "1"
+
+
 def test_an_identical_crash_gives_up_on_the_second_attempt(daemons, tmp_path):
     # exit 1 before any step, from scratch, same argv and env: deterministic, no third attempt.
     sd = tmp_path / "sd"
