@@ -129,6 +129,16 @@ class CheckpointService:
                 row.exists = row.complete = False
                 row.no("the checkpoint does not exist (moved or deleted)")
                 return row.build()
+            problem = structure_problem(path)
+            if problem:
+                # Milliseconds for any size: a save cut short is rejected before it is hashed or
+                # load-tested (a load test costs the job's Python and a torch import).
+                row.complete = False
+                row.no(problem)
+                if self.book.is_bad(path):
+                    row.bad = True
+                    row.no(f"marked bad: {self.book.bad_reason(path)}")
+                return row.build()
             mread = self._manifest_of(path)
             manifest = mread.manifest
             if mread.problem:

@@ -39,23 +39,23 @@ def _zip_problem(path: Path) -> str | None:
         with zipfile.ZipFile(path) as z:
             infos = z.infolist()
     except (zipfile.BadZipFile, ValueError, EOFError) as exc:
-        return f"the torch zip archive is not whole (a save cut short?): {exc}"
+        return f"truncated or corrupt: the torch zip archive is not whole (a save cut short?): {exc}"
     if not infos:
         return "the torch zip archive has no members"
     for i in infos:
         # The local header (30 bytes + name + extra) precedes the data; the data must fit.
         if i.header_offset + 30 + len(i.filename) + i.compress_size > size:
-            return f"the torch zip archive names {i.filename} past the end of the file ({size} bytes)"
+            return f"truncated: the torch zip archive names {i.filename} past the end of the file ({size} bytes)"
     return None
 
 
 def _safetensors_problem(path: Path, head: bytes) -> str | None:
     size = path.stat().st_size
     if len(head) < 8:
-        return f"a safetensors file of {size} bytes has no header"
+        return f"truncated: a safetensors file of {size} bytes has no header"
     (n,) = struct.unpack("<Q", head)
     if 8 + n > size:
-        return f"the safetensors header ({n} bytes) runs past the end of the file ({size} bytes)"
+        return f"truncated: the safetensors header ({n} bytes) runs past the end of the file ({size} bytes)"
     with open(path, "rb") as f:
         f.seek(8)
         try:
@@ -70,5 +70,5 @@ def _safetensors_problem(path: Path, head: bytes) -> str | None:
     except (TypeError, ValueError, IndexError, KeyError):
         return "the safetensors header has malformed data_offsets"
     if 8 + n + end > size:
-        return f"the safetensors tensors end at byte {8 + n + end}, past the end of the file ({size} bytes)"
+        return f"truncated: the safetensors tensors end at byte {8 + n + end}, past the end of the file ({size} bytes)"
     return None

@@ -64,6 +64,18 @@ def test_flipped_byte_and_truncated_file_are_not_ready(tmp_path: Path) -> None:
     assert any("truncated" in r for r in rows[200].reasons)
 
 
+def test_a_truncated_file_is_rejected_by_its_structure_before_any_load_test(tmp_path: Path) -> None:
+    # No manifest (a job that does not use the client): the cut-short zip is not ready on its
+    # structural check alone; no load test ran, no manifest was written for it, nothing deleted.
+    p = F.torch_file(tmp_path / "ck" / "step_300.pt", 300)
+    F.truncate(p, 0.6)
+    size = p.stat().st_size
+    row = svc(tmp_path).quicklist()[0]
+    assert not row.ready and row.complete is False and row.load_test is None
+    assert row.reasons[0].startswith("truncated"), row.reasons
+    assert p.stat().st_size == size and not list(p.parent.glob("*.manifest*"))
+
+
 def test_missing_manifest_supervisor_writes_its_own_without_touching_the_checkpoint(tmp_path: Path) -> None:
     p = F.torch_file(tmp_path / "ck" / "step_300.pt", 300)
     before = (p.read_bytes(), p.stat().st_mtime_ns)
