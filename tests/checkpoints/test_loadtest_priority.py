@@ -1,0 +1,72 @@
+"""A load test runs below the job in CPU priority, also where the kernel shares CPU time between
+sessions first (sched_autogroup): there a nice value only ranks a process within its session, and
+the load test has a session of its own, so that session's nice is lowered too."""
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+from supervisor.checkpoints.loadtest import LoadTestRequest, LoadTestResult, run_load_test
+from tests.helpers import ckpt_factory as F
+from tests.util import wait_for
+
+
+def _load_test_pid(marker: str) -> int | None:
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if marker in (p / "cmdline").read_text(errors="replace"):
+                    return int(p.name)
+            except OSError:
+                continue
+    return None
+
+
+def _priority(pid: int) -> tuple[int, str | None]:
+    """(the process's nice, its session group's line in /proc/PID/autogroup or None)."""
+    nice = int((Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split())[16])
+    try:
+        group = Path(f"/proc/{pid}/autogroup").read_text().strip()
+    except OSError:
+        group = None  # a kernel without autogroup
+    return nice, group
+
+
+def _autogroup_enabled() -> bool:
+    f = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    return f.exists() and f.read_text().strip() == "1"
+
+
+def test_the_load_test_runs_below_the_job_in_cpu_priority(tmp_path: Path) -> None:
+    ck = F.torch_file(tmp_path / "priority-probe-ck" / "step_5.pt", 5)
+    result: list[LoadTestResult] = []
+    t = threading.Thread(target=lambda: result.append(run_load_test(LoadTestRequest(ck), python=sys.executable,
+                                                                    timeout_s=120)))
+    t.start()
+    seen: list[tuple[int, str | None]] = []
+    grouped = _autogroup_enabled()
+
+    def lowered() -> bool:
+        pid = _load_test_pid(str(ck))
+        if pid is None:
+            return False
+        try:
+            seen.append(_priority(pid))
+        except (OSError, IndexError, ValueError):
+            return False  # it ended between the two reads
+        nice, group = seen[-1]
+        return nice == 10 and (not grouped or group is None or group.endswith("nice 10"))
+
+    try:
+        # Polled while it runs (its torch import takes a second or more): the priority is set
+        # first thing in the script, so the samples end on the lowered one.
+        wait_for(lambda: lowered() or bool(result), timeout=60, interval=0.005, what="the load test process")
+    finally:
+        t.join(timeout=120)
+    assert result and result[0].passed, result
+    assert seen, "the load test process was never seen running"
+    nice, group = seen[-1]
+    assert nice == 10, seen
+    if grouped and group is not None:
+        assert group.endswith("nice 10"), seen  # its own session, below the job's
