@@ -156,8 +156,10 @@ class LoadTests:
     """Load tests run with the job's python, their results kept per checkpoint version: a
     result that checked every tensor is finite answers a request that does not need it too, and
     the step a test read (nanoGPT ``iter_num``) belongs to the version it read it from (a single
-    overwritten ckpt.pt holds another step after each save, never the old one). Not thread-safe:
-    the service calls it under its lock."""
+    overwritten ckpt.pt holds another step after each save, never the old one). Its cache is
+    read and written one dict operation at a time, so the service may run a background test
+    outside its lock while a restart's choice reads it; the same version tested twice at once
+    only costs a second subprocess."""
 
     def __init__(self, python: str, *, expected_keys: Sequence[str], check_finite: bool, trust_pickles: bool,
                  mmap: bool, timeout_s: float, cwd: Path | None) -> None:

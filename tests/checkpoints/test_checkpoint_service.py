@@ -158,3 +158,37 @@ def test_each_verified_version_of_a_single_file_is_kept_at_once_linked_when_the_
     svc.scan()
     assert svc.verify_newest().ready
     assert os.stat(lg).st_ino == os.stat(p).st_ino and torch.load(lg, weights_only=True)["iter_num"] == 350
+
+
+def test_a_restart_choice_does_not_wait_for_a_background_load_test(tmp_path: Path) -> None:
+    # The job's Python (used for load tests) holds every load test until the test releases it:
+    # had the background verification kept the service's lock through its load test, the
+    # restart's choice would wait for the release and never come back before it.
+    import threading
+
+    from tests.util import wait_for
+
+    started, release = tmp_path / "load-test-started", tmp_path / "release"
+    held = tmp_path / "held-python"
+    held.write_text(f"#!/bin/sh\ntouch {started}\nn=0\nwhile [ ! -e {release} ] && [ $n -lt 3000 ]; do sleep 0.02; "
+                    f"n=$((n+1)); done\nexec {sys.executable} \"$@\"\n")
+    held.chmod(0o755)
+    saved(tmp_path, 100)
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    svc = CheckpointService(CFG, tmp_path / "ck", state, str(held), ("python", "train.py"), tmp_path)
+    rows: list[object] = []
+    bg = threading.Thread(target=lambda: rows.append(svc.verify_newest()))
+    bg.start()
+    try:
+        wait_for(started.exists, timeout=10, what="the background load test")
+        choices: list[object] = []
+        fg = threading.Thread(target=lambda: choices.append(svc.choose_for_resume("restart", None, overlap=True)))
+        fg.start()
+        wait_for(lambda: bool(choices), timeout=10, what="the restart's choice, while the load test is held")
+        choice = choices[0]
+        assert choice is not None and choice.step == 100 and choice.verify_pending  # type: ignore[attr-defined]
+    finally:
+        release.touch()
+        bg.join(timeout=60)
+    assert rows and rows[0] is not None and rows[0].ready, rows  # type: ignore[attr-defined]
