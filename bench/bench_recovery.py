@@ -139,7 +139,7 @@ class Result:
 
 class Tail:
     def __init__(self, path: Path) -> None:
-        self.path, self.data, self.pos = path, b"", 0
+        self.path, self.data, self.pos, self.line_pos = path, b"", 0, 0
 
     def poll(self) -> bytes:
         try:
@@ -151,6 +151,13 @@ class Tail:
         self.pos += len(new)
         self.data += new
         return new
+
+    def lines(self) -> list[str]:
+        """The whole lines read since the last call (a line still being written waits for its end)."""
+        end = self.data.rfind(b"\n") + 1
+        out = self.data[self.line_pos:end].decode(errors="replace").splitlines()
+        self.line_pos = max(self.line_pos, end)
+        return out
 
 
 def run_arm(tmp: Path, arm: str, scenario: str, iters: int, every: int, faults: list[tuple[str, int]],
@@ -176,12 +183,15 @@ def run_arm(tmp: Path, arm: str, scenario: str, iters: int, every: int, faults: 
             if r.first_iter_s is None and ITER_RE.search(tail.data):
                 r.first_iter_s = now - t0
             if arm == "ours":
-                for line in dlog.poll().decode(errors="replace").splitlines():
+                dlog.poll()
+                for line in dlog.lines():
                     if '"hang_detected"' in line and waiting and waiting[0] == "hang":
                         r.hang_detect_s = now - waiting[1]
                         waiting = ("hang", now, waiting[2])
             if waiting is not None:
-                m = re.search(rb"^Overriding: out_dir[\s\S]*?^iter (\d+):", tail.data[waiting[2]:], re.M)
+                # Not anchored: a job stopped or killed between an iteration's text and its newline
+                # leaves the next launch's first line glued to that partial line.
+                m = re.search(rb"Overriding: out_dir[\s\S]*?^iter (\d+):", tail.data[waiting[2]:], re.M)
                 if m:
                     r.fault_to_next.append((waiting[0], now - waiting[1], int(m.group(1))))
                     last_iter_checked = waiting[2] + m.end()

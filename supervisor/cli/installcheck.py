@@ -44,8 +44,29 @@ def _here() -> Path:
     return Path(__file__).resolve().parents[1]  # the supervisor package (this module is in supervisor/cli/)
 
 
+def _may_hold_foreign() -> bool:
+    """Whether a folder on ``sys.path`` has a ``supervisor-*.dist-info`` or ``.egg-info``: a
+    listing costs ~1 ms where importing importlib.metadata (email, csv, zipfile...) costs ~25 ms
+    on every daemon start, before the job's launch. A path entry that is no folder (a zip) is left
+    to importlib.metadata."""
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except NotADirectoryError:
+            return True
+        except OSError:
+            continue
+        for name in names:
+            low = name.lower()
+            if low.endswith((".dist-info", ".egg-info")) and low.split("-", 1)[0].split(".", 1)[0] == FOREIGN_DISTRIBUTION:
+                return True
+    return False
+
+
 def _foreign_distributions() -> list[str]:
     """supervisord distributions that clash with us: in our folder, or in this environment."""
+    if not _may_hold_foreign():
+        return []
     try:
         from importlib.metadata import distributions
     except ImportError:  # pragma: no cover - Python < 3.8

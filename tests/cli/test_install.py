@@ -118,6 +118,18 @@ def test_this_checkout_is_not_a_clash():
     assert installcheck.problems() == []
 
 
+@pytest.mark.parametrize("name, found", [
+    (f"supervisor-{SUPERVISORD_VERSION}.dist-info", True), ("Supervisor-4.2.5.egg-info", True),
+    ("supervisor.egg-info", True), ("transformer_supervisor-0.1.0.dist-info", False),
+    ("supervisor_tools-1.0.dist-info", False), ("supervisor", False)])
+def test_the_quick_listing_sees_what_importlib_metadata_would(tmp_path: Path, monkeypatch, name: str, found: bool):
+    """importlib.metadata (~25 ms of imports at every start) is asked only when a folder on
+    sys.path lists a supervisord distribution."""
+    (tmp_path / name).mkdir()
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "missing"), str(tmp_path)])
+    assert installcheck._may_hold_foreign() is found
+
+
 def test_demo_without_torch_says_to_install_the_train_extra(tmp_path: Path, monkeypatch, capsys):
     from supervisor.cli import main as cli
 
