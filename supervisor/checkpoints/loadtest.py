@@ -14,6 +14,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -158,8 +160,10 @@ class LoadTests:
     the step a test read (nanoGPT ``iter_num``) belongs to the version it read it from (a single
     overwritten ckpt.pt holds another step after each save, never the old one). Its cache is
     read and written one dict operation at a time, so the service may run a background test
-    outside its lock while a restart's choice reads it; the same version tested twice at once
-    only costs a second subprocess."""
+    outside its lock while a restart's choice reads it. A version already under test is not
+    tested again beside it: the second caller waits for the first's result (after a kill, the
+    background test of the newest save and the one beside the relaunch would otherwise be two
+    torch imports competing with the job's own start-up)."""
 
     def __init__(self, python: str, *, expected_keys: Sequence[str], check_finite: bool, trust_pickles: bool,
                  mmap: bool, timeout_s: float, cwd: Path | None) -> None:
@@ -168,6 +172,8 @@ class LoadTests:
         self.trust_pickles, self.mmap = trust_pickles, mmap
         self._results: dict[tuple[str, Any, bool], LoadTestResult] = {}  # (path, version, finite checked)
         self._steps: dict[Path, tuple[Any, int | None]] = {}
+        self._running: dict[tuple[str, Any, bool], Future[LoadTestResult]] = {}
+        self._running_lock = threading.Lock()
 
     def cached(self, path: Path, finite: bool = False) -> LoadTestResult | None:
         """The result for the version on disk now that answers the request, if one ran."""
@@ -187,13 +193,34 @@ class LoadTests:
             return hit
         check_finite = self.check_finite or finite
         token = version_token(path)
-        res = run_load_test(LoadTestRequest(path, expected_keys=self.expected_keys, check_finite=check_finite,
-                                            trust_pickles=self.trust_pickles, mmap=self.mmap, layout=layout),
-                            python=self.python, timeout_s=self.timeout_s, cwd=self.cwd)
+        key = (str(path), token, check_finite)
+        with self._running_lock:
+            hit = self.cached(path, finite)  # one that ended since the first look
+            # A finite-checked test under way answers a request that does not need the check too.
+            running = self._running.get((str(path), token, True)) or self._running.get(key)
+            if hit is None and running is None:
+                mine: Future[LoadTestResult] = Future()
+                self._running[key] = mine
+        if hit is not None:
+            return hit
+        if running is not None:
+            return running.result()
+        try:
+            res = run_load_test(LoadTestRequest(path, expected_keys=self.expected_keys, check_finite=check_finite,
+                                                trust_pickles=self.trust_pickles, mmap=self.mmap, layout=layout),
+                                python=self.python, timeout_s=self.timeout_s, cwd=self.cwd)
+        except BaseException as e:
+            with self._running_lock:
+                self._running.pop(key, None)
+            mine.set_exception(e)
+            raise
         log.info("checkpoint_load_test", path=str(path), passed=res.passed, seconds=res.seconds, error=res.error,
                  check_finite=check_finite)
-        self._results[(str(path), token, check_finite)] = res
+        self._results[key] = res  # stored before the entry under way goes: no window for a second test
         self._steps[path] = (token, res.step)
+        with self._running_lock:
+            self._running.pop(key, None)
+        mine.set_result(res)
         return res
 
     def carry(self, source: Path, copy: Path) -> None:
