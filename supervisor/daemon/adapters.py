@@ -121,6 +121,7 @@ class CheckpointConcern(Concern):
         self._ended: tuple[Any, str, bool, int | None] | None = None
         self._newest_cache: Any = None
         self._newest_at = float("-inf")
+        self._scan_every_s = 5.0  # from the settle window once started
         self._verified_key: Any = None
         self._verifier: threading.Thread | None = None
         self._pending_verify: tuple[Path, str] | None = None  # chosen with its load test still to run
@@ -130,6 +131,10 @@ class CheckpointConcern(Concern):
 
         self.daemon = daemon
         cfg = daemon.cfg
+        # A save is seen settled within settle_s of its last write; looking only every 5 s left
+        # it unverified for up to 5 s more (a save every few seconds was then rarely verified
+        # before the next one overwrote it). A scan is a glob and a few stats.
+        self._scan_every_s = min(5.0, max(0.5, cfg.checkpoints.settle_s))
         d = cfg.checkpoint_dir()
         if d is None:
             return
@@ -281,11 +286,12 @@ class CheckpointConcern(Concern):
         self._verifier.start()
 
     def newest(self) -> Any:
-        """The newest complete checkpoint, at most every 5 s (status, the host monitor's disk check)."""
+        """The newest complete checkpoint, looked up at most every settle window (0.5-5 s): the
+        background verifier, status, the host monitor's disk check."""
         if self.svc is None:
             return None
         now = time.monotonic()
-        if now - self._newest_at >= 5.0:
+        if now - self._newest_at >= self._scan_every_s:
             self._newest_at = now
             self._newest_cache = newest_checkpoint(self.svc)
         return self._newest_cache
