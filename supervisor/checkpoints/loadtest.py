@@ -186,6 +186,16 @@ class LoadTests:
                 return hit
         return None
 
+    def passed_version(self, path: Path) -> Any:
+        """The version token of what is on disk now when that version passed its load test, else
+        None (it changed since, or failed)."""
+        token = version_token(path)
+        for checked in (True, False):
+            hit = self._results.get((str(path), token, checked))
+            if hit is not None:
+                return token if hit.passed else None
+        return None
+
     def run(self, path: Path, layout: str | None, finite: bool = False) -> LoadTestResult:
         """The (cached) load test; ``finite`` also checks every tensor is finite."""
         hit = self.cached(path, finite)

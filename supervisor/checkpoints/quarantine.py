@@ -17,6 +17,7 @@ import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import structlog
 
@@ -86,7 +87,8 @@ def last_good_path(path: Path) -> Path:
     return path.parent / LAST_GOOD_DIR / path.name
 
 
-def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0) -> Path | None:
+def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0,
+                       unchanged: Callable[[], bool] | None = None) -> Path | None:
     """Keep ``path`` (a verified single overwritten checkpoint) and its manifest in ``last_good/``.
 
     The copy goes to a temp name first and is renamed over the previous copy, so a crash
@@ -95,7 +97,10 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0) -> Pa
     (never for a job that rewrites the file in place: the link would be overwritten with it);
     else a reflink where the filesystem clones (shared extents); else a copy. ``max_bytes`` (0: no
     limit): a bigger version is not kept at all, since any kept version holds its size on disk once
-    the job saves the next one. Returns the copy's path, or None when skipped for its size.
+    the job saves the next one. ``unchanged``: whether ``path`` still holds the version that was
+    verified; asked again once the copy is made, before it replaces the previous one, since a
+    running job may overwrite the file meanwhile (a copy of its next, unverified save must never
+    become the last good one). Returns the copy's path, or None when skipped.
     """
     path = Path(path)
     size = path.stat().st_size if path.is_file() else stat_record(path)["size"]
@@ -105,6 +110,8 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0) -> Pa
                       "falls back to an older checkpoint")
         return None
     dest = last_good_path(path)
+    if unchanged is not None and not unchanged():
+        return _changed_while_kept(path, None)
     dest.parent.mkdir(exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     how = "copy"
@@ -113,6 +120,8 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0) -> Pa
             if tmp.exists():
                 tmp.unlink()  # our own leftover temp name
             os.link(path, tmp)
+            if unchanged is not None and not unchanged():
+                return _changed_while_kept(path, tmp)
             os.replace(tmp, dest)
             how = "hard link"
         except OSError:
@@ -123,6 +132,8 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0) -> Pa
         if tmp.exists():
             shutil.rmtree(tmp)  # our own leftover temp copy, never a checkpoint
         shutil.copytree(path, tmp)
+        if unchanged is not None and not unchanged():
+            return _changed_while_kept(path, tmp)
         if dest.exists():
             old = _free_name(dest.parent, f"previous-{dest.name}")
             os.rename(dest, old)  # kept, never deleted
@@ -136,6 +147,8 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0) -> Pa
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         shutil.copystat(path, tmp)
+        if unchanged is not None and not unchanged():
+            return _changed_while_kept(path, tmp)
         os.replace(tmp, dest)
     mp = manifest_path(path)
     if mp.exists():
@@ -148,6 +161,20 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0) -> Pa
              disk_bytes=size if how == "copy" and not path.is_dir() else 0,
              next="a bad overwrite of the original can no longer destroy the last good state")
     return dest
+
+
+def _changed_while_kept(path: Path, tmp: Path | None) -> None:
+    """The job overwrote ``path`` after it was verified: drop our own temp copy (never a
+    checkpoint) and keep the previous last good copy."""
+    if tmp is not None:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+    log.info("checkpoint_last_good_not_kept", path=str(path),
+             reason="the file changed after it was verified (the job saved again)",
+             next="the previous last good copy stays; the new version is kept once it passes its own load test")
+    return None
 
 
 def last_good_disk_bytes(checkpoint_dir: Path) -> int | None:
@@ -186,15 +213,17 @@ class LastGoodKeeper:
         self.max_bytes = max_bytes
         self._inodes: dict[Path, int] = {}  # inode of the last version seen (rename vs in place)
 
-    def keep(self, path: Path) -> Path | None:
-        """``path``'s version to last_good/ unless already there; the copy's path, or None."""
+    def keep(self, path: Path, unchanged: Callable[[], bool] | None = None) -> Path | None:
+        """``path``'s version to last_good/ unless already there; the copy's path, or None
+        (``unchanged``: see :func:`preserve_last_good`)."""
         st = path.stat()
         lg = last_good_path(path)
         if lg.exists() and lg.stat().st_mtime_ns == st.st_mtime_ns and lg.stat().st_size == st.st_size:
             return None  # already kept
         prev = self._inodes.get(path)
         self._inodes[path] = st.st_ino
-        return preserve_last_good(path, link=prev is not None and prev != st.st_ino, max_bytes=self.max_bytes)
+        return preserve_last_good(path, link=prev is not None and prev != st.st_ino, max_bytes=self.max_bytes,
+                                  unchanged=unchanged)
 
 
 def restore_last_good(copy: Path, original: Path) -> None:

@@ -33,7 +33,7 @@ from .discovery import Candidate, Discovery, Layout, newest_complete, sort_newes
 from .hashing import DigestCache, tree_digest
 from .integrity import check_integrity, stat_changed, write_own_manifest
 from .layouts.registry import keeps_last_good
-from .loadtest import LoadTestResult, LoadTests, resolve_job_python
+from .loadtest import LoadTestResult, LoadTests, resolve_job_python, version_token
 from .manifest import read_manifest, record_metric, stat_record
 from .quarantine import (LastGoodKeeper, QuarantineRecord, last_good_disk_bytes, last_good_path, preserve_last_good,
                          quarantine, restore_last_good)
@@ -222,13 +222,30 @@ class CheckpointService:
                 # Kept at once, not only before a restart: one bad overwrite then costs one save
                 # interval, never the whole run.
                 try:
-                    kept = self.last_good.keep(newest.path)
-                    if kept is not None:
-                        self.load_tests.carry(newest.path, kept)
+                    self._keep_last_good(newest.path)
                 except OSError as exc:
                     log.warning("checkpoint_preserve_failed", path=str(newest.path), error=str(exc),
                                 next="the previous last good copy stays")
             return row
+
+    def _keep_last_good(self, path: Path) -> Path | None:
+        """Keep the version of ``path`` on disk now in last_good/, only if it is the version that
+        passed its load test and only if it does not change while it is copied: the job keeps
+        running and may save (or be caught mid-save) between the test and the copy, and the
+        last good copy is what a corrupt overwrite falls back to."""
+        if self.cfg.load_test:
+            token = self.load_tests.passed_version(path)
+            if token is None:
+                log.info("checkpoint_last_good_not_kept", path=str(path),
+                         reason="the file changed after its load test (the job saved again)",
+                         next="the previous last good copy stays; the new version is kept once it passes its own")
+                return None
+        else:
+            token = version_token(path)
+        kept = self.last_good.keep(path, unchanged=lambda: version_token(path) == token)
+        if kept is not None:
+            self.load_tests.carry(path, kept)
+        return kept
 
     def _load_test_unlocked(self, path: Path, layout: str) -> None:
         """Run (and cache) the load test of a structurally whole file outside the service's lock,
@@ -299,9 +316,7 @@ class CheckpointService:
             row = self.evaluate(cand, metrics_seen, self._current_config())
             if row.ready and keeps_last_good(cand.layout) and self.cfg.preserve_last_good:
                 try:
-                    kept = self.last_good.keep(path)
-                    if kept is not None:
-                        self.load_tests.carry(path, kept)
+                    self._keep_last_good(path)
                 except OSError as exc:
                     log.warning("checkpoint_preserve_failed", path=str(path), error=str(exc),
                                 next="the previous last good copy stays")
@@ -399,9 +414,8 @@ class CheckpointService:
                     if lg.exists() and lg.stat().st_mtime_ns == c.path.stat().st_mtime_ns:
                         continue  # already copied
                     if self.evaluate(c).ready:
-                        kept = self.last_good.keep(c.path)
+                        kept = self._keep_last_good(c.path)
                         if kept is not None:
-                            self.load_tests.carry(c.path, kept)
                             out.append(kept)
         return out
 

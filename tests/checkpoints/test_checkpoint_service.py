@@ -100,6 +100,30 @@ def test_nanogpt_single_file_preserved_then_restored_after_a_bad_overwrite(tmp_p
     assert (ck / "quarantine" / "ckpt.pt").read_bytes().startswith(b"\x00garbage")
 
 
+def test_a_save_after_the_load_test_is_not_kept_as_the_last_good_copy(tmp_path: Path) -> None:
+    """The background verifier tests version 1000 of a nanoGPT ckpt.pt; the job then saves
+    again and is caught mid-save (a truncated file) before the copy is made. The last good copy
+    must stay the verified one (measured in the recovery bench: a copy of the truncated file
+    was kept, then both were quarantined and the run went back to iteration 0)."""
+    ck = tmp_path / "ck"
+    p = F.nanogpt(ck, 1000)
+    F.old_mtime(p)
+    svc = make(tmp_path)
+    svc.set_writer_active(True)
+    row = svc.verify_newest()
+    lg = ck / "last_good" / "ckpt.pt"
+    assert row is not None and row.ready and lg.exists()
+    assert torch.load(lg, weights_only=True)["iter_num"] == 1000
+    F.nanogpt(ck, 1250)
+    assert svc.load_tests.run(p, "single").passed  # the background test of version 1250
+    whole = p.read_bytes()
+    p.write_bytes(whole[: len(whole) // 3])  # the save at 1500, cut short by the kill
+    assert svc._keep_last_good(p) is None
+    assert torch.load(lg, weights_only=True)["iter_num"] == 1000
+    c = make(tmp_path).choose_for_resume("restart", None)
+    assert c is not None and c.step == 1000 and "last_good" in c.reason
+
+
 def test_newest_complete_and_megatron_in_progress(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     F.megatron_folder(ck, 1000)

@@ -83,3 +83,20 @@ def test_a_bad_mark_holds_for_the_version_it_was_given_to_not_the_next_save_at_t
     assert not book.is_bad(p) and book.bad_reason(p) is None and p not in book.bad_paths()
     book.mark_bad("/nowhere/step_1.pt", "gone")  # a path without a file: marked as before
     assert book.is_bad("/nowhere/step_1.pt")
+
+
+@pytest.mark.parametrize("link", [False, True], ids=["copy", "hard link"])
+def test_a_version_that_changes_while_it_is_kept_does_not_replace_the_last_good_copy(tmp_path, link):
+    """The job may save again between the load test and the copy: the copy made of the new,
+    unverified bytes is dropped and the previous last good copy stays."""
+    ck = tmp_path / "ck"
+    p = _ckpt(ck, b"a" * 100_000)
+    kept = preserve_last_good(p, link=link)
+    assert kept is not None
+    _ckpt(ck, b"b" * 50_000)  # the next save: the caller verified "a", not this
+    looks = iter([True, False])  # unchanged before the copy, changed once it is made
+    assert preserve_last_good(p, link=link, unchanged=lambda: next(looks)) is None
+    assert kept.read_bytes() == b"a" * 100_000
+    assert [e.name for e in (ck / "last_good").iterdir() if e.name.startswith(".")] == []  # no temp left
+    assert preserve_last_good(p, link=link, unchanged=lambda: False) is None  # changed before: nothing copied
+    assert kept.read_bytes() == b"a" * 100_000
