@@ -149,7 +149,13 @@ class CheckpointService:
             if (manifest is None and not mread.present) or stale:
                 step = cand.step
                 if step is None and self.cfg.load_test:
+                    before = version_token(path)
                     lt = self.load_tests.run(path, row.layout, finite)
+                    if version_token(path) != before:
+                        # The step read belongs to the version tested, not to the one on disk now:
+                        # no manifest is written for it (a stale step is worse than none).
+                        row.no("it changed while it was load-tested (the job saved again): verified once it settles")
+                        return row.build()
                     step = lt.step
                 if self.write_manifests:
                     if stale:

@@ -124,6 +124,24 @@ def test_a_save_after_the_load_test_is_not_kept_as_the_last_good_copy(tmp_path: 
     assert c is not None and c.step == 1000 and "last_good" in c.reason
 
 
+def test_a_version_that_changes_during_its_load_test_gets_no_manifest(tmp_path: Path) -> None:
+    """The job saves again while the background verifier load-tests ckpt.pt (here: the job's
+    python touches the file as the test ends): the step read belongs to the tested version, so no
+    manifest is written for the file now on disk, nothing is kept and nothing is quarantined."""
+    ck = tmp_path / "ck"
+    p = F.nanogpt(ck, 1000)
+    python = tmp_path / "python-then-the-job-saves"
+    python.write_text(f'#!/bin/sh\n{sys.executable} "$@"\nrc=$?\ntouch {p}\nexit $rc\n')
+    python.chmod(0o755)
+    (tmp_path / "state").mkdir()
+    svc = CheckpointService(CFG, ck, tmp_path / "state", str(python), ["python", "train.py"], tmp_path)
+    row = svc.verify_newest()
+    assert row is not None and not row.ready, row
+    assert any("changed while it was load-tested" in r for r in row.reasons), row.reasons
+    assert not manifest_path(p).exists()
+    assert not (ck / "last_good" / "ckpt.pt").exists() and not (ck / "quarantine").exists()
+
+
 def test_newest_complete_and_megatron_in_progress(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     F.megatron_folder(ck, 1000)
