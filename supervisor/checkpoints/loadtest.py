@@ -177,7 +177,9 @@ class LoadTests:
 
     def cached(self, path: Path, finite: bool = False) -> LoadTestResult | None:
         """The result for the version on disk now that answers the request, if one ran."""
-        token = version_token(path)
+        return self._hit(path, version_token(path), finite)
+
+    def _hit(self, path: Path, token: Any, finite: bool) -> LoadTestResult | None:
         # The finite-checked result first: it answers a request that does not need the check too,
         # and a version found non-finite must stay not ready (rollback targets skip it).
         for checked in (True, finite or self.check_finite):
@@ -190,11 +192,8 @@ class LoadTests:
         """The version token of what is on disk now when that version passed its load test, else
         None (it changed since, or failed)."""
         token = version_token(path)
-        for checked in (True, False):
-            hit = self._results.get((str(path), token, checked))
-            if hit is not None:
-                return token if hit.passed else None
-        return None
+        hit = self._hit(path, token, False)
+        return token if hit is not None and hit.passed else None
 
     def run(self, path: Path, layout: str | None, finite: bool = False) -> LoadTestResult:
         """The (cached) load test; ``finite`` also checks every tensor is finite."""

@@ -17,7 +17,7 @@ import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import structlog
 
@@ -164,8 +164,8 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0,
 
 
 def _changed_while_kept(path: Path, tmp: Path | None) -> None:
-    """The job overwrote ``path`` after it was verified: drop our own temp copy (never a
-    checkpoint) and keep the previous last good copy."""
+    """The job overwrote ``path`` after it was verified (before or while it was kept): drop our
+    own temp copy (never a checkpoint) and keep the previous last good copy."""
     if tmp is not None:
         if tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -224,6 +224,14 @@ class LastGoodKeeper:
         self._inodes[path] = st.st_ino
         return preserve_last_good(path, link=prev is not None and prev != st.st_ino, max_bytes=self.max_bytes,
                                   unchanged=unchanged)
+
+    def keep_version(self, path: Path, version: Any, version_of: Callable[[Path], Any]) -> Path | None:
+        """Keep ``path`` only while it holds ``version``, the one that was verified (None: that
+        version is no longer on disk): a running job may save, or be caught mid-save, between
+        the verification and the copy, and the last good copy is what a bad overwrite falls back to."""
+        if version is None:
+            return _changed_while_kept(path, None)
+        return self.keep(path, unchanged=lambda: version_of(path) == version)
 
 
 def restore_last_good(copy: Path, original: Path) -> None:

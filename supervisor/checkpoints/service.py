@@ -235,20 +235,10 @@ class CheckpointService:
             return row
 
     def _keep_last_good(self, path: Path) -> Path | None:
-        """Keep the version of ``path`` on disk now in last_good/, only if it is the version that
-        passed its load test and only if it does not change while it is copied: the job keeps
-        running and may save (or be caught mid-save) between the test and the copy, and the
-        last good copy is what a corrupt overwrite falls back to."""
-        if self.cfg.load_test:
-            token = self.load_tests.passed_version(path)
-            if token is None:
-                log.info("checkpoint_last_good_not_kept", path=str(path),
-                         reason="the file changed after its load test (the job saved again)",
-                         next="the previous last good copy stays; the new version is kept once it passes its own")
-                return None
-        else:
-            token = version_token(path)
-        kept = self.last_good.keep(path, unchanged=lambda: version_token(path) == token)
+        """Keep the version of ``path`` on disk now in last_good/ if it is the one that passed its
+        load test (LastGoodKeeper.keep_version: and stays so while it is copied)."""
+        version = self.load_tests.passed_version(path) if self.cfg.load_test else version_token(path)
+        kept = self.last_good.keep_version(path, version, version_token)
         if kept is not None:
             self.load_tests.carry(path, kept)
         return kept
