@@ -236,12 +236,18 @@ class Runner:
     # ================================================================== the machine
     def _feed(self, ev: Event) -> Any:
         """One event through the machine; its commands carried out in order; the reply, if any."""
-        reply = None
+        reply, moved = None, False
         for cmd in self.machine.handle(ev):
             if isinstance(cmd, Reply):
                 reply = dict(cmd.result)
             else:
+                moved = moved or isinstance(cmd, (StateChanged, EndAttempt))
                 self._carry_out(cmd)
+        if moved and self._status_cache:
+            # `status` answers from the cache (the control threads never touch the machine); a
+            # state change must not wait for the next refresh, or a status read right after the
+            # journal's "restart scheduled" still shows the old attempt and no restart.
+            self._refresh_status_cache_safely()
         return reply
 
     def _carry_out(self, cmd: Command) -> None:
@@ -408,3 +414,10 @@ class Runner:
     def refresh_status_cache(self) -> dict[str, Any]:
         self._status_cache = self.status()
         return self._status_cache
+
+    def _refresh_status_cache_safely(self) -> None:
+        try:
+            self.refresh_status_cache()
+        except Exception as e:  # a status part failing must not undo the state change just made
+            log.warning("status_refresh_failed", error=repr(e),
+                        message="could not refresh the status after a state change; the next tick retries")

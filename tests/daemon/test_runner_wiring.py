@@ -159,6 +159,19 @@ def test_crash_restart_then_clean_exit(tmp_path: Path):
     assert d.ledger.runs["run-1"]["state"] == "finished"
 
 
+def test_status_answers_a_restart_at_once_not_at_the_next_refresh(tmp_path: Path):
+    """`status` is answered from a cache the loop refreshes every quarter second; a state change
+    refreshes it at once (a status read right after the journal's restart line saw no restart)."""
+    d = daemon(tmp_path, steps=[10])
+    d.runner.refresh_status_cache()  # what the control concern's tick does
+    assert d.runner.control("status", {})["restarts_by_cause"] == {}
+    d.lines(step_line(12, 2.0))
+    d.launcher.job.exits(1)
+    d.step(2)  # the clock stands still: no periodic refresh is due
+    st = d.runner.control("status", {})
+    assert st["restarts_by_cause"] == {"crash": 1} and st["state"] == d.runner.state.value
+
+
 def test_the_first_metric_moves_the_attempt_to_running(tmp_path: Path):
     d = daemon(tmp_path)
     assert d.runner.state is State.STARTING
