@@ -18,7 +18,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import structlog
 
@@ -31,6 +31,11 @@ log = structlog.get_logger("supervisor.checkpoints")
 _SCRIPT = Path(__file__).with_name("_loadtest_script.py")
 _MARKER = "TSUP_LOADTEST_RESULT "
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+
+class LoadTestCancelled(Exception):
+    """The supervisor is exiting: the load test was stopped before its verdict. Not a failure of
+    the checkpoint: nothing is cached, manifested or quarantined for it."""
 
 
 @dataclass(frozen=True)
@@ -104,8 +109,10 @@ def _shebang_python(script: Path) -> str | None:
     return parts[0] if _PYTHON_NAME.match(os.path.basename(parts[0])) else None
 
 
-def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: Path | None = None) -> LoadTestResult:
-    """Load ``req.path`` in a subprocess; a timeout, crash or garbled output is a failed test."""
+def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: Path | None = None,
+                  started: Callable[[subprocess.Popen[str]], None] | None = None) -> LoadTestResult:
+    """Load ``req.path`` in a subprocess; a timeout, crash or garbled output is a failed test.
+    ``started`` gets the process (its own session) once it runs: the owner may stop it."""
     payload = json.dumps({"path": str(req.path), "load": str(registry.load_kind(req.path, req.layout)),
                           "skip": sorted(registry.NEVER), "expected_keys": list(req.expected_keys),
                           "check_finite": req.check_finite, "trust_pickles": req.trust_pickles, "mmap": req.mmap})
@@ -118,13 +125,12 @@ def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: P
                                 start_new_session=True)
     except OSError as exc:
         return LoadTestResult(False, 0.0, f"cannot start the load test with {python}: {exc.strerror or exc}")
+    if started is not None:
+        started(proc)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(proc)
         proc.communicate()
         log.warning("checkpoint_load_test_timeout", path=str(req.path), timeout_s=timeout_s,
                     next="the checkpoint is not ready; raise checkpoints.load_timeout_s if it is just large")
@@ -143,6 +149,13 @@ def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: P
     tail = (err.strip().splitlines() or ["no output"])[-1][:300]
     how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
     return LoadTestResult(False, 0.0, f"load test process failed ({how}): {tail}")
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group holds what it started
+    except (ProcessLookupError, PermissionError):
+        pass  # it ended meanwhile
 
 
 def version_token(path: Path) -> Any:
@@ -174,6 +187,8 @@ class LoadTests:
         self._steps: dict[Path, tuple[Any, int | None]] = {}
         self._running: dict[tuple[str, Any, bool], Future[LoadTestResult]] = {}
         self._running_lock = threading.Lock()
+        self._procs: dict[str, subprocess.Popen[str]] = {}  # path -> its test's process, while it runs
+        self._cancelled = False
 
     def cached(self, path: Path, finite: bool = False) -> LoadTestResult | None:
         """The result for the version on disk now that answers the request, if one ran."""
@@ -196,10 +211,13 @@ class LoadTests:
         return token if hit is not None and hit.passed else None
 
     def run(self, path: Path, layout: str | None, finite: bool = False) -> LoadTestResult:
-        """The (cached) load test; ``finite`` also checks every tensor is finite."""
+        """The (cached) load test; ``finite`` also checks every tensor is finite. Raises
+        :class:`LoadTestCancelled` once :meth:`cancel` ran and no result is cached."""
         hit = self.cached(path, finite)
         if hit is not None:
             return hit
+        if self._cancelled:
+            raise LoadTestCancelled(f"no load test of {path}: the supervisor is exiting")
         check_finite = self.check_finite or finite
         token = version_token(path)
         key = (str(path), token, check_finite)
@@ -217,10 +235,14 @@ class LoadTests:
         try:
             res = run_load_test(LoadTestRequest(path, expected_keys=self.expected_keys, check_finite=check_finite,
                                                 trust_pickles=self.trust_pickles, mmap=self.mmap, layout=layout),
-                                python=self.python, timeout_s=self.timeout_s, cwd=self.cwd)
+                                python=self.python, timeout_s=self.timeout_s, cwd=self.cwd,
+                                started=lambda proc: self._started(str(path), proc))
+            if self._cancelled:
+                raise LoadTestCancelled(f"the load test of {path} was stopped: the supervisor is exiting")
         except BaseException as e:
             with self._running_lock:
                 self._running.pop(key, None)
+                self._procs.pop(str(path), None)
             mine.set_exception(e)
             raise
         log.info("checkpoint_load_test", path=str(path), passed=res.passed, seconds=res.seconds, error=res.error,
@@ -229,8 +251,28 @@ class LoadTests:
         self._steps[path] = (token, res.step)
         with self._running_lock:
             self._running.pop(key, None)
+            self._procs.pop(str(path), None)
         mine.set_result(res)
         return res
+
+    def _started(self, path: str, proc: subprocess.Popen[str]) -> None:
+        with self._running_lock:
+            self._procs[path] = proc
+            cancelled = self._cancelled
+        if cancelled:  # cancel() ran between the first look and the start
+            _kill_group(proc)
+
+    def cancel(self) -> list[str]:
+        """Stop every load test under way (the supervisor is exiting) and start no more; the
+        paths whose tests were stopped. Their callers get :class:`LoadTestCancelled`: a test cut
+        short is no verdict on the checkpoint. Without this, a test beside the job's start-up
+        outlived the daemon when the job finished first (its torch process left behind)."""
+        with self._running_lock:
+            self._cancelled = True
+            procs = dict(self._procs)
+        for proc in procs.values():
+            _kill_group(proc)
+        return sorted(procs)
 
     def carry(self, source: Path, copy: Path) -> None:
         """``copy`` holds the same bytes as ``source``'s version now (a last_good/ link or copy, or

@@ -396,6 +396,11 @@ class CheckpointService:
                 return replace(choice, path=original, reason=choice.reason + " (restored from last_good/)")
         return choice
 
+    def close(self) -> list[str]:
+        """The supervisor is exiting: stop the load tests under way (never their verdict); the
+        paths whose tests were stopped."""
+        return self.load_tests.cancel()
+
     def last_good_disk_bytes(self) -> int | None:
         """Disk bytes held only by last_good/ (None without one); see quarantine.last_good_disk_bytes."""
         return last_good_disk_bytes(self.dir)

@@ -221,8 +221,12 @@ class CheckpointConcern(Concern):
         self._verified_key = _key(newest_checkpoint(svc))  # the tick must not start a second load test of it
 
         def verify() -> None:
+            from ..checkpoints.loadtest import LoadTestCancelled
+
             try:
                 row = svc.verify_chosen(path, layout)
+            except LoadTestCancelled:
+                return  # the daemon is exiting; close() said so
             except Exception as e:
                 log.warning("checkpoint_verify_after_launch_failed", path=str(path), error=repr(e),
                             message="could not verify the checkpoint the job resumed from; the job keeps running")
@@ -272,8 +276,12 @@ class CheckpointConcern(Concern):
         seen = metrics_from_records([r for r in d.metric_history if r.val_loss is not None or r.extra])
 
         def verify() -> None:
+            from ..checkpoints.loadtest import LoadTestCancelled
+
             try:
                 row = svc.verify_newest(seen)
+            except LoadTestCancelled:
+                return  # the daemon is exiting; close() said so
             except Exception as e:
                 log.warning("checkpoint_background_verify_failed", error=repr(e))
                 return
@@ -284,6 +292,14 @@ class CheckpointConcern(Concern):
 
         self._verifier = threading.Thread(target=verify, name="checkpoint-verify", daemon=True)
         self._verifier.start()
+
+    def close(self) -> None:
+        if self.svc is None or self.daemon is None:
+            return
+        for path in self.svc.close():
+            self.daemon.event("checkpoint_load_test_cancelled", "info",
+                              f"the load test of {path} was stopped unfinished: the supervisor is exiting "
+                              "(no verdict on the checkpoint; a later start tests it again)", path=path)
 
     def newest(self) -> Any:
         """The newest complete checkpoint, looked up at most every settle window (0.5-5 s): the

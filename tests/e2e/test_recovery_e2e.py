@@ -218,3 +218,43 @@ def test_overlap_a_good_unverified_single_file_is_verified_beside_the_start_and_
     [a] = history(sd)["attempts"]
     assert Path(a["checkpoint"]).name == "ckpt.pt" and a["resume_step"] == 7
     assert (ck / "last_good" / "ckpt.pt").exists()  # the version verified after the launch is kept
+
+
+def test_overlap_a_load_test_the_job_outlives_is_stopped_when_the_daemon_exits(daemons, tmp_path):
+    """The job resumes and finishes before the load test beside its start-up ends (a slow torch
+    import under load): the daemon exits with it and stops the test, which is no verdict on the
+    checkpoint (before, the test's process outlived the daemon)."""
+    from tests.util import wait_for
+
+    sd, ck, pids = tmp_path / "sd", tmp_path / "ck", tmp_path / "load-test-pids"
+    torch_file(ck / "step_5.pt", 5)
+    old_mtime(ck / "step_5.pt")  # settled: no wait for the save to end
+    # job.python runs the load test (and the environment probe, which passes through): the load
+    # test's payload names its expected keys; that one never ends on its own.
+    slow = tmp_path / "python-slow-load-test"
+    slow.write_text(f"#!/bin/sh\ncase \"$3\" in *expected_keys*) echo $$ >> {pids}; exec sleep 600;; esac\n"
+                    f"exec {PY} \"$@\"\n")
+    slow.chmod(0o755)
+    cfg = tmp_path / "tsup.toml"
+    cfg.write_text(f'[job]\npython = "{slow}"\n')
+    out = tmp_path / "resumed"
+    job = f"import os, sys, time\nwhile not os.path.exists({str(pids)!r}):\n    time.sleep(0.02)\n" + RESUMED_FROM
+    d = daemons(wrap(sd, "--config", str(cfg), "--checkpoint-dir", str(ck)) + [PY, "-c", job, str(out)])
+    assert d.wait(60) == 0, d.stderr()[-3000:]
+    assert Path(out.read_text()).name == "step_5.pt"  # launched on its structural checks
+    [pid] = [int(p) for p in pids.read_text().split()]
+
+    def gone() -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return True
+
+    wait_for(gone, 10, what="the load test's process stopped with the daemon")
+    h = history(sd)
+    cancelled = [e for e in h["events"] if e["event"] == "checkpoint_load_test_cancelled"]
+    assert [Path(e["data"]["path"]).name for e in cancelled] == ["step_5.pt"], h["events"]
+    assert "no verdict" in cancelled[0]["message"]
+    # Not a failure: nothing detected, nothing quarantined, the checkpoint where it was.
+    assert [a["cause"] for a in h["attempts"]] == [None]
+    assert (ck / "step_5.pt").exists() and not (ck / "quarantine").exists()
