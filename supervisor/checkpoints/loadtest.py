@@ -187,7 +187,7 @@ class LoadTests:
         self._steps: dict[Path, tuple[Any, int | None]] = {}
         self._running: dict[tuple[str, Any, bool], Future[LoadTestResult]] = {}
         self._running_lock = threading.Lock()
-        self._procs: dict[str, subprocess.Popen[str]] = {}  # path -> its test's process, while it runs
+        self._procs: dict[tuple[str, Any, bool], subprocess.Popen[str]] = {}  # the tests' processes, while they run
         self._cancelled = False
 
     def cached(self, path: Path, finite: bool = False) -> LoadTestResult | None:
@@ -236,13 +236,13 @@ class LoadTests:
             res = run_load_test(LoadTestRequest(path, expected_keys=self.expected_keys, check_finite=check_finite,
                                                 trust_pickles=self.trust_pickles, mmap=self.mmap, layout=layout),
                                 python=self.python, timeout_s=self.timeout_s, cwd=self.cwd,
-                                started=lambda proc: self._started(str(path), proc))
+                                started=lambda proc: self._started(key, proc))
             if self._cancelled:
                 raise LoadTestCancelled(f"the load test of {path} was stopped: the supervisor is exiting")
         except BaseException as e:
             with self._running_lock:
                 self._running.pop(key, None)
-                self._procs.pop(str(path), None)
+                self._procs.pop(key, None)
             mine.set_exception(e)
             raise
         log.info("checkpoint_load_test", path=str(path), passed=res.passed, seconds=res.seconds, error=res.error,
@@ -251,13 +251,13 @@ class LoadTests:
         self._steps[path] = (token, res.step)
         with self._running_lock:
             self._running.pop(key, None)
-            self._procs.pop(str(path), None)
+            self._procs.pop(key, None)
         mine.set_result(res)
         return res
 
-    def _started(self, path: str, proc: subprocess.Popen[str]) -> None:
+    def _started(self, key: tuple[str, Any, bool], proc: subprocess.Popen[str]) -> None:
         with self._running_lock:
-            self._procs[path] = proc
+            self._procs[key] = proc
             cancelled = self._cancelled
         if cancelled:  # cancel() ran between the first look and the start
             _kill_group(proc)
@@ -272,7 +272,7 @@ class LoadTests:
             procs = dict(self._procs)
         for proc in procs.values():
             _kill_group(proc)
-        return sorted(procs)
+        return sorted({path for path, _token, _finite in procs})
 
     def carry(self, source: Path, copy: Path) -> None:
         """``copy`` holds the same bytes as ``source``'s version now (a last_good/ link or copy, or

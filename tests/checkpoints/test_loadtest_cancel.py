@@ -39,20 +39,30 @@ def test_cancel_stops_the_test_under_way_and_every_caller_waiting_on_it(tmp_path
         except BaseException as e:
             raised.append(e)
 
-    callers = [threading.Thread(target=call) for _ in range(2)]
-    callers[0].start()
-    wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2, 30, what="the load test's processes")
-    callers[1].start()  # the same version: waits on the first one's result (or finds the tests stopped)
+    def finite_call() -> None:
+        try:
+            tests.run(ck, None, finite=True)
+        except BaseException as e:
+            raised.append(e)
+
+    # Two tests of one version (without and with the finite check) run at once; a third caller
+    # waits on the first one's result.
+    callers = [threading.Thread(target=call), threading.Thread(target=finite_call)]
+    for t in callers:
+        t.start()
+    wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 4, 30, what="the load tests' processes")
+    callers.append(threading.Thread(target=call))
+    callers[-1].start()  # the same version: waits on the first one's result (or finds the tests stopped)
     assert tests.cancel() == [str(ck)]
     for t in callers:
         t.join(timeout=30)
-    assert len(raised) == 2 and all(isinstance(e, LoadTestCancelled) for e in raised), raised
-    leader, child = (int(p) for p in pids.read_text().split())
-    wait_for(lambda: not _alive(leader) and not _alive(child), 10, what="the test's process group gone")
-    assert tests.cached(ck) is None  # no verdict kept for the version
+    assert len(raised) == 3 and all(isinstance(e, LoadTestCancelled) for e in raised), raised
+    started = [int(p) for p in pids.read_text().split()]
+    wait_for(lambda: not any(_alive(p) for p in started), 10, what="every test's process group gone")
+    assert tests.cached(ck) is None and tests.cached(ck, finite=True) is None  # no verdict kept
     with pytest.raises(LoadTestCancelled, match="exiting"):
         tests.run(ck, None)  # and none started after
-    assert len(pids.read_text().split()) == 2
+    assert len(pids.read_text().split()) == 4
 
 
 def test_cancel_with_nothing_under_way_stops_nothing_and_keeps_the_verdicts(tmp_path: Path) -> None:
