@@ -136,12 +136,16 @@ def test_cancel_stops_the_test_under_way_and_every_caller_waiting_on_it(tmp_path
         except BaseException as e:
             raised.append(e)
 
-    # Two tests of one version (without and with the finite check) run at once; a third caller
-    # waits on the first one's result.
+    def started(n: int) -> bool:
+        return pids.exists() and len(pids.read_text().split()) == n
+
+    # Two tests of one version run at once: without the finite check, then with it (started the
+    # other way round, the first would answer both); a third caller waits on the first's result.
     callers = [threading.Thread(target=call), threading.Thread(target=finite_call)]
-    for t in callers:
-        t.start()
-    wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 4, 30, what="the load tests' processes")
+    callers[0].start()
+    wait_for(lambda: started(2), 30, what="the first load test's processes")
+    callers[1].start()
+    wait_for(lambda: started(4), 30, what="the finite-checked load test's processes")
     callers.append(threading.Thread(target=call))
     callers[-1].start()  # the same version: waits on the first one's result (or finds the tests stopped)
     assert tests.cancel() == [str(ck)]
