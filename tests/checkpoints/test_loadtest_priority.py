@@ -142,18 +142,21 @@ def test_cancel_stops_the_test_under_way_and_every_caller_waiting_on_it(tmp_path
     # Two tests of one version run at once: without the finite check, then with it (started the
     # other way round, the first would answer both); a third caller waits on the first's result.
     callers = [threading.Thread(target=call), threading.Thread(target=finite_call)]
-    callers[0].start()
-    wait_for(lambda: started(2), 30, what="the first load test's processes")
-    callers[1].start()
-    wait_for(lambda: started(4), 30, what="the finite-checked load test's processes")
-    callers.append(threading.Thread(target=call))
-    callers[-1].start()  # the same version: waits on the first one's result (or finds the tests stopped)
-    assert tests.cancel() == [str(ck)]
+    try:
+        callers[0].start()
+        wait_for(lambda: started(2), 30, what="the first load test's processes")
+        callers[1].start()
+        wait_for(lambda: started(4), 30, what="the finite-checked load test's processes")
+        callers.append(threading.Thread(target=call))
+        callers[-1].start()  # the same version: waits on the first one's result (or finds the tests stopped)
+    finally:
+        stopped = tests.cancel()  # also when a wait failed: no stand-in left running
+    assert stopped == [str(ck)]
     for t in callers:
         t.join(timeout=30)
     assert len(raised) == 3 and all(isinstance(e, LoadTestCancelled) for e in raised), raised
-    started = [int(p) for p in pids.read_text().split()]
-    wait_for(lambda: not any(_alive(p) for p in started), 10, what="every test's process group gone")
+    seen = [int(p) for p in pids.read_text().split()]
+    wait_for(lambda: not any(_alive(p) for p in seen), 10, what="every test's process group gone")
     assert tests.cached(ck) is None and tests.cached(ck, finite=True) is None  # no verdict kept
     with pytest.raises(LoadTestCancelled, match="exiting"):
         tests.run(ck, None)  # and none started after
