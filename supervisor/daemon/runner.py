@@ -399,6 +399,8 @@ class Runner:
         new, reply = reload_config(self.cfg, self.config_path, self.state_dir, self.event)
         if new is not None:
             self.cfg = self.machine.cfg = new
+            if self._status_cache:  # `status` right after `reload` shows the new limits
+                self._refresh_status_cache_safely()
         self.ports.notifier.ready()
         return reply
 

@@ -172,6 +172,17 @@ def test_status_answers_a_restart_at_once_not_at_the_next_refresh(tmp_path: Path
     assert st["restarts_by_cause"] == {"crash": 1} and st["state"] == d.runner.state.value
 
 
+def test_status_shows_a_reloaded_limit_at_once(tmp_path: Path):
+    d = daemon(tmp_path)
+    d.runner.refresh_status_cache()
+    toml = tmp_path / "tsup.toml"
+    toml.write_text(f'[job]\ncommand = ["python", "train.py"]\nworkdir = "{tmp_path}"\n'
+                    f'[state]\ndir = "{tmp_path / "state"}"\n[policy]\nmax_restarts = 7\n')
+    d.runner.config_path = toml
+    assert control(d, "reload")["reloaded"]
+    assert d.runner.control("status", {})["max_restarts"] == 7  # no periodic refresh ran
+
+
 def test_the_first_metric_moves_the_attempt_to_running(tmp_path: Path):
     d = daemon(tmp_path)
     assert d.runner.state is State.STARTING
