@@ -213,16 +213,16 @@ class LoadTests:
     def run(self, path: Path, layout: str | None, finite: bool = False) -> LoadTestResult:
         """The (cached) load test; ``finite`` also checks every tensor is finite. Raises
         :class:`LoadTestCancelled` once :meth:`cancel` ran and no result is cached."""
-        hit = self.cached(path, finite)
+        token = version_token(path)  # one stat (a folder: a walk) for the lookups and the key
+        hit = self._hit(path, token, finite)
         if hit is not None:
             return hit
         if self._cancelled:
             raise LoadTestCancelled(f"no load test of {path}: the supervisor is exiting")
         check_finite = self.check_finite or finite
-        token = version_token(path)
         key = (str(path), token, check_finite)
         with self._running_lock:
-            hit = self.cached(path, finite)  # one that ended since the first look
+            hit = self._hit(path, token, finite)  # one that ended since the first look
             # A finite-checked test under way answers a request that does not need the check too.
             running = self._running.get((str(path), token, True)) or self._running.get(key)
             if hit is None and running is None:

@@ -58,7 +58,8 @@ def _may_hold_foreign() -> bool:
             continue
         for name in names:
             low = name.lower()
-            if low.endswith((".dist-info", ".egg-info")) and low.split("-", 1)[0].split(".", 1)[0] == FOREIGN_DISTRIBUTION:
+            if (low.endswith((".dist-info", ".egg-info"))
+                    and low.split("-", 1)[0].split(".", 1)[0] == FOREIGN_DISTRIBUTION):
                 return True
     return False
 

@@ -422,4 +422,4 @@ class Runner:
             self.refresh_status_cache()
         except Exception as e:  # a status part failing must not undo the state change just made
             log.warning("status_refresh_failed", error=repr(e),
-                        message="could not refresh the status after a state change; the next tick retries")
+                        message="could not refresh the status after a change; the next tick retries")
