@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.checkpoints.loadtest import LoadTestCancelled, LoadTestRequest, LoadTestResult, LoadTests, run_load_test
+from tests.conftest import pid_alive
 from tests.helpers import ckpt_factory as F
 from tests.util import wait_for
 
@@ -45,13 +46,6 @@ def _load_tests(python: Path, script: str, timeout_s: float = 120) -> LoadTests:
     python.chmod(0o755)
     return LoadTests(str(python), expected_keys=(), check_finite=False, trust_pickles=False, mmap=False,
                      timeout_s=timeout_s, cwd=None)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _autogroup_enabled() -> bool:
@@ -156,7 +150,7 @@ def test_cancel_stops_the_test_under_way_and_every_caller_waiting_on_it(tmp_path
         t.join(timeout=30)
     assert len(raised) == 3 and all(isinstance(e, LoadTestCancelled) for e in raised), raised
     seen = [int(p) for p in pids.read_text().split()]
-    wait_for(lambda: not any(_alive(p) for p in seen), 10, what="every test's process group gone")
+    wait_for(lambda: not any(pid_alive(p) for p in seen), 10, what="every test's process group gone")
     assert tests.cached(ck) is None and tests.cached(ck, finite=True) is None  # no verdict kept
     with pytest.raises(LoadTestCancelled, match="exiting"):
         tests.run(ck, None)  # and none started after

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import history
+from tests.conftest import history, pid_alive
 from tests.helpers.ckpt_factory import old_mtime, torch_file
 
 PY = sys.executable
@@ -243,14 +243,7 @@ def test_overlap_a_load_test_the_job_outlives_is_stopped_when_the_daemon_exits(d
     assert d.wait(60) == 0, d.stderr()[-3000:]
     assert Path(out.read_text()).name == "step_5.pt"  # launched on its structural checks
     [pid] = [int(p) for p in pids.read_text().split()]
-
-    def gone() -> bool:
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-        except OSError:
-            return True
-
-    wait_for(gone, 10, what="the load test's process stopped with the daemon")
+    wait_for(lambda: not pid_alive(pid), 10, what="the load test's process stopped with the daemon")
     h = history(sd)
     cancelled = [e for e in h["events"] if e["event"] == "checkpoint_load_test_cancelled"]
     assert [Path(e["data"]["path"]).name for e in cancelled] == ["step_5.pt"], h["events"]
