@@ -180,7 +180,9 @@ def _diagnostics_default() -> Mapping[str, str]:
 @dataclass(frozen=True)
 class ValidationConfig:
     enabled: bool = field(default=True, metadata=meta("validate the first steps after every resume"))
-    steps: int = field(default=20, metadata=meta("steps observed after a resume before the verdict", min=1))
+    steps: int = field(default=20, metadata=meta(
+        "training steps after a resume before the verdict, counted from the resume step whatever the logging "
+        "interval (a job printing every 10 steps is judged at resume step + 20 with the default)", min=1))
     loss_tolerance: float = field(default=0.15, metadata=meta(
         "the first losses may differ from the loss recorded at the resumed step by this fraction",
         min=0))

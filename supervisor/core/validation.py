@@ -42,10 +42,11 @@ class Verdict:
     steps_seen: int
     resume_step: int | None
     summary: str
+    records: int | None = None  # metric records judged (fewer than steps_seen when the job prints every N steps)
 
     def to_json(self) -> dict[str, Any]:
         return {"passed": self.passed, "verdict": "pass" if self.passed else "fail", "summary": self.summary,
-                "steps": self.steps_seen, "resume_step": self.resume_step,
+                "steps": self.steps_seen, "records": self.records, "resume_step": self.resume_step,
                 "checks": {c.name: c.to_json() for c in self.checks}}
 
 
@@ -101,10 +102,24 @@ class Validator:
                 self.first_step_at = now
             prev = self.seen.get(r.step)
             self.seen[r.step] = _merge(prev, r) if prev else r
-        if len(self.seen) >= self.cfg.steps:
+        if self.seen and self.steps_covered() >= self.cfg.steps:
             self.verdict = self._judge(now)
             return self.verdict
         return None
+
+    def window_start(self) -> int | None:
+        """The step the window counts from: the resume step, or (resume step unknown) the step
+        before the first one seen."""
+        if self.resume_step is not None:
+            return self.resume_step
+        return min(self.seen) - 1 if self.seen else None
+
+    def steps_covered(self) -> int:
+        """Training steps of the window done so far: the newest step seen minus the window's start.
+        Counted in steps, not records, so a job that prints every 10 steps finishes a 20-step window
+        at its second print, not at its twentieth (step 200)."""
+        start = self.window_start()
+        return 0 if start is None else max(self.seen) - start
 
     def poll(self, now: float) -> Verdict | None:
         """The first-step deadline: no step at all within first_step_timeout_s fails validation."""
@@ -117,12 +132,21 @@ class Validator:
         return None
 
     def incomplete(self) -> dict[str, Any]:
-        return {"passed": None, "verdict": "incomplete", "steps": len(self.seen), "resume_step": self.resume_step,
-                "summary": f"the attempt ended after {len(self.seen)} of {self.cfg.steps} validation steps"}
+        done = self.steps_covered()
+        return {"passed": None, "verdict": "incomplete", "steps": done, "records": len(self.seen),
+                "resume_step": self.resume_step,
+                "summary": f"the attempt ended after {done} of {self.cfg.steps} validation steps"
+                           f" ({len(self.seen)} metric records)"}
 
     def _judge(self, now: float) -> Verdict:
         cfg, b = self.cfg, self.baseline
-        recs = [self.seen[s] for s in sorted(self.seen)][: cfg.steps]
+        # The records inside the window (a batch may run past its end); at least the first one, for
+        # a job that prints less often than the window is long.
+        start = self.window_start()
+        end = (start if start is not None else 0) + cfg.steps
+        ordered = [self.seen[s] for s in sorted(self.seen)]
+        recs = [r for r in ordered if r.step is not None and r.step <= end] or ordered[:1]
+        covered = min(self.steps_covered(), cfg.steps)
         checks: list[Check] = []
         losses = [r.loss for r in recs if r.loss is not None]
         if losses and b.loss_at_resume is not None and b.loss_at_resume != 0:
@@ -174,8 +198,9 @@ class Validator:
                                              for c in failed)
         else:
             ran = [c.name for c in checks if c.passed]
-            summary = f"passed over {len(recs)} steps" + (f" ({', '.join(ran)})" if ran else " (no baseline to compare)")
-        return Verdict(not failed, tuple(checks), len(recs), self.resume_step, summary)
+            summary = (f"passed over {covered} steps ({len(recs)} metric records)"
+                       + (f" ({', '.join(ran)})" if ran else " (no baseline to compare)"))
+        return Verdict(not failed, tuple(checks), covered, self.resume_step, summary, len(recs))
 
 
 def _merge(a: MetricRecord, b: MetricRecord) -> MetricRecord:

@@ -115,3 +115,38 @@ def test_two_records_of_one_step_are_merged():
     v = validator(ValidationConfig(steps=1))
     verdict = v.feed([MetricRecord(step=101, loss=2.0), MetricRecord(step=101, grad_norm=1.0)], now=1.0)
     assert verdict is not None and {c.name: c.value for c in verdict.checks}["grad_norm"] == 1.0
+
+
+def test_the_window_counts_training_steps_from_the_resume_step_not_metric_records():
+    # A job that prints every 10 steps: a 20-step window ends at its print of step resume + 20.
+    v = validator(ValidationConfig(steps=20))
+    assert v.feed([rec(110)], now=1.0) is None and v.steps_covered() == 10
+    verdict = v.feed([rec(120)], now=2.0)
+    assert verdict is not None and verdict.passed, "two prints cover the 20 steps after step 100"
+    assert verdict.steps_seen == 20 and verdict.records == 2
+    assert verdict.to_json()["steps"] == 20 and "over 20 steps (2 metric records)" in verdict.summary
+
+
+def test_records_past_the_window_are_not_judged_and_a_sparse_printer_is_judged_on_its_first_print():
+    v = validator(ValidationConfig(steps=20))
+    verdict = v.feed([rec(110), rec(120), rec(130, loss=50.0)], now=1.0)
+    assert verdict is not None and verdict.passed, "step 130 lies past the window (100..120)"
+    assert verdict.records == 2
+    w = validator(ValidationConfig(steps=20))
+    verdict = w.feed([rec(150, loss=50.0)], now=1.0)
+    assert verdict is not None and not verdict.passed, "one print every 50 steps: judged on it"
+    assert verdict.steps_seen == 20 and verdict.records == 1
+
+
+def test_without_a_resume_step_the_window_counts_from_the_first_step_seen():
+    v = Validator(ValidationConfig(steps=20), Baseline(None, None, None, None, None), None, 0.0)
+    assert v.feed([rec(10)], now=1.0) is None and v.window_start() == 9
+    assert v.feed([rec(20)], now=2.0) is None
+    assert v.feed([rec(29)], now=3.0) is not None, "steps 10..29: twenty steps"
+
+
+def test_an_early_end_of_a_sparse_printer_says_steps_and_records():
+    v = validator(ValidationConfig(steps=20))
+    v.feed([rec(110)], now=1.0)
+    inc = v.incomplete()
+    assert inc["steps"] == 10 and inc["records"] == 1 and "10 of 20 validation steps" in inc["summary"]
