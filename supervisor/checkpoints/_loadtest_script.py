@@ -117,6 +117,21 @@ def walk_tensors(obj: Any, prefix: str, out: list[tuple[str, Any]], depth: int =
             walk_tensors(v, f"{prefix}[{i}]", out, depth + 1)
 
 
+def weights_of(obj: Any, scopes: list[dict[str, Any]], notes: list[str]) -> Any:
+    """The part of a loaded checkpoint the finite check judges: for a layout whose marker key the
+    object has (a Lightning checkpoint), only its weight and optimizer entries; callback and loop
+    state (ModelCheckpoint's ``kth_value`` = inf) never make a checkpoint bad. Anything else is
+    judged whole, as before."""
+    if not isinstance(obj, dict):
+        return obj
+    for scope in scopes:
+        if scope.get("marker") in obj:
+            keys = [k for k in scope.get("keys") or () if k in obj]
+            notes.append(f"finite check: {', '.join(keys) or 'nothing'} (other entries are metadata)")
+            return {k: obj[k] for k in keys}
+    return obj
+
+
 def nonfinite_tensors(obj: Any, limit: int = 20) -> list[str]:
     import torch
 
@@ -219,7 +234,9 @@ def test_torch_file(path: str, req: dict[str, Any], res: dict[str, Any], keys: s
     if res.get("step") is None:
         res["step"] = step_of(obj)
     if req.get("check_finite"):
-        res["nonfinite"].extend(f"{os.path.basename(path)}:{n}" if req["_folder"] else n for n in nonfinite_tensors(obj))
+        judged = weights_of(obj, list(req.get("finite_scopes") or ()), res["notes"])
+        res["nonfinite"].extend(f"{os.path.basename(path)}:{n}" if req["_folder"] else n
+                                for n in nonfinite_tensors(judged))
 
 
 def hf_state_step(path: str) -> int | None:

@@ -115,6 +115,7 @@ def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: P
     ``started`` gets the process (its own session) once it runs: the owner may stop it."""
     payload = json.dumps({"path": str(req.path), "load": str(registry.load_kind(req.path, req.layout)),
                           "skip": sorted(registry.NEVER), "expected_keys": list(req.expected_keys),
+                          "finite_scopes": [scope.to_json() for scope in registry.FINITE_SCOPES],
                           "check_finite": req.check_finite, "trust_pickles": req.trust_pickles, "mmap": req.mmap})
     argv = [python, "-c", _SCRIPT.read_text(), payload]
     env = dict(os.environ)

@@ -1,12 +1,18 @@
 """PyTorch Lightning ``epoch=0-step=500.ckpt`` and ``last.ckpt`` (``last-v1.ckpt``); the step of
-``last.ckpt`` comes from its manifest or the load test (``global_step`` inside)."""
+``last.ckpt`` comes from its manifest or the load test (``global_step`` inside).
+
+The finite check looks at ``state_dict`` and ``optimizer_states`` only: the stock
+``ModelCheckpoint`` stores ``kth_value`` / ``best_model_score`` = ``inf`` in ``callbacks``
+(no score yet, or mode="min"), and the loops, schedulers and hparams are bookkeeping, not the
+model; judged as a whole every stock checkpoint looked non-finite and a NaN rollback went back to
+step 0."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
 from .names import checkpoint_file
-from .spec import Found, Layout, LayoutSpec, LoadKind
+from .spec import Found, Layout, LayoutSpec, LoadKind, TensorScope
 
 _STEP = re.compile(r"(?:^|[-_])step=(\d+)")
 
@@ -21,5 +27,8 @@ def recognise(path: Path) -> Found | None:
     return Found(int(m.group(1)) if m else None)
 
 
+# Every Lightning checkpoint (pytorch_lightning and lightning.pytorch alike) has this key.
+WEIGHTS = TensorScope(marker="pytorch-lightning_version", keys=("state_dict", "optimizer_states"))
+
 SPEC = LayoutSpec(layout=Layout.LIGHTNING, folder=False, load=LoadKind.TORCH, recognise=recognise,
-                  doc="Lightning epoch=0-step=500.ckpt and last.ckpt")
+                  finite_scope=WEIGHTS, doc="Lightning epoch=0-step=500.ckpt and last.ckpt")

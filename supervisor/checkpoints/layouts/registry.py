@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from . import dcp, deepspeed, hf, lightning, megatron, safetensors_file, single, torch_file
-from .spec import Layout, LayoutSpec, LoadKind, manifest_only
+from .spec import Layout, LayoutSpec, LoadKind, TensorScope, manifest_only
 
 SPECS: tuple[LayoutSpec, ...] = (
     dcp.SPEC,
@@ -28,6 +28,9 @@ SPECS: tuple[LayoutSpec, ...] = (
 BY_LAYOUT: Mapping[Layout, LayoutSpec] = {s.layout: s for s in SPECS}
 # Names never a checkpoint wherever they appear (HF's training_args.bin).
 NEVER: frozenset[str] = frozenset().union(*(s.never for s in SPECS))
+# Where each layout that says so keeps its weights; sent to every load test, which applies the one
+# whose marker the loaded object has (by content: the file's name may be anything).
+FINITE_SCOPES: tuple[TensorScope, ...] = tuple(s.finite_scope for s in SPECS if s.finite_scope is not None)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ A spec answers four questions, each in one place:
 - what makes it complete (``Found.missing``: None, or what the writer has not written yet);
 - what the load-test child does for it (``load``: the name the child script dispatches on, sent
   to it explicitly; the child never guesses from a file's extension);
+- which tensors the finite check judges (``finite_scope``: the model's and the optimizer's, not
+  the callback and loop state some trainers keep beside them);
 - how to quarantine it (``sidecars``: the files beside it that move with it; files and folders
   both move by one rename) and whether a verified copy is kept in last_good/ (``keeps_last_good``).
 """
@@ -69,6 +71,21 @@ def shadows_nothing(children: Sequence[Path]) -> frozenset[str]:
 
 
 @dataclass(frozen=True)
+class TensorScope:
+    """Where a torch checkpoint keeps the model's and the optimizer's tensors: the finite check
+    (``checkpoints.check_finite``, rollback targets) looks only at ``keys`` of a loaded object
+    that has ``marker`` at its top level. Told apart by content, not by name: a checkpoint saved
+    under any name (a custom ModelCheckpoint filename, a last_good/ copy, ``restart --from``) holds
+    the same keys. Without a scope every tensor in the object is checked."""
+
+    marker: str
+    keys: tuple[str, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"marker": self.marker, "keys": list(self.keys)}
+
+
+@dataclass(frozen=True)
 class LayoutSpec:
     layout: Layout
     folder: bool  # a folder (True) or one file; the registry asks a spec only about its kind
@@ -87,3 +104,5 @@ class LayoutSpec:
     sidecars: Callable[[Path], tuple[Path, ...]] = manifest_only
     # One file the job overwrites at every save: each verified version is kept in last_good/.
     keeps_last_good: bool = False
+    # The entries of a torch checkpoint that hold weights and optimizer state (see TensorScope).
+    finite_scope: TensorScope | None = None
