@@ -11,6 +11,7 @@ from ..core.causes import Cause
 from ..core.messages import EndAttempt, Resume
 from ..events import AttemptContext, Detection, MetricRecord, Monitor
 from ..core.goodput import Track, goodput_of, tracks_from_rows
+from ..core.resumecheck import CHECK_NAME as RESUME_CHECK
 from .ports import Concern, DaemonView, Notifier
 
 log = structlog.get_logger("supervisor.daemon")
@@ -165,10 +166,25 @@ class WatchConcern(Concern):
             d.event("stacks_unavailable", "warning", "py-spy is not installed: no stack dump of the hung job "
                     "(pip install 'transformer-supervisor[diagnostics]')", ledger_only=True)
 
+    def tick(self, now: float) -> None:
+        """``metrics_blind`` (once per run) and ``metrics_seen``: logged here, on the main loop,
+        like every daemon event (journal, console, ledger), never from a reader thread."""
+        if self.logwatch is None or self.daemon is None:
+            return
+        notice = self.logwatch.blind_notice(now)
+        if notice is not None:
+            self.daemon.event(notice.event, notice.level, notice.message, **notice.data)
+
     def status(self) -> dict[str, Any]:
-        if self.heartbeat is None:
-            return {}
-        return {"heartbeats": {str(k): round(v, 3) for k, v in self.heartbeat.heartbeats().items()}}
+        out: dict[str, Any] = {}
+        if self.logwatch is not None:
+            # Which of the job's outputs yield metrics, and the last step of each; and whether the
+            # run is blind (no step parsed: the fix is in metrics_blind.fix).
+            out["metric_sources"] = self.logwatch.sources.snapshot()
+            out["metrics_blind"] = self.logwatch.blind.status()
+        if self.heartbeat is not None:
+            out["heartbeats"] = {str(k): round(v, 3) for k, v in self.heartbeat.heartbeats().items()}
+        return out
 
     def close(self) -> None:
         close_each(self.heartbeat, self.tailer)
@@ -280,6 +296,12 @@ class ValidationConcern(Concern):
         d.ledger.update_attempt(d.run_id, d.attempt, validation_json=js)
         if verdict.passed:
             d.event("validation_passed", "info", f"post-reboot validation {verdict.summary}", checks=js["checks"])
+            return
+        if [c.name for c in verdict.checks] == [RESUME_CHECK]:
+            # The job ignored the checkpoint (resume_ignored, said by ResumeWatchConcern): another
+            # relaunch with the same arguments would ignore it again, so the job keeps running.
+            d.event("validation_failed", "warning", f"post-reboot validation {verdict.summary}; no restart (it "
+                    "would ignore the checkpoint again): the job keeps running", checks=js["checks"])
             return
         d.event("validation_failed", "warning", f"post-reboot validation {verdict.summary}; the resumed state is "
                 "suspect", checks=js["checks"])

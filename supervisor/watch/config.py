@@ -162,6 +162,23 @@ class DetectorsConfig:
 
     evidence_chars: int = field(default=300, metadata=meta(
         "evidence lines are truncated to this many characters", min=40))
+    blind_after_lines: int = field(default=200, metadata=meta(
+        "metrics_blind (a warning, once per run, with sample lines and a ready-to-paste --metric-regex) when an "
+        "attempt printed this many non-empty lines and no training step was parsed from them (0: off)", min=0))
+    blind_after_s: float = field(default=120.0, metadata=meta(
+        "or when this many seconds passed between the attempt's first and latest output line without a parsed "
+        "step, whichever comes first (0: off)", min=0))
+    metric_files: bool = field(default=True, metadata=meta(
+        "find and follow the metric files the job writes under its working dir and output dirs: TensorBoard "
+        "event files, metrics.csv (Lightning's CSVLogger), *.jsonl with a loss key; files older than the run "
+        "are history"))
+    metric_files_depth: int = field(default=4, metadata=meta(
+        "directory levels searched below the working dir (and each output dir) for metric files", min=0, max=32))
+    metric_files_max_dirs: int = field(default=2000, metadata=meta(
+        "directories searched per pass (about once a second); past it the search stops and says so once",
+        min=1))
+    metric_files_poll_s: float = field(default=1.0, metadata=meta(
+        "how often the metric files are searched for and read", min=0.05, max=60))
     parsers: ParsersConfig = field(default_factory=ParsersConfig)
     nan: NanDetectorConfig = field(default_factory=NanDetectorConfig)
     loss_spike: LossSpikeConfig = field(default_factory=LossSpikeConfig)

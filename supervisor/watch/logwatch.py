@@ -19,7 +19,9 @@ import structlog
 from ..events import Cause, Detection, Emit, MetricRecord, MetricSink
 from .config import DetectorsConfig
 from .detectors import Detector, build_detectors
+from .blind import BlindWatch, Notice
 from .parsers import METRIC_KEYWORDS, MetricParser
+from .sources import SourceBook
 
 log = structlog.get_logger("supervisor.watch")
 
@@ -96,6 +98,9 @@ class LogWatcher:
         self._formats: dict[str, int] = {}
         self._failed_once = False
         self._fired: set[Cause] = set()
+        # What each source yielded (status: metric_sources), and the blind bound (metrics_blind).
+        self.sources = SourceBook(clock)
+        self.blind = BlindWatch(cfg.blind_after_lines, cfg.blind_after_s, user_regexes=cfg.parsers.regexes)
 
     def set_progress(self, progress: ProgressSink | None) -> None:
         """Attach the stall-timeout sink after construction (the HeartbeatMonitor takes this
@@ -113,6 +118,54 @@ class LogWatcher:
         except Exception as exc:  # a sink must never raise into the reader thread
             self._failed("logwatch_failed", exc, "this batch is skipped; later batches are still processed")
             return
+        self._deliver(detections, records, steps, lines[-1])
+
+    def feed_records(self, source: str, records: Sequence[MetricRecord]) -> None:
+        """Records read from a file the job writes (:mod:`.metricfiles`: TensorBoard, CSV, JSONL),
+        through the same bookkeeping as parsed lines: step tracking, the per-source book, the
+        metric detectors (NaN, loss spike), new steps to the progress sink (output liveness learns
+        the step rhythm from them: a Lightning job that prints nothing per step is still judged),
+        then ``on_metric``. Thread-safe; never raises."""
+        if not records:
+            return
+        try:
+            with self._lock:
+                kept, detections, steps = self._process_records(source, records)
+        except Exception as exc:  # a sink must never raise into the reader thread
+            self._failed("logwatch_failed", exc, "these records are skipped; later ones are still processed")
+            return
+        self._deliver(detections, kept, steps, None)
+
+    def _process_records(self, source: str, records: Sequence[MetricRecord]
+                         ) -> tuple[list[MetricRecord], list[Detection], list[int | None]]:
+        detections: list[Detection] = []
+        steps: list[int | None] = []
+        metric_detectors = [d for d in self._detectors if d.wants_metrics]
+        for rec in records:
+            if rec.step is None:
+                if rec.loss is not None or rec.grad_norm is not None:
+                    steps.append(None)
+            else:
+                if self._max_step is None or rec.step > self._max_step:
+                    steps.append(rec.step)
+                    self._max_step = rec.step
+                self._last_step = rec.step
+            self._last = rec
+            self._records += 1
+            self._formats[rec.fmt] = self._formats.get(rec.fmt, 0) + 1
+            self._noted(source, rec)
+            evidence = record_evidence(source, rec)
+            for det in metric_detectors:
+                d = det.observe(source, evidence, rec, self._last_step)
+                if d is not None and d.cause not in self._fired:
+                    self._fired.add(d.cause)
+                    self._detections += 1
+                    self._last_detection = d
+                    detections.append(d)
+        return list(records), detections, steps
+
+    def _deliver(self, detections: Sequence[Detection], records: Sequence[MetricRecord],
+                 steps: Sequence[int | None], last_line: str | None) -> None:
         # Detections first: a failing metric callback must not delay or swallow an anomaly.
         for det in detections:
             log.warning("anomaly_detected", cause=det.cause.value, summary=det.summary, source=det.source,
@@ -125,7 +178,7 @@ class LogWatcher:
         try:
             if self._progress is not None:
                 now = self._clock()
-                self._progress.note_output(now, lines[-1])
+                self._progress.note_output(now, last_line)
                 for step in steps:
                     self._progress.note_step(now, step)
             for rec in records:
@@ -165,6 +218,7 @@ class LogWatcher:
     def _process(self, source: str, lines: Sequence[str]
                  ) -> tuple[list[MetricRecord], list[Detection], list[int | None]]:
         self._lines += len(lines)
+        self.blind.lines(lines, self._clock())
         if self._scan_all or self._parser.wants_all_lines(source):
             # A CSV metrics file (after its header) or llm.c's main.log: metric lines there carry
             # no keyword, so every line goes to the parser (such files grow a line per step).
@@ -191,6 +245,8 @@ class LogWatcher:
                     self._max_step = self._last_step = rec.step
                     steps.append(rec.step)
                 self._formats["progress"] = self._formats.get("progress", 0) + 1
+                if rec.step:
+                    self._noted(source, rec)
                 continue  # a bar position is not a metric, and no detector judges it
             if rec is not None:
                 mask |= self._metric_mask
@@ -210,6 +266,7 @@ class LogWatcher:
                 self._last = rec
                 self._records += 1
                 self._formats[rec.fmt] = self._formats.get(rec.fmt, 0) + 1
+                self._noted(source, rec)
                 records.append(rec)
             if mask < 2:
                 continue
@@ -227,6 +284,16 @@ class LogWatcher:
                 bit <<= 1
         return records, detections, steps
 
+    def _noted(self, source: str, rec: MetricRecord) -> None:
+        """Every record, parsed from a line or read from a metric file: the per-source book and
+        the blind bound (a record is what ends blindness)."""
+        self.sources.note(source, rec.fmt, rec.step)
+        self.blind.stepped(source, rec.fmt, rec.step)
+
+    def blind_notice(self, now: float) -> Notice | None:
+        """The ``metrics_blind`` / ``metrics_seen`` notice due now (the main loop logs it)."""
+        return self.blind.check(now)
+
     # -- attempt lifecycle and status ------------------------------------------------------
 
     def reset(self, attempt: int, resume_step: int | None) -> None:
@@ -240,6 +307,7 @@ class LogWatcher:
             self._fired.clear()
             for d in self._detectors:
                 d.reset(resume_step)
+        self.blind.reset()
 
     def last_metric(self) -> MetricRecord | None:
         return self._last
@@ -258,7 +326,17 @@ class LogWatcher:
                 "cause": det.cause.value, "summary": det.summary, "step": det.step,
                 "onset_step": det.onset_step, "source": det.source, "evidence": det.evidence, "at": det.at},
             "detectors": [d.cause.value for d in self._detectors],
+            "metric_sources": self.sources.snapshot(),
+            "metrics_blind": self.blind.status(),
         }
+
+
+def record_evidence(source: str, rec: MetricRecord) -> str:
+    """A record read from a file, spelled as a line for the evidence: ``step 60: loss=nan (tb:/x)``."""
+    parts = [f"{name}={getattr(rec, name)}" for name in ("loss", "val_loss", "grad_norm", "lr")
+             if getattr(rec, name) is not None]
+    head = f"step {rec.step}: " if rec.step is not None else ""
+    return f"{head}{', '.join(parts)} ({source})"
 
 
 def metric_dict(rec: MetricRecord) -> dict[str, object]:

@@ -1,0 +1,145 @@
+"""Saying what it sees: the per-source book, the blind bound and its fix (an injected clock)."""
+from __future__ import annotations
+
+import re
+
+from supervisor.events import MetricRecord
+from supervisor.watch.blind import BlindWatch, guess_regex, redact
+from supervisor.watch.config import DetectorsConfig, ParsersConfig
+from supervisor.watch.logwatch import LogWatcher
+from supervisor.watch.parsers import MetricParser
+from supervisor.watch.sources import SourceBook
+
+# Prose around the numbers: no built-in format (the generic one included) claims it.
+UNKNOWN = ">>> worker 0 finished iter {i} of 300 with train_loss {loss} and lr 0.05"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _watcher(clock: Clock, **kw: object) -> tuple[LogWatcher, list[MetricRecord]]:
+    recs: list[MetricRecord] = []
+    cfg = DetectorsConfig(**kw)  # type: ignore[arg-type]
+    return LogWatcher(cfg, lambda d: None, recs.append, clock=clock), recs
+
+
+def test_source_book_keeps_formats_records_last_step_and_age_per_source():
+    clock = Clock()
+    book = SourceBook(clock, max_sources=2)
+    book.note("stdout", "kv", 10)
+    clock.t += 5
+    book.note("stdout", "hf", None)  # a stepless record keeps the last step
+    book.note("file:/x/metrics.csv", "csv", 4)
+    clock.t += 1
+    snap = {s["source"]: s for s in book.snapshot()}
+    assert snap["stdout"] == {"source": "stdout", "formats": ["kv", "hf"], "records": 2, "last_step": 10,
+                              "age_s": 1.0}
+    assert snap["file:/x/metrics.csv"]["last_step"] == 4
+    book.note("tb:/x/events", "tensorboard", 7)  # past the cap: the stalest source goes
+    assert [s.source for s in book.states()][0] == "tb:/x/events" and len(book) == 2
+
+
+def test_logwatcher_books_each_source_that_yielded_records():
+    clock = Clock()
+    lw, recs = _watcher(clock)
+    lw.feed("stdout", ['{"step": 3, "loss": 2.5}', "hello"])
+    lw.feed("stderr", [" 17%|█▋        | 5/30 [00:00<00:00, 49.08it/s]"])
+    st = {s["source"]: s for s in lw.status()["metric_sources"]}  # type: ignore[union-attr]
+    assert st["stdout"]["formats"] == ["json"] and st["stdout"]["last_step"] == 3 and st["stdout"]["records"] == 1
+    assert st["stderr"]["formats"] == ["progress"] and st["stderr"]["last_step"] == 5
+    assert lw.status()["metrics_blind"] is None and lw.blind_notice(clock.t) is None
+
+
+def test_unknown_format_is_blind_after_the_line_bound_once_per_run_with_a_working_fix():
+    clock = Clock()
+    lw, recs = _watcher(clock, blind_after_lines=50, blind_after_s=0)
+    lw.reset(0, None)
+    lw.feed("stdout", [UNKNOWN.format(i=i, loss=2.0) for i in range(49)] + ["", "  "])
+    assert lw.blind_notice(clock.t) is None  # 49 non-empty lines: blank ones do not count
+    lw.feed("stderr", ["HF_TOKEN=hf_abcdef123 loaded; Authorization: Bearer sk-xyz"])
+    n = lw.blind_notice(clock.t)
+    assert n is not None and n.event == "metrics_blind" and n.level == "warning"
+    assert n.data["lines"] == 50 and "kv" in n.data["formats_tried"] and "hf" in n.data["formats_tried"]
+    assert 3 <= len(n.data["samples"]) <= 5
+    assert "hf_abcdef123" not in n.message and "sk-xyz" not in n.message
+    assert "--metric-regex '" in n.message and "[detectors.parsers] regexes" in n.message
+    assert "--watch-file" in n.message and "supervisor.client" in n.message
+    # The guessed regex parses the job's own line: step and the NaN.
+    rx = n.data["regex"]
+    rec = MetricParser([rx], auto=False).parse(UNKNOWN.format(i=60, loss="nan"))
+    assert rec is not None and rec.step == 60 and rec.loss != rec.loss
+    assert ParsersConfig(regexes=(rx,))  # a valid [detectors.parsers] regex
+    assert lw.status()["metrics_blind"]["fix"].startswith("wrap --metric-regex")  # type: ignore[index]
+    assert lw.blind_notice(clock.t) is None  # said once
+    # A restart loop: the next attempts are blind again, but the run was told already.
+    for attempt in (1, 2):
+        lw.reset(attempt, None)
+        lw.feed("stdout", [UNKNOWN.format(i=i, loss=2.0) for i in range(60)])
+        assert lw.blind_notice(clock.t) is None
+    assert lw.status()["metrics_blind"] is not None
+    # Steps appear: said once, and status clears.
+    lw.feed("stdout", ["step 61 | loss 2.1 | lr 3e-4"])
+    seen = lw.blind_notice(clock.t)
+    assert seen is not None and seen.event == "metrics_seen" and seen.level == "info" and seen.data["step"] == 61
+    assert lw.status()["metrics_blind"] is None and lw.blind_notice(clock.t) is None
+
+
+def test_blind_by_seconds_of_output_since_the_attempts_first_line():
+    clock = Clock()
+    lw, _ = _watcher(clock, blind_after_lines=0, blind_after_s=120)
+    lw.reset(0, None)
+    lw.feed("stdout", ["loading the model"])
+    clock.t += 500  # silence is not output: a long load is no reason to call it blind
+    assert lw.blind_notice(clock.t) is None
+    lw.feed("stdout", ["model loaded"])  # the first line was 500 s ago
+    n = lw.blind_notice(clock.t)
+    assert n is not None and n.data["seconds"] == 500.0 and n.data["regex"] is None
+    assert "a template" in n.message  # no loss-like number in any line
+
+
+def test_a_job_whose_steps_parse_is_never_blind_and_zero_disables():
+    clock = Clock()
+    lw, _ = _watcher(clock, blind_after_lines=5)
+    lw.reset(0, None)
+    lw.feed("stdout", ["step 1 | loss 2.0"] + ["noise"] * 100)
+    assert lw.blind_notice(clock.t) is None
+    off, _ = _watcher(clock, blind_after_lines=0, blind_after_s=0)
+    off.feed("stdout", ["noise"] * 1000)
+    clock.t += 1000
+    off.feed("stdout", ["noise"])
+    assert off.blind_notice(clock.t) is None
+
+
+def test_guess_regex_covers_the_common_shapes():
+    for line, step, loss in [
+        ("epoch 0 | iter 60/300 | train_loss=nan | lr=0.05", 60, None),
+        ("[12:00:01] it 7 lm loss: 7.3E+00 tokens 1234", 7, 7.3),
+        ("Loss 2.31 at global_step=40", 40, 2.31),
+        ("val: loss=1.5", None, 1.5),
+    ]:
+        rx = guess_regex(line)
+        assert rx is not None, line
+        re.compile(rx)
+        rec = MetricParser([rx], auto=False).parse(line)
+        assert rec is not None and rec.step == step
+        assert (rec.loss != rec.loss) if loss is None else rec.loss == loss
+    assert guess_regex("epoch 3 done in 12.5 s") is None
+
+
+def test_redact_keeps_names_drops_values():
+    assert redact("WANDB_API_KEY=abc123 step 3") == "WANDB_API_KEY=<redacted> step 3"
+    assert "s3cr3t" not in redact("db password: s3cr3t, loss 2")
+    assert redact("loss=2.0 step=3") == "loss=2.0 step=3"
+
+
+def test_blind_watch_alone_counts_only_until_a_step():
+    bw = BlindWatch(3, 0)
+    bw.lines(["a 1"], 0.0)
+    bw.stepped("stdout", "kv", 1)
+    bw.lines(["b", "c", "d", "e"], 1.0)
+    assert bw.check(2.0) is None and bw.status() is None
