@@ -1,0 +1,308 @@
+"""TensorBoard event files (``events.out.tfevents.*``) -> :class:`~supervisor.events.MetricRecord`.
+
+Why a reader of our own, in pure stdlib: the daemon stays light (it never imports torch, grpc or
+protobuf). TensorBoard's own ``EventAccumulator`` pulls in its TF-compat stack and protobuf,
+``tbparse`` pulls in pandas, and both read whole files, not a file that is still being written.
+The format is tiny and has been stable for a decade:
+
+- TFRecord framing, each record: ``u64 length`` (little endian), ``u32 masked_crc32c(length
+  bytes)``, ``payload``, ``u32 masked_crc32c(payload)``.
+- the payload is an ``Event`` protobuf: ``wall_time=1`` (double), ``step=2`` (int64),
+  ``summary=5`` {``value=1`` repeated {``tag=1``, ``simple_value=2`` (float),
+  ``tensor=8`` TensorProto {``dtype=1``, ``tensor_content=4``, ``float_val=5``, ``double_val=6``,
+  ``int_val=7``, ``int64_val=10``, ``half_val=13``}}}. Everything else is skipped by wire type.
+
+:class:`TBReader` is incremental: ``read(data)`` takes the bytes appended since the last call
+and returns the scalars of every complete record. A partial record at the tail is "not written
+yet" (kept for the next call); a record whose payload CRC fails is skipped (counted, the caller
+warns once); a length whose CRC fails means we lost the framing, so the reader looks for the
+next offset whose length CRC holds (a torn write, or a file first read from a non-zero offset).
+
+Tags -> record fields: :func:`tag_field` (Lightning ``train_loss`` / ``train_loss_step`` /
+``val_loss``, HF ``train/loss`` / ``train/grad_norm`` / ``train/learning_rate`` / ``eval/loss``,
+``torch.utils.tensorboard`` habits ``Loss/train`` / ``Loss/val`` / ``loss``). Scalars keep the
+step the writer gave them; those of one step read in one call make one record (:func:`group`).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from ..events import MetricRecord
+from .records import canonical_key, make_record
+
+# -- CRC32C (Castagnoli), table driven: event files are small (a few hundred bytes per step).
+_POLY = 0x82F63B78
+_TABLE = []
+for _i in range(256):
+    _c = _i
+    for _ in range(8):
+        _c = (_c >> 1) ^ _POLY if _c & 1 else _c >> 1
+    _TABLE.append(_c)
+_CRC_TABLE = tuple(_TABLE)
+del _TABLE
+
+
+def crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    table = _CRC_TABLE
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def masked_crc(data: bytes) -> int:
+    crc = crc32c(data)
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+# -- protobuf wire format ------------------------------------------------------------------------
+
+class WireError(ValueError):
+    """The payload is not valid protobuf wire format."""
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise WireError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+
+
+def fields(buf: bytes) -> Iterator[tuple[int, int, object]]:
+    """(field number, wire type, value) of each field: varint -> int, fixed64 / fixed32 -> the raw
+    8 / 4 bytes, length-delimited -> bytes."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        key, pos = _varint(buf, pos)
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            val, pos = _varint(buf, pos)
+            yield num, wt, val
+        elif wt == 1:
+            if pos + 8 > end:
+                raise WireError("truncated fixed64")
+            yield num, wt, buf[pos:pos + 8]
+            pos += 8
+        elif wt == 2:
+            n, pos = _varint(buf, pos)
+            if pos + n > end:
+                raise WireError("truncated bytes field")
+            yield num, wt, buf[pos:pos + n]
+            pos += n
+        elif wt == 5:
+            if pos + 4 > end:
+                raise WireError("truncated fixed32")
+            yield num, wt, buf[pos:pos + 4]
+            pos += 4
+        else:  # groups (3, 4) are not used by any summary message
+            raise WireError(f"unsupported wire type {wt}")
+
+
+def _signed64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+# TensorProto dtypes that hold a scalar we can read.
+_DT_FLOAT, _DT_DOUBLE, _DT_INT32, _DT_INT64, _DT_HALF = 1, 2, 3, 9, 19
+_CONTENT_FMT = {_DT_FLOAT: "<f", _DT_DOUBLE: "<d", _DT_INT32: "<i", _DT_INT64: "<q", _DT_HALF: "<e"}
+
+
+def _tensor_scalar(buf: bytes) -> float | None:
+    """The first element of a TensorProto (``add_scalar(new_style=True)``, TF2 summaries)."""
+    dtype = 0
+    content: bytes | None = None
+    for num, wt, val in fields(buf):
+        if num == 1 and wt == 0:
+            dtype = int(val)  # type: ignore[call-overload]
+        elif num == 4 and wt == 2:
+            content = val  # type: ignore[assignment]
+        elif num == 5:  # float_val: packed (wt 2) or one (wt 5)
+            raw = val if wt == 5 else val[:4]  # type: ignore[index]
+            if len(raw) == 4:  # type: ignore[arg-type]
+                return float(struct.unpack("<f", raw)[0])  # type: ignore[arg-type]
+        elif num == 6:
+            raw = val if wt == 1 else val[:8]  # type: ignore[index]
+            if len(raw) == 8:  # type: ignore[arg-type]
+                return float(struct.unpack("<d", raw)[0])  # type: ignore[arg-type]
+        elif num in (7, 10) and wt == 0:
+            return float(_signed64(int(val)))  # type: ignore[call-overload]
+        elif num == 13 and wt == 0:  # half_val: the 16 bits in an int32
+            return float(struct.unpack("<e", struct.pack("<H", int(val) & 0xFFFF))[0])  # type: ignore[call-overload]
+    fmt = _CONTENT_FMT.get(dtype)
+    if content is not None and fmt is not None and len(content) >= struct.calcsize(fmt):
+        return float(struct.unpack_from(fmt, content)[0])
+    return None
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """One scalar summary value of one event."""
+
+    step: int
+    tag: str
+    value: float
+    wall_time: float
+
+
+def parse_event(payload: bytes) -> list[Scalar]:
+    """The scalars of one ``Event`` payload (none for file_version, graphs, images, ...)."""
+    wall, step = 0.0, 0
+    summaries: list[bytes] = []
+    for num, wt, val in fields(payload):
+        if num == 1 and wt == 1:
+            wall = struct.unpack("<d", val)[0]  # type: ignore[arg-type]
+        elif num == 2 and wt == 0:
+            step = _signed64(int(val))  # type: ignore[call-overload]
+        elif num == 5 and wt == 2:
+            summaries.append(val)  # type: ignore[arg-type]
+    out: list[Scalar] = []
+    for summary in summaries:
+        for num, wt, val in fields(summary):
+            if num != 1 or wt != 2:
+                continue
+            tag, value = "", None
+            for vn, vwt, vv in fields(val):  # type: ignore[arg-type]
+                if vn == 1 and vwt == 2:
+                    tag = bytes(vv).decode("utf-8", "replace")  # type: ignore[arg-type]
+                elif vn == 2 and vwt == 5:
+                    value = float(struct.unpack("<f", vv)[0])  # type: ignore[arg-type]
+                elif vn == 8 and vwt == 2:
+                    value = _tensor_scalar(vv)  # type: ignore[arg-type]
+            if tag and value is not None:
+                out.append(Scalar(step, tag, value, wall))
+    return out
+
+
+# -- TFRecord framing ------------------------------------------------------------------------------
+
+_HEADER = 12  # u64 length + u32 its masked CRC
+_MAX_RECORD = 64 << 20  # no scalar event is this big; a length above it is a lost framing
+
+
+class TBReader:
+    """Incremental reader of one event file: feed it the bytes appended, get its scalars back."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self.records = 0
+        self.corrupt = 0  # records skipped (payload CRC, bad protobuf) or framing resyncs
+        self.last_error: str | None = None
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete record kept for the next call."""
+        return len(self._buf)
+
+    def read(self, data: bytes) -> list[Scalar]:
+        buf = self._buf + data if self._buf else data
+        pos, end = 0, len(buf)
+        out: list[Scalar] = []
+        while end - pos >= _HEADER:
+            head = buf[pos:pos + 8]
+            (length,) = struct.unpack("<Q", head)
+            (len_crc,) = struct.unpack_from("<I", buf, pos + 8)
+            if len_crc != masked_crc(head) or length > _MAX_RECORD:
+                self._bad("the length of a record fails its CRC (a torn write?): looking for the next record")
+                pos = self._resync(buf, pos + 1)
+                continue
+            stop = pos + _HEADER + length + 4
+            if stop > end:
+                break  # not written yet: read it next time
+            payload = buf[pos + _HEADER:pos + _HEADER + length]
+            (data_crc,) = struct.unpack_from("<I", buf, stop - 4)
+            pos = stop
+            if data_crc != masked_crc(payload):
+                self._bad("a record fails its CRC: skipped")
+                continue
+            try:
+                out.extend(parse_event(payload))
+            except (WireError, struct.error, UnicodeDecodeError) as exc:
+                self._bad(f"a record is not an Event ({exc}): skipped")
+                continue
+            self.records += 1
+        self._buf = buf[pos:]
+        return out
+
+    def _bad(self, why: str) -> None:
+        self.corrupt += 1
+        self.last_error = why
+
+    @staticmethod
+    def _resync(buf: bytes, start: int) -> int:
+        """The next offset whose 8 length bytes carry a valid CRC, else the last 11 bytes (a
+        header may be completed by the next write)."""
+        for p in range(start, len(buf) - _HEADER + 1):
+            head = buf[p:p + 8]
+            if struct.unpack_from("<I", buf, p + 8)[0] == masked_crc(head) and struct.unpack("<Q", head)[0] <= _MAX_RECORD:
+                return p
+        return max(start, len(buf) - _HEADER + 1)
+
+
+# -- tags -> record fields -------------------------------------------------------------------------
+
+_TRAIN = frozenset({"train", "training"})
+_EVAL = frozenset({"eval", "val", "valid", "validation", "test_during_train"})
+
+
+def tag_field(tag: str) -> tuple[str | None, bool]:
+    """A scalar's tag -> (record field or None, is per step); see :func:`records.canonical_key`.
+
+    ``train/loss`` and ``eval/loss`` are in the shared key table; ``Loss/train`` (the
+    ``torch.utils.tensorboard`` tutorial's spelling) is read as ``train_loss``, ``Loss/val`` as
+    ``val_loss``, ``train/train_loss`` (HF's run summary) as ``train_loss``."""
+    canon, per_step = canonical_key(tag)
+    if canon is not None:
+        return canon, per_step
+    low = tag.lower()
+    if "/" in low:
+        head, _, tail = low.rpartition("/")
+        head = head.rpartition("/")[2]
+        if head in _TRAIN:
+            return canonical_key(tail)
+        if head in _EVAL:
+            return canonical_key("val_" + tail)
+        if tail in _TRAIN:
+            return canonical_key(head)
+        if tail in _EVAL:
+            return canonical_key("val_" + head)
+        return canonical_key(tail)
+    return canonical_key(low)
+
+
+def group(scalars: Iterable[Scalar], source: str, fmt: str = "tensorboard") -> list[MetricRecord]:
+    """Scalars -> one record per step (in the order steps first appear); steps without a loss-like
+    value (only ``epoch`` or ``lr``) make no record."""
+    by_step: dict[int, tuple[dict[str, object], dict[str, float]]] = {}
+    for s in scalars:
+        values, extra = by_step.setdefault(s.step, ({"step": s.step}, {}))
+        canon, per_step = tag_field(s.tag)
+        if canon is not None and per_step and canon != "step":
+            values.setdefault(canon, s.value)
+        else:
+            extra[s.tag] = s.value
+    out: list[MetricRecord] = []
+    for values, extra in by_step.values():
+        rec = make_record(values, fmt, source, None, extra)
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
+def read_file(path: str) -> tuple[list[Scalar], TBReader]:
+    """Every scalar of a whole event file (tests, tools)."""
+    r = TBReader()
+    with open(path, "rb") as f:
+        scalars = r.read(f.read())
+    return scalars, r
+
+
+__all__ = ["Scalar", "TBReader", "crc32c", "group", "masked_crc", "parse_event", "read_file", "tag_field"]
