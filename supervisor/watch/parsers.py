@@ -83,6 +83,7 @@ from .formats import (
     parse_nanotron,
     parse_torchtitan,
 )
+from .generic import parse_generic
 from .records import LOSS_FIELDS, canonical_key, make_record, parse_number
 
 # Substrings at least one of which every built-in metric line contains, except in the files for which
@@ -197,8 +198,13 @@ class MetricParser:
                 if rec is not None:
                     return rec
         # The generic "step N key value ..." form last: the user's own pattern for a line beats a guess.
-        if self.auto and ("tep" in line or "STEP" in line):
-            return parse_kv(line, source, rank)
+        if self.auto:
+            if "tep" in line or "STEP" in line:
+                rec = parse_kv(line, source, rank)
+                if rec is not None:
+                    return rec
+            # Ordinary fields of a hand-written loop, last of all: it claims no line another format reads.
+            return parse_generic(line, source, rank)
         return None
 
     def _auto(self, line: str, source: str, rank: int | None, nested: bool) -> MetricRecord | None:

@@ -1,0 +1,134 @@
+"""``generic``: ordinary log lines no trainer-specific format claims, as a hand-written loop prints them.
+
+    2026-12-03 21:06:25,513 INFO trainer: epoch 0 | iter 60/300 | train_loss=nan | lr=0.05
+    [2026-12-03 21:06:25] INFO epoch 1, step 60, loss: 2.31, lr 3e-4
+    INFO:root:it 60 train/loss=2.31 grad_norm=1.2
+    Epoch [1/10], Step [60/300], Loss: 2.3012
+
+A logging prefix (asctime, level, logger name) is dropped first. The rest must be made only of
+fields, separated by ``|``, ``,``, ``;`` or spaces: ``key=value``, ``key: value``, ``key value``
+(a key may be two words when the second is ``loss`` / ``norm`` / ``rate``: ``lm loss``), a value may
+be ``N/M`` or ``[N/M]`` (``iter 60/300``), a bare figure with a unit between separators
+(``12.3 ms``) and a bare counter ``58/300`` (the step when no key names one). One word that is
+not a field makes the line prose: None. The step comes from ``step`` / ``iter`` / ``iteration`` /
+``it`` / ``global_step``; ``epoch`` goes to ``extra``. A record needs a loss-like value (``loss``,
+``train_loss``, ``lm loss``, ``train loss``, ``val_loss``, ``eval_loss``, ``train/loss``,
+``loss_step``, ``grad_norm`` ...): a NaN is a value in a metric, never a word in prose.
+
+Tried last (after every trainer format and the user's regexes), so it changes no line another
+format reads. Pure functions.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..events import MetricRecord
+from .records import NUM, canonical_key, make_record, parse_number
+
+# asctime (ISO or HF's 12/03/2026 21:06:25), optionally bracketed, with optional ms and zone.
+_TIME = (r"\[?(?:\d{4}-\d{2}-\d{2}[ T]|\d{2}/\d{2}/\d{4} )?\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"
+         r"(?:Z|[+-]\d{2}:?\d{2})?\]?")
+_LEVEL = r"\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\]?"
+# "<time> <level> <name>:", "<time> - <level> - <name> - ", "INFO:root:", "[time] INFO", ...
+_PREFIX = re.compile(
+    rf"^(?:{_TIME}\s*(?:[-|]\s*)?)?"
+    r"(?:[\w.\-]+\s+-\s+(?=\[?[A-Z]{4,8}\b))?"  # "%(asctime)s - %(name)s - %(levelname)s - "
+    rf"(?:{_LEVEL}(?:\s*[-|:]\s*|\s+)"
+    r"(?:(?:\[[\w.\-]+\]|[\w.\-]+)(?::\s*|\s+-\s+|\s*\|\s*)(?!\s*[-+]?(?:\d|\.\d|nan\b|inf\b)))?)?")
+_TIME_ONLY = re.compile(rf"^{_TIME}\s*(?:[-|:]\s*)?")
+
+_VAL = rf"(?:\[\s*)?({NUM})(?:\s*/\s*(\d+))?(?:\s*\])?"
+_UNIT = r"(?:[A-Za-z%]+(?:/[A-Za-z]+)?)?"
+_KEY = r"([A-Za-z_][\w./\-]*(?:\s(?:loss|norm|rate))?)"
+# One field, and a run of fields separated by spaces (the part between two separators).
+_PAIR = re.compile(rf"{_KEY}(?:\s*[=:]\s*|\s+){_VAL}{_UNIT}")
+_SEQ = re.compile(rf"{_KEY}(?:\s*[=:]\s*|\s+){_VAL}{_UNIT}(?:\s+|$)")
+_ANON = re.compile(rf"\(?({NUM})\s*{_UNIT}\)?")
+_COUNTER = re.compile(r"\[?\s*(\d+)\s*/\s*(\d+)\s*\]?")
+# Commas split fields only when a key or a bracket follows: "1,234" stays one number.
+_SPLIT = re.compile(r"\s*\|\s*|\s*;\s*|\s*,\s*(?=[A-Za-z_\[(])")
+
+_STEP_KEYS = frozenset({"step", "iter", "iteration", "it", "global_step", "global step", "steps", "iters"})
+# Loss spellings of hand-written loops beyond the shared KEYS table (normalised: lower case, "_").
+_LOSSES = {"training_loss": "loss", "avg_loss": "loss", "mean_loss": "loss", "total_loss": "loss",
+           "train_loss": "loss", "loss": "loss", "lm_loss": "loss",
+           "valid_loss": "val_loss", "validation_loss": "val_loss", "val_loss": "val_loss", "eval_loss": "val_loss",
+           "grad_norm": "grad_norm", "learning_rate": "lr"}
+
+
+def strip_prefix(line: str) -> str:
+    """The line without its logging prefix (asctime, level, logger name), if it has one."""
+    if not line[:1].isalnum() and line[:1] != "[":
+        return line
+    m = _PREFIX.match(line)
+    if m and m.end():
+        return line[m.end():]
+    m = _TIME_ONLY.match(line)
+    return line[m.end():] if m and m.end() else line
+
+
+def field_name(key: str) -> str | None:
+    """The record field (or ``"step"`` / ``"epoch"``) a key of a generic line names, else None."""
+    canon, per_step = canonical_key(key)
+    if canon is not None and per_step:
+        return canon
+    k = key.lower().replace(" ", "_").replace("-", "_")
+    if k in _STEP_KEYS or k.replace("_", " ") in _STEP_KEYS:
+        return "step"
+    if k == "epoch":
+        return "epoch"
+    if k.endswith("_step"):
+        k = k[:-5]
+    return _LOSSES.get(k) or _LOSSES.get(k.rsplit("/", 1)[-1] if k.startswith(("train/", "training/")) else "")
+
+
+def parse_generic(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
+    if "{" in line:
+        return None  # dicts are HF's or JSON's: their parsers decided (a train summary is no step)
+    body = strip_prefix(line).strip().strip("|,; \t")
+    if not body:
+        return None
+    fields: list[tuple[str, str, str | None]] = []
+    counter: tuple[int, int] | None = None
+    for part in _SPLIT.split(body):
+        if not part:
+            continue
+        p = _PAIR.fullmatch(part)
+        if p:
+            fields.append((p.group(1), p.group(2), p.group(3)))
+            continue
+        c = _COUNTER.fullmatch(part)
+        if c:
+            counter = (int(c.group(1)), int(c.group(2)))
+            continue
+        if _ANON.fullmatch(part):
+            continue
+        pos, end = 0, len(part)
+        while pos < end:  # "epoch 0 iter 60 loss 2.3": fields separated by spaces only
+            s = _SEQ.match(part, pos)
+            if s is None:
+                return None  # a word that is no field: prose
+            fields.append((s.group(1), s.group(2), s.group(3)))
+            pos = s.end()
+    values: dict[str, object] = {}
+    extra: dict[str, float] = {}
+    for key, raw, total in fields:
+        num = parse_number(raw)
+        if num is None:
+            return None
+        name = field_name(key)
+        if name == "step":
+            if "step" not in values and num == num and abs(num) != float("inf"):
+                values["step"] = int(num)
+                if total:
+                    extra["total"] = float(total)
+        elif name == "epoch":
+            extra["epoch"] = num
+        elif name is not None:
+            values.setdefault(name, num)
+        else:
+            extra[key] = num
+    if "step" not in values and counter is not None:
+        values["step"], extra["total"] = counter[0], float(counter[1])
+    return make_record(values, "generic", source, rank, extra)
