@@ -25,8 +25,11 @@ Formats recognised (``fmt`` of the record); ``tests/corpus/`` holds captured rea
   ``extra={"epoch", "batch", "total"}``: the bar counts batches of the current epoch, and the global
   step is not derivable from it (gradient accumulation, ``limit_train_batches``, resumed epochs).
   Lightning pads values, so NaN is printed ``nan.0`` (and inf ``inf.0``). A bar with another
-  description and a loss in its postfix (a hand-written loop's ``tqdm.set_postfix(loss=...)``) is
-  ``tqdm``, same shape. Nested bars (validation) give None.
+  description (or none) and a loss in its postfix (a hand-written loop's ``tqdm(range(300),
+  desc="train")`` + ``set_postfix(loss=...)``) is ``tqdm``, same shape, but with the bar's counter
+  as ``step``, so a NaN's onset is the bar's position; unless its description names an epoch
+  (``desc=f"epoch {e}"``: batches of that epoch, stepless as Lightning's). Nested bars
+  (validation) give None.
 - ``csv``: rows of a CSV metrics file (Lightning's ``CSVLogger`` ``metrics.csv``): see
   :meth:`MetricParser.parse`; the parser remembers the last header line per ``file:`` source.
 - ``nanogpt``: ``iter 100: loss 2.3456, time 12.34ms, mfu 1.20%`` and
@@ -47,6 +50,10 @@ Formats recognised (``fmt`` of the record); ``tests/corpus/`` holds captured rea
   ``step`` is fine). Everything after the step must be ``key value`` / ``key=value`` / ``key: value``
   pairs (or bare ``12.3 ms``-style figures between ``|`` or ``,``), so prose (``Resuming from
   step: 100 (loss will be logged)``) is not a metric line.
+- ``generic``: any other line made only of ``key=value`` / ``key: value`` / ``key value`` fields
+  (``|``, ``,`` or space separated) behind an optional logging prefix, with a loss-like key:
+  ``2026-12-03 21:06:25,513 INFO trainer: epoch 0 | iter 60/300 | train_loss=nan | lr=0.05``. Tried
+  last; see :mod:`.generic`.
 - ``regex``: the user's ``[detectors.parsers] regexes`` with named groups.
 
 A line may carry a torchrun rank prefix (``[rank3]:`` / ``[default3]:``), which sets ``rank``.
