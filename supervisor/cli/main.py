@@ -110,7 +110,39 @@ def _wrap_table(args: argparse.Namespace) -> dict[str, Any]:
         put("shutdown", "mode", args.shutdown)
     if args.grace is not None:
         put("shutdown", "grace_s", _number(args.grace))
+    if args.metric_regex:
+        # Added to the config's regexes, not replacing them: both describe lines of the same job.
+        det = dict(table.get("detectors") or {})
+        parsers = dict(det.get("parsers") or {})
+        parsers["regexes"] = _listed(parsers.get("regexes")) + list(args.metric_regex)
+        det["parsers"] = parsers
+        table["detectors"] = det
+    if args.watch_file:
+        table.setdefault("job", {})
+        table["job"]["watch_files"] = _listed(table["job"].get("watch_files")) + list(args.watch_file)
     return table
+
+
+def _listed(v: Any) -> list[Any]:
+    """A config list the flags extend (a value of another type is kept whole: validation names it)."""
+    if v is None:
+        return []
+    return list(v) if isinstance(v, list) else [v]
+
+
+def _wrap_flag_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the flags that take a pattern, named by the flag (exit 2)."""
+    from ..watch.config import check_metric_regex
+
+    problems = []
+    for rx in args.metric_regex or ():
+        why = check_metric_regex(rx)
+        if why is not None:
+            problems.append(f"--metric-regex '{rx}': {why}")
+    for glob in args.watch_file or ():
+        if not glob.strip():
+            problems.append("--watch-file: an empty pattern matches no file; give a path or a glob such as 'logs/*.log'")
+    return problems
 
 
 DAEMON_SWITCH_INTERVAL_S = 0.0005
@@ -177,6 +209,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_wrap(args: argparse.Namespace) -> int:
     from ..config.model import config_from_table
 
+    problems = _wrap_flag_problems(args)
+    if problems:
+        for problem in problems:
+            print(f"transformer-supervisor wrap: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     cfg = _config(lambda: config_from_table(_wrap_table(args), args.config or "wrap flags"))
     if cfg is None:
         return EXIT_USAGE

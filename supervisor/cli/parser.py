@@ -79,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "stop signal ([shutdown] grace_s, default 120)")
     p.add_argument("--resume-arg", action="append", default=None, metavar="ARG",
                    help="appended when resuming; {checkpoint} is replaced (repeatable)")
+    p.add_argument("--metric-regex", action="append", default=None, metavar="REGEX",
+                   help="read metrics from lines this regex matches, with named groups step, loss (and grad_norm, "
+                        "lr, val_loss, ...), e.g. 'iter (?P<step>\\d+) .* loss (?P<loss>[-+.\\w]+)'; added to "
+                        "[detectors.parsers] regexes, tried after the built-in formats (repeatable). The "
+                        "metrics_blind warning prints one guessed from the job's own lines")
+    p.add_argument("--watch-file", action="append", default=None, metavar="GLOB",
+                   help="also read metrics and errors from the files matching GLOB, e.g. 'logs/rank*.log' "
+                        "(relative to the job's workdir; added to [job] watch_files; repeatable)")
     p.add_argument("--backoff", metavar="SECONDS", help="first delay before relaunching an attempt that failed without progress (policy.backoff_initial_s; one that made progress relaunches at once)")
     p.add_argument("--shell", action="store_true", help="run CMD as one string through /bin/sh -c")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...: the job's launch command")

@@ -11,18 +11,27 @@ from dataclasses import dataclass, field
 from ..config.schema import meta
 
 
+def check_metric_regex(p: str) -> str | None:
+    """Why ``p`` cannot be a metric regex (``[detectors.parsers] regexes``, ``wrap --metric-regex``),
+    or None."""
+    try:
+        rx = re.compile(p)
+    except re.error as exc:
+        return f"not a valid regular expression: {exc}"
+    if not rx.groupindex:
+        return ("has no named group; name what it captures, e.g. "
+                "(?P<step>\\d+) and (?P<loss>[-+.\\w]+)")
+    unknown = set(rx.groupindex) - _METRIC_GROUPS
+    if "step" not in rx.groupindex and "loss" not in rx.groupindex and not unknown:
+        return "captures neither step nor loss"
+    return None
+
+
 def _check_regexes(patterns: tuple[str, ...]) -> str | None:
     for i, p in enumerate(patterns):
-        try:
-            rx = re.compile(p)
-        except re.error as exc:
-            return f"[{i}] is not a valid regular expression: {exc}"
-        if not rx.groupindex:
-            return (f"[{i}] {p!r} has no named group; name what it captures, e.g. "
-                    "(?P<step>\\d+) and (?P<loss>[-+.\\w]+)")
-        unknown = set(rx.groupindex) - _METRIC_GROUPS
-        if "step" not in rx.groupindex and "loss" not in rx.groupindex and not unknown:
-            return f"[{i}] {p!r} captures neither step nor loss"
+        why = check_metric_regex(p)
+        if why is not None:
+            return f"[{i}] {p!r} {why}" if not why.startswith("not a valid") else f"[{i}] is {why}"
     return None
 
 
