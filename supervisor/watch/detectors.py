@@ -88,7 +88,7 @@ class TextDetector:
             if rule.cause in self.fired:
                 continue
             m = rule.pattern.search(line)
-            if m:
+            if m and (rule.unless is None or not rule.unless(line, m)):
                 return self._fire(rule, m, source, line, step)
         return None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..events import Action, Cause
 
@@ -25,13 +25,36 @@ class TextRule:
     summary: str
     anchors: tuple[str, ...] = ()
     action: Action | None = None
+    # True when a match only names the sign in prose ("skipping NaN loss check"): no detection.
+    unless: Callable[[str, re.Match[str]], bool] | None = None
 
 
-def rules_for(cause: Cause, rows: Iterable[tuple[str | tuple[str, ...], str, str]]) -> list[TextRule]:
+def rules_for(cause: Cause, rows: Iterable[tuple[str | tuple[str, ...], str, str]],
+              unless: Callable[[str, re.Match[str]], bool] | None = None) -> list[TextRule]:
     out = []
     for anchors, pattern, summary in rows:
-        out.append(TextRule(cause, re.compile(pattern), summary, (anchors,) if isinstance(anchors, str) else anchors))
+        out.append(TextRule(cause, re.compile(pattern), summary, (anchors,) if isinstance(anchors, str) else anchors,
+                            unless=unless))
     return out
+
+
+# A NaN rule's match is prose, not a sign, when a word just before it says the line is about the check
+# ("skipping NaN loss check", "if loss is nan", "check whether the loss = nan") or the word right after
+# it names a setting ("NaN loss detection: on", "nan detected handler enabled").
+_PROSE_BEFORE = re.compile(
+    r"(?i)\b(?:skip\w*|check\w*|no|not|never|without|disabl\w*|enabl\w*|ignor\w*|if|whether|unless|guard\w*|"
+    r"handl\w*|detection|detecting|catch\w*|mask\w*|replac\w*|allow\w*|toleran\w*|tolerat\w*|avoid\w*|prevent\w*|"
+    r"when|whenever)\s+(?:(?:the|a|an|any|all|of|for|on)\s+)?$")
+_PROSE_AFTER = re.compile(
+    r"(?i)[\s_-]*(?:(?:checks?|checking|checker|guards?|detection|detector|handling|handler|filter\w*|protection|hooks?|"
+    r"callbacks?|mode|policy|threshold|options?|flags?|settings?|skipping is)\b|[:=]\s*(?:on|off|true|false|enabled|disabled|"
+    r"yes|no)\b)")
+
+
+def nan_prose(line: str, m: re.Match[str]) -> bool:
+    """True when the NaN rule's match ``m`` is a mention of the check, not a NaN (see above)."""
+    return (_PROSE_BEFORE.search(line, max(0, m.start() - 40), m.start()) is not None
+            or _PROSE_AFTER.match(line, m.end()) is not None)
 
 
 OOM_RULES = rules_for(Cause.OOM, [
@@ -92,7 +115,7 @@ NAN_TEXT_RULES = rules_for(Cause.NAN, [
      r"\b(?:NaN|nan) (?:or Inf )?(?:loss|detected|found)\b|\bDetected (?:NaN|nan|inf|Inf)\b", "NaN detected"),
     ("is non-finite", r"is non-finite, so it cannot be clipped", "gradient norm is non-finite"),
     ("returned nan values", r"returned nan values in its \d+th output", "autograd anomaly: nan"),
-])
+], unless=nan_prose)
 
 
 # Literal anchors per detector: every built-in rule of a detector contains one of its anchors,
