@@ -107,6 +107,7 @@ class WatchConcern(Concern):
         self.heartbeat: Any = None
         self.logwatch: Any = None
         self.tailer: Any = None
+        self.metric_files: Any = None
         self.daemon: DaemonView | None = None
 
     def start(self, daemon: DaemonView) -> None:
@@ -130,9 +131,11 @@ class WatchConcern(Concern):
         daemon.fanout.add(self.logwatch)
         if cfg.job.watch_files:
             self.tailer = FileTailer(list(cfg.job.watch_files), cfg.workdir(), self.logwatch)
+        if cfg.detectors.metric_files or cfg.job.watch_files:
+            self.metric_files = metric_files_monitor(cfg, daemon.state_dir, self.logwatch)
 
     def monitors(self) -> list[Monitor]:
-        return [m for m in (self.heartbeat, self.tailer) if m is not None]
+        return [m for m in (self.heartbeat, self.tailer, self.metric_files) if m is not None]
 
     def job_env(self) -> dict[str, str]:
         from ..watch.heartbeat import client_env
@@ -145,6 +148,8 @@ class WatchConcern(Concern):
         tailed files' history is what they hold before the job starts, not when the tailer does."""
         if self.tailer is not None:
             self.tailer.baseline()
+        if self.metric_files is not None:
+            self.metric_files.baseline()
         if self.logwatch is not None:
             self.logwatch.reset(attempt, resume.step if resume.checkpoint else None)
 
@@ -182,12 +187,35 @@ class WatchConcern(Concern):
             # run is blind (no step parsed: the fix is in metrics_blind.fix).
             out["metric_sources"] = self.logwatch.sources.snapshot()
             out["metrics_blind"] = self.logwatch.blind.status()
+        if self.metric_files is not None:
+            out["metric_files"] = self.metric_files.status()  # the roots searched, the files followed
         if self.heartbeat is not None:
             out["heartbeats"] = {str(k): round(v, 3) for k, v in self.heartbeat.heartbeats().items()}
         return out
 
     def close(self) -> None:
-        close_each(self.heartbeat, self.tailer)
+        close_each(self.heartbeat, self.tailer, self.metric_files)
+
+
+def metric_files_monitor(cfg: Any, state_dir: Any, logwatch: Any) -> Any:
+    """The metric-file follower: the working dir and the checkpoint dir searched when
+    ``[detectors] metric_files`` is on; event files named in ``[job] watch_files`` always (the
+    line tailer skips them: they are binary)."""
+    import os
+    from pathlib import Path
+
+    from ..watch.metricfiles import MetricFiles
+
+    dc = cfg.detectors
+    cwd = cfg.workdir()
+    roots: list[Path] = []
+    if dc.metric_files:
+        roots.append(Path(cwd))
+        if cfg.checkpoints.dir:
+            roots.append(Path(cwd) / cfg.checkpoints.dir)  # an absolute dir stays itself
+    globs = [g if os.path.isabs(g) else os.path.join(str(cwd), g) for g in cfg.job.watch_files]
+    return MetricFiles(roots, logwatch, depth=dc.metric_files_depth, max_dirs=dc.metric_files_max_dirs,
+                       poll_interval_s=dc.metric_files_poll_s, globs=globs, exclude=[Path(state_dir)])
 
 
 class GoodputConcern(Concern):

@@ -207,8 +207,8 @@ class FileTailer:
                     st = os.stat(path)
                 except OSError:
                     continue
-                if not os.path.isfile(path):
-                    continue
+                if not os.path.isfile(path) or os.path.basename(path).startswith("events.out.tfevents."):
+                    continue  # a TensorBoard event file is binary: watch/metricfiles.py reads it
                 current.setdefault((st.st_dev, st.st_ino), (path, st))
         more = False
         now = time.monotonic()

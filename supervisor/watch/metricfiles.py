@@ -1,0 +1,424 @@
+"""Metric files the job writes, found and followed with no config (a :class:`~supervisor.events.Monitor`).
+
+Many trainers print nothing per step into a pipe (Lightning with the Rich bar) but write their
+metrics to files: TensorBoard event files (Lightning's default logger, HF
+``report_to="tensorboard"``, ``torch.utils.tensorboard``), CSV (``lightning_logs/version_N/
+metrics.csv``), JSONL. This monitor scans the job's working directory and the roots added later
+(:meth:`MetricFiles.add_root`: the checkpoint or output dir once known) about once a second and
+hands what they grow to a :class:`RecordSink` (the log watcher's ``feed_records``), with sources
+``tb:<path>`` and ``file:<path>``.
+
+What is read:
+
+- ``events.out.tfevents.*``: :mod:`.tbevents` (scalars keep their step).
+- ``metrics.csv`` / ``*metrics*.csv`` whose header names a loss-like column. Lightning's
+  ``CSVLogger`` rewrites the whole file when a new column appears (``val_loss`` after the first
+  validation): a changed header means "the same rows again, then new ones", so the rows already
+  consumed are skipped by count and no step is delivered twice.
+- ``*.jsonl`` whose lines are JSON objects with a loss-like key; a file whose first
+  ``JSONL_PROBE_LINES`` lines have none is not a metrics file and is dropped.
+
+Files that exist at the baseline (taken before the run's first launch) are history: read from
+their end (an old NaN must not be replayed). Files first seen later are read from their start,
+unless their mtime is older than the baseline (a slow scan's late find of an old file).
+
+Bounded cost: the walk is limited to ``depth`` levels below each root and ``max_dirs``
+directories per pass (logged once when capped), and skips ``.git``, hidden directories,
+virtual environments (a ``pyvenv.cfg`` inside), ``site-packages``, ``node_modules``,
+``__pycache__``, ``quarantine`` and the paths in ``exclude`` (the state dir, whose client metric
+files the heartbeat monitor already reads). A file that fails to parse is reported once; nothing
+raises into the caller.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob as globlib
+import io
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Protocol, Sequence
+
+import structlog
+
+from ..events import AttemptContext, Emit, MetricRecord
+from .records import canonical_key, make_record, parse_number, record_from_mapping
+from .tbevents import TBReader, group
+
+log = structlog.get_logger("supervisor.watch")
+
+SKIP_DIRS = frozenset({"site-packages", "node_modules", "__pycache__", "quarantine", "dist-packages"})
+JSONL_PROBE_LINES = 50
+READ_BUDGET = 8 << 20  # bytes per file per pass: a huge backlog is read over several passes
+
+
+class RecordSink(Protocol):
+    def feed_records(self, source: str, records: Sequence[MetricRecord]) -> None: ...
+
+
+def kind_of(name: str) -> str | None:
+    """``tb``, ``csv``, ``jsonl`` or None, from a file name."""
+    if name.startswith("events.out.tfevents."):
+        return "tb"
+    if name.endswith(".csv") and "metrics" in name:
+        return "csv"
+    if name.endswith(".jsonl"):
+        return "jsonl"
+    return None
+
+
+@dataclass
+class _File:
+    path: str
+    kind: str
+    ident: tuple[int, int]
+    offset: int
+    tb: TBReader | None = None
+    partial: bytes = b""
+    header: tuple[str, ...] | None = None  # csv: column names
+    header_raw: bytes = b""  # csv: the header line as written, to notice a rewrite
+    rows: int = 0  # csv: data rows consumed since offset 0
+    skip_rows: int = 0  # csv: rows to pass over after a rewrite (already delivered)
+    probed: int = 0  # jsonl: lines seen before the first metric line
+    metric_lines: int = 0
+    records: int = 0
+    last_step: int | None = None
+    dropped: str | None = None
+    warned: set[str] = field(default_factory=set)
+
+
+class MetricFiles:
+    """Follows metric files under ``roots`` and feeds their records to ``sink``."""
+
+    name = "metric_files"
+
+    def __init__(self, roots: Sequence[Path], sink: RecordSink, *, depth: int = 4, max_dirs: int = 2000,
+                 poll_interval_s: float = 1.0, globs: Sequence[str] = (), exclude: Sequence[Path] = ()) -> None:
+        self.sink = sink
+        self.depth = depth
+        self.max_dirs = max_dirs
+        self.poll_interval_s = poll_interval_s
+        self.globs = tuple(globs)  # explicit [job] watch_files patterns: their event files are read here
+        self.exclude = {os.path.realpath(p) for p in exclude}
+        self._roots: list[str] = []
+        self._files: dict[str, _File] = {}
+        self._baseline_wall: float | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._capped_logged = False
+        self._scan_failed = False
+        self._sink_failed = False
+        self.scans = 0
+        self.capped = False
+        for r in roots:
+            self.add_root(r)
+
+    # -- roots --------------------------------------------------------------------------------
+
+    def add_root(self, path: Path | str) -> None:
+        """Follow metric files under ``path`` too (an output or checkpoint dir found later)."""
+        p = os.path.realpath(str(path))
+        if any(p == r or p.startswith(r + os.sep) for r in self._roots):
+            return  # already under a root
+        self._roots = [r for r in self._roots if not r.startswith(p + os.sep)] + [p]
+        self._wake.set()
+
+    @property
+    def roots(self) -> tuple[str, ...]:
+        return tuple(self._roots)
+
+    # -- Monitor ------------------------------------------------------------------------------
+
+    def baseline(self) -> None:
+        """What exists now is history. Call before the first attempt's job is spawned."""
+        if self._baseline_wall is None:
+            self._baseline_wall = time.time()
+            self.scan_now()
+
+    def start(self, ctx: AttemptContext | None = None, emit: Emit | None = None) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self.baseline()
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="tsup-metricfiles", daemon=True)
+        self._thread.start()
+
+    def poll(self, now: float) -> None:
+        return None
+
+    def stop(self) -> None:
+        """Stop following; what the files hold now is read and fed before this returns."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def close(self) -> None:
+        self.stop()
+
+    def status(self) -> Mapping[str, object]:
+        files = {f.path: {"kind": f.kind, "records": f.records, "last_step": f.last_step}
+                 for f in list(self._files.values()) if f.dropped is None and (f.records or f.kind != "jsonl")}
+        return {"roots": list(self._roots), "files": files, "scans": self.scans, "capped": self.capped}
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            stopping = self._stopping.is_set()
+            self._wake.clear()
+            more = self.scan_now()
+            if stopping:
+                if more:
+                    continue
+                return
+            if not more:
+                self._wake.wait(self.poll_interval_s)
+
+    def scan_now(self) -> bool:
+        """One pass: find files, read what they grew. True when a read budget left data unread."""
+        try:
+            with self._lock:
+                self.scans += 1
+                return self._pass()
+        except Exception as exc:  # noqa: BLE001 (a monitor survives its own errors)
+            if not self._scan_failed:
+                self._scan_failed = True
+                log.exception("metric_files_scan_failed", error=repr(exc),
+                              next="scanning goes on every %.1f s; metrics from files may be missed"
+                              % self.poll_interval_s)
+            return False
+
+    def _pass(self) -> bool:
+        found = self._walk()
+        first = self.scans == 1
+        more = False
+        for path, (kind, st) in found.items():
+            ident = (st.st_dev, st.st_ino)
+            f = self._files.get(path)
+            if f is not None and f.ident != ident:  # replaced under the same name: a new file
+                f = None
+            if f is None:
+                history = first or (self._baseline_wall is not None and st.st_mtime < self._baseline_wall - 1.0)
+                f = _File(path, kind, ident, st.st_size if history else 0, tb=TBReader() if kind == "tb" else None)
+                self._files[path] = f
+                if history:
+                    self._take_history(f)
+                else:
+                    log.info("metric_file_followed", path=path, kind=kind,
+                             next="its metrics go to the detectors as the job writes them")
+            if f.dropped is None:
+                more |= self._read(f, st.st_size)
+        for path in [p for p in self._files if p not in found]:
+            del self._files[path]  # deleted: forget it (a new file of the name is read from its start)
+        return more
+
+    def _walk(self) -> dict[str, tuple[str, os.stat_result]]:
+        found: dict[str, tuple[str, os.stat_result]] = {}
+        dirs = 0
+        capped = False
+        stack: list[tuple[str, int]] = [(r, 0) for r in self._roots]
+        while stack:
+            d, level = stack.pop()
+            if dirs >= self.max_dirs:
+                capped = True
+                break
+            dirs += 1
+            try:
+                with os.scandir(d) as it:
+                    entries = list(it)
+            except OSError:
+                continue
+            if level > 0 and any(e.name == "pyvenv.cfg" for e in entries):
+                continue  # a virtual environment
+            for e in entries:
+                name = e.name
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        if (level < self.depth and not name.startswith(".") and name not in SKIP_DIRS
+                                and e.path not in self.exclude):
+                            stack.append((e.path, level + 1))
+                        continue
+                    kind = kind_of(name)
+                    if kind is not None and e.is_file():
+                        found[e.path] = (kind, e.stat())
+                except OSError:
+                    continue
+        for pattern in self.globs:
+            for path in globlib.glob(pattern):
+                if kind_of(os.path.basename(path)) == "tb" and path not in found:
+                    try:
+                        found[path] = ("tb", os.stat(path))
+                    except OSError:
+                        pass
+        self.capped = capped
+        if capped and not self._capped_logged:
+            self._capped_logged = True
+            log.warning("metric_files_scan_capped", max_dirs=self.max_dirs, roots=self._roots,
+                        next="directories past the cap are not searched; raise [detectors] metric_files_max_dirs "
+                             "or name the files in [job] watch_files")
+        return found
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _take_history(self, f: _File) -> None:
+        """A file that existed before the run: start at its end, but keep a CSV's header (later
+        rows need it) and its row count (a rewrite must not replay them)."""
+        if f.kind != "csv":
+            return
+        try:
+            with open(f.path, "rb") as fh:
+                data = fh.read(f.offset)
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1
+        f.offset = end
+        lines = data[:end].splitlines()
+        if lines:
+            self._set_header(f, lines[0] + b"\n")
+            f.rows = max(0, len(lines) - 1)
+
+    def _read(self, f: _File, size: int) -> bool:
+        if size < f.offset:
+            log.info("metric_file_truncated", path=f.path, offset=f.offset, size=size,
+                     next="reading it again from the start; rows already delivered are skipped")
+            self._restart(f)
+        elif f.kind == "csv" and f.header_raw and size > f.offset and not self._header_same(f):
+            self._restart(f)  # rewritten with a wider header: same rows again, then new ones
+        if size <= f.offset:
+            return False
+        try:
+            with open(f.path, "rb") as fh:
+                fh.seek(f.offset)
+                data = fh.read(READ_BUDGET)
+        except OSError:
+            return False
+        f.offset += len(data)
+        try:
+            records = self._parse(f, data)
+        except Exception as exc:  # noqa: BLE001 (bad content of one file must not stop the others)
+            self._warn(f, "metric_file_unreadable", repr(exc), "its later content is still read")
+            records = []
+        if records:
+            f.records += len(records)
+            steps = [r.step for r in records if r.step is not None]
+            if steps:
+                f.last_step = steps[-1]
+            source = ("tb:" if f.kind == "tb" else "file:") + f.path
+            try:
+                self.sink.feed_records(source, records)
+            except Exception as exc:  # noqa: BLE001
+                if not self._sink_failed:
+                    self._sink_failed = True
+                    log.exception("metric_files_sink_failed", error=repr(exc), next="records keep being read")
+        return len(data) >= READ_BUDGET
+
+    def _restart(self, f: _File) -> None:
+        f.skip_rows = f.rows
+        f.rows = 0
+        f.offset = 0
+        f.partial = b""
+        f.header = None
+        f.header_raw = b""
+        if f.tb is not None:
+            f.tb = TBReader()
+
+    def _header_same(self, f: _File) -> bool:
+        try:
+            with open(f.path, "rb") as fh:
+                return fh.read(len(f.header_raw)) == f.header_raw
+        except OSError:
+            return True
+
+    def _parse(self, f: _File, data: bytes) -> list[MetricRecord]:
+        source = ("tb:" if f.kind == "tb" else "file:") + f.path
+        if f.kind == "tb":
+            assert f.tb is not None
+            before = f.tb.corrupt
+            recs = group(f.tb.read(data), source)
+            if f.tb.corrupt > before:
+                self._warn(f, "metric_file_corrupt_record", f.tb.last_error or "", "the next records are read")
+            return recs
+        buf = f.partial + data
+        end = buf.rfind(b"\n") + 1
+        f.partial = buf[end:]
+        lines = buf[:end].splitlines(keepends=True)
+        return self._csv(f, lines) if f.kind == "csv" else self._jsonl(f, lines, source)
+
+    def _set_header(self, f: _File, raw: bytes) -> bool:
+        names = tuple(n.strip() for n in raw.decode("utf-8", "replace").strip().split(","))
+        if not any(canonical_key(n)[0] in ("loss", "val_loss", "grad_norm") for n in names):
+            return False
+        f.header, f.header_raw = names, raw
+        return True
+
+    def _csv(self, f: _File, lines: list[bytes]) -> list[MetricRecord]:
+        out: list[MetricRecord] = []
+        source = "file:" + f.path
+        for raw in lines:
+            if f.header is None:
+                if not self._set_header(f, raw):
+                    f.dropped = "no loss-like column in its header"
+                    log.info("metric_file_ignored", path=f.path, why=f.dropped, next="not followed")
+                    return out
+                continue
+            f.rows += 1
+            if f.rows <= f.skip_rows:
+                continue
+            [cells] = list(csv.reader(io.StringIO(raw.decode("utf-8", "replace")))) or [[]]
+            if len(cells) != len(f.header):
+                continue
+            values: dict[str, object] = {}
+            extra: dict[str, float] = {}
+            for name, cell in zip(f.header, cells):
+                num = parse_number(cell) if cell else None
+                if num is None:
+                    continue
+                canon, per_step = canonical_key(name)
+                if canon is not None and per_step:
+                    values.setdefault(canon, num)
+                else:
+                    extra[name] = num
+            rec = make_record(values, "csv", source, None, extra)
+            if rec is not None:
+                out.append(rec)
+        return out
+
+    def _jsonl(self, f: _File, lines: list[bytes], source: str) -> list[MetricRecord]:
+        out: list[MetricRecord] = []
+        for raw in lines:
+            raw = raw.strip()
+            if not raw.startswith(b"{"):
+                rec = None
+            else:
+                try:
+                    obj = json.loads(raw)
+                except ValueError:
+                    obj = None
+                rec = record_from_mapping(obj, "jsonl", source, None) if isinstance(obj, dict) else None
+            if rec is None:
+                if f.metric_lines == 0:
+                    f.probed += 1
+                    if f.probed >= JSONL_PROBE_LINES:
+                        f.dropped = f"no loss-like key in its first {JSONL_PROBE_LINES} lines"
+                        log.info("metric_file_ignored", path=f.path, why=f.dropped, next="not followed")
+                        return out
+                continue
+            f.metric_lines += 1
+            out.append(rec)
+        return out
+
+    def _warn(self, f: _File, event: str, error: str, next_: str) -> None:
+        if event not in f.warned:  # once per file and kind of problem
+            f.warned.add(event)
+            log.warning(event, path=f.path, error=error, next=next_)
+
+
+__all__ = ["MetricFiles", "RecordSink", "kind_of"]
