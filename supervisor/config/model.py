@@ -108,6 +108,13 @@ class PolicyConfig:
         "two failures of the same cause this many steps apart or less, resuming from the same checkpoint "
         "with the same command and environment, are one deterministic failure: the second climbs the "
         "remedy ladder at once, or gives up (exit 3) when no rung is left", min=0))
+    blind_progress_after_s: float = field(default=60.0, metadata=meta(
+        "an attempt whose output no parser understood (metrics_blind) made progress when, past this many seconds "
+        "after its launch, it changed a file in its checkpoint dir or watched files, or kept printing (output in "
+        "blind_progress_active_s distinct seconds); a failure after progress relaunches without backoff", min=0))
+    blind_progress_active_s: int = field(default=5, metadata=meta(
+        "distinct seconds with output past blind_progress_after_s that show a blind attempt working (a traceback "
+        "takes one or two; 0: a blind attempt never counts as progress)", min=0))
 
 
 @dataclass(frozen=True)

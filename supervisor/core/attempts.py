@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 from ..config.model import Config, signal_number
 from ..events import Detection
 from .causes import CAUSES, Action, Cause, StopStyle
-from .messages import EXIT_OK, Mode, Record, Resume, ShutdownPlan
+from .messages import EXIT_OK, Activity, Mode, Record, Resume, ShutdownPlan
 from .policy import Decision
 
 
@@ -45,14 +45,33 @@ def leftovers_plan(cfg: Config) -> ShutdownPlan:
     return ShutdownPlan(Mode.GRACEFUL, s.leftover_grace_s, signal_number(s.stop_signal), reason="leftovers")
 
 
-def progressed(saw_metric: bool, last_step: int | None, resume: Resume) -> bool:
-    """The attempt made progress: it trained (printed a metric) and, when the steps are known,
-    went past the step it resumed from."""
+def progressed(saw_metric: bool, last_step: int | None, resume: Resume, activity: Activity | None = None,
+               *, after_s: float = 60.0, active_s: int = 5) -> bool:
+    """The attempt made progress (no backoff before the relaunch, the streak of failures ends):
+
+    - it trained: it yielded a metric and, when the steps are known, went past the step it
+      resumed from; or
+    - no metric was ever parsed from it (a blind attempt) and it showed work past its start-up
+      (:func:`showed_work`): its output or its files say it trained, even if we could not read how far.
+    """
     if not saw_metric:
-        return False
+        return showed_work(activity, after_s, active_s)
     if last_step is None or resume.step is None:
         return True
     return last_step > resume.step
+
+
+def showed_work(activity: Activity | None, after_s: float, active_s: int) -> bool:
+    """A blind attempt's work, the rule of ``[policy] blind_progress_after_s`` / ``blind_progress_active_s``:
+    past its first ``after_s`` seconds (imports, data loading, model set-up) it kept printing,
+    output arriving in at least ``active_s`` distinct seconds, or it changed a file in its
+    checkpoint dir or watched files. A crash at start-up prints its traceback within a second or
+    two, so it never counts; ``active_s`` <= 0 turns the rule off (only parsed steps count)."""
+    if activity is None or active_s <= 0:
+        return False
+    if activity.files_changed_s is not None and activity.files_changed_s >= after_s:
+        return True
+    return sum(1 for s in activity.active_s if s >= after_s) >= active_s
 
 
 def onset_step(root: Detection | None, last_anomaly: Detection | None) -> int | None:

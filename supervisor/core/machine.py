@@ -37,7 +37,7 @@ from . import attempts
 from .attempts import Pending, shutdown_plan
 from .policy import Decision, Failure, PastAttempt, RepeatKey, decide, merge_args
 from .causes import CAUSES, Action, Cause, StopStyle, gate_failure
-from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, ArmTimer, Boot, CheckpointRequested, Command, Detected,
+from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, Activity, ArmTimer, Boot, CheckpointRequested, Command, Detected,
                        EndAttempt, EscalateStop, Event, ExitInfo, Finish, FirstMetric, JobExited, Launch,
                        PrepareLaunch, Prepared, Record, RecordDetection, Reply, RestartRequested, Resume, ShutdownPlan,
                        ShutdownResult, SignalJob, Spawned, SpawnFailed, StateChanged, StopFinished, StopJob,
@@ -76,6 +76,7 @@ class Machine:
         self.spawned = False  # the current attempt's job was started
         self.saw_metric = False  # the current attempt printed a training metric
         self.last_step: int | None = None  # the newest step the current attempt reached, when known
+        self.activity: Activity | None = None  # its work besides parsed steps, as last reported
         self.launch_digest = ""  # the current attempt's argv and the env the supervisor chose
         self.repeat: RepeatKey | None = None  # what the current attempt's failure looks like
         self.preparing = False  # a PrepareLaunch is out
@@ -143,7 +144,12 @@ class Machine:
         self.repeat = RepeatKey(self.resume.checkpoint, self.resume.step, self.launch_digest, where, failure.detail)
         return decide(self.cfg, list(self.history), failure, now=wall, ran_s=now - self.attempt_started,
                       jitter_draw=jitter, repeat=self.repeat,
-                      progressed=attempts.progressed(self.saw_metric, self.last_step, self.resume))
+                      progressed=self._progressed())
+
+    def _progressed(self) -> bool:
+        p = self.cfg.policy
+        return attempts.progressed(self.saw_metric, self.last_step, self.resume, self.activity,
+                                   after_s=p.blind_progress_after_s, active_s=p.blind_progress_active_s)
 
     # ------------------------------------------------------------------ launching
     def _boot(self, ev: Boot) -> None:
@@ -191,7 +197,7 @@ class Machine:
 
     def _spawned(self, ev: Spawned) -> None:
         self.spawned = True
-        self.saw_metric, self.last_step, self.repeat = False, None, None
+        self.saw_metric, self.last_step, self.repeat, self.activity = False, None, None, None
         self.launch_digest = attempts.launch_digest(ev.argv, self.remedy_env, self.skip_batches, self.diagnostics)
         self.pid, self.pgid = ev.pid, ev.pgid
         self.attempt_started = ev.now
@@ -220,6 +226,8 @@ class Machine:
         d = ev.detection
         if not self.spawned or self.state not in (State.STARTING, State.RUNNING, State.STOPPING):
             return
+        if ev.activity is not None:
+            self.activity = ev.activity
         self.last_anomaly = d
         data = detection_dict(d)
         if self.root is not None or self.state is State.STOPPING:
@@ -251,6 +259,8 @@ class Machine:
         if not self.spawned or self.state not in (State.STARTING, State.RUNNING):
             return
         info = ev.info
+        if ev.activity is not None:
+            self.activity = ev.activity
         if info.cause is None:
             self.pending.decision = None
             self.pending.exit_after = True
@@ -290,7 +300,7 @@ class Machine:
         counted = cause is not None and CAUSES[cause].counted
         summary = self.root.summary if self.root else info.summary
         repeat = self.repeat if cause is not None and self.root is not None and cause is self.root.cause else None
-        progressed = attempts.progressed(self.saw_metric, self.last_step, self.resume)
+        progressed = self._progressed()
         self._do(EndAttempt(self.attempt, cause, decision.action if decision else None, summary, counted,
                             info.exit_code, info.signal, self.root, decision, shutdown, repeat=repeat,
                             progressed=progressed))

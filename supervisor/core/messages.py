@@ -23,6 +23,21 @@ EXIT_GAVE_UP = 3
 
 # ----------------------------------------------------------------------------- data
 @dataclass(frozen=True)
+class Activity:
+    """What an attempt showed of its work besides parsed steps: the facts the progress rule of a
+    blind attempt (no step parsed) judges (:func:`supervisor.core.attempts.showed_work`)."""
+
+    lines: int = 0  # output lines it printed
+    # The latest distinct whole seconds since its launch in which output arrived (at most
+    # ACTIVE_SECONDS_KEPT, oldest first): steady work fills many, a start-up and a traceback few.
+    active_s: tuple[int, ...] = ()
+    files_changed_s: float | None = None  # its newest change in the checkpoint dir or watched files, s after launch
+
+
+ACTIVE_SECONDS_KEPT = 64
+
+
+@dataclass(frozen=True)
 class ExitInfo:
     """How the job's leader process ended."""
 
@@ -132,6 +147,7 @@ class Detected:
     now: float
     wall: float
     jitter: float = 0.0  # in [-1, 1], for the backoff
+    activity: Activity | None = None  # the attempt's work so far besides parsed steps
 
 
 @dataclass(frozen=True)
@@ -145,6 +161,7 @@ class JobExited:
     wall: float
     last_step: int | None = None
     jitter: float = 0.0
+    activity: Activity | None = None  # its work besides parsed steps (the progress of a blind attempt)
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,13 @@ import structlog
 
 from ..config.model import Config
 from ..core.machine import Machine, State
-from ..core.messages import (EXIT_GAVE_UP, ArmTimer, Boot, Command, Detected, EndAttempt,
+from ..core.messages import (EXIT_GAVE_UP, Activity, ArmTimer, Boot, Command, Detected, EndAttempt,
                             EscalateStop, Event, Finish, FirstMetric, JobExited, Launch, PrepareLaunch, Prepared,
                             Record, RecordDetection, Reply, SignalJob, Spawned, SpawnFailed,
                             StateChanged, StopJob, StopRequested, TimerFired, detection_dict, jsonable)
 from ..job.launch import config_json, drop_heartbeat_dir_if_empty, heartbeat_dir, launch_spec, prepare_launch
 from . import attemptrows
+from .activity import AttemptActivity
 from .concernset import ConcernSet
 from .jobstop import JobStop
 from .metricbuffer import MetricBuffer
@@ -71,6 +72,8 @@ class Runner:
         self.monitors = AttemptMonitors(self.event)
         self.metrics = MetricBuffer()
         self.snapshots = attemptrows.Snapshots(self.ledger, ports.environment)
+        self.activity = AttemptActivity(self.clock.monotonic)  # a blind attempt's work (the progress rule)
+        fanout.add(self.activity)
         self._status_cache: dict[str, Any] = {}
 
     # ================================================================== what concerns see
@@ -195,7 +198,8 @@ class Runner:
             if kind == "signal":
                 self._on_signal(item[1])
             elif kind == "detection":
-                self._feed(Detected(item[1], self.clock.monotonic(), self.clock.time(), self.rng.uniform(-1, 1)))
+                self._feed(Detected(item[1], self.clock.monotonic(), self.clock.time(), self.rng.uniform(-1, 1),
+                                    activity=self._activity()))
             elif kind == "control":
                 _kind, verb, args, fut = item
                 answer(fut, lambda: self._on_control(verb, args))
@@ -292,6 +296,7 @@ class Runner:
         self.jobstop.reset()
         self.metrics.last = None
         self.concerns.each("before_spawn", cmd.attempt, resume)
+        self.activity.reset(self.clock.monotonic(), self.clock.time())
         try:
             self.job = self.ports.launcher.launch(spec, cfg.log_file(), lambda src: self.q.put(("eof", src)))
         except OSError as e:
@@ -341,7 +346,16 @@ class Runner:
         info = self.ports.launcher.exit_info(self.job, evidence=True)
         self._feed(JobExited(info, self.job.group_alive(), now, self.clock.time(),
                              last_step=self.metrics.last.step if self.metrics.last else None,
-                             jitter=self.rng.uniform(-1, 1)))
+                             jitter=self.rng.uniform(-1, 1), activity=self._activity()))
+
+    def _activity(self) -> Activity | None:
+        """The attempt's work besides parsed steps; None once it parsed a step (the rule needs no more)."""
+        if self.job is None or self.metrics.last is not None:
+            return None
+        cfg = self.cfg
+        ckpt = cfg.checkpoint_dir()
+        globs = [g if os.path.isabs(g) else os.path.join(str(cfg.workdir()), g) for g in cfg.job.watch_files]
+        return self.activity.snapshot([ckpt] if ckpt is not None else [], globs)
 
     def _end_attempt(self, cmd: EndAttempt) -> None:
         if cmd.spawned:
