@@ -96,6 +96,24 @@ def gpu_line(g: Any) -> str:
     return "  ".join(parts)
 
 
+def metric_source_rows(result: Mapping[str, Any], rows: list[tuple[str, str]], shown: set[str]) -> None:
+    """Where the metrics come from (one row per source, its last step and age), and a blind run's fix."""
+    shown.update(("metric_sources", "metrics_blind"))
+    sources = result.get("metric_sources")
+    for i, src in enumerate(sources if isinstance(sources, list) else []):
+        if isinstance(src, Mapping):
+            step = src.get("last_step")
+            rows.append(("metric sources" if i == 0 else "",
+                         f"{src.get('source')}: {', '.join(map(str, src.get('formats') or []))}, "
+                         f"{src.get('records')} records" + (f", step {step}" if step is not None else "")
+                         + (f" ({age_text(src['age_s'])} ago)" if src.get("age_s") is not None else "")))
+    blind = result.get("metrics_blind")
+    if isinstance(blind, Mapping):
+        rows.append(("metrics", f"BLIND: no training step parsed from {blind.get('lines')} lines in "
+                                f"{blind.get('seconds')} s; NaN, spikes and progress are not watched"))
+        rows.append(("", f"fix: {blind.get('fix')}"))
+
+
 def status_table(result: Mapping[str, Any]) -> str:
     """A readable table of the ``status`` verb's result; renders whichever keys are present."""
     rows: list[tuple[str, str]] = []
@@ -125,6 +143,7 @@ def status_table(result: Mapping[str, Any]) -> str:
         rows.append(("last step", text))
     elif "last_metric" in result:
         rows.append(("last step", "(no metric seen yet)"))
+    metric_source_rows(result, rows, shown)
     shown.add("heartbeats")
     hb = result.get("heartbeats")
     if isinstance(hb, Mapping):

@@ -47,3 +47,16 @@ def test_a_bad_metric_regex_exits_2_naming_the_flag_and_the_problem(tmp_path):
 def test_other_group_names_are_allowed_they_land_in_extra():
     args = build_parser().parse_args(["wrap", "--metric-regex", r"(?P<epoch>\d+)x(?P<acc>\d+)", "--", "true"])
     assert cli._wrap_flag_problems(args) == []
+
+
+def test_status_table_shows_each_metric_source_and_a_blind_runs_fix():
+    from supervisor.cli.render import status_table
+
+    text = status_table({"state": "running", "last_metric": None, "metric_sources": [
+        {"source": "stdout", "formats": ["generic"], "records": 12, "last_step": 60, "age_s": 1.5},
+        {"source": "tb:/w/lightning_logs/version_0/events.out", "formats": ["tensorboard"], "records": 3,
+         "last_step": None, "age_s": 0.2}],
+        "metrics_blind": {"lines": 200, "seconds": 30.0, "fix": "wrap --metric-regex 'x (?P<loss>\\S+)'"}})
+    assert "metric sources  stdout: generic, 12 records, step 60 (1.5s ago)" in text
+    assert "tb:/w/lightning_logs/version_0/events.out: tensorboard, 3 records (0.2s ago)" in text
+    assert "BLIND: no training step parsed from 200 lines" in text and "fix: wrap --metric-regex" in text
