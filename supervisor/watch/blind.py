@@ -34,7 +34,8 @@ _SAMPLE_CHARS = 200
 # a line that prints one (`HF_TOKEN=hf_...`, `api_key: sk-...`) keeps the name, not the value.
 _SECRET_RE = re.compile(r"(?i)\b(\w*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)\w*)(\s*[=:]\s*|\s+)(['\"]?)[^\s'\",;|]+")
 _BEARER_RE = re.compile(r"(?i)\b(bearer\s+)[\w.~+/-]+=*")
-_LOSS_RE = re.compile(r"(?i)(?<![A-Za-z])((?:[a-z]+[ _])?[a-z_]*loss[a-z_]*)(\s*[=:]\s*|\s+)"
+_LOSS_RE = re.compile(r"(?i)(?<![A-Za-z])((?:(?:lm|train|training|val|valid|validation|eval|test|total|avg|mean) )?"
+                      r"[a-z_/]*loss[a-z_]*)(\s*[=:]\s*|\s+)"
                       r"([-+]?(?:nan|inf(?:inity)?|\d[\d.]*(?:e[-+]?\d+)?))(?![\w.])")
 _STEP_RE = re.compile(r"(?i)(?<![A-Za-z_])(global_step|step|iteration|iter|it|batch)(\s*[=:]\s*|\s+)(\d+)")
 TEMPLATE_REGEX = r"step[=: ]+(?P<step>\d+).*?loss[=: ]+(?P<loss>[-+.\w]+)"
@@ -50,6 +51,14 @@ def _word(text: str) -> str:
     return r"\s+".join(re.escape(w) for w in text.split())
 
 
+def _sep(sep: str) -> str:
+    """The separator as the line has it (``=``, ``: ``, spaces), a little looser around spaces."""
+    mark = sep.strip()
+    if not mark:
+        return r"\s+"
+    return (r"\s*" if sep[0].isspace() else "") + re.escape(mark) + (r"\s*" if sep[-1].isspace() else "")
+
+
 def guess_regex(line: str) -> str | None:
     """A ``[detectors.parsers]`` regex for ``line`` when it shows a number after a loss-like word
     (``train_loss=nan``, ``lm loss: 7.3``), with the step when a step word precedes a number
@@ -57,13 +66,13 @@ def guess_regex(line: str) -> str | None:
     loss = _LOSS_RE.search(line)
     if loss is None:
         return None
-    loss_part = rf"{_word(loss.group(1))}\s*[=:]?\s*(?P<loss>[-+.\w]+)"
+    loss_part = rf"{_word(loss.group(1))}{_sep(loss.group(2))}(?P<loss>[-+.\w]+)"
     step = _STEP_RE.search(line, 0, loss.start())
     if step is not None:
-        rx = rf"{_word(step.group(1))}\s*[=:]?\s*(?P<step>\d+).*?{loss_part}"
+        rx = rf"{_word(step.group(1))}{_sep(step.group(2))}(?P<step>\d+).*?{loss_part}"
     else:
         step = _STEP_RE.search(line, loss.end())
-        rx = (rf"{loss_part}.*?\b{_word(step.group(1))}\s*[=:]?\s*(?P<step>\d+)" if step is not None
+        rx = (rf"{loss_part}.*?\b{_word(step.group(1))}{_sep(step.group(2))}(?P<step>\d+)" if step is not None
               else loss_part)
     try:
         rec = MetricParser([rx], auto=False).parse(line)
@@ -194,11 +203,13 @@ class BlindWatch:
             bound = " or ".join(([f"{self.after_lines} lines"] if self.after_lines > 0 else [])
                                 + ([f"{self.after_s:g} s"] if self.after_s > 0 else []))
             message = (f"metrics blind: no training step parsed from {self._lines} lines of the job's output in "
-                       f"{span:.0f} s (bound: {bound}, [detectors] blind_after_lines / blind_after_s); NaN, loss "
+                       f"{span:.1f} s (bound: {bound}, [detectors] blind_after_lines / blind_after_s); NaN, loss "
                        "spikes and step progress are NOT being watched. Formats tried: " + ", ".join(tried)
                        + ". Sample lines:\n" + "\n".join(f"  | {s}" for s in samples)
                        + "\nFix:\n" + "\n".join(f"  {f}" for f in fixes))
-            return Notice("metrics_blind", "warning", message, dict(self._blind, bound=bound))
+            # The samples and the fix are in the message (SPEC); the data keeps what a tool reads.
+            return Notice("metrics_blind", "warning", message, {
+                "lines": self._lines, "seconds": round(span, 1), "bound": bound, "regex": regex})
 
     def _samples(self) -> list[str]:
         picked: list[str] = []

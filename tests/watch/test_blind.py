@@ -64,8 +64,8 @@ def test_unknown_format_is_blind_after_the_line_bound_once_per_run_with_a_workin
     lw.feed("stderr", ["HF_TOKEN=hf_abcdef123 loaded; Authorization: Bearer sk-xyz"])
     n = lw.blind_notice(clock.t)
     assert n is not None and n.event == "metrics_blind" and n.level == "warning"
-    assert n.data["lines"] == 50 and "kv" in n.data["formats_tried"] and "hf" in n.data["formats_tried"]
-    assert 3 <= len(n.data["samples"]) <= 5
+    assert n.data["lines"] == 50 and "Formats tried: json, hf," in n.message and "kv, generic" in n.message
+    assert 3 <= n.message.count("\n  | ") <= 5
     assert "hf_abcdef123" not in n.message and "sk-xyz" not in n.message
     assert "--metric-regex '" in n.message and "[detectors.parsers] regexes" in n.message
     assert "--watch-file" in n.message and "supervisor.client" in n.message
@@ -129,6 +129,9 @@ def test_guess_regex_covers_the_common_shapes():
         assert rec is not None and rec.step == step
         assert (rec.loss != rec.loss) if loss is None else rec.loss == loss
     assert guess_regex("epoch 3 done in 12.5 s") is None
+    # Only the loss word itself (or a known two-word name), never the prose before it.
+    assert guess_regex(UNKNOWN.format(i=3, loss=2.0)) == r"iter\s+(?P<step>\d+).*?train_loss\s+(?P<loss>[-+.\w]+)"
+    assert guess_regex("step=4, lm loss: 7.1") == r"step=(?P<step>\d+).*?lm\s+loss:\s*(?P<loss>[-+.\w]+)"
 
 
 def test_redact_keeps_names_drops_values():
