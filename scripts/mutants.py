@@ -95,6 +95,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("the console blocks the job", "supervisor/job/output.py",
              "                if stalled_for >= self.stall_s:", "                if False:",
              ("tests/job/test_console.py",)),
+    Mutation("metrics_blind never said (a job nothing parses watched in silence)", "supervisor/watch/blind.py",
+             "            if not (by_lines or by_time):", "            if True:",
+             ("tests/watch/test_blind.py",)),
+    Mutation("a blind attempt's work ignored (a crash after unparsed steps backs off)", "supervisor/core/attempts.py",
+             "        return showed_work(activity, after_s, active_s)", "        return False",
+             ("tests/core/test_blind_progress.py",)),
 )
 
 
