@@ -267,7 +267,10 @@ class FakeEnvironment:
 def config(tmp: Path, **sections: Any) -> Config:
     table: dict[str, Any] = {"job": {"command": ["python", "train.py"], "workdir": str(tmp)},
                              "state": {"dir": str(tmp / "state")},
-                             "policy": {"backoff_initial_s": 2.0, "backoff_jitter": 0.0}}
+                             "policy": {"backoff_initial_s": 2.0, "backoff_jitter": 0.0},
+                             # The fake launcher's jobs are no processes to look at (CPU, stacks):
+                             # a hang goes out at the timeout, as it does with look_s = 0.
+                             "heartbeat": {"look_s": 0.0}}
     for k, v in sections.items():
         table[k] = {**table.get(k, {}), **v}
     return config_from_table(table)

@@ -111,6 +111,7 @@ class WatchConcern(Concern):
         self.daemon: DaemonView | None = None
 
     def start(self, daemon: DaemonView) -> None:
+        from ..watch.hanggate import system_gate
         from ..watch.heartbeat import HeartbeatMonitor
         from ..watch.logwatch import LogWatcher
         from ..watch.tail import FileTailer
@@ -125,7 +126,8 @@ class WatchConcern(Concern):
             def feed(self, source: str, lines: Any) -> None:
                 concern.logwatch.feed(source, lines)
 
-        self.heartbeat = HeartbeatMonitor(cfg.heartbeat, metrics_sink=_ToLogWatch(), wall=daemon.clock.time)
+        self.heartbeat = HeartbeatMonitor(cfg.heartbeat, metrics_sink=_ToLogWatch(), wall=daemon.clock.time,
+                                          gate=system_gate(cfg.heartbeat, self._hang_suspected))
         self.logwatch = LogWatcher(cfg.detectors, daemon.emit, daemon.on_metric, progress=self.heartbeat,
                                    clock=daemon.clock.monotonic)
         daemon.fanout.add(self.logwatch)
@@ -160,6 +162,11 @@ class WatchConcern(Concern):
         hb = d.cfg.heartbeat
         if not hb.dump_stacks or not pids:
             return
+        looked = self.heartbeat.fired_stacks() if self.heartbeat is not None else None
+        if looked is not None:  # the look that judged it hung took them a moment ago
+            d.event("stacks_dumped", "warning", f"the Python stacks of the hung job (the samples of each process, "
+                    f"taken by the look that found it hung) are in {looked}", path=looked)
+            return
         from ..watch.stacks import dump_stacks
 
         path = dump_stacks(pids, d.state_dir / "stacks", native=hb.dump_stacks_native,
@@ -169,7 +176,7 @@ class WatchConcern(Concern):
                     f"processes) to {path} before stopping it", path=str(path))
         else:
             d.event("stacks_unavailable", "warning", "py-spy is not installed: no stack dump of the hung job "
-                    "(pip install 'transformer-supervisor[diagnostics]')", ledger_only=True)
+                    "(reinstall transformer-supervisor with its dependencies)", ledger_only=True)
 
     def tick(self, now: float) -> None:
         """``metrics_blind`` (once per run) and ``metrics_seen``: logged here, on the main loop,
@@ -179,6 +186,17 @@ class WatchConcern(Concern):
         notice = self.logwatch.blind_notice(now)
         if notice is not None:
             self.daemon.event(notice.event, notice.level, notice.message, **notice.data)
+
+    def _hang_suspected(self, det: Detection, look: Any, busy_for_s: float) -> None:
+        """A silent job the look found busy (the heartbeat monitor's poll, on the main loop)."""
+        d = self.daemon
+        assert d is not None
+        left = d.cfg.heartbeat.max_busy_s - busy_for_s
+        d.event("hang_suspected", "warning", f"{det.summary}, but the job is busy: {look.verdict.reason}; "
+                f"not stopped (looked again later; a hang anyway in {left:.0f} s, [heartbeat] max_busy_s)",
+                summary=det.summary, busy_for_s=round(busy_for_s, 1), max_busy_s=d.cfg.heartbeat.max_busy_s,
+                look=look.to_json(), stacks=str(look.stacks_file) if look.stacks_file else None,
+                next="extended: the job is looked at again after the timeout")
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -96,6 +96,14 @@ class HeartbeatConfig:
         "include native (C/C++/CUDA) frames in the py-spy dump (slower)"))
     dump_stacks_timeout_s: float = field(default=10.0, metadata=meta(
         "time limit for the py-spy dump of one process", min=0, min_exclusive=True))
+    look_s: float = field(default=3.0, metadata=meta(
+        "at the hang timeout, look before stopping: CPU time of the job's processes and py-spy stack samples "
+        "across this window (every 0.5 s); stacks that move with CPU = busy (extended, hang_suspected), still "
+        "stacks, no CPU or a stopped process = hung (within the timeout + this + about 1 s); 0: no look",
+        min=0))
+    max_busy_s: float = field(default=1800.0, metadata=meta(
+        "a silent job judged busy is stopped as hung anyway once it has been silent this long past its "
+        "timeout", min=0, min_exclusive=True))
 
 
 @dataclass(frozen=True)

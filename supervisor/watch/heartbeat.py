@@ -21,6 +21,10 @@ main loop's ``poll(now)`` and emits one ``hang`` detection per attempt when:
 - (explicit extras) no output line for ``output_stall_timeout_s`` or no new training step for
   ``progress_stall_timeout_s``, even while heartbeats flow.
 
+Each hang judged so goes through the :class:`~supervisor.watch.hanggate.HangGate` first: it
+looks at the job (CPU time, two stack samples) and holds a busy job's detection back, up to
+``max_busy_s`` (see that module for the bound).
+
 The log watcher reports activity through ``note_output`` / ``note_step`` (pass this monitor as
 ``LogWatcher(..., progress=monitor)``).
 
@@ -48,6 +52,7 @@ import structlog
 from ..checkpoints.discovery import written_by_supervisor
 from ..events import AttemptContext, Cause, Detection, Emit, LineSink
 from .config import HeartbeatConfig
+from .hanggate import HangGate
 from .liveness import Cadence, OutputLiveness, Silence
 from .tail import FileTailer
 
@@ -86,8 +91,10 @@ class HeartbeatMonitor:
     name = "heartbeat"
 
     def __init__(self, cfg: HeartbeatConfig, *, metrics_sink: LineSink | None = None,
-                 wall: Callable[[], float] = time.time, tail_poll_interval_s: float = 0.5) -> None:
+                 wall: Callable[[], float] = time.time, tail_poll_interval_s: float = 0.5,
+                 gate: HangGate | None = None) -> None:
         self.cfg = cfg
+        self._gate = gate or HangGate(cfg)  # without a probe: no look, a hang goes out at once
         self._wall = wall
         self._metrics_sink = metrics_sink
         self._tail_poll = tail_poll_interval_s
@@ -107,7 +114,8 @@ class HeartbeatMonitor:
         self._learned_logged = False
         self._output = OutputLiveness(cfg)
         self._output_learned_logged = False
-        self._output_off_logged = False
+        self._output_off_logged: bool | str = False  # True: the notice went out; "on": and was taken back
+        self._silence: Silence | None = None  # the output silence judged last (learned once it fires)
         self._dir_problem: str | None = None
 
     # -- Monitor --------------------------------------------------------------------------
@@ -123,6 +131,7 @@ class HeartbeatMonitor:
         self._last_output = None
         self._last_metric = None
         self._output.start(ctx.started_monotonic)
+        self._gate.start(ctx)
         if self._metrics_sink is not None:
             glob = str(Path(ctx.heartbeat_dir) / METRICS_GLOB)
             if self._tailer is not None and self._tailer.patterns != (glob,):
@@ -135,6 +144,7 @@ class HeartbeatMonitor:
             self._tailer.start(ctx, emit)
 
     def stop(self) -> None:
+        self._gate.stop()
         if self._tailer is not None:
             self._tailer.stop()
 
@@ -163,9 +173,12 @@ class HeartbeatMonitor:
         self._last_check = now
         self._read(now)
         if self._fired is None:
-            det = self._evaluate(now)
+            self._silence = None
+            det = self._gate.offer(now, self._evaluate(now))
             if det is not None:
                 self._fired = det
+                if det.source == "output" and self._silence is not None:
+                    self._output.fired(self._silence)  # learned only from a silence that was a hang
                 log.warning("hang_detected", summary=det.summary, **{k: v for k, v in det.details.items()
                                                                       if isinstance(v, (int, float, str))},
                             next="the runner dumps stacks (if enabled) and stops the job")
@@ -282,8 +295,15 @@ class HeartbeatMonitor:
 
     def _judge_output(self, now: float) -> Detection | None:
         out = self._output
+        if self._output_off_logged is True and out.run_has_steps:
+            self._output_off_logged = "on"  # once: the notice below no longer holds
+            log.info("output_liveness_on", next="training steps are seen now: a job that stops printing "
+                     "them is judged by the learned timeout (the notice 'output_liveness_off' no longer holds)")
         if out.signal == "none":
-            if out.run_has_output and not self._output_off_logged and now - self._started > 60:
+            # Only when no progress signal was seen at all: no parsed step (output or metric file),
+            # no heartbeat (this is not reached with heartbeats), no metric-file record with a step.
+            if (out.run_has_output and self._last_metric is None and not self._output_off_logged
+                    and now - self._started > 60):
                 self._output_off_logged = True
                 log.info("output_liveness_off", next="this job sends no heartbeats and prints no training step "
                          "we can parse, so a hang is detected only with [heartbeat] timeout_s "
@@ -303,8 +323,8 @@ class HeartbeatMonitor:
                 silence = out.check(now)
         if silence is None:
             return None
-        out.fired(silence)
-        return self._silence(silence)
+        self._silence = silence
+        return self._silence_detection(silence)
 
     def _checkpoint_written_since(self, now: float, silent_s: float) -> float | None:
         """Monotonic time of the newest write in the checkpoint dir, when it is within the silence.
@@ -342,7 +362,7 @@ class HeartbeatMonitor:
         age = max(0.0, self._wall() - newest)
         return now - age if age < silent_s else None
 
-    def _silence(self, s: Silence) -> Detection:
+    def _silence_detection(self, s: Silence) -> Detection:
         summary = f"the job printed {s.summary()}"
         details: dict[str, object] = {"kind": "output_startup" if s.kind == "startup" else "output_silence",
                                       "signal": s.kind,
@@ -364,6 +384,11 @@ class HeartbeatMonitor:
 
     # -- status ------------------------------------------------------------------------------
 
+    def fired_stacks(self) -> str | None:
+        """The stacks file of the look that judged the fired hang (None: no look, or an old one)."""
+        stacks = self._fired.details.get("stacks") if self._fired is not None else None
+        return stacks if isinstance(stacks, str) else None
+
     def heartbeats(self) -> dict[int, float]:
         """{rank: seconds since its last heartbeat} as of the last poll (``status --json``)."""
         return {r.rank: round(max(0.0, self._last_now - r.changed_mono), 3) for r in sorted(
@@ -381,5 +406,6 @@ class HeartbeatMonitor:
             "checkpointing": [r.rank for r in self._ranks.values() if r.state == "checkpointing"],
             "problem": self._dir_problem,
             "fired": None if self._fired is None else self._fired.summary,
+            "look": None if self._gate.last is None else self._gate.last.to_json(),
             "metrics_tail": None if self._tailer is None else self._tailer.status(),
         }

@@ -1,10 +1,12 @@
 """Python stack dumps of a hung job with py-spy, before it is killed.
 
 ``py-spy dump --pid P`` attaches read-only (ptrace) and prints every thread's Python stack; with
-``native`` it adds C/C++ frames (slower). py-spy is an optional dependency
-(``transformer-supervisor[diagnostics]``): when it is missing the dump says so plainly and the
-hang is still handled. Each process gets a bounded time, so a stuck ptrace never delays the stop
-for long.
+``native`` it adds C/C++ frames (slower). py-spy is a dependency of the daemon's install (the
+busy-or-stuck look, :mod:`supervisor.watch.look`, samples stacks with it too); where it is
+missing anyway (an install without dependencies) the dump says so plainly and the hang is still
+handled. A process the blocking dump cannot stop (a SIGSTOPped one: "Failed to suspend process")
+is read again with ``--nonblocking``. Each process gets a bounded time, so a stuck ptrace never
+delays the stop for long.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def dump_stacks(pids: Iterable[int], out_dir: Path, *, native: bool = False, tim
     exe = py_spy or find_py_spy()
     if exe is None:
         log.warning("stacks_unavailable", reason="py-spy is not installed", pids=pids,
-                    next="install transformer-supervisor[diagnostics] to get stack dumps of hung jobs")
+                    next="reinstall transformer-supervisor with its dependencies (py-spy) to get stack dumps of hung jobs")
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"stacks-{label}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.txt"
@@ -68,6 +70,10 @@ def dump_stacks(pids: Iterable[int], out_dir: Path, *, native: bool = False, tim
             f.flush()
             try:
                 res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+                if res.returncode != 0 and "suspend" in res.stderr:  # stopped: read it without ptrace
+                    f.write(f"# the blocking dump failed ({res.stderr.strip().splitlines()[0]}); read with --nonblocking\n")
+                    res = subprocess.run(cmd + ["--nonblocking"], capture_output=True, text=True, timeout=timeout_s,
+                                         check=False)
                 f.write(res.stdout)
                 if res.returncode != 0:
                     f.write(f"# py-spy exited {res.returncode}: {res.stderr.strip()}\n")

@@ -1,0 +1,149 @@
+"""Busy or stuck: the pure verdict on scripted samples, and real looks at real processes."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from supervisor.watch.busy import Look, ProcSample, ProcState, judge, stack_signature
+from supervisor.watch.look import SystemProbe, take_look
+from tests.util import wait_for
+
+A = "Thread 1 \"MainThread\"\nevaluate (train.py:40)\nmain (train.py:90)"
+B = "Thread 1 \"MainThread\"\nforward (model.py:12)\nevaluate (train.py:41)\nmain (train.py:90)"
+WAIT = "Thread 1 \"MainThread\"\nall_reduce (distributed_c10d.py:2501)\nstep (train.py:50)"
+
+
+def proc(pid: int, cpu: float | None, first: str | None, second: str | None, stopped: bool = False) -> ProcSample:
+    return ProcSample(pid, f"rank{pid}", cpu, stopped, (first, first, second))
+
+
+# ------------------------------------------------------------------ the verdict (scripted samples)
+
+def test_moving_stacks_with_cpu_are_busy() -> None:
+    v = judge(Look(3.0, (proc(1, 2.9, A, B),)))
+    assert v.busy and v.states == {1: ProcState.WORKING} and "stacks moved" in v.reason
+
+
+def test_still_stacks_or_no_cpu_are_hung() -> None:
+    spin = judge(Look(3.0, (proc(1, 3.0, WAIT, WAIT),)))  # NCCL's spin in a dead collective
+    assert not spin.busy and spin.states[1] is ProcState.SPINNING and "same stack" in spin.reason
+    idle = judge(Look(3.0, (proc(1, 0.0, A, B),)))  # stacks "move" but no CPU: a sleep between lines
+    assert not idle.busy and idle.states[1] is ProcState.WAITING and "no CPU" in idle.reason
+
+
+def test_a_stopped_process_is_hung_even_beside_a_working_one() -> None:
+    v = judge(Look(3.0, (proc(1, 2.5, A, B), proc(2, 0.0, WAIT, WAIT, stopped=True))))
+    assert not v.busy and v.states[2] is ProcState.STOPPED and "pid 2" in v.reason and "stopped" in v.reason
+
+
+def test_ddp_one_stuck_rank_while_the_others_wait_in_the_collective_is_hung() -> None:
+    agent = proc(10, 0.01, "Thread 10\nsleep (agent.py:5)", "Thread 10\nsleep (agent.py:5)")
+    ranks = (proc(11, 0.0, WAIT, WAIT), proc(12, 0.0, "Thread 12\nrecv (c10d.py:9)", "Thread 12\nrecv (c10d.py:9)"))
+    v = judge(Look(3.0, (agent, *ranks)))
+    assert not v.busy and set(v.states.values()) == {ProcState.WAITING} and v.reason.startswith("nobody works")
+
+
+def test_ddp_eval_on_rank_0_while_the_others_wait_at_a_barrier_is_busy() -> None:
+    v = judge(Look(3.0, (proc(11, 2.8, A, B), proc(12, 0.0, WAIT, WAIT))))
+    assert v.busy and v.states == {11: ProcState.WORKING, 12: ProcState.WAITING} and "pid 11" in v.reason
+
+
+def test_without_stacks_cpu_alone_decides_and_says_so() -> None:
+    assert judge(Look(3.0, (proc(1, 2.0, None, None),))).busy
+    assert "CPU only" in judge(Look(3.0, (proc(1, 2.0, None, None),))).reason
+    assert not judge(Look(3.0, (proc(1, 0.0, None, None),))).busy
+    assert not judge(Look(3.0, ())).busy  # nothing left to look at
+
+
+def test_the_signature_ignores_the_thread_run_state_and_the_header() -> None:
+    def dump(state: str) -> str:
+        return (f"Process 6194: python train.py\nPython v3.11.7 (/usr/bin/python3.11)\n\n"
+                f"Thread 6194 ({state}): \"MainThread\"\n    busy (train.py:6)\n    <module> (train.py:8)\n")
+
+    assert stack_signature(dump("active+gil")) == stack_signature(dump("idle"))
+    assert stack_signature(dump("idle")) == 'Thread 6194 "MainThread"\nbusy (train.py:6)\n<module> (train.py:8)'
+    assert stack_signature("Process 1: x\nPython v3.11\n") is None
+
+
+# ------------------------------------------------------------------ real looks at real processes
+
+JOBS = {
+    # A CPU loop in Python that moves between two functions: an evaluation that prints nothing.
+    "busy": """
+        def forward(n):
+            x = 0
+            for k in range(n):
+                x += k * k
+            return x
+        def score(n):
+            y = 0
+            for k in range(n):
+                y ^= k
+            return y
+        def evaluate():
+            while True:
+                forward(20000)
+                score(20000)
+        print("ready", flush=True)
+        evaluate()
+    """,
+    # Blocked in a read that never returns: a rank waiting for a dead peer.
+    "blocked": """
+        import os
+        r, w = os.pipe()
+        print("ready", flush=True)
+        os.read(r, 1)
+    """,
+}
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[object]:
+    started: list[subprocess.Popen[str]] = []
+
+    def start(kind: str) -> subprocess.Popen[str]:
+        p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(JOBS[kind])], stdout=subprocess.PIPE, text=True)
+        started.append(p)
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        return p
+
+    yield start
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def look(pid: int, tmp_path: Path):
+    return take_look(SystemProbe(), pid, window_s=2.0, sample_timeout_s=5.0, stacks_dir=tmp_path / "stacks",
+                     label="test")
+
+
+def test_a_real_cpu_loop_with_moving_stacks_is_busy(job, tmp_path: Path) -> None:
+    p = job("busy")
+    res = look(p.pid, tmp_path)
+    assert res.verdict.busy, res.verdict.reason
+    assert res.stacks_file is not None and "evaluate" in res.stacks_file.read_text()
+    assert res.seconds < 2.0 + 2 * 5.0
+
+
+def test_a_real_blocked_process_and_a_sigstopped_one_are_hung_with_their_stacks(job, tmp_path: Path) -> None:
+    blocked = job("blocked")
+    res = look(blocked.pid, tmp_path)
+    assert not res.verdict.busy and res.verdict.states[blocked.pid] is ProcState.WAITING, res.verdict.reason
+    assert "os.read" in res.stacks_file.read_text() or "<module>" in res.stacks_file.read_text()  # type: ignore[union-attr]
+    busy = job("busy")
+    os.kill(busy.pid, signal.SIGSTOP)
+    wait_for(lambda: open(f"/proc/{busy.pid}/stat").read().split(") ")[1][0] == "T", 5, what="the stop")
+    res = look(busy.pid, tmp_path)
+    assert not res.verdict.busy and res.verdict.states[busy.pid] is ProcState.STOPPED, res.verdict.reason
+    text = res.stacks_file.read_text()  # type: ignore[union-attr]
+    assert "evaluate" in text and "stopped" in text  # py-spy --nonblocking reads a stopped process
+    os.kill(busy.pid, signal.SIGCONT)
