@@ -41,6 +41,11 @@ HF_RESUME = {"max_steps": 30, "logging_steps": 5, "resume_from": 10, "batch_size
 # this many training batches (= optimizer steps without gradient accumulation).
 PL = {"train_batches": 10, "val_batches": 2, "max_epochs": 3, "log_every_n_steps": 5, "nan_after_batches": 17,
       "batch_size": 4, "seed": 0}
+# tests/jobs/loop_logging_train.py and loop_tqdm_train.py (the e2e jobs), run as they are with a NaN
+# injected (FAULT=nan@N: the weights are NaN after step N, see each script for what N counts).
+JOBS = {"loop_logging": {"script": "loop_logging_train.py", "steps": 100, "save_every": 20, "log_every": 10,
+                         "nan_step": 58},
+        "loop_tqdm": {"script": "loop_tqdm_train.py", "steps": 80, "save_every": 25, "nan_step": 57}}
 # A plain torch loop printing the generic "step N ... loss X" forms.
 LOOP = {"steps": 12, "nan_step": 8, "seed": 0}
 STEP_SLEEP_S = 0.12
@@ -414,10 +419,16 @@ def write_nanotron() -> dict:
 
 # ------------------------------------------------------------------------------------------ parent
 
-def _run(python: str, kind: str, variant: str, name: str, manifest: dict, params: dict) -> None:
+def _run(python: str, kind: str, variant: str, name: str, manifest: dict, params: dict,
+         job: list[str] | None = None, job_env: dict[str, str] | None = None) -> None:
+    """One run, captured split and merged. ``job``: a script's argv to run instead of a child of this
+    file (``{out}`` replaced by the run's temp dir), with ``job_env`` added to its environment."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
                TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     env.pop("TERM", None)
+    env.pop("FAULT", None)
+    env.pop("FAULT_MARKER", None)
+    env.update(job_env or {})
     versions = subprocess.run([python, "-c", "import importlib.metadata as m, json, sys\n"
                                "out = {'python': sys.version.split()[0]}\n"
                                "for d in ('torch', 'transformers', 'accelerate', 'pytorch-lightning', 'tqdm'):\n"
@@ -427,6 +438,8 @@ def _run(python: str, kind: str, variant: str, name: str, manifest: dict, params
     for mode in ("split", "merged"):
         with tempfile.TemporaryDirectory() as d:
             cmd = [python, str(Path(__file__).resolve()), "--child", kind, "--variant", variant, "--out-dir", d]
+            if job:
+                cmd = [python, *(a.replace("{out}", d) for a in job)]
             if mode == "split":
                 r = subprocess.run(cmd, env=env, capture_output=True, cwd=d, timeout=900)
                 (HERE / f"{name}.stdout").write_bytes(r.stdout)
@@ -436,7 +449,7 @@ def _run(python: str, kind: str, variant: str, name: str, manifest: dict, params
             else:
                 r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=d, timeout=900)
                 (HERE / f"{name}.merged").write_bytes(r.stdout)
-            if r.returncode != 0:
+            if r.returncode != 0 and not job:  # a job with a NaN and no supervisor ends non-finite: exit 1
                 sys.stderr.write((r.stderr or r.stdout or b"").decode(errors="replace")[-4000:])
                 raise SystemExit(f"{name} ({mode}) failed with {r.returncode}")
     manifest[name] = {"kind": kind, "variant": variant, "params": params, "versions": json.loads(versions)}
@@ -449,12 +462,12 @@ def main() -> None:
     ap.add_argument("--variant")
     ap.add_argument("--out-dir")
     ap.add_argument("--hf4-python", help="an interpreter with transformers<5")
-    ap.add_argument("--only", help="comma-separated: hf5, hf4, lightning, loop, synthetic")
+    ap.add_argument("--only", help="comma-separated: hf5, hf4, lightning, loop, jobs, synthetic")
     a = ap.parse_args()
     if a.child:
         {"hf": child_hf, "lightning": child_lightning, "loop": child_loop}[a.child](a.variant, a.out_dir)
         return
-    only = set((a.only or "hf5,hf4,lightning,loop,synthetic").split(","))
+    only = set((a.only or "hf5,hf4,lightning,loop,jobs,synthetic").split(","))
     mpath = HERE / "manifest.json"
     manifest = json.loads(mpath.read_text()) if mpath.exists() else {}
     me = sys.executable
@@ -472,6 +485,14 @@ def main() -> None:
     if "loop" in only:
         for v in ("pipes", "colon", "equals"):
             _run(me, "loop", v, f"loop_{v}", manifest, LOOP)
+    if "jobs" in only:
+        jobs_dir = HERE.parent / "jobs"
+        for name, p in JOBS.items():
+            args = [str(jobs_dir / p["script"]), "--out_dir", "{out}", "--steps", str(p["steps"]),
+                    "--save_every", str(p["save_every"])]
+            if "log_every" in p:
+                args += ["--log_every", str(p["log_every"])]
+            _run(me, "job", "nan", name, manifest, p, job=args, job_env={"FAULT": f"nan@{p['nan_step']}"})
     if "synthetic" in only:
         manifest["llmc"] = {"kind": "llmc", "variant": "from-source", "params": write_llmc(), "versions": {
             "llm.c": "karpathy/llm.c@f1e2ace651495b74ae22d45d1723443fd00ecd3a"}}

@@ -382,15 +382,16 @@ def test_every_corpus_file_is_covered() -> None:
     """Every captured file is exercised above, and every run in the manifest has its files."""
     covered = {"hf5_filter_on", "hf5_filter_off", "hf5_printer", "hf5_logprefix", "hf5_resume",
                "hf4_filter_on", "hf4_filter_off", "hf4_resume", "pl_train_loss", "pl_loss", "pl_rich",
-               "loop_pipes", "loop_colon", "loop_equals", "llmc", "nanotron"}
+               "loop_pipes", "loop_colon", "loop_equals", "llmc", "nanotron",
+               "loop_logging", "loop_tqdm"}  # the last two: tests/watch/test_generic_corpus.py
     assert set(MANIFEST) == covered
     for run, entry in MANIFEST.items():
-        if entry["kind"] in ("hf", "lightning", "loop"):
+        if entry["kind"] in ("hf", "lightning", "loop", "job"):
             for stream in ("stdout", "stderr", "merged"):
                 assert (CORPUS / f"{run}.{stream}").is_file(), (run, stream)
     data_files = {f.name for f in CORPUS.iterdir() if f.is_file()  # metricfiles/: test_tbevents.py's corpus
                   and f.name not in ("README.md", "capture.py", "manifest.json", ".gitattributes")}
-    expected = {f"{run}.{s}" for run, e in MANIFEST.items() if e["kind"] in ("hf", "lightning", "loop")
+    expected = {f"{run}.{s}" for run, e in MANIFEST.items() if e["kind"] in ("hf", "lightning", "loop", "job")
                 for s in ("stdout", "stderr", "merged")}
     expected |= {"pl_train_loss.metrics.csv", "llmc.stdout", "llmc_main.log", "llmc_cpu.stdout",
                  "llmc_formats.stdout", "nanotron.stdout"}
