@@ -139,8 +139,8 @@ class BlindWatch:
 
     def lines(self, lines: Sequence[str], now: float) -> None:
         """A batch of output lines (any source) before the attempt's first step."""
-        if self._stepped or not self.enabled:
-            return
+        if self._stepped or self._blind is not None or not self.enabled:
+            return  # nothing more to learn: a step was seen, or the notice was given
         with self._lock:
             n = 0
             for line in lines:

@@ -67,9 +67,17 @@ def test_unknown_format_is_blind_within_the_bound_and_the_guessed_regex_then_rea
 
     # The fix from the message: steps and the NaN are read.
     sd2, go2 = tmp_path / "sd2", tmp_path / "go2"
-    go2.touch()
     d2 = daemons(["wrap", "--config", str(cfg), "--state-dir", str(sd2), "--max-restarts", "0", "--grace", "2",
                   "--metric-regex", regex, "--", PY, str(job), "60", str(go2)])
+
+    def sources() -> list:
+        cp = _cli("status", "--json", "--state-dir", str(sd2))
+        return json.loads(cp.stdout).get("metric_sources") or [] if cp.returncode == 0 else []
+
+    src = wait_for(lambda: [s for s in sources() if s["last_step"] == BLIND_LINES - 1], 20, 0.1,
+                   "status shows the step read through the regex")[0]
+    assert src["source"] == "stdout" and src["formats"] == ["regex"] and src["records"] == BLIND_LINES - 1
+    go2.touch()
     assert d2.wait(30) == 3
     h = history(sd2)
     a = h["attempts"][0]
