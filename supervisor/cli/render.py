@@ -157,6 +157,7 @@ def status_table(result: Mapping[str, Any]) -> str:
     row("checkpoint", "checkpoint")
     if "checkpoint" in result and result["checkpoint"] is None:
         rows.append(("checkpoint", "(none yet)"))
+    discovery_rows(result, rows, shown)
     row("goodput", "goodput", lambda v: f"{float(v) * 100:.1f} %" if isinstance(v, (int, float)) else str(v))
     shown.add("cluster")
     cl = result.get("cluster")
@@ -173,6 +174,26 @@ def status_table(result: Mapping[str, Any]) -> str:
             rows.append((key.replace("_", " "), num_text(value)))
     width = max((len(label) for label, _ in rows), default=0)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def discovery_rows(result: Mapping[str, Any], rows: list[tuple[str, str]], shown: set[str]) -> None:
+    """Where the checkpoints are and how a checkpoint reaches the job (found or configured),
+    and a resume the job ignored (supervisor.daemon.ckptdiscovery, resumewatch)."""
+    shown.update(("checkpoint_dir", "resume", "resume_ignored"))
+    cd = result.get("checkpoint_dir")
+    if isinstance(cd, Mapping):
+        how = "configured" if cd.get("found_by") == "config" else f"found by {cd.get('found_by')}"
+        watching = ", ".join(map(str, cd.get("looking_under") or ()))
+        rows.append(("checkpoint dir", f"{cd['path']}  ({how})" if cd.get("path")
+                     else f"(not known yet: watching {watching} for checkpoints)"))
+    rs = result.get("resume")
+    if isinstance(rs, Mapping):
+        args = " ".join(map(str, rs.get("args") or ()))
+        rows.append(("resume", (f"{args}  ({rs.get('note')})" if args else str(rs.get("note") or "-"))))
+    ri = result.get("resume_ignored")
+    if isinstance(ri, Mapping):
+        rows.append(("resume ignored", f"attempt {ri.get('attempt')}: resumed from step {ri.get('resume_step')}, "
+                                       f"first step {ri.get('first_step')}"))
 
 
 def render_history(h: dict[str, Any]) -> str:
@@ -195,7 +216,8 @@ def render_history(h: dict[str, Any]) -> str:
             lines.append(f"     {a['summary']}")
         v = a.get("validation")
         if v:
-            lines.append(f"     validation: {v.get('verdict', v)}")
+            lines.append(f"     validation: {v.get('verdict', v)}"
+                         + (f" ({v['summary']})" if v.get("verdict") == "fail" and v.get("summary") else ""))
         if a.get("remedies"):
             lines.append(f"     remedies: {json.dumps(a['remedies'])}")
     return "\n".join(lines)

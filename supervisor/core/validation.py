@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from ..config.model import ValidationConfig
 from ..events import MetricRecord
+from .resumecheck import CHECK_NAME, RULE, resume_ignored
 
 
 @dataclass(frozen=True)
@@ -91,11 +92,20 @@ class Validator:
     first_step_at: float | None = None
     seen: dict[int, MetricRecord] = field(default_factory=dict)
     verdict: Verdict | None = None
+    first_step: int | None = None  # the first step reported after the resume, whatever it is
 
     def feed(self, records: Sequence[MetricRecord], now: float) -> Verdict | None:
         if self.verdict is not None:
             return None
         for r in records:
+            if self.first_step is None and r.step is not None:
+                self.first_step = r.step
+                if (ignored := resume_ignored(self.resume_step, r.step)) is not None:
+                    # The steps below the resume step would be skipped and the window would pass
+                    # on the re-run steps past it: the verdict must say the resume did not happen.
+                    c = Check(CHECK_NAME, False, r.step, self.resume_step, RULE, ignored.message)
+                    self.verdict = Verdict(False, (c,), 0, self.resume_step, f"failed: resume_ignored: {ignored.message}")
+                    return self.verdict
             if r.step is None or (self.resume_step is not None and r.step <= self.resume_step):
                 continue
             if self.first_step_at is None:

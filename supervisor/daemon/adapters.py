@@ -127,20 +127,26 @@ class CheckpointConcern(Concern):
         self._pending_verify: tuple[Path, str] | None = None  # chosen with its load test still to run
 
     def start(self, daemon: DaemonView) -> None:
-        from ..checkpoints.service import CheckpointService
-
         self.daemon = daemon
         cfg = daemon.cfg
         # A save is seen settled within settle_s of its last write; looking only every 5 s left
         # it unverified for up to 5 s more (a save every few seconds was then rarely verified
         # before the next one overwrote it). A scan is a glob and a few stats.
         self._scan_every_s = min(5.0, max(0.5, cfg.checkpoints.settle_s))
+        self.adopt(cfg)
+
+    def adopt(self, cfg: Config) -> None:
+        """Open the checkpoint service on ``cfg``'s checkpoint dir (at start, or later when the
+        dir was found while the job ran: supervisor.daemon.ckptdiscovery); once."""
+        from ..checkpoints.service import CheckpointService
+
         d = cfg.checkpoint_dir()
-        if d is None:
+        if d is None or self.svc is not None or self.daemon is None:
             return
         d.mkdir(parents=True, exist_ok=True)
-        self.svc = CheckpointService(cfg.checkpoints, d, daemon.state_dir, cfg.job.python, list(cfg.job.command),
-                                     cfg.workdir(), remedy_keys=remedy_keys(cfg))
+        self.svc = CheckpointService(cfg.checkpoints, d, self.daemon.state_dir, cfg.job.python,
+                                     list(cfg.job.command), cfg.workdir(), remedy_keys=remedy_keys(cfg))
+        self._newest_at = float("-inf")
 
     # -- the port -------------------------------------------------------------------------
     def book_last_attempt(self) -> str | None:
@@ -167,7 +173,7 @@ class CheckpointConcern(Concern):
         if explicit:
             return Resume(explicit, None, "the operator's choice (restart --from)")
         if self.svc is None:
-            return Resume(None, None, "no checkpoint dir configured")
+            return Resume(None, None, "no checkpoint dir configured or found")
         from ..checkpoints.quicklist import metrics_from_records
 
         assert self.daemon is not None

@@ -196,6 +196,10 @@ class DaemonView(Protocol):
 
     def refresh_status_cache(self) -> dict[str, Any]: ...
 
+    def use_config(self, cfg: "Config") -> None:
+        """Run on ``cfg`` from now on (what discovery found, applied as if configured)."""
+        ...
+
 
 class Concern:
     """A part of the daemon plugged into fixed points of the run; every hook is a no-op here."""

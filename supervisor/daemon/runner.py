@@ -408,6 +408,10 @@ class Runner:
             return self._status_cache or self.status()
         return ask(self.q, verb, args, timeout)
 
+    def use_config(self, cfg: Config) -> None:
+        """Run on ``cfg`` from now on (a checkpoint dir or resume args found for the job)."""
+        self.cfg = self.machine.cfg = cfg
+
     def reload(self) -> dict[str, Any]:
         self.ports.notifier.reloading()
         new, reply = reload_config(self.cfg, self.config_path, self.state_dir, self.event)

@@ -13,6 +13,8 @@ from ..job.osapi import Clock, OsApi
 from ..job.output import SinkFanout
 from .runner import Runner
 from .adapters import CheckpointConcern, HealthConcern, ProcessLauncher
+from .ckptdiscovery import CheckpointDiscoveryConcern
+from .resumewatch import ResumeWatchConcern
 from .concerns import GoodputConcern, OpsConcern, ValidationConcern, WatchConcern
 from ..job.launch import Environment
 from .ports import CheckpointStore, Concern, Ports
@@ -34,8 +36,9 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     checkpoints = CheckpointConcern()
     health = HealthConcern(newest_checkpoint_bytes=lambda: getattr(checkpoints.newest(), "size", None))
     goodput = GoodputConcern()
-    concerns: list[Concern] = [OpsConcern(notifier, checkpoints, status_interval_s=cfg.systemd.status_interval_s), WatchConcern(), health, checkpoints, goodput,
-                               ValidationConcern(goodput), StateLockConcern(lock, ledger), *extra]
+    # Discovery first: the health and checkpoint concerns read the checkpoint dir it may find.
+    concerns: list[Concern] = [CheckpointDiscoveryConcern(checkpoints), OpsConcern(notifier, checkpoints, status_interval_s=cfg.systemd.status_interval_s), WatchConcern(), health, checkpoints, goodput,
+                               ValidationConcern(goodput), ResumeWatchConcern(), StateLockConcern(lock, ledger), *extra]
     store: CheckpointStore = checkpoints
     if cfg.cluster.enabled:  # multi-node: imported only then, so a single node carries none of it
         from ..cluster.concern import ClusterCheckpoints, ClusterConcern

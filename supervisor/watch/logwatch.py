@@ -239,11 +239,15 @@ class LogWatcher:
                     self._bar_total = total  # the first bar of an attempt is the training bar
                 elif total != self._bar_total:
                     continue  # another bar (a standalone evaluate(), a data loader's)
-                self._bar_seen = True
                 # A bar at 0 has done nothing yet (HF draws 0/N before jumping to a resumed step).
-                if rec.step and (self._max_step is None or rec.step > self._max_step):
+                # Its first position counts even below the resume step, and stepless records
+                # take no step before it: a job that ignored its checkpoint starts over at 1, and
+                # that must show (resume_ignored), not be booked as the resume step.
+                if rec.step and (self._max_step is None or rec.step > self._max_step or not self._bar_seen):
                     self._max_step = self._last_step = rec.step
                     steps.append(rec.step)
+                if rec.step:
+                    self._bar_seen = True
                 self._formats["progress"] = self._formats.get("progress", 0) + 1
                 if rec.step:
                     self._noted(source, rec)

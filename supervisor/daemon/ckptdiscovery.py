@@ -1,0 +1,192 @@
+"""Checkpoint dir and resume discovery: what the config leaves out, found and said.
+
+Without ``[checkpoints] dir`` the dir is read from the command (``--output_dir``, ``--out_dir=``,
+nanoGPT's ``out_dir = '...'``, ...: :mod:`supervisor.checkpoints.finddir`), else taken from the
+first checkpoint-shaped entry appearing under the working directory (or Lightning's
+``default_root_dir``) while the job runs (:mod:`supervisor.checkpoints.appearing`). Without
+``job.resume_args`` the resume flag of a known trainer is inferred
+(:mod:`supervisor.job.resumeinfer`). What is found is applied to the running config as if it had
+been configured (verification, the rollback's choice, ``TSUP_CHECKPOINT_DIR``, the resume args),
+said once on the console and in the ledger, and shown by ``status``. An explicit config always
+wins. When checkpoints exist but nothing can hand one to the job, one loud warning names the fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ..checkpoints.finddir import FoundDir, command_argv, dir_from_command
+from ..config.model import Config
+from ..core.messages import EndAttempt, Resume
+from ..job.launch import heartbeat_dir
+from ..job.resumeinfer import InferredResume, infer_resume, reads_resume_env
+from .ports import Concern, DaemonView
+
+log = structlog.get_logger("supervisor.daemon")
+
+SCAN_EVERY_S = 5.0  # a bounded walk of the working tree (a few hundred stats) on the main loop
+UNHANDED_EVERY_S = 5.0
+FIX = "--resume-arg=--resume={checkpoint}"
+
+
+class CheckpointDiscoveryConcern(Concern):
+    """Finds the checkpoint dir and resume args the config leaves out; must start before the
+    checkpoint and health concerns, which read the checkpoint dir when they start."""
+
+    name = "checkpoint_discovery"
+
+    def __init__(self, checkpoints: Any) -> None:
+        self.checkpoints = checkpoints  # the CheckpointConcern: adopt(cfg) opens its service on a found dir
+        self.daemon: DaemonView | None = None
+        self.found: FoundDir | None = None  # a dir not from the config (from the command or a scan)
+        self.configured: Path | None = None
+        self.roots: list[Path] = []  # where the scan looks while no dir is known
+        self.inferred: InferredResume | None = None
+        self.reads_env = False
+        self.since = 0.0
+        self._scanned_at = float("-inf")
+        self._unhanded_at = float("-inf")
+        self._warned = False
+
+    # ------------------------------------------------------------------ start
+    def start(self, daemon: DaemonView) -> None:
+        self.daemon = daemon
+        cfg = daemon.cfg
+        self.since = daemon.clock.time() - 1.0  # mtimes have coarse resolution on some filesystems
+        argv = command_argv(cfg.job.command, cfg.job.shell)
+        workdir = cfg.workdir()
+        self.reads_env = reads_resume_env(argv, workdir)
+        if not cfg.job.resume_args:
+            self.inferred = infer_resume(argv, workdir)
+            if self.inferred is not None:
+                daemon.event("resume_inferred", "info", f"resume: {self.inferred.why}",
+                             args=list(self.inferred.args), trainer=self.inferred.trainer)
+        if cfg.checkpoints.dir:
+            self.configured = cfg.checkpoint_dir()
+        else:
+            found = dir_from_command(argv, workdir)
+            if found is not None and not found.root:
+                self._found(found, "")
+            else:
+                self.roots = [found.path] if found is not None else [workdir]
+                daemon.event("checkpoint_dir_unknown", "info",
+                             "no checkpoint dir configured or named in the command"
+                             + (f" ({found.found_by}: {found.path})" if found is not None else "")
+                             + f"; watching {self.roots[0]} for checkpoint-shaped files the job writes "
+                             "(set --checkpoint-dir / [checkpoints] dir to be explicit)",
+                             roots=[str(r) for r in self.roots])
+        self._apply()
+
+    def _found(self, found: FoundDir, detail: str) -> None:
+        assert self.daemon is not None
+        self.found = found
+        self.daemon.event("checkpoint_dir_found", "info",
+                          f"checkpoint dir {found.path} (found by {found.found_by}{detail}); checkpoints there are "
+                          "verified and resumed from as if configured (set --checkpoint-dir / [checkpoints] dir to "
+                          "override)", path=str(found.path), found_by=found.found_by)
+
+    def _apply(self) -> None:
+        """The running config with what was found (also again after a reload dropped it)."""
+        d = self.daemon
+        assert d is not None
+        cfg = d.cfg
+        new = cfg
+        if self.found is not None and not cfg.checkpoints.dir:
+            new = dataclasses.replace(new, checkpoints=dataclasses.replace(new.checkpoints, dir=str(self.found.path)))
+        if self.inferred is not None and not cfg.job.resume_args:
+            new = dataclasses.replace(new, job=dataclasses.replace(new.job, resume_args=self.inferred.args))
+        if new is not cfg:
+            d.use_config(new)
+            self.checkpoints.adopt(new)
+
+    # ------------------------------------------------------------------ while it runs
+    def tick(self, now: float) -> None:
+        d = self.daemon
+        if d is None:
+            return
+        if (self.found is not None and not d.cfg.checkpoints.dir) or (
+                self.inferred is not None and not d.cfg.job.resume_args):
+            self._apply()  # a reload of a config file without them
+        if self._dir() is None and d.has_job and now - self._scanned_at >= SCAN_EVERY_S:
+            self._scanned_at = now
+            self._scan()
+        if not self._warned and self._dir() is not None and now - self._unhanded_at >= UNHANDED_EVERY_S:
+            self._unhanded_at = now
+            self._check_unhanded()
+
+    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
+        # The job may have saved and died within one scan interval: look before the relaunch chooses.
+        if self._dir() is None:
+            self._scan()
+
+    def _dir(self) -> Path | None:
+        return self.configured or (self.found.path if self.found else None)
+
+    def _scan(self) -> None:
+        from ..checkpoints.appearing import scan
+
+        d = self.daemon
+        assert d is not None
+        hit = scan(self.roots, since=self.since, skip=[d.state_dir])
+        if hit is None:
+            return
+        root = self.roots[0]
+        try:
+            where = hit.entry.relative_to(root)
+        except ValueError:
+            where = hit.entry
+        self._found(FoundDir(hit.folder, f"a checkpoint-shaped entry appearing under {root}"),
+                    f": {where}, layout {hit.layout.value}")
+        self._apply()
+
+    def _check_unhanded(self) -> None:
+        """Checkpoints exist but the job cannot be handed one: no resume args (configured or
+        inferred), its script does not read TSUP_RESUME_FROM (nor import supervisor.client), and
+        it has written no client heartbeat or metric file this attempt. Warned once."""
+        d = self.daemon
+        assert d is not None
+        if d.cfg.job.resume_args or self.reads_env or self._client_seen():
+            return
+        newest = self.checkpoints.newest()
+        if newest is None:
+            return
+        self._warned = True
+        d.event("resume_unavailable", "warning",
+                f"checkpoints exist ({newest.path}) but nothing hands one to the job: no job.resume_args, no "
+                "known trainer resume flag, and the job does not read TSUP_RESUME_FROM (no supervisor.client); a "
+                f"restart would start it from scratch. Fix: tell it how to resume, e.g. wrap {FIX} (or "
+                "[job] resume_args = [\"--resume\", \"{checkpoint}\"]) with your script's own flag",
+                checkpoint=str(newest.path), fix=FIX)
+
+    def _client_seen(self) -> bool:
+        d = self.daemon
+        assert d is not None
+        try:
+            return any(heartbeat_dir(d.state_dir, max(d.attempt, 0)).iterdir())
+        except OSError:
+            return False
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        d = self.daemon
+        if d is None:
+            return {}
+        if self.configured is not None:
+            where: dict[str, Any] = {"path": str(self.configured), "found_by": "config"}
+        elif self.found is not None:
+            where = {"path": str(self.found.path), "found_by": self.found.found_by}
+        else:
+            where = {"path": None, "found_by": None, "looking_under": [str(r) for r in self.roots]}
+        args = list(d.cfg.job.resume_args)
+        if self.inferred is not None and tuple(args) == self.inferred.args:
+            resume = {"args": args, "source": "inferred", "note": self.inferred.why}
+        elif args:
+            resume = {"args": args, "source": "config", "note": "job.resume_args"}
+        elif self.reads_env:
+            resume = {"args": [], "source": "client", "note": "the job reads TSUP_RESUME_FROM"}
+        else:
+            resume = {"args": [], "source": None, "note": f"no way to hand the job a checkpoint: set {FIX}"}
+        return {"checkpoint_dir": where, "resume": resume}

@@ -1,0 +1,55 @@
+"""``resume_ignored``: after a resume, the job's first step judged against the resume step.
+
+The rule is :func:`supervisor.core.resumecheck.resume_ignored` (pure); this concern feeds it the
+first step each resumed attempt reports, says a violation once per attempt (warning: console,
+journal, ledger, so ``history --json`` lists it) and keeps it for ``status``. The post-restart
+validation names it in its verdict too (:mod:`supervisor.core.validation`).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..core.messages import Resume
+from ..core.resumecheck import RULE, resume_ignored
+from ..events import AttemptContext, MetricRecord
+from .ports import Concern, DaemonView
+
+
+class ResumeWatchConcern(Concern):
+    name = "resume_watch"
+
+    def __init__(self) -> None:
+        self.daemon: DaemonView | None = None
+        self._resume: Resume | None = None  # of the current attempt, until its first step is judged
+        self._attempt = -1
+        self.last: dict[str, Any] | None = None  # the latest resume_ignored of this daemon's life
+
+    def start(self, daemon: DaemonView) -> None:
+        self.daemon = daemon
+
+    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
+        self._attempt = ctx.attempt
+        self._resume = resume if resume.checkpoint and resume.step is not None else None
+
+    def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None:
+        resume = self._resume
+        if resume is None:
+            return
+        first = next((r.step for r in batch if r.step is not None), None)
+        if first is None:
+            return
+        self._resume = None  # judged once, on the first step
+        ignored = resume_ignored(resume.step, first, resume.checkpoint)
+        if ignored is None:
+            return
+        d = self.daemon
+        assert d is not None
+        self.last = {**ignored.to_json(), "attempt": self._attempt}
+        d.event("resume_ignored", "warning",
+                f"{ignored.message} (rule: {RULE}). The job keeps running from step {first}; a restart would "
+                "not help. Fix: pass the checkpoint the way the script reads it, e.g. "
+                "--resume-arg=--resume={checkpoint} / [job] resume_args, or read TSUP_RESUME_FROM",
+                **ignored.to_json())  # the event carries the attempt itself
+
+    def status(self) -> dict[str, Any]:
+        return {"resume_ignored": self.last}

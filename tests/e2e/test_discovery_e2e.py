@@ -1,0 +1,78 @@
+"""Checkpoint and resume discovery under the real daemon, on the unmodified HF Trainer script
+(tests/jobs/hf_train.py): no --checkpoint-dir, no --resume-arg, and a job that ignores the
+checkpoint handed to it (resume_ignored)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.ops.control import DaemonNotRunning, ControlError, request
+from tests.conftest import history
+from tests.e2e.test_trainers_e2e import attempts, events, hf_cmd, supervise  # noqa: F401 (the fixture)
+from tests.util import wait_for
+
+slow = pytest.mark.slow
+
+
+def bare_wrap(tmp: Path) -> list[str]:
+    """`wrap` with no checkpoint dir and no resume args: what a new user types."""
+    cfg = tmp / "tsup.toml"
+    cfg.write_text("[validation]\nsteps = 5\n")
+    return ["wrap", "--config", str(cfg), "--state-dir", str(tmp / "sd"), "--backoff", "0", "--"]
+
+
+def status_of(sd: Path, d: Any) -> dict[str, Any] | None:
+    """The running daemon's status (None while it does not answer); the test fails at once
+    when the daemon is gone."""
+    assert d.proc.poll() is None, d.stderr()[-3000:]
+    try:
+        return request(sd, "status", timeout=5.0)  # type: ignore[no-any-return]
+    except (DaemonNotRunning, ControlError, OSError):
+        return None
+
+
+@slow
+def test_hf_without_checkpoint_dir_or_resume_arg_resumes_from_its_newest_checkpoint(supervise, tmp_path: Path) -> None:
+    out, sd = tmp_path / "out", tmp_path / "sd"
+    d = supervise(bare_wrap(tmp_path) + hf_cmd(out, "--max_steps", "20", "--save_steps", "5", "--logging_steps", "1"),
+                  fault="crash@13")
+    st = wait_for(lambda: (s := status_of(sd, d)) and s.get("checkpoint_dir") and s, 60, 0.1, "status from the daemon")
+    assert st["checkpoint_dir"] == {"path": str(out), "found_by": "--output_dir in the command"}, st
+    assert st["resume"]["source"] == "inferred" and st["resume"]["args"] == ["--resume_from_checkpoint", "{checkpoint}"]
+    assert "HF Trainer" in st["resume"]["note"] and "job.resume_args" in st["resume"]["note"], st["resume"]
+    assert d.wait(240) == 0, d.stderr()[-3000:]
+    [found] = events(d, "checkpoint_dir_found")
+    assert found["path"] == str(out) and "--output_dir" in found["message"], found
+    [inferred] = events(d, "resume_inferred")
+    assert "--resume_from_checkpoint" in inferred["message"] and "HF Trainer" in inferred["message"], inferred
+    a = attempts(sd)
+    assert a[0]["cause"] == "crash" and len(a) == 2 and a[1]["exit_code"] == 0, a
+    assert a[1]["checkpoint"] == str(out / "checkpoint-10") and a[1]["resume_step"] == 10, a[1]
+    assert a[1]["argv"][-2:] == ["--resume_from_checkpoint", str(out / "checkpoint-10")]
+    assert a[1]["validation"]["verdict"] == "pass", a[1]["validation"]
+    assert not events(d, "resume_ignored") and not events(d, "resume_unavailable")
+
+
+@slow
+def test_a_job_that_ignores_the_checkpoint_is_reported_resume_ignored(supervise, tmp_path: Path) -> None:
+    # The resume arg hands the job a flag that is no resume at all (--ignore_data_skip): the HF
+    # Trainer starts over at step 1 after being resumed from checkpoint-10.
+    out, sd = tmp_path / "out", tmp_path / "sd"
+    d = supervise(bare_wrap(tmp_path)[:-1] + ["--resume-arg=--ignore_data_skip", "--"]
+                  + hf_cmd(out, "--max_steps", "60", "--save_steps", "5", "--logging_steps", "1",
+                           "--per_device_train_batch_size", "32"), fault="crash@13")
+    st = wait_for(lambda: (s := status_of(sd, d)) and s.get("resume_ignored") and s, 180, 0.1, "resume_ignored in status")
+    assert st["resume_ignored"]["resume_step"] == 10 and st["resume_ignored"]["first_step"] < 5, st["resume_ignored"]
+    assert st["resume"]["source"] == "config", st["resume"]  # explicit resume args win over inference
+    assert d.wait(240) == 0, d.stderr()[-3000:]
+    [ev] = events(d, "resume_ignored")
+    assert "resumed from step 10" in ev["message"] and "--resume-arg" in ev["message"], ev
+    h = history(sd)
+    assert [e for e in h["events"] if e["event"] == "resume_ignored"], h["events"]
+    a = h["attempts"]
+    assert len(a) == 2 and a[1]["checkpoint"] == str(out / "checkpoint-10") and a[1]["exit_code"] == 0, a
+    v = a[1]["validation"]
+    assert v["verdict"] == "fail" and "resume_ignored" in v["summary"] and v["checks"]["resume"]["passed"] is False, v
+    assert not events(d, "restart_scheduled") or len(a) == 2  # no restart loop on it: the job kept running
