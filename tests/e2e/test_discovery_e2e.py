@@ -3,6 +3,7 @@
 checkpoint handed to it (resume_ignored)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,10 @@ from tests.util import wait_for
 slow = pytest.mark.slow
 
 
-def bare_wrap(tmp: Path) -> list[str]:
+def bare_wrap(tmp: Path, config: str = "") -> list[str]:
     """`wrap` with no checkpoint dir and no resume args: what a new user types."""
     cfg = tmp / "tsup.toml"
-    cfg.write_text("[validation]\nsteps = 5\n")
+    cfg.write_text("[validation]\nsteps = 5\n" + config)
     return ["wrap", "--config", str(cfg), "--state-dir", str(tmp / "sd"), "--backoff", "0", "--"]
 
 
@@ -76,3 +77,74 @@ def test_a_job_that_ignores_the_checkpoint_is_reported_resume_ignored(supervise,
     v = a[1]["validation"]
     assert v["verdict"] == "fail" and "resume_ignored" in v["summary"] and v["checks"]["resume"]["passed"] is False, v
     assert not events(d, "restart_scheduled") or len(a) == 2  # no restart loop on it: the job kept running
+
+
+# A plain loop with no flags at all: it saves runs/ckpts/step_N.pt under its working dir every 5
+# steps and crashes once at step 12. RESUME is where it reads the checkpoint handed to it, if at all.
+PLAIN = '''
+import os, sys, time
+import torch
+{resume}
+w = torch.zeros(4)
+if ckpt:
+    state = torch.load(ckpt, weights_only=True)
+    start, w = state["step"] + 1, state["w"]
+else:
+    start = 1
+print("checkpoint dir given:", os.environ.get("TSUP_CHECKPOINT_DIR") or "-", flush=True)
+os.makedirs("runs/ckpts", exist_ok=True)
+for i in range(start, 21):
+    w += 0.1
+    print(f"iter {{i}}: loss {{2.0 - i * 0.01:.4f}}, time 10.00ms, mfu 0.00%", flush=True)
+    if i % 5 == 0:
+        torch.save({{"step": i, "w": w}}, f"runs/ckpts/step_{{i}}.pt")
+    if i == 12 and not os.path.exists("crashed"):
+        open("crashed", "w").close()
+        sys.exit(1)
+    time.sleep(0.05)
+'''
+READS_ENV = 'ckpt = os.environ.get("TSUP_RESUME_FROM")'
+IGNORES = "ckpt = None"
+
+
+def in_work(tmp: Path) -> str:
+    return f'[job]\nworkdir = "{tmp / "work"}"\n'
+
+
+def plain_job(tmp: Path, resume: str) -> list[str]:
+    work = tmp / "work"
+    work.mkdir()
+    (work / "train.py").write_text(PLAIN.format(resume=resume))
+    return [sys.executable, "train.py"]
+
+
+@slow
+def test_a_checkpoint_dir_found_by_what_appears_under_the_workdir(supervise, tmp_path: Path) -> None:
+    sd, ckpts = tmp_path / "sd", tmp_path / "work" / "runs" / "ckpts"
+    d = supervise(bare_wrap(tmp_path, in_work(tmp_path))
+                  + plain_job(tmp_path, READS_ENV))
+    assert d.wait(120) == 0, d.stderr()[-3000:]
+    [unknown] = events(d, "checkpoint_dir_unknown")
+    assert str(tmp_path / "work") in unknown["message"], unknown
+    [found] = events(d, "checkpoint_dir_found")
+    assert found["path"] == str(ckpts) and "step_10.pt" in found["message"], found
+    a = attempts(sd)
+    assert len(a) == 2 and a[0]["cause"] == "crash" and a[1]["exit_code"] == 0, a
+    assert a[1]["checkpoint"] == str(ckpts / "step_10.pt"), a[1]
+    assert f"checkpoint dir given: {ckpts}" in d.stdout()  # TSUP_CHECKPOINT_DIR for the later attempt
+    assert not events(d, "resume_unavailable") and not events(d, "resume_ignored")  # it reads TSUP_RESUME_FROM
+
+
+@slow
+def test_checkpoints_the_job_cannot_be_handed_are_warned_about_once(supervise, tmp_path: Path) -> None:
+    sd = tmp_path / "sd"
+    d = supervise(bare_wrap(tmp_path, in_work(tmp_path))
+                  + plain_job(tmp_path, IGNORES))
+    assert d.wait(120) == 0, d.stderr()[-3000:]
+    [warn] = events(d, "resume_unavailable")
+    assert warn["level"] == "warning" and "--resume-arg=--resume={checkpoint}" in warn["message"], warn
+    # Handed step_10.pt through TSUP_RESUME_FROM only, it started over at iter 1: resume_ignored.
+    [ignored] = events(d, "resume_ignored")
+    assert ignored["resume_step"] == "10" and ignored["first_step"] == "1", ignored
+    h = history(sd)
+    assert [e["event"] for e in h["events"]].count("resume_unavailable") == 1
