@@ -186,6 +186,8 @@ class WatchConcern(Concern):
         notice = self.logwatch.blind_notice(now)
         if notice is not None:
             self.daemon.event(notice.event, notice.level, notice.message, **notice.data)
+            # `status` read right after the console line must show it, not a snapshot from before.
+            self.daemon.refresh_status_cache()
 
     def _hang_suspected(self, det: Detection, look: Any, busy_for_s: float) -> None:
         """A silent job the look found busy (the heartbeat monitor's poll, on the main loop)."""
