@@ -27,7 +27,8 @@ _HF_PAIR = re.compile(r"'([^'\\]+)':\s*(?:tensor\(|np\.float\d*\(|')?([^,}()']+)
 # tqdm: "{desc}: {pct}%|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}{postfix}]" (desc optional).
 _BAR_TAIL = re.compile(r"[^|]*\|\s*(\d+)/(\d+)\s*\[([^\]]*)\]")
 _LIGHTNING_DESC = re.compile(r"^Epoch (\d+)(?:/\d+)?:?$")
-_EPOCH_WORD = re.compile(r"(?i)\bepoch")
+# A bar named after an epoch counts that epoch's batches; an evaluation bar counts eval batches: no step.
+_STEPLESS_DESC = re.compile(r"(?i)\b(?:epoch|val|valid|validation|validating|eval|evaluat\w*|test\w*|predict\w*|infer\w*)")
 
 _LLMC_STEP = re.compile(rf"^step\s+(\d+)/(\d+)(?::|\s*\|)\s*(?:train )?loss\s+({NUM})")
 _LLMC_C = re.compile(rf"^step (\d+): train loss ({NUM}) \(took ({NUM}) ms\)$")
@@ -194,10 +195,11 @@ def parse_bar(line: str, source: str = "", rank: int | None = None, nested: bool
         le = _LIGHTNING_DESC.match(desc)
         if le:
             extra["epoch"] = float(le.group(1))
-        elif _EPOCH_WORD.search(desc) is None:
+        elif _STEPLESS_DESC.search(desc) is None:
             # A hand-written loop's training bar (tqdm(range(steps), desc="train") + set_postfix(loss=..)):
             # its counter is the step, so a NaN's onset is the bar's position, not the last step some
-            # other line printed. A bar named after an epoch counts batches of that epoch: no step.
+            # other line printed. A bar named after an epoch (batches of that epoch) or an evaluation
+            # (eval batches) gives no step.
             values["step"] = n
         extra["batch"] = float(n)
         extra["total"] = float(total)

@@ -28,7 +28,8 @@ Formats recognised (``fmt`` of the record); ``tests/corpus/`` holds captured rea
   description (or none) and a loss in its postfix (a hand-written loop's ``tqdm(range(300),
   desc="train")`` + ``set_postfix(loss=...)``) is ``tqdm``, same shape, but with the bar's counter
   as ``step``, so a NaN's onset is the bar's position; unless its description names an epoch
-  (``desc=f"epoch {e}"``: batches of that epoch, stepless as Lightning's). Nested bars
+  (``desc=f"epoch {e}"``: batches of that epoch, stepless as Lightning's) or an evaluation
+  (``eval``, ``val``, ``test``: eval batches). Nested bars
   (validation) give None.
 - ``csv``: rows of a CSV metrics file (Lightning's ``CSVLogger`` ``metrics.csv``): see
   :meth:`MetricParser.parse`; the parser remembers the last header line per ``file:`` source.

@@ -160,7 +160,10 @@ def test_a_described_tqdm_bar_gives_the_onset_at_its_position_not_the_last_print
     assert [r.step for r in recs if r.fmt == "tqdm"] == [52, 55, 58]
 
 
-def test_a_bar_named_after_an_epoch_counts_batches_and_stays_stepless() -> None:
-    for desc in ("Epoch 3", "epoch 3/10", "Training epoch 2"):
+def test_a_bar_named_after_an_epoch_or_an_evaluation_counts_batches_and_stays_stepless() -> None:
+    for desc in ("Epoch 3", "epoch 3/10", "Training epoch 2", "eval", "Validation", "val", "Evaluating", "test"):
         rec = P.parse(bar(58, "nan", desc), "stderr")
         assert rec is not None and rec.step is None and rec.extra["batch"] == 58.0, desc
+    for desc in ("train", "Training", "steps", "pretrain"):
+        rec = P.parse(bar(58, "nan", desc), "stderr")
+        assert rec is not None and rec.step == 58, desc
