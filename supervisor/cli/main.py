@@ -120,6 +120,27 @@ def _wrap_table(args: argparse.Namespace) -> dict[str, Any]:
     if args.watch_file:
         table.setdefault("job", {})
         table["job"]["watch_files"] = _listed(table["job"].get("watch_files")) + list(args.watch_file)
+    if args.workdir:
+        put("job", "workdir", args.workdir)
+    if args.env:
+        from .overrides import split_assignment
+
+        job = table.setdefault("job", {})
+        env = dict(job.get("env") or {}) if isinstance(job.get("env"), dict) else {}
+        for item in args.env:
+            kv = split_assignment(item, "--env")
+            if isinstance(kv, tuple):  # a malformed one is named by _wrap_flag_problems
+                env[kv[0]] = kv[1]
+        job["env"] = env
+    if args.set_keys:
+        # Last, so --set can refine what a flag above wrote (--set job.env.X=1 beside --env).
+        from ..config.model import Config
+        from .overrides import apply_set, split_assignment
+
+        for item in args.set_keys:
+            kv = split_assignment(item, "--set")
+            if isinstance(kv, tuple):
+                apply_set(table, Config, kv[0], kv[1])
     return table
 
 
@@ -139,6 +160,13 @@ def _wrap_flag_problems(args: argparse.Namespace) -> list[str]:
         why = check_metric_regex(rx)
         if why is not None:
             problems.append(f"--metric-regex '{rx}': {why}")
+    from .overrides import split_assignment
+
+    for flag, items in (("--env", args.env), ("--set", args.set_keys)):
+        for item in items or ():
+            kv = split_assignment(item, flag)
+            if isinstance(kv, str):
+                problems.append(kv)
     for glob in args.watch_file or ():
         if not glob.strip():
             problems.append("--watch-file: an empty pattern matches no file; give a path or a glob such as 'logs/*.log'")

@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch-file", action="append", default=None, metavar="GLOB",
                    help="also read metrics and errors from the files matching GLOB, e.g. 'logs/rank*.log' "
                         "(relative to the job's workdir; added to [job] watch_files; repeatable)")
+    p.add_argument("--env", action="append", default=None, metavar="KEY=VALUE",
+                   help="environment for the job ([job] env; repeatable; values of names with TOKEN, KEY, "
+                        "SECRET or PASSWORD are never logged)")
+    p.add_argument("--workdir", metavar="DIR", help="the job's working directory ([job] workdir; default: here)")
+    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE", dest="set_keys",
+                   help="any config key by its dotted path, the value typed by the schema, e.g. "
+                        "--set heartbeat.learn_floor_s=120 --set on.nan.action=give_up "
+                        "--set detectors.nan.fields=loss,val_loss (repeatable; applied after the other flags)")
     p.add_argument("--backoff", metavar="SECONDS", help="first delay before relaunching an attempt that failed without progress (policy.backoff_initial_s; one that made progress relaunches at once)")
     p.add_argument("--shell", action="store_true", help="run CMD as one string through /bin/sh -c")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...: the job's launch command")

@@ -1,0 +1,106 @@
+"""``wrap --set KEY=VALUE`` and ``wrap --env KEY=VALUE``: config keys from the command line.
+
+A value arrives as text; the schema says what it must become. The dotted path is walked through
+the config dataclasses (``heartbeat.timeout_s`` -> ``HeartbeatConfig.timeout_s: float | None``,
+``on.nan.action`` through the ``on`` mapping to ``OnCause.action``), and the text is turned into
+the TOML value that key takes: a number, a boolean, a string, an array (``a,b`` or a TOML array
+``["a", "b"]``), a table (a TOML inline table). Nothing is validated here: the value lands in the
+same table a config file would give, and :func:`~supervisor.config.model.config_from_table` names
+every problem (unknown key with did-you-mean, out of range, bad choice) with its key path, as for
+a file. An unknown path keeps the text as TOML would read it, so the error names the real key.
+"""
+
+from __future__ import annotations
+
+import enum
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+from ..config.schema import _unwrap_optional
+
+
+def split_assignment(text: str, flag: str) -> tuple[str, str] | str:
+    """``"a.b=1"`` -> ``("a.b", "1")``; a problem (naming ``flag``) when there is no ``=`` or key."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        return f"{flag} {text!r}: expected KEY=VALUE, e.g. {flag} " + (
+            "heartbeat.timeout_s=600" if flag == "--set" else "NCCL_DEBUG=WARN")
+    return key, value
+
+
+def _field_type(root: type, path: list[str]) -> Any | None:
+    """The declared type of the key at ``path`` under dataclass ``root``, or None if unknown."""
+    tp: Any = root
+    for part in path:
+        tp, _ = _unwrap_optional(tp)
+        if is_dataclass(tp):
+            hints = typing.get_type_hints(tp)
+            names = {f.name for f in fields(tp)}
+            if part not in names:
+                return None
+            tp = hints[part]
+        elif typing.get_origin(tp) in (dict, Mapping, typing.Mapping):
+            args = typing.get_args(tp)
+            tp = args[1] if len(args) == 2 else Any
+        else:
+            return None
+    return tp
+
+
+def _toml_value(text: str) -> Any:
+    """``text`` as a TOML value (``1``, ``true``, ``["a"]``, ``{a = 1}``); the text itself when it
+    is not one (a bare word is a string)."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def typed_value(root: type, path: list[str], text: str) -> Any:
+    """``text`` converted to what the key at ``path`` takes (left as text where it cannot be:
+    the config's validation then names the key and what it expected)."""
+    tp = _field_type(root, path)
+    if tp is None:
+        return _toml_value(text)
+    inner, optional = _unwrap_optional(tp)
+    origin = typing.get_origin(inner)
+    if inner is str or (isinstance(inner, type) and issubclass(inner, enum.Enum)):
+        return text
+    if inner is bool:
+        low = text.strip().lower()
+        return {"true": True, "1": True, "yes": True, "on": True,
+                "false": False, "0": False, "no": False, "off": False}.get(low, text)
+    if inner in (int, float):
+        value = _toml_value(text.strip().replace("_", ""))
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else text
+    if origin is tuple:
+        stripped = text.strip()
+        if stripped.startswith("["):
+            return _toml_value(stripped)
+        (item_tp, *_rest) = typing.get_args(inner)
+        items = [s.strip() for s in stripped.split(",")] if stripped else []
+        if item_tp is str:
+            return items
+        return [_toml_value(s) for s in items]
+    if origin in (dict, Mapping, typing.Mapping) or is_dataclass(inner):
+        return _toml_value(text.strip())
+    return _toml_value(text)
+
+
+def apply_set(table: dict[str, Any], root: type, key: str, text: str) -> None:
+    """Put ``key`` (dotted) = ``text``, typed by the schema, into the config ``table``."""
+    path = [p.strip() for p in key.split(".")]
+    node = table
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+        else:
+            child = dict(child)  # never write into a table another caller holds
+        node[part] = child
+        node = child
+    node[path[-1]] = typed_value(root, path, text)
