@@ -21,7 +21,8 @@ def test_flags_extend_the_configs_regexes_and_watch_files(tmp_path):
     c.write_text('[job]\nwatch_files = ["a.log"]\n[detectors.parsers]\nregexes = [\'s=(?P<step>\\d+)\']\n'
                  '[detectors]\nevidence_chars = 100\n')
     t = _table(["--config", str(c), "--metric-regex", r"it (?P<step>\d+) L (?P<loss>\S+)",
-                "--metric-regex", r"val (?P<step>\d+) (?P<val_loss>\S+)", "--watch-file", "logs/*.log", "--", "python", "x.py"])
+                "--metric-regex", r"val (?P<step>\d+) (?P<val_loss>\S+)", "--watch-file", "logs/*.log",
+                "--", "python", "x.py"])
     cfg = config_from_table(t, "test")
     assert cfg.detectors.parsers.regexes == (r"s=(?P<step>\d+)", r"it (?P<step>\d+) L (?P<loss>\S+)",
                                              r"val (?P<step>\d+) (?P<val_loss>\S+)")

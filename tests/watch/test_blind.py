@@ -138,6 +138,8 @@ def test_redact_keeps_names_drops_values():
     assert redact("WANDB_API_KEY=abc123 step 3") == "WANDB_API_KEY=<redacted> step 3"
     assert "s3cr3t" not in redact("db password: s3cr3t, loss 2")
     assert redact("loss=2.0 step=3") == "loss=2.0 step=3"
+    assert redact("step 3 tokens_per_sec=4500 num_tokens 1,234") == "step 3 tokens_per_sec=4500 num_tokens 1,234"
+    assert redact("api_token: 'abc-def'") == "api_token: '<redacted>'"
 
 
 def test_blind_watch_alone_counts_only_until_a_step():
