@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 # when supervisord's `supervisor` package was installed over ours, `from . import __version__` is
 # what fails, and main() must first say why (supervisor.cli.installcheck).
 from .installcheck import refuse_foreign
-from .parser import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser
+from .parser import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE, build_parser
 
 
 def _die_usage(msg: str) -> int:
@@ -275,9 +275,25 @@ def _control(args: argparse.Namespace, verb: str, payload: dict[str, Any] | None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    code, res = _control(args, "status")
-    if code:
-        return code
+    from ..ops.control import ControlError, DaemonNotRunning, request
+
+    sd = _state_dir(args)
+    try:
+        res = request(sd, "status", {})
+    except DaemonNotRunning as e:
+        # SPEC: 3 when none runs but the state dir holds a run (its last state from the ledger), 1 when
+        # there is no run at all: a script can tell "finished or gave up" from "never started".
+        from .verbs import last_run_status, render_last_run
+
+        last = last_run_status(sd)
+        if last is None:
+            print(f"transformer-supervisor: {e}", file=sys.stderr)
+            return 1
+        print(json.dumps(last, indent=2, sort_keys=True) if args.json else render_last_run(last))
+        return EXIT_NOT_RUNNING
+    except ControlError as e:
+        print(f"transformer-supervisor: status failed: {e}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(res, indent=2, sort_keys=True))
     else:

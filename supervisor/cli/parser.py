@@ -7,6 +7,7 @@ import argparse
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GAVE_UP = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
+EXIT_NOT_RUNNING = 3  # status: no daemon answers, but the state dir holds a finished run
 
 EXIT_CODES = """\
 exit status:
@@ -19,7 +20,8 @@ exit status:
        daemon (its pid named) already holds the state dir, the state dir is another user's, or
        its ledger is corrupt or was written by a newer version
   3    run/wrap: gave up (restart budget spent, no progress, a fault that needs a human; the last
-       log line says why); restart --wait: the daemon gave up instead of restarting
+       log line says why); restart --wait: the daemon gave up instead of restarting; status: no
+       daemon runs, the last run's end is printed (state, exit, reason, when)
   143  run/wrap: stopped by SIGTERM before the job finished (a scheduler's time limit, preemption
        or eviction, `systemctl stop`): requeue it
   130  run/wrap: the same for SIGINT (Ctrl-C); client verbs: interrupted

@@ -240,3 +240,60 @@ def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: 
         parts.append(render_writing(writing))
     out.write("\n".join(parts) + "\n")
     return EXIT_OK
+
+
+def last_run_status(sd: Path) -> dict[str, Any] | None:
+    """What ``status`` says when no daemon answers but the state dir holds a run (SPEC: exit 3),
+    as supervisorctl shows ``EXITED`` and systemctl ``inactive (dead)``: the last run's state, exit,
+    reason and when, from the ledger (read-only). None when there is no ledger or no run in it."""
+    from ..ledger.store import Ledger, LedgerError
+
+    if not (sd / "ledger.sqlite").exists():
+        return None
+    try:
+        led = Ledger(sd, readonly=True)
+    except (FileNotFoundError, LedgerError):
+        return None
+    try:
+        h = led.history()
+    finally:
+        led.close()
+    if h.get("run_id") is None:
+        return None
+    attempts = h.get("attempts") or []
+    restarts: dict[str, int] = {}
+    for a in attempts[:-1]:  # every attempt but the last was followed by a relaunch
+        if a.get("cause"):
+            restarts[a["cause"]] = restarts.get(a["cause"], 0) + 1
+    last = attempts[-1] if attempts else {}
+    ended = last.get("ended_at")
+    return {
+        "state": h.get("state"),
+        "daemon": False,
+        "run_id": h["run_id"],
+        "name": h.get("name"),
+        "attempt": last.get("attempt"),
+        "pids": [],
+        "restarts_by_cause": restarts,
+        "exit_code": h.get("exit_code"),
+        "reason": h.get("reason"),
+        "ended_at": ended,
+        "checkpoint": last.get("checkpoint"),
+        "last_metric": None,
+        "heartbeats": {},
+        "gpus": None,
+        "goodput": None,
+    }
+
+
+def render_last_run(st: Mapping[str, Any]) -> str:
+    """``status`` of a run whose daemon has exited, for people."""
+    lines = [f"no daemon is running; the last run ({st.get('name')}, {st.get('run_id')}) ended",
+             f"  state      {st.get('state')}" + (f" (exit {st['exit_code']})" if st.get("exit_code") is not None else ""),
+             f"  reason     {st.get('reason') or '-'}",
+             f"  ended      {st.get('ended_at') or '-'}",
+             f"  attempts   {(st.get('attempt') or 0) + 1}"
+             + (f", restarts {', '.join(f'{k} {v}' for k, v in sorted(st['restarts_by_cause'].items()))}"
+                if st.get("restarts_by_cause") else ""),
+             "  every attempt: transformer-supervisor history"]
+    return "\n".join(lines)
