@@ -9,7 +9,8 @@ A logging prefix (asctime, level, logger name) is dropped first. The rest must b
 fields, separated by ``|``, ``,``, ``;`` or spaces: ``key=value``, ``key: value``, ``key value``
 (a key may be two words when the second is ``loss`` / ``norm`` / ``rate``: ``lm loss``), a value may
 be ``N/M`` or ``[N/M]`` (``iter 60/300``), a bare figure with a unit between separators
-(``12.3 ms``) and a bare counter ``58/300`` (the step when no key names one). One word that is
+(``12.3 ms``), a bare counter ``58/300`` (the step when no key names one) and clock values
+(``eta: 0:03:12``, skipped). One word that is
 not a field makes the line prose: None. The step comes from ``step`` / ``iter`` / ``iteration`` /
 ``it`` / ``global_step``; ``epoch`` goes to ``extra``. A record needs a loss-like value (``loss``,
 ``train_loss``, ``lm loss``, ``train loss``, ``val_loss``, ``eval_loss``, ``train/loss``,
@@ -46,6 +47,9 @@ _PAIR = re.compile(rf"{_KEY}(?:\s*[=:]\s*|\s+){_VAL}{_UNIT}")
 _SEQ = re.compile(rf"{_KEY}(?:\s*[=:]\s*|\s+){_VAL}{_UNIT}(?:\s+|$)")
 _ANON = re.compile(rf"\(?({NUM})\s*{_UNIT}\)?")
 _COUNTER = re.compile(r"\[?\s*(\d+)\s*/\s*(\d+)\s*\]?")
+_COUNTER_SEQ = re.compile(r"\[?(\d+)/(\d+)\]?(?:\s+|$)")
+# "eta: 0:03:12", "time 00:01:02.5": a clock value, no metric; skipped so the line is not prose.
+_CLOCK_SEQ = re.compile(r"[A-Za-z_][\w./\-]*(?:\s*[=:]\s*|\s+)\d+:\d\d(?::\d\d)?(?:\.\d+)?(?:\s+|$)")
 # Commas split fields only when a key or a bracket follows: "1,234" stays one number.
 _SPLIT = re.compile(r"\s*\|\s*|\s*;\s*|\s*,\s*(?=[A-Za-z_\[(])")
 
@@ -107,10 +111,19 @@ def parse_generic(line: str, source: str = "", rank: int | None = None) -> Metri
         pos, end = 0, len(part)
         while pos < end:  # "epoch 0 iter 60 loss 2.3": fields separated by spaces only
             s = _SEQ.match(part, pos)
-            if s is None:
+            if s is not None:
+                fields.append((s.group(1), s.group(2), s.group(3)))
+                pos = s.end()
+                continue
+            c = _COUNTER_SEQ.match(part, pos)
+            if c is not None:
+                counter = (int(c.group(1)), int(c.group(2)))
+                pos = c.end()
+                continue
+            c = _CLOCK_SEQ.match(part, pos)
+            if c is None:
                 return None  # a word that is no field: prose
-            fields.append((s.group(1), s.group(2), s.group(3)))
-            pos = s.end()
+            pos = c.end()
     values: dict[str, object] = {}
     extra: dict[str, float] = {}
     for key, raw, total in fields:

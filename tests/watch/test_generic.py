@@ -39,6 +39,9 @@ GENERIC = [
     ("INFO loss: 2.3", None, 2.3, None, {}),
     ("eval_loss=2.5 | epoch 2", None, None, 2.5, {"extra": {"epoch": 2.0}}),
     ("[rank1]: 2026-12-03 21:06:25,513 INFO trainer: iter 61 | loss=2.0 | 41.2 ms", 61, 2.0, None, {"rank": 1}),
+    ("58/300 loss=nan lr=0.1", 58, math.nan, None, {"lr": 0.1, "extra": {"total": 300.0}}),
+    ("[58/300] loss: 2.0 | eta: 0:03:12 | 120 tok/s", 58, 2.0, None, {}),
+    ("step 9 | loss 2.0 | elapsed 00:01:02.5", 9, 2.0, None, {}),
 ]
 
 
