@@ -155,6 +155,17 @@ class WatchConcern(Concern):
         if self.logwatch is not None:
             self.logwatch.reset(attempt, resume.step if resume.checkpoint else None)
 
+    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
+        """metrics_blind names the text files this attempt writes (their metrics may be there)."""
+        d = self.daemon
+        if self.logwatch is None or d is None:
+            return
+        from ..watch.blind import written_files
+
+        cfg = d.cfg
+        exclude = [d.state_dir, cfg.log_file()]
+        self.logwatch.blind.find_written = lambda: written_files(cfg.workdir(), wall - 1.0, exclude)
+
     def job_hung(self, attempt: int, pids: Sequence[int]) -> None:
         """Before a hung job is killed: every process's Python stack, into the state dir."""
         d = self.daemon

@@ -16,12 +16,14 @@ at once. Notices are taken on the daemon's main loop (``check``), never raised i
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
 from .parsers import MetricParser
 
@@ -95,7 +97,7 @@ class Notice:
     data: Mapping[str, Any] = field(default_factory=dict)
 
 
-def fix_lines(regex: str | None, *, user_regexes: int) -> list[str]:
+def fix_lines(regex: str | None, *, user_regexes: int, written: Sequence[str] = ()) -> list[str]:
     """The ways out, most direct first, each ready to paste."""
     rx = regex or TEMPLATE_REGEX
     how = "guessed from the sample line above" if regex else "a template: adapt it to your line"
@@ -104,8 +106,12 @@ def fix_lines(regex: str | None, *, user_regexes: int) -> list[str]:
            f"or in the config: [detectors.parsers] regexes = [{toml_rx}]"]
     if user_regexes:
         out.append(f"(the {user_regexes} regex(es) already configured matched no line)")
-    out += ["if the job writes its metrics to a file: wrap --watch-file 'logs/*.log' ([job] watch_files)",
-            "or report them from the script with supervisor.client (README: the client library)"]
+    if written:  # files the attempt wrote: its metrics may be there rather than on stdout
+        out.append(f"the job writes {', '.join(written[:3])}: if its metrics are there, "
+                   f"wrap --watch-file {shlex.quote(written[0])} ([job] watch_files)")
+    else:
+        out.append("if the job writes its metrics to a file: wrap --watch-file 'logs/*.log' ([job] watch_files)")
+    out.append("or report them from the script with supervisor.client (README: the client library)")
     return out
 
 
@@ -121,6 +127,8 @@ class BlindWatch:
         self._announced = False  # metrics_blind said once per run
         self._blind: dict[str, Any] | None = None  # status while blind
         self._seen_pending: tuple[str, str, int | None] | None = None
+        # Set by the watch concern: the text files the current attempt wrote (for --watch-file).
+        self.find_written: Callable[[], Sequence[str]] | None = None
         self._attempt_reset()
 
     def _attempt_reset(self) -> None:
@@ -198,7 +206,7 @@ class BlindWatch:
             regex = next((rx for s in reversed(self._lossy) if (rx := guess_regex(s)) is not None), None)
             tried = list(BUILTIN_FORMATS) + ([f"{len(self.user_regexes)} regex(es) of [detectors.parsers]"]
                                              if self.user_regexes else [])
-            fixes = fix_lines(regex, user_regexes=len(self.user_regexes))
+            fixes = fix_lines(regex, user_regexes=len(self.user_regexes), written=self._written())
             self._blind = {"lines": self._lines, "seconds": round(span, 1), "samples": samples,
                            "formats_tried": tried, "regex": regex, "fix": fixes[0]}
             if self._announced:
@@ -215,6 +223,12 @@ class BlindWatch:
             return Notice("metrics_blind", "warning", message, {
                 "lines": self._lines, "seconds": round(span, 1), "bound": bound, "regex": regex})
 
+    def _written(self) -> Sequence[str]:
+        try:
+            return self.find_written() if self.find_written is not None else ()
+        except Exception:  # noqa: BLE001  (a hint; the notice goes out without it)
+            return ()
+
     def _samples(self) -> list[str]:
         picked: list[str] = []
         for pool in (self._lossy, self._numeric, self._recent):
@@ -227,3 +241,38 @@ class BlindWatch:
         """``status``'s ``metrics_blind``: None while steps are seen (or not yet judged)."""
         with self._lock:
             return None if self._blind is None else dict(self._blind)
+
+
+#: What a job's own log or metric file is called; at most this many entries are looked at.
+TEXT_SUFFIXES = (".log", ".txt", ".out", ".jsonl", ".json", ".csv")
+MAX_WALK = 500
+
+
+def written_files(root: Path, since: float, exclude: Sequence[Path] = (), depth: int = 3) -> list[str]:
+    """Text files under ``root`` (at most ``depth`` levels) modified at or after wall time
+    ``since``, newest first, relative to ``root``: where the job may write its metrics."""
+    found: list[tuple[float, str]] = []
+    skip = {str(p.resolve()) for p in exclude}
+    todo: list[tuple[Path, int]] = [(root, 0)]
+    seen = 0
+    while todo and seen < MAX_WALK:
+        folder, level = todo.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for e in entries:
+            seen += 1
+            if seen > MAX_WALK or e.name.startswith(".") or e.path in skip:
+                continue
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    if level + 1 < depth and str(Path(e.path).resolve()) not in skip:
+                        todo.append((Path(e.path), level + 1))
+                elif e.name.endswith(TEXT_SUFFIXES) and str(Path(e.path).resolve()) not in skip:
+                    mtime = e.stat().st_mtime
+                    if mtime >= since:
+                        found.append((mtime, os.path.relpath(e.path, root)))
+            except OSError:
+                continue
+    return [name for _, name in sorted(found, reverse=True)]

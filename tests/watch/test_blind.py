@@ -148,3 +148,25 @@ def test_blind_watch_alone_counts_only_until_a_step():
     bw.stepped("stdout", "kv", 1)
     bw.lines(["b", "c", "d", "e"], 1.0)
     assert bw.check(2.0) is None and bw.status() is None
+
+
+def test_the_fix_names_the_text_files_the_attempt_wrote(tmp_path):
+    import os
+
+    from supervisor.watch.blind import written_files
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "old.log").write_text("x")
+    os.utime(tmp_path / "old.log", (1000, 1000))  # before the attempt: not its output
+    (tmp_path / "logs" / "train.log").write_text("iter 1 ...")
+    (tmp_path / "model.bin").write_bytes(b"\0")
+    (tmp_path / "sd").mkdir()
+    (tmp_path / "sd" / "job.log").write_text("excluded: the supervisor's own copy")
+    since = (tmp_path / "logs" / "train.log").stat().st_mtime - 1
+    assert written_files(tmp_path, since, [tmp_path / "sd"]) == ["logs/train.log"]
+    bw = BlindWatch(2, 0)
+    bw.find_written = lambda: written_files(tmp_path, since, [tmp_path / "sd"])
+    bw.lines(["a 1", "b 2"], 0.0)
+    n = bw.check(0.0)
+    assert n is not None and "the job writes logs/train.log" in n.message
+    assert "wrap --watch-file logs/train.log" in n.message
