@@ -91,6 +91,8 @@ class LogWatcher:
         self._max_step: int | None = None
         self._bar_seen = False  # a training progress bar gave this attempt's step
         self._bar_total: float | None = None  # that bar's total: other bars (evaluate()) are not it
+        self._resume_step: int | None = None  # the attempt's (reset)
+        self._loop_bar_total: float | None = None  # a loop's tqdm bar's total on a fresh start (kept across attempts)
         self._last_detection: Detection | None = None
         self._detections = 0
         self._lines = 0
@@ -130,24 +132,27 @@ class LogWatcher:
             return
         try:
             with self._lock:
-                kept, detections, steps = self._process_records(source, records)
+                kept, detections, steps, walls = self._process_records(source, records)
         except Exception as exc:  # a sink must never raise into the reader thread
             self._failed("logwatch_failed", exc, "these records are skipped; later ones are still processed")
             return
-        self._deliver(detections, kept, steps, None)
+        self._deliver(detections, kept, steps, None, walls)
 
     def _process_records(self, source: str, records: Sequence[MetricRecord]
-                         ) -> tuple[list[MetricRecord], list[Detection], list[int | None]]:
+                         ) -> tuple[list[MetricRecord], list[Detection], list[int | None], list[float]]:
         detections: list[Detection] = []
         steps: list[int | None] = []
+        walls: list[float] = []  # each new step's wall time (a TensorBoard scalar's own: when it was logged)
         metric_detectors = [d for d in self._detectors if d.wants_metrics]
         for rec in records:
             if rec.step is None:
                 if rec.loss is not None or rec.grad_norm is not None:
                     steps.append(None)
+                    walls.append(rec.at)
             else:
                 if self._max_step is None or rec.step > self._max_step:
                     steps.append(rec.step)
+                    walls.append(rec.at)
                     self._max_step = rec.step
                 self._last_step = rec.step
             self._last = rec
@@ -162,10 +167,10 @@ class LogWatcher:
                     self._detections += 1
                     self._last_detection = d
                     detections.append(d)
-        return list(records), detections, steps
+        return list(records), detections, steps, walls
 
     def _deliver(self, detections: Sequence[Detection], records: Sequence[MetricRecord],
-                 steps: Sequence[int | None], last_line: str | None) -> None:
+                 steps: Sequence[int | None], last_line: str | None, walls: Sequence[float] | None = None) -> None:
         # Detections first: a failing metric callback must not delay or swallow an anomaly.
         for det in detections:
             log.warning("anomaly_detected", cause=det.cause.value, summary=det.summary, source=det.source,
@@ -179,8 +184,16 @@ class LogWatcher:
             if self._progress is not None:
                 now = self._clock()
                 self._progress.note_output(now, last_line)
-                for step in steps:
-                    self._progress.note_step(now, step)
+                if walls is None:
+                    for step in steps:
+                        self._progress.note_step(now, step)
+                else:
+                    # Steps read from a file arrive in bursts (one per read); their own wall times,
+                    # moved onto our clock, give liveness the job's real step rhythm.
+                    wall, at = time.time(), float("-inf")
+                    for step, w in zip(steps, walls):
+                        at = max(at, min(now, now - (wall - w)))
+                        self._progress.note_step(at, step)
             for rec in records:
                 self._on_metric(rec)
         except Exception as exc:  # noqa: BLE001
@@ -254,6 +267,8 @@ class LogWatcher:
                 continue  # a bar position is not a metric, and no detector judges it
             if rec is not None:
                 mask |= self._metric_mask
+                if rec.fmt == "tqdm" and rec.step is not None:
+                    rec = self._loop_bar_step(rec)
                 if client:
                     rec = dataclasses.replace(rec, fmt="client")
                 elif rec.step is None and self._bar_seen and self._last_step is not None:
@@ -288,6 +303,22 @@ class LogWatcher:
                 bit <<= 1
         return records, detections, steps
 
+    def _loop_bar_step(self, rec: MetricRecord) -> MetricRecord:
+        """A loop's tqdm bar (``tqdm`` records) built as ``tqdm(range(start, n))`` without
+        ``initial=start`` counts from 0 again after a resume, with ``n - start`` as its total: seen so
+        (the first attempt's total minus the resume step), its counter is shifted by the resume step,
+        else the steps would read as a job that ignored its checkpoint."""
+        total = rec.extra.get("total")
+        if self._loop_bar_total is None:
+            if not self._resume_step:
+                self._loop_bar_total = total  # a fresh start shows the whole run's bar
+            return rec
+        r = self._resume_step
+        if r and rec.step is not None and total is not None and total != self._loop_bar_total \
+                and total + r == self._loop_bar_total:
+            return dataclasses.replace(rec, step=rec.step + r, extra={**rec.extra, "step_offset": float(r)})
+        return rec
+
     def _noted(self, source: str, rec: MetricRecord) -> None:
         """Every record, parsed from a line or read from a metric file: the per-source book and
         the blind bound (a record is what ends blindness)."""
@@ -306,6 +337,7 @@ class LogWatcher:
             self._attempt = attempt
             self._last_step = resume_step
             self._max_step = resume_step
+            self._resume_step = resume_step
             self._bar_seen = False
             self._bar_total = None
             self._fired.clear()

@@ -170,3 +170,20 @@ def test_a_bar_named_after_an_epoch_or_an_evaluation_counts_batches_and_stays_st
     for desc in ("train", "Training", "steps", "pretrain"):
         rec = P.parse(bar(58, "nan", desc), "stderr")
         assert rec is not None and rec.step == 58, desc
+
+
+def test_a_loop_bar_that_counts_from_zero_after_a_resume_is_shifted_by_the_resume_step() -> None:
+    # tqdm(range(start, 300)) without initial=start: after resuming at 50 the bar reads 8/250 at step 58.
+    w, dets, recs = watch()
+    w.reset(0, None)
+    w.feed("stderr", [bar(40, "1.5"), bar(60, "1.4")])
+    assert [r.step for r in recs] == [40, 60]
+    w.reset(1, 50)
+    w.feed("stderr", [f"train:   3%|          | {n}/250 [00:01<00:05, 45.2it/s, loss={loss}]"
+                      for n, loss in ((4, "1.45"), (8, "nan"))])
+    assert [r.step for r in recs[2:]] == [54, 58] and recs[-1].extra["step_offset"] == 50.0
+    [d] = dets
+    assert d.step == 58 and d.onset_step == 55
+    w.reset(2, 50)  # a bar built with initial=start shows the whole run: no shift
+    w.feed("stderr", [bar(58, "1.3")])
+    assert recs[-1].step == 58 and "step_offset" not in recs[-1].extra
