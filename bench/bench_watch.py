@@ -67,6 +67,8 @@ def metric_line(fmt: str, step: int, loss: float) -> str:
         return (f" iteration {step:8d}/  500000 | consumed samples: {step * 512:12d} | elapsed time per iteration "
                 f"(ms): 1234.5 | learning rate: 1.500E-04 | global batch size:   512 | lm loss: {loss:.6E} | "
                 "loss scale: 1.0 | grad norm: 2.103 | number of skipped iterations:   0 | number of nan iterations:   0 |")
+    if fmt == "generic":  # a hand-written loop's logging line (tests/jobs/loop_logging_train.py)
+        return f"2026-12-03 21:06:25,513 INFO trainer: epoch 0 | iter {step}/300000 | train_loss={loss:.4f} | lr=0.05"
     raise ValueError(fmt)
 
 
@@ -84,7 +86,7 @@ def stream(n: int, every: int, fmt: str) -> list[str]:
 
 def ingestion(n: int = 300_000, batch: int = 256) -> list[dict]:
     rows = []
-    for fmt, every in (("nanogpt", 5), ("json", 5), ("megatron", 5), ("hf5", 5), ("nanogpt", 20)):
+    for fmt, every in (("nanogpt", 5), ("json", 5), ("megatron", 5), ("hf5", 5), ("generic", 5), ("nanogpt", 20)):
         lines = stream(n, every, fmt)
         batches = [lines[i:i + batch] for i in range(0, n, batch)]
         best = 0.0
