@@ -132,24 +132,27 @@ class LogWatcher:
             return
         try:
             with self._lock:
-                kept, detections, steps = self._process_records(source, records)
+                kept, detections, steps, walls = self._process_records(source, records)
         except Exception as exc:  # a sink must never raise into the reader thread
             self._failed("logwatch_failed", exc, "these records are skipped; later ones are still processed")
             return
-        self._deliver(detections, kept, steps, None)
+        self._deliver(detections, kept, steps, None, walls)
 
     def _process_records(self, source: str, records: Sequence[MetricRecord]
-                         ) -> tuple[list[MetricRecord], list[Detection], list[int | None]]:
+                         ) -> tuple[list[MetricRecord], list[Detection], list[int | None], list[float]]:
         detections: list[Detection] = []
         steps: list[int | None] = []
+        walls: list[float] = []  # each new step's wall time (a TensorBoard scalar's own: when it was logged)
         metric_detectors = [d for d in self._detectors if d.wants_metrics]
         for rec in records:
             if rec.step is None:
                 if rec.loss is not None or rec.grad_norm is not None:
                     steps.append(None)
+                    walls.append(rec.at)
             else:
                 if self._max_step is None or rec.step > self._max_step:
                     steps.append(rec.step)
+                    walls.append(rec.at)
                     self._max_step = rec.step
                 self._last_step = rec.step
             self._last = rec
@@ -164,10 +167,10 @@ class LogWatcher:
                     self._detections += 1
                     self._last_detection = d
                     detections.append(d)
-        return list(records), detections, steps
+        return list(records), detections, steps, walls
 
     def _deliver(self, detections: Sequence[Detection], records: Sequence[MetricRecord],
-                 steps: Sequence[int | None], last_line: str | None) -> None:
+                 steps: Sequence[int | None], last_line: str | None, walls: Sequence[float] | None = None) -> None:
         # Detections first: a failing metric callback must not delay or swallow an anomaly.
         for det in detections:
             log.warning("anomaly_detected", cause=det.cause.value, summary=det.summary, source=det.source,
@@ -181,8 +184,16 @@ class LogWatcher:
             if self._progress is not None:
                 now = self._clock()
                 self._progress.note_output(now, last_line)
-                for step in steps:
-                    self._progress.note_step(now, step)
+                if walls is None:
+                    for step in steps:
+                        self._progress.note_step(now, step)
+                else:
+                    # Steps read from a file arrive in bursts (one per read); their own wall times,
+                    # moved onto our clock, give liveness the job's real step rhythm.
+                    wall, at = time.time(), float("-inf")
+                    for step, w in zip(steps, walls):
+                        at = max(at, min(now, now - (wall - w)))
+                        self._progress.note_step(at, step)
             for rec in records:
                 self._on_metric(rec)
         except Exception as exc:  # noqa: BLE001

@@ -116,6 +116,7 @@ class MetricFiles:
         self._sink_failed = False
         self.scans = 0
         self.capped = False
+        self._mute = False  # a pass that reads without delivering (baseline of a later attempt)
         for r in roots:
             self.add_root(r)
 
@@ -136,10 +137,20 @@ class MetricFiles:
     # -- Monitor ------------------------------------------------------------------------------
 
     def baseline(self) -> None:
-        """What exists now is history. Call before the first attempt's job is spawned."""
+        """Call before each attempt's job is spawned. The first time: what exists now is history.
+        Later: what the files hold now belongs to the attempt that ended (a job stopped after a
+        NaN goes on logging until it exits): read to the end without delivering, so none of it
+        is judged as the next attempt's."""
         if self._baseline_wall is None:
             self._baseline_wall = time.time()
             self.scan_now()
+            return
+        self._mute = True
+        try:
+            while self.scan_now():
+                pass
+        finally:
+            self._mute = False
 
     def start(self, ctx: AttemptContext | None = None, emit: Emit | None = None) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -306,7 +317,7 @@ class MetricFiles:
         except Exception as exc:  # noqa: BLE001 (bad content of one file must not stop the others)
             self._warn(f, "metric_file_unreadable", repr(exc), "its later content is still read")
             records = []
-        if records:
+        if records and not self._mute:
             f.records += len(records)
             steps = [r.step for r in records if r.step is not None]
             if steps:

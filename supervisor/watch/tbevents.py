@@ -26,6 +26,7 @@ step the writer gave them; those of one step read in one call make one record (:
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -279,21 +280,24 @@ def tag_field(tag: str) -> tuple[str | None, bool]:
 
 
 def group(scalars: Iterable[Scalar], source: str, fmt: str = "tensorboard") -> list[MetricRecord]:
-    """Scalars -> one record per step (in the order steps first appear); steps without a loss-like
-    value (only ``epoch`` or ``lr``) make no record."""
+    """Scalars -> one record per step (in the order steps first appear), its ``at`` the writer's
+    wall time of the step's first scalar (the job's real rhythm, not when we read it); steps
+    without a loss-like value (only ``epoch`` or ``lr``) make no record."""
     by_step: dict[int, tuple[dict[str, object], dict[str, float]]] = {}
+    walls: dict[int, float] = {}
     for s in scalars:
         values, extra = by_step.setdefault(s.step, ({"step": s.step}, {}))
+        walls.setdefault(s.step, s.wall_time)
         canon, per_step = tag_field(s.tag)
         if canon is not None and per_step and canon != "step":
             values.setdefault(canon, s.value)
         else:
             extra[s.tag] = s.value
     out: list[MetricRecord] = []
-    for values, extra in by_step.values():
+    for step, (values, extra) in by_step.items():
         rec = make_record(values, fmt, source, None, extra)
         if rec is not None:
-            out.append(rec)
+            out.append(dataclasses.replace(rec, at=walls[step]) if walls[step] > 0 else rec)
     return out
 
 

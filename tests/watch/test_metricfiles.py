@@ -32,6 +32,7 @@ class Progress:
 
     def __init__(self) -> None:
         self.steps: list[int | None] = []
+        self.times: list[float] = []
         self.outputs = 0
 
     def note_output(self, now: float, line: str | None = None) -> None:
@@ -39,6 +40,7 @@ class Progress:
 
     def note_step(self, now: float, step: int | None) -> None:
         self.steps.append(step)
+        self.times.append(now)
 
 
 class Watch:
@@ -73,6 +75,11 @@ def test_files_from_before_the_run_are_history_and_new_ones_are_read_from_the_st
     assert "loss=nan" in (nan.evidence or "")
     # Liveness learns the step rhythm from file steps (each new step once).
     assert w.progress.steps == list(range(p["train_batches"] * p["max_epochs"]))
+    # ... at the writer's own times (all read in one pass, noted as far apart as they were logged).
+    assert [r.at for r in w.records] == sorted(r.at for r in w.records)
+    gaps = [b - a for a, b in zip(w.progress.times, w.progress.times[1:])]
+    walls = [r.at for r in w.records if r.loss is not None]
+    assert gaps == pytest.approx([b - a for a, b in zip(walls, walls[1:])], abs=1e-3) and sum(gaps) > 0
     st = w.mf.status()
     assert st["files"][str(new / TB)] == {"kind": "tb", "records": len(w.records), "last_step": 11}
     assert w.lw.status()["formats"] == {"tensorboard": len(w.records)}
@@ -225,3 +232,26 @@ w.close()
         proc.kill()
         w.mf.stop()
     assert w.steps() == list(range(7)) and w.detections[0].step == 6
+
+
+def test_what_a_stopped_attempt_wrote_after_its_end_is_not_judged_as_the_next_attempts(tmp_path: Path) -> None:
+    # A job stopped after a NaN logs on until it exits; the next attempt's baseline reads that
+    # tail without delivering it (it was a false second NaN at the relaunch).
+    w = Watch([tmp_path])
+    w.mf.baseline()
+    m = tmp_path / "m.jsonl"
+    line = lambda step, loss: json.dumps({"step": step, "loss": loss}) + "\n"  # noqa: E731
+    m.write_text(line(1, 1.0) + line(2, math.nan))
+    w.mf.scan_now()
+    assert w.steps() == [1, 2] and len(w.detections) == 1
+    with open(m, "a") as f:
+        f.write(line(3, math.nan))
+    (tmp_path / "late.jsonl").write_text(line(3, math.nan))  # a file the old attempt created after the last pass
+    w.lw.reset(1, 1)
+    w.mf.baseline()  # before the next attempt's spawn
+    w.mf.scan_now()
+    assert w.steps() == [1, 2] and len(w.detections) == 1
+    with open(m, "a") as f:
+        f.write(line(2, 0.9))
+    w.mf.scan_now()
+    assert w.steps() == [1, 2, 2] and len(w.detections) == 1
