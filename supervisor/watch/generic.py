@@ -44,7 +44,7 @@ _UNIT = r"(?:[A-Za-z%]+(?:/[A-Za-z]+)?)?"
 _KEY = r"([A-Za-z_][\w./\-]*(?:\s(?:loss|norm|rate))?)"
 # One field, and a run of fields separated by spaces (the part between two separators).
 _PAIR = re.compile(rf"{_KEY}(?:\s*[=:]\s*|\s+){_VAL}{_UNIT}")
-_SEQ = re.compile(rf"{_KEY}(?:\s*[=:]\s*|\s+){_VAL}{_UNIT}(?:\s+|$)")
+_SEQ = re.compile(rf"{_KEY}(?:\s*[=:]\s*|\s+){_VAL}{_UNIT}:?(?:\s+|$)")  # "Epoch 3: val_loss=2.1"
 _ANON = re.compile(rf"\(?({NUM})\s*{_UNIT}\)?")
 _COUNTER = re.compile(r"\[?\s*(\d+)\s*/\s*(\d+)\s*\]?")
 _COUNTER_SEQ = re.compile(r"\[?(\d+)/(\d+)\]?(?:\s+|$)")

@@ -42,6 +42,9 @@ GENERIC = [
     ("58/300 loss=nan lr=0.1", 58, math.nan, None, {"lr": 0.1, "extra": {"total": 300.0}}),
     ("[58/300] loss: 2.0 | eta: 0:03:12 | 120 tok/s", 58, 2.0, None, {}),
     ("step 9 | loss 2.0 | elapsed 00:01:02.5", 9, 2.0, None, {}),
+    ("iteration 100: loss 2.3", 100, 2.3, None, {}),
+    ("step 250: train loss 2.0", 250, 2.0, None, {}),  # nanoGPT's eval line without its val part: not "nanogpt"
+    ("Epoch 3: val_loss=2.1 train_loss=2.0", None, 2.0, 2.1, {"extra": {"epoch": 3.0}}),
 ]
 
 

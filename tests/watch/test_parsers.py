@@ -123,12 +123,10 @@ NEAR_MISSES = [
     "{'model_type': 'gpt2', 'n_layer': 12}",
     "{'loss': 'high', 'epoch': 1}",
     "{not json at all, 'loss': 1}",
-    "iteration 100: loss 2.3",
-    # (no longer near misses: "iter 100 loss 2.3" and " iteration 100 | lm loss: 7.3 |" are generic
-    # lines now, see tests/watch/test_generic.py)
+    # (no longer near misses: "iter 100 loss 2.3", "iteration 100: loss 2.3", "step 250: train loss 2.0"
+    # and " iteration 100 | lm loss: 7.3 |" are generic lines now, see tests/watch/test_generic.py)
     "iter abc: loss 2.3",
     "iter 100: loss high, time 1ms",
-    "step 250: train loss 2.0",  # eval line without the val part
     "Resuming from step: 100 (loss will be logged)",
     "step: 10 memory: 30GiB",  # torchtitan without a loss
     "step: x  loss: 2.3",
