@@ -1,0 +1,118 @@
+"""Checkpoint dir and resume discovery, and resume_ignored, through the real runner on fakes
+(tests/fakes.py): the concerns as build_daemon wires them, a clock the test moves."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from supervisor.core.machine import State
+from supervisor.daemon.adapters import CheckpointConcern
+from supervisor.daemon.ckptdiscovery import CheckpointDiscoveryConcern
+from supervisor.daemon.resumewatch import ResumeWatchConcern
+from tests.helpers import ckpt_factory as F
+
+from ..fakes import close_all, config, daemon
+
+
+@pytest.fixture(autouse=True)
+def _closed():
+    yield
+    close_all()
+
+
+def step_line(step: int, loss: float | str) -> str:
+    return json.dumps({"step": step, "loss": loss, "grad_norm": 1.0}).replace('"nan"', "NaN")
+
+
+def discovery() -> list:
+    ckpts = CheckpointConcern()
+    return [CheckpointDiscoveryConcern(ckpts), ckpts]
+
+
+def test_an_hf_script_gets_its_output_dir_and_resume_flag_as_if_configured(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("from transformers import Trainer, TrainingArguments\n")
+    cfg = config(tmp_path, job={"command": ["python", "train.py", "--output_dir", "out"]})
+    d = daemon(tmp_path, cfg, steps=[10], concerns=discovery())
+    assert d.runner.cfg.checkpoint_dir() == tmp_path / "out"
+    assert d.launcher.specs[0].env["TSUP_CHECKPOINT_DIR"] == str(tmp_path / "out")  # already the first attempt
+    names = d.events()
+    assert "checkpoint_dir_found" in names and "resume_inferred" in names
+    st = d.runner.status()
+    assert st["checkpoint_dir"] == {"path": str(tmp_path / "out"), "found_by": "--output_dir in the command"}
+    assert st["resume"]["source"] == "inferred"
+    d.lines(step_line(12, 2.0))
+    d.launcher.job.exits(1)
+    d.step(2)
+    d.clock.advance(60.0)
+    d.settle()
+    argv = d.launcher.specs[-1].argv
+    assert argv[-2:] == ("--resume_from_checkpoint", "ckpt/step_10.pt"), argv  # the fake store's path
+
+
+def test_an_explicit_config_wins_over_what_the_command_says(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("from transformers import TrainingArguments\n")
+    cfg = config(tmp_path, job={"command": ["python", "train.py", "--output_dir", "out"], "resume_args": ["--r={checkpoint}"]},
+                 checkpoints={"dir": str(tmp_path / "mine")})
+    d = daemon(tmp_path, cfg, concerns=discovery())
+    assert d.runner.cfg.checkpoint_dir() == tmp_path / "mine" and d.runner.cfg.job.resume_args == ("--r={checkpoint}",)
+    assert "checkpoint_dir_found" not in d.events() and "resume_inferred" not in d.events()
+    st = d.runner.status()
+    assert st["checkpoint_dir"]["found_by"] == "config" and st["resume"]["source"] == "config"
+
+
+def test_a_dir_appearing_under_the_workdir_is_found_and_unhandable_checkpoints_warned_once(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('a loop that never reads a checkpoint')\n")
+    d = daemon(tmp_path, concerns=discovery())
+    assert d.runner.cfg.checkpoint_dir() is None and "checkpoint_dir_unknown" in d.events()
+    assert d.runner.status()["checkpoint_dir"]["looking_under"] == [str(tmp_path)]
+    ck = F.torch_file(tmp_path / "runs" / "ckpts" / "step_7.pt", 7)
+    os.utime(ck, (time.time() - 3, time.time() - 3))  # written during the run, settled
+    for _ in range(3):
+        d.clock.advance(6.0)
+        d.step()
+    assert d.runner.cfg.checkpoint_dir() == tmp_path / "runs" / "ckpts"
+    assert d.runner.status()["checkpoint_dir"]["found_by"].startswith("a checkpoint-shaped entry")
+    assert d.events().count("resume_unavailable") == 1
+    [warn] = [e for e in d.ledger.events if e["event"] == "resume_unavailable"]
+    assert "--resume-arg=--resume={checkpoint}" in warn["message"] and warn["level"] == "warning"
+    d.launcher.job.exits(1)
+    d.step(2)
+    d.clock.advance(60.0)
+    d.settle()
+    assert d.launcher.specs[-1].env["TSUP_CHECKPOINT_DIR"] == str(tmp_path / "runs" / "ckpts")
+
+
+def test_a_job_that_starts_over_after_a_resume_is_resume_ignored_and_not_restarted_for_it(tmp_path: Path) -> None:
+    d = daemon(tmp_path, config(tmp_path, validation={"steps": 5}), steps=[100], concerns=[ResumeWatchConcern()])
+    d.lines(*[step_line(s, 2.0) for s in range(1, 106)])
+    d.lines(step_line(106, "nan"))
+    d.step()
+    d.clock.advance(60.0)
+    d.settle()
+    assert d.launcher.specs[-1].env["TSUP_RESUME_STEP"] == "100"
+    d.lines(*[step_line(s, 2.5) for s in range(1, 8)])  # started over
+    d.step(3)
+    names = d.events()
+    assert "resume_ignored" in names and "validation_failed" in names
+    [ev] = [e for e in d.ledger.events if e["event"] == "resume_ignored"]
+    assert ev["level"] == "warning" and ev["data"]["resume_step"] == 100 and ev["data"]["first_step"] == 1
+    v = d.ledger.rows[1]["validation_json"]
+    assert v["verdict"] == "fail" and v["checks"]["resume"]["passed"] is False and "resume_ignored" in v["summary"]
+    assert d.runner.state is State.RUNNING and len(d.launcher.specs) == 2  # kept running, no restart for it
+    assert d.runner.status()["resume_ignored"]["first_step"] == 1
+
+
+def test_a_real_resume_is_not_resume_ignored(tmp_path: Path) -> None:
+    d = daemon(tmp_path, config(tmp_path, validation={"steps": 5}), steps=[100], concerns=[ResumeWatchConcern()])
+    d.lines(*[step_line(s, 2.0) for s in range(1, 106)])
+    d.lines(step_line(106, "nan"))
+    d.step()
+    d.clock.advance(60.0)
+    d.settle()
+    d.lines(*[step_line(s, 2.0) for s in range(101, 108)])
+    assert "resume_ignored" not in d.events() and "validation_passed" in d.events()
+    assert d.runner.status()["resume_ignored"] is None
