@@ -113,6 +113,20 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("a blind attempt's work ignored (a crash after unparsed steps backs off)", "supervisor/core/attempts.py",
              "        return showed_work(activity, after_s, active_s)", "        return False",
              ("tests/core/test_blind_progress.py",)),
+    Mutation("resume_ignored never judged (a job that starts over after a resume passes unnoticed)",
+             "supervisor/core/resumecheck.py",
+             "    if first_step < resume_step / 2 and resume_step - first_step >= MIN_GAP:", "    if False:",
+             ("tests/core/test_resumecheck.py", "tests/daemon/test_resume_discovery_wiring.py")),
+    Mutation("the checkpoint dir named in the command ignored (relaunched fresh, no warning)",
+             "supervisor/checkpoints/finddir.py",
+             "        if v is not None:\n            return FoundDir(", "        if False:\n            return FoundDir(",
+             ("tests/checkpoints/test_finddir.py", "tests/daemon/test_resume_discovery_wiring.py")),
+    Mutation("a found checkpoint dir not applied to the running config", "supervisor/daemon/ckptdiscovery.py",
+             "        if new is not cfg:\n            d.use_config(new)", "        if False:\n            d.use_config(new)",
+             ("tests/daemon/test_resume_discovery_wiring.py",)),
+    Mutation("the HF resume flag not inferred", "supervisor/job/resumeinfer.py",
+             "    if has_flag(argv, \"--output_dir\") and _HF_MARKERS.search(src):", "    if False:",
+             ("tests/job/test_resumeinfer.py", "tests/daemon/test_resume_discovery_wiring.py")),
 )
 
 
