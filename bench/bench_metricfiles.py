@@ -1,0 +1,185 @@
+"""Metric files the job writes (supervisor/watch/metricfiles.py): what following them costs the
+daemon, and how long a NaN takes from the writer to a detection, per source.
+
+- cost: CPU time (process_time) of one pass that reads a new file of many steps through
+  MetricFiles -> LogWatcher.feed_records (every detector on), per 1,000 scalars. The files come
+  from the real writers: ``torch.utils.tensorboard.SummaryWriter`` in a child process (torch stays
+  out of this process), Lightning's CSV writer, and JSON lines. Also the idle pass: walking a tree
+  of directories that hold no metric file.
+- detection delay: the writer writes a NaN (TensorBoard: a SummaryWriter child logging a step
+  every 0.1 s, the delay measured from the scalar's own wall time; CSV and JSONL: appended here),
+  with the monitor's thread at its default 1 s poll; time until the NaN detection is emitted.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from supervisor.events import Detection
+from supervisor.watch.config import DetectorsConfig
+from supervisor.watch.logwatch import LogWatcher
+from supervisor.watch.metricfiles import MetricFiles
+from supervisor.watch.tbevents import read_file
+
+STEPS = 20_000  # 2 scalars a step (loss, lr): 40,000 scalars
+
+TB_WRITER = """
+import math, sys, time
+from torch.utils.tensorboard import SummaryWriter
+w = SummaryWriter(sys.argv[1])
+steps, nan_at, pace = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+for step in range(steps):
+    w.add_scalar("train/loss", math.nan if step == nan_at else 1.0 / (step + 1), step)
+    w.add_scalar("train/learning_rate", 1e-3, step)
+    if pace:
+        time.sleep(pace)
+w.close()
+"""
+
+
+def _watcher() -> tuple[LogWatcher, list[Detection], threading.Event]:
+    got: list[Detection] = []
+    ev = threading.Event()
+
+    def emit(d: Detection) -> None:
+        got.append(d)
+        ev.set()
+
+    return LogWatcher(DetectorsConfig(), emit, lambda r: None), got, ev
+
+
+def _tb_file(d: Path, steps: int, nan_at: int = -1, pace: float = 0.0) -> subprocess.Popen:
+    script = d / "tbw.py"
+    script.write_text(TB_WRITER)
+    return subprocess.Popen([sys.executable, str(script), str(d / "runs"), str(steps), str(nan_at), str(pace)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _cost_of(root: Path, make: "callable", scalars: int) -> float:  # type: ignore[valid-type]
+    lw, _, _ = _watcher()
+    mf = MetricFiles([root], lw)
+    mf.baseline()
+    make()
+    t0 = time.process_time()
+    while mf.scan_now():
+        pass
+    cpu = time.process_time() - t0
+    recs = lw.status()["metric_records"]
+    assert recs >= scalars // 2 - 1, f"read {recs} records of {scalars // 2} steps"
+    return cpu / scalars * 1000
+
+
+def cost() -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d) / "tb"
+        root.mkdir()
+        staging = Path(d) / "staging"
+        staging.mkdir()
+        assert _tb_file(staging, STEPS).wait(300) == 0
+        [src] = (staging / "runs").glob("events.out.tfevents.*")
+        scalars = len(read_file(str(src))[0])
+        per = _cost_of(root, lambda: os.link(src, root / src.name), scalars)
+        rows.append({"name": f"following files: daemon CPU per 1,000 scalars, TensorBoard event file "
+                             f"(SummaryWriter, {scalars} scalars, 2 a step)", "value": round(per * 1000, 2),
+                     "unit": "ms", "target": "report"})
+        from lightning.fabric.loggers.csv_logs import _ExperimentWriter
+
+        root = Path(d) / "csv"
+        root.mkdir()
+        w = _ExperimentWriter(str(staging / "csvlog"))
+        for step in range(STEPS):
+            w.log_metrics({"train_loss": 1.0 / (step + 1), "lr": 1e-3}, step)
+        w.save()
+        csv_src = staging / "csvlog" / "metrics.csv"
+        per = _cost_of(root, lambda: os.link(csv_src, root / "metrics.csv"), 2 * STEPS)
+        rows.append({"name": f"following files: daemon CPU per 1,000 scalars, Lightning CSVLogger metrics.csv "
+                             f"({2 * STEPS} values, 2 a row)", "value": round(per * 1000, 2), "unit": "ms",
+                     "target": "report"})
+        root = Path(d) / "jsonl"
+        root.mkdir()
+        jl = staging / "m.jsonl"
+        jl.write_text("".join(json.dumps({"step": s, "loss": 1.0 / (s + 1), "lr": 1e-3}) + "\n" for s in range(STEPS)))
+        per = _cost_of(root, lambda: os.link(jl, root / "metrics.jsonl"), 2 * STEPS)
+        rows.append({"name": f"following files: daemon CPU per 1,000 scalars, JSONL ({2 * STEPS} values, 2 a line)",
+                     "value": round(per * 1000, 2), "unit": "ms", "target": "report"})
+        tree = Path(d) / "tree"
+        for i in range(500):
+            (tree / f"d{i // 25}" / f"e{i}").mkdir(parents=True)
+            (tree / f"d{i // 25}" / f"e{i}" / "data.bin").write_bytes(b"x")
+        lw, _, _ = _watcher()
+        mf = MetricFiles([tree], lw)
+        mf.baseline()
+        t0 = time.process_time()
+        for _ in range(20):
+            mf.scan_now()
+        rows.append({"name": "following files: daemon CPU of one idle pass (the 1 s poll) over a working dir of "
+                             "520 directories", "value": round((time.process_time() - t0) / 20 * 1000, 2),
+                     "unit": "ms", "target": "report"})
+    return rows
+
+
+def delay(trials: int = 5) -> list[dict]:
+    out: dict[str, list[float]] = {"tb": [], "csv": [], "jsonl": []}
+    for i in range(trials):
+        for kind in out:
+            with tempfile.TemporaryDirectory() as d:
+                root = Path(d)
+                lw, got, ev = _watcher()
+                mf = MetricFiles([root], lw)
+                mf.start()
+                try:
+                    if kind == "tb":
+                        p = _tb_file(root, 60, nan_at=40, pace=0.1)
+                        if not ev.wait(60):
+                            raise RuntimeError("no TensorBoard NaN detection within 60 s")
+                        seen = time.time()
+                        p.wait(60)
+                        [f] = (root / "runs").glob("events.out.tfevents.*")
+                        wrote = min(s.wall_time for s in read_file(str(f))[0] if math.isnan(s.value))
+                    else:
+                        name = "metrics.csv" if kind == "csv" else "metrics.jsonl"
+                        with open(root / name, "w") as fh:
+                            if kind == "csv":
+                                fh.write("epoch,step,train_loss\n")
+                            for step in range(5):
+                                fh.write(f"0,{step},{1.0 / (step + 1)}\n" if kind == "csv"
+                                         else json.dumps({"step": step, "loss": 1.0}) + "\n")
+                            fh.flush()
+                            time.sleep(0.3 + 0.17 * i)  # a phase against the poll
+                            fh.write("0,5,nan\n" if kind == "csv" else '{"step": 5, "loss": NaN}\n')
+                            fh.flush()
+                            wrote = time.time()
+                        if not ev.wait(10):
+                            raise RuntimeError(f"no {kind} NaN detection within 10 s")
+                        seen = time.time()
+                    out[kind].append(seen - wrote)
+                finally:
+                    mf.stop()
+    rows = []
+    for kind, label in (("tb", "TensorBoard (SummaryWriter, a step every 0.1 s)"), ("csv", "CSV"), ("jsonl", "JSONL")):
+        xs = sorted(out[kind])
+        rows.append({"name": f"detection delay, NaN written -> detected, {label}, 1 s poll, median / max of {trials}",
+                     "value": f"{xs[len(xs) // 2]:.2f} / {xs[-1]:.2f}", "unit": "s", "target": "<= 1 + writer flush"})
+    return rows
+
+
+def run() -> list[dict]:
+    return cost() + delay()
+
+
+if __name__ == "__main__":
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    for r in run():
+        print(r)

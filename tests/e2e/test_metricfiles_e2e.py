@@ -1,0 +1,106 @@
+"""Jobs whose metrics reach the supervisor only through the files they write, under the real
+daemon with no metric config: an unmodified Lightning 2.x script at its defaults (the Rich bar
+prints nothing per step into a pipe; the TensorBoard logger writes event files), also with
+``import pytorch_lightning`` and with the CSVLogger; and plain loops writing only JSONL or only
+TensorBoard. The daemon runs with PYTHONUNBUFFERED unset (tests/e2e/test_trainers_e2e.py's harness).
+"""
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import torch
+
+from supervisor.watch.tbevents import read_file
+from tests.e2e.test_trainers_e2e import JOBS, PY, attempts, events, supervise, wrap  # noqa: F401 (fixture)
+
+slow = pytest.mark.slow
+
+
+def workdir(tmp: Path) -> str:
+    return f'[job]\nworkdir = "{tmp}"\n'
+
+
+def lightning_cmd(tmp: Path, pkg: str, logger: str, *args: str) -> list[str]:
+    return [PY, str(JOBS / "lightning_default.py"), "--pkg", pkg, "--logger", logger,
+            "--ckpt_dir", str(tmp / "ck"), *args]
+
+
+LIGHTNING_RESUME = ["--resume-arg=--ckpt_path", "--resume-arg={checkpoint}"]
+
+
+def ckpt_step(path: str | None) -> int | None:
+    m = re.search(r"step=(\d+)(?:-v\d+)?\.ckpt$", path or "")
+    return int(m.group(1)) if m else None
+
+
+def assert_finite_lightning(path: Path) -> None:
+    sd = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+    assert sd and all(torch.isfinite(t).all() for t in sd.values()), path
+
+
+def ts(ev: dict[str, str]) -> float:
+    return datetime.fromisoformat(ev["ts"].replace("Z", "+00:00")).timestamp()
+
+
+@slow
+@pytest.mark.parametrize("pkg,logger", [("lightning", "default"), ("pytorch_lightning", "default"),
+                                        ("lightning", "csv")])
+def test_lightning_at_defaults_nan_is_seen_in_its_logger_files_and_rolled_back(supervise, tmp_path: Path,
+                                                                               pkg: str, logger: str) -> None:
+    # NaN weights after the update of step 12: epoch=0-step=10.ckpt is the last good checkpoint.
+    d = supervise(wrap(tmp_path, "--checkpoint-dir", str(tmp_path / "ck"), *LIGHTNING_RESUME,
+                       config=workdir(tmp_path))
+                  + lightning_cmd(tmp_path, pkg, logger, "--max_steps", "40"), fault="nan@12")
+    assert d.wait(300) == 0, d.stderr()[-3000:]
+    a = attempts(tmp_path / "sd")
+    assert a[0]["cause"] == "nan" and a[0]["action"] == "rollback", a[0]
+    assert len(a) == 2 and a[1]["exit_code"] == 0, a  # no false NaN from the stopped attempt's last lines
+    [nan] = events(d, "failure_detected")
+    kind = "tb:" if logger == "default" else "file:"
+    assert nan["source"].startswith(f"{kind}{tmp_path / 'lightning_logs' / 'version_0'}"), nan
+    assert int(nan["onset_step"]) == 12, nan  # Lightning logs the loss of the 13th batch as step 12
+    assert ckpt_step(a[1]["checkpoint"]) == 10 and a[1]["argv"][-2:] == ["--ckpt_path", a[1]["checkpoint"]]
+    [last] = (tmp_path / "ck").glob("epoch=*-step=40*.ckpt")
+    assert_finite_lightning(last)
+    if logger == "default":
+        # Detection delay: from the writer's wall time of the NaN scalar to the daemon's detection.
+        [ev_file] = (tmp_path / "lightning_logs" / "version_0").glob("events.out.tfevents.*")
+        scalars, _ = read_file(str(ev_file))
+        written = min(s.wall_time for s in scalars if math.isnan(s.value))
+        delay = ts(nan) - written
+        print(f"detection delay (tensorboard, {pkg}): {delay:.2f} s")
+        assert 0 <= delay < 6.0, delay  # a 1 s poll; the rest is a loaded machine
+
+
+@slow
+def test_lightning_at_defaults_hang_is_detected_from_the_step_rhythm_of_its_files(supervise, tmp_path: Path) -> None:
+    # No --heartbeat-timeout: the timeout is learned from the steps in the event file. The learned
+    # timeout's floor is lowered from 60 s to 3 s ([heartbeat] learn_floor_s) to keep the test short.
+    d = supervise(wrap(tmp_path, "--checkpoint-dir", str(tmp_path / "ck"), *LIGHTNING_RESUME,
+                       config=workdir(tmp_path) + "[heartbeat]\nlearn_floor_s = 3\n")
+                  + lightning_cmd(tmp_path, "lightning", "default", "--max_steps", "45"), fault="hang@30")
+    assert d.wait(300) == 0, d.stderr()[-3000:]
+    a = attempts(tmp_path / "sd")
+    assert a[0]["cause"] == "hang" and len(a) == 2 and a[1]["exit_code"] == 0, a
+    [learned] = events(d, "step_timeout_learned")[:1]
+    assert 3.0 <= float(learned["timeout_s"]) < 60, learned
+    assert ckpt_step(a[1]["checkpoint"]) == 30 or ckpt_step(a[1]["checkpoint"]) == 25, a[1]
+
+
+@slow
+@pytest.mark.parametrize("sink", ["jsonl", "tb"])
+def test_a_job_whose_only_metrics_are_a_file_it_writes_is_caught_on_nan(supervise, tmp_path: Path, sink: str) -> None:
+    out = tmp_path / "out"
+    d = supervise(wrap(tmp_path, config=workdir(tmp_path))
+                  + [PY, str(JOBS / "filelog_train.py"), "--out_dir", str(out), "--sink", sink, "--steps", "40"],
+                  fault="nan@15")
+    assert d.wait(180) == 0, d.stderr()[-3000:]
+    a = attempts(tmp_path / "sd")
+    assert a[0]["cause"] == "nan" and len(a) == 2 and a[1]["exit_code"] == 0, a
+    [nan] = events(d, "failure_detected")
+    assert nan["source"].startswith("file:" if sink == "jsonl" else "tb:"), nan
+    assert int(nan["step"]) == 16, nan  # the first step computed with the poisoned weights
