@@ -85,7 +85,10 @@ def read_source(path: Path, cap: int = SOURCE_CAP) -> str:
 
 
 def _resolve(value: str, workdir: Path) -> Path:
-    p = Path(value).expanduser()
+    try:
+        p = Path(value).expanduser()
+    except RuntimeError:  # ~user of an unknown user: taken as written
+        p = Path(value)
     return p if p.is_absolute() else workdir / p
 
 

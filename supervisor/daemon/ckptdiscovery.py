@@ -54,6 +54,20 @@ class CheckpointDiscoveryConcern(Concern):
     # ------------------------------------------------------------------ start
     def start(self, daemon: DaemonView) -> None:
         self.daemon = daemon
+        try:
+            self._discover()
+        except Exception as e:  # a guess gone wrong must never stop the supervision of the job
+            self._given_up(e)
+
+    def _given_up(self, e: Exception) -> None:
+        assert self.daemon is not None
+        self.roots = []
+        self.daemon.event("checkpoint_discovery_failed", "warning", f"could not look for the checkpoint dir or the "
+                          f"resume flag ({e!r}); the job runs as configured (set --checkpoint-dir and --resume-arg)")
+
+    def _discover(self) -> None:
+        daemon = self.daemon
+        assert daemon is not None
         cfg = daemon.cfg
         self.since = daemon.clock.time() - 1.0  # mtimes have coarse resolution on some filesystems
         argv = command_argv(cfg.job.command, cfg.job.shell)
@@ -130,7 +144,13 @@ class CheckpointDiscoveryConcern(Concern):
 
         d = self.daemon
         assert d is not None
-        hit = scan(self.roots, since=self.since, skip=[d.state_dir])
+        if not self.roots:
+            return
+        try:
+            hit = scan(self.roots, since=self.since, skip=[d.state_dir])
+        except Exception as e:  # said once; the scan is not tried again (every 5 s it would say it again)
+            self._given_up(e)
+            return
         if hit is None:
             return
         root = self.roots[0]

@@ -87,3 +87,8 @@ def test_the_repositorys_nanogpt_job_is_found_by_its_default() -> None:
     jobs = Path(__file__).resolve().parents[1] / "jobs"
     found = dir_from_command(["python", str(jobs / "nanogpt_train.py")], W)
     assert found is not None and found.path == W / "out"
+
+
+def test_a_home_of_an_unknown_user_is_taken_as_written_not_an_error() -> None:
+    found = dir_from_command(["python", "t.py", "--output_dir", "~no_such_user_tsup/out"], W)
+    assert found is not None and found.path == W / "~no_such_user_tsup/out"
