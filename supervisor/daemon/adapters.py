@@ -135,14 +135,21 @@ class CheckpointConcern(Concern):
         self._scan_every_s = min(5.0, max(0.5, cfg.checkpoints.settle_s))
         self.adopt(cfg)
 
-    def adopt(self, cfg: Config) -> None:
+    def adopt(self, cfg: Config, *, replace: bool = False) -> None:
         """Open the checkpoint service on ``cfg``'s checkpoint dir (at start, or later when the
-        dir was found while the job ran: supervisor.daemon.ckptdiscovery); once."""
+        dir was found while the job ran: supervisor.daemon.ckptdiscovery); ``replace``: a found
+        dir the job has moved on from (Lightning's version_N/checkpoints of each new run)."""
         from ..checkpoints.service import CheckpointService
 
         d = cfg.checkpoint_dir()
-        if d is None or self.svc is not None or self.daemon is None:
+        if d is None or self.daemon is None:
             return
+        if self.svc is not None:
+            if not replace or self.svc.dir == d:
+                return
+            old, self.svc = self.svc, None
+            old.close()  # its load tests under way stop; their verifier threads end with LoadTestCancelled
+            self._verified_key = self._pending_verify = self._newest_cache = None
         d.mkdir(parents=True, exist_ok=True)
         self.svc = CheckpointService(cfg.checkpoints, d, self.daemon.state_dir, cfg.job.python,
                                      list(cfg.job.command), cfg.workdir(), remedy_keys=remedy_keys(cfg))

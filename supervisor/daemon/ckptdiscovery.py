@@ -21,6 +21,7 @@ import structlog
 from ..checkpoints.finddir import FoundDir, command_argv, dir_from_command
 from ..config.model import Config
 from ..core.messages import EndAttempt, Resume
+from ..events import AttemptContext
 from ..job.launch import heartbeat_dir
 from ..job.resumeinfer import InferredResume, infer_resume, reads_resume_env
 from .ports import Concern, DaemonView
@@ -47,6 +48,8 @@ class CheckpointDiscoveryConcern(Concern):
         self.inferred: InferredResume | None = None
         self.reads_env = False
         self.since = 0.0
+        self.by_scan = False  # the dir was found by a scan (it may move: Lightning's version_N/)
+        self._attempt_wall = 0.0
         self._scanned_at = float("-inf")
         self._unhanded_at = float("-inf")
         self._warned = False
@@ -102,19 +105,19 @@ class CheckpointDiscoveryConcern(Concern):
                           "verified and resumed from as if configured (set --checkpoint-dir / [checkpoints] dir to "
                           "override)", path=str(found.path), found_by=found.found_by)
 
-    def _apply(self) -> None:
+    def _apply(self, moved: bool = False) -> None:
         """The running config with what was found (also again after a reload dropped it)."""
         d = self.daemon
         assert d is not None
         cfg = d.cfg
         new = cfg
-        if self.found is not None and not cfg.checkpoints.dir:
+        if self.found is not None and (moved or not cfg.checkpoints.dir):
             new = dataclasses.replace(new, checkpoints=dataclasses.replace(new.checkpoints, dir=str(self.found.path)))
         if self.inferred is not None and not cfg.job.resume_args:
             new = dataclasses.replace(new, job=dataclasses.replace(new.job, resume_args=self.inferred.args))
         if new is not cfg:
             d.use_config(new)
-            self.checkpoints.adopt(new)
+            self.checkpoints.adopt(new, replace=moved)
 
     # ------------------------------------------------------------------ while it runs
     def tick(self, now: float) -> None:
@@ -131,10 +134,37 @@ class CheckpointDiscoveryConcern(Concern):
             self._unhanded_at = now
             self._check_unhanded()
 
+    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
+        self._attempt_wall = wall
+
     def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
         # The job may have saved and died within one scan interval: look before the relaunch chooses.
         if self._dir() is None:
             self._scan()
+        elif self.by_scan:
+            self._moved()
+
+    def _moved(self) -> None:
+        """A dir found by a scan, and this attempt saved elsewhere (Lightning starts a new
+        version_N/ at every run, its checkpoints inside): follow the job to its new folder."""
+        from ..checkpoints.appearing import scan
+
+        d = self.daemon
+        assert d is not None and self.found is not None
+        try:
+            hit = scan(self.roots, since=self._attempt_wall - 1.0, skip=[d.state_dir])
+        except Exception as e:
+            self._given_up(e)
+            return
+        if hit is None or hit.folder == self.found.path:
+            return
+        previous = self.found.path
+        self.found = FoundDir(hit.folder, self.found.found_by)
+        d.event("checkpoint_dir_moved", "info",
+                f"the job now saves its checkpoints in {hit.folder} ({hit.entry.name} appeared there this attempt), "
+                f"no longer in {previous}: resumes are chosen from the new folder (set --checkpoint-dir to pin one)",
+                path=str(hit.folder), previous=str(previous))
+        self._apply(moved=True)
 
     def _dir(self) -> Path | None:
         return self.configured or (self.found.path if self.found else None)
@@ -158,6 +188,7 @@ class CheckpointDiscoveryConcern(Concern):
             where = hit.entry.relative_to(root)
         except ValueError:
             where = hit.entry
+        self.by_scan = True
         self._found(FoundDir(hit.folder, f"a checkpoint-shaped entry appearing under {root}"),
                     f": {where}, layout {hit.layout.value}")
         self._apply()

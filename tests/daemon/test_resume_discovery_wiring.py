@@ -116,3 +116,31 @@ def test_a_real_resume_is_not_resume_ignored(tmp_path: Path) -> None:
     d.lines(*[step_line(s, 2.0) for s in range(101, 108)])
     assert "resume_ignored" not in d.events() and "validation_passed" in d.events()
     assert d.runner.status()["resume_ignored"] is None
+
+
+def test_a_scanned_dir_follows_the_job_to_the_folder_its_next_attempt_saves_in(tmp_path: Path) -> None:
+    # Lightning at its defaults: lightning_logs/version_0/checkpoints, then version_1/ after a resume.
+    (tmp_path / "fit.py").write_text("print('a Lightning script')\n")
+    concerns = discovery()
+    d = daemon(tmp_path, config(tmp_path, job={"command": ["python", "fit.py"]}), steps=[5], concerns=concerns)
+    v0, v1 = (tmp_path / "lightning_logs" / f"version_{i}" / "checkpoints" for i in (0, 1))
+    os.utime(F.LAYOUT_CASES[F.Layout.LIGHTNING](v0, 5), None)
+    d.clock.advance(6.0)
+    d.step()
+    assert d.runner.cfg.checkpoint_dir() == v0
+    d.lines(step_line(6, 2.0))
+    d.launcher.job.exits(1)
+    d.step(2)
+    d.clock.advance(60.0)
+    d.settle()  # attempt 1 runs; it saves in version_1
+    assert d.launcher.specs[-1].env["TSUP_CHECKPOINT_DIR"] == str(v0)
+    made = F.LAYOUT_CASES[F.Layout.LIGHTNING](v1, 10)
+    os.utime(made, (time.time() + 1, time.time() + 1))
+    d.lines(step_line(40, 2.0))  # far from the first crash's step: not one deterministic failure
+    d.launcher.job.exits(1)
+    d.step(2)
+    assert d.runner.cfg.checkpoint_dir() == v1 and concerns[1].svc.dir == v1
+    assert "checkpoint_dir_moved" in d.events()
+    d.clock.advance(60.0)
+    d.settle()
+    assert d.launcher.specs[-1].env["TSUP_CHECKPOINT_DIR"] == str(v1)
