@@ -339,8 +339,14 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     if cfg is None:
         return EXIT_USAGE
     ckdir = Path(args.checkpoint_dir) if args.checkpoint_dir else cfg.checkpoint_dir()
+    if ckdir is None and cfg.job.command:  # the dir the daemon would find in the command (--output_dir, ...)
+        from ..checkpoints.finddir import command_argv, dir_from_command
+
+        found = dir_from_command(command_argv(cfg.job.command, cfg.job.shell), cfg.workdir())
+        ckdir = found.path if found is not None and not found.root else None
     if ckdir is None:
-        return _die_usage("no checkpoint dir: pass --checkpoint-dir DIR or a config with [checkpoints] dir")
+        return _die_usage("no checkpoint dir: pass --checkpoint-dir DIR or a config with [checkpoints] dir "
+                          "(or a [job] command that names it, e.g. --output_dir)")
     sd = Path(args.state_dir) if args.state_dir else cfg.state_dir()
     from .verbs import checkpoints_verb
 

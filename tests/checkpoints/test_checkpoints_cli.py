@@ -49,3 +49,17 @@ def test_json_table_newest_first_with_reasons(tmp_path):
 def test_missing_dir_is_a_usage_error(tmp_path):
     cp = cli("--checkpoint-dir", str(tmp_path / "nope"), "--json")
     assert cp.returncode == 2 and "nope" in cp.stderr
+
+
+def test_the_dir_named_in_the_configs_command_is_listed_without_a_checkpoint_dir(tmp_path):
+    out = tmp_path / "out"
+    f.torch_file(out / "step_100.pt", 100)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[job]\ncommand = ["python", "train.py", "--output_dir", "out"]\nworkdir = "{tmp_path}"\n'
+                   f'[state]\ndir = "{tmp_path / "state"}"\n[checkpoints]\nload_test = false\n')
+    cp = cli("--config", str(cfg), "--json")
+    assert cp.returncode == 0, cp.stderr
+    assert [r["path"] for r in json.loads(cp.stdout)] == [str(out / "step_100.pt")]
+    cfg.write_text(f'[job]\ncommand = ["python", "train.py"]\nworkdir = "{tmp_path}"\n')
+    cp = cli("--config", str(cfg), "--json")
+    assert cp.returncode == 2 and "--output_dir" in cp.stderr
