@@ -127,6 +127,20 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("the HF resume flag not inferred", "supervisor/job/resumeinfer.py",
              "    if has_flag(argv, \"--output_dir\") and _HF_MARKERS.search(src):", "    if False:",
              ("tests/job/test_resumeinfer.py", "tests/daemon/test_resume_discovery_wiring.py")),
+    Mutation("metric files not followed by default", "supervisor/watch/config.py",
+             "metric_files: bool = field(default=True,", "metric_files: bool = field(default=False,",
+             ("tests/watch/test_metricfiles.py",)),
+    Mutation("metric files: history replayed (an old NaN judged again)", "supervisor/watch/metricfiles.py",
+             "history = first or (", "history = False and (", ("tests/watch/test_metricfiles.py",)),
+    Mutation("metric file records skip the detectors", "supervisor/watch/logwatch.py",
+             "            for det in metric_detectors:\n", "            for det in ():\n",
+             ("tests/watch/test_metricfiles.py",)),
+    Mutation("metric file steps noted at read time (liveness sees one burst per poll)", "supervisor/watch/logwatch.py",
+             "at = max(at, min(now, now - (wall - w)))", "at = now", ("tests/watch/test_metricfiles.py",)),
+    Mutation("CSVLogger rewrite delivers its rows again", "supervisor/watch/metricfiles.py",
+             "f.skip_rows = f.rows", "f.skip_rows = 0", ("tests/watch/test_metricfiles.py",)),
+    Mutation("TensorBoard record CRC not checked", "supervisor/watch/tbevents.py",
+             "if data_crc != masked_crc(payload):", "if False:", ("tests/watch/test_tbevents.py",)),
 )
 
 

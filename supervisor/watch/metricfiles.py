@@ -33,6 +33,7 @@ raises into the caller.
 from __future__ import annotations
 
 import csv
+from collections import deque
 import glob as globlib
 import io
 import json
@@ -235,9 +236,11 @@ class MetricFiles:
         found: dict[str, tuple[str, os.stat_result]] = {}
         dirs = 0
         capped = False
-        stack: list[tuple[str, int]] = [(r, 0) for r in self._roots]
-        while stack:
-            d, level = stack.pop()
+        # Breadth first: with the cap, the shallow dirs where loggers write (lightning_logs/,
+        # runs/, out/) are searched before the depths of a dataset tree.
+        queue: deque[tuple[str, int]] = deque((r, 0) for r in self._roots)
+        while queue:
+            d, level = queue.popleft()
             if dirs >= self.max_dirs:
                 capped = True
                 break
@@ -255,7 +258,7 @@ class MetricFiles:
                     if e.is_dir(follow_symlinks=False):
                         if (level < self.depth and not name.startswith(".") and name not in SKIP_DIRS
                                 and e.path not in self.exclude):
-                            stack.append((e.path, level + 1))
+                            queue.append((e.path, level + 1))
                         continue
                     kind = kind_of(name)
                     if kind is not None and e.is_file():

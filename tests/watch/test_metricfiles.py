@@ -255,3 +255,25 @@ def test_what_a_stopped_attempt_wrote_after_its_end_is_not_judged_as_the_next_at
         f.write(line(2, 0.9))
     w.mf.scan_now()
     assert w.steps() == [1, 2, 2] and len(w.detections) == 1
+
+
+def test_the_watch_concern_follows_the_workdir_and_checkpoint_dir_by_default_never_the_state_dir(tmp_path: Path) -> None:
+    from supervisor.config.model import config_from_table
+    from supervisor.daemon.concerns import metric_files_monitor
+
+    wd, ck = tmp_path / "wd", tmp_path / "ck"
+    ck.mkdir()
+    (wd / "sd").mkdir(parents=True)
+    cfg = config_from_table({"job": {"command": ["true"], "workdir": str(wd), "watch_files": ["logs/*"]},
+                             "checkpoints": {"dir": str(ck)}})
+    assert cfg.detectors.metric_files is True
+    w = Watch([])
+    mf = metric_files_monitor(cfg, wd / "sd", w.lw)
+    assert mf.roots == (str(wd.resolve()), str(ck.resolve())) and mf.globs == (str(wd / "logs/*"),)
+    mf.baseline()
+    (wd / "sd" / "metrics-rank0.jsonl").write_text(json.dumps({"step": 3, "loss": 1.0}) + "\n")  # the client's
+    (ck / "metrics.jsonl").write_text(json.dumps({"step": 4, "loss": 1.0}) + "\n")
+    mf.scan_now()
+    assert mf.status()["files"] == {str(ck.resolve() / "metrics.jsonl"): {"kind": "jsonl", "records": 1, "last_step": 4}}
+    off = config_from_table({"job": {"command": ["true"]}, "detectors": {"metric_files": False}})
+    assert metric_files_monitor(off, tmp_path / "sd", w.lw).roots == ()
