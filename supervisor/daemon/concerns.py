@@ -108,6 +108,7 @@ class WatchConcern(Concern):
         self.logwatch: Any = None
         self.tailer: Any = None
         self.metric_files: Any = None
+        self._roots_of: Any = None  # the config whose checkpoint dir the metric files last took
         self.daemon: DaemonView | None = None
 
     def start(self, daemon: DaemonView) -> None:
@@ -194,6 +195,8 @@ class WatchConcern(Concern):
         like every daemon event (journal, console, ledger), never from a reader thread."""
         if self.logwatch is None or self.daemon is None:
             return
+        if self.metric_files is not None and self.daemon.cfg is not self._roots_of:
+            self._follow_checkpoint_dir(self.daemon.cfg)
         notice = self.logwatch.blind_notice(now)
         if notice is not None:
             self.daemon.event(notice.event, notice.level, notice.message, **notice.data)
@@ -224,6 +227,14 @@ class WatchConcern(Concern):
             out["heartbeats"] = {str(k): round(v, 3) for k, v in self.heartbeat.heartbeats().items()}
         return out
 
+    def _follow_checkpoint_dir(self, cfg: Any) -> None:
+        """A checkpoint dir found after the start (from the command, or from files appearing) or
+        set by a reload is where trainers log too (HF ``output_dir/runs/``): search it as well."""
+        self._roots_of = cfg
+        ckpt = cfg.checkpoint_dir() if cfg.detectors.metric_files else None
+        if ckpt is not None:
+            self.metric_files.add_root(ckpt)
+
     def close(self) -> None:
         close_each(self.heartbeat, self.tailer, self.metric_files)
 
@@ -242,8 +253,9 @@ def metric_files_monitor(cfg: Any, state_dir: Any, logwatch: Any) -> Any:
     roots: list[Path] = []
     if dc.metric_files:
         roots.append(Path(cwd))
-        if cfg.checkpoints.dir:
-            roots.append(Path(cwd) / cfg.checkpoints.dir)  # an absolute dir stays itself
+        ckpt = cfg.checkpoint_dir()
+        if ckpt is not None:
+            roots.append(ckpt)
     globs = [g if os.path.isabs(g) else os.path.join(str(cwd), g) for g in cfg.job.watch_files]
     return MetricFiles(roots, logwatch, depth=dc.metric_files_depth, max_dirs=dc.metric_files_max_dirs,
                        poll_interval_s=dc.metric_files_poll_s, globs=globs, exclude=[Path(state_dir)])

@@ -129,6 +129,9 @@ class MetricFiles:
         if any(p == r or p.startswith(r + os.sep) for r in self._roots):
             return  # already under a root
         self._roots = [r for r in self._roots if not r.startswith(p + os.sep)] + [p]
+        if self.scans:
+            log.info("metric_files_root_added", path=p, next="its metric files are followed from the next pass; "
+                     "those older than the run are history")
         self._wake.set()
 
     @property

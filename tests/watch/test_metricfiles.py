@@ -277,3 +277,33 @@ def test_the_watch_concern_follows_the_workdir_and_checkpoint_dir_by_default_nev
     assert mf.status()["files"] == {str(ck.resolve() / "metrics.jsonl"): {"kind": "jsonl", "records": 1, "last_step": 4}}
     off = config_from_table({"job": {"command": ["true"]}, "detectors": {"metric_files": False}})
     assert metric_files_monitor(off, tmp_path / "sd", w.lw).roots == ()
+
+
+def test_a_checkpoint_dir_found_while_running_is_searched_too(tmp_path: Path) -> None:
+    # The checkpoint-dir discovery (or a reload) swaps the daemon's config; the watch concern's
+    # tick gives its dir to the metric files (HF logs into output_dir/runs/ beside checkpoint-N/).
+    from types import SimpleNamespace
+
+    from supervisor.config.model import config_from_table
+    from supervisor.daemon.concerns import WatchConcern, metric_files_monitor
+
+    wd, out = tmp_path / "wd", tmp_path / "out"
+    wd.mkdir()
+    out.mkdir()
+    cfg = config_from_table({"job": {"command": ["true"], "workdir": str(wd)}})
+    w = Watch([])
+    concern = WatchConcern()
+    concern.logwatch = w.lw
+    concern.metric_files = metric_files_monitor(cfg, tmp_path / "sd", w.lw)
+    concern.daemon = SimpleNamespace(cfg=cfg, event=lambda *a, **k: None, refresh_status_cache=lambda: {})  # type: ignore[assignment]
+    concern.metric_files.baseline()
+    concern.tick(1.0)
+    assert concern.metric_files.roots == (str(wd.resolve()),)
+    concern.daemon.cfg = config_from_table({"job": {"command": ["true"], "workdir": str(wd)},  # type: ignore[union-attr]
+                                            "checkpoints": {"dir": str(out)}})
+    concern.tick(2.0)
+    assert concern.metric_files.roots == (str(wd.resolve()), str(out.resolve()))
+    (out / "runs").mkdir()
+    shutil.copy(CORPUS / "hf_tb.tfevents", out / "runs" / TB)
+    concern.metric_files.scan_now()
+    assert w.steps() == list(range(2, MANIFEST["hf"]["max_steps"] + 1, MANIFEST["hf"]["logging_steps"]))
