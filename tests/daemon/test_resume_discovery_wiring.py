@@ -55,7 +55,8 @@ def test_an_hf_script_gets_its_output_dir_and_resume_flag_as_if_configured(tmp_p
 
 def test_an_explicit_config_wins_over_what_the_command_says(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("from transformers import TrainingArguments\n")
-    cfg = config(tmp_path, job={"command": ["python", "train.py", "--output_dir", "out"], "resume_args": ["--r={checkpoint}"]},
+    cfg = config(tmp_path, job={"command": ["python", "train.py", "--output_dir", "out"],
+                                "resume_args": ["--r={checkpoint}"]},
                  checkpoints={"dir": str(tmp_path / "mine")})
     d = daemon(tmp_path, cfg, concerns=discovery())
     assert d.runner.cfg.checkpoint_dir() == tmp_path / "mine" and d.runner.cfg.job.resume_args == ("--r={checkpoint}",)
