@@ -54,7 +54,8 @@ def test_lightning_at_defaults_nan_is_seen_in_its_logger_files_and_rolled_back(s
     # NaN weights after the update of step 12: epoch=0-step=10.ckpt is the last good checkpoint.
     d = supervise(wrap(tmp_path, "--checkpoint-dir", str(tmp_path / "ck"), *LIGHTNING_RESUME,
                        config=workdir(tmp_path))
-                  + lightning_cmd(tmp_path, pkg, logger, "--max_steps", "40"), fault="nan@12")
+                  + lightning_cmd(tmp_path, pkg, logger, "--max_steps", "40", "--log_every_n_steps", "1"),
+                  fault="nan@12")
     assert d.wait(300) == 0, d.stderr()[-3000:]
     a = attempts(tmp_path / "sd")
     assert a[0]["cause"] == "nan" and a[0]["action"] == "rollback", a[0]
@@ -77,12 +78,33 @@ def test_lightning_at_defaults_nan_is_seen_in_its_logger_files_and_rolled_back(s
 
 
 @slow
+def test_lightning_with_not_one_trainer_argument_changed_logs_every_50_steps_and_the_nan_is_still_caught(
+        supervise, tmp_path: Path) -> None:
+    # log_every_n_steps at its default (50): the loss is written at steps 49, 99, ... The NaN from
+    # the update of step 60 shows at step 99; the onset is the step after the last finite value
+    # (50), so the rollback takes step 25, not step 50 (saved before the NaN, but after the onset).
+    d = supervise(wrap(tmp_path, "--checkpoint-dir", str(tmp_path / "ck"), *LIGHTNING_RESUME,
+                       config=workdir(tmp_path))
+                  + lightning_cmd(tmp_path, "lightning", "default", "--max_steps", "125", "--every_n_steps", "25",
+                                  "--step_s", "0.05"), fault="nan@60")
+    assert d.wait(300) == 0, d.stderr()[-3000:]
+    a = attempts(tmp_path / "sd")
+    assert a[0]["cause"] == "nan" and len(a) == 2 and a[1]["exit_code"] == 0, a
+    [nan] = events(d, "failure_detected")
+    assert nan["step"] == "99" and nan["onset_step"] == "50", nan
+    assert ckpt_step(a[1]["checkpoint"]) == 25, a[1]
+    [last] = (tmp_path / "ck").glob("epoch=*-step=125*.ckpt")
+    assert_finite_lightning(last)
+
+
+@slow
 def test_lightning_at_defaults_hang_is_detected_from_the_step_rhythm_of_its_files(supervise, tmp_path: Path) -> None:
     # No --heartbeat-timeout: the timeout is learned from the steps in the event file. The learned
     # timeout's floor is lowered from 60 s to 3 s ([heartbeat] learn_floor_s) to keep the test short.
     d = supervise(wrap(tmp_path, "--checkpoint-dir", str(tmp_path / "ck"), *LIGHTNING_RESUME,
                        config=workdir(tmp_path) + "[heartbeat]\nlearn_floor_s = 3\n")
-                  + lightning_cmd(tmp_path, "lightning", "default", "--max_steps", "45"), fault="hang@30")
+                  + lightning_cmd(tmp_path, "lightning", "default", "--max_steps", "45", "--log_every_n_steps", "1"),
+                  fault="hang@30")
     assert d.wait(300) == 0, d.stderr()[-3000:]
     a = attempts(tmp_path / "sd")
     assert a[0]["cause"] == "hang" and len(a) == 2 and a[1]["exit_code"] == 0, a

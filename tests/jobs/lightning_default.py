@@ -6,7 +6,7 @@ under the working directory: the supervisor sees the run only through those file
 A stock ``ModelCheckpoint(every_n_train_steps=...)``; ``--ckpt_path`` resumes. ``--pkg`` picks
 ``import lightning as L`` or ``import pytorch_lightning as pl``; ``--logger csv`` swaps in the
 CSVLogger (the only other change); ``--log_every_n_steps`` is the one Trainer knob a user with a
-short run sets (the default, 50, logs every 50 steps). ``--step_s`` stands for a real step's compute.
+short run sets (unset: Lightning's default, every 50 steps). ``--step_s`` stands for a real step's compute.
 Faults from FAULT / FAULT_MARKER (_faults.py).
 
     python lightning_default.py --ckpt_dir ckpt --max_steps 60 [--pkg pytorch_lightning] [--logger csv]
@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--ckpt_dir", default="checkpoints")
     ap.add_argument("--max_steps", type=int, default=60)
     ap.add_argument("--every_n_steps", type=int, default=5)
-    ap.add_argument("--log_every_n_steps", type=int, default=1)
+    ap.add_argument("--log_every_n_steps", type=int, default=None, help="default: Lightning's (50)")
     ap.add_argument("--step_s", type=float, default=0.1)
     ap.add_argument("--ckpt_path", default=None)
     args = ap.parse_args()
@@ -77,9 +77,10 @@ def main() -> None:
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     data = TensorDataset((torch.randint(0, VOCAB, (256, 1), generator=g) + torch.arange(SEQ + 1)) % VOCAB)
-    extra = {"logger": CSVLogger(".")} if args.logger == "csv" else {}
+    extra: dict = {"logger": CSVLogger(".")} if args.logger == "csv" else {}
+    if args.log_every_n_steps is not None:
+        extra["log_every_n_steps"] = args.log_every_n_steps
     trainer = L.Trainer(max_steps=args.max_steps, accelerator="cpu", devices=1,
-                        log_every_n_steps=args.log_every_n_steps,
                         callbacks=[ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every_n_steps,
                                                    save_top_k=-1), FaultCallback()], **extra)
     trainer.fit(TinyLM(), DataLoader(data, batch_size=8, shuffle=True), ckpt_path=args.ckpt_path)
