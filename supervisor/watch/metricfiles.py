@@ -6,7 +6,9 @@ metrics to files: TensorBoard event files (Lightning's default logger, HF
 metrics.csv``), JSONL. This monitor scans the job's working directory and the roots added later
 (:meth:`MetricFiles.add_root`: the checkpoint or output dir once known) about once a second and
 hands what they grow to a :class:`RecordSink` (the log watcher's ``feed_records``), with sources
-``tb:<path>`` and ``file:<path>``.
+``tb:<path>`` and ``file:<path>``. A write to a file already followed wakes the reader at once
+(:mod:`.dirwake`: inotify on the directories of followed files), so a NaN is judged within
+milliseconds, also when the job exits right after it.
 
 What is read:
 
@@ -32,28 +34,24 @@ raises into the caller.
 
 from __future__ import annotations
 
-import csv
-from collections import deque
 import glob as globlib
-import io
-import json
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from collections import deque
 from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
 import structlog
 
 from ..events import AttemptContext, Emit, MetricRecord
-from .records import canonical_key, make_record, parse_number, record_from_mapping
+from .dirwake import DirWake
+from .filerows import JSONL_PROBE_LINES, FileState, csv_records, jsonl_records, set_header
 from .tbevents import TBReader, group
 
 log = structlog.get_logger("supervisor.watch")
 
 SKIP_DIRS = frozenset({"site-packages", "node_modules", "__pycache__", "quarantine", "dist-packages"})
-JSONL_PROBE_LINES = 50
 READ_BUDGET = 8 << 20  # bytes per file per pass: a huge backlog is read over several passes
 
 
@@ -72,33 +70,14 @@ def kind_of(name: str) -> str | None:
     return None
 
 
-@dataclass
-class _File:
-    path: str
-    kind: str
-    ident: tuple[int, int]
-    offset: int
-    tb: TBReader | None = None
-    partial: bytes = b""
-    header: tuple[str, ...] | None = None  # csv: column names
-    header_raw: bytes = b""  # csv: the header line as written, to notice a rewrite
-    rows: int = 0  # csv: data rows consumed since offset 0
-    skip_rows: int = 0  # csv: rows to pass over after a rewrite (already delivered)
-    probed: int = 0  # jsonl: lines seen before the first metric line
-    metric_lines: int = 0
-    records: int = 0
-    last_step: int | None = None
-    dropped: str | None = None
-    warned: set[str] = field(default_factory=set)
-
-
 class MetricFiles:
     """Follows metric files under ``roots`` and feeds their records to ``sink``."""
 
     name = "metric_files"
 
     def __init__(self, roots: Sequence[Path], sink: RecordSink, *, depth: int = 4, max_dirs: int = 2000,
-                 poll_interval_s: float = 1.0, globs: Sequence[str] = (), exclude: Sequence[Path] = ()) -> None:
+                 poll_interval_s: float = 1.0, globs: Sequence[str] = (), exclude: Sequence[Path] = (),
+                 use_inotify: bool = True) -> None:
         self.sink = sink
         self.depth = depth
         self.max_dirs = max_dirs
@@ -106,12 +85,14 @@ class MetricFiles:
         self.globs = tuple(globs)  # explicit [job] watch_files patterns: their event files are read here
         self.exclude = {os.path.realpath(p) for p in exclude}
         self._roots: list[str] = []
-        self._files: dict[str, _File] = {}
+        self._files: dict[str, FileState] = {}
         self._baseline_wall: float | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._walk_due = True  # the next pass searches the tree (else: reads the files followed)
+        self._dirwake = DirWake(self._wake) if use_inotify else None
         self._capped_logged = False
         self._scan_failed = False
         self._sink_failed = False
@@ -129,6 +110,7 @@ class MetricFiles:
         if any(p == r or p.startswith(r + os.sep) for r in self._roots):
             return  # already under a root
         self._roots = [r for r in self._roots if not r.startswith(p + os.sep)] + [p]
+        self._walk_due = True
         if self.scans:
             log.info("metric_files_root_added", path=p, next="its metric files are followed from the next pass; "
                      "those older than the run are history")
@@ -159,8 +141,11 @@ class MetricFiles:
     def start(self, ctx: AttemptContext | None = None, emit: Emit | None = None) -> None:
         if self._thread is not None and self._thread.is_alive():
             return
-        self.baseline()
+        if self._baseline_wall is None:
+            self.baseline()  # only the first: a later one reads without delivering (what the new job wrote!)
         self._stopping.clear()
+        if self._dirwake is not None:
+            self._dirwake.start()
         self._thread = threading.Thread(target=self._run, name="tsup-metricfiles", daemon=True)
         self._thread.start()
 
@@ -174,6 +159,8 @@ class MetricFiles:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        if self._dirwake is not None:
+            self._dirwake.stop()
 
     def close(self) -> None:
         self.stop()
@@ -186,22 +173,31 @@ class MetricFiles:
     # -- the thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
+        next_walk = 0.0
         while True:
             stopping = self._stopping.is_set()
             self._wake.clear()
-            more = self.scan_now()
+            now = time.monotonic()
+            walk = stopping or self._walk_due or now >= next_walk
+            if walk:
+                next_walk = now + self.poll_interval_s
+            more = self.scan_now(walk)
             if stopping:
                 if more:
                     continue
                 return
-            if not more:
-                self._wake.wait(self.poll_interval_s)
+            if not more and self._wake.wait(max(0.0, next_walk - time.monotonic())):
+                self._stopping.wait(0.01)  # a write wakes us: 10 ms later one read takes the whole burst
 
-    def scan_now(self) -> bool:
-        """One pass: find files, read what they grew. True when a read budget left data unread."""
+    def scan_now(self, walk: bool = True) -> bool:
+        """One pass: search the tree (``walk``, else only the files followed) and read what the files
+        grew. True when a read budget left data unread."""
         try:
             with self._lock:
+                if not walk:
+                    return self._read_followed()
                 self.scans += 1
+                self._walk_due = False
                 return self._pass()
         except Exception as exc:  # noqa: BLE001 (a monitor survives its own errors)
             if not self._scan_failed:
@@ -222,8 +218,10 @@ class MetricFiles:
                 f = None
             if f is None:
                 history = first or (self._baseline_wall is not None and st.st_mtime < self._baseline_wall - 1.0)
-                f = _File(path, kind, ident, st.st_size if history else 0, tb=TBReader() if kind == "tb" else None)
+                f = FileState(path, kind, ident, st.st_size if history else 0, tb=TBReader() if kind == "tb" else None)
                 self._files[path] = f
+                if self._dirwake is not None:
+                    self._dirwake.watch(os.path.dirname(path))
                 if history:
                     self._take_history(f)
                 else:
@@ -233,6 +231,17 @@ class MetricFiles:
                 more |= self._read(f, st.st_size)
         for path in [p for p in self._files if p not in found]:
             del self._files[path]  # deleted: forget it (a new file of the name is read from its start)
+        return more
+
+    def _read_followed(self) -> bool:
+        more = False
+        for f in list(self._files.values()):
+            try:
+                st = os.stat(f.path)
+            except OSError:
+                continue
+            if f.dropped is None and (st.st_dev, st.st_ino) == f.ident:
+                more |= self._read(f, st.st_size)
         return more
 
     def _walk(self) -> dict[str, tuple[str, os.stat_result]]:
@@ -285,7 +294,7 @@ class MetricFiles:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _take_history(self, f: _File) -> None:
+    def _take_history(self, f: FileState) -> None:
         """A file that existed before the run: start at its end, but keep a CSV's header (later
         rows need it) and its row count (a rewrite must not replay them)."""
         if f.kind != "csv":
@@ -299,10 +308,10 @@ class MetricFiles:
         f.offset = end
         lines = data[:end].splitlines()
         if lines:
-            self._set_header(f, lines[0] + b"\n")
+            set_header(f, lines[0] + b"\n")
             f.rows = max(0, len(lines) - 1)
 
-    def _read(self, f: _File, size: int) -> bool:
+    def _read(self, f: FileState, size: int) -> bool:
         if size < f.offset:
             log.info("metric_file_truncated", path=f.path, offset=f.offset, size=size,
                      next="reading it again from the start; rows already delivered are skipped")
@@ -337,7 +346,7 @@ class MetricFiles:
                     log.exception("metric_files_sink_failed", error=repr(exc), next="records keep being read")
         return len(data) >= READ_BUDGET
 
-    def _restart(self, f: _File) -> None:
+    def _restart(self, f: FileState) -> None:
         f.skip_rows = f.rows
         f.rows = 0
         f.offset = 0
@@ -347,14 +356,14 @@ class MetricFiles:
         if f.tb is not None:
             f.tb = TBReader()
 
-    def _header_same(self, f: _File) -> bool:
+    def _header_same(self, f: FileState) -> bool:
         try:
             with open(f.path, "rb") as fh:
                 return fh.read(len(f.header_raw)) == f.header_raw
         except OSError:
             return True
 
-    def _parse(self, f: _File, data: bytes) -> list[MetricRecord]:
+    def _parse(self, f: FileState, data: bytes) -> list[MetricRecord]:
         source = ("tb:" if f.kind == "tb" else "file:") + f.path
         if f.kind == "tb":
             assert f.tb is not None
@@ -367,75 +376,12 @@ class MetricFiles:
         end = buf.rfind(b"\n") + 1
         f.partial = buf[end:]
         lines = buf[:end].splitlines(keepends=True)
-        return self._csv(f, lines) if f.kind == "csv" else self._jsonl(f, lines, source)
+        return csv_records(f, lines) if f.kind == "csv" else jsonl_records(f, lines, source)
 
-    def _set_header(self, f: _File, raw: bytes) -> bool:
-        names = tuple(n.strip() for n in raw.decode("utf-8", "replace").strip().split(","))
-        if not any(canonical_key(n)[0] in ("loss", "val_loss", "grad_norm") for n in names):
-            return False
-        f.header, f.header_raw = names, raw
-        return True
-
-    def _csv(self, f: _File, lines: list[bytes]) -> list[MetricRecord]:
-        out: list[MetricRecord] = []
-        source = "file:" + f.path
-        for raw in lines:
-            if f.header is None:
-                if not self._set_header(f, raw):
-                    f.dropped = "no loss-like column in its header"
-                    log.info("metric_file_ignored", path=f.path, why=f.dropped, next="not followed")
-                    return out
-                continue
-            f.rows += 1
-            if f.rows <= f.skip_rows:
-                continue
-            [cells] = list(csv.reader(io.StringIO(raw.decode("utf-8", "replace")))) or [[]]
-            if len(cells) != len(f.header):
-                continue
-            values: dict[str, object] = {}
-            extra: dict[str, float] = {}
-            for name, cell in zip(f.header, cells):
-                num = parse_number(cell) if cell else None
-                if num is None:
-                    continue
-                canon, per_step = canonical_key(name)
-                if canon is not None and per_step:
-                    values.setdefault(canon, num)
-                else:
-                    extra[name] = num
-            rec = make_record(values, "csv", source, None, extra)
-            if rec is not None:
-                out.append(rec)
-        return out
-
-    def _jsonl(self, f: _File, lines: list[bytes], source: str) -> list[MetricRecord]:
-        out: list[MetricRecord] = []
-        for raw in lines:
-            raw = raw.strip()
-            if not raw.startswith(b"{"):
-                rec = None
-            else:
-                try:
-                    obj = json.loads(raw)
-                except ValueError:
-                    obj = None
-                rec = record_from_mapping(obj, "jsonl", source, None) if isinstance(obj, dict) else None
-            if rec is None:
-                if f.metric_lines == 0:
-                    f.probed += 1
-                    if f.probed >= JSONL_PROBE_LINES:
-                        f.dropped = f"no loss-like key in its first {JSONL_PROBE_LINES} lines"
-                        log.info("metric_file_ignored", path=f.path, why=f.dropped, next="not followed")
-                        return out
-                continue
-            f.metric_lines += 1
-            out.append(rec)
-        return out
-
-    def _warn(self, f: _File, event: str, error: str, next_: str) -> None:
+    def _warn(self, f: FileState, event: str, error: str, next_: str) -> None:
         if event not in f.warned:  # once per file and kind of problem
             f.warned.add(event)
             log.warning(event, path=f.path, error=error, next=next_)
 
 
-__all__ = ["MetricFiles", "RecordSink", "kind_of"]
+__all__ = ["JSONL_PROBE_LINES", "MetricFiles", "RecordSink", "kind_of"]

@@ -307,3 +307,24 @@ def test_a_checkpoint_dir_found_while_running_is_searched_too(tmp_path: Path) ->
     shutil.copy(CORPUS / "hf_tb.tfevents", out / "runs" / TB)
     concern.metric_files.scan_now()
     assert w.steps() == list(range(2, MANIFEST["hf"]["max_steps"] + 1, MANIFEST["hf"]["logging_steps"]))
+
+
+def test_a_followed_file_is_read_when_written_not_at_the_next_search(tmp_path: Path) -> None:
+    # The tree is searched every 30 s here; a write to a file already followed wakes the reader
+    # (inotify on its directory), so the NaN is judged long before the next search.
+    w = Watch([tmp_path], poll_interval_s=30)
+    w.mf.baseline()
+    m = tmp_path / "out" / "metrics.jsonl"
+    m.parent.mkdir()
+    m.write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
+    w.mf.start()
+    try:
+        wait_for(lambda: w.steps() == [1], timeout=10, what="the first pass")
+        t0 = time.monotonic()
+        with open(m, "a") as f:
+            f.write(json.dumps({"step": 2, "loss": math.nan}) + "\n")
+        wait_for(lambda: w.detections, timeout=10, what="the NaN, read on the write's wake-up")
+        assert time.monotonic() - t0 < 10 and w.mf.scans == 2  # the baseline's and the first pass's
+    finally:
+        w.mf.stop()
+    assert w.detections[0].step == 2

@@ -1,0 +1,116 @@
+"""One followed metric file's state, and its CSV rows and JSONL lines -> records (for
+:mod:`.metricfiles`, which reads the bytes; TensorBoard files go through :mod:`.tbevents`).
+
+CSV: the first line is the header; a file whose header names no loss-like column is dropped.
+After a rewrite (Lightning's ``CSVLogger`` adds a column) the rows already consumed are skipped
+by count (``skip_rows``). JSONL: each line a JSON object; one with a loss-like key is a record; a
+file whose first ``JSONL_PROBE_LINES`` lines hold none is dropped (a dataset, not metrics).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+
+import structlog
+
+from ..events import MetricRecord
+from .records import canonical_key, make_record, parse_number, record_from_mapping
+from .tbevents import TBReader
+
+log = structlog.get_logger("supervisor.watch")
+
+JSONL_PROBE_LINES = 50
+
+
+@dataclass
+class FileState:
+    """Where reading of one followed file stands (the monitor's thread alone touches it)."""
+
+    path: str
+    kind: str
+    ident: tuple[int, int]
+    offset: int
+    tb: TBReader | None = None
+    partial: bytes = b""
+    header: tuple[str, ...] | None = None  # csv: column names
+    header_raw: bytes = b""  # csv: the header line as written, to notice a rewrite
+    rows: int = 0  # csv: data rows consumed since offset 0
+    skip_rows: int = 0  # csv: rows to pass over after a rewrite (already delivered)
+    probed: int = 0  # jsonl: lines seen before the first metric line
+    metric_lines: int = 0
+    records: int = 0
+    last_step: int | None = None
+    dropped: str | None = None
+    warned: set[str] = field(default_factory=set)
+
+
+def set_header(f: FileState, raw: bytes) -> bool:
+    names = tuple(n.strip() for n in raw.decode("utf-8", "replace").strip().split(","))
+    if not any(canonical_key(n)[0] in ("loss", "val_loss", "grad_norm") for n in names):
+        return False
+    f.header, f.header_raw = names, raw
+    return True
+
+
+def csv_records(f: FileState, lines: list[bytes]) -> list[MetricRecord]:
+    out: list[MetricRecord] = []
+    source = "file:" + f.path
+    for raw in lines:
+        if f.header is None:
+            if not set_header(f, raw):
+                f.dropped = "no loss-like column in its header"
+                log.info("metric_file_ignored", path=f.path, why=f.dropped, next="not followed")
+                return out
+            continue
+        f.rows += 1
+        if f.rows <= f.skip_rows:
+            continue
+        [cells] = list(csv.reader(io.StringIO(raw.decode("utf-8", "replace")))) or [[]]
+        if len(cells) != len(f.header):
+            continue
+        values: dict[str, object] = {}
+        extra: dict[str, float] = {}
+        for name, cell in zip(f.header, cells):
+            num = parse_number(cell) if cell else None
+            if num is None:
+                continue
+            canon, per_step = canonical_key(name)
+            if canon is not None and per_step:
+                values.setdefault(canon, num)
+            else:
+                extra[name] = num
+        rec = make_record(values, "csv", source, None, extra)
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
+def jsonl_records(f: FileState, lines: list[bytes], source: str) -> list[MetricRecord]:
+    out: list[MetricRecord] = []
+    for raw in lines:
+        raw = raw.strip()
+        if not raw.startswith(b"{"):
+            rec = None
+        else:
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                obj = None
+            rec = record_from_mapping(obj, "jsonl", source, None) if isinstance(obj, dict) else None
+        if rec is None:
+            if f.metric_lines == 0:
+                f.probed += 1
+                if f.probed >= JSONL_PROBE_LINES:
+                    f.dropped = f"no loss-like key in its first {JSONL_PROBE_LINES} lines"
+                    log.info("metric_file_ignored", path=f.path, why=f.dropped, next="not followed")
+                    return out
+            continue
+        f.metric_lines += 1
+        out.append(rec)
+    return out
+
+
+__all__ = ["FileState", "JSONL_PROBE_LINES", "csv_records", "jsonl_records", "set_header"]
