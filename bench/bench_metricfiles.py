@@ -6,9 +6,10 @@ daemon, and how long a NaN takes from the writer to a detection, per source.
   from the real writers: ``torch.utils.tensorboard.SummaryWriter`` in a child process (torch stays
   out of this process), Lightning's CSV writer, and JSON lines. Also the idle pass: walking a tree
   of directories that hold no metric file.
-- detection delay: the writer writes a NaN (TensorBoard: a SummaryWriter child logging a step
-  every 0.1 s, the delay measured from the scalar's own wall time; CSV and JSONL: appended here),
-  with the monitor's thread at its default 1 s poll; time until the NaN detection is emitted.
+- detection delay: the writer writes a NaN into a file already followed (TensorBoard: a
+  SummaryWriter child logging a step every 0.1 s, the delay measured from the scalar's own wall
+  time; CSV and JSONL: appended here), the monitor's thread at its defaults (inotify wake, a
+  search every 1 s); time until the NaN detection is emitted.
 """
 from __future__ import annotations
 
@@ -67,6 +68,8 @@ def _cost_of(root: Path, make: "callable", scalars: int) -> float:  # type: igno
     mf = MetricFiles([root], lw)
     mf.baseline()
     make()
+    for f in root.iterdir():
+        os.utime(f)  # a hard link keeps the writer's mtime: written "before the run" would make it history
     t0 = time.process_time()
     while mf.scan_now():
         pass
@@ -153,7 +156,12 @@ def delay(trials: int = 5) -> list[dict]:
                                 fh.write(f"0,{step},{1.0 / (step + 1)}\n" if kind == "csv"
                                          else json.dumps({"step": step, "loss": 1.0}) + "\n")
                             fh.flush()
-                            time.sleep(0.3 + 0.17 * i)  # a phase against the poll
+                            deadline = time.monotonic() + 10
+                            while lw.status()["metric_records"] < 5:  # followed: found by a search
+                                if time.monotonic() > deadline:
+                                    raise RuntimeError(f"{kind} file not followed within 10 s")
+                                time.sleep(0.01)
+                            time.sleep(0.17 * i)  # a phase against the poll
                             fh.write("0,5,nan\n" if kind == "csv" else '{"step": 5, "loss": NaN}\n')
                             fh.flush()
                             wrote = time.time()
@@ -166,8 +174,10 @@ def delay(trials: int = 5) -> list[dict]:
     rows = []
     for kind, label in (("tb", "TensorBoard (SummaryWriter, a step every 0.1 s)"), ("csv", "CSV"), ("jsonl", "JSONL")):
         xs = sorted(out[kind])
-        rows.append({"name": f"detection delay, NaN written -> detected, {label}, 1 s poll, median / max of {trials}",
-                     "value": f"{xs[len(xs) // 2]:.2f} / {xs[-1]:.2f}", "unit": "s", "target": "<= 1 + writer flush"})
+        rows.append({"name": f"detection delay, NaN written to a followed file -> detected, {label}, median / max "
+                             f"of {trials} (inotify wake; the search for new files: every 1 s)",
+                     "value": f"{xs[len(xs) // 2] * 1000:.0f} / {xs[-1] * 1000:.0f}", "unit": "ms",
+                     "target": "<= 1000"})
     return rows
 
 
