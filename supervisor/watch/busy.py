@@ -11,11 +11,16 @@ One process is
 
 - ``stopped`` when the kernel says so (SIGSTOP, a debugger): it cannot move on its own;
 - ``working`` when its Python stacks differ between samples **and** it used CPU (an
-  evaluation loop, a checkpoint being serialised); when py-spy could not read it, CPU alone
+  evaluation loop, a checkpoint being serialised). A sample is the frames of every thread and
+  the local values of the main thread's frames (``py-spy dump --locals``): a loop of short C
+  calls (``loss += model(x).item()``) spends nearly all its time on one line, so every sample of
+  a working eval can show the same frames (seen on a real DDP eval: 7 samples, one line, a false
+  hang), but its locals (the batch, the counter, the running sum) change from one to the next,
+  while those of a call that never returns (a dead collective) do not; when py-spy could not read it, CPU alone
   says working (we cannot tell a spin from work, and saying "hung" would bring back the false
   hangs of silent evaluations);
-- ``spinning`` when it used CPU but every sample shows the same stack (a busy-wait in one call: NCCL's
-  spin in a dead collective looks like this);
+- ``spinning`` when it used CPU but every sample shows the same stack and the same main-thread
+  locals (a busy-wait in one call: NCCL's spin in a dead collective looks like this);
 - ``waiting`` when it used no CPU (a sleep, a blocked recv, a gloo collective with a dead peer).
 
 The job is **busy** when at least one process works and none is stopped; else it is **hung**.
@@ -83,19 +88,45 @@ class Verdict:
 
 
 def stack_signature(dump: str) -> str | None:
-    """The part of one ``py-spy dump`` that says where each thread is: thread names and frames,
-    without the thread's run state ("active", "idle", "gil" flicker between samples of a job that
-    stands still) and without the process header. None when the dump shows no thread."""
+    """The part of one ``py-spy dump [--locals]`` that says where each thread is: thread names
+    and frames, and the main thread's local values, without the thread's run state ("active",
+    "idle", "gil" flicker between samples of a job that stands still) and without the process
+    header. Other threads' locals are left out: a helper thread that wakes on a timer (a
+    keep-alive, a progress bar's monitor) makes new locals at every tick while the job stands
+    still; values py-spy could not read (``?``, a value being written) too. None when the dump
+    shows no thread."""
     out: list[str] = []
+    main = False
+    pid = ""
     for line in dump.splitlines():
-        if line.startswith("Thread "):
+        if line.startswith("Process "):
+            pid = line.split()[1].rstrip(":")
+        elif line.startswith("Thread "):
             # Thread 6194 (active+gil): "MainThread"  ->  Thread 6194 "MainThread"
             head, _, rest = line.partition(" (")
             name = rest.partition(")")[2].lstrip(": ").strip()
             out.append(f"{head} {name}".rstrip())
+            # The main thread has the process's id (py-spy names a thread only once the
+            # process has imported threading).
+            main = name == '"MainThread"' or head == f"Thread {pid}"
         elif line.startswith((" ", "\t")) and out:
-            out.append(line.strip())
+            text = line.strip()
+            if _indent(line) <= 4:
+                out.append(text)  # a frame
+            elif main and not text.endswith(": ?"):
+                out.append(text)  # "Arguments:", "Locals:" and the main thread's values
     return "\n".join(out) if out else None
+
+
+def without_locals(dump: str) -> str:
+    """A ``py-spy dump --locals`` as people read it in the evidence: the frames only (local
+    values may hold data or secrets, and they stay out of the state dir)."""
+    return "\n".join(line for line in dump.splitlines()
+                     if not (line.startswith((" ", "\t")) and _indent(line) > 4))
+
+
+def _indent(line: str) -> int:
+    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
 
 
 def state_of(p: ProcSample, window_s: float) -> ProcState:

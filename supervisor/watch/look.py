@@ -6,9 +6,12 @@ which is the hang's evidence when the verdict (:func:`supervisor.watch.busy.judg
 
 py-spy runs with ``--nonblocking``: it reads the process's memory without stopping it, so it
 also reads a SIGSTOPped process (the blocking dump fails with "Failed to suspend process" there)
-and never pauses a job that is working (a sample costs about 10 ms). The samples of all
-processes are taken at once, each bounded by ``sample_timeout_s``, every ``SAMPLE_EVERY_S``
-across the window, so a look takes ``window_s`` plus one sample however many ranks the job has.
+and never pauses a job that is working (a sample costs about 10 ms). ``--locals`` adds the local
+values, which tell a loop of short calls on one line from one call that never returns
+(:func:`supervisor.watch.busy.stack_signature`); the stacks file keeps the frames only. The
+samples of all processes are taken at once, each bounded by ``sample_timeout_s``, every
+``SAMPLE_EVERY_S`` across the window, so a look takes ``window_s`` plus one sample however many
+ranks the job has.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import psutil
 
-from .busy import Look, ProcSample, Verdict, judge, stack_signature
+from .busy import Look, ProcSample, Verdict, judge, stack_signature, without_locals
 from .stacks import find_py_spy
 
 SAMPLE_EVERY_S = 0.5
@@ -93,8 +96,8 @@ class SystemProbe:
         out: dict[int, Stack] = {}
         for pid in pids:
             try:
-                running[pid] = subprocess.Popen([self.py_spy, "dump", "--nonblocking", "--pid", str(pid)],
-                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                argv = [self.py_spy, "dump", "--nonblocking", "--locals", "--pid", str(pid)]
+                running[pid] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             except OSError as exc:
                 out[pid] = Stack("", f"py-spy could not run: {exc}")
         deadline = time.monotonic() + timeout_s
@@ -171,17 +174,18 @@ def write_stacks(out_dir: Path, label: str, look: Look, verdict: Verdict,
             for p in look.procs:
                 cpu = "?" if p.cpu_s is None else f"{p.cpu_s:.2f} s"
                 f.write(f"\n===== pid {p.pid} ({p.name}): {verdict.states[p.pid]}, CPU {cpu} in the window, "
-                        f"{len(set(p.readable))} distinct stack(s) in {len(p.samples)} samples\n")
+                        f"{len(set(p.readable))} distinct stack(s) in {len(p.samples)} samples "
+                        "(frames, and the main thread's local values, not shown)\n")
                 shown: str | None = None
                 for i, (r, sig) in enumerate(zip(rounds, p.samples)):
                     sample = r.get(p.pid)
                     if sample is None or sample.error:
                         f.write(f"--- sample {i + 1}: {sample.error if sample else 'not sampled'}\n")
                     elif sig != shown or i == len(rounds) - 1:
-                        f.write(f"--- sample {i + 1}\n{sample.text.rstrip()}\n")
+                        f.write(f"--- sample {i + 1}\n{without_locals(sample.text).rstrip()}\n")
                         shown = sig
                     else:
-                        f.write(f"--- sample {i + 1}: the same stack\n")
+                        f.write(f"--- sample {i + 1}: the same stack and locals\n")
         return path
     except OSError:
         return None  # the verdict stands without its file; the caller says there is none

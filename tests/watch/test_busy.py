@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from supervisor.watch.busy import Look, ProcSample, ProcState, judge, stack_signature
+from supervisor.watch.busy import Look, ProcSample, ProcState, judge, stack_signature, without_locals
 from supervisor.watch.look import SystemProbe, take_look
 from tests.util import wait_for
 
@@ -72,6 +72,50 @@ def test_the_signature_ignores_the_thread_run_state_and_the_header() -> None:
     assert stack_signature("Process 1: x\nPython v3.11\n") is None
 
 
+LOCALS_DUMP = """Process 7: python eval.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 7 (active): "MainThread"
+    evaluate (eval.py:31)
+        Arguments:
+            model: <Linear at 0x7f7a56c44850>
+        Locals:
+            n: {n}
+            total: {total}
+            x: <Tensor at 0x7f7a3566{n:04d}>
+    <module> (eval.py:76)
+Thread 9 (idle): "RendezvousKeepAliveTimer_0"
+    wait (threading.py:331)
+        Locals:
+            waiter: <lock at 0x7f00{tick:04d}>
+    _run (utils.py:278)
+"""
+
+
+def test_the_signature_keeps_the_main_threads_locals_only() -> None:
+    # A loop of short C calls on one line: every sample shows the same frames, but the main
+    # thread's locals move (seen on a real DDP eval, where the frames alone made it a "spin").
+    a = stack_signature(LOCALS_DUMP.format(n=10, total=1.5, tick=1))
+    b = stack_signature(LOCALS_DUMP.format(n=11, total=2.5, tick=1))
+    assert a is not None and a != b and "n: 10" in a and "evaluate (eval.py:31)" in a
+    # A helper thread's locals (a new waiter at every tick) and values py-spy could not read
+    # ("?") change nothing: a job that stands still keeps one signature.
+    assert stack_signature(LOCALS_DUMP.format(n=10, total=1.5, tick=2)) == a
+    assert stack_signature(LOCALS_DUMP.format(n=10, total="?", tick=1)) != b
+    assert "waiter" not in a and "total: ?" not in (stack_signature(LOCALS_DUMP.format(n=1, total="?", tick=1)) or "")
+    # A process that never imported threading: py-spy names no thread; the main one has its pid.
+    unnamed = LOCALS_DUMP.replace(': "MainThread"', "")
+    assert "n: 10" in (stack_signature(unnamed.format(n=10, total=1.5, tick=1)) or "")
+    looks = Look(3.0, (ProcSample(1, "rank0", 2.9, False, (a, a, b)),))
+    assert judge(looks).busy
+
+
+def test_the_stacks_file_shows_frames_without_local_values() -> None:
+    text = without_locals(LOCALS_DUMP.format(n=10, total=1.5, tick=1))
+    assert "evaluate (eval.py:31)" in text and "_run (utils.py:278)" in text and 'Thread 9 (idle)' in text
+    assert "Locals" not in text and "0x7f7a56c44850" not in text and "n: 10" not in text
+
+
 # ------------------------------------------------------------------ real looks at real processes
 
 JOBS = {
@@ -93,6 +137,25 @@ JOBS = {
                 score(20000)
         print("ready", flush=True)
         evaluate()
+    """,
+    # A loop of short C calls written on one line: the frames of every sample are the same (no
+    # Python frame below it), the locals are not: working.
+    "one_line": """
+        def evaluate():
+            n, data = 0, list(range(20000))
+            while True: n += 1; data = sorted(data, reverse=n % 2 == 0)
+        print("ready", flush=True)
+        evaluate()
+    """,
+    # One C call that never returns and burns CPU (catastrophic backtracking): still frames and
+    # still locals, as NCCL's spin in a dead collective.
+    "spin": """
+        import re
+        def collective():
+            pattern, text = re.compile(r"(a+)+$"), "a" * 64 + "b"
+            return pattern.match(text)
+        print("ready", flush=True)
+        collective()
     """,
     # Blocked in a read that never returns: a rank waiting for a dead peer.
     "blocked": """
@@ -147,3 +210,14 @@ def test_a_real_blocked_process_and_a_sigstopped_one_are_hung_with_their_stacks(
     text = res.stacks_file.read_text()  # type: ignore[union-attr]
     assert "evaluate" in text and "stopped" in text  # py-spy --nonblocking reads a stopped process
     os.kill(busy.pid, signal.SIGCONT)
+
+
+def test_a_real_loop_on_one_line_is_busy_and_a_real_endless_call_is_a_spin(job, tmp_path: Path) -> None:
+    one_line = job("one_line")
+    res = look(one_line.pid, tmp_path)
+    assert res.verdict.busy, res.verdict.reason
+    text = res.stacks_file.read_text()  # type: ignore[union-attr]
+    assert "evaluate" in text and "Locals" not in text  # the file: frames only
+    spin = job("spin")
+    res = look(spin.pid, tmp_path)
+    assert not res.verdict.busy and res.verdict.states[spin.pid] is ProcState.SPINNING, res.verdict.reason
