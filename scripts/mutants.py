@@ -141,6 +141,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "f.skip_rows = f.rows", "f.skip_rows = 0", ("tests/watch/test_metricfiles.py",)),
     Mutation("TensorBoard record CRC not checked", "supervisor/watch/tbevents.py",
              "if data_crc != masked_crc(payload):", "if False:", ("tests/watch/test_tbevents.py",)),
+    Mutation("the look reads no locals (an eval loop on one line is a spin: a false hang)", "supervisor/watch/look.py",
+             '"--nonblocking", "--locals",', '"--nonblocking",', ("tests/watch/test_busy.py",)),
 )
 
 
