@@ -19,6 +19,8 @@ its default (3 s), as does everything else.
     to one step before the stop, and a loaded machine); measured ~8.3 s against 5 + 3 + 2 here.
     The look's stacks file (every process, every sample) is in the ledger's detection and in
     ``history --json`` (``stacks_dumped``).
+(c) Rank 1 sleeps forever before a step's all_reduce (stuck outside the collective, rank 0 waits
+    in it): nobody uses CPU, hung within the same bound.
 """
 from __future__ import annotations
 
@@ -148,3 +150,19 @@ def test_a_sigstopped_rank_is_hung_within_the_timeout_plus_the_look_with_stacks(
     assert [e["data"]["path"] for e in dumped] == [str(path)]
     # Nothing of the job is left (the stopped rank was continued and ended with the rest).
     assert wait_for(lambda: not any(_alive(p) for p in ranks.values()), 30, what="ranks gone")
+
+
+def test_a_rank_asleep_before_the_collective_is_hung_within_the_timeout_plus_the_look(daemons, tmp_path: Path) -> None:
+    d, sd, out = _wrap(daemons, tmp_path, "--steps", "5000", "--eval-every", "0", "--stall-at", "80")
+    ranks = wait_for(lambda: len(r := _ranks((_status(sd) or {}).get("pids", []))) == 2 and r, 120,
+                     interval=0.5, what="both ranks running")
+    assert d.wait(180) == 3, d.stderr()[-3000:]
+    [a] = history(sd)["attempts"]
+    det = a["detection"]
+    assert a["cause"] == "hang" and det["step"] in (79, 80), det
+    look = det["details"]["look"]
+    assert not look["busy"] and look["reason"].startswith("nobody works") and "no CPU" in look["reason"], look
+    assert {look["states"][str(ranks[r])] for r in (0, 1)} == {"waiting"}, look
+    assert det["details"]["age_s"] <= float(det["details"]["timeout_s"]) + LOOK_S + SLACK_S, det["details"]
+    text = Path(det["details"]["stacks"]).read_text()
+    assert "all_reduce" in text and "main (ddp_eval_train.py" in text, text[:2000]

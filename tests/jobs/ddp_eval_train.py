@@ -6,9 +6,9 @@ Every ``--eval-every`` steps rank 0 evaluates for ``--eval-s`` seconds without p
 (a validation loop computing on CPU), while the other ranks wait for it in ``dist.barrier()``;
 then every rank prints its ``eval step N: val_loss X`` line and training goes on. When rank 0
 reaches the first eval it writes ``OUT/eval-<step>.start`` (and ``.end`` after), so a test can
-say when the silence began.
+say when the silence began. ``--stall-at N``: rank 1 sleeps forever before step N's all_reduce.
 
-Usage: ddp_eval_train.py OUT --steps N --step-s S --eval-every K --eval-s E
+Usage: ddp_eval_train.py OUT --steps N --step-s S --eval-every K --eval-s E [--stall-at N]
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--step-s", type=float, default=0.05)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--eval-s", type=float, default=7.0)
+    ap.add_argument("--stall-at", type=int, default=0, help="rank 1 sleeps forever before this step's all_reduce")
     a = ap.parse_args()
     out = Path(a.out)
     dist.init_process_group("gloo")
@@ -53,6 +54,8 @@ def main() -> None:
         loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
         opt.zero_grad()
         loss.backward()
+        if step == a.stall_at and rank == 1:
+            time.sleep(3600)  # a rank stuck outside the collective: the others wait in it for good
         for p in model.parameters():
             dist.all_reduce(p.grad)
             p.grad /= dist.get_world_size()
