@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, MutableMapping, TextIO
 
 import structlog
 
+from .job.consoleline import event_stream
 from .job.process import is_secret
 
 Processor = Callable[[Any, str, MutableMapping[str, Any]], Any]
@@ -137,7 +138,9 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
     structlog.configure(
         processors=[*pre, *_extra, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        # One write per line, through the console line it shares with the job's stderr
+        # (job/consoleline.py): an event never lands inside a job's line.
+        logger_factory=structlog.WriteLoggerFactory(event_stream(stream)),
         cache_logger_on_first_use=False,
     )
     return fmt

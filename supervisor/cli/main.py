@@ -332,6 +332,14 @@ def cmd_history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    from .logs import cmd_logs as logs
+
+    if args.lines < 0:
+        return _die_usage(f"logs -n {args.lines}: the number of lines must be 0 (all) or more")
+    return logs(args, _state_dir(args))
+
+
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     from ..config.model import Config, load_config
 
@@ -441,7 +449,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         return _die_usage("wrap needs a command: transformer-supervisor wrap [options] -- CMD ARGS...")
     handlers = {
         "run": cmd_run, "wrap": cmd_wrap, "check-config": cmd_check_config, "status": cmd_status,
-        "history": cmd_history, "checkpoints": cmd_checkpoints, "demo": cmd_demo, "report": cmd_report,
+        "history": cmd_history, "logs": cmd_logs, "checkpoints": cmd_checkpoints, "demo": cmd_demo, "report": cmd_report,
         "install-units": cmd_install_units,
         "stop": lambda a: cmd_simple(a, "stop"),
         "checkpoint-now": lambda a: cmd_simple(a, "checkpoint-now"),

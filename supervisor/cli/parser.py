@@ -135,6 +135,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", help="where the hash cache lives (default: the config's state dir)")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("logs", help="the job's output from its log file (-f: follow a running job)",
+                       description="Print the last lines of the job's output (job.log, or [job] log_file: "
+                                   "stdout and stderr as the job wrote them); -f follows it until the "
+                                   "daemon exits.")
+    add_locator(p)
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="keep printing what the job writes (across log rotation) until the daemon has exited "
+                        "and the log stopped growing; Ctrl-C stops it (exit 130)")
+    p.add_argument("-n", "--lines", type=int, default=50, metavar="N",
+                   help="how many of the last lines to print first (default 50; 0: the whole log)")
+    p.add_argument("--stderr", action="store_true",
+                   help="only the job's stderr (job.stderr.log, written beside the job log)")
+
     p = sub.add_parser("history", help="the run ledger")
     add_locator(p)
     p.add_argument("--json", action="store_true")

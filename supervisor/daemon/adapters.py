@@ -14,7 +14,8 @@ from ..core.messages import EndAttempt, ExitInfo, Resume
 from ..events import Action, Cause, Detection, MetricRecord, Monitor
 from ..job.cgroup import own_cgroup, sweep_empty
 from ..job.osapi import OsApi, become_subreaper
-from ..job.output import ConsoleWriter, SinkFanout
+from ..job.consoleline import STDERR_LINE, shares_stderr
+from ..job.output import Consoles, ConsoleWriter, SinkFanout
 from ..job.process import JobProcess, LaunchSpec, cgroup_oom_kills, classify_exit
 from .concerns import close_each
 from .ports import Concern, DaemonView, GateVerdictLike, Job
@@ -26,11 +27,19 @@ class ProcessLauncher:
     """Real processes: :class:`~supervisor.job.process.JobProcess`, output to the fanout and the
     passthrough, exits classified with the kernel's and the cgroup's OOM evidence."""
 
-    def __init__(self, fanout: SinkFanout, passthrough: BinaryIO | None, osapi: OsApi) -> None:
+    def __init__(self, fanout: SinkFanout, passthrough: BinaryIO | None, osapi: OsApi,
+                 passthrough_err: BinaryIO | None = None) -> None:
         self.fanout = fanout
-        # Our stdout through a thread of its own with a bounded buffer: a console that stops
+        # The job's stdout to ``passthrough`` (our stdout), its stderr to ``passthrough_err`` (our
+        # stderr), each through a thread of its own with a bounded buffer: a console that stops
         # reading must never block the job's pipes (a false hang) or the main loop.
-        self.passthrough = ConsoleWriter(passthrough) if passthrough is not None else None
+        # Both to one stream (the demo's console): one writer, so their chunks keep their order.
+        out = _console(passthrough) if passthrough is not None else None
+        err = (out if passthrough_err is passthrough
+               else _console(passthrough_err) if passthrough_err is not None else None)
+        named = {"output": out} if err is out else {"stdout": out, "stderr": err}
+        self.writers = {name: w for name, w in named.items() if w is not None}
+        self.passthrough = Consoles(out, err)
         self.osapi = osapi
         self._oom_kills_before: int | None = None
         self._subreaper = False
@@ -69,12 +78,12 @@ class ProcessLauncher:
         return parent
 
     def close(self) -> None:
-        if self.passthrough is not None:
-            if self.passthrough.dropped_bytes:
-                log.warning("console_output_dropped", bytes=self.passthrough.dropped_bytes,
-                            message=f"{self.passthrough.dropped_bytes} bytes of the job's output were not shown on "
+        for name, writer in self.writers.items():
+            if writer.dropped_bytes:
+                log.warning("console_output_dropped", bytes=writer.dropped_bytes, stream=name,
+                            message=f"{writer.dropped_bytes} bytes of the job's {name} were not shown on "
                                     "the console (it stopped reading); the job log file has every byte")
-            self.passthrough.close(timeout=2.0)
+            writer.close(timeout=2.0)
 
     def exit_info(self, job: Job, *, evidence: bool) -> ExitInfo:
         if job.status is None:
@@ -82,6 +91,12 @@ class ProcessLauncher:
         if not evidence:
             return classify_exit(job.status, [], None)
         return classify_exit(job.status, list(job.known), self._oom_kills_before)
+
+
+def _console(stream: BinaryIO) -> ConsoleWriter:
+    # A stream writing where our event lines go (stderr; stdout too when both are one terminal)
+    # shares their line, so that an event never lands inside one of the job's lines.
+    return ConsoleWriter(stream, line=STDERR_LINE if shares_stderr(stream) else None)
 
 
 def newest_checkpoint(svc: Any) -> Any:

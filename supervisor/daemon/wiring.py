@@ -23,8 +23,9 @@ from .statelock import StateLock, StateLockConcern
 
 def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: BinaryIO | None = None,
                  extra: Sequence[Concern] = ()) -> Runner:
-    """The daemon for ``cfg``: the job's output goes to ``passthrough`` (default: our stdout)
-    besides its log file; ``extra`` concerns plug in after the standard ones (the demo's narration)."""
+    """The daemon for ``cfg``: the job's stdout goes to our stdout and its stderr to our stderr
+    (or both to ``passthrough`` when one is given: the demo's console or /dev/null) besides its
+    log file; ``extra`` concerns plug in after the standard ones (the demo's narration)."""
     state_dir = cfg.state_dir().resolve()
     # Before anything opens the ledger or the socket: a refused second daemon touches nothing.
     lock = StateLock.acquire(state_dir)
@@ -46,8 +47,9 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
         cluster = ClusterConcern(cfg.cluster, cfg.job.name)
         concerns.insert(len(concerns) - len(extra), cluster)
         store = ClusterCheckpoints(checkpoints, cluster)
-    ports = Ports(clock=Clock(), launcher=ProcessLauncher(fanout, passthrough if passthrough is not None
-                                                          else sys.stdout.buffer, osapi),
+    launcher = (ProcessLauncher(fanout, passthrough, osapi, passthrough) if passthrough is not None
+                else ProcessLauncher(fanout, sys.stdout.buffer, osapi, sys.stderr.buffer))
+    ports = Ports(clock=Clock(), launcher=launcher,
                   ledger=ledger, checkpoints=store, gate=health, notifier=notifier, osapi=osapi,
                   environment=Environment())
     return Runner(cfg, ports, concerns, fanout=fanout, config_path=config_path)

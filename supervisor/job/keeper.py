@@ -14,9 +14,14 @@ the job and whatever it started, is gone).
 The job still writes into pipes, not files: a file on a full disk would fail the job's own print
 with ENOSPC and kill it; a pipe never does. job.log write errors are the keeper's to report.
 
-Run as ``python -I -S keeper.py OUT_FD ERR_FD SOCK_FD LOG_FD LOG_PATH`` (LOG_FD -1 and an empty
-LOG_PATH when there is no job log): standard library only, so it starts in milliseconds and
-imports nothing of the daemon. The frame format is :data:`FRAME`: a kind byte and a length.
+The job's stderr also goes, alone, to a sidecar beside job.log (:func:`stderr_log_path`:
+``job.stderr.log``), so ``transformer-supervisor logs --stderr`` can show it without the
+stdout lines around it: job.log stays the byte-exact interleaving of both streams as read.
+
+Run as ``python -I -S keeper.py OUT_FD ERR_FD SOCK_FD LOG_FD LOG_PATH [ERR_LOG_FD ERR_LOG_PATH]``
+(a log fd -1 and an empty path when there is no such log): standard library only, so it starts
+in milliseconds and imports nothing of the daemon. The frame format is :data:`FRAME`: a kind
+byte and a length.
 """
 
 from __future__ import annotations
@@ -40,6 +45,14 @@ CHUNK = 1 << 18
 # far below what a pipe of 1 MiB holds at any rate a job prints.
 COALESCE_S = 0.001
 ROTATION_CHECK_S = 1.0  # how often the keeper looks whether job.log was renamed away (logrotate)
+
+
+def stderr_log_path(log_path: str) -> str:
+    """The stderr-only sidecar of a job log: ``job.log`` -> ``job.stderr.log``, ``out`` -> ``out.stderr``."""
+    head, dot, ext = log_path.rpartition(".")
+    if dot and "/" not in ext and head and not head.endswith("/"):
+        return f"{head}.stderr.{ext}"
+    return f"{log_path}.stderr"
 
 
 class JobLog:
@@ -101,10 +114,12 @@ class JobLog:
 
 
 class Keeper:
-    def __init__(self, out_fd: int, err_fd: int, sock_fd: int, log_fd: int, log_path: str) -> None:
+    def __init__(self, out_fd: int, err_fd: int, sock_fd: int, log_fd: int, log_path: str,
+                 err_log_fd: int = -1, err_log_path: str = "") -> None:
         self.streams = {out_fd: (STDOUT, EOF_STDOUT), err_fd: (STDERR, EOF_STDERR)}
         self.sock_fd = sock_fd
         self.log = JobLog(log_fd, log_path, self.notice)
+        self.err_log = JobLog(err_log_fd, err_log_path, self.notice)  # the job's stderr alone
 
     def send(self, kind: int, payload: bytes) -> None:
         """To the daemon, blocking (a daemon that reads slowly slows the job, as a pipe would);
@@ -156,12 +171,16 @@ class Keeper:
                     self.send(eof_kind, b"")
                     continue
                 self.log.write(chunk)  # first: whatever happens to the daemon, job.log has it
+                if data_kind == STDERR:
+                    self.err_log.write(chunk)
                 self.send(data_kind, chunk)
 
 
 def main(argv: list[str]) -> int:
     out_fd, err_fd, sock_fd, log_fd = (int(a) for a in argv[:4])
-    Keeper(out_fd, err_fd, sock_fd, log_fd, argv[4] if len(argv) > 4 else "").run()
+    err_log_fd = int(argv[5]) if len(argv) > 5 else -1
+    Keeper(out_fd, err_fd, sock_fd, log_fd, argv[4] if len(argv) > 4 else "",
+           err_log_fd, argv[6] if len(argv) > 6 else "").run()
     return 0
 
 

@@ -2,9 +2,10 @@
 
 The output keeper (:mod:`.keeper`, a process of its own) reads the job's pipes, appends every
 byte to job.log and sends the chunks here, framed with their stream; :class:`KeeperLink` reads
-them on one thread. Bytes go to the daemon's stdout unchanged (through :class:`ConsoleWriter`,
-which never blocks); only complete lines (decoded as UTF-8 with replacement, capped in length)
-go to the sinks.
+them on one thread. Each stream's bytes go unchanged to its own console (:class:`Consoles`: the
+job's stdout to the daemon's stdout, its stderr to the daemon's stderr, as supervisord, systemd
+and Slurm's ``--error`` keep them), each through a :class:`ConsoleWriter`, which never blocks;
+only complete lines (decoded as UTF-8 with replacement, capped in length) go to the sinks.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import collections
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import BinaryIO, Callable, Protocol, Sequence
 
 import structlog
 
 from ..events import LineSink
+from .consoleline import SharedLine
 from .keeper import EOF_STDERR, EOF_STDOUT, FRAME, NOTICE, STDERR, STDOUT
 
 log = structlog.get_logger("supervisor.job.output")
@@ -60,6 +63,14 @@ class Console(Protocol):
     def offer(self, chunk: bytes) -> None: ...
 
 
+@dataclass(frozen=True)
+class Consoles:
+    """Where each of the job's streams is passed through; None: not shown (job.log has it)."""
+
+    out: Console | None
+    err: Console | None
+
+
 class ConsoleWriter:
     """The job's output to our stdout, from a thread of its own, never blocking the pumps.
 
@@ -71,11 +82,14 @@ class ConsoleWriter:
     treated as stopped: new chunks are then dropped and counted (the job log file keeps every
     byte), and once it reads again a line says how much it missed. So the job waits at most
     ``stall_s`` once per stall, far below any hang timeout. ``close`` waits at most its timeout.
+    With a ``line`` (the one our event lines share, :mod:`.consoleline`), each write holds it
+    and says whether the job's line was left open, so an event line never lands inside it.
     """
 
     def __init__(self, stream: BinaryIO, limit: int = 8 << 20, stall_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, line: SharedLine | None = None) -> None:
         self.stream = stream
+        self.line = line
         self.limit = limit
         self.stall_s = stall_s
         self._clock = clock
@@ -125,12 +139,11 @@ class ConsoleWriter:
                 self._queued -= len(chunk)
                 missed, self._unreported = self._unreported, 0
             try:
-                if missed:
-                    self.stream.write(f"\n[transformer-supervisor: {missed} bytes of the job's output were not "
-                                      "shown here because this console stopped reading; job.log has them all]\n"
-                                      .encode())
-                self.stream.write(chunk)
-                self.stream.flush()
+                if self.line is not None:
+                    with self.line.job_write(chunk):
+                        self._write(chunk, missed)
+                else:
+                    self._write(chunk, missed)
                 with self._cv:
                     self._progress_at = self._clock()
                     self._cv.notify_all()
@@ -140,6 +153,14 @@ class ConsoleWriter:
                     self._queue.clear()
                     self._queued = 0
                 return
+
+    def _write(self, chunk: bytes, missed: int) -> None:
+        if missed:
+            self.stream.write(f"\n[transformer-supervisor: {missed} bytes of the job's output were not "
+                              "shown here because this console stopped reading; job.log has them all]\n"
+                              .encode())
+        self.stream.write(chunk)
+        self.stream.flush()
 
     def close(self, timeout: float = 2.0) -> None:
         with self._cv:
@@ -250,11 +271,11 @@ class LineSplitter:
 class KeeperLink(threading.Thread):
     """The daemon's end of the output keeper (:mod:`.keeper`): framed chunks of the job's stdout
     and stderr, each stream split into lines of its own (a tqdm bar on stderr never runs into a
-    metric line on stdout), passed through to the console and offered to the sinks. job.log is
+    metric line on stdout), passed through to its own console and offered to the sinks. job.log is
     the keeper's (written before the chunk is sent here). ``on_eof(source)`` is called once per
     stream, from this thread; a keeper that dies before both streams ended is reported."""
 
-    def __init__(self, sock_fd: int, passthrough: Console | None, fanout: SinkFanout,
+    def __init__(self, sock_fd: int, passthrough: Consoles | None, fanout: SinkFanout,
                  on_eof: Callable[[str], None], keeper_pid: int | None = None) -> None:
         super().__init__(name="job-output", daemon=True)
         self.fd = sock_fd
@@ -276,7 +297,9 @@ class KeeperLink(threading.Thread):
     def _data(self, kind: int, chunk: bytes) -> None:
         self.bytes += len(chunk)
         if self.passthrough is not None:
-            self.passthrough.offer(chunk)  # a ConsoleWriter: never blocks
+            console = self.passthrough.err if kind == STDERR else self.passthrough.out
+            if console is not None:
+                console.offer(chunk)  # a ConsoleWriter: never blocks
         lines = self._splitters[kind].push(chunk)
         if lines:
             self.lines += len(lines)

@@ -20,7 +20,8 @@ from ..core.messages import ExitInfo
 from ..events import Cause
 from .osapi import OsApi, ProcRef, signal_name
 from .cgroup import JobCgroup
-from .output import Console, KeeperLink, SinkFanout
+from .keeper import stderr_log_path
+from .output import Consoles, KeeperLink, SinkFanout
 
 log = structlog.get_logger("supervisor.job.process")
 
@@ -51,20 +52,28 @@ class JobProcess:
     """One running attempt: the leader process, its group, and its output keeper.
 
     The job's stdout and stderr are pipes held by the output keeper (:mod:`.keeper`), a process
-    of its own that appends every byte to job.log and forwards it here: the job survives a
-    ``kill -9`` of the daemon (no EPIPE) and job.log keeps every line it printed."""
+    of its own that appends every byte to job.log (and the stderr bytes to job.stderr.log too)
+    and forwards it here: the job survives a ``kill -9`` of the daemon (no EPIPE) and job.log
+    keeps every line it printed. ``passthrough`` takes each stream to its own console."""
 
-    def __init__(self, spec: LaunchSpec, fanout: SinkFanout, passthrough: Console | None,
+    def __init__(self, spec: LaunchSpec, fanout: SinkFanout, passthrough: Consoles | None,
                  log_path: Path | None, on_eof: Callable[[str], None], osapi: OsApi,
                  cgroup_parent: Path | None = None) -> None:
         self.spec = spec
         self.osapi = osapi
-        log_fd = -1
+        log_fd = err_log_fd = -1
+        err_log_path = ""
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            # Never through a symlink (one planted at job.log would make the keeper append the
-            # job's output to any file it can write), and 0600 whatever the umask.
-            log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            log_fd = _open_log(str(log_path))
+            err_log_path = stderr_log_path(str(log_path))
+            try:
+                err_log_fd = _open_log(err_log_path)
+            except OSError as e:  # job.log has every byte anyway: only `logs --stderr` goes without
+                log.warning("job_stderr_log_unavailable", path=err_log_path, error=str(e),
+                            message=f"cannot open {err_log_path} ({e}); the job's stderr is still in "
+                                    f"{log_path}, but `logs --stderr` cannot show it alone")
+                err_log_path = ""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         for fd in (out_w, err_w):
@@ -73,14 +82,15 @@ class JobProcess:
         try:
             # The keeper first: from its fork on it holds the read ends, so no write of the job
             # can ever meet a pipe without a reader.
-            self.keeper = start_keeper(out_r, err_r, theirs.fileno(), log_fd, str(log_path or ""))
+            self.keeper = start_keeper(out_r, err_r, theirs.fileno(), log_fd, str(log_path or ""),
+                                       err_log_fd, err_log_path)
         except BaseException:
             for fd in (out_w, err_w):
                 os.close(fd)
             ours.close()
             raise
         finally:
-            for fd in (out_r, err_r, log_fd):
+            for fd in (out_r, err_r, log_fd, err_log_fd):
                 if fd >= 0:
                     os.close(fd)
             theirs.close()
@@ -261,14 +271,21 @@ def _enter_cgroup(procs_fd: int) -> None:
         pass
 
 
-def start_keeper(out_r: int, err_r: int, sock: int, log_fd: int, log_path: str) -> subprocess.Popen[bytes]:
+def _open_log(path: str) -> int:
+    """Never through a symlink (one planted at job.log would make the keeper append the job's
+    output to any file it can write), and 0600 whatever the umask."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+
+
+def start_keeper(out_r: int, err_r: int, sock: int, log_fd: int, log_path: str,
+                 err_log_fd: int = -1, err_log_path: str = "") -> subprocess.Popen[bytes]:
     """The output keeper process: in a session of its own (no signal meant for the job or a
     terminal's group reaches it), standard library only (``-I -S``: milliseconds to start), with
     none of the job's environment (it is not one of the job's processes)."""
-    fds = [fd for fd in (out_r, err_r, sock, log_fd) if fd >= 0]
+    fds = [fd for fd in (out_r, err_r, sock, log_fd, err_log_fd) if fd >= 0]
     return subprocess.Popen(
         [sys.executable, "-I", "-S", str(Path(__file__).with_name("keeper.py")),
-         str(out_r), str(err_r), str(sock), str(log_fd), log_path],
+         str(out_r), str(err_r), str(sock), str(log_fd), log_path, str(err_log_fd), err_log_path],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=fds, start_new_session=True,
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
     )

@@ -10,16 +10,18 @@ from pathlib import Path
 from typing import Callable
 
 from supervisor.job.osapi import OsApi
-from supervisor.job.output import Console, ConsoleWriter, SinkFanout
+from supervisor.job.output import Console, Consoles, ConsoleWriter, SinkFanout
 from supervisor.job.process import JobProcess, LaunchSpec
 from tests.util import wait_for
 
 
 def spawn(tmp_path: Path, code: str, console: Console | None, fanout: SinkFanout,
           on_eof: Callable[[str], None] = lambda _s: None) -> JobProcess:
-    """A real job through the real output keeper, its job.log in ``tmp_path``."""
+    """A real job through the real output keeper, its job.log in ``tmp_path``; both of its
+    streams to ``console``."""
     spec = LaunchSpec((sys.executable, "-c", code), str(tmp_path), dict(os.environ), {})
-    return JobProcess(spec, fanout, console, tmp_path / "job.log", on_eof, OsApi())
+    return JobProcess(spec, fanout, Consoles(console, console) if console is not None else None,
+                      tmp_path / "job.log", on_eof, OsApi())
 
 
 def wait_exit(job: JobProcess, timeout: float = 60) -> int:

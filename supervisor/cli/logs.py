@@ -1,0 +1,189 @@
+"""``transformer-supervisor logs [-f] [-n N] [--stderr]``: the job's output from its log file.
+
+The output keeper writes job.log (both streams, byte-exact as read) and job.stderr.log (the
+job's stderr alone) beside it (:mod:`supervisor.job.keeper`); this verb reads them, so it works
+while the daemon runs, after it exited, and when it was killed. Which file: ``[job] log_file``
+of the config given, or of the run's config recorded in the ledger (a relative one under the
+job's workdir), else ``<state dir>/job.log``.
+
+``-f`` follows the file as ``tail -F`` does (a file renamed away by logrotate is read to its
+end, then the new one from its start; one truncated in place is read again from its start) and
+ends by itself once the daemon has exited and the file stopped growing. Whether the daemon runs
+is read from its lock file (``daemon.lock`` holds its pid): taking the lock to test it could
+refuse a daemon starting at that moment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from ..job.keeper import stderr_log_path
+
+BLOCK = 1 << 16
+POLL_S = 0.2  # how often -f looks for new bytes: a human reading a log never sees 0.2 s
+
+
+class LogsError(Exception):
+    """Why there is nothing to show (said on stderr, exit 1)."""
+
+
+def job_log_path(state_dir: Path, config: str | None) -> Path:
+    """The job log the daemon for this state dir writes."""
+    if config:
+        from ..config.model import load_config
+
+        cfg = load_config(config, need_command=False)
+        return cfg.log_file() if cfg.job.log_file else state_dir / "job.log"
+    return _recorded_log_path(state_dir) or state_dir / "job.log"
+
+
+def _recorded_log_path(state_dir: Path) -> Path | None:
+    """``[job] log_file`` of the newest run in the ledger; None when it names none (or no ledger)."""
+    from ..ledger.store import Ledger, LedgerError
+
+    try:
+        led = Ledger(state_dir, readonly=True)
+    except (FileNotFoundError, LedgerError):
+        return None
+    try:
+        run_id = led.latest_run_id()
+        table = led.run_config(run_id) if run_id else {}
+        job = table.get("job") or {}
+        log_file = job.get("log_file")
+        if not log_file:
+            return None
+        p = Path(log_file).expanduser()
+        if p.is_absolute():
+            return p
+        workdir = job.get("workdir")
+        if workdir and Path(workdir).expanduser().is_absolute():
+            return Path(workdir).expanduser() / p
+        attempts = led.history(run_id).get("attempts") or []
+        cwd = attempts[-1].get("cwd") if attempts else None  # where the daemon ran the job
+        return Path(cwd) / p if cwd else p
+    finally:
+        led.close()
+
+
+def daemon_alive(state_dir: Path) -> bool:
+    """A daemon holds this state dir: the pid in its lock file lives, started before it wrote it
+    (a pid reused since by another process started later)."""
+    import psutil
+
+    lock = state_dir / "daemon.lock"
+    try:
+        pid = int(lock.read_text().strip() or 0)
+        written = lock.stat().st_mtime
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and proc.create_time() <= written + 1.0
+    except (OSError, ValueError, psutil.Error):
+        return False
+
+
+def last_lines_offset(f: BinaryIO, end: int, n: int) -> int:
+    """Where the last ``n`` lines of ``f[:end]`` start (0 = all); a last line without its
+    newline counts as a line."""
+    if n <= 0 or end == 0:
+        return 0
+    pos, wanted = end, n
+    f.seek(end - 1)
+    if f.read(1) == b"\n":
+        wanted += 1  # the file's final newline ends the last line; it does not start one
+    while pos > 0:
+        size = min(BLOCK, pos)
+        pos -= size
+        f.seek(pos)
+        block = f.read(size)
+        count = block.count(b"\n")
+        if count >= wanted:
+            cut = len(block)
+            for _ in range(wanted):
+                cut = block.rindex(b"\n", 0, cut)
+            return pos + cut + 1
+        wanted -= count
+    return 0
+
+
+def copy_range(f: BinaryIO, start: int, end: int, out: BinaryIO) -> None:
+    f.seek(start)
+    left = end - start
+    while left > 0:
+        data = f.read(min(BLOCK, left))
+        if not data:
+            break
+        out.write(data)
+        left -= len(data)
+    out.flush()
+
+
+def follow(path: Path, f: BinaryIO, pos: int, out: BinaryIO, alive: Callable[[], bool],
+           poll_s: float = POLL_S) -> None:
+    """Print what is appended to ``path`` from ``pos`` on, across rotation and truncation,
+    until ``alive()`` is false and a look found nothing new."""
+    quiet_after_exit = False
+    while True:
+        f.seek(pos)
+        data = f.read(BLOCK)
+        if data:
+            out.write(data)
+            out.flush()
+            pos += len(data)
+            quiet_after_exit = False
+            continue
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            st = None  # renamed away, its successor not created yet: keep the one we have
+        here = os.fstat(f.fileno())
+        if st is not None and (st.st_dev, st.st_ino) != (here.st_dev, here.st_ino):
+            f.close()  # rotated, and the old file read to its end: the new one from its start
+            f = open(path, "rb")
+            pos = 0
+            continue
+        if here.st_size < pos:
+            pos = 0  # truncated in place (copytruncate): what is there now is new
+            continue
+        if not alive():
+            if quiet_after_exit:  # the daemon is gone and the file stopped growing
+                f.close()
+                return
+            quiet_after_exit = True
+        time.sleep(poll_s)
+
+
+def cmd_logs(args: argparse.Namespace, state_dir: Path) -> int:
+    path = job_log_path(state_dir, getattr(args, "config", None))
+    if args.stderr:
+        path = Path(stderr_log_path(str(path)))
+    alive = lambda: daemon_alive(state_dir)  # noqa: E731
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        if not (args.follow and alive()):
+            what = "stderr log" if args.stderr else "job log"
+            print(f"transformer-supervisor: no {what} at {path} (the job has not started, or the run is "
+                  f"elsewhere: --state-dir DIR or --config PATH)", file=sys.stderr)
+            return 1
+        print(f"transformer-supervisor: waiting for {path} (the daemon runs; the job has not started yet)",
+              file=sys.stderr)
+        while not path.exists():
+            if not alive():
+                print(f"transformer-supervisor: the daemon exited and {path} never appeared", file=sys.stderr)
+                return 1
+            time.sleep(POLL_S)
+        f = open(path, "rb")
+    except OSError as e:
+        print(f"transformer-supervisor: cannot read {path}: {e}", file=sys.stderr)
+        return 1
+    out = sys.stdout.buffer
+    with f:
+        end = os.fstat(f.fileno()).st_size
+        copy_range(f, last_lines_offset(f, end, args.lines), end, out)
+        if args.follow:
+            follow(path, f, end, out, alive)
+    return 0
