@@ -21,7 +21,7 @@ from .schema import MISSING, Problem, build, meta
 from ..core.causes import CAUSES, Action, Cause
 from ..errors import SupervisorError
 from ..health.config import GpuConfig, HostConfig
-from ..ops.config import MetricsConfig, SystemdConfig
+from ..ops.config import MetricsConfig, NotifyConfig, SystemdConfig
 from ..watch.config import DetectorsConfig, HeartbeatConfig
 
 
@@ -223,6 +223,7 @@ class Config:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     systemd: SystemdConfig = field(default_factory=SystemdConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     # -- derived values -------------------------------------------------------------------

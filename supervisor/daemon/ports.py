@@ -233,6 +233,9 @@ class Concern:
 
     def tick(self, now: float) -> None: ...
 
+    def on_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
+        """Every daemon event as recorded (log, journal, ledger), from any thread: keep it short."""
+
     def status(self) -> Mapping[str, Any]:
         return {}
 

@@ -16,7 +16,9 @@ from ..job.process import is_secret
 # Config sections whose objects are built once at daemon start: a reload records them, a
 # daemon restart applies them.
 RESTART_SECTIONS = ("state", "log", "heartbeat", "detectors", "checkpoints", "gpu", "host", "metrics", "systemd",
-                    "cluster")
+                    "cluster", "notify")
+# Keys whose values are secrets though their names do not say so (the webhook URL carries a token).
+SECRET_KEYS = ("notify.webhook_url",)
 
 
 def _masked(v: Any) -> Any:
@@ -65,7 +67,7 @@ def reload_config(current: Config, config_path: Path | None, state_dir: Path,
     event("config_reloaded", "info",
           f"config reloaded from {config_path}: {len(changed)} key(s) changed"
           + (f" ({', '.join(sorted(changed))})" if changed else "") + "; applied at the next launch",
-          changed={k: (["<redacted>", "<redacted>"] if is_secret(k.rsplit(".", 1)[-1])
+          changed={k: (["<redacted>", "<redacted>"] if is_secret(k.rsplit(".", 1)[-1]) or k in SECRET_KEYS
                        else [str(_masked(a)), str(_masked(b))])
                    for k, (a, b) in changed.items()})
     return new, {"reloaded": True, "changed": sorted(changed)}

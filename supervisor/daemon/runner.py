@@ -117,6 +117,7 @@ class Runner:
                                 **{k: v for k, v in data.items() if v is not None})
         # A failed write (a full disk) does not raise: the ledger logs it once, counts and drops it.
         self.ledger.event(self.run_id, attempt, event, level, message, jsonable(data) if data else None)
+        self.concerns.each("on_event", event, level, message, data)  # [notify]: tell a human
 
     # ================================================================== life cycle
     def run(self) -> int:

@@ -14,6 +14,7 @@ from ..job.output import SinkFanout
 from .runner import Runner
 from .adapters import CheckpointConcern, HealthConcern, ProcessLauncher
 from .ckptdiscovery import CheckpointDiscoveryConcern
+from .alerting import NotifyConcern
 from .resumewatch import ResumeWatchConcern
 from .concerns import GoodputConcern, OpsConcern, ValidationConcern, WatchConcern
 from ..job.launch import Environment
@@ -37,8 +38,9 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     checkpoints = CheckpointConcern()
     health = HealthConcern(newest_checkpoint_bytes=lambda: getattr(checkpoints.newest(), "size", None))
     goodput = GoodputConcern()
-    # Discovery first: the health and checkpoint concerns read the checkpoint dir it may find.
-    concerns: list[Concern] = [CheckpointDiscoveryConcern(checkpoints), OpsConcern(notifier, checkpoints, status_interval_s=cfg.systemd.status_interval_s), WatchConcern(), health, checkpoints, goodput,
+    # [notify] first: it sees the events the others record while they start. Then discovery:
+    # the health and checkpoint concerns read the checkpoint dir it may find.
+    concerns: list[Concern] = [NotifyConcern(), CheckpointDiscoveryConcern(checkpoints), OpsConcern(notifier, checkpoints, status_interval_s=cfg.systemd.status_interval_s), WatchConcern(), health, checkpoints, goodput,
                                ValidationConcern(goodput), ResumeWatchConcern(), StateLockConcern(lock, ledger), *extra]
     store: CheckpointStore = checkpoints
     if cfg.cluster.enabled:  # multi-node: imported only then, so a single node carries none of it

@@ -50,3 +50,58 @@ class SystemdConfig:
     stop_extend_s: float = field(default=60.0, metadata=meta(
         "while a stop waits for the job's checkpoint flush, extend systemd's stop timeout by this "
         "much at a time (EXTEND_TIMEOUT_USEC), so a save in progress is never SIGKILLed", min=1.0))
+
+
+#: The daemon events a human is told about when ``[notify] events`` is not set; ``restart_loop``
+#: is not a daemon event but derived from several ``restart_scheduled`` in a short window.
+NOTIFY_DEFAULT_EVENTS = ("gave_up", "validation_failed", "restart_loop", "metrics_blind")
+
+
+def _check_webhook(value: str) -> str | None:
+    if not value.startswith(("http://", "https://")):
+        # The URL is a secret (it carries the token): never echo it back in full.
+        return f'expected an http:// or https:// URL, got "{value[:8]}..."'
+    return None
+
+
+def _check_command(value: tuple[str, ...]) -> str | None:
+    if value and not value[0]:
+        return "expected the program to run as the first item, got an empty string"
+    return None
+
+
+def _check_events(value: tuple[str, ...]) -> str | None:
+    for name in value:
+        if not name or not all(c.islower() or c == "_" or c.isdigit() for c in name):
+            return (f'expected daemon event names such as "gave_up" or "restart_scheduled" '
+                    f'(lower case and "_"), got "{name}"')
+    return None
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    command: tuple[str, ...] = field(default=(), metadata=meta(
+        "program to run on each chosen event (exec'd, no shell): the event as JSON on stdin and as "
+        "TSUP_NOTIFY_* env vars; empty: none", check=_check_command))
+    webhook_url: str | None = field(default=None, metadata=meta(
+        'URL to POST each chosen event to as JSON with a Slack-compatible "text" field (a secret: '
+        "never logged in full); omitted: none", check=_check_webhook))
+    events: tuple[str, ...] = field(default=NOTIFY_DEFAULT_EVENTS, metadata=meta(
+        'daemon events that notify: any event name of the journal/history ("restart_scheduled", '
+        '"hang_suspected", ...) plus "restart_loop"', check=_check_events))
+    timeout_s: float = field(default=10.0, metadata=meta(
+        "seconds one webhook POST or hook command may take before it counts as failed", min=0.1))
+    retries: int = field(default=2, metadata=meta(
+        "tries after a failed one, with backoff (1 s, 2 s, 4 s...)", min=0, max=10))
+    repeat_after_s: float = field(default=300.0, metadata=meta(
+        "the same event notifies again only after this many seconds (the ones between are counted "
+        "and said in the next)", min=0))
+    max_per_hour: int = field(default=30, metadata=meta(
+        "at most this many notifications an hour in all (gave_up always goes out)", min=1))
+    restart_loop_count: int = field(default=3, metadata=meta(
+        "restart_loop: this many restarts scheduled within restart_loop_window_s", min=2))
+    restart_loop_window_s: float = field(default=900.0, metadata=meta(
+        "restart_loop: the window in seconds", min=1.0))
+    shutdown_wait_s: float = field(default=5.0, metadata=meta(
+        "at daemon exit, wait at most this long for notifications still being sent (the give-up one)",
+        min=0.0, max=60.0))
