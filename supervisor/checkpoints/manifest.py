@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+from .. import strictjson
 
 MANIFEST_SUFFIX = ".manifest.json"
 FORMAT = "tsup-checkpoint-manifest/1"
@@ -107,10 +108,12 @@ def parse_manifest(path: Path, data: Any) -> tuple[Manifest | None, str | None]:
         problems.append("metrics is not an object")
     else:
         for name, m in metrics_raw.items():
-            if isinstance(m, dict) and isinstance(m.get("value"), (int, float)) and not isinstance(m.get("value"), bool):
-                metrics[name] = {"value": float(m["value"]), "step": m.get("step")}
-            elif isinstance(m, (int, float)) and not isinstance(m, bool):
-                metrics[name] = {"value": float(m), "step": step}
+            # A non-finite value is written as "NaN"/"Infinity" (strictjson); older files hold bare NaN.
+            v = strictjson.number(m.get("value") if isinstance(m, dict) else m)
+            if isinstance(m, dict) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                metrics[name] = {"value": float(v), "step": m.get("step")}
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                metrics[name] = {"value": float(v), "step": step}
             else:
                 problems.append(f"metric {name!r} has no numeric value")
     files = data.get("files")
@@ -175,7 +178,7 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Write JSON via a temp file in the same dir, fsync, rename, fsync the dir."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True, default=str)
+        strictjson.dump(data, f, indent=2, sort_keys=True, default=str)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())

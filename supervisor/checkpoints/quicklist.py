@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from .loadtest import LoadTestResult
+from .. import strictjson
 
 MetricsSeen = Mapping[str, Sequence[tuple[int, float]]]  # name -> [(step, value), ...]
 
@@ -71,7 +72,7 @@ class Readiness:
 def _jsonable(v: Any) -> Any:
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
-    return json.loads(json.dumps(v, default=str))
+    return json.loads(strictjson.dumps(v, default=str))
 
 
 # ---------------------------------------------------------------- config snapshot and diff

@@ -22,6 +22,7 @@ from typing import Any, Literal, Sequence
 import structlog
 
 from .quicklist import Readiness
+from .. import strictjson
 
 log = structlog.get_logger("supervisor.checkpoints")
 
@@ -129,7 +130,7 @@ class CheckpointBook:
         self.file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}.tmp")
         data = {"bad": self._bad, "attempts": [a.__dict__ for a in self._attempts[-self.MAX_ATTEMPTS:]]}
-        tmp.write_text(json.dumps(data, indent=1))
+        tmp.write_text(strictjson.dumps(data, indent=1))
         os.replace(tmp, self.file)
 
     @staticmethod

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 # what fails, and main() must first say why (supervisor.cli.installcheck).
 from .installcheck import refuse_foreign
 from .parser import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE, build_parser
+from .. import strictjson
 
 
 def _die_usage(msg: str) -> int:
@@ -289,13 +290,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         if last is None:
             print(f"transformer-supervisor: {e}", file=sys.stderr)
             return 1
-        print(json.dumps(last, indent=2, sort_keys=True) if args.json else render_last_run(last))
+        print(strictjson.dumps(last, indent=2, sort_keys=True) if args.json else render_last_run(last))
         return EXIT_NOT_RUNNING
     except ControlError as e:
         print(f"transformer-supervisor: status failed: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(res, indent=2, sort_keys=True))
+        print(strictjson.dumps(res, indent=2, sort_keys=True))
     else:
         from .render import render_status
 
@@ -324,7 +325,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     finally:
         led.close()
     if args.json:
-        print(json.dumps(h, indent=2, default=str))
+        print(strictjson.dumps(h, indent=2, default=str))
         return EXIT_OK
     from .render import render_history
 

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence, TextIO
 
 from ..humanize import duration, size
 from .parser import EXIT_FAILED, EXIT_GAVE_UP, EXIT_OK, EXIT_USAGE
+from .. import strictjson
 
 
 # -- stop / restart / checkpoint-now / reload -------------------------------------------------
@@ -125,7 +126,7 @@ def control_verb(sd: Path, verb: str, payload: Mapping[str, Any] | None = None, 
     reply: dict[str, Any] = dict(res) if isinstance(res, Mapping) else {"result": res}
     code = EXIT_OK
     if not json_out:
-        print(reply.get("message") or json.dumps(res), file=out, flush=True)
+        print(reply.get("message") or strictjson.dumps(res), file=out, flush=True)
     if wait and verb in ("stop", "restart"):
         before = before if isinstance(before, Mapping) else {}
         if verb == "stop":
@@ -157,7 +158,7 @@ def control_verb(sd: Path, verb: str, payload: Mapping[str, Any] | None = None, 
         if not w["done"]:
             code = EXIT_GAVE_UP if w.get("state") == "gave_up" else EXIT_FAILED
     if json_out:
-        out.write(json.dumps({"ok": code == EXIT_OK, **reply}, indent=2, sort_keys=True, default=str) + "\n")
+        out.write(strictjson.dumps({"ok": code == EXIT_OK, **reply}, indent=2, sort_keys=True, default=str) + "\n")
     return code
 
 
@@ -233,7 +234,7 @@ def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: 
         rows = svc.quicklist()
     writing = in_progress(Path(checkpoint_dir), getattr(svc.discovery, "unsettled", ()))
     if json_out:
-        out.write(json.dumps([w.to_json() for w in writing] + [r.to_json() for r in rows], indent=2) + "\n")
+        out.write(strictjson.dumps([w.to_json() for w in writing] + [r.to_json() for r in rows], indent=2) + "\n")
         return EXIT_OK
     parts = [render_table(rows) if rows or not writing else "no complete checkpoint yet"]
     if writing:

@@ -9,13 +9,13 @@ A report also counts as a heartbeat.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
 import time
 from typing import IO
 
+from .. import strictjson
 from ._env import ClientUsageError, env_int, metrics_path, rank, supervised
 from ._heartbeat import check_step, heartbeat
 
@@ -94,7 +94,8 @@ def report(step: int | None = None, *, loss: float | None = None, grad_norm: flo
         rec["attempt"] = env_int("TSUP_ATTEMPT", 0) or 0
         rec["t"] = round(time.time(), 4)
         try:
-            f.write(json.dumps(rec, allow_nan=True, separators=(",", ":")) + "\n")
+            # strict JSON (a NaN loss as "NaN"): the watch and the report read the string as the number
+            f.write(strictjson.dumps(rec, separators=(",", ":")) + "\n")
         except (OSError, ValueError) as exc:
             print(f"supervisor.client: metric report failed: {exc}", file=sys.stderr)
 

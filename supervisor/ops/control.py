@@ -36,6 +36,7 @@ from typing import Any
 import structlog
 
 from ..errors import SupervisorError
+from .. import strictjson
 
 log = structlog.get_logger("supervisor.ops")
 
@@ -106,11 +107,11 @@ def _address(path: Path) -> Iterator[str]:
 
 
 def _reply_ok(result: Any) -> bytes:
-    return (json.dumps({"ok": True, "result": result}, default=str) + "\n").encode()
+    return (strictjson.dumps({"ok": True, "result": result}, default=str) + "\n").encode()
 
 
 def _reply_error(code: str, message: str) -> bytes:
-    return (json.dumps({"ok": False, "error": {"code": code, "message": message}}) + "\n").encode()
+    return (strictjson.dumps({"ok": False, "error": {"code": code, "message": message}}) + "\n").encode()
 
 
 def parse_request(data: bytes) -> tuple[str, dict[str, Any]]:
@@ -360,7 +361,7 @@ def request(state_dir: str | os.PathLike[str], verb: str, args: Mapping[str, Any
                                        f"(stale control socket {path})") from None
             except PermissionError:
                 raise ControlError("forbidden", f"permission denied on {path}: run as the daemon's user or root") from None
-            sock.sendall((json.dumps({"verb": verb, "args": dict(args or {})}) + "\n").encode())
+            sock.sendall((strictjson.dumps({"verb": verb, "args": dict(args or {})}) + "\n").encode())
             buf = bytearray()
             while True:
                 try:

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from .. import strictjson
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 IDENTIFIER = "transformer-supervisor"
@@ -74,7 +75,7 @@ def field_value(value: Any) -> str | None:
     if isinstance(value, (str, int, float)):
         return str(value)
     try:
-        return json.dumps(value, default=str, sort_keys=True)
+        return strictjson.dumps(value, default=str, sort_keys=True)
     except (TypeError, ValueError):
         return str(value)
 
