@@ -269,7 +269,8 @@ class Machine:
                 self.last_step = max(ev.last_step, self.last_step or ev.last_step)
             d = Detection(info.cause, info.summary, "exit",
                           value=float(info.exit_code) if info.exit_code is not None else None,
-                          evidence=info.oom_evidence, step=ev.last_step, at=ev.wall)
+                          evidence=info.oom_evidence or (info.root_cause or {}).get("line"), step=ev.last_step,
+                          details={"root_cause": dict(info.root_cause)} if info.root_cause else {}, at=ev.wall)
             self.root = d
             detail = info.signal or (f"exit {info.exit_code}" if info.exit_code is not None else "")
             decision = self._decide(Failure(d.cause, d.summary, step=ev.last_step, detail=detail),

@@ -46,6 +46,9 @@ class ExitInfo:
     cause: Cause | None  # None: success (exit 0)
     summary: str
     oom_evidence: str | None = None
+    # torchrun's (or a @record process's) first failure: rank, exception, message, last frame
+    # (supervisor.job.torchelastic.RootCause.to_json); None when the job left no error file.
+    root_cause: Mapping[str, Any] | None = None
 
 
 class Mode(StrEnum):

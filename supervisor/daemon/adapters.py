@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Sequence
 
@@ -12,6 +13,7 @@ import structlog
 from ..config.model import Config
 from ..core.messages import EndAttempt, ExitInfo, Resume
 from ..events import Action, Cause, Detection, MetricRecord, Monitor
+from ..job import torchelastic
 from ..job.cgroup import own_cgroup, sweep_empty
 from ..job.osapi import OsApi, become_subreaper
 from ..job.consoleline import STDERR_LINE, shares_stderr
@@ -90,7 +92,27 @@ class ProcessLauncher:
             return ExitInfo(None, None, None, "not reaped")
         if not evidence:
             return classify_exit(job.status, [], None)
-        return classify_exit(job.status, list(job.known), self._oom_kills_before)
+        return with_root_cause(classify_exit(job.status, list(job.known), self._oom_kills_before), job)
+
+
+def with_root_cause(info: ExitInfo, job: Job) -> ExitInfo:
+    """A failed attempt's exit with torchrun's root cause (the failing rank, its exception and
+    last frame) when the job left one in its TORCHELASTIC_ERROR_FILE (job/torchelastic.py)."""
+    spec = getattr(job, "spec", None)
+    path = spec.env.get(torchelastic.ENV) if spec is not None else None
+    if info.cause is None or not path:
+        return info
+    try:
+        rc = torchelastic.read_root_cause(Path(path), argv=spec.argv, env=spec.env,
+                                          since=job.leader.create_time)
+    except Exception:  # evidence only: never in the way of deciding what to do with the exit
+        log.warning("root_cause_unreadable", file=path, exc_info=True, next="the exit is judged without it")
+        return info
+    if rc is None:
+        return info
+    log.info("root_cause_found", file=path, rank=rc.rank, exception=rc.exc_type, last_frame=rc.last_frame,
+             message=f"{info.summary}: {rc.line()}", next="kept in the attempt's detection and history")
+    return replace(info, summary=f"{info.summary}: {rc.line()}", root_cause=rc.to_json())
 
 
 def _console(stream: BinaryIO) -> ConsoleWriter:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from ..config.model import Config
 from ..core.messages import Launch, Prepared, PrepareLaunch, jsonable
 from .envsnapshot import snapshot, world_from_launch
+from . import torchelastic
 from ..core.policy import merge_args, scale_args
 from ..events import MetricRecord
 from .process import LaunchSpec, job_python, redact_env
@@ -127,6 +128,12 @@ def launch_spec(cfg: Config, launch: Launch, *, run_id: str, state_dir: Path,
         # 60 reaches the detectors minutes later, or only when the job exits.
         added["PYTHONUNBUFFERED"] = "1"
     env = {**base, **added}
+    if torchelastic.ENV not in env:  # the job's own choice wins
+        # torchrun's agent copies the first failing rank's exception here; read after a failure.
+        ef = torchelastic.error_file(state_dir, launch.attempt)
+        ef.parent.mkdir(parents=True, exist_ok=True)
+        ef.unlink(missing_ok=True)  # an earlier run's attempt of the same number left it
+        added[torchelastic.ENV] = env[torchelastic.ENV] = str(ef)
     return LaunchSpec(tuple(argv), str(cfg.workdir()), env, added, cgroup=cfg.job.cgroup)
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Mapping
 from ..errors import SupervisorError
 from .connection import LockedConnection
 from .schema import LEDGER_FILE, MIGRATIONS, SCHEMA, SCHEMA_VERSION
+from .. import strictjson
 
 RECOVERED_AFTER_S = 30.0
 
@@ -94,7 +95,7 @@ def _numbers_json(rows: list[tuple[Any, ...]]) -> str:
 
 
 def _json(v: Any) -> str | None:
-    return None if v is None else json.dumps(v, default=str, sort_keys=True)
+    return None if v is None else strictjson.dumps(v, default=str, sort_keys=True)
 
 
 def _load(v: str | None) -> Any:
@@ -235,7 +236,7 @@ class Ledger:
             "INSERT INTO attempts(run_id, attempt, argv_json, cwd, env_json, snapshot_json, started_at, "
             "checkpoint, resume_step, remedies_json, gate_json) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (run_id, attempt, json.dumps(argv), cwd, json.dumps(dict(env), sort_keys=True), _json(snapshot),
-             time.time(), checkpoint, resume_step, json.dumps(remedies, default=str), _json(gate)))
+             time.time(), checkpoint, resume_step, strictjson.dumps(remedies, default=str), _json(gate)))
 
     @_write
     def set_attempt_process(self, run_id: str, attempt: int, pid: int, pgid: int, ctime: float) -> None:
@@ -308,6 +309,7 @@ class Ledger:
         run = self.db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
         attempts = []
         for r in self.db.execute("SELECT * FROM attempts WHERE run_id=? ORDER BY attempt", (run_id,)):
+            detection = _load(r["detection_json"])
             attempts.append({
                 "attempt": r["attempt"],
                 "argv": json.loads(r["argv_json"]),
@@ -322,7 +324,9 @@ class Ledger:
                 "resume_step": r["resume_step"],
                 "remedies": json.loads(r["remedies_json"] or "[]"),
                 "validation": _load(r["validation_json"]),
-                "detection": _load(r["detection_json"]),
+                "detection": detection,
+                # torchrun's failing rank, exception and last frame (job/torchelastic.py), or null
+                "root_cause": ((detection or {}).get("details") or {}).get("root_cause"),
                 "decision": _load(r["decision_json"]),
                 "gate": _load(r["gate_json"]),
                 "shutdown": _load(r["shutdown_json"]),

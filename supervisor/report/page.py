@@ -25,6 +25,7 @@ import structlog
 
 from .data import MetricPoint, ReportData, epoch_seconds, metric_points, restart_markers
 from .plot import render_loss_png
+from .. import strictjson
 
 log = structlog.get_logger("supervisor.report.page")
 
@@ -52,7 +53,7 @@ def _e(value: Any) -> str:
     if isinstance(value, float):
         return html.escape(f"{value:.4g}")
     if isinstance(value, (Mapping, list, tuple)):
-        return html.escape(json.dumps(value, default=str, sort_keys=True))
+        return html.escape(strictjson.dumps(value, default=str, sort_keys=True))
     return html.escape(str(value))
 
 
@@ -89,6 +90,15 @@ def _summary_section(data: ReportData, points: list[MetricPoint]) -> str:
         facts["failures"] = ", ".join(causes)
     facts.update(data.summary)
     return _table(["", ""], ([html.escape(str(k)), _e(v)] for k, v in facts.items()))
+
+
+def _why(a: Mapping[str, Any]) -> str:
+    """How the attempt ended, for people; with torchrun's root cause (failing rank, exception,
+    last frame) when the job left one."""
+    rc = a.get("root_cause")
+    if isinstance(rc, Mapping) and rc.get("line"):
+        return html.escape(str(a.get("summary") or "")) + f'<br><b>root cause</b>: {html.escape(str(rc["line"]))}'
+    return html.escape(str(a.get("summary") or ""))
 
 
 def _timeline_bar(data: ReportData) -> str:
@@ -198,10 +208,10 @@ def render_html(data: ReportData, png_bytes: bytes | None, png_note: str | None 
     out.append(_timeline_bar(data))
     out.append(_table(
         ["attempt", "started", "ended", "duration", "exit code", "signal", "cause", "action",
-         "checkpoint", "remedies"],
+         "checkpoint", "remedies", "why"],
         ([_e(a.get("attempt")), _e(a.get("started_at")), _e(a.get("ended_at")), _duration(a),
           _e(a.get("exit_code")), _e(a.get("signal")), _e(a.get("cause")), _e(a.get("action")),
-          _e(a.get("checkpoint")), _e(a.get("remedies") or "")]
+          _e(a.get("checkpoint")), _e(a.get("remedies") or ""), _why(a)]
          for a in sorted(data.attempts, key=lambda a: int(a.get("attempt", 0)))),
     ))
 
