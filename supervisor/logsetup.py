@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, MutableMapping, TextIO
 
 import structlog
 
+from . import strictjson
 from .job.consoleline import event_stream
 from .job.process import is_secret
 
@@ -128,7 +129,7 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
     elif fmt == "json":
         pre.insert(0, structlog.processors.TimeStamper(fmt="iso", utc=True, key=TIMESTAMP_KEY))
         pre.append(format_tracebacks)
-        renderer = structlog.processors.JSONRenderer()
+        renderer = structlog.processors.JSONRenderer(serializer=strictjson.dumps)  # a NaN value as "NaN"
     else:
         if not os.environ.get("JOURNAL_STREAM"):
             pre.insert(0, structlog.processors.TimeStamper(fmt="iso", utc=True, key=TIMESTAMP_KEY))

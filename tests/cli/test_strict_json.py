@@ -90,3 +90,20 @@ def test_a_manifest_with_a_nan_metric_is_strict_json_and_reads_back_as_nan(tmp_p
     assert listing.returncode == 0, listing.stderr
     (row,) = strict_loads(listing.stdout)
     assert row["val_metric"] == {"name": "val_loss", "value": "NaN", "step": 7}, row
+
+
+def test_the_daemon_s_json_log_lines_are_strict() -> None:
+    import io
+
+    import structlog
+
+    from supervisor import logsetup
+
+    buf = io.StringIO()
+    try:
+        logsetup.configure("json", stream=buf)
+        structlog.get_logger("supervisor.test").info("loss_seen", loss=math.nan, gn=[math.inf])
+    finally:
+        logsetup.configure("logfmt", stream=io.StringIO())
+    rec = strict_loads(buf.getvalue().strip().splitlines()[-1])
+    assert (rec["event"], rec["loss"], rec["gn"]) == ("loss_seen", "NaN", ["Infinity"])
