@@ -13,8 +13,10 @@ from typing import Any, Iterator
 
 #: The hook: its stdin to argv[1], the TSUP_NOTIFY_* env as JSON to argv[1] + ".env".
 HOOK_SOURCE = """\
-import json, os, sys
+import json, os, sys, time
 data = sys.stdin.buffer.read()
+if len(sys.argv) > 2:  # a slow pager: the daemon must wait for it at exit
+    time.sleep(float(sys.argv[2]))
 env = {k: v for k, v in os.environ.items() if k.startswith("TSUP_NOTIFY_")}
 with open(sys.argv[1] + ".env.tmp", "w") as f:
     json.dump(env, f)
@@ -25,11 +27,11 @@ os.replace(sys.argv[1] + ".tmp", sys.argv[1])
 """
 
 
-def hook_command(tmp: Path) -> tuple[list[str], Path]:
+def hook_command(tmp: Path, takes_s: float = 0.0) -> tuple[list[str], Path]:
     script = tmp / "hook.py"
     script.write_text(HOOK_SOURCE)
     out = tmp / "hook.out"
-    return [sys.executable, str(script), str(out)], out
+    return [sys.executable, str(script), str(out)] + ([str(takes_s)] if takes_s else []), out
 
 
 class Webhook:

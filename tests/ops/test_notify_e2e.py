@@ -36,7 +36,7 @@ def gave_up_at(sd: Path) -> float:
 
 def test_give_up_posts_to_the_webhook_and_runs_the_hook_within_2s(daemons, tmp_path):
     hook = Webhook()
-    cmd, out = hook_command(tmp_path)
+    cmd, out = hook_command(tmp_path, takes_s=0.6)  # a pager that takes its time: the exit waits for it
     sd = tmp_path / "sd"
     try:
         d = daemons(wrap(sd, config(tmp_path, cmd, hook.url)) + CRASH)
