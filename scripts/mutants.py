@@ -152,6 +152,13 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("[notify] secrets not masked by key", "supervisor/ops/alertmsg.py",
              "REDACTED if is_secret(str(k)) and v2", "REDACTED if False and v2",
              ("tests/ops/test_ops_alerts.py",)),
+    Mutation("history --json writes a NaN loss as a bare NaN (JSON.parse rejects it)", "supervisor/cli/main.py",
+             "print(strictjson.dumps(h, indent=2, default=str))", "print(json.dumps(h, indent=2, default=str))",
+             ("tests/cli/test_strict_json.py",)),
+    Mutation("no TORCHELASTIC_ERROR_FILE for the job (torchrun's root cause lost)", "supervisor/job/launch.py",
+             "if torchelastic.ENV not in env:", "if False:", ("tests/job/test_torchelastic.py",)),
+    Mutation("torchrun's failing rank never matched", "supervisor/job/torchelastic.py",
+             "if parts and parts[0] == text and parts[2] == stamp:", "if False:", ("tests/job/test_torchelastic.py",)),
 )
 
 
