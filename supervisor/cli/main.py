@@ -4,7 +4,6 @@ command function and the daemon's start (the verbs' flags are in :mod:`.parser`)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path

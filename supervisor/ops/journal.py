@@ -27,7 +27,6 @@ The memfd path for entries larger than a datagram is not needed: values are capp
 from __future__ import annotations
 
 import enum
-import json
 import os
 import re
 import socket

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
