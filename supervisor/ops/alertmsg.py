@@ -8,12 +8,12 @@ PASSWORD, WEBHOOK, ...) become ``"<redacted>"`` wherever they sit, and the known
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
 
+from ..strictjson import finite
 from ..job.process import is_secret
 
 REDACTED = "<redacted>"
@@ -60,7 +60,7 @@ class Masker:
         if isinstance(v, bool) or v is None or isinstance(v, int):
             return v
         if isinstance(v, float):
-            return v if math.isfinite(v) else str(v)
+            return finite(v)  # one spelling of NaN everywhere the project writes JSON
         if isinstance(v, Mapping):
             return {str(k): (REDACTED if is_secret(str(k)) and v2 not in (None, "") else self.value(v2))
                     for k, v2 in v.items()}

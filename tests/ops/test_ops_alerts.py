@@ -41,7 +41,7 @@ def test_secrets_are_masked_by_key_and_by_value_everywhere():
     for secret in ("hf_abcdef123", "wandbkey999", "s3cr3t-value", "hooks.example/T0/XYZ"):
         assert secret not in blob
     assert p["data"]["env"] == {"MY_SECRET": REDACTED, "LR_SCALE": "0.5"}
-    assert p["data"]["argv"] == ["--key", REDACTED] and p["data"]["loss"] == "nan"
+    assert p["data"]["argv"] == ["--key", REDACTED] and p["data"]["loss"] == "NaN"
     assert "0.1" not in m.secrets and "pw" not in m.secrets  # not secret / too short to cut out of text
     env = a.env(m)
     assert env["TSUP_NOTIFY_EVENT"] == "remedies_applied" and "hf_abcdef123" not in env["TSUP_NOTIFY_MESSAGE"]
