@@ -62,117 +62,6 @@ def _config(load: Callable[[], Any]) -> Any:
 
 # -- daemon verbs -----------------------------------------------------------------------------
 
-def _number(v: str) -> Any:
-    try:
-        return int(v)
-    except ValueError:
-        try:
-            return float(v)
-        except ValueError:
-            return v  # left as a string: validation names it
-
-
-def _wrap_table(args: argparse.Namespace) -> dict[str, Any]:
-    from ..config.model import read_toml
-
-    table: dict[str, Any] = read_toml(Path(args.config)) if args.config else {}
-    table = {k: (dict(v) if isinstance(v, dict) else v) for k, v in table.items()}
-
-    def put(section: str, key: str, value: Any) -> None:
-        table.setdefault(section, {})[key] = value
-
-    cmd = list(args.command)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if cmd:
-        put("job", "command", cmd)
-    if args.shell:
-        put("job", "shell", True)
-        if cmd:
-            put("job", "command", [" ".join(cmd)])
-    if args.name:
-        put("job", "name", args.name)
-    if args.log_file:
-        put("job", "log_file", args.log_file)
-    if args.resume_arg:
-        put("job", "resume_args", args.resume_arg)
-    if args.state_dir:
-        put("state", "dir", args.state_dir)
-    if args.checkpoint_dir:
-        put("checkpoints", "dir", args.checkpoint_dir)
-    if args.max_restarts is not None:
-        put("policy", "max_restarts", _number(args.max_restarts))
-    if args.backoff is not None:
-        put("policy", "backoff_initial_s", _number(args.backoff))
-    if args.heartbeat_timeout is not None:
-        put("heartbeat", "timeout_s", _number(args.heartbeat_timeout))
-    if args.shutdown is not None:
-        put("shutdown", "mode", args.shutdown)
-    if args.grace is not None:
-        put("shutdown", "grace_s", _number(args.grace))
-    if args.metric_regex:
-        # Added to the config's regexes, not replacing them: both describe lines of the same job.
-        det = dict(table.get("detectors") or {})
-        parsers = dict(det.get("parsers") or {})
-        parsers["regexes"] = _listed(parsers.get("regexes")) + list(args.metric_regex)
-        det["parsers"] = parsers
-        table["detectors"] = det
-    if args.watch_file:
-        table.setdefault("job", {})
-        table["job"]["watch_files"] = _listed(table["job"].get("watch_files")) + list(args.watch_file)
-    if args.workdir:
-        put("job", "workdir", args.workdir)
-    if args.env:
-        from .overrides import split_assignment
-
-        job = table.setdefault("job", {})
-        env = dict(job.get("env") or {}) if isinstance(job.get("env"), dict) else {}
-        for item in args.env:
-            kv = split_assignment(item, "--env")
-            if isinstance(kv, tuple):  # a malformed one is named by _wrap_flag_problems
-                env[kv[0]] = kv[1]
-        job["env"] = env
-    if args.set_keys:
-        # Last, so --set can refine what a flag above wrote (--set job.env.X=1 beside --env).
-        from ..config.model import Config
-        from .overrides import apply_set, split_assignment
-
-        for item in args.set_keys:
-            kv = split_assignment(item, "--set")
-            if isinstance(kv, tuple):
-                apply_set(table, Config, kv[0], kv[1])
-    return table
-
-
-def _listed(v: Any) -> list[Any]:
-    """A config list the flags extend (a value of another type is kept whole: validation names it)."""
-    if v is None:
-        return []
-    return list(v) if isinstance(v, list) else [v]
-
-
-def _wrap_flag_problems(args: argparse.Namespace) -> list[str]:
-    """What is wrong with the flags that take a pattern, named by the flag (exit 2)."""
-    from ..watch.config import check_metric_regex
-
-    problems = []
-    for rx in args.metric_regex or ():
-        why = check_metric_regex(rx)
-        if why is not None:
-            problems.append(f"--metric-regex '{rx}': {why}")
-    from .overrides import split_assignment
-
-    for flag, items in (("--env", args.env), ("--set", args.set_keys)):
-        for item in items or ():
-            kv = split_assignment(item, flag)
-            if isinstance(kv, str):
-                problems.append(kv)
-    for glob in args.watch_file or ():
-        if not glob.strip():
-            problems.append("--watch-file: an empty pattern matches no file; give a path or a glob such as 'logs/*.log'")
-    return problems
-
-
 DAEMON_SWITCH_INTERVAL_S = 0.0005
 
 
@@ -237,12 +126,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_wrap(args: argparse.Namespace) -> int:
     from ..config.model import config_from_table
 
-    problems = _wrap_flag_problems(args)
+    from .overrides import wrap_flag_problems, wrap_table
+
+    problems = wrap_flag_problems(args)
     if problems:
         for problem in problems:
             print(f"transformer-supervisor wrap: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    cfg = _config(lambda: config_from_table(_wrap_table(args), args.config or "wrap flags"))
+    cfg = _config(lambda: config_from_table(wrap_table(args), args.config or "wrap flags"))
     if cfg is None:
         return EXIT_USAGE
     return _run_daemon(cfg, Path(args.config).resolve() if args.config else None, args.log_format)

@@ -1,4 +1,7 @@
-"""``wrap --set KEY=VALUE`` and ``wrap --env KEY=VALUE``: config keys from the command line.
+"""``wrap``'s flags -> the config table: the named flags, ``--set KEY=VALUE``, ``--env KEY=VALUE``.
+
+The named flags (``--max-restarts``, ``--grace``, ...) are aliases of config keys and go through
+the same typed assignment as ``--set``.
 
 A value arrives as text; the schema says what it must become. The dotted path is walked through
 the config dataclasses (``heartbeat.timeout_s`` -> ``HeartbeatConfig.timeout_s: float | None``,
@@ -12,11 +15,13 @@ a file. An unknown path keeps the text as TOML would read it, so the error names
 
 from __future__ import annotations
 
+import argparse
 import enum
 import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
+from pathlib import Path
 from typing import Any
 
 from ..config.schema import _unwrap_optional
@@ -104,3 +109,88 @@ def apply_set(table: dict[str, Any], root: type, key: str, text: str) -> None:
         node[part] = child
         node = child
     node[path[-1]] = typed_value(root, path, text)
+
+
+# wrap's flags that stand for one config key each (argparse dest -> dotted key), applied in order.
+FLAG_KEYS: tuple[tuple[str, str], ...] = (
+    ("name", "job.name"), ("log_file", "job.log_file"), ("state_dir", "state.dir"),
+    ("checkpoint_dir", "checkpoints.dir"), ("max_restarts", "policy.max_restarts"),
+    ("backoff", "policy.backoff_initial_s"), ("heartbeat_timeout", "heartbeat.timeout_s"),
+    ("shutdown", "shutdown.mode"), ("grace", "shutdown.grace_s"), ("workdir", "job.workdir"),
+)
+# Path flags: an empty one is not given (the others are put as written, and validation names them).
+_PATH_FLAGS = frozenset({"name", "log_file", "state_dir", "checkpoint_dir", "workdir"})
+
+
+def _listed(v: Any) -> list[Any]:
+    """A config list the flags extend (a value of another type is kept whole: validation names it)."""
+    if v is None:
+        return []
+    return list(v) if isinstance(v, list) else [v]
+
+
+def wrap_table(args: argparse.Namespace) -> dict[str, Any]:
+    """The config table of ``wrap``: ``--config``'s file, with every flag over it (``--set`` last)."""
+    from ..config.model import Config, read_toml
+
+    table: dict[str, Any] = read_toml(Path(args.config)) if args.config else {}
+    table = {k: (dict(v) if isinstance(v, dict) else v) for k, v in table.items()}
+    job = table.setdefault("job", {})
+    cmd = list(args.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if cmd:
+        job["command"] = [" ".join(cmd)] if args.shell else cmd
+    if args.shell:
+        job["shell"] = True
+    if args.resume_arg:
+        job["resume_args"] = list(args.resume_arg)
+    for dest, key in FLAG_KEYS:
+        value = getattr(args, dest)
+        if value is not None and (value or dest not in _PATH_FLAGS):
+            apply_set(table, Config, key, value)
+    job = table["job"]
+    if args.metric_regex:
+        # Added to the config's regexes, not replacing them: both describe lines of the same job.
+        det = dict(table.get("detectors") or {})
+        parsers = dict(det.get("parsers") or {})
+        parsers["regexes"] = _listed(parsers.get("regexes")) + list(args.metric_regex)
+        det["parsers"] = parsers
+        table["detectors"] = det
+    if args.watch_file:
+        job["watch_files"] = _listed(job.get("watch_files")) + list(args.watch_file)
+    if args.env:
+        env = dict(job["env"]) if isinstance(job.get("env"), dict) else {}
+        for item in args.env:
+            kv = split_assignment(item, "--env")
+            if isinstance(kv, tuple):  # a malformed one is named by wrap_flag_problems
+                env[kv[0]] = kv[1]
+        job["env"] = env
+    # Last, so --set can refine what a flag above wrote (--set job.env.X=1 beside --env).
+    for item in args.set_keys or ():
+        kv = split_assignment(item, "--set")
+        if isinstance(kv, tuple):
+            apply_set(table, Config, kv[0], kv[1])
+    if not job:
+        del table["job"]  # no [job] at all, as a file without one gives
+    return table
+
+
+def wrap_flag_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the flags that take a pattern or an assignment, named by the flag (exit 2)."""
+    from ..watch.config import check_metric_regex
+
+    problems = []
+    for rx in args.metric_regex or ():
+        why = check_metric_regex(rx)
+        if why is not None:
+            problems.append(f"--metric-regex '{rx}': {why}")
+    for flag, items in (("--env", args.env), ("--set", args.set_keys)):
+        for item in items or ():
+            kv = split_assignment(item, flag)
+            if isinstance(kv, str):
+                problems.append(kv)
+    for glob in args.watch_file or ():
+        if not glob.strip():
+            problems.append("--watch-file: an empty pattern matches no file; give a path or a glob such as 'logs/*.log'")
+    return problems

@@ -4,7 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from supervisor.cli import main as cli
+from supervisor.cli import overrides as cli
 from supervisor.cli.parser import build_parser
 from supervisor.config.model import config_from_table
 from tests.conftest import ROOT
@@ -13,7 +13,7 @@ TSUP = [sys.executable, "-m", "supervisor"]
 
 
 def _table(argv: list[str]) -> dict:
-    return cli._wrap_table(build_parser().parse_args(["wrap", *argv]))
+    return cli.wrap_table(build_parser().parse_args(["wrap", *argv]))
 
 
 def test_flags_extend_the_configs_regexes_and_watch_files(tmp_path):
@@ -47,7 +47,7 @@ def test_a_bad_metric_regex_exits_2_naming_the_flag_and_the_problem(tmp_path):
 
 def test_other_group_names_are_allowed_they_land_in_extra():
     args = build_parser().parse_args(["wrap", "--metric-regex", r"(?P<epoch>\d+)x(?P<acc>\d+)", "--", "true"])
-    assert cli._wrap_flag_problems(args) == []
+    assert cli.wrap_flag_problems(args) == []
 
 
 def test_status_table_shows_each_metric_source_and_a_blind_runs_fix():
