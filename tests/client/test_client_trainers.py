@@ -24,7 +24,7 @@ from supervisor.checkpoints.manifest import read_manifest
 from supervisor.checkpoints.service import CheckpointService
 from supervisor.client import _checkpoint, _heartbeat, _metrics, _signals
 from tests.conftest import history
-from tests.util import wait_for
+from tests.util import stacks_and_kill_tree, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = REPO / "tests" / "jobs"
@@ -56,9 +56,9 @@ def finish_all(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, 
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"job did not finish in {timeout}s:\n{err[-3000:]}")
+        dumps = stacks_and_kill_tree(proc.pid)  # the ranks of torchrun live in sessions of their own
+        out, err = proc.communicate(timeout=30)
+        raise AssertionError(f"job did not finish in {timeout}s:\n{out[-3000:]}\n{err[-3000:]}\n{dumps}")
     results = [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
     assert results, f"no RESULT line (rc={proc.returncode}):\n{out[-2000:]}\n{err[-3000:]}"
     return proc.returncode, results, err

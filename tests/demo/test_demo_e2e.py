@@ -22,6 +22,13 @@ def demo(out: Path, faults: str, timeout: float = 400) -> subprocess.CompletedPr
                           cwd=str(ROOT), capture_output=True, text=True, timeout=timeout)
 
 
+def timing_only_failure(attempt: dict) -> bool:
+    """A resume whose validation failed on throughput or start-up time only."""
+    checks = (attempt.get("validation") or {}).get("checks") or {}
+    bad = {k for k, c in checks.items() if c["passed"] is False}
+    return attempt["cause"] == "validation_failed" and bool(bad) and bad <= {"throughput", "startup"}
+
+
 @pytest.fixture(scope="module")
 def fault_free(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("clean") / "demo"
@@ -35,15 +42,20 @@ def test_faulted_demo_recovers_each_fault_and_ends_like_a_clean_run(tmp_path, fa
     cp = demo(out, "nan,hang,crash,corrupt_ckpt")
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
     h = history(out / "state")
-    atts = h["attempts"]
+    raw = h["attempts"]
+    # On a loaded 2-core machine a resume's validation may fail on timing alone (throughput,
+    # start-up; the demo allows 50 % of the baseline): the daemon then rolls back further, as the
+    # contract says. Allowed, but only for those checks; every fault is still seen and recovered
+    # and the run still ends where the clean one does.
+    atts = [a for a in raw if not timing_only_failure(a)]
     causes = [a["cause"] for a in atts]
-    assert causes == ["nan", "hang", "crash", "crash", None], causes
+    assert causes == ["nan", "hang", "crash", "crash", None], [a["cause"] for a in raw]
     assert [a["action"] for a in atts[:4]] == ["rollback", "restart", "restart", "restart"]
     # nan at step 60 (0.2 x 300): the poison may have begun right after the last finite record
     # (step 50 on stdout, printed every 10 steps; 59 from the client's per-step reports), so the
     # onset is 51..60 and the rollback resumes from the checkpoint before it (step 50).
     onset = atts[0]["detection"]["onset_step"]
-    assert 51 <= onset <= 60 and atts[1]["resume_step"] == 50, (onset, atts[1]["resume_step"])
+    assert 51 <= onset <= 60 and raw[1]["resume_step"] == 50, (onset, raw[1]["resume_step"])
     # The hung job's stacks were saved before it was killed.
     stacks = [e for e in h["events"] if e["event"] == "stacks_dumped"]
     assert stacks and Path(stacks[0]["data"]["path"]).exists()
@@ -51,9 +63,13 @@ def test_faulted_demo_recovers_each_fault_and_ends_like_a_clean_run(tmp_path, fa
     q = [e for e in h["events"] if e["event"] == "checkpoint_quarantined"]
     assert len(q) == 1 and q[0]["data"]["source"].endswith("step_000250.pt")
     assert (out / "checkpoints" / "quarantine" / "step_000250.pt").exists()
-    assert atts[4]["resume_step"] == 200
-    # Every resume was validated and passed.
-    assert all(a["validation"]["verdict"] == "pass" for a in atts[1:]), [a["validation"] for a in atts]
+    after_last_crash = raw[max(i for i, a in enumerate(raw) if a["cause"] == "crash") + 1]
+    assert after_last_crash["resume_step"] == 200
+    # Every resume was validated and passed (timing-only failures aside, see above; a start from
+    # scratch after such a rollback has nothing to validate against).
+    resumes = [a for a in atts[1:] if a["resume_step"] is not None]
+    assert len(resumes) >= 3 and all(a["validation"]["verdict"] == "pass" for a in resumes), \
+        [a["validation"] for a in raw]
     # Deterministic data order + exact state restore: the faulted run ends where the clean one does.
     final = json.loads((out / "job_summary.json").read_text())
     assert final["step"] == fault_free["step"]
@@ -82,8 +98,7 @@ def test_validation_failure_rolls_back_with_diagnostics(tmp_path):
     # start-up): allowed, but only for those checks; the run must still end well.
     assert causes[:2] == ["crash", "validation_failed"] and causes[-1] is None, causes
     for a in atts[2:-1]:
-        bad = {k for k, c in a["validation"]["checks"].items() if c["passed"] is False}
-        assert a["cause"] == "validation_failed" and bad <= {"throughput", "startup"}, (a["cause"], bad)
+        assert timing_only_failure(a), a["validation"]
     failed = atts[1]["validation"]
     assert failed["verdict"] == "fail" and failed["checks"]["initial_loss"]["passed"] is False
     assert atts[1]["action"] == "rollback"
