@@ -126,3 +126,28 @@ def _structlog_restored():  # type: ignore[no-untyped-def]
     yield
     structlog.configure(**saved)
     structlog.contextvars.clear_contextvars()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # type: ignore[no-untyped-def]
+    """TSUP_TEST_CPU=FILE: append each test's CPU seconds (this process and the children it
+    reaped: daemons, jobs, load tests) to FILE, to find what makes the suite CPU-bound."""
+    path = os.environ.get("TSUP_TEST_CPU")
+    if not path:
+        yield
+        return
+    import resource
+
+    def cpu() -> float:
+        s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+    before = cpu()
+    yield
+    with open(path, "a") as f:
+        f.write(f"{cpu() - before:.2f}\t{item.nodeid}\n")
+
+
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    """The long suites first: run in parallel, a long test started last is the whole run's tail."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None and item.get_closest_marker("systemd") is None)
