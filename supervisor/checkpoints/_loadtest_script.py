@@ -4,6 +4,7 @@ Standalone on purpose: the job's environment may not have the supervisor install
 imports nothing from it. It is run as ``python -c <this source> '<json request>'`` (so the
 script's folder never shadows a module of the job's environment) and prints one line
 ``TSUP_LOADTEST_RESULT {json}`` on stdout (other output, e.g. warnings, is ignored by the caller).
+With ``--serve`` instead of a request it is the warm verifier: requests on stdin, one per line.
 
 What to do comes with the request: ``load`` names one of ``LOADERS`` (the layout spec's
 ``LoadKind``, chosen by the supervisor), never guessed here from a file's extension; ``skip``
@@ -344,10 +345,39 @@ def main() -> int:
         os.nice(10)
     except OSError:
         pass
+    if sys.argv[1:] == ["--serve"]:
+        return serve()
     req = json.loads(sys.argv[1])
     res = run(req)
     sys.stdout.write(MARKER + json.dumps(res) + "\n")
     sys.stdout.flush()
+    return 0
+
+
+def serve() -> int:
+    """The warm verifier: one request per stdin line, one result line each, until stdin closes.
+
+    torch is imported once (by the first load) instead of once per checkpoint: the interpreter
+    start and the import cost more than the load of a small checkpoint. Each load's objects are
+    dropped before the next request; a crash or a hang ends this process and the supervisor
+    starts a fresh one for the next request.
+    """
+    import gc
+
+    out = sys.stdout
+    sys.stdout = sys.stderr  # anything a loader prints must not be taken for a result line
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+        except ValueError as exc:
+            res = {"passed": False, "seconds": 0.0, "error": f"bad request line: {exc}"}
+        else:
+            res = run(req)
+        gc.collect()
+        out.write(MARKER + json.dumps(res) + "\n")
+        out.flush()
     return 0
 
 

@@ -55,6 +55,9 @@ class CheckpointsConfig:
         "python for the load test; default: the job command's python, else the supervisor's"))
     load_timeout_s: float = field(default=300.0, metadata=meta(
         "seconds a load test may take before it counts as failed", min=0, min_exclusive=True))
+    warm_verifier: bool = field(default=True, metadata=meta(
+        "load tests run on one long-lived process of the job's Python (torch imported once; closed "
+        "after 5 idle minutes; a busy or failed one falls back to a process per test)"))
     mmap: bool = field(default=True, metadata=meta(
         "torch.load(mmap=True) in the load test (falls back without it for old formats)"))
     expected_keys: tuple[str, ...] = field(default=(), metadata=meta(

@@ -25,6 +25,7 @@ import structlog
 from .hashing import StatKey
 from .layouts import registry
 from .manifest import stat_record
+from .warm import WarmVerifier
 
 log = structlog.get_logger("supervisor.checkpoints")
 
@@ -113,10 +114,7 @@ def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: P
                   started: Callable[[subprocess.Popen[str]], None] | None = None) -> LoadTestResult:
     """Load ``req.path`` in a subprocess; a timeout, crash or garbled output is a failed test.
     ``started`` gets the process (its own session) once it runs: the owner may stop it."""
-    payload = json.dumps({"path": str(req.path), "load": str(registry.load_kind(req.path, req.layout)),
-                          "skip": sorted(registry.NEVER), "expected_keys": list(req.expected_keys),
-                          "finite_scopes": [scope.to_json() for scope in registry.FINITE_SCOPES],
-                          "check_finite": req.check_finite, "trust_pickles": req.trust_pickles, "mmap": req.mmap})
+    payload = request_payload(req)
     argv = [python, "-c", _SCRIPT.read_text(), payload]
     env = dict(os.environ)
     env.setdefault("CUDA_VISIBLE_DEVICES", "")  # a load test must not grab a GPU the job needs
@@ -142,17 +140,47 @@ def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: P
                 data = json.loads(line[len(_MARKER):])
             except ValueError:
                 break
-            return LoadTestResult(
-                passed=bool(data.get("passed")), seconds=float(data.get("seconds") or 0.0), error=data.get("error"),
-                step=data.get("step") if isinstance(data.get("step"), int) else None,
-                keys=tuple(data.get("keys") or ()), needs_pickle=bool(data.get("needs_pickle")),
-                nonfinite=tuple(data.get("nonfinite") or ()), notes=tuple(data.get("notes") or ()))
+            if isinstance(data, dict):
+                return result_of(data)
+            break
     tail = (err.strip().splitlines() or ["no output"])[-1][:300]
     how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
     return LoadTestResult(False, 0.0, f"load test process failed ({how}): {tail}")
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
+def request_payload(req: LoadTestRequest) -> str:
+    """The JSON request ``_loadtest_script.py`` reads (an argument cold, a line warm)."""
+    return json.dumps({"path": str(req.path), "load": str(registry.load_kind(req.path, req.layout)),
+                       "skip": sorted(registry.NEVER), "expected_keys": list(req.expected_keys),
+                       "finite_scopes": [scope.to_json() for scope in registry.FINITE_SCOPES],
+                       "check_finite": req.check_finite, "trust_pickles": req.trust_pickles, "mmap": req.mmap})
+
+
+def result_of(data: dict[str, Any]) -> LoadTestResult:
+    """The script's result line, read back."""
+    return LoadTestResult(
+        passed=bool(data.get("passed")), seconds=float(data.get("seconds") or 0.0), error=data.get("error"),
+        step=data.get("step") if isinstance(data.get("step"), int) else None,
+        keys=tuple(data.get("keys") or ()), needs_pickle=bool(data.get("needs_pickle")),
+        nonfinite=tuple(data.get("nonfinite") or ()), notes=tuple(data.get("notes") or ()))
+
+
+def run_warm_or_cold(req: LoadTestRequest, warm: WarmVerifier | None, *, python: str, timeout_s: float,
+                     cwd: Path | None = None, started: Callable[[Any], None] | None = None) -> LoadTestResult:
+    """On the warm process when there is one and it is free; else (busy, off, or it died on this
+    request) a cold process of its own, which reports the real error of a crash."""
+    if warm is not None:
+        reply = warm.request(request_payload(req), timeout_s, started)
+        if reply is not None and reply.timed_out:
+            log.warning("checkpoint_load_test_timeout", path=str(req.path), timeout_s=timeout_s,
+                        next="the checkpoint is not ready; raise checkpoints.load_timeout_s if it is just large")
+            return LoadTestResult(False, float(timeout_s), f"load test timed out after {timeout_s:g} s")
+        if reply is not None and reply.data is not None:
+            return result_of(reply.data)
+    return run_load_test(req, python=python, timeout_s=timeout_s, cwd=cwd, started=started)
+
+
+def _kill_group(proc: subprocess.Popen[Any]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group holds what it started
     except (ProcessLookupError, PermissionError):
@@ -180,15 +208,17 @@ class LoadTests:
     torch imports competing with the job's own start-up)."""
 
     def __init__(self, python: str, *, expected_keys: Sequence[str], check_finite: bool, trust_pickles: bool,
-                 mmap: bool, timeout_s: float, cwd: Path | None) -> None:
+                 mmap: bool, timeout_s: float, cwd: Path | None, warm: bool = False) -> None:
         self.python, self.cwd, self.timeout_s = python, cwd, timeout_s
+        # The daemon's service runs its tests on a warm process (warm.py); direct users get cold ones.
+        self.warm: WarmVerifier | None = WarmVerifier(python, cwd) if warm else None
         self.expected_keys, self.check_finite = tuple(expected_keys), check_finite
         self.trust_pickles, self.mmap = trust_pickles, mmap
         self._results: dict[tuple[str, Any, bool], LoadTestResult] = {}  # (path, version, finite checked)
         self._steps: dict[Path, tuple[Any, int | None]] = {}
         self._running: dict[tuple[str, Any, bool], Future[LoadTestResult]] = {}
         self._running_lock = threading.Lock()
-        self._procs: dict[tuple[str, Any, bool], subprocess.Popen[str]] = {}  # the tests' processes, while they run
+        self._procs: dict[tuple[str, Any, bool], subprocess.Popen[Any]] = {}  # the tests' processes, while they run
         self._cancelled = False
 
     def cached(self, path: Path, finite: bool = False) -> LoadTestResult | None:
@@ -234,10 +264,10 @@ class LoadTests:
         if running is not None:
             return running.result()
         try:
-            res = run_load_test(LoadTestRequest(path, expected_keys=self.expected_keys, check_finite=check_finite,
-                                                trust_pickles=self.trust_pickles, mmap=self.mmap, layout=layout),
-                                python=self.python, timeout_s=self.timeout_s, cwd=self.cwd,
-                                started=lambda proc: self._started(key, proc))
+            res = run_warm_or_cold(LoadTestRequest(path, expected_keys=self.expected_keys, check_finite=check_finite,
+                                                   trust_pickles=self.trust_pickles, mmap=self.mmap, layout=layout),
+                                   self.warm, python=self.python, timeout_s=self.timeout_s, cwd=self.cwd,
+                                   started=lambda proc: self._started(key, proc))
             if self._cancelled:
                 raise LoadTestCancelled(f"the load test of {path} was stopped: the supervisor is exiting")
         except BaseException as e:
@@ -256,7 +286,7 @@ class LoadTests:
         mine.set_result(res)
         return res
 
-    def _started(self, key: tuple[str, Any, bool], proc: subprocess.Popen[str]) -> None:
+    def _started(self, key: tuple[str, Any, bool], proc: subprocess.Popen[Any]) -> None:
         with self._running_lock:
             self._procs[key] = proc
             cancelled = self._cancelled
@@ -271,6 +301,8 @@ class LoadTests:
         with self._running_lock:
             self._cancelled = True
             procs = dict(self._procs)
+        if self.warm is not None:
+            self.warm.close()
         for proc in procs.values():
             _kill_group(proc)
         return sorted({path for path, _token, _finite in procs})

@@ -68,7 +68,7 @@ class CheckpointService:
         self._lock = threading.RLock()
         self.load_tests = LoadTests(self.job_python, expected_keys=cfg.expected_keys, check_finite=cfg.check_finite,
                                     trust_pickles=cfg.trust_pickles, mmap=cfg.mmap, timeout_s=cfg.load_timeout_s,
-                                    cwd=self.job_cwd)
+                                    cwd=self.job_cwd, warm=cfg.warm_verifier)
         self.last_good = LastGoodKeeper(cfg.last_good_max_bytes)
         self.last_quarantined: tuple[QuarantineRecord, ...] = ()  # from the last choose_for_resume
 
