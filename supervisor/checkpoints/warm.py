@@ -172,22 +172,7 @@ class WarmVerifier:
 
     def _stop(self) -> None:
         proc, self._proc, self._buf = self._proc, None, b""
-        if proc is None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group holds what it started
-        except (ProcessLookupError, PermissionError):
-            pass
-        for f in (proc.stdin, proc.stdout):
-            try:
-                if f is not None:
-                    f.close()
-            except OSError:
-                pass
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
+        _kill(proc)
 
     def _arm_idle_timer(self) -> None:
         if self._closed or self.idle_s <= 0:
@@ -202,8 +187,31 @@ class WarmVerifier:
         if not self._busy.acquire(blocking=False):
             return  # in use: the request's end arms the timer again
         try:
-            if self._proc is not None and self._clock() - self._last_used >= self.idle_s:
-                log.info("warm_verifier_idle", idle_s=self.idle_s, next="the next load test starts it again")
-                self._stop()
+            idle = self._proc is not None and self._clock() - self._last_used >= self.idle_s
+            proc, self._buf = (self._proc, b"") if idle else (None, self._buf)
+            if idle:
+                self._proc = None
         finally:
             self._busy.release()
+        if proc is not None:  # killed outside the lock: a request meanwhile starts a fresh one at once
+            log.info("warm_verifier_idle", idle_s=self.idle_s, next="the next load test starts it again")
+            _kill(proc)
+
+
+def _kill(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group holds what it started
+    except (ProcessLookupError, PermissionError):
+        pass
+    for f in (proc.stdin, proc.stdout):
+        try:
+            if f is not None:
+                f.close()
+        except OSError:
+            pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass

@@ -1,6 +1,8 @@
 """The pre-resume gate end to end on real files: quarantine, rollback, bad marks, last_good, CLI."""
 from __future__ import annotations
 
+import dataclasses
+
 import io
 import json
 import sys
@@ -134,7 +136,9 @@ def test_a_version_that_changes_during_its_load_test_gets_no_manifest(tmp_path: 
     python.write_text(f'#!/bin/sh\n{sys.executable} "$@"\nrc=$?\ntouch {p}\nexit $rc\n')
     python.chmod(0o755)
     (tmp_path / "state").mkdir()
-    svc = CheckpointService(CFG, ck, tmp_path / "state", str(python), ["python", "train.py"], tmp_path)
+    # A process per test (the stand-in touches the file as its process ends; a warm one never ends).
+    cold = dataclasses.replace(CFG, warm_verifier=False)
+    svc = CheckpointService(cold, ck, tmp_path / "state", str(python), ["python", "train.py"], tmp_path)
     row = svc.verify_newest()
     assert row is not None and not row.ready, row
     assert any("changed while it was load-tested" in r for r in row.reasons), row.reasons
