@@ -151,6 +151,48 @@ def load_tests(d: Path, size_mb: int) -> list[dict[str, object]]:
     return rows
 
 
+def warm_vs_cold(d: Path, n: int = 10, size_mb: float = 1.3) -> list[dict[str, object]]:
+    """What a run with a save every few minutes pays per save: ``n`` small saves load-tested by
+    the warm verifier (the default; its start and torch import included, closed at the end so its
+    CPU is counted) against a process per test (``warm_verifier = false``), interleaved per round."""
+    import resource
+
+    from supervisor.checkpoints.loadtest import LoadTests
+
+    cks = []
+    for i in range(n):
+        ck = d / f"warm_{i}.pt"
+        subprocess.run([sys.executable, "-c", "import torch,sys; n=int(float(sys.argv[2])*1024*1024)//4; "
+                        "torch.save({'model': {'w': torch.randn(n)}, 'optimizer': {}, 'iter_num': 1}, sys.argv[1])",
+                        str(ck), str(size_mb)], check=True)
+        cks.append(ck)
+
+    def children_cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    best: dict[bool, tuple[float, float]] = {}
+    for _ in range(2):
+        for warm in (True, False):
+            tests = LoadTests(sys.executable, expected_keys=(), check_finite=False, trust_pickles=False, mmap=True,
+                              timeout_s=600, cwd=None, warm=warm)
+            t0, c0 = time.perf_counter(), children_cpu()
+            for ck in cks:
+                assert tests.run(ck, None).passed
+            tests.cancel()  # closes the warm process: its CPU is reaped and counted
+            wall, cpu = (time.perf_counter() - t0) / n, (children_cpu() - c0) / n
+            prev = best.get(warm)
+            best[warm] = (min(wall, prev[0]), min(cpu, prev[1])) if prev else (wall, cpu)
+    (ww, wc), (cw, cc) = best[True], best[False]
+    return [
+        _row(f"load test per save, {n} saves of {size_mb} MB, warm verifier (default; its start included)",
+             round(ww, 3), "s"),
+        _row("same, a process per test (warm_verifier = false)", round(cw, 3), "s", "peer"),
+        _row("load test time per save, warm / a process per test", round(ww / cw, 3), "x", "<= 0.5"),
+        _row("CPU per save (load-test processes), warm / a process per test", round(wc / cc, 3), "x", "<= 0.5"),
+    ]
+
+
 # Attempt 0 trains a step, saves a fresh checkpoint and is killed at once (the fault: its time in
 # OUT/fault); attempt 1 loads it as nanoGPT does and prints its first iteration (time in OUT/first).
 RESTART_JOB = """\
@@ -213,6 +255,7 @@ def run(size_mb: int | None = None) -> list[dict[str, object]]:
         rows = hashing(f)
         f.unlink()
         rows += load_tests(Path(d), size_mb)
+        rows += warm_vs_cold(Path(d))
         rows += verify_order(Path(d) / "restart")
     return rows
 
