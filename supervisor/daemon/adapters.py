@@ -269,6 +269,9 @@ class CheckpointConcern(Concern):
         svc, daemon = self.svc, self.daemon
         assert svc is not None and daemon is not None
         self._verified_key = _key(newest_checkpoint(svc))  # the tick must not start a second load test of it
+        from ..checkpoints.loadtest import version_token
+
+        launched = version_token(path)  # the version the job was handed, before it can save again
 
         def verify() -> None:
             from ..checkpoints.loadtest import LoadTestCancelled
@@ -289,6 +292,17 @@ class CheckpointConcern(Concern):
                              path=str(path), step=row.step)
                 if row.step is not None:  # read by the load test (nanoGPT's iter_num): the history says it
                     daemon.ledger.update_attempt(daemon.run_id, attempt, resume_step=row.step)
+                return
+            if version_token(path) != launched:
+                # A single overwritten file (nanoGPT's ckpt.pt) that the resumed job has already
+                # saved over: the version it was handed is gone, so this test read another one, or
+                # a save half-written. The job loaded its version itself and trains on; stopping it
+                # would throw that work away. The new version is verified like any save.
+                daemon.event("checkpoint_superseded_before_verified", "info",
+                             f"the job saved over {path} before the load test of the version it resumed from "
+                             "ended; the job loaded that version itself and keeps running, and its new save "
+                             "is verified in the background", path=str(path))
+                self._verified_key = None
                 return
             why = "; ".join(row.reasons) or "not ready"
             daemon.emit(Detection(Cause.CHECKPOINT_LOAD_ERROR,

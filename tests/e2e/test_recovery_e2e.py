@@ -232,7 +232,7 @@ def test_overlap_a_load_test_the_job_outlives_is_stopped_when_the_daemon_exits(d
     # job.python runs the load test (and the environment probe, which passes through): the load
     # test's payload names its expected keys; that one never ends on its own.
     slow = tmp_path / "python-slow-load-test"
-    slow.write_text(f"#!/bin/sh\ncase \"$3\" in *expected_keys*) echo $$ >> {pids}; exec sleep 600;; esac\n"
+    slow.write_text(f"#!/bin/sh\ncase \"$3\" in *expected_keys*|--serve) echo $$ >> {pids}; exec sleep 600;; esac\n"
                     f"exec {PY} \"$@\"\n")
     slow.chmod(0o755)
     cfg = tmp_path / "tsup.toml"

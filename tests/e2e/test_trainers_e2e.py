@@ -512,8 +512,14 @@ def test_nanogpt_killed_from_outside_is_relaunched_at_once_not_after_the_backoff
     assert "no delay" in sched["message"]
     assert fault_to_next < 9.0, f"fault to next iteration {fault_to_next:.1f} s: a backoff was slept"
     a = attempts(sd)
-    assert a[0]["cause"] == "crash" and a[0]["signal"] == "SIGKILL" and a[1]["resume_step"] == 40
-    assert a[1]["exit_code"] == 0 and len(a) == 2
+    assert a[0]["cause"] == "crash" and a[0]["signal"] == "SIGKILL" and a[1]["exit_code"] == 0 and len(a) == 2
+    # The step of a single overwritten ckpt.pt is read by the load test beside the start-up. On a
+    # loaded machine the resumed job may save over the file (iteration 60) before that test ends:
+    # then the version it resumed from is gone, the step stays unknown, and the job must go on.
+    if a[1]["resume_step"] is None:
+        assert events(d, "checkpoint_superseded_before_verified"), d.stderr()[-3000:]
+    else:
+        assert a[1]["resume_step"] == 40
 
 
 @slow
