@@ -129,7 +129,8 @@ class Validator:
         Counted in steps, not records, so a job that prints every 10 steps finishes a 20-step window
         at its second print, not at its twentieth (step 200)."""
         start = self.window_start()
-        return 0 if start is None else max(self.seen) - start
+        # No step seen yet (the attempt ended at its start-up): nothing covered, whatever the start.
+        return 0 if start is None or not self.seen else max(self.seen) - start
 
     def poll(self, now: float) -> Verdict | None:
         """The first-step deadline: no step at all within first_step_timeout_s fails validation."""

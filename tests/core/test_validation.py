@@ -150,3 +150,12 @@ def test_an_early_end_of_a_sparse_printer_says_steps_and_records():
     v.feed([rec(110)], now=1.0)
     inc = v.incomplete()
     assert inc["steps"] == 10 and inc["records"] == 1 and "10 of 20 validation steps" in inc["summary"]
+
+
+def test_an_attempt_that_ends_before_its_first_step_is_incomplete_with_no_step_covered():
+    # A stop during the job's start-up (resume step known, no step printed yet): before, max() of
+    # no steps raised and the validation concern logged concern_failed instead of the verdict.
+    v = validator()
+    assert v.resume_step is not None and not v.seen
+    inc = v.incomplete()
+    assert inc["verdict"] == "incomplete" and inc["steps"] == 0 and inc["records"] == 0
