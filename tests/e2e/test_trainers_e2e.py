@@ -239,6 +239,18 @@ def nano_cmd(out: Path, *args: str) -> list[str]:
     return [PY, str(JOBS / "nanogpt_train.py"), f"--out_dir={out}", *args]
 
 
+def assert_nano_resumed_at(d: Daemon, attempt: dict[str, Any], step: int) -> None:
+    """The relaunched nanoGPT job went on from ``step``: its first iteration after "Resuming
+    training" says so. The ledger's resume_step of a single overwritten ckpt.pt is the step the
+    load test beside the start-up read; on a loaded machine the job may finish (or save over the
+    file) before that test ends, and then it stays unknown, never wrong."""
+    after = d.stdout().split("Resuming training", 1)
+    assert len(after) == 2, d.stdout()[-2000:]
+    first = re.search(r"^iter (\d+):", after[1], re.M)
+    assert first is not None and int(first.group(1)) == step, after[1][:500]
+    assert attempt["resume_step"] in (step, None), attempt["resume_step"]
+
+
 @slow
 def test_nanogpt_hang_detected_with_the_learned_timeout(supervise, tmp_path: Path) -> None:
     # No client, no --heartbeat-timeout: the timeout is learned from the printed steps (floor lowered).
@@ -253,7 +265,8 @@ def test_nanogpt_hang_detected_with_the_learned_timeout(supervise, tmp_path: Pat
     assert ev["timeout_source"] == "learned" and ev["last_step"] == "50", ev
     a = attempts(tmp_path / "sd")
     assert a[0]["cause"] == "hang" and len(a) == 2 and a[1]["exit_code"] == 0
-    assert a[1]["resume_step"] == 40 and a[1]["argv"][-1] == "--init_from=resume"
+    assert_nano_resumed_at(d, a[1], 40)
+    assert a[1]["argv"][-1] == "--init_from=resume"
     assert a[1]["checkpoint"] == str(out / "ckpt.pt")
 
 
@@ -267,7 +280,8 @@ def test_nanogpt_hang_detected_within_the_configured_timeout(supervise, tmp_path
     ev = assert_hang_detected_in_time(d, clock, timeout)
     assert ev["timeout_source"] == "config"
     a = attempts(tmp_path / "sd")
-    assert a[0]["cause"] == "hang" and a[1]["resume_step"] == 20 and a[1]["exit_code"] == 0
+    assert a[0]["cause"] == "hang" and a[1]["exit_code"] == 0
+    assert_nano_resumed_at(d, a[1], 20)
 
 
 # ------------------------------------------------------------------------------ Lightning e2e
@@ -513,13 +527,9 @@ def test_nanogpt_killed_from_outside_is_relaunched_at_once_not_after_the_backoff
     assert fault_to_next < 9.0, f"fault to next iteration {fault_to_next:.1f} s: a backoff was slept"
     a = attempts(sd)
     assert a[0]["cause"] == "crash" and a[0]["signal"] == "SIGKILL" and a[1]["exit_code"] == 0 and len(a) == 2
-    # The step of a single overwritten ckpt.pt is read by the load test beside the start-up. On a
-    # loaded machine the resumed job may save over the file (iteration 60) before that test ends:
-    # then the version it resumed from is gone, the step stays unknown, and the job must go on.
-    if a[1]["resume_step"] is None:
-        assert events(d, "checkpoint_superseded_before_verified"), d.stderr()[-3000:]
-    else:
-        assert a[1]["resume_step"] == 40
+    # On a loaded machine the resumed job may save over ckpt.pt (iteration 60) before the load test
+    # of the version it resumed from ends: no checkpoint_load_error then, the job goes on.
+    assert_nano_resumed_at(d, a[1], 40)
 
 
 @slow
