@@ -91,7 +91,7 @@ def hashing(f: Path) -> list[dict[str, object]]:
         if not shutil.which(argv[0]):
             rows.append(_row(f"sha256, {name} (peer)", "not installed", ""))
             continue
-        theirs = _best_of(3, lambda: subprocess.run(argv, check=True, capture_output=True))
+        theirs = _best_of(3, lambda argv=argv: subprocess.run(argv, check=True, capture_output=True))
         label = " ".join(argv[:-1])
         rows.append(_row(f"sha256 of the same file, `{label}` (peer; a process start included)",
                          round(mb / theirs, 1), "MB/s", "peer"))
@@ -240,7 +240,7 @@ def verify_order(d: Path, size_mb: int | None = None, rounds: int = 3) -> list[d
     return [
         _row(f"kill to first iteration, fresh {size_mb} MB checkpoint, checkpoints.verify = before-launch "
              "(hash + load test, then the job)", round(med["before-launch"], 3), "s"),
-        _row(f"kill to first iteration, same, checkpoints.verify = overlap (structural checks, the job at once, "
+        _row("kill to first iteration, same, checkpoints.verify = overlap (structural checks, the job at once, "
              "load test beside its start-up; the default)", round(med["overlap"], 3), "s"),
         _row("restart saved by overlap: before-launch - overlap", round(med["before-launch"] - med["overlap"], 3),
              "s", "> 0"),

@@ -109,7 +109,7 @@ def single_node_peak(tmp: Path) -> float:
 
 def run() -> list[dict[str, object]]:
     stops, relaunches, peaks = [], [], []
-    for i in range(TRIALS):
+    for _ in range(TRIALS):
         with tempfile.TemporaryDirectory(prefix="bench-cluster-") as d:
             s, r, m = trial(Path(d))
         stops.append(s)

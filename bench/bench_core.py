@@ -211,7 +211,7 @@ class TreeSampler:
         self.seen: set[str] = set()
 
     def _helpers(self) -> list[psutil.Process]:
-        out, skip = [], set()
+        skip: set[int] = set()
         try:
             kids = self.root.children(recursive=True)
         except psutil.NoSuchProcess:

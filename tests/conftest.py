@@ -36,7 +36,7 @@ class Daemon:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"daemon did not exit within {timeout}s; stderr:\n{self.stderr()[-3000:]}")
+            raise AssertionError(f"daemon did not exit within {timeout}s; stderr:\n{self.stderr()[-3000:]}") from None
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)

@@ -155,7 +155,7 @@ def step_of(obj: Any) -> int | None:
                 return v
             if hasattr(v, "item") and getattr(v, "numel", lambda: 0)() == 1:
                 try:
-                    return int(v.item())
+                    return int(v.item())  # type: ignore[union-attr]
                 except (TypeError, ValueError):
                     pass
     return None

@@ -49,7 +49,7 @@ def new_hasher(algorithm: str) -> _Hasher:
         except ImportError as exc:
             raise ValueError("hash algorithm blake3 needs the blake3 package (pip install blake3)") from exc
         # max_threads lets blake3 use every core on large buffers: its main speed advantage.
-        return blake3.blake3(max_threads=blake3.blake3.AUTO)  # type: ignore[no-any-return]
+        return blake3.blake3(max_threads=blake3.blake3.AUTO)
     raise ValueError(f"unknown hash algorithm {algorithm!r} (expected one of {', '.join(ALGORITHMS)})")
 
 

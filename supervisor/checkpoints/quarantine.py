@@ -111,7 +111,8 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0,
         return None
     dest = last_good_path(path)
     if unchanged is not None and not unchanged():
-        return _changed_while_kept(path, None)
+        _changed_while_kept(path, None)
+        return None
     dest.parent.mkdir(exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     how = "copy"
@@ -121,7 +122,8 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0,
                 tmp.unlink()  # our own leftover temp name
             os.link(path, tmp)
             if unchanged is not None and not unchanged():
-                return _changed_while_kept(path, tmp)
+                _changed_while_kept(path, tmp)
+                return None
             os.replace(tmp, dest)
             how = "hard link"
         except OSError:
@@ -133,7 +135,8 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0,
             shutil.rmtree(tmp)  # our own leftover temp copy, never a checkpoint
         shutil.copytree(path, tmp)
         if unchanged is not None and not unchanged():
-            return _changed_while_kept(path, tmp)
+            _changed_while_kept(path, tmp)
+            return None
         if dest.exists():
             old = _free_name(dest.parent, f"previous-{dest.name}")
             os.rename(dest, old)  # kept, never deleted
@@ -148,7 +151,8 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0,
             os.fsync(f.fileno())
         shutil.copystat(path, tmp)
         if unchanged is not None and not unchanged():
-            return _changed_while_kept(path, tmp)
+            _changed_while_kept(path, tmp)
+            return None
         os.replace(tmp, dest)
     mp = manifest_path(path)
     if mp.exists():
@@ -230,7 +234,8 @@ class LastGoodKeeper:
         version is no longer on disk): a running job may save, or be caught mid-save, between
         the verification and the copy, and the last good copy is what a bad overwrite falls back to."""
         if version is None:
-            return _changed_while_kept(path, None)
+            _changed_while_kept(path, None)
+            return None
         return self.keep(path, unchanged=lambda: version_of(path) == version)
 
 

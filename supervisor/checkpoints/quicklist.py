@@ -104,7 +104,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
             return tomllib.loads(text)
         if suffix in (".yaml", ".yml"):
             try:
-                import yaml  # type: ignore[import-untyped]
+                import yaml
             except ImportError as exc:
                 raise ValueError(f"job config file {path.name} is YAML but PyYAML is not installed") from exc
             data = yaml.safe_load(text)
@@ -156,7 +156,7 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return str(a).lower() == str(b).lower()
     try:
-        fa, fb = float(a), float(b)  # type: ignore[arg-type]
+        fa, fb = float(a), float(b)
     except (TypeError, ValueError):
         return str(a) == str(b)
     return fa == fb or (math.isnan(fa) and math.isnan(fb))

@@ -84,7 +84,7 @@ def _foreign_distributions() -> list[str]:
             site = Path(str(dist.locate_file(""))).resolve()
         except (OSError, TypeError, ValueError):
             continue
-        version = (dist.metadata.get("Version") if dist.metadata else None) or "?"
+        version = (dist.metadata.get("Version") if dist.metadata else None) or "?"  # type: ignore[attr-defined]
         if site / "supervisor" == here:
             found.append(f"supervisord's distribution `supervisor` {version} is installed into the same folder "
                          f"as transformer-supervisor ({site}): each overwrote the other's files")

@@ -87,7 +87,7 @@ def check_step(step: object) -> int:
     if isinstance(step, bool):
         raise ClientUsageError(f"heartbeat(step={step!r}): step must be an integer step number, not a bool")
     try:
-        return operator.index(step)  # numpy / torch integer scalars
+        return operator.index(step)  # type: ignore[arg-type]  # numpy / torch integer scalars
     except TypeError:
         raise ClientUsageError(
             f"heartbeat(step={step!r}): step must be an integer (the training step), got {type(step).__name__}"

@@ -49,7 +49,7 @@ def _import_lightning() -> Any:
             return pl
         except ImportError:
             pass
-    import pytorch_lightning as pl
+    import pytorch_lightning as pl  # type: ignore[no-redef]
 
     return pl
 
@@ -85,7 +85,7 @@ def _is_grad_norm(key: str) -> bool:
     return key in ("grad_norm", "train/grad_norm") or (key.startswith("grad_") and key.endswith("norm_total"))
 
 
-class SupervisorCallback(pl.Callback):  # type: ignore[misc,name-defined]
+class SupervisorCallback(pl.Callback):  # type: ignore[name-defined]
     """Heartbeats, metric reports, graceful stop / checkpoint-now and manifests for ``Trainer``.
 
     ``dirpath``: where the callback's own checkpoints go (see the module docstring for the

@@ -162,7 +162,7 @@ class ClusterCheckpoints:
         self.concern = concern
 
     def book_last_attempt(self) -> str | None:
-        return self.inner.book_last_attempt()  # type: ignore[no-any-return]
+        return self.inner.book_last_attempt()
 
     def emergency_checkpoint_probe(self) -> Any:
         return self.inner.emergency_checkpoint_probe()

@@ -72,14 +72,14 @@ def _section(cls: type, path: str, out: list[str]) -> None:
     for f in fields(cls):
         tp, _ = _unwrap_optional(hints[f.name])
         key = f"{path}.{f.name}"
-        if is_dataclass(tp) and f.default_factory is not MISSING:  # type: ignore[misc]
+        if is_dataclass(tp) and f.default_factory is not MISSING:
             subs.append((tp, key, f.metadata.get("help", "")))
             continue
         help_ = f.metadata.get("help", "")
         if help_:
             out.append(f"# {help_}")
         default = f.default if f.default is not MISSING else (
-            f.default_factory() if f.default_factory is not MISSING else None)  # type: ignore[misc]
+            f.default_factory() if f.default_factory is not MISSING else None)
         if key in EXAMPLES:
             out.append(f"{f.name} = {EXAMPLES[key]}")
         elif default is None:
@@ -90,7 +90,7 @@ def _section(cls: type, path: str, out: list[str]) -> None:
     for tp, key, help_ in subs:
         if help_:
             out.append(f"# {help_}")
-        _section(tp, key, out)
+        _section(tp, key, out)  # type: ignore[arg-type]
 
 
 def render() -> str:

@@ -269,7 +269,7 @@ class Config:
 
 def _cross_checks(cfg: Config, problems: list[Problem], need_command: bool) -> None:
     valid_causes = [c.value for c in Cause]
-    for key, oc in cfg.on.items():
+    for key in cfg.on:
         if key not in valid_causes:
             import difflib
             hint = difflib.get_close_matches(key, valid_causes, n=1)

@@ -197,7 +197,7 @@ def _convert(tp: Any, value: Any, path: str, md: Mapping[str, Any], problems: li
         if not isinstance(value, dict):
             problems.append(Problem(path, f"expected a table, got {_show(value)}"))
             return MISSING
-        return build(tp, value, path, problems)
+        return build(typing.cast(type, tp), value, path, problems)
     problems.append(Problem(path, f"unsupported config type {tp!r} (a bug in transformer-supervisor)"))
     return MISSING
 
@@ -231,7 +231,7 @@ def build(cls: type, table: Mapping[str, Any], prefix: str, problems: list[Probl
                 else:
                     kwargs[name] = conv
                     continue
-        if f.default is MISSING and f.default_factory is MISSING:  # type: ignore[misc]
+        if f.default is MISSING and f.default_factory is MISSING:
             if name not in table:
                 problems.append(Problem(path, f"required: expected {_describe(hints[name])}"))
             missing_required = True
@@ -246,11 +246,11 @@ def iter_keys(cls: type, prefix: str = "") -> typing.Iterator[tuple[str, Any, An
     for f in fields(cls):
         path = _join(prefix, f.name)
         tp, _ = _unwrap_optional(hints[f.name])
-        if is_dataclass(tp) and f.default_factory is not MISSING:  # type: ignore[misc]
+        if is_dataclass(tp) and f.default_factory is not MISSING:
             yield from iter_keys(tp, path)  # type: ignore[arg-type]
             continue
         default = f.default if f.default is not MISSING else (
-            f.default_factory() if f.default_factory is not MISSING else MISSING)  # type: ignore[misc]
+            f.default_factory() if f.default_factory is not MISSING else MISSING)
         yield path, hints[f.name], default, f.metadata.get("help", "")
 
 

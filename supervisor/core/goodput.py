@@ -72,7 +72,7 @@ def compute(attempts: Sequence[AttemptTimeline], now: float) -> Goodput:
         lost_steps += len({s for _, s in pts if s > limit})
         # Lost inside this attempt: its start-up (launch -> first step) is charged to whatever
         # caused this attempt (the previous one's cause, or "startup" for the first).
-        prev_cause = atts[i - 1].cause if i > 0 and atts[i - 1].cause else ("startup" if i == 0 else "restart")
+        prev_cause: str = (atts[i - 1].cause or "restart") if i > 0 else "startup"
         a_end = a.ended_at if a.ended_at is not None else now
         if pts:
             lost[prev_cause] = lost.get(prev_cause, 0.0) + max(0.0, pts[0][0] - a.started_at)

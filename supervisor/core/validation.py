@@ -70,8 +70,8 @@ class Baseline:
                 by_step[r.step] = r  # the latest record of a step wins (re-run steps after rollbacks)
         loss_ref = spread = None
         if resume_step is not None:
-            near = [by_step[s].loss for s in sorted(by_step) if resume_step - window < s <= resume_step]
-            near = [x for x in near if x is not None and x == x and abs(x) != float("inf")]
+            near = [x for s in sorted(by_step) if resume_step - window < s <= resume_step
+                    if (x := by_step[s].loss) is not None and x == x and abs(x) != float("inf")]
             if near:
                 loss_ref = statistics.median(near)
                 spread = 1.4826 * statistics.median(abs(x - loss_ref) for x in near)

@@ -100,7 +100,7 @@ def with_root_cause(info: ExitInfo, job: Job) -> ExitInfo:
     last frame) when the job left one in its TORCHELASTIC_ERROR_FILE (job/torchelastic.py)."""
     spec = getattr(job, "spec", None)
     path = spec.env.get(torchelastic.ENV) if spec is not None else None
-    if info.cause is None or not path:
+    if info.cause is None or not path or spec is None:
         return info
     try:
         rc = torchelastic.read_root_cause(Path(path), argv=spec.argv, env=spec.env,

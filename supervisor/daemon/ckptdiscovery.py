@@ -19,7 +19,6 @@ from typing import Any
 import structlog
 
 from ..checkpoints.finddir import FoundDir, command_argv, dir_from_command
-from ..config.model import Config
 from ..core.messages import EndAttempt, Resume
 from ..events import AttemptContext
 from ..job.launch import heartbeat_dir
@@ -232,6 +231,7 @@ class CheckpointDiscoveryConcern(Concern):
         else:
             where = {"path": None, "found_by": None, "looking_under": [str(r) for r in self.roots]}
         args = list(d.cfg.job.resume_args)
+        resume: dict[str, Any]
         if self.inferred is not None and tuple(args) == self.inferred.args:
             resume = {"args": args, "source": "inferred", "note": self.inferred.why}
         elif args:

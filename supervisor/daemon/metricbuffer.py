@@ -40,7 +40,7 @@ class MetricBuffer:
 
     def take(self) -> list[MetricRecord]:
         """The oldest waiting records, at most :data:`METRIC_CHUNK`, now also in :attr:`history`."""
-        batch = []
+        batch: list[MetricRecord] = []
         while self.waiting and len(batch) < METRIC_CHUNK:
             batch.append(self.waiting.popleft())
         self.history.extend(batch)

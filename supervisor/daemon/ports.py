@@ -43,8 +43,12 @@ class Job(Protocol):
     pid: int
     pgid: int
     leader: "ProcRef"
-    known: Mapping[int, "ProcRef"]  # every descendant seen, with its start time
     status: int | None  # the leader's raw wait status once reaped
+
+    @property
+    def known(self) -> Mapping[int, "ProcRef"]:
+        """Every descendant seen, with its start time (read-only here: the job keeps it)."""
+        ...
 
     def refresh_tree(self, now: float) -> None: ...
 

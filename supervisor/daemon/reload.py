@@ -36,7 +36,7 @@ def _masked(v: Any) -> Any:
         return {k: _masked(x) for k, x in v.items()}
     if dataclasses.is_dataclass(v) and not isinstance(v, type) and any(
             f.name == "remedies" for f in dataclasses.fields(v)):
-        return dataclasses.replace(v, remedies=_masked(v.remedies))
+        return dataclasses.replace(v, remedies=_masked(v.remedies))  # type: ignore[attr-defined]
     return v
 
 

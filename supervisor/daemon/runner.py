@@ -184,6 +184,11 @@ class Runner:
         self._handle(item)
         self._drain_queue()
 
+    def _state_now(self) -> State:
+        """The state as it is now: a call the type checker does not narrow across (the queue's
+        events move the machine while a method runs)."""
+        return self.state
+
     def _drain_queue(self) -> None:
         """Handle what is already queued, without waiting (bounded, so a flood cannot starve the tick)."""
         for _ in range(1000):
@@ -338,7 +343,7 @@ class Runner:
         if not self.jobstop.output_done(self.job, now):
             return
         self._drain_queue()
-        if self.state is State.STOPPING:  # a detection arrived and started a stop
+        if self._state_now() is State.STOPPING:  # a detection arrived and started a stop
             return
         if self.metrics.waiting and self.jobstop.draining(now):
             # The attempt's last records first: whether it made progress (no backoff) and its

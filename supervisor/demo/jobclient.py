@@ -103,7 +103,7 @@ class Client:
         try:
             from supervisor import client as real  # noqa: PLC0415 (optional at run time)
         except Exception:  # noqa: BLE001 (any import failure means: use the fallback)
-            real = None
+            real = None  # type: ignore[assignment]
         names = ("heartbeat", "report", "should_stop", "should_checkpoint", "checkpointing",
                  "resume_info", "save_checkpoint")
         for name in names:

@@ -86,7 +86,7 @@ def nvml_check(seconds: float) -> list[dict[str, Any]]:
     if snap.get("available"):
         devs = snap.get("devices") or []
         rows += [
-            _row("devices", len(devs), len(devs) > 0, ", ".join(sorted({str(d["name"]) for d in devs}))),  # type: ignore[index, union-attr]
+            _row("devices", len(devs), len(devs) > 0, ", ".join(sorted({str(d["name"]) for d in devs}))),  # type: ignore[arg-type, attr-defined]
             _row("driver / CUDA", f"{snap.get('driver')} / {snap.get('cuda')}", True),
             _row("monitor polls", polls, polls >= int(seconds / 0.5) - 2, f"in {wall:.1f} s"),
             _row("monitor CPU", f"{100 * cpu / wall:.2f} %", cpu / wall < 0.05, "poll 0.5 s, events thread on"),

@@ -114,7 +114,7 @@ class NvmlBackend:
         nv, h = self._nvml, self._handle(index)
         out: dict[int, int] = {}
         for getter in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
-            procs = self._call(index, lambda g=getter: g(h)) or []
+            procs = self._call(index, lambda g=getter: g(h)) or []  # type: ignore[misc]
             for p in procs:
                 used = getattr(p, "usedGpuMemory", None)
                 # NVML reports "not available" (e.g. without permission) as None or a huge sentinel
@@ -163,7 +163,7 @@ class NvmlBackend:
                 registered = 0
                 for i in range(self.device_count()):
                     try:
-                        self._call(i, lambda i=i: nv.nvmlDeviceRegisterEvents(self._handle(i), mask, es))
+                        self._call(i, lambda i=i: nv.nvmlDeviceRegisterEvents(self._handle(i), mask, es))  # type: ignore[misc]
                         registered += 1
                     except Exception as exc:  # noqa: BLE001 - some GPUs refuse events; poll still works
                         log.warning("gpu_events_unsupported", device=i, error=str(exc),

@@ -42,7 +42,7 @@ class Group(Protocol):
 class Shutdown:
     def __init__(self, plan: ShutdownPlan, group: Group, now: float,
                  new_checkpoint: Callable[[], bool] | None = None,
-                 on_extend: Callable[[float], None] | None = None) -> None:
+                 on_extend: Callable[[float], object] | None = None) -> None:
         self.plan = plan
         self.group = group
         self.started = now

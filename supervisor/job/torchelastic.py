@@ -81,7 +81,7 @@ def _parts(data: Any) -> tuple[str, str, str, int | None] | None:
         return None
     extra = msg.get("extraInfo") if isinstance(msg.get("extraInfo"), Mapping) else {}
     code = msg.get("errorCode")
-    return (msg["message"], str(extra.get("py_callstack") or ""), str(extra.get("timestamp") or ""),
+    return (msg["message"], str(extra.get("py_callstack") or ""), str(extra.get("timestamp") or ""),  # type: ignore[union-attr]
             code if isinstance(code, int) and not isinstance(code, bool) else None)
 
 

@@ -18,7 +18,7 @@ from ..ledger.store import Ledger
 def goodput_from_ledger(led: Ledger, run_id: str, now: float | None = None) -> dict[str, Any] | None:
     import time
 
-    gp = goodput_of(tracks_from_rows(led.attempts(run_id), led.metrics(run_id), every_s=0.0),
+    gp = goodput_of(tracks_from_rows(led.attempts(run_id), led.metrics(run_id), every_s=0.0),  # type: ignore[arg-type]
                     now if now is not None else time.time())
     return gp.to_json() if gp is not None else None
 

@@ -40,7 +40,7 @@ class DirWake:
             return
         wake = self.event
 
-        class _Handler(FileSystemEventHandler):  # type: ignore[misc]
+        class _Handler(FileSystemEventHandler):
             def on_any_event(self, event: Any) -> None:
                 if event.event_type in _EVENTS and not event.is_directory:
                     wake.set()

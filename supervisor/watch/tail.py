@@ -317,7 +317,7 @@ class FileTailer:
             return
         wake = self._wake
 
-        class _Handler(FileSystemEventHandler):  # type: ignore[misc]
+        class _Handler(FileSystemEventHandler):
             def on_any_event(self, event: object) -> None:
                 wake.set()
 

@@ -173,7 +173,7 @@ def parse_event(payload: bytes) -> list[Scalar]:
             tag, value = "", None
             for vn, vwt, vv in fields(val):  # type: ignore[arg-type]
                 if vn == 1 and vwt == 2:
-                    tag = bytes(vv).decode("utf-8", "replace")  # type: ignore[arg-type]
+                    tag = bytes(vv).decode("utf-8", "replace")  # type: ignore[call-overload]
                 elif vn == 2 and vwt == 5:
                     value = float(struct.unpack("<f", vv)[0])  # type: ignore[arg-type]
                 elif vn == 8 and vwt == 2:

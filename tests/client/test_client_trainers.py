@@ -58,7 +58,7 @@ def finish_all(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, 
     except subprocess.TimeoutExpired:
         dumps = stacks_and_kill_tree(proc.pid)  # the ranks of torchrun live in sessions of their own
         out, err = proc.communicate(timeout=30)
-        raise AssertionError(f"job did not finish in {timeout}s:\n{out[-3000:]}\n{err[-3000:]}\n{dumps}")
+        raise AssertionError(f"job did not finish in {timeout}s:\n{out[-3000:]}\n{err[-3000:]}\n{dumps}") from None
     results = [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
     assert results, f"no RESULT line (rc={proc.returncode}):\n{out[-2000:]}\n{err[-3000:]}"
     return proc.returncode, results, err

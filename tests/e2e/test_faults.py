@@ -420,7 +420,7 @@ def _ckpt_files(ck: Path) -> set[str]:
 class FakeGpuDaemon(Daemon):
     """The real daemon with the scripted fake GPU injected by the test-only launcher."""
 
-    def __init__(self, timeline: Path, args: list[str], tmp: Path) -> None:  # noqa: super() would launch
+    def __init__(self, timeline: Path, args: list[str], tmp: Path) -> None:  # no super().__init__(): it would launch
         self.tmp = tmp
         self.stdout_path = tmp / "daemon.stdout"
         self.stderr_path = tmp / "daemon.stderr"

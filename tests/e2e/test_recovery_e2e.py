@@ -242,11 +242,12 @@ def test_overlap_a_load_test_the_job_outlives_is_stopped_when_the_daemon_exits(d
     d = daemons(wrap(sd, "--config", str(cfg), "--checkpoint-dir", str(ck)) + [PY, "-c", job, str(out)])
     assert d.wait(60) == 0, d.stderr()[-3000:]
     assert Path(out.read_text()).name == "step_5.pt"  # launched on its structural checks
-    [pid] = [int(p) for p in pids.read_text().split()]
-    wait_for(lambda: not pid_alive(pid), 10, what="the load test's process stopped with the daemon")
+    started = [int(p) for p in pids.read_text().split()]  # the warm verifier's, and a cold one beside it if busy
+    assert started
+    wait_for(lambda: not any(pid_alive(p) for p in started), 10, what="the load tests' processes stopped with the daemon")
     h = history(sd)
     cancelled = [e for e in h["events"] if e["event"] == "checkpoint_load_test_cancelled"]
-    assert [Path(e["data"]["path"]).name for e in cancelled] == ["step_5.pt"], h["events"]
+    assert cancelled and {Path(e["data"]["path"]).name for e in cancelled} == {"step_5.pt"}, h["events"]
     assert "no verdict" in cancelled[0]["message"]
     # Not a failure: nothing detected, nothing quarantined, the checkpoint where it was.
     assert [a["cause"] for a in h["attempts"]] == [None]

@@ -13,7 +13,6 @@ Usage: ddp_eval_train.py OUT --steps N --step-s S --eval-every K --eval-s E [--s
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 

@@ -58,7 +58,7 @@ for arg in sys.argv[1:]:
         attempt = literal_eval(val)
     except (SyntaxError, ValueError):
         attempt = val
-    assert type(attempt) == type(globals()[key]), f"{key}: {attempt!r} is not a {type(globals()[key]).__name__}"
+    assert type(attempt) == type(globals()[key]), f"{key}: {attempt!r} is not a {type(globals()[key]).__name__}"  # noqa: E721 - nanoGPT's configurator, as a user has it
     print(f"Overriding: {key} = {attempt}")
     globals()[key] = attempt
 config = {k: globals()[k] for k in config_keys}

@@ -89,7 +89,7 @@ class FakeGpuDaemon(Daemon):
     """The real daemon with the scripted fake GPU injected by a test-only launcher
     (tests/helpers/fake_gpu_daemon.py): production has no switch to a fake GPU."""
 
-    def __init__(self, timeline: Path, args: list[str], tmp: Path) -> None:  # noqa: super() would launch
+    def __init__(self, timeline: Path, args: list[str], tmp: Path) -> None:  # no super().__init__(): it would launch
         self.tmp = tmp
         self.stdout_path = tmp / "daemon.stdout"
         self.stderr_path = tmp / "daemon.stderr"
