@@ -77,6 +77,15 @@ class CheckpointsConfig:
     require_val_metric: bool = field(default=False, metadata=meta(
         "a checkpoint without a recorded validation metric is not ready"))
     # Selection, bad marks, quarantine
+    prefer: str = field(default="newest", metadata=meta(
+        "which checkpoint a rollback takes among the ready ones before the onset: 'newest', or "
+        "'best_val' (skip one whose recorded val_metric is worse than an older one's by more than "
+        "prefer_tolerance: a newer checkpoint is not always a better one)", choices=("newest", "best_val")))
+    prefer_tolerance: float = field(default=0.02, metadata=meta(
+        "with prefer = 'best_val': how much worse (relative, 0.02 = 2 %) a newer checkpoint's val_metric may "
+        "be than an older one's before the rollback skips it", min=0))
+    val_higher_is_better: bool = field(default=False, metadata=meta(
+        "the val_metric improves upward (an accuracy); by default lower is better (a loss)"))
     margin_steps: int = field(default=0, metadata=meta(
         "rollback picks a checkpoint with step < anomaly onset - margin_steps", min=0))
     bad_after_same_cause: int = field(default=2, metadata=meta(

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import structlog
 
@@ -45,9 +45,33 @@ class Choice:
     verify_pending: bool = False
 
 
+def worse_than_older(vals: Sequence[tuple[Path, int | None, float | None]], *, tolerance: float,
+                     higher_is_better: bool = False) -> dict[Path, str]:
+    """``prefer = "best_val"``: the candidates (newest first, with their recorded validation
+    metric) whose value is worse than an older candidate's by more than ``tolerance`` (relative),
+    each with the reason. A newer checkpoint is not always a better one: a run that drifted up
+    for a while before it diverged has its best state further back."""
+    out: dict[Path, str] = {}
+    best: tuple[float, int | None] | None = None  # the best value among the older ones seen so far
+    for path, step, val in reversed(vals):  # oldest first
+        if val is None or val != val:
+            continue
+        if best is not None:
+            ref, ref_step = best
+            gap = (ref - val) if higher_is_better else (val - ref)
+            if gap > tolerance * max(abs(ref), 1e-12):
+                out[path] = (f"val {val:.4g} is worse than {ref:.4g} at step {ref_step} by more than "
+                             f"{tolerance:.0%} (checkpoints.prefer = best_val)")
+        if best is None or (val > best[0] if higher_is_better else val < best[0]):
+            best = (val, step)
+    return out
+
+
 def select_explained(rows: Sequence[Readiness], *, mode: Mode, onset_step: int | None, margin_steps: int,
-                     bad: set[Path] | frozenset[Path]) -> tuple[Choice | None, str]:
-    """The choice (or None) and a one-line reason; ``rows`` newest first."""
+                     bad: set[Path] | frozenset[Path],
+                     worse: Mapping[Path, str] | None = None) -> tuple[Choice | None, str]:
+    """The choice (or None) and a one-line reason; ``rows`` newest first. ``worse``: candidates a
+    rollback passes over for a better recorded validation metric further back (``worse_than_older``)."""
     skipped: list[tuple[str, str]] = []
     limit: int | None = None
     if mode == "rollback":
@@ -72,7 +96,13 @@ def select_explained(rows: Sequence[Readiness], *, mode: Mode, onset_step: int |
             if r.step >= limit:
                 skipped.append((str(r.path), f"step {r.step} is not before {limit}"))
                 continue
+        if mode == "rollback" and worse and Path(r.path) in worse:
+            skipped.append((str(r.path), worse[Path(r.path)]))
+            continue
         reason = f"{what}: step {r.step if r.step is not None else '?'}"
+        n_worse = sum(1 for p, _ in skipped if worse and Path(p) in worse)
+        if n_worse:
+            reason += f"; passed over {n_worse} newer with a worse validation metric (checkpoints.prefer = best_val)"
         return Choice(path=Path(r.path), step=r.step, layout=r.layout, reason=reason, skipped=tuple(skipped),
                       readiness=r), reason
     if not rows:

@@ -39,7 +39,7 @@ from .quarantine import (LastGoodKeeper, QuarantineRecord, last_good_disk_bytes,
                          quarantine, restore_last_good)
 from .quicklist import (MetricsSeen, Readiness, RowBuilder, compare_config, current_config, is_corrupt,
                         val_metric_for)
-from .selection import CheckpointBook, Choice, Mode, select_explained
+from .selection import CheckpointBook, Choice, Mode, select_explained, worse_than_older
 from .structure import structure_problem
 
 log = structlog.get_logger("supervisor.checkpoints")
@@ -334,7 +334,9 @@ class CheckpointService:
             limit = onset_step - self.cfg.margin_steps if mode == "rollback" and onset_step is not None else None
             rows: list[Readiness] = []
             quarantined: list[QuarantineRecord] = []
-            for cand in self.scan():
+            cands = self.scan()
+            worse = self._worse_val(cands, limit, metrics_seen) if mode == "rollback" else None
+            for cand in cands:
                 if limit is not None and cand.step is not None and cand.step >= limit:
                     continue  # after the anomaly began: not a rollback target, no need to verify it
                 row = self.evaluate(cand, metrics_seen, current, finite=mode == "rollback")
@@ -348,7 +350,8 @@ class CheckpointService:
                     continue
                 rows.append(row)
                 choice, _ = select_explained(rows, mode=mode, onset_step=onset_step,
-                                             margin_steps=self.cfg.margin_steps, bad=self.book.bad_paths())
+                                             margin_steps=self.cfg.margin_steps, bad=self.book.bad_paths(),
+                                             worse=worse)
                 if choice is not None:
                     choice = self._finish_choice(choice)
                     quarantined.extend(choice.quarantined)
@@ -359,12 +362,28 @@ class CheckpointService:
                              next="the job is relaunched from it")
                     return choice
             _, reason = select_explained(rows, mode=mode, onset_step=onset_step,
-                                         margin_steps=self.cfg.margin_steps, bad=self.book.bad_paths())
+                                         margin_steps=self.cfg.margin_steps, bad=self.book.bad_paths(), worse=worse)
             log.warning("checkpoint_none_ready", mode=mode, onset_step=onset_step, reason=reason,
                         quarantined=[str(q.source) for q in quarantined],
                         next="the policy decides: a fresh start or give up")
             self.last_quarantined = tuple(quarantined)
             return None
+
+    def _worse_val(self, cands: list[Candidate], limit: int | None,
+                   metrics_seen: MetricsSeen | None) -> dict[Path, str] | None:
+        """``prefer = "best_val"``: the rollback candidates to pass over for a better recorded
+        validation metric further back, from the manifests and the log (no load test)."""
+        if self.cfg.prefer != "best_val":
+            return None
+        vals: list[tuple[Path, int | None, float | None]] = []
+        for c in cands:
+            if limit is not None and c.step is not None and c.step >= limit:
+                continue
+            manifest = self._manifest_of(c.path).manifest
+            vm = val_metric_for(c.step, self.cfg.val_metric, manifest.metrics if manifest else None, metrics_seen)
+            vals.append((c.path, c.step, vm.value if vm else None))
+        return worse_than_older(vals, tolerance=self.cfg.prefer_tolerance,
+                                higher_is_better=self.cfg.val_higher_is_better)
 
     def _finish_choice(self, choice: Choice) -> Choice:
         """Keep a copy of a single overwritten checkpoint; put a last_good copy back in place."""
