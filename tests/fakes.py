@@ -184,6 +184,14 @@ class FakeLedger:
     def metrics(self, run_id: str) -> Iterator[Any]:
         return iter(list(self.metric_rows))
 
+    def failure_record(self) -> tuple[float, int, list[float]]:
+        done = [r for r in self.rows.values() if r.get("ended_at") is not None]
+        return (sum(r["ended_at"] - r.get("started_at", r["ended_at"]) for r in done),
+                sum(1 for r in done if r.get("cause") and r.get("cause") != "manual" and r.get("counted", True)), [])
+
+    def recent_step_times(self, run_id: str, limit: int = 5000) -> list[float]:
+        return sorted(r["at"] for r in self.metric_rows if r["step"] is not None)[-limit:]
+
     def close(self) -> None:
         self.closed = True
 

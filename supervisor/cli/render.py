@@ -159,6 +159,10 @@ def status_table(result: Mapping[str, Any]) -> str:
         rows.append(("checkpoint", "(none yet)"))
     discovery_rows(result, rows, shown)
     row("goodput", "goodput", lambda v: f"{float(v) * 100:.1f} %" if isinstance(v, (int, float)) else str(v))
+    shown.add("checkpoint_interval")
+    ci = result.get("checkpoint_interval")
+    if isinstance(ci, Mapping) and ci.get("summary"):
+        rows.append(("interval", str(ci["summary"]).removeprefix("checkpoint interval: ")))
     shown.add("cluster")
     cl = result.get("cluster")
     if isinstance(cl, Mapping) and isinstance(cl.get("nodes"), Mapping):

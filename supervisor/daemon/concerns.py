@@ -3,10 +3,12 @@ validation, goodput, and the operator's side (control socket, Prometheus, system
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import structlog
 
+from ..checkpoints.cadence import interval_advice
 from ..core.causes import Cause
 from ..core.messages import EndAttempt, Resume
 from ..events import AttemptContext, Detection, MetricRecord, Monitor
@@ -18,6 +20,7 @@ log = structlog.get_logger("supervisor.daemon")
 
 STATUS_EVERY_S = 0.25  # the status cache, the Prometheus gauges, systemd's STATUS= line
 GOODPUT_EVERY_S = 5.0
+INTERVAL_EVERY_S = 60.0
 
 
 class OpsConcern(Concern):
@@ -271,6 +274,8 @@ class GoodputConcern(Concern):
         self.daemon: DaemonView | None = None
         self._cached: dict[str, Any] | None = None
         self._cached_at = float("-inf")
+        self._interval: dict[str, Any] | None = None
+        self._interval_at = float("-inf")
 
     def start(self, daemon: DaemonView) -> None:
         self.daemon = daemon
@@ -313,7 +318,27 @@ class GoodputConcern(Concern):
 
     def status(self) -> dict[str, Any]:
         gp = self.goodput()
-        return {"goodput": gp["ratio"] if gp else None, "goodput_detail": gp}
+        return {"goodput": gp["ratio"] if gp else None, "goodput_detail": gp,
+                "checkpoint_interval": self.interval_advice()}
+
+    def interval_advice(self) -> dict[str, Any] | None:
+        """The checkpoint interval that maximises goodput for the failure rate measured so far
+        (checkpoints/cadence.py), recomputed at most once a minute."""
+        assert self.daemon is not None
+        now = self.daemon.clock.monotonic()
+        # Once a minute; until there is advice (a failure, a save and a step rhythm), every few seconds.
+        if now - self._interval_at < (INTERVAL_EVERY_S if self._interval is not None else GOODPUT_EVERY_S):
+            return self._interval
+        self._interval_at = now
+        d = self.daemon
+        try:
+            ckdir = d.cfg.checkpoints.dir
+            advice = interval_advice(d.ledger, d.run_id, Path(ckdir) if ckdir else None)
+        except Exception as e:  # advice only: never in the way of a status reply
+            log.warning("checkpoint_interval_advice_failed", error=repr(e))
+            advice = None
+        self._interval = advice.to_json() if advice is not None else None
+        return self._interval
 
 
 class ValidationConcern(Concern):

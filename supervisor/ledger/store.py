@@ -298,6 +298,24 @@ class Ledger:
             "FROM json_each(?) ORDER BY CAST(key AS INTEGER)",
             (run_id, attempt, _numbers_json(rows)))
 
+    def failure_record(self) -> tuple[float, int, list[float]]:
+        """Across every run in this state dir: seconds the jobs ran, failures (counted attempts
+        that ended with a cause other than a manual restart), and each relaunch's launch -> first
+        step seconds. What the checkpoint interval advice needs (core/interval.py)."""
+        rows = self.db.execute(
+            "SELECT attempt, started_at, ended_at, cause, counted, first_step_at FROM attempts").fetchall()
+        ran = sum(max(0.0, r["ended_at"] - r["started_at"]) for r in rows if r["ended_at"] is not None)
+        failures = sum(1 for r in rows if r["cause"] and r["cause"] != "manual" and r["counted"])
+        restarts = [r["first_step_at"] - r["started_at"] for r in rows
+                    if r["attempt"] > 0 and r["first_step_at"] is not None and r["first_step_at"] >= r["started_at"]]
+        return ran, failures, restarts
+
+    def recent_step_times(self, run_id: str, limit: int = 5000) -> list[float]:
+        """Wall times of the newest ``limit`` metric records with a step, oldest first."""
+        rows = self.db.execute("SELECT at FROM metrics WHERE run_id=? AND step IS NOT NULL ORDER BY at DESC LIMIT ?",
+                               (run_id, limit)).fetchall()
+        return sorted(r["at"] for r in rows)
+
     def metrics(self, run_id: str) -> Iterator[sqlite3.Row]:
         return iter(self.db.execute("SELECT * FROM metrics WHERE run_id=? ORDER BY at", (run_id,)).fetchall())
 
