@@ -202,6 +202,11 @@ class DaemonView(Protocol):
 
     def control(self, verb: str, args: Mapping[str, Any], timeout: float = 20.0) -> Any: ...
 
+    def request_checkpoint(self) -> None:
+        """Ask the job for a checkpoint as ``checkpoint-now`` does, from the main loop, without
+        waiting for the answer (a job that is not running just refuses it)."""
+        ...
+
     def refresh_status_cache(self) -> dict[str, Any]: ...
 
     def use_config(self, cfg: "Config") -> None:

@@ -105,6 +105,11 @@ class Runner:
         """Thread-safe: monitors call this from any thread."""
         self.q.put(("detection", d))
 
+    def request_checkpoint(self) -> None:
+        from concurrent.futures import Future
+
+        self.q.put(("control", "checkpoint-now", {}, Future()))  # answered by the loop; nobody waits
+
     def on_metric(self, rec: MetricRecord) -> None:
         """Thread-safe: parsers and the client metrics reader call this."""
         self.metrics.put(rec)

@@ -15,6 +15,7 @@ from .runner import Runner
 from .adapters import CheckpointConcern, HealthConcern, ProcessLauncher
 from .ckptdiscovery import CheckpointDiscoveryConcern
 from .alerting import NotifyConcern
+from .precursors import PrecursorConcern
 from .resumewatch import ResumeWatchConcern
 from .concerns import GoodputConcern, OpsConcern, ValidationConcern, WatchConcern
 from ..job.launch import Environment
@@ -41,7 +42,8 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     # [notify] first: it sees the events the others record while they start. Then discovery:
     # the health and checkpoint concerns read the checkpoint dir it may find.
     concerns: list[Concern] = [NotifyConcern(), CheckpointDiscoveryConcern(checkpoints), OpsConcern(notifier, checkpoints, status_interval_s=cfg.systemd.status_interval_s), WatchConcern(), health, checkpoints, goodput,
-                               ValidationConcern(goodput), ResumeWatchConcern(), StateLockConcern(lock, ledger), *extra]
+                               ValidationConcern(goodput), ResumeWatchConcern(), PrecursorConcern(),
+                               StateLockConcern(lock, ledger), *extra]
     store: CheckpointStore = checkpoints
     if cfg.cluster.enabled:  # multi-node: imported only then, so a single node carries none of it
         from ..cluster.concern import ClusterCheckpoints, ClusterConcern

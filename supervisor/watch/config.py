@@ -165,6 +165,39 @@ class LossSpikeConfig:
 
 
 @dataclass(frozen=True)
+class PrecursorConfig:
+    """``[detectors.precursor]``: signs that a divergence is coming, acted on with a
+    ``checkpoint-now`` request so that the rollback after the NaN lands close to its onset
+    instead of a whole save interval back. Judged on the metrics already parsed, against the
+    run's own recent distribution (median and 1.4826 x MAD over ``window`` records):
+    the grad norm above ``grad_norm_z`` robust sigmas and ``grad_norm_factor`` x its median for
+    ``patience`` records in a row; the AMP loss scale (``loss_scale``/``scale`` in the record)
+    ``scale_drops`` halvings below its highest value within ``window`` records; the loss above ``loss_z`` sigmas for
+    ``patience`` records in a row (below what the spike detector calls a spike). Each request is
+    an event with its reason; at most one per ``min_interval_s``.
+    """
+
+    enabled: bool = field(default=True, metadata=meta(
+        "ask the job for a checkpoint when the metrics show a divergence coming (needs the job to honour "
+        "the checkpoint signal: the client, the HF/Lightning callbacks, or its own handler)"))
+    window: int = field(default=100, metadata=meta("records in the rolling baseline", min=10))
+    min_points: int = field(default=30, metadata=meta("records in the baseline before anything is judged", min=5))
+    warmup_steps: int = field(default=100, metadata=meta(
+        "steps ignored at the start of every attempt (fresh or resumed)", min=0))
+    grad_norm_z: float = field(default=8.0, metadata=meta("robust z-score of a grad norm that counts as high",
+                                                          min=0, min_exclusive=True))
+    grad_norm_factor: float = field(default=3.0, metadata=meta(
+        "and at least this many times the median grad norm", min=1))
+    loss_z: float = field(default=4.0, metadata=meta("robust z-score of a loss that counts as rising",
+                                                     min=0, min_exclusive=True))
+    patience: int = field(default=3, metadata=meta("high records in a row that make a precursor", min=1))
+    scale_drops: int = field(default=3, metadata=meta(
+        "halvings of the loss scale below its highest value in the window that make a precursor", min=1))
+    min_interval_s: float = field(default=300.0, metadata=meta(
+        "seconds between two pre-emptive checkpoint requests", min=0))
+
+
+@dataclass(frozen=True)
 class TextDetectorConfig:
     """A detector that fires on log text (oom, nccl_timeout, checkpoint_load_error)."""
 
@@ -199,6 +232,7 @@ class DetectorsConfig:
     parsers: ParsersConfig = field(default_factory=ParsersConfig)
     nan: NanDetectorConfig = field(default_factory=NanDetectorConfig)
     loss_spike: LossSpikeConfig = field(default_factory=LossSpikeConfig)
+    precursor: PrecursorConfig = field(default_factory=PrecursorConfig)
     oom: TextDetectorConfig = field(default_factory=TextDetectorConfig)
     nccl_timeout: TextDetectorConfig = field(default_factory=TextDetectorConfig)
     checkpoint_load_error: TextDetectorConfig = field(default_factory=TextDetectorConfig)

@@ -1,0 +1,141 @@
+"""Signs of a divergence before the NaN, from the metrics already parsed (pure: records in,
+verdicts out; the clock is each record's own time).
+
+A NaN or a spike is seen when it has happened; its rollback lands on the last save before it,
+up to a whole save interval back. Divergences are often announced: the grad norm climbs for a
+few steps, AMP halves its loss scale again and again, the loss creeps up. Acting on that (a
+``checkpoint-now`` request) saves a state a few steps before the onset, and the rollback loses
+those few steps instead of the interval. The thresholds are robust (median and MAD of the run's
+own recent records) and need several records in a row, so a healthy run's noise asks for nothing.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+from ..events import MetricRecord
+from .config import PrecursorConfig
+
+SCALE_KEYS = ("loss_scale", "scale")
+
+
+@dataclass(frozen=True)
+class Precursor:
+    """One sign worth a checkpoint: what, at which step, and the numbers behind it."""
+
+    kind: str  # "grad_norm_ramp", "loss_scale_drops", "loss_rising"
+    step: int | None
+    reason: str
+
+
+class _Robust:
+    """A rolling median and robust sigma of accepted values; high ones are kept out of it."""
+
+    def __init__(self, window: int) -> None:
+        self.values: deque[float] = deque(maxlen=window)
+
+    def stats(self) -> tuple[float, float]:
+        med = statistics.median(self.values)
+        mad = statistics.median(abs(v - med) for v in self.values)
+        return med, 1.4826 * mad
+
+
+class PrecursorWatch:
+    """Feed it an attempt's metric records in order; it says when a precursor is seen."""
+
+    def __init__(self, cfg: PrecursorConfig) -> None:
+        self.cfg = cfg
+        self.reset(None)
+        self._last_fired_at = float("-inf")
+
+    def reset(self, resume_step: int | None) -> None:
+        """A new attempt: its own baseline, from its own records."""
+        self._start = resume_step
+        self._first: int | None = None
+        self._grad = _Robust(self.cfg.window)
+        self._loss = _Robust(self.cfg.window)
+        self._grad_high = self._loss_high = 0
+        self._scales: deque[tuple[int, float]] = deque(maxlen=self.cfg.window)  # (record index, scale)
+        self._n = 0
+
+    def feed(self, rec: MetricRecord) -> Precursor | None:
+        if not self.cfg.enabled:
+            return None
+        self._n += 1
+        if rec.step is not None and self._first is None:
+            self._first = rec.step
+        base = self._start if self._start is not None else self._first
+        if rec.step is not None and base is not None and rec.step - base < self.cfg.warmup_steps:
+            self._accept(rec)
+            return None
+        found = self._judge(rec)
+        if found is None:
+            return None
+        if rec.at - self._last_fired_at < self.cfg.min_interval_s:
+            return None
+        self._last_fired_at = rec.at
+        return found
+
+    def _accept(self, rec: MetricRecord) -> None:
+        if rec.grad_norm is not None and _finite(rec.grad_norm):
+            self._grad.values.append(rec.grad_norm)
+        if rec.loss is not None and _finite(rec.loss):
+            self._loss.values.append(rec.loss)
+        self._note_scale(rec)
+
+    def _note_scale(self, rec: MetricRecord) -> int:
+        """How many halvings the loss scale is below its highest value within the window, this
+        record's included. AMP halves it on an overflow and doubles it back after a stretch of
+        clean steps: a lone halving is routine, a scale that keeps falling is not."""
+        scale = next((rec.extra[k] for k in SCALE_KEYS if k in rec.extra), None)
+        if scale is not None and _finite(scale) and scale > 0:
+            self._scales.append((self._n, scale))
+        recent = [s for i, s in self._scales if self._n - i < self.cfg.window]
+        if not recent:
+            return 0
+        return int(math.floor(math.log2(max(recent) / recent[-1]) + 1e-9))
+
+    def _judge(self, rec: MetricRecord) -> Precursor | None:
+        cfg = self.cfg
+        found: Precursor | None = None
+        g = rec.grad_norm
+        if g is not None and _finite(g):
+            if len(self._grad.values) >= cfg.min_points:
+                med, sigma = self._grad.stats()
+                high = g > med + cfg.grad_norm_z * sigma and g > cfg.grad_norm_factor * med
+                self._grad_high = self._grad_high + 1 if high else 0
+                if self._grad_high >= cfg.patience:
+                    found = Precursor("grad_norm_ramp", rec.step,
+                                      f"grad norm {g:.4g} above {cfg.grad_norm_factor:g}x its median {med:.4g} "
+                                      f"for {self._grad_high} records in a row")
+                if not high:
+                    self._grad.values.append(g)
+            else:
+                self._grad.values.append(g)
+        loss = rec.loss
+        if found is None and loss is not None and _finite(loss):
+            if len(self._loss.values) >= cfg.min_points:
+                med, sigma = self._loss.stats()
+                high = sigma > 0 and loss > med + cfg.loss_z * sigma
+                self._loss_high = self._loss_high + 1 if high else 0
+                if self._loss_high >= cfg.patience:
+                    found = Precursor("loss_rising", rec.step,
+                                      f"loss {loss:.4g} above its median {med:.4g} by more than {cfg.loss_z:g} "
+                                      f"robust sigmas for {self._loss_high} records in a row")
+                if not high:
+                    self._loss.values.append(loss)
+            else:
+                self._loss.values.append(loss)
+        drops = self._note_scale(rec)
+        if found is None and drops >= cfg.scale_drops:
+            found = Precursor("loss_scale_drops", rec.step,
+                              f"the AMP loss scale fell {2 ** drops}x (halved {drops} times without recovering) "
+                              f"within {cfg.window} records")
+            self._scales.clear()
+        return found
+
+
+def _finite(x: float) -> bool:
+    return x == x and x not in (float("inf"), float("-inf"))
