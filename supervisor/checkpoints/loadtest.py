@@ -311,7 +311,11 @@ class LoadTests:
         """``copy`` holds the same bytes as ``source``'s version now (a last_good/ link or copy, or
         one restored from it): its results answer for the copy too, so the same bytes are not
         loaded again on the restart path (a second torch import and a full read)."""
-        src, dst = version_token(source), version_token(copy)
+        self.alias(source, version_token(source), copy, version_token(copy))
+
+    def alias(self, source: Path, src: Any, copy: Path, dst: Any) -> None:
+        """The results of ``source``'s version ``src`` answer for ``copy``'s version ``dst`` (the
+        same bytes): a snapshot's verdict for the live file it was taken from, and for its kept name."""
         for (p, token, checked), res in list(self._results.items()):
             if p == str(source) and token == src:
                 self._results[(str(copy), dst, checked)] = res

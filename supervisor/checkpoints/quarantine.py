@@ -25,6 +25,7 @@ from .discovery import LAST_GOOD_DIR, NOTE_SUFFIX, QUARANTINE_DIR, Layout
 from .layouts import registry
 from .manifest import fsync_dir, manifest_path, stat_record, write_json_atomic
 from .reflink import clone_file
+from .snapshot import DEFAULT_HEADROOM, Headroom, NotKeptError, copy_room_problem
 
 log = structlog.get_logger("supervisor.checkpoints")
 
@@ -88,14 +89,15 @@ def last_good_path(path: Path) -> Path:
 
 
 def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0,
-                       unchanged: Callable[[], bool] | None = None) -> Path | None:
+                       unchanged: Callable[[], bool] | None = None, headroom: Headroom = DEFAULT_HEADROOM) -> Path | None:
     """Keep ``path`` (a verified single overwritten checkpoint) and its manifest in ``last_good/``.
 
     The copy goes to a temp name first and is renamed over the previous copy, so a crash
     mid-copy leaves the previous last good copy intact. How, cheapest first: ``link`` (the job
     replaces the file by rename, each save a new inode) a hard link, no bytes until the next save
     (never for a job that rewrites the file in place: the link would be overwritten with it);
-    else a reflink where the filesystem clones (shared extents); else a copy. ``max_bytes`` (0: no
+    else a reflink where the filesystem clones (shared extents); else a copy, only within
+    ``headroom`` (snapshot.copy_room_problem: NotKeptError, the temp file removed). ``max_bytes`` (0: no
     limit): a bigger version is not kept at all, since any kept version holds its size on disk once
     the job saves the next one. ``unchanged``: whether ``path`` still holds the version that was
     verified; asked again once the copy is made, before it replaces the previous one, since a
@@ -142,18 +144,31 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0,
             os.rename(dest, old)  # kept, never deleted
         os.rename(tmp, dest)
     else:
-        if clone_file(path, tmp):
-            how = "reflink"
-        else:
-            with open(path, "rb") as src, open(tmp, "wb") as dst:
-                shutil.copyfileobj(src, dst, 8 * 1024 * 1024)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        shutil.copystat(path, tmp)
-        if unchanged is not None and not unchanged():
-            _changed_while_kept(path, tmp)
-            return None
-        os.replace(tmp, dest)
+        done = False
+        try:
+            try:
+                cloned = clone_file(path, tmp)
+            except OSError:
+                cloned = False  # e.g. no room for the clone's metadata: the copy's rule decides
+            if cloned:
+                how = "reflink"
+            else:
+                problem = copy_room_problem(dest.parent, size, headroom)
+                if problem:
+                    raise NotKeptError(problem)
+                with open(path, "rb") as src, open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 8 * 1024 * 1024)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            shutil.copystat(path, tmp)
+            if unchanged is not None and not unchanged():
+                _changed_while_kept(path, tmp)
+                return None
+            os.replace(tmp, dest)
+            done = True
+        finally:
+            if not done:
+                tmp.unlink(missing_ok=True)  # a failed copy never leaves its temp file behind
     mp = manifest_path(path)
     if mp.exists():
         data = json.loads(mp.read_text())
@@ -213,9 +228,17 @@ class LastGoodKeeper:
     """Keeps each verified version of a single overwritten checkpoint in last_good/: a hard link
     once the job was seen replacing the file by rename (a new inode per save), else a copy."""
 
-    def __init__(self, max_bytes: int = 0) -> None:
+    def __init__(self, max_bytes: int = 0, headroom: Headroom = DEFAULT_HEADROOM) -> None:
         self.max_bytes = max_bytes
+        self.headroom = headroom
         self._inodes: dict[Path, int] = {}  # inode of the last version seen (rename vs in place)
+
+    def replaced_by_rename(self, path: Path, inode: int) -> bool:
+        """Note the inode of ``path``'s version now; True once the job was seen replacing the file
+        by rename (a new inode per save), so a hard link to a version keeps that version."""
+        prev = self._inodes.get(path)
+        self._inodes[path] = inode
+        return prev is not None and prev != inode
 
     def keep(self, path: Path, unchanged: Callable[[], bool] | None = None) -> Path | None:
         """``path``'s version to last_good/ unless already there; the copy's path, or None
@@ -224,10 +247,8 @@ class LastGoodKeeper:
         lg = last_good_path(path)
         if lg.exists() and lg.stat().st_mtime_ns == st.st_mtime_ns and lg.stat().st_size == st.st_size:
             return None  # already kept
-        prev = self._inodes.get(path)
-        self._inodes[path] = st.st_ino
-        return preserve_last_good(path, link=prev is not None and prev != st.st_ino, max_bytes=self.max_bytes,
-                                  unchanged=unchanged)
+        return preserve_last_good(path, link=self.replaced_by_rename(path, st.st_ino), max_bytes=self.max_bytes,
+                                  unchanged=unchanged, headroom=self.headroom)
 
     def keep_version(self, path: Path, version: Any, version_of: Callable[[Path], Any]) -> Path | None:
         """Keep ``path`` only while it holds ``version``, the one that was verified (None: that

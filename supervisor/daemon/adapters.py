@@ -284,6 +284,8 @@ class CheckpointConcern(Concern):
                 log.warning("checkpoint_verify_after_launch_failed", path=str(path), error=repr(e),
                             message="could not verify the checkpoint the job resumed from; the job keeps running")
                 return
+            finally:
+                self._book_not_kept()
             if daemon.attempt != attempt:
                 return  # that attempt is over; the next choice sees the cached result
             if row.ready:
@@ -349,6 +351,8 @@ class CheckpointConcern(Concern):
             except Exception as e:
                 log.warning("checkpoint_background_verify_failed", error=repr(e))
                 return
+            finally:
+                self._book_not_kept()
             if row is not None and not row.ready:
                 log.warning("checkpoint_not_ready", path=str(row.path), reasons=list(row.reasons),
                             message=f"the newest checkpoint {row.path} fails the readiness quicklist: "
@@ -356,6 +360,17 @@ class CheckpointConcern(Concern):
 
         self._verifier = threading.Thread(target=verify, name="checkpoint-verify", daemon=True)
         self._verifier.start()
+
+    def _book_not_kept(self) -> None:
+        """Each save the service could not keep (no room for a copy, a failed copy) is an event:
+        never silence (the service logged it already)."""
+        if self.svc is None or self.daemon is None:
+            return
+        for path, why in self.svc.take_not_kept():
+            self.daemon.event("checkpoint_not_kept", "warning",
+                              f"the save {path} could not be kept in last_good/: {why}; the job's save "
+                              "stands, and a bad overwrite of it falls back to the last kept version",
+                              ledger_only=True, path=path, reason=why)
 
     def close(self) -> None:
         if self.svc is None or self.daemon is None:
@@ -385,6 +400,9 @@ class CheckpointConcern(Concern):
         lg = self.svc.last_good_disk_bytes()  # a scandir and a few stats
         if lg is not None:
             out["last_good_disk_bytes"] = lg
+        nk = self.svc.last_not_kept
+        if nk is not None:
+            out["checkpoint_not_kept"] = f"{nk[0]}: {nk[1]} ({round(max(0.0, time.time() - nk[2]))} s ago)"
         return out
 
 

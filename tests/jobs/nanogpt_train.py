@@ -45,6 +45,7 @@ weight_decay = 0.1
 beta1, beta2 = 0.9, 0.95
 grad_clip = 1.0
 seed = 1337
+iter_sleep = 0.0  # seconds of pause per iteration: tests set the save cadence with it (a real job's compute)
 check_finite = True  # exit 1 when the final model is not finite (the bench turns it off: nanoGPT has no such check)
 # nanoGPT's configurator: --key=value overrides a global of the same name.
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))]
@@ -172,6 +173,8 @@ def main() -> None:
             running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
             print(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, mfu {running_mfu * 100:.2f}%")
         fault.inject(iter_num, list(model.parameters()))
+        if iter_sleep:
+            time.sleep(iter_sleep)
         iter_num += 1
     if check_finite and not all(math.isfinite(p.sum().item()) for p in model.parameters()):
         raise SystemExit("the final model is not finite")
