@@ -276,9 +276,11 @@ class KeeperLink(threading.Thread):
     stream, from this thread; a keeper that dies before both streams ended is reported."""
 
     def __init__(self, sock_fd: int, passthrough: Consoles | None, fanout: SinkFanout,
-                 on_eof: Callable[[str], None], keeper_pid: int | None = None) -> None:
+                 on_eof: Callable[[str], None], keeper_pid: int | None = None,
+                 respawn: Callable[[], tuple[int, int] | None] | None = None) -> None:
         super().__init__(name="job-output", daemon=True)
         self.fd = sock_fd
+        self.respawn = respawn  # a new keeper (its socket fd, pid) when this one dies before the job's output
         self.passthrough = passthrough
         self.fanout = fanout
         self.on_eof = on_eof
@@ -343,6 +345,27 @@ class KeeperLink(threading.Thread):
                       message=f"handling the job's output failed ({e!r}); it keeps being read so the job "
                               "never blocks, job.log keeps every byte, and the failure is reported once")
 
+    def _keeper_replaced(self) -> bool:
+        """The keeper's socket ended while a stream is still open: the keeper died (a kill -9 from
+        outside). The job must not die with it: a new keeper on the daemon's read ends goes on."""
+        if not self._open or self.respawn is None:
+            return False
+        got = self.respawn()
+        if got is None:
+            return False
+        old = self.keeper_pid
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+        self.fd, self.keeper_pid = got
+        log.warning("output_keeper_restarted", keeper_pid=self.keeper_pid, previous_pid=old,
+                    message=f"the job's output keeper (pid {old}) died before the job's output ended; a new "
+                            f"one (pid {self.keeper_pid}) reads the job's pipes, which stayed open: the job runs on "
+                            "and its output still goes to job.log (what the dead keeper had read but not written "
+                            "is lost)")
+        return True
+
     def run(self) -> None:
         buf = bytearray()
         try:
@@ -353,8 +376,11 @@ class KeeperLink(threading.Thread):
                     continue
                 except OSError as e:
                     log.warning("output_link_read_failed", error=str(e))
-                    break
+                    data = b""
                 if not data:
+                    if self._keeper_replaced():
+                        buf.clear()  # a frame cut short by the death: the new keeper starts afresh
+                        continue
                     break
                 buf += data
                 pos, end = 0, len(buf)
@@ -388,7 +414,8 @@ class KeeperLink(threading.Thread):
                 pass
             if self._open:
                 log.error("output_keeper_lost", keeper_pid=self.keeper_pid, streams=sorted(self._open.values()),
-                          message="the job's output keeper ended before the job's output did; what the job "
-                                  "prints now is neither shown nor parsed (and may fail with EPIPE)")
+                          message="the job's output keeper ended before the job's output did and no new one "
+                                  "could take over; what the job prints now is neither shown, parsed nor written "
+                                  "to job.log")
             for kind in list(self._open):
                 self._eof(kind)

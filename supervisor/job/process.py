@@ -78,6 +78,13 @@ class JobProcess:
         err_r, err_w = os.pipe()
         for fd in (out_w, err_w):
             _widen(fd)
+        # The daemon keeps its own duplicates of the read ends (closed in close()): a keeper
+        # killed with -9 then leaves the pipes with a reader, so the job's next print never meets
+        # EPIPE, and a new keeper is started on them (respawn_keeper). The other way out, the job
+        # writing to job.log directly, would fail the job's own print with ENOSPC on a full disk.
+        self._reads = (out_r, err_r)
+        self._log_paths = (str(log_path or ""), err_log_path)
+        self._respawns = 0
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             # The keeper first: from its fork on it holds the read ends, so no write of the job
@@ -85,12 +92,12 @@ class JobProcess:
             self.keeper = start_keeper(out_r, err_r, theirs.fileno(), log_fd, str(log_path or ""),
                                        err_log_fd, err_log_path)
         except BaseException:
-            for fd in (out_w, err_w):
+            for fd in (out_w, err_w, out_r, err_r):
                 os.close(fd)
             ours.close()
             raise
         finally:
-            for fd in (out_r, err_r, log_fd, err_log_fd):
+            for fd in (log_fd, err_log_fd):
                 if fd >= 0:
                     os.close(fd)
             theirs.close()
@@ -110,6 +117,7 @@ class JobProcess:
                     os.close(procs_fd)
         except BaseException:
             ours.close()  # no job: the keeper sees EOF on both pipes and exits
+            self._close_reads()
             _reap(self.keeper, 5.0)
             if self.cgroup is not None:
                 self.cgroup.remove()
@@ -124,7 +132,8 @@ class JobProcess:
             self.cgroup.remove()
             self.cgroup = None
         self.known: dict[int, ProcRef] = {self.pid: self.leader}
-        self.link = KeeperLink(ours.detach(), passthrough, fanout, on_eof, self.keeper.pid)
+        self.link = KeeperLink(ours.detach(), passthrough, fanout, on_eof, self.keeper.pid,
+                               respawn=self.respawn_keeper)
         self.link.start()
         self.status: int | None = None
         self._tree_at = float("-inf")
@@ -232,8 +241,50 @@ class JobProcess:
             self.link.join(timeout)
         return self.link.ended
 
+    def respawn_keeper(self) -> tuple[int, int] | None:
+        """The keeper died before the job's output ended (killed from outside): a new one on the
+        daemon's duplicate read ends, writing the same job.log; (its socket fd, its pid), or None
+        after a few (a keeper that cannot live is not restarted forever: its death is said)."""
+        if self._respawns >= MAX_KEEPER_RESPAWNS or self._reads[0] < 0:
+            return None
+        self._respawns += 1
+        try:
+            self.keeper.wait(1.0)  # reap the dead one
+        except subprocess.TimeoutExpired:
+            pass
+        log_path, err_log_path = self._log_paths
+        fds: list[int] = []
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            log_fd = _open_log(log_path) if log_path else -1
+            fds.append(log_fd)
+            err_fd = _open_log(err_log_path) if err_log_path else -1
+            fds.append(err_fd)
+            self.keeper = start_keeper(self._reads[0], self._reads[1], theirs.fileno(), log_fd, log_path,
+                                       err_fd, err_log_path)
+        except OSError as e:
+            log.error("output_keeper_restart_failed", error=str(e),
+                      message=f"cannot start a new output keeper ({e}); the job's pipes stay open (the daemon "
+                              "holds them), but what it prints is no longer read")
+            ours.close()
+            return None
+        finally:
+            for fd in fds:
+                if fd >= 0:
+                    os.close(fd)
+            theirs.close()
+        return ours.detach(), self.keeper.pid
+
+    def _close_reads(self) -> None:
+        for fd in self._reads:
+            if fd >= 0:
+                os.close(fd)
+        self._reads = (-1, -1)
+
     def close(self) -> None:
         self.link.join(2.0)
+        if self.link.ended:
+            self._close_reads()  # every writer is gone: no keeper will be needed again
         # The keeper exits once every writer of the pipes is gone; a straggler that escaped the
         # stop keeps it (and its job.log copy) going, and the keeper is reaped later.
         _reap(self.keeper, 1.0)
@@ -292,6 +343,7 @@ def start_keeper(out_r: int, err_r: int, sock: int, log_fd: int, log_path: str,
 
 
 F_SETPIPE_SZ = 1031
+MAX_KEEPER_RESPAWNS = 5  # per attempt
 
 
 def _widen(pipe_fd: int) -> None:

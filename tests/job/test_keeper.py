@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from supervisor.job.osapi import OsApi
 from supervisor.job.output import SinkFanout
-from supervisor.job.process import JobProcess, LaunchSpec
+from supervisor.job.process import MAX_KEEPER_RESPAWNS, JobProcess, LaunchSpec
 from tests.util import wait_for
 
 # Prints "line i" every 2 ms until the file named by argv[1] exists, then exits 0.
@@ -99,15 +99,43 @@ def test_a_full_disk_under_job_log_neither_hurts_the_job_nor_the_detectors(tmp_p
         subprocess.run(["umount", "-l", str(tiny)], capture_output=True)
 
 
-def test_a_keeper_that_dies_is_reported_and_both_streams_end(tmp_path: Path) -> None:
+def test_a_keeper_killed_from_outside_is_replaced_and_the_job_lives_on(tmp_path: Path) -> None:
+    """kill -9 of the output keeper (issue 24): the daemon holds duplicate read ends, so the job's
+    pipes stay open (no EPIPE), a new keeper takes over, and the job's output still reaches
+    job.log and the detectors; the job ends with its own exit status."""
+    log, stop = tmp_path / "job.log", tmp_path / "stop"
+    ended: list[str] = []
+    fan, sink = SinkFanout(), Lines()
+    fan.add(sink)
+    spec = LaunchSpec((sys.executable, "-c", PRINTER, str(stop)), str(tmp_path), dict(os.environ), {})
+    with capture_logs() as logs:
+        job = JobProcess(spec, fan, None, log, ended.append, OsApi())
+        wait_for(lambda: log.exists() and log.stat().st_size > 100, 20, what="lines in job.log")
+        first = job.keeper.pid
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: job.keeper.pid != first, 20, what="a new keeper")
+        size = log.stat().st_size
+        wait_for(lambda: log.stat().st_size > size + 100, 20, what="lines after the kill in job.log")
+        assert job.poll() is None and ended == []
+        assert finish(job, stop) == 0
+    assert sorted(ended) == ["stderr", "stdout"]
+    assert any(e["event"] == "output_keeper_restarted" for e in logs)
+    assert not any(e["event"] == "output_keeper_lost" for e in logs)
+    text = log.read_text()
+    assert "last" in text and any(line.startswith("last") for line in sink.got)
+
+
+def test_a_keeper_that_keeps_dying_is_reported_and_both_streams_end(tmp_path: Path) -> None:
     log, stop = tmp_path / "job.log", tmp_path / "stop"
     ended: list[str] = []
     fan = SinkFanout()
     spec = LaunchSpec((sys.executable, "-c", PRINTER, str(stop)), str(tmp_path), dict(os.environ), {})
     with capture_logs() as logs:
         job = JobProcess(spec, fan, None, log, ended.append, OsApi())
-        wait_for(lambda: log.exists() and log.stat().st_size > 100, 20, what="lines in job.log")
-        os.kill(job.keeper.pid, signal.SIGKILL)
+        for _ in range(MAX_KEEPER_RESPAWNS + 1):
+            pid = job.keeper.pid
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: job.keeper.pid != pid or job.link.ended, 20, what="a new keeper or the give-up")  # noqa: B023
         assert job.pumps_done(10)  # the runner is never left waiting for the output
     assert sorted(ended) == ["stderr", "stdout"]
     assert any(e["event"] == "output_keeper_lost" for e in logs)
