@@ -452,7 +452,7 @@ class CheckpointService:
         """Keep a copy of a single overwritten checkpoint; put a last_good copy back in place."""
         if keeps_last_good(choice.layout) and self.cfg.preserve_last_good:
             try:
-                preserve_last_good(choice.path, max_bytes=self.cfg.last_good_max_bytes)
+                preserve_last_good(choice.path, max_bytes=self.cfg.last_good_max_bytes, headroom=self.headroom)
             except OSError as exc:
                 log.warning("checkpoint_preserve_failed", path=str(choice.path), error=str(exc),
                             next="resuming anyway; a bad overwrite could destroy this state")

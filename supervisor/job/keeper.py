@@ -9,7 +9,9 @@ a dead process's memory), then hands it to the daemon over a socket, framed with
 the console pass-through and the detectors. When the daemon is gone the keeper goes on with
 job.log alone, so the job keeps running and printing until the next daemon stops it (the next
 daemon closes the previous life as before). It exits when both pipes reach EOF (every writer,
-the job and whatever it started, is gone).
+the job and whatever it started, is gone). The keeper's own death (a ``kill -9`` from outside)
+does not kill the job either: the daemon keeps duplicates of the read ends, so the pipes never
+lose their last reader, and starts a new keeper on them (process.JobProcess.respawn_keeper).
 
 The job still writes into pipes, not files: a file on a full disk would fail the job's own print
 with ENOSPC and kill it; a pipe never does. job.log write errors are the keeper's to report.

@@ -1,7 +1,7 @@
 """The job's saves come first, and every save gets its chance (issue 24 build 2), through the real
 daemon with the nanoGPT-style job and its single overwritten ``ckpt.pt``:
 
-- saved every ~2 s while each load test takes longer (a load-test stand-in that waits before it
+- saved every ~2 s, a CPU hog beside it, while each load test takes longer (a stand-in that waits before it
   starts the job's python): snapshot first keeps a verified version anyway, and a corrupted newest
   resumes from it, never from iteration 0;
 - a filesystem with room for the job's saves but not for a copy (a 1 MiB tmpfs where root may
@@ -72,6 +72,16 @@ def test_saves_faster_than_a_load_test_are_kept_and_a_corrupt_newest_resumes_fro
     slow_py = tmp_path / "slow-python"
     slow_py.write_text(f"#!/bin/sh\nsleep 4\nexec {PY} \"$@\"\n")
     slow_py.chmod(0o755)
+    # And a CPU hog beside the job (the Done-when of issue 24: a busy machine), stopped at the end.
+    hog = subprocess.Popen([PY, "-c", "while True: pass"], start_new_session=True)
+    try:
+        _kept_and_resumed(supervise, out, sd, slow_py)
+    finally:
+        hog.kill()
+        hog.wait(10)
+
+
+def _kept_and_resumed(supervise: Any, out: Path, sd: Path, slow_py: Path) -> None:
     d = supervise(["wrap", "--state-dir", str(sd), "--checkpoint-dir", str(out), "--backoff", "0",
                    "--resume-arg=--init_from=resume", "--set", f"checkpoints.python={slow_py}",
                    "--set", "checkpoints.warm_verifier=false", "--set", "checkpoints.settle_s=0.5", "--"]
@@ -90,13 +100,14 @@ def test_saves_faster_than_a_load_test_are_kept_and_a_corrupt_newest_resumes_fro
     ckpt.write_bytes(data[: len(data) // 3])  # the newest save, cut short
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 180
-    while "Resuming training" not in d.stdout():
+    while not re.search(r"Resuming training.*?^iter \d+:", d.stdout(), re.M | re.S):
         assert time.monotonic() < deadline and d.proc.poll() is None, d.stderr()[-3000:]
         time.sleep(0.2)
     d.signal(signal.SIGTERM)  # what matters is where it resumed; the run need not finish
     d.wait(120)
     first = re.search(r"^iter (\d+):", d.stdout().split("Resuming training", 1)[1], re.M)
-    assert first is not None and int(first.group(1)) >= kept > 0, d.stdout()[-2000:]
+    after = d.stdout().split("Resuming training", 1)[1]
+    assert first is not None and int(first.group(1)) >= kept > 0, (kept, after[:1500], d.stderr()[-4000:])
     assert (out / "quarantine" / "ckpt.pt").stat().st_size == len(data) // 3
     names = [e["event"] for e in history(sd)["events"]]
     assert "checkpoint_not_kept" not in names, names
