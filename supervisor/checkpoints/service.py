@@ -230,6 +230,8 @@ class CheckpointService:
             return None  # the job saved again during the snapshot's test: the next tick takes the new save
         with self._lock:
             row = self.evaluate(newest, metrics_seen, self._current_config())
+            if snapped and row.val_metric is not None and self.write_manifests:
+                self._kept_metric(newest.path, row)
             if keeps_last_good(newest.layout) and self.cfg.preserve_last_good and row.ready and not snapped:
                 # Kept at once, not only before a restart: one bad overwrite then costs one save
                 # interval, never the whole run.
@@ -261,6 +263,9 @@ class CheckpointService:
             return False
         try:
             st = path.stat()
+            if self.cfg.last_good_max_bytes and st.st_size > self.cfg.last_good_max_bytes:
+                self._load_test_unlocked(path, layout)  # not kept at all: the caller's keep says so
+                return False
             lg = last_good_path(path)
             if lg.exists() and (lg.stat().st_mtime_ns, lg.stat().st_size) == (st.st_mtime_ns, st.st_size):
                 self._load_test_unlocked(path, layout)  # this version is kept already
@@ -290,6 +295,19 @@ class CheckpointService:
             return True
         finally:
             discard(snap)  # gone already once promoted; a failed or torn one is ours to remove
+
+    def _kept_metric(self, path: Path, row: Readiness) -> None:
+        """The validation metric recorded for the live version goes into its kept copy's manifest
+        too (prefer = "best_val" reads it there), when last_good/ holds that same version."""
+        lg, vm = last_good_path(path), row.val_metric
+        try:
+            same = lg.exists() and (lg.stat().st_mtime_ns, lg.stat().st_size) == (path.stat().st_mtime_ns,
+                                                                                  path.stat().st_size)
+        except OSError:
+            return
+        m = self._manifest_of(lg).manifest if same else None
+        if vm is not None and m is not None and m.origin == "supervisor" and vm.name not in m.metrics:
+            record_metric(m, vm.name, vm.value, vm.step)
 
     def _report_not_kept(self, path: Path, why: str) -> None:
         log.warning("checkpoint_not_kept", path=str(path), reason=why,

@@ -73,7 +73,9 @@ def test_the_val_loss_the_log_printed_is_kept_in_the_manifest_of_each_version(da
     sd, ck, out = tmp_path / "sd", tmp_path / "ck", tmp_path / "out"
     ck.mkdir(), out.mkdir()
     cfg = tmp_path / "c.toml"
-    cfg.write_text("[checkpoints]\nsettle_s = 0.2\n")
+    # The listing below reads the same config: with the default 2 s settle window a save that
+    # the daemon verified in well under 2 s would still be "being written" there.
+    cfg.write_text(f"[checkpoints]\nsettle_s = 0.2\ndir = {str(ck)!r}\n")
     d = daemons(wrap(sd, "--config", str(cfg), "--checkpoint-dir", str(ck))
                 + [PY, "-c", NANOGPT_EVALS, str(out), str(ck)])
     assert wait_for(lambda: _manifest_metric(ck), 60, what="manifest of iter 10 with its val loss") == (2.75, 10)
@@ -81,11 +83,11 @@ def test_the_val_loss_the_log_printed_is_kept_in_the_manifest_of_each_version(da
     assert wait_for(lambda: _manifest_metric(ck) == (2.5, 20), 60, what="the next version's val loss")
     (out / "go20").touch()
     assert d.wait(60) == 0
-    listing = subprocess.run([PY, "-m", "supervisor", "checkpoints", "--json", "--checkpoint-dir", str(ck),
+    listing = subprocess.run([PY, "-m", "supervisor", "checkpoints", "--json", "--config", str(cfg),
                               "--state-dir", str(sd)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     rows = {Path(r["path"]).parent.name + "/" + Path(r["path"]).name: r for r in json.loads(listing.stdout)}
     assert rows["ck/ckpt.pt"]["val_metric"] == {"name": "val_loss", "value": 2.5, "step": 20}
-    table = subprocess.run([PY, "-m", "supervisor", "checkpoints", "--checkpoint-dir", str(ck), "--state-dir",
+    table = subprocess.run([PY, "-m", "supervisor", "checkpoints", "--config", str(cfg), "--state-dir",
                             str(sd)], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
     assert "2.5" in table
 
