@@ -40,7 +40,8 @@ from .quarantine import (LastGoodKeeper, QuarantineRecord, last_good_disk_bytes,
 from .quicklist import (MetricsSeen, Readiness, RowBuilder, compare_config, current_config, is_corrupt,
                         val_metric_for)
 from .selection import CheckpointBook, Choice, Mode, select_explained, worse_than_older
-from .snapshot import ChangedWhileCopied, Headroom, NotKeptError, discard, promote, take_snapshot
+from .keepfirst import SnapshotFirst
+from .snapshot import Headroom
 from .structure import structure_problem
 
 log = structlog.get_logger("supervisor.checkpoints")
@@ -72,8 +73,8 @@ class CheckpointService:
                                     cwd=self.job_cwd, warm=cfg.warm_verifier)
         self.headroom = Headroom(cfg.last_good_headroom_factor, cfg.last_good_min_free_fraction)
         self.last_good = LastGoodKeeper(cfg.last_good_max_bytes, self.headroom)
-        self._not_kept: list[tuple[str, str]] = []  # (path, why) not yet reported: take_not_kept
-        self.last_not_kept: tuple[str, str, float] | None = None  # (path, why, unix time) for status
+        self.keep_first = SnapshotFirst(cfg, self.load_tests, self.last_good, self.headroom,
+                                        in_place=self._load_test_unlocked, manifest=self._kept_manifest)
         self.last_quarantined: tuple[QuarantineRecord, ...] = ()  # from the last choose_for_resume
 
     # ------------------------------------------------------------------ discovery
@@ -225,7 +226,7 @@ class CheckpointService:
             newest = newest_complete(self.scan())
             if newest is None:
                 return None
-        snapped = self._verify_by_snapshot(newest.path, str(newest.layout))
+        snapped = self.keep_first.verify(newest.path, str(newest.layout))
         if snapped and self.load_tests.cached(newest.path) is None:
             return None  # the job saved again during the snapshot's test: the next tick takes the new save
         with self._lock:
@@ -251,50 +252,10 @@ class CheckpointService:
             self.load_tests.carry(path, kept)
         return kept
 
-    def _verify_by_snapshot(self, path: Path, layout: str) -> bool:
-        """Snapshot first (snapshot.py) for a single overwritten file: capture the version on disk
-        now in last_good/, load-test the capture, keep it once it passes, so a version the job
-        overwrites while its test runs is still kept. Outside the lock, like _load_test_unlocked
-        (which it falls back to). True when this version's keeping was decided here (kept, or not
-        kept and reported), so the caller does not copy it again."""
-        if not (self.cfg.load_test and self.cfg.preserve_last_good and keeps_last_good(layout) and path.is_file()
-                and structure_problem(path) is None and self.load_tests.cached(path) is None):
-            self._load_test_unlocked(path, layout)
-            return False
-        try:
-            st = path.stat()
-            if self.cfg.last_good_max_bytes and st.st_size > self.cfg.last_good_max_bytes:
-                self._load_test_unlocked(path, layout)  # not kept at all: the caller's keep says so
-                return False
-            lg = last_good_path(path)
-            if lg.exists() and (lg.stat().st_mtime_ns, lg.stat().st_size) == (st.st_mtime_ns, st.st_size):
-                self._load_test_unlocked(path, layout)  # this version is kept already
-                return False
-            snap = take_snapshot(path, link=self.last_good.replaced_by_rename(path, st.st_ino), headroom=self.headroom)
-        except NotKeptError as exc:
-            self._report_not_kept(path, exc.reason)
-            self._load_test_unlocked(path, layout)  # its readiness is still known, tested in place
-            return True
-        except (ChangedWhileCopied, OSError):
-            self._load_test_unlocked(path, layout)  # the job is writing: tested (and kept) once it settles
-            return False
-        try:
-            res = self.load_tests.run(snap.path, layout)
-            token = version_token(snap.path)
-            if version_token(path) == snap.version:  # still on disk: the verdict is the live file's too
-                self.load_tests.alias(snap.path, token, path, snap.version)
-            if not res.passed:
-                return True  # a version that fails is never kept; the live file is judged on its own
-            dest = promote(snap)
-            self.load_tests.alias(snap.path, token, dest, version_token(dest))
-            if self.write_manifests:
-                write_own_manifest(dest, layout, res.step, self._current_config()[0] or None,
-                                   self.cfg.hash_algorithm, self._digest, self.state_dir)
-            log.info("checkpoint_preserved_last_good", path=str(path), copy=str(dest), how=snap.how, step=res.step,
-                     next="a bad overwrite of the original can no longer destroy this verified version")
-            return True
-        finally:
-            discard(snap)  # gone already once promoted; a failed or torn one is ours to remove
+    def _kept_manifest(self, dest: Path, layout: str, step: int | None) -> None:
+        if self.write_manifests:
+            write_own_manifest(dest, layout, step, self._current_config()[0] or None, self.cfg.hash_algorithm,
+                               self._digest, self.state_dir)
 
     def _kept_metric(self, path: Path, row: Readiness) -> None:
         """The validation metric recorded for the live version goes into its kept copy's manifest
@@ -309,19 +270,14 @@ class CheckpointService:
         if vm is not None and m is not None and m.origin == "supervisor" and vm.name not in m.metrics:
             record_metric(m, vm.name, vm.value, vm.step)
 
-    def _report_not_kept(self, path: Path, why: str) -> None:
-        log.warning("checkpoint_not_kept", path=str(path), reason=why,
-                    next="the job's save stands; a bad overwrite of it falls back to the last kept version")
-        with self._lock:
-            self._not_kept.append((str(path), why))
-            self.last_not_kept = (str(path), why, time.time())
-
     def take_not_kept(self) -> list[tuple[str, str]]:
-        """The (path, why) of saves that could not be kept since the last call: the daemon books
-        each as a ``checkpoint_not_kept`` event."""
-        with self._lock:
-            out, self._not_kept = self._not_kept, []
-            return out
+        """The (path, why) of saves that could not be kept since the last call (keepfirst.py)."""
+        return self.keep_first.take_not_kept()
+
+    @property
+    def last_not_kept(self) -> tuple[str, str, float] | None:
+        """(path, why, unix time) of the last save that could not be kept, for status."""
+        return self.keep_first.last_not_kept
 
     def _load_test_unlocked(self, path: Path, layout: str) -> None:
         """Run (and cache) the load test of a structurally whole file outside the service's lock,
@@ -382,7 +338,7 @@ class CheckpointService:
     def verify_chosen(self, path: Path, layout: str, metrics_seen: MetricsSeen | None = None) -> Readiness:
         """The full readiness row (hash, load test) of a checkpoint chosen with its load test
         pending; a single overwritten file that passes is kept in last_good/ as a verified version."""
-        snapped = self._verify_by_snapshot(path, layout)
+        snapped = self.keep_first.verify(path, layout)
         self._load_test_unlocked(path, layout)  # a no-op unless the job saved again meanwhile
         with self._lock:
             try:
