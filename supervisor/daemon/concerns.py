@@ -77,6 +77,11 @@ class OpsConcern(Concern):
             self.notifier.status(line)
 
     def close(self) -> None:
+        if self.metrics is not None and self.daemon is not None:
+            try:  # the final state (stopped, gave_up) reaches the textfile before the daemon is gone
+                self.metrics.final(self.daemon.refresh_status_cache())
+            except Exception as e:
+                log.warning("metrics_final_failed", error=repr(e), next="the textfile keeps the last state written")
         close_each(self.control, self.metrics)
 
 

@@ -8,8 +8,9 @@ touches the main loop's state, a rank whose heartbeat vanished drops out of the 
 Conventions (Prometheus naming, checked with ``promtool check metrics`` in the tests): times are
 ``*_timestamp_seconds`` gauges (unix time; ``time() - tsup_heartbeat_timestamp_seconds`` is the
 age), never "seconds since"; lost time is a counter by cause (``tsup_lost_seconds_total``);
-``tsup_build_info`` carries the version; the registry also holds the daemon's own
-``process_*`` metrics (CPU, memory, open fds, start time) and ``python_info``; GPU series carry
+``tsup_build_info`` carries the version; the listener's registry also holds the daemon's own
+``process_*`` metrics (CPU, memory, open fds, start time) and ``python_info``, the textfile does
+not (node_exporter has its own ``process_*`` and would reject the collision); GPU series carry
 the device index as ``gpu`` and its ``UUID``, the label names DCGM exporter uses, so
 ``tsup_gpu_memory_used_bytes * on(gpu, UUID) group_left DCGM_FI_DEV_GPU_UTIL`` joins as is.
 
@@ -20,8 +21,9 @@ under systemd), or before the first one.
 
 Wiring (the runner): ``m = Metrics(cfg.metrics)``; ``m.start()`` after the config is loaded
 (starts the listener when ``metrics.listen`` is set); ``m.update(status_dict)`` every tick or
-every second (cheap; rewrites the textfile at most every ``textfile_interval_s``); ``m.close()``
-on exit. Status keys read (all optional): state, run_id, attempt, restarts_by_cause,
+every second (cheap; rewrites the textfile at most every ``textfile_interval_s``);
+``m.final(status_dict)`` at exit (the textfile then holds the final state, e.g. ``gave_up`` 1, so
+an alert can still fire from it after the daemon is gone); ``m.close()``. Status keys read (all optional): state, run_id, attempt, restarts_by_cause,
 last_metric{step, loss, grad_norm, tokens_per_sec, at}, heartbeats{rank: age_s},
 gpus[{index, uuid, memory_used_bytes}], goodput, goodput_detail{lost_by_cause}, and
 ``last_good_checkpoint_at`` (unix time) or ``seconds_since_last_good_checkpoint`` (ages are
@@ -145,6 +147,10 @@ class _StatusCollector(Collector):
             at = _float(lm.get("at"))
             yield from gauge("last_metric_timestamp_seconds", "Unix time of the job's last training metric",
                              at if at is not None else stamp(lm.get("age_s")))
+        blind = GaugeMetricFamily(PREFIX + "metrics_blind",
+                                  "1 while the daemon parses no training step from the job's output")
+        blind.add_metric([], 1.0 if isinstance(status.get("metrics_blind"), Mapping) else 0.0)
+        yield blind
         yield from gauge("goodput_ratio", "Fraction of wall time spent on useful training (0-1)",
                          status.get("goodput"))
         yield from gauge("ledger_write_errors", "Ledger writes dropped since the daemon started (a full disk)",
@@ -174,9 +180,10 @@ class _StatusCollector(Collector):
 
 
 class Metrics:
-    """The daemon's Prometheus metrics, on a private registry (two daemons in one test process
-    never clash): the status collector, plus the process and platform collectors that the
-    default registry would have (``process_*``, ``python_info``)."""
+    """The daemon's Prometheus metrics, on private registries (two daemons in one test process
+    never clash): the listener's has the status collector plus the process and platform
+    collectors that the default registry would have (``process_*``, ``python_info``); the
+    textfile's has the status collector only (node_exporter exports its own ``process_*``)."""
 
     def __init__(self, config: MetricsConfig | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or MetricsConfig()
@@ -188,7 +195,10 @@ class Metrics:
         self._last_textfile: float | None = None
         self._server: Any = None
         self._server_thread: threading.Thread | None = None
-        self.registry.register(_StatusCollector(self._snapshot))
+        collector = _StatusCollector(self._snapshot)
+        self.registry.register(collector)
+        self.textfile_registry = CollectorRegistry(auto_describe=False)
+        self.textfile_registry.register(collector)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
 
@@ -251,9 +261,23 @@ class Metrics:
                 self._last_textfile = now
                 self.write_textfile()
 
+    def final(self, status: Mapping[str, Any]) -> None:
+        """Publish the last status at exit and write the textfile now, whatever the interval: a
+        stopped daemon's textfile says how it ended (``tsup_state{state="gave_up"} 1``)."""
+        with self._lock:
+            self._status = dict(status)
+            self._status_wall = time.time()
+        if self.config.textfile:
+            self._last_textfile = self._clock()
+            self.write_textfile()
+
     def render(self) -> bytes:
         """The exposition text (what /metrics serves)."""
         return generate_latest(self.registry)
+
+    def render_textfile(self) -> bytes:
+        """The textfile's text: our series only, no ``process_*`` or ``python_info``."""
+        return generate_latest(self.textfile_registry)
 
     def write_textfile(self) -> bool:
         """Rewrite the textfile atomically (temp file in the same dir, then rename): node-exporter
@@ -266,7 +290,7 @@ class Metrics:
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
             try:
                 with os.fdopen(fd, "wb") as f:
-                    f.write(self.render())
+                    f.write(self.render_textfile())
                 os.chmod(tmp, 0o644)  # node-exporter usually runs as another user
                 os.replace(tmp, target)
             except BaseException:

@@ -7,6 +7,7 @@ which ``systemd/`` in the checkout links to) and the example config is generated
 
     sudo transformer-supervisor install-units            # units, /etc/transformer-supervisor/{config.toml,env}
     transformer-supervisor install-units --print         # the plain unit on stdout, nothing written
+    transformer-supervisor install-units --print alerts  # Prometheus alerting rules (also: alerts-test, dashboard)
     python -m supervisor.ops.units --root /tmp/image     # the same, under a staging root
 
 The units' ``ExecStart=`` names the command that installs them (the console script of this
@@ -29,6 +30,10 @@ UNITS = ("transformer-supervisor.service", "transformer-supervisor@.service")
 DEFAULT_BIN = "/usr/local/bin/transformer-supervisor"
 DEFAULT_CONFIG_DIR = "/etc/transformer-supervisor"
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
+#: What ``--print`` also prints, from ``supervisor/ops/monitoring/`` (package data): Prometheus
+#: alerting rules, their ``promtool test rules`` file, a Grafana dashboard. Printed, not installed:
+#: they belong to the Prometheus and Grafana hosts, not to the training node.
+MONITORING = {"alerts": "alerts.yml", "alerts-test": "alerts_test.yml", "dashboard": "dashboard.json"}
 
 ENV_FILE_TEXT = """\
 # Environment for every transformer-supervisor unit on this node (EnvironmentFile= in the units;
@@ -51,6 +56,11 @@ def unit_text(name: str, bin_path: str = DEFAULT_BIN, config_dir: str = DEFAULT_
     text = (resources.files("supervisor") / "ops" / "systemd" / name).read_text(encoding="utf-8")
     text = text.replace(DEFAULT_BIN, bin_path)
     return text.replace(DEFAULT_CONFIG_DIR + "/", config_dir.rstrip("/") + "/")
+
+
+def monitoring_text(what: str) -> str:
+    """The shipped alerting rules, their test file or the Grafana dashboard (see :data:`MONITORING`)."""
+    return (resources.files("supervisor") / "ops" / "monitoring" / MONITORING[what]).read_text(encoding="utf-8")
 
 
 def example_config() -> str:
@@ -114,8 +124,9 @@ def install(*, root: str | None = None, unit_dir: str = DEFAULT_UNIT_DIR, config
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print", dest="print_unit", nargs="?", const=UNITS[0], metavar="UNIT", default=None,
-                   help=f"print a unit ({' or '.join(UNITS)}; default the first) or 'config' (the example "
-                        "config) on stdout and write nothing")
+                   help=f"print a unit ({' or '.join(UNITS)}; default the first), 'config' (the example "
+                        "config), 'alerts' (Prometheus alerting rules), 'alerts-test' (their promtool test) or "
+                        "'dashboard' (Grafana JSON) on stdout and write nothing")
     p.add_argument("--root", metavar="DIR", help="write everything under DIR (a staging root for an image or "
                                                  "a package build); the units still name the real paths")
     p.add_argument("--unit-dir", default=DEFAULT_UNIT_DIR, metavar="DIR",
@@ -134,10 +145,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         if args.print_unit == "config":
             out.write(example_config())
             return 0
+        if args.print_unit in MONITORING:
+            out.write(monitoring_text(args.print_unit))
+            return 0
         try:
             out.write(unit_text(args.print_unit, args.bin_path or default_bin(), args.config_dir))
         except ValueError as e:
-            print(f"install-units: {e}", file=sys.stderr)
+            print(f"install-units: {e}; or one of: config, {', '.join(MONITORING)}", file=sys.stderr)
             return 2
         return 0
     try:
