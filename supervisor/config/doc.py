@@ -18,9 +18,12 @@ from ..core.causes import Action, config_doc_lines
 
 HEADER = """\
 # transformer-supervisor configuration: every key, with its default and what it does.
-# Generated from the code by `python -m supervisor.config.doc`; values shown are the defaults
-# (keys shown commented out have no default value). Validate a file with
-#   transformer-supervisor check-config PATH
+# Generated from the code by `python -m supervisor.config.doc`. Every active line is the built-in
+# default (this file as shipped configures nothing: it parses to the defaults); lines commented out
+# are keys with no default or examples ("# example:") to adapt. `run` needs at least [job] command;
+# `wrap` takes the command from its flags. Validate a file with
+#   transformer-supervisor check-config PATH            (as `run --config` reads it)
+#   transformer-supervisor check-config --for wrap PATH (as `wrap --config` reads it)
 """
 
 EXAMPLES: Mapping[str, str] = {
@@ -36,9 +39,10 @@ def on_example() -> str:
         "# Each repeat of the same cause (no healthy run in between) applies one more remedy",
         "# (cumulative); a repeat after the last one gives up. The causes and their default actions:",
         *config_doc_lines(),
-        "[on.nan]",
-        'action = "rollback"',
-        'remedies = [{ env = { LR_SCALE = "0.5" } }, { args = ["--lr=1e-4"] }, { skip_batches = 500 }]',
+        "# example: roll a NaN back and lower the learning rate on each repeat",
+        "# [on.nan]",
+        '# action = "rollback"',
+        '# remedies = [{ env = { LR_SCALE = "0.5" } }, { args = ["--lr=1e-4"] }, { skip_batches = 500 }]',
     ]
     return "\n".join(lines) + "\n"
 
@@ -81,7 +85,11 @@ def _section(cls: type, path: str, out: list[str]) -> None:
         default = f.default if f.default is not MISSING else (
             f.default_factory() if f.default_factory is not MISSING else None)
         if key in EXAMPLES:
-            out.append(f"{f.name} = {EXAMPLES[key]}")
+            # Commented out: an example is not a default, and this file is installed as the
+            # production config (install-units), where an active example would run.
+            if default not in (None, (), [], {}):
+                out.append(f"{f.name} = {toml_value(default)}")
+            out.append(f"# example: {f.name} = {EXAMPLES[key]}")
         elif default is None:
             out.append(f"# {f.name} =")
         else:

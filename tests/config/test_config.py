@@ -21,10 +21,38 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 def test_example_config_is_generated_from_the_schema_and_valid():
     example = ROOT / "config.example.toml"
     assert example.read_text() == render(), "run: python -m supervisor.config.doc > config.example.toml"
-    cfg = load_config(example)
-    assert cfg.job.command[0] == "python" and cfg.policy.max_restarts == 10
-    cp = cli("check-config", str(example))
-    assert cp.returncode == 0 and "OK" in cp.stdout
+    # install-units installs it as the production config: it must configure nothing but the defaults
+    # (no example active, no demo-specific [on.nan] ladder).
+    from supervisor.config.model import Config
+
+    assert load_config(example, need_command=False) == Config()
+    assert "\n[on.nan]" not in example.read_text()
+    cp = cli("check-config", "--for", "wrap", str(example))
+    assert cp.returncode == 0 and "OK for wrap --config" in cp.stdout, cp.stderr
+    cp = cli("check-config", str(example))  # as `run --config` reads it: the command is missing
+    assert cp.returncode == 2 and "job.command: required" in cp.stderr and "--for wrap" in cp.stderr
+
+
+def test_check_config_accepts_what_wrap_and_run_accept(daemons, tmp_path: Path):
+    """A partial config (no command) that `wrap --config` runs passes `check-config --for wrap`; a
+    whole one passes both; a bad one fails both with the same problem."""
+    part = tmp_path / "part.toml"
+    part.write_text("[policy]\nmax_restarts = 2\n")
+    whole = tmp_path / "whole.toml"
+    whole.write_text(f'[job]\ncommand = ["{sys.executable}", "-c", "pass"]\n[state]\ndir = "{tmp_path / "sd2"}"\n')
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[policy]\nmax_restarts = -1\n")
+    assert cli("check-config", "--for", "wrap", str(part)).returncode == 0
+    assert cli("check-config", str(part)).returncode == 2
+    d = daemons(["wrap", "--config", str(part), "--state-dir", str(tmp_path / "sd"), "--",
+                 sys.executable, "-c", "pass"])
+    assert d.wait(60) == 0
+    for flags in ((), ("--for", "wrap")):
+        assert cli("check-config", *flags, str(whole)).returncode == 0
+        cp = cli("check-config", *flags, str(bad))
+        assert cp.returncode == 2 and "policy.max_restarts" in cp.stderr
+    d = daemons(["wrap", "--config", str(bad), "--state-dir", str(tmp_path / "sd3"), "--", sys.executable, "-c", "pass"])
+    assert d.wait(60) == 2 and "policy.max_restarts" in d.stderr()
 
 
 def test_every_key_of_every_section_has_a_help_line():
