@@ -140,12 +140,27 @@ def cmd_wrap(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from ..config.model import load_config
+    from ..config.model import ConfigError, load_config
 
-    cfg = _config(lambda: load_config(args.path))
+    # --for wrap: the command comes from wrap's flags, so a file without [job] command is whole.
+    for_wrap = getattr(args, "for_verb", "run") == "wrap"
+    problems: list[Any] = []
+
+    def load() -> Any:
+        try:
+            return load_config(args.path, need_command=not for_wrap)
+        except ConfigError as e:
+            problems.extend(e.problems)
+            raise
+
+    cfg = _config(load)
     if cfg is None:
+        if not for_wrap and any(p.path == "job.command" for p in problems):
+            print("  (a file for `wrap --config`, which takes the command from its flags: "
+                  "check-config --for wrap PATH)", file=sys.stderr)
         return EXIT_USAGE
-    print(f"{args.path}: OK (job {cfg.job.name!r}, state dir {cfg.state_dir()})")
+    print(f"{args.path}: OK for {'wrap --config' if for_wrap else 'run --config'} "
+          f"(job {cfg.job.name!r}, state dir {cfg.state_dir()})")
     return EXIT_OK
 
 

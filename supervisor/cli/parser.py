@@ -153,8 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--run", help="a run id (default: the newest)")
 
-    p = sub.add_parser("check-config", help="validate a config file")
-    p.add_argument("path")
+    p = sub.add_parser("check-config", help="validate a config file; exit 0, or 2 with every problem listed",
+                       description="Validate a config file exactly as `run --config` (default) or "
+                                   "`wrap --config` (--for wrap) reads it: every problem is listed with its "
+                                   "key path, exit 2.")
+    p.add_argument("path", metavar="PATH", help="the config file (TOML)")
+    p.add_argument("--for", dest="for_verb", choices=("run", "wrap"), default="run",
+                   help="the verb that will read it: run needs [job] command; wrap takes the command "
+                        "from its flags (default: run)")
 
     p = sub.add_parser("demo", help="a tiny GPT trained under supervision, with injected faults")
     p.add_argument("--faults", default=None, help="comma list (default: nan,hang,crash,oom,corrupt_ckpt); "
