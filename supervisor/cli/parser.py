@@ -101,9 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shell", action="store_true", help="run CMD as one string through /bin/sh -c")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...: the job's launch command")
 
-    p = sub.add_parser("status", help="ask the running daemon for its state")
+    p = sub.add_parser("status", help="the run's state: the running daemon's, else the last run's from the ledger",
+                       description="Ask the running daemon for its state (exit 0). When no daemon runs, print "
+                                   "the last run from the state dir's ledger, as systemctl status shows an "
+                                   "inactive unit: state, exit code, reason, when it ended, the last lines of "
+                                   "the job's log (exit 3). Exit 1 when the state dir holds no run at all.")
     add_locator(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the state as JSON (strict: no bare NaN)")
 
     p = sub.add_parser("restart", help="controlled reboot now")
     add_locator(p)
@@ -130,10 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("checkpoints", help="the readiness quicklist for every checkpoint found, and the ones "
                                            "still being written")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--config")
-    g.add_argument("--checkpoint-dir")
+    g.add_argument("--config", help="the run's config file: its checkpoint dir (or the one its command names) "
+                                    "and state dir")
+    g.add_argument("--checkpoint-dir", help="list this checkpoint dir (no config)")
     p.add_argument("--state-dir", help="where the hash cache lives (default: the config's state dir)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
 
     p = sub.add_parser("logs", help="the job's output from its log file (-f: follow a running job)",
                        description="Print the last lines of the job's output (job.log, or [job] log_file: "
@@ -150,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("history", help="the run ledger")
     add_locator(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the run and its attempts as JSON")
     p.add_argument("--run", help="a run id (default: the newest)")
 
     p = sub.add_parser("check-config", help="validate a config file; exit 0, or 2 with every problem listed",
@@ -166,8 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--faults", default=None, help="comma list (default: nan,hang,crash,oom,corrupt_ckpt); "
                                                   "'none' for a clean run")
     p.add_argument("--out", default="demo-out", help="where the demo writes its run, checkpoints and report")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps of the demo run (default 600; the faults fire at fixed fractions of it)")
+    p.add_argument("--seed", type=int, default=1234, help="the random seed of the model and data (default 1234)")
     p.add_argument("--show-job-output", action="store_true",
                    help="pass the job's own output through too (it is always in OUT/job.log)")
 
@@ -180,8 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("install-units", help="install the systemd units, the example config and the env file "
                                              "from this installed package (--print: show them)",
-                       description=units.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=units.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     units.add_arguments(p)
+    for choice in sub._choices_actions:  # a verb without its own description says its help line
+        sp = sub.choices[choice.dest]
+        if not sp.description and choice.help:
+            sp.description = choice.help[0].upper() + choice.help[1:] + "."
     return ap
 
 

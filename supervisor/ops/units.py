@@ -26,6 +26,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Sequence, TextIO
 
+#: install-units --help: the docstring above without its RST (argparse prints it as is).
+DESCRIPTION = """\
+Install the systemd units, the example config and the env file from this installed package.
+
+  sudo transformer-supervisor install-units        units, /etc/transformer-supervisor/{config.toml,env}
+  transformer-supervisor install-units --print     the plain unit on stdout, nothing written
+  transformer-supervisor install-units --root DIR  the same under a staging root (an image build)
+
+ExecStart= names this environment's transformer-supervisor unless --bin says otherwise. Existing
+configs are never overwritten; units are (they are ours). Nothing is enabled or started. The
+installed config.toml configures nothing but the defaults: set [job] command before starting."""
+
 UNITS = ("transformer-supervisor.service", "transformer-supervisor@.service")
 DEFAULT_BIN = "/usr/local/bin/transformer-supervisor"
 DEFAULT_CONFIG_DIR = "/etc/transformer-supervisor"

@@ -39,6 +39,38 @@ def test_every_wrap_flag_has_help():
         assert action.help and action.help != argparse.SUPPRESS, action.dest
 
 
+def test_every_verb_and_flag_has_help_and_every_verb_a_description():
+    """Walks the whole argparse tree: a verb without a help line or a description, or a flag or
+    positional without help, fails here (issue 23 build 8)."""
+    ap = build_parser()
+    missing: list[str] = []
+
+    def walk(p: argparse.ArgumentParser, path: str) -> None:
+        if path and not (p.description or "").strip():
+            missing.append(f"{path}: description")
+        for action in p._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {a.dest: a.help for a in action._choices_actions}
+                for name, sp in action.choices.items():
+                    if not helps.get(name):
+                        missing.append(f"{path} {name}: help")
+                    walk(sp, f"{path} {name}".strip())
+                continue
+            if not action.help or action.help == argparse.SUPPRESS:
+                missing.append(f"{path or '(top)'} {'/'.join(action.option_strings) or action.dest}: help")
+
+    walk(ap, "")
+    assert missing == []
+
+
+def test_install_units_help_has_no_rst():
+    r = subprocess.run([*TSUP, "install-units", "--help"], capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    assert r.returncode == 0 and "install" in r.stdout
+    assert "``" not in r.stdout and ":func:" not in r.stdout and "::\n" not in r.stdout, r.stdout
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["wrap", "--help"], ["run", "--help"]])
 def test_exit_codes_are_in_help(argv):
     r = subprocess.run([*TSUP, *argv], capture_output=True, text=True, timeout=60, cwd=str(ROOT))
