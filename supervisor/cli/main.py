@@ -191,7 +191,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         # there is no run at all: a script can tell "finished or gave up" from "never started".
         from .verbs import last_run_status, render_last_run
 
-        last = last_run_status(sd)
+        last = last_run_status(sd, getattr(args, "config", None))
         if last is None:
             print(f"transformer-supervisor: {e}", file=sys.stderr)
             return 1

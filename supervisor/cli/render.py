@@ -26,6 +26,24 @@ def ago(seconds: float, now: float | None = None) -> str:
     return f"{duration(seconds)} ago, at {clock(now - seconds, now)}"
 
 
+def ended_text(ended: Any, now: float | None = None) -> str:
+    """When a run ended, from the ledger's ISO time (or a unix time): "4 min 05 s ago, at 14:02:11 CET"."""
+    import datetime
+
+    if isinstance(ended, (int, float)):
+        t = float(ended)
+    elif isinstance(ended, str) and ended:
+        try:
+            dt = datetime.datetime.fromisoformat(ended)
+        except ValueError:
+            return ended
+        t = (dt if dt.tzinfo else dt.replace(tzinfo=datetime.timezone.utc)).timestamp()
+    else:
+        return "-"
+    now = time.time() if now is None else now
+    return ago(max(0.0, now - t), now)
+
+
 def humane_status(result: Mapping[str, Any], now: float | None = None) -> dict[str, Any]:
     """The ``status`` result with its times said for people (the table renders it): ages and
     unix times become "4 min 05 s ago, at 14:02:11 CET", countdowns "in 3.0 s, at ..."."""
@@ -154,9 +172,15 @@ def status_table(result: Mapping[str, Any]) -> str:
     if isinstance(gpus, (list, tuple)):
         for i, g in enumerate(gpus):
             rows.append(("gpus" if i == 0 else "", gpu_line(g)))
-    row("checkpoint", "checkpoint")
-    if "checkpoint" in result and result["checkpoint"] is None:
-        rows.append(("checkpoint", "(none yet)"))
+    # One truth per line: "checkpoint" is what this attempt resumed from, not the newest good one;
+    # both are named for what they are and shown together (a bare "(none yet)" beside a newest good
+    # checkpoint three lines later read as a contradiction).
+    shown.update(("checkpoint", "newest_good_checkpoint"))
+    if "checkpoint" in result:
+        rows.append(("resumed from", str(result["checkpoint"]) if result["checkpoint"] else "(nothing: a fresh start)"))
+    if "checkpoint" in result or result.get("newest_good_checkpoint"):
+        newest = result.get("newest_good_checkpoint")
+        rows.append(("newest good checkpoint", str(newest) if newest else "(none yet)"))
     discovery_rows(result, rows, shown)
     row("goodput", "goodput", lambda v: f"{float(v) * 100:.1f} %" if isinstance(v, (int, float)) else str(v))
     shown.add("checkpoint_interval")

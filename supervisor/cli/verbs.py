@@ -243,11 +243,27 @@ def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: 
     return EXIT_OK
 
 
-def last_run_status(sd: Path) -> dict[str, Any] | None:
+def log_tail(path: Path, n: int = 10) -> list[str]:
+    """The last ``n`` lines of the job log (systemctl status shows the journal's last lines);
+    empty when there is no log. Read from the end, so a large log costs one block or two."""
+    from .logs import last_lines_offset
+
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, 2)
+            f.seek(last_lines_offset(f, end, n))
+            data = f.read(end - f.tell())
+    except OSError:
+        return []
+    return data.decode("utf-8", "replace").splitlines()[-n:]
+
+
+def last_run_status(sd: Path, config: str | None = None) -> dict[str, Any] | None:
     """What ``status`` says when no daemon answers but the state dir holds a run (SPEC: exit 3),
     as supervisorctl shows ``EXITED`` and systemctl ``inactive (dead)``: the last run's state, exit,
     reason and when, from the ledger (read-only). None when there is no ledger or no run in it."""
     from ..ledger.store import Ledger, LedgerError
+    from .logs import job_log_path
 
     if not (sd / "ledger.sqlite").exists():
         return None
@@ -267,7 +283,7 @@ def last_run_status(sd: Path) -> dict[str, Any] | None:
         if a.get("cause"):
             restarts[a["cause"]] = restarts.get(a["cause"], 0) + 1
     last = attempts[-1] if attempts else {}
-    ended = last.get("ended_at")
+    ended = h.get("ended_at") or last.get("ended_at")
     return {
         "state": h.get("state"),
         "daemon": False,
@@ -284,17 +300,27 @@ def last_run_status(sd: Path) -> dict[str, Any] | None:
         "heartbeats": {},
         "gpus": None,
         "goodput": None,
+        "log_tail": log_tail(job_log_path(sd, config)),
     }
 
 
 def render_last_run(st: Mapping[str, Any]) -> str:
-    """``status`` of a run whose daemon has exited, for people."""
-    lines = [f"no daemon is running; the last run ({st.get('name')}, {st.get('run_id')}) ended",
-             f"  state      {st.get('state')}" + (f" (exit {st['exit_code']})" if st.get("exit_code") is not None else ""),
+    """``status`` of a run whose daemon has exited, for people: like systemctl's ``inactive (dead)``
+    block, the end first (state, exit, reason, when), then the last lines of the job's log."""
+    from .render import ended_text
+
+    code = st.get("exit_code")
+    lines = [f"no daemon is running: the last run ({st.get('name')}, {st.get('run_id')}) has ended",
+             f"  state      {st.get('state')}" + (f" (exit {code})" if code is not None else ""),
              f"  reason     {st.get('reason') or '-'}",
-             f"  ended      {st.get('ended_at') or '-'}",
+             f"  ended      {ended_text(st.get('ended_at'))}",
              f"  attempts   {(st.get('attempt') or 0) + 1}"
              + (f", restarts {', '.join(f'{k} {v}' for k, v in sorted(st['restarts_by_cause'].items()))}"
                 if st.get("restarts_by_cause") else ""),
-             "  every attempt: transformer-supervisor history"]
+             f"  resumed from  {st.get('checkpoint')}" if st.get("checkpoint") else "  resumed from  (fresh start)"]
+    tail = st.get("log_tail") or []
+    if tail:
+        lines.append(f"last {len(tail)} lines of the job's log (all of it: transformer-supervisor logs):")
+        lines.extend(f"  {line}" for line in tail)
+    lines.append("every attempt: transformer-supervisor history")
     return "\n".join(lines)

@@ -235,8 +235,11 @@ def test_render_status_table():
         "gpus": [{"index": 0, "memory_used_bytes": 3 * 1024**3, "memory_total_bytes": 80 * 1024**3}],
         "checkpoint": "/ckpt/step_1000.pt", "goodput": 0.934, "uptime_s": 42,
     })
-    lines = dict((ln[:12].strip(), ln[12:].strip()) for ln in text.splitlines())
+    width = text.splitlines()[0].index("running")  # the label column
+    lines = dict((ln[:width].strip(), ln[width:].strip()) for ln in text.splitlines())
     assert lines["state"] == "running"
+    # one truth per line: what this attempt resumed from, and the newest good checkpoint beside it
+    assert lines["resumed from"] == "/ckpt/step_1000.pt" and lines["newest good checkpoint"] == "(none yet)"
     assert lines["attempt"] == "3"
     assert lines["pids"] == "101 102"
     assert lines["restarts"] == "3 (nan 2, oom 1)"
@@ -246,4 +249,7 @@ def test_render_status_table():
     assert lines["goodput"] == "93.4 %"
     assert lines["uptime s"] == "42"
     assert status_table({"state": "starting", "last_metric": None}).splitlines()[-1].endswith("(no metric seen yet)")
-    assert status_table({"checkpoint": None}) == "checkpoint  (none yet)"
+    fresh = status_table({"checkpoint": None, "newest_good_checkpoint": "/c/step_5.pt  (saved 3 s ago)"})
+    assert fresh.splitlines() == ["resumed from            (nothing: a fresh start)",
+                                  "newest good checkpoint  /c/step_5.pt  (saved 3 s ago)"]
+    assert "none yet" not in fresh
