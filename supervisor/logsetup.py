@@ -1,11 +1,14 @@
 """structlog set-up: one event per line on stderr, ``event=<name>``.
 
-Console (colours, timestamps) on a TTY; logfmt ``key=value`` lines (structlog's own
+Console on a TTY: the demo's narration (``supervisor/narration.py``: ``[HH:MM:SS] !! detected nan
+at step 120 ...``, then the evidence and the decision; other events compactly); logfmt ``key=value`` lines (structlog's own
 ``LogfmtRenderer``) *without* timestamps under the journal (``JOURNAL_STREAM`` set: journald stamps
 them); JSON on request. In every format:
 
 - the timestamp key is ``ts`` (ISO 8601 UTC in logfmt and JSON, ``HH:MM:SS`` on the console);
 - a key whose value is None is left out (no ``attempt=None``);
+- in logfmt a list or dict value is JSON (``argv="[\\"python\\",\\"train.py\\"]"``, quoted and
+  escaped the logfmt way), never a Python repr;
 - ``log.exception(...)`` and ``exc_info=`` keep the traceback: the ``exception`` key holds it
   (logfmt escapes its newlines as ``\\n``; the console prints it below the line; the journal
   entry carries it in its MESSAGE and in ``TSUP_EXCEPTION``);
@@ -22,6 +25,7 @@ from typing import Any, Callable, Mapping, MutableMapping, TextIO
 import structlog
 
 from . import strictjson
+from .narration import ConsoleRenderer
 from .job.consoleline import event_stream
 from .job.process import is_secret
 
@@ -75,6 +79,9 @@ def render_logfmt(logger: Any, name: str, event_dict: Mapping[str, Any]) -> str:
     ed: dict[str, Any] = dict(event_dict)
     ed = dict(format_tracebacks(logger, name, ed))
     drop_none(logger, name, ed)
+    for k, v in ed.items():
+        if isinstance(v, (list, tuple, dict)):  # JSON, which any reader parses (a repr is Python's only)
+            ed[k] = strictjson.dumps(v, default=str, separators=(",", ":"))
     for last in ("message", EXCEPTION_KEY, "stack"):
         if last in ed:
             ed[last] = ed.pop(last)
@@ -122,10 +129,9 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
     renderer: Any
     if fmt == "console":
         pre.insert(0, structlog.processors.TimeStamper(fmt="%H:%M:%S", key=TIMESTAMP_KEY))
-        # The console renderer prints the traceback itself, below the line (plain: never locals,
-        # which could hold a token).
-        renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty(), timestamp_key=TIMESTAMP_KEY,
-                                                 exception_formatter=structlog.dev.plain_traceback)
+        # The traceback is printed below the sentence (plain text: never locals, which could hold a token).
+        pre.append(format_tracebacks)
+        renderer = ConsoleRenderer(TIMESTAMP_KEY)
     elif fmt == "json":
         pre.insert(0, structlog.processors.TimeStamper(fmt="iso", utc=True, key=TIMESTAMP_KEY))
         pre.append(format_tracebacks)

@@ -73,7 +73,7 @@ def test_one_timestamp_key_everywhere(configured, monkeypatch):
     assert logsetup.TIMESTAMP_KEY == "ts" and "ts" in rec and "timestamp" not in rec and "attempt" not in rec
     out = configured("console")
     structlog.get_logger("t").info("hello")
-    assert re.match(r"\d\d:\d\d:\d\d ", out.getvalue()) and "timestamp" not in out.getvalue()
+    assert re.match(r"\[\d\d:\d\d:\d\d\] ", out.getvalue()) and "timestamp" not in out.getvalue()
     out = configured("logfmt")
     structlog.get_logger("t").info("hello")
     assert " ts=" in out.getvalue() and "timestamp" not in out.getvalue()

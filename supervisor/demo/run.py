@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, MutableMapping, Sequence, TextIO
+from typing import Any, MutableMapping, Sequence, TextIO
 
 import structlog
 
@@ -26,20 +26,9 @@ from ..daemon.ports import Concern
 from ..daemon.wiring import build_daemon
 from ..events import AttemptContext, MetricRecord
 from ..logsetup import logfmt_line, mask_secrets, quiet_library_logs
+from ..narration import narrate, stamp
 
 PROGRESS_EVERY = 100
-
-
-# Events whose own message is the narration, with the prefix that marks its kind.
-_SAID_AS_IS: Mapping[str, str] = {
-    "restart_scheduled": "   ", "shutdown_signal_sent": "   ", "shutdown_escalated": "   ",
-    "shutdown_checkpoint_requested": "   ", "shutdown_checkpoint_seen": "   ", "job_leftovers": "   ",
-    "stacks_dumped": "   ", "remedies_applied": "   ", "validation_started": "   ",
-    "validation_passed": "ok ", "validation_failed": "!! ", "checkpoint_marked_bad": "xx ",
-    "gave_up": "XX ", "daemon_exiting": "== ", "detection_warned": "   (warning only) ",
-    "monitor_failed": "!! internal: ", "runner_handler_failed": "!! internal: ",
-    "runner_tick_failed": "!! internal: ", "concern_failed": "!! internal: ",
-}
 
 
 class Narrator:
@@ -53,44 +42,16 @@ class Narrator:
 
     def say(self, text: str) -> None:
         m, s = divmod(int(time.monotonic() - self.t0), 60)
-        self.console.write(f"[{m:02d}:{s:02d}] {text}\n")
+        self.console.write(stamp(f"{m:02d}:{s:02d}", text) + "\n")
         self.console.flush()
 
     def __call__(self, _logger: Any, _name: str, ed: MutableMapping[str, Any]) -> Any:
         line = logfmt_line(dict(ed))
         self.log.write(line + "\n")
-        text = self.narrate(ed)
+        text = narrate(ed)
         if text:
             self.say(text)
         raise structlog.DropEvent
-
-    @staticmethod
-    def narrate(ed: MutableMapping[str, Any]) -> str | None:
-        ev = ed.get("event")
-        msg = ed.get("message") or ""
-        if ev == "job_started":
-            ck = ed.get("checkpoint")
-            where = f"resuming from step {ed.get('resume_step')} ({Path(ck).name})" if ck else "from scratch"
-            return f">> attempt {ed.get('attempt')} launched, {where}"
-        if ev == "failure_detected":
-            ev_line = ed.get("evidence")
-            out = f"!! detected {ed.get('cause')}" + (f" at step {ed['step']}" if ed.get("step") is not None else "")
-            out += f" (seen in {ed.get('source')})"
-            if ev_line:
-                out += f"\n         evidence: {str(ev_line)[:150]}"
-            if ed.get("onset_step") is not None and ed.get("onset_step") != ed.get("step"):
-                out += f"\n         the anomaly began at step {ed['onset_step']}"
-            return out + f"\n         decision: {msg.split('; ', 1)[-1]}"
-        if ev in _SAID_AS_IS:  # a module's own line without a message is said by the runner's twin
-            return _SAID_AS_IS[str(ev)] + msg if msg else None
-        if ev == "checkpoint_quarantined":
-            return (f"xx checkpoint {Path(str(ed.get('path'))).name} failed verification ({ed.get('reason')}); "
-                    f"moved to {ed.get('dest')} (never deleted)")
-        if ev == "checkpoint_chosen":
-            return f"ok verified {Path(str(ed.get('path'))).name} (step {ed.get('step')}): {ed.get('reason')}"
-        if ev == "checkpoint_none_ready" and "no checkpoints found" not in str(ed.get("reason")):
-            return f"!! no ready checkpoint: {ed.get('reason')}"  # (none at all: "from scratch" says it)
-        return None
 
 
 class DemoProgress(Concern):

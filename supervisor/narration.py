@@ -1,0 +1,122 @@
+"""The daemon's events as sentences: the one narration of the demo's console and of ``run``/``wrap``
+on a terminal.
+
+``narrate`` turns the important events (detections with their evidence, decisions and what
+happens next, checkpoint verifications, launches, validation, give-up) into the demo's lines::
+
+    !! detected nan at step 120 (seen in stdout)
+       evidence: step 120 loss nan
+       decision: rolling back to the checkpoint before step 111 in 1.0 s
+    >> attempt 2 launched, resuming from step 100 (step_000100.pt)
+
+``console_text`` also says every other event, compactly (its message, or its fields); ``stamp``
+puts the time in front and indents continuation lines under the first. :class:`ConsoleRenderer`
+is the structlog renderer ``logsetup`` uses for ``--log-format console``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+#: events whose own message is the narration, with the prefix that marks their kind
+SAID_AS_IS: Mapping[str, str] = {
+    "restart_scheduled": "   ", "shutdown_signal_sent": "   ", "shutdown_escalated": "   ",
+    "shutdown_checkpoint_requested": "   ", "shutdown_checkpoint_seen": "   ", "job_leftovers": "   ",
+    "stacks_dumped": "   ", "remedies_applied": "   ", "validation_started": "   ",
+    "validation_passed": "ok ", "validation_failed": "!! ", "checkpoint_marked_bad": "xx ",
+    "gave_up": "XX ", "daemon_exiting": "== ", "detection_warned": "   (warning only) ",
+    "monitor_failed": "!! internal: ", "runner_handler_failed": "!! internal: ",
+    "runner_tick_failed": "!! internal: ", "concern_failed": "!! internal: ",
+}
+
+#: longest evidence said on the console (the journal and the ledger keep all of it)
+EVIDENCE_CHARS = 150
+#: a compact line's field values are cut here (an argv can be long)
+VALUE_CHARS = 120
+#: fields a compact line leaves out: said by the prefix and the stamp, or too long for a console
+# (run_id is on every line of a run: the daemon_started line says it once)
+_NOT_SAID = frozenset({"event", "level", "ts", "message", "summary", "next", "exception", "stack", "exc_info",
+                       "stack_info", "run_id"})
+
+
+def _name(path: object) -> str:
+    return Path(str(path)).name
+
+
+def narrate(ed: Mapping[str, Any]) -> str | None:
+    """The demo's sentence for an event, or None for one it does not narrate. Continuation lines
+    (evidence, decision) follow a newline; :func:`stamp` indents them."""
+    ev = ed.get("event")
+    msg = str(ed.get("message") or "")
+    if ev == "job_started":
+        ck = ed.get("checkpoint")
+        where = f"resuming from step {ed.get('resume_step')} ({_name(ck)})" if ck else "from scratch"
+        return f">> attempt {ed.get('attempt')} launched, {where}"
+    if ev == "failure_detected":
+        out = f"!! detected {ed.get('cause')}" + (f" at step {ed['step']}" if ed.get("step") is not None else "")
+        out += f" (seen in {ed.get('source')})"
+        if ed.get("evidence"):
+            out += f"\n   evidence: {str(ed['evidence'])[:EVIDENCE_CHARS]}"
+        if ed.get("onset_step") is not None and ed.get("onset_step") != ed.get("step"):
+            out += f"\n   the anomaly began at step {ed['onset_step']}"
+        # The machine's message ends with what happens next ("...: <summary>; <what next>").
+        return out + f"\n   decision: {msg.split('; ', 1)[-1]}"
+    if ev in SAID_AS_IS:  # a module's own line without a message is said by the runner's twin
+        return SAID_AS_IS[str(ev)] + msg if msg else None
+    if ev == "checkpoint_quarantined":
+        return (f"xx checkpoint {_name(ed.get('path'))} failed verification ({ed.get('reason')}); "
+                f"moved to {ed.get('dest')} (never deleted)")
+    if ev == "checkpoint_chosen":
+        return f"ok verified {_name(ed.get('path'))} (step {ed.get('step')}): {ed.get('reason')}"
+    if ev == "checkpoint_none_ready" and "no checkpoints found" not in str(ed.get("reason")):
+        return f"!! no ready checkpoint: {ed.get('reason')}"  # (none at all: "from scratch" says it)
+    return None
+
+
+def _value(v: Any) -> str:
+    text = json.dumps(v, default=str, separators=(",", ":")) if isinstance(v, (list, tuple, dict)) else str(v)
+    return text if len(text) <= VALUE_CHARS else text[:VALUE_CHARS - 3] + "..."
+
+
+def compact(ed: Mapping[str, Any]) -> str:
+    """Any event on one line: ``   event_name: message`` (``!! `` for a warning or an error), or
+    its summary, what happens next and its other fields (``key=value``, lists as JSON)."""
+    level = str(ed.get("level") or "info")
+    mark = "!! " if level in ("warning", "error", "critical") else "   "
+    if ed.get("message"):
+        return f"{mark}{ed.get('event')}: {ed['message']}"
+    if ed.get("event") == "state_changed":
+        return f"   state {ed.get('old')} -> {ed.get('new')} ({ed.get('why')})"
+    said = "; ".join(str(ed[k]) for k in ("summary", "next") if ed.get(k))
+    fields = " ".join(f"{k}={_value(v)}" for k, v in ed.items() if k not in _NOT_SAID and v is not None)
+    return f"{mark}{ed.get('event')}" + (f": {said}" if said else "") + (f" ({fields})" if fields else "")
+
+
+def console_text(ed: Mapping[str, Any]) -> str:
+    """What the console says for an event: the narration, else the compact line; a traceback below."""
+    text = narrate(ed) or compact(ed)
+    for key in ("exception", "stack"):
+        if ed.get(key):
+            text += "\n" + str(ed[key]).rstrip("\n")
+    return text
+
+
+def stamp(prefix: str, text: str) -> str:
+    """``[prefix] first line`` with the following lines indented under it."""
+    head = f"[{prefix}] "
+    first, *rest = text.split("\n")
+    return "\n".join([head + first, *(" " * len(head) + line for line in rest)])
+
+
+class ConsoleRenderer:
+    """structlog's last processor for ``--log-format console``: ``[HH:MM:SS] sentence``. Expects
+    the timestamp under ``ts_key`` (``HH:MM:SS``) and tracebacks already formatted
+    (``logsetup.format_tracebacks``)."""
+
+    def __init__(self, ts_key: str = "ts") -> None:
+        self.ts_key = ts_key
+
+    def __call__(self, _logger: Any, _name: str, ed: Mapping[str, Any]) -> str:
+        return stamp(str(ed.get(self.ts_key, "")), console_text(ed))
