@@ -310,14 +310,15 @@ def render_last_run(st: Mapping[str, Any]) -> str:
     from .render import ended_text
 
     code = st.get("exit_code")
-    lines = [f"no daemon is running: the last run ({st.get('name')}, {st.get('run_id')}) has ended",
-             f"  state      {st.get('state')}" + (f" (exit {code})" if code is not None else ""),
-             f"  reason     {st.get('reason') or '-'}",
-             f"  ended      {ended_text(st.get('ended_at'))}",
-             f"  attempts   {(st.get('attempt') or 0) + 1}"
-             + (f", restarts {', '.join(f'{k} {v}' for k, v in sorted(st['restarts_by_cause'].items()))}"
-                if st.get("restarts_by_cause") else ""),
-             f"  resumed from  {st.get('checkpoint')}" if st.get("checkpoint") else "  resumed from  (fresh start)"]
+    restarts = st.get("restarts_by_cause") or {}
+    rows = [("state", f"{st.get('state')}" + (f" (exit {code})" if code is not None else "")),
+            ("reason", st.get("reason") or "-"),
+            ("ended", ended_text(st.get("ended_at"))),
+            ("attempts", f"{(st.get('attempt') or 0) + 1}"
+             + (f", restarts {', '.join(f'{k} {v}' for k, v in sorted(restarts.items()))}" if restarts else "")),
+            ("resumed from", st.get("checkpoint") or "(nothing: a fresh start)")]
+    lines = [f"no daemon is running: the last run ({st.get('name')}, {st.get('run_id')}) has ended"]
+    lines.extend(f"  {label:<12}  {value}" for label, value in rows)
     tail = st.get("log_tail") or []
     if tail:
         lines.append(f"last {len(tail)} lines of the job's log (all of it: transformer-supervisor logs):")

@@ -36,7 +36,7 @@ def test_status_after_a_finished_run_exits_3_with_the_end_and_the_log_tail(daemo
     out = r.stdout
     assert "no daemon is running: the last run" in out
     assert "(exit 0)" in out and " ago, at " in out  # when it ended, said for people
-    assert "resumed from  (fresh start)" in out
+    assert "  resumed from  (nothing: a fresh start)" in out
     tail = [ln.strip() for ln in out.split("lines of the job's log")[1].splitlines()[1:] if ln.startswith("  ")]
     assert tail == [f"line {i}" for i in range(20, 30)]
     j = json.loads(status(sd, "--json").stdout)
@@ -54,7 +54,7 @@ def test_status_after_a_given_up_run_exits_3_and_says_why(daemons, tmp_path: Pat
     assert j["state"] == "gave_up" and j["exit_code"] == 3 and j["reason"], j
     r = status(sd)
     assert r.returncode == 3
-    assert "state      gave_up (exit 3)" in r.stdout and f"reason     {j['reason']}" in r.stdout
+    assert "  state         gave_up (exit 3)" in r.stdout and f"  reason        {j['reason']}" in r.stdout
     assert "  line 29" in r.stdout
 
 
