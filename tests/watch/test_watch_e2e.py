@@ -187,7 +187,7 @@ def test_control_verbs_while_running(daemons, tmp_path):
     assert h["attempts"][0]["counted"] is False
     # SPEC: with no daemon but a run in the state dir, status prints the last run's end and exits 3.
     cp = _cli("status", "--state-dir", str(sd))
-    assert cp.returncode == 3 and "no daemon is running; the last run" in cp.stdout, cp.stderr
+    assert cp.returncode == 3 and "no daemon is running: the last run" in cp.stdout, cp.stderr
     last = json.loads(_cli("status", "--json", "--state-dir", str(sd)).stdout)
     assert last["daemon"] is False and last["run_id"] == h["run_id"] and last["exit_code"] == 0
     assert last["restarts_by_cause"] == {"manual": 1} and last["pids"] == []
