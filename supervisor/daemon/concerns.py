@@ -3,6 +3,7 @@ validation, goodput, and the operator's side (control socket, Prometheus, system
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -38,11 +39,13 @@ class OpsConcern(Concern):
         self.daemon: DaemonView | None = None
         self._last_status = float("-inf")
         self._status_line = ""
+        self._loop_thread = threading.get_ident()
 
     def start(self, daemon: DaemonView) -> None:
         from ..ops.control import ControlServer
 
         self.daemon = daemon
+        self._loop_thread = threading.get_ident()  # start() runs on the main loop's thread
         from .restartfrom import gate_restart_from
 
         self.control = ControlServer(daemon.state_dir, gate_restart_from(
@@ -76,12 +79,22 @@ class OpsConcern(Concern):
             self._status_line, self._status_sent_at = line, now
             self.notifier.status(line)
 
-    def close(self) -> None:
+    def on_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
+        # The give-up ends the loop: no tick publishes the gave_up state, and the daemon may stay
+        # up a while (notify.shutdown_wait_s) with its listener answering. Publish it now, on the
+        # loop's own thread only (events from other threads leave it to the next tick).
+        if event == "gave_up" and threading.get_ident() == self._loop_thread:
+            self._publish_final()
+
+    def _publish_final(self) -> None:
         if self.metrics is not None and self.daemon is not None:
             try:  # the final state (stopped, gave_up) reaches the textfile before the daemon is gone
                 self.metrics.final(self.daemon.refresh_status_cache())
             except Exception as e:
                 log.warning("metrics_final_failed", error=repr(e), next="the textfile keeps the last state written")
+
+    def close(self) -> None:
+        self._publish_final()
         close_each(self.control, self.metrics)
 
 

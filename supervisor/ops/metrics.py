@@ -52,7 +52,7 @@ log = structlog.get_logger("supervisor.ops")
 
 PREFIX = "tsup_"
 # Known states always appear (0 or 1) so a dashboard's "state == gave_up" query never has holes.
-STATES = ("starting", "running", "stopping", "backoff", "stopped", "gave_up")
+STATES = ("starting", "running", "stopping", "backoff", "stopped", "gave_up", "finished")
 #: /healthz turns 503 when the newest status snapshot is older than this (the main loop publishes
 #: one every 0.25 s; WatchdogSec=60 is the same bound under systemd)
 HEALTH_STALE_S = 60.0
