@@ -230,6 +230,10 @@ def test_real_wheel_then_supervisord(tmp_path: Path, wheel: Path, supervisord_wh
     assert f"ExecStart={tsup} run --config /etc/transformer-supervisor/config.toml" in unit
     assert "OOMPolicy=continue" in unit
     assert (root / "etc/transformer-supervisor/config.toml").read_text() == (ROOT / "config.example.toml").read_text()
+    for what, file in (("alerts", "alerts.yml"), ("alerts-test", "alerts_test.yml"), ("dashboard", "dashboard.json")):
+        r = subprocess.run([str(tsup), "install-units", "--print", what], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr  # the monitoring files are package data too
+        assert r.stdout == (ROOT / "supervisor/ops/monitoring" / file).read_text()
     # supervisord on top: pip says nothing, every entry point refuses with what to do
     r = _pip(py, "install", "--no-deps", "-q", str(supervisord_wheel))
     assert r.returncode == 0, r.stderr
