@@ -200,3 +200,15 @@ def test_healthz_on_the_metrics_listener():
         assert not ok and "main loop is stuck" in why
     finally:
         m.close()
+
+
+def test_textfile_leaves_out_process_and_platform_series_the_listener_keeps(tmp_path: Path):
+    target = tmp_path / "tsup.prom"
+    m = Metrics(MetricsConfig(textfile=str(target)))
+    m.final({**STATUS, "state": "gave_up"})  # written at once, whatever the interval
+    text = target.read_text()
+    assert 'tsup_state{state="gave_up"} 1.0' in text and 'tsup_state{state="running"} 0.0' in text
+    assert not [l for l in text.splitlines() if l.split(" ")[0].startswith(("process_", "python_"))
+                or l.startswith(("# HELP process_", "# HELP python_"))], text
+    served = m.render().decode()
+    assert "process_start_time_seconds" in served and "python_info" in served
