@@ -42,6 +42,7 @@ from .quicklist import (MetricsSeen, Readiness, RowBuilder, compare_config, curr
 from .selection import CheckpointBook, Choice, Mode, select_explained, worse_than_older
 from .keepfirst import SnapshotFirst
 from .snapshot import Headroom
+from .picklescan import unsafe_pickle
 from .structure import structure_problem
 
 log = structlog.get_logger("supervisor.checkpoints")
@@ -76,6 +77,7 @@ class CheckpointService:
         self.keep_first = SnapshotFirst(cfg, self.load_tests, self.last_good, self.headroom,
                                         in_place=self._load_test_unlocked, manifest=self._kept_manifest)
         self.last_quarantined: tuple[QuarantineRecord, ...] = ()  # from the last choose_for_resume
+        self.last_refused: tuple[tuple[str, str], ...] = ()  # (path, why): unsafe pickles, last choose_for_resume
 
     # ------------------------------------------------------------------ discovery
 
@@ -327,6 +329,15 @@ class CheckpointService:
             problems, step, verified = self.structural(target)
             if problems or verified:
                 return None
+            unsafe = None if self.cfg.trust_pickles else unsafe_pickle(target.path)
+            if unsafe:
+                # Never handed to the job before a load test: marked bad (kept, not moved), and the
+                # full gate below picks the next older good checkpoint.
+                log.error("checkpoint_refused_unsafe_pickle", path=str(target.path), reason=unsafe,
+                          next="it is not resumed from; the next older verified checkpoint is used")
+                self.book.mark_bad(target.path, f"unsafe pickle: {unsafe}")
+                self.last_refused = ((str(target.path), unsafe),)
+                return None
             reason = (f"newest checkpoint (step {step if step is not None else '?'}): structural checks passed; "
                       "its load test runs beside the job's start-up (checkpoints.verify = \"overlap\")")
             self.last_quarantined = ()
@@ -362,6 +373,7 @@ class CheckpointService:
         may take the newest checkpoint on its structural checks alone (``Choice.verify_pending``);
         a rollback always verifies first (its finite check decides between candidates)."""
         mode = _action_mode(action)
+        self.last_refused = ()
         if overlap and mode == "restart" and self.cfg.load_test:
             early = self._overlap_choice()
             if early is not None:
