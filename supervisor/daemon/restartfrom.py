@@ -34,6 +34,27 @@ def from_reasons(cfg: Any, state_dir: Path, svc: Any, path_str: str) -> list[str
     return list(row.reasons) or ["not ready (no reason given)"]
 
 
+def not_a_checkpoint(cfg: Any, svc: Any, path_str: str) -> str | None:
+    """Why ``path_str`` is not something discovery would call a checkpoint (None when it is).
+    Checked even with ``--force``: force overrides a failed check of a checkpoint, it does not
+    make the checkpoint dir itself, or a random folder or file, one."""
+    from ..checkpoints.discovery import classify
+
+    p = Path(path_str)
+    if not p.is_absolute():
+        p = (cfg.workdir() or Path.cwd()) / p
+    if not p.exists():
+        return None  # from_reasons says "does not exist"
+    ck_dir = getattr(svc, "dir", None)
+    if ck_dir is not None and (p.resolve() == Path(ck_dir).resolve() or p.resolve() in Path(ck_dir).resolve().parents):
+        return (f"{p} is the checkpoint dir (or above it), not one checkpoint in it; name one checkpoint "
+                "(see `transformer-supervisor checkpoints`)")
+    if classify(p) is None:
+        return (f"{p} is not a checkpoint discovery recognises (a complete torch/safetensors file or a "
+                "checkpoint folder of a known layout); name one listed by `transformer-supervisor checkpoints`")
+    return None
+
+
 def gate_restart_from(handler: Callable[..., Any], cfg_of: Callable[[], Any], state_dir: Path,
                       svc_of: Callable[[], Any]) -> Callable[..., Any]:
     """Wrap the control handler: a ``restart`` with ``from`` is verified first unless ``force``."""
@@ -43,6 +64,10 @@ def gate_restart_from(handler: Callable[..., Any], cfg_of: Callable[[], Any], st
             args = dict(args)
             force = bool(args.pop("force", False))
             src = args.get("from")
+            if src:
+                why = not_a_checkpoint(cfg_of(), svc_of(), str(src))
+                if why:
+                    raise Conflict(f"restart --from {src} refused: {why}; nothing was restarted")
             if src and not force:
                 reasons = from_reasons(cfg_of(), state_dir, svc_of(), str(src))
                 if reasons:
