@@ -1,0 +1,48 @@
+"""One job per state dir across every life (issue 24 build 1): the abstract-socket name lock
+survives the state dir being deleted and re-created; through the real daemon."""
+from __future__ import annotations
+
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from supervisor.daemon.statelock import StateDirLocked, StateLock
+from tests.conftest import pid_alive
+from tests.daemon.test_hardening import SLEEPER, wrap
+from tests.util import wait_for
+
+
+def test_a_second_run_on_a_recreated_state_dir_is_refused_while_the_first_lives(daemons, tmp_path: Path) -> None:
+    sd, ready, ready2 = tmp_path / "sd", tmp_path / "ready", tmp_path / "ready2"
+    d1 = daemons(wrap(sd) + SLEEPER + [str(ready)])
+    wait_for(ready.exists, 30, what="job ready")
+    job = int(ready.read_text())
+    shutil.rmtree(sd)
+    wait_for(lambda: "state_dir_lost" in d1.stderr(), 15, what="state_dir_lost event")
+    for recreate in (False, True):  # the path absent, then re-created empty by hand
+        if recreate:
+            sd.mkdir(mode=0o700)
+        d2 = daemons(wrap(sd) + SLEEPER + [str(ready2)])
+        assert d2.wait(30) == 2, d2.stderr()  # SPEC: 2 = refused, the state dir is in use
+        assert f"pid {d1.proc.pid}" in d2.stderr() and "already running" in d2.stderr(), d2.stderr()
+        assert "Traceback" not in d2.stderr()
+    assert not ready2.exists(), "no second copy of the job was started"
+    assert pid_alive(job) and d1.proc.poll() is None, "the first job is untouched"
+    d1.signal(signal.SIGTERM)
+    assert d1.wait(30) == 143
+    # Once the first daemon is gone the name is free again: the path is usable at once.
+    again = StateLock.acquire(sd)
+    again.release()
+
+
+def test_the_name_lock_is_freed_on_release_and_held_across_a_recreated_dir(tmp_path: Path) -> None:
+    sd = tmp_path / "sd"
+    first = StateLock.acquire(sd)
+    shutil.rmtree(sd)
+    sd.mkdir()
+    with pytest.raises(StateDirLocked, match="already running"):
+        StateLock.acquire(sd)
+    first.release()
+    StateLock.acquire(sd).release()
