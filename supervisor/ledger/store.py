@@ -132,8 +132,9 @@ def _repeat_of(r: sqlite3.Row) -> tuple[Any, bool]:
 
 
 class Ledger:
-    def __init__(self, state_dir: Path, *, readonly: bool = False) -> None:
+    def __init__(self, state_dir: Path, *, readonly: bool = False, clock: Callable[[], float] = time.time) -> None:
         self.path = state_dir / LEDGER_FILE
+        self.clock = clock  # wall time, only ever *recorded*: order comes from the rowid (see open_run)
         self.write_errors = 0  # writes dropped since the daemon started (see _write)
         self.lost_in_episode = 0
         self.failing: str | None = None  # the error of the episode in progress
@@ -198,21 +199,24 @@ class Ledger:
     def open_run(self, name: str, config_json: Mapping[str, Any]) -> tuple[str, bool]:
         """Continue the newest unfinished run of this state dir, or start a new one.
 
-        Returns (run_id, continued)."""
-        row = self.db.execute("SELECT run_id, state FROM runs ORDER BY created_at DESC LIMIT 1").fetchone()
+        Returns (run_id, continued). Runs are ordered by their rowid (the insertion sequence;
+        rows are never deleted), never by the wall-clock ``created_at``: a clock stepped back (or
+        forward) between two daemon lives cannot make an older run look newer and start a second
+        copy of the job. Wall times are recorded as read, and may be out of order after a step."""
+        row = self.db.execute("SELECT run_id, state FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
         if row is not None and row["state"] not in FINAL_STATES:
             self.db.execute("UPDATE runs SET state='running', ended_at=NULL, exit_code=NULL, reason=NULL, "
                             "config_json=? WHERE run_id=?", (_json(config_json), row["run_id"]))
             return row["run_id"], True
         run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
         self.db.execute("INSERT INTO runs(run_id, name, created_at, state, config_json) VALUES (?,?,?,?,?)",
-                        (run_id, name, time.time(), "running", _json(config_json)))
+                        (run_id, name, self.clock(), "running", _json(config_json)))
         return run_id, False
 
     @_write
     def end_run(self, run_id: str, state: str, exit_code: int, reason: str) -> None:
         self.db.execute("UPDATE runs SET state=?, exit_code=?, reason=?, ended_at=? WHERE run_id=?",
-                        (state, exit_code, reason, time.time(), run_id))
+                        (state, exit_code, reason, self.clock(), run_id))
 
     def run_config(self, run_id: str) -> dict[str, Any]:
         """The config a run was started (or last continued) with, as its table; {} if none."""
@@ -220,7 +224,7 @@ class Ledger:
         return json.loads(row["config_json"]) if row and row["config_json"] else {}
 
     def latest_run_id(self) -> str | None:
-        row = self.db.execute("SELECT run_id FROM runs ORDER BY created_at DESC LIMIT 1").fetchone()
+        row = self.db.execute("SELECT run_id FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
         return row["run_id"] if row else None
 
     # -- attempts -------------------------------------------------------------------------
