@@ -57,7 +57,7 @@ def parse_json(line: str, source: str = "", rank: int | None = None) -> MetricRe
         return None
     try:
         d = json.loads(line)  # accepts NaN / Infinity / -Infinity as Python does
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the decoder goes
         return None
     if not isinstance(d, dict):
         return None
@@ -145,7 +145,8 @@ def parse_megatron(line: str, source: str = "", rank: int | None = None) -> Metr
             else:
                 extra[name] = num
         return make_record(values, "megatron", source, rank, extra)
-    m = _MEGATRON_VAL.search(line)
+    pos = line.find("validation loss at iteration")  # matched at its first place only: linear in the line
+    m = _MEGATRON_VAL.match(line, pos) if pos >= 0 else None
     if m:
         return make_record({"step": int(m.group(1)), "val_loss": parse_number(m.group(2))}, "megatron", source, rank)
     return None

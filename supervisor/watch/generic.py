@@ -51,7 +51,9 @@ _COUNTER_SEQ = re.compile(r"\[?(\d+)/(\d+)\]?(?:\s+|$)")
 # "eta: 0:03:12", "time 00:01:02.5": a clock value, no metric; skipped so the line is not prose.
 _CLOCK_SEQ = re.compile(r"[A-Za-z_][\w./\-]*(?:\s*[=:]\s*|\s+)\d+:\d\d(?::\d\d)?(?:\.\d+)?(?:\s+|$)")
 # Commas split fields only when a key or a bracket follows: "1,234" stays one number.
-_SPLIT = re.compile(r"\s*\|\s*|\s*;\s*|\s*,\s*(?=[A-Za-z_\[(])")
+# No "\s*" around the separators: tried at every position of a run of spaces it rescanned the run
+# (quadratic in its length); each part is stripped instead.
+_SPLIT = re.compile(r"\||;|,(?=\s*[A-Za-z_\[(])")
 
 _STEP_KEYS = frozenset({"step", "iter", "iteration", "it", "global_step", "global step", "steps", "iters"})
 # Loss spellings of hand-written loops beyond the shared KEYS table (normalised: lower case, "_").
@@ -96,6 +98,7 @@ def parse_generic(line: str, source: str = "", rank: int | None = None) -> Metri
     fields: list[tuple[str, str, str | None]] = []
     counter: tuple[int, int] | None = None
     for part in _SPLIT.split(body):
+        part = part.strip()
         if not part:
             continue
         p = _PAIR.fullmatch(part)

@@ -243,65 +243,72 @@ class LogWatcher:
         detections: list[Detection] = []
         steps: list[int | None] = []  # new training steps seen, for liveness
         client = CLIENT_METRICS_MARKER in source
-        parse = self._parser.parse
         for line, mask in selected:
-            rec = parse(line, source) if mask & 1 else None
-            if rec is not None and rec.fmt == "progress":
-                total = rec.extra.get("total")
-                if self._bar_total is None:
-                    self._bar_total = total  # the first bar of an attempt is the training bar
-                elif total != self._bar_total:
-                    continue  # another bar (a standalone evaluate(), a data loader's)
-                # A bar at 0 has done nothing yet (HF draws 0/N before jumping to a resumed step).
-                # Its first position counts even below the resume step, and stepless records
-                # take no step before it: a job that ignored its checkpoint starts over at 1, and
-                # that must show (resume_ignored), not be booked as the resume step.
-                if rec.step and (self._max_step is None or rec.step > self._max_step or not self._bar_seen):
-                    self._max_step = self._last_step = rec.step
-                    steps.append(rec.step)
-                if rec.step:
-                    self._bar_seen = True
-                self._formats["progress"] = self._formats.get("progress", 0) + 1
-                if rec.step:
-                    self._noted(source, rec)
-                continue  # a bar position is not a metric, and no detector judges it
-            if rec is not None:
-                mask |= self._metric_mask
-                if rec.fmt == "tqdm" and rec.step is not None:
-                    rec = self._loop_bar_step(rec)
-                if client:
-                    rec = dataclasses.replace(rec, fmt="client")
-                elif rec.step is None and self._bar_seen and self._last_step is not None:
-                    rec = dataclasses.replace(rec, step=self._last_step, extra={**rec.extra, "step_from_bar": 1.0})
-                if rec.step is None:
-                    if rec.loss is not None or rec.grad_norm is not None:
-                        steps.append(None)  # a training log line that names no step
-                elif self._max_step is None or rec.step > self._max_step:
-                    steps.append(rec.step)
-                if rec.step is not None:
-                    self._last_step = rec.step
-                    if self._max_step is None or rec.step > self._max_step:
-                        self._max_step = rec.step
-                self._last = rec
-                self._records += 1
-                self._formats[rec.fmt] = self._formats.get(rec.fmt, 0) + 1
-                self._noted(source, rec)
-                records.append(rec)
-            if mask < 2:
-                continue
-            scan = line if len(line) <= _MAX_SCAN_CHARS else line[:_MAX_SCAN_CHARS]
-            bit = 2
-            for det in self._detectors:
-                if mask & bit:
-                    d = det.observe(source, scan, rec, self._last_step)
-                    if d is not None and d.cause not in self._fired:
-                        # One detection per cause per attempt, whichever detector saw it first.
-                        self._fired.add(d.cause)
-                        self._detections += 1
-                        self._last_detection = d
-                        detections.append(d)
-                bit <<= 1
+            try:
+                self._line(source, line, mask, client, records, detections, steps)
+            except Exception as exc:  # noqa: BLE001 - one bad line loses itself, never its batch
+                self._failed("logwatch_line_failed", exc,
+                             "this line is skipped; the rest of its batch is still parsed and judged")
         return records, detections, steps
+
+    def _line(self, source: str, line: str, mask: int, client: bool, records: list[MetricRecord],
+              detections: list[Detection], steps: list[int | None]) -> None:
+        rec = self._parser.parse(line, source) if mask & 1 else None
+        if rec is not None and rec.fmt == "progress":
+            total = rec.extra.get("total")
+            if self._bar_total is None:
+                self._bar_total = total  # the first bar of an attempt is the training bar
+            elif total != self._bar_total:
+                return  # another bar (a standalone evaluate(), a data loader's)
+            # A bar at 0 has done nothing yet (HF draws 0/N before jumping to a resumed step).
+            # Its first position counts even below the resume step, and stepless records
+            # take no step before it: a job that ignored its checkpoint starts over at 1, and
+            # that must show (resume_ignored), not be booked as the resume step.
+            if rec.step and (self._max_step is None or rec.step > self._max_step or not self._bar_seen):
+                self._max_step = self._last_step = rec.step
+                steps.append(rec.step)
+            if rec.step:
+                self._bar_seen = True
+            self._formats["progress"] = self._formats.get("progress", 0) + 1
+            if rec.step:
+                self._noted(source, rec)
+            return  # a bar position is not a metric, and no detector judges it
+        if rec is not None:
+            mask |= self._metric_mask
+            if rec.fmt == "tqdm" and rec.step is not None:
+                rec = self._loop_bar_step(rec)
+            if client:
+                rec = dataclasses.replace(rec, fmt="client")
+            elif rec.step is None and self._bar_seen and self._last_step is not None:
+                rec = dataclasses.replace(rec, step=self._last_step, extra={**rec.extra, "step_from_bar": 1.0})
+            if rec.step is None:
+                if rec.loss is not None or rec.grad_norm is not None:
+                    steps.append(None)  # a training log line that names no step
+            elif self._max_step is None or rec.step > self._max_step:
+                steps.append(rec.step)
+            if rec.step is not None:
+                self._last_step = rec.step
+                if self._max_step is None or rec.step > self._max_step:
+                    self._max_step = rec.step
+            self._last = rec
+            self._records += 1
+            self._formats[rec.fmt] = self._formats.get(rec.fmt, 0) + 1
+            self._noted(source, rec)
+            records.append(rec)
+        if mask < 2:
+            return
+        scan = line if len(line) <= _MAX_SCAN_CHARS else line[:_MAX_SCAN_CHARS]
+        bit = 2
+        for det in self._detectors:
+            if mask & bit:
+                d = det.observe(source, scan, rec, self._last_step)
+                if d is not None and d.cause not in self._fired:
+                    # One detection per cause per attempt, whichever detector saw it first.
+                    self._fired.add(d.cause)
+                    self._detections += 1
+                    self._last_detection = d
+                    detections.append(d)
+            bit <<= 1
 
     def _loop_bar_step(self, rec: MetricRecord) -> MetricRecord:
         """A loop's tqdm bar (``tqdm`` records) built as ``tqdm(range(start, n))`` without

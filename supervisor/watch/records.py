@@ -9,8 +9,10 @@ from typing import Mapping
 
 from ..events import MetricRecord
 
-# A number as trainers print it, non-finite spellings included.
-NUM = r"[-+]?(?:\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|infinity|Infinity|INFINITY)"
+# A number as trainers print it, non-finite spellings included. Each character has one way to match
+# (the fraction only after a "."): "\d[\d,]*\.?\d*" could split a digit run two ways and made a
+# crafted run of digits cost time quadratic in its length on every failed match.
+NUM = r"[-+]?(?:\d[\d,]*(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|infinity|Infinity|INFINITY)"
 
 _HUMAN_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 
@@ -89,8 +91,13 @@ def canonical_key(key: str) -> tuple[str | None, bool]:
 def to_float(v: object) -> float | None:
     if isinstance(v, bool):
         return None
-    if isinstance(v, (int, float)):
-        return float(v)
+    if isinstance(v, int):
+        try:
+            return float(v)
+        except OverflowError:  # an integer beyond 1e308 (JSON allows any): as far from finite as inf
+            return math.inf if v > 0 else -math.inf
+    if isinstance(v, float):
+        return v
     if isinstance(v, str):
         return parse_number(v)
     return None

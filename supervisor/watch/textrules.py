@@ -67,18 +67,21 @@ OOM_RULES = rules_for(Cause.OOM, [
     ("Out of memory", r"RESOURCE_EXHAUSTED: Out of memory", "device out of memory"),
 ])
 
+# "A.*B" rules are written "^(?>.*?A).*B": the same lines match (some A has a B after it exactly when
+# the first A does), but the search stops after the first A instead of rescanning the rest of the line
+# from every later A, which made a line of repeated A's cost time quadratic in its length.
 NCCL_RULES = rules_for(Cause.NCCL_TIMEOUT, [
     ("Watchdog caught", r"Watchdog caught collective operation timeout", "NCCL collective timed out (watchdog)"),
-    ("ProcessGroupNCCL", r"ProcessGroupNCCL.*(?:[Tt]imeout|timed out|[Ee]rror|abort)", "ProcessGroupNCCL error"),
+    ("ProcessGroupNCCL", r"^(?>.*?ProcessGroupNCCL).*(?:[Tt]imeout|timed out|[Ee]rror|abort)", "ProcessGroupNCCL error"),
     ("ommunicator", r"[Cc]ommunicator (?:was )?abort", "NCCL communicator aborted"),
     ("Some NCCL operations", r"Some NCCL operations have failed or timed out", "NCCL operations failed or timed out"),
     ("NCCL watchdog", r"NCCL watchdog thread terminated", "NCCL watchdog terminated"),
     ("nccl", r"nccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage)\b", "NCCL error"),
     (("NCCL error", "NCCL Error", "NCCL ERROR"),
-     r"NCCL (?:error|Error|ERROR)\b.*(?:timeout|timed out|unhandled|remote|internal|system)", "NCCL error"),
+     r"^(?>.*?NCCL (?:error|Error|ERROR)\b).*(?:timeout|timed out|unhandled|remote|internal|system)", "NCCL error"),
     ("DistBackendError", r"DistBackendError", "distributed backend error"),
     (("ocket", "Connection reset"),
-     r"(?:Socket|socket) [Tt]imeout|Connection reset by peer.*(?:gloo|nccl|c10d)", "collective socket timeout"),
+     r"(?:Socket|socket) [Tt]imeout|^(?>.*?Connection reset by peer).*(?:gloo|nccl|c10d)", "collective socket timeout"),
     ("illegal memory access", r"an illegal memory access was encountered", "CUDA illegal memory access"),
     ("unspecified launch failure", r"unspecified launch failure", "CUDA unspecified launch failure"),
 ])
@@ -87,7 +90,7 @@ GPU_RULES = rules_for(Cause.GPU_FAULT, [
     ("uncorrectable ECC", r"uncorrectable ECC error", "uncorrectable ECC error"),
     (("GPU is lost", "off the bus"), r"GPU is lost|fallen off the bus", "GPU lost"),
 ])
-XID_LINE = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
+XID_LINE = re.compile(r"NVRM: Xid \(([^)]{0,200})\): (\d+)")  # bounded: a crafted line of "NVRM: Xid (" stays linear
 
 CKPT_RULES = rules_for(Cause.CHECKPOINT_LOAD_ERROR, [
     ("Missing key(s) in state_dict", r"Missing key\(s\) in state_dict", "missing keys in state_dict"),

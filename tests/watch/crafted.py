@@ -1,0 +1,53 @@
+"""Crafted log lines: per line format, the inputs that make a backtracking regex do the most work
+(long digit runs where a number must be followed by something else, a format's anchor repeated
+with nothing after it, long runs of spaces between separators). Shared by the linearity test
+(tests/watch/test_parsers_linear.py), the fuzz suite's seeds and the bench row "worst crafted line
+per format" (bench/bench_watch.py).
+
+``CRAFTED[fmt]`` is a list of ``build(n) -> line of about n characters``. ``parse_all(parser, line)``
+does what the daemon does with one line: the metric parser, then every built-in text rule.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from supervisor.watch.parsers import MetricParser
+from supervisor.watch.textrules import CKPT_RULES, GPU_RULES, NAN_TEXT_RULES, NCCL_RULES, OOM_RULES, XID_LINE
+
+Build = Callable[[int], str]
+
+
+def _rep(head: str, unit: str, tail: str = "") -> Build:
+    return lambda n: head + unit * max(1, (n - len(head) - len(tail)) // len(unit)) + tail
+
+
+CRAFTED: dict[str, list[Build]] = {
+    "json": [_rep('{"loss": ', "1", "x}"), _rep('{"loss": 1, "a": "', "\\u00", '}')],
+    "hf": [_rep("{'loss': ", "1", "x}"), _rep("{'", "'a", "}"), _rep("{'loss': 1, '", "a': ", "}")],
+    "nanogpt": [_rep("iter 1: loss ", "1", "x"), _rep("step 1: train loss 1, val loss ", "1", " x")],
+    "torchtitan": [_rep("step: 1  loss: ", "1", "x"), _rep("", "step: 1 "), _rep("step: 1 loss: 1 ", "tps: 1", "x")],
+    "megatron": [_rep(" iteration 1/ 10 | lm loss: ", "1", " x"), _rep("", "validation loss at iteration 1 "),
+                 _rep(" iteration 1/ 10 |", " a:", "|")],
+    "tqdm": [_rep("Epoch 0: 1%|x| 1/2 [a, loss=", "1", "}"), _rep("train: 1%|x| 1/2 [", "a=1, ", "x"),
+             _rep("", "1%|")],
+    "llmc": [_rep("step 1/10 | loss ", "1", " ms x"), _rep("step 1/10 | loss 1 | ", " 1", " x"),
+             _rep("s:1 trl:", "1", "x"), _rep("val loss ", "1", "x")],
+    "nanotron": [_rep("iteration: 1 / 10 | lm_loss: ", "1", "}"), _rep("iteration: 1 / 10 ", "| a: ", "x")],
+    "kv": [_rep("step 1 loss ", "1", "x"), _rep("step 1 | ", "loss ", "x"), _rep("step ", " ", "1 loss 1 x")],
+    "generic": [_rep("INFO ", "1", "}"), _rep("loss=1 a", " ", "b"), _rep("2026-12-03 21:06:25 INFO a: ", "a.", " x"),
+                _rep("epoch 1 ", "loss 1 ", "x"), _rep("loss=1, ", ",", "x")],
+    "csv": [_rep("loss", ",loss", ",1 2")],
+    "text rules": [_rep("", "ProcessGroupNCCL"), _rep("", "NCCL error "), _rep("", "Connection reset by peer"),
+                   _rep("", "NVRM: Xid ("), _rep("", "nan "), _rep("", "size mismatch for "),
+                   _rep("", "Detected NaN "), _rep("", "loss is nan ")],
+}
+
+_RULES = [r.pattern for r in (*OOM_RULES, *NCCL_RULES, *GPU_RULES, *CKPT_RULES, *NAN_TEXT_RULES)]
+
+
+def parse_all(parser: MetricParser, line: str) -> None:
+    """The work the watcher does for one line with every keyword in it: parse it, run every rule."""
+    parser.parse(line, "file:/x/metrics.log")
+    for rx in _RULES:
+        rx.search(line)
+    XID_LINE.search(line)
