@@ -15,7 +15,6 @@ about sixty lines, and needs no new dependency (fickling also pulls in its own d
 """
 from __future__ import annotations
 
-import io
 import pickletools
 import zipfile
 from pathlib import Path
@@ -108,7 +107,7 @@ def _scan_file(path: Path) -> str | None:
                     for info in z.infolist():
                         if info.filename.endswith(".pkl"):
                             with z.open(info) as member:
-                                why = _scan_stream(io.BufferedReader(member), f"{path.name}:{info.filename}")  # type: ignore[arg-type]
+                                why = _scan_stream(member, f"{path.name}:{info.filename}")
                                 if why:
                                     return why
             except (zipfile.BadZipFile, OSError):
