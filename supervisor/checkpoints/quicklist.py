@@ -186,6 +186,10 @@ def current_config(job_config_file: Path | None, job_argv: Sequence[str]) -> tup
     """The job's current config flattened (file, then launch args over it) and a problem, if any."""
     cfg: dict[str, Any] = {}
     problem = None
+    if job_config_file is None and not job_argv:
+        # Outside the daemon with no config and no ledger: nothing to compare against, which is
+        # not the same as every key differing from None (that marked resumable checkpoints No).
+        return cfg, "no command known (pass --config, or a --state-dir whose ledger recorded the run)"
     if job_config_file is not None:
         try:
             cfg.update(flatten(load_config_file(job_config_file)))

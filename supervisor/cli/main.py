@@ -265,7 +265,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     from .verbs import checkpoints_verb
 
     return checkpoints_verb(ckdir, cfg.checkpoints, args.json, sd, job_argv=list(cfg.job.command),
-                            job_cwd=cfg.workdir())
+                            job_cwd=cfg.workdir(), load_test=not args.no_load_test)
 
 
 def _torch_missing() -> bool:

@@ -139,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-dir", help="list this checkpoint dir (no config)")
     p.add_argument("--state-dir", help="where the hash cache lives (default: the config's state dir)")
     p.add_argument("--json", action="store_true", help="print the list as JSON")
+    p.add_argument("--no-load-test", action="store_true",
+                   help="a quick look: skip the torch load tests (files, digests and manifests only)")
 
     p = sub.add_parser("logs", help="the job's output from its log file (-f: follow a running job)",
                        description="Print the last lines of the job's output (job.log, or [job] log_file: "

@@ -211,16 +211,56 @@ class HashProgress:
             self._current = None
 
 
+def recorded_job(sd: Path) -> tuple[list[str], Path | None, str | None] | None:
+    """The job command, workdir and job config file the state dir's newest run was started with
+    (from the ledger, read-only), so ``checkpoints`` outside the daemon compares manifests'
+    config snapshots against what the daemon compared them with. None when nothing is recorded."""
+    from ..ledger.store import Ledger, LedgerError
+
+    if not (sd / "ledger.sqlite").exists():
+        return None
+    try:
+        led = Ledger(sd, readonly=True)
+    except (FileNotFoundError, LedgerError):
+        return None
+    try:
+        run_id = led.latest_run_id()
+        table = led.run_config(run_id) if run_id else {}
+    finally:
+        led.close()
+    job = table.get("job") if isinstance(table, dict) else None
+    command = job.get("command") if isinstance(job, dict) else None
+    if not isinstance(command, list) or not command:
+        return None
+    workdir = job.get("workdir")
+    ck = table.get("checkpoints") if isinstance(table.get("checkpoints"), dict) else {}
+    jcf = ck.get("job_config_file")
+    return [str(a) for a in command], Path(workdir) if workdir else None, str(jcf) if jcf else None
+
+
+def _verdict(row: Any) -> str:
+    if row.ready:
+        lt = row.load_test
+        return "ready" + (f" (load test {lt.seconds:.2f} s)" if lt is not None else "")
+    return "not ready: " + (row.reasons[0] if row.reasons else "see the table")
+
+
 def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: Path, *,
                      job_argv: Sequence[str] = (), job_cwd: Path | None = None, out: TextIO | None = None,
-                     err: TextIO | None = None, progress_min_bytes: int = PROGRESS_MIN_BYTES) -> int:
-    """``transformer-supervisor checkpoints [--json]``: the quicklist, plus the checkpoints still
-    being written (never "no checkpoints found" while one is being saved), with hashing progress
-    on stderr. Read-only: writes no manifests and moves nothing (the digest cache aside). 0, or 2
-    for a bad dir."""
+                     err: TextIO | None = None, progress_min_bytes: int = PROGRESS_MIN_BYTES,
+                     load_test: bool = True) -> int:
+    """``transformer-supervisor checkpoints [--json] [--no-load-test]``: the quicklist, plus the
+    checkpoints still being written (never "no checkpoints found" while one is being saved), with
+    a progress line per checkpoint (and hashing progress of large files) on stderr. Load tests run
+    on one warm process (torch imported once). Without a job command, the one the state dir's
+    ledger recorded is compared against; with neither, "no command known" (never "differs").
+    Read-only: writes no manifests and moves nothing (the digest cache aside). 0, or 2 for a bad dir."""
+    import dataclasses
+
     from ..checkpoints import hashing
     from ..checkpoints.inprogress import in_progress, render as render_writing
     from ..checkpoints.quicklist import render_table
+    from ..checkpoints.discovery import sort_newest_first
     from ..checkpoints.service import CheckpointService
 
     out = out or sys.stdout
@@ -228,10 +268,29 @@ def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: 
     if not Path(checkpoint_dir).is_dir():
         print(f"checkpoints: no checkpoint dir {checkpoint_dir} (not a directory)", file=err)
         return EXIT_USAGE
+    if not job_argv:
+        recorded = recorded_job(Path(state_dir))
+        if recorded is not None:
+            job_argv, job_cwd, jcf = recorded
+            if jcf and not cfg.job_config_file:
+                cfg = dataclasses.replace(cfg, job_config_file=jcf)
+    # The CLI's warm verifier: one torch import for the whole list, whatever the config says.
+    cfg = dataclasses.replace(cfg, load_test=cfg.load_test and load_test, warm_verifier=True)
     svc = CheckpointService(cfg, Path(checkpoint_dir), Path(state_dir), None, list(job_argv), job_cwd,
                             write_manifests=False)
-    with hashing.progress(HashProgress(err, progress_min_bytes)):
-        rows = svc.quicklist()
+    rows = []
+    try:
+        with hashing.progress(HashProgress(err, progress_min_bytes)):
+            cands = svc.scan()
+            current = svc._current_config()
+            for i, cand in enumerate(cands, 1):
+                row = svc.evaluate(cand, None, current)
+                rows.append(row)
+                err.write(f"checkpoints: [{i}/{len(cands)}] {cand.path.name}: {_verdict(row)}\n")
+                err.flush()
+    finally:
+        svc.close()
+    rows = sort_newest_first(rows)
     writing = in_progress(Path(checkpoint_dir), getattr(svc.discovery, "unsettled", ()))
     if json_out:
         out.write(strictjson.dumps([w.to_json() for w in writing] + [r.to_json() for r in rows], indent=2) + "\n")
