@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -355,18 +356,47 @@ def config_from_table(table: Mapping[str, Any], source: str = "<config>", *, nee
     return cfg
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few kB; a bound keeps a wrong path (a log, a device) cheap
+
+
 def read_toml(path: Path) -> dict[str, Any]:
+    """The one reader of a config file (start, reload, check-config): a regular file only (opened
+    non-blocking, so a FIFO never blocks the caller), at most MAX_CONFIG_BYTES, valid UTF-8 and TOML
+    (nesting too deep for the parser included); every failure is a ConfigError naming the problem."""
+    def bad(msg: str) -> ConfigError:
+        return ConfigError(str(path), [Problem("", msg)])
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise ConfigError(str(path), [Problem("", "file not found")]) from None
+        raise bad("file not found") from None
     except PermissionError:
-        raise ConfigError(str(path), [Problem("", "permission denied reading the file")]) from None
+        raise bad("permission denied reading the file") from None
+    except OSError as e:
+        raise bad(f"cannot open the file: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise bad("is a directory, expected a TOML file")
+        if not stat.S_ISREG(st.st_mode):
+            raise bad("is not a regular file (a FIFO, socket or device); point the config at a TOML file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise bad(f"cannot read the file: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise bad(f"is larger than {MAX_CONFIG_BYTES} bytes; a config is a few kB: is this the right file?")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad(f"is not valid UTF-8 (byte {e.start}): save the file as UTF-8") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(str(path), [Problem("", f"not valid TOML: {e}")]) from None
-    except IsADirectoryError:
-        raise ConfigError(str(path), [Problem("", "is a directory, expected a TOML file")]) from None
+        raise bad(f"not valid TOML: {e}") from None
+    except RecursionError:
+        raise bad("not valid TOML: nested too deeply (tables or arrays inside each other)") from None
 
 
 def load_config(path: str | Path, *, need_command: bool = True) -> Config:
