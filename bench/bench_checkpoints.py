@@ -247,6 +247,49 @@ def verify_order(d: Path, size_mb: int | None = None, rounds: int = 3) -> list[d
     ]
 
 
+def cli_list(d: Path, n: int = 12) -> list[dict[str, object]]:
+    """``transformer-supervisor checkpoints`` on ``n`` small checkpoints of a finished run (a
+    ledger that recorded the command, manifests with config snapshots): the whole verb, its
+    interpreter start and one warm load-test process included; and with ``--no-load-test``."""
+    from supervisor.client import save_checkpoint
+    from supervisor.config.model import load_config
+    from supervisor.job.launch import config_json
+    from supervisor.ledger.store import Ledger
+
+    ck, sd = d / "ck", d / "state"
+    ck.mkdir(parents=True)
+    sd.mkdir()
+    import torch
+
+    for i in range(n):
+        step = (i + 1) * 100
+        save_checkpoint({"model": {"w": torch.randn(2048)}, "iter_num": step}, ck / f"step_{step:06d}.pt",
+                        step=step, config={"lr": 3e-4})
+    old = time.time() - 60
+    for p in ck.iterdir():
+        os.utime(p, (old, old))
+    toml = d / "c.toml"
+    toml.write_text(f'[job]\ncommand = ["{sys.executable}", "train.py", "--lr", "3e-4"]\nworkdir = "{d}"\n'
+                    f'[state]\ndir = "{sd}"\n[checkpoints]\ndir = "{ck}"\n')
+    led = Ledger(sd)
+    run_id, _ = led.open_run("bench", config_json(load_config(str(toml))))
+    led.end_run(run_id, "finished", 0, "the job exited 0")
+    led.close()
+    argv = [sys.executable, "-m", "supervisor", "checkpoints", "--checkpoint-dir", str(ck), "--state-dir", str(sd)]
+    root = str(Path(__file__).resolve().parent.parent)
+
+    def once(extra: list[str]) -> float:
+        t0 = time.perf_counter()
+        subprocess.run(argv + extra, cwd=root, check=True, capture_output=True)
+        return time.perf_counter() - t0
+
+    full = _best_of(2, lambda: once([]))
+    quick = _best_of(2, lambda: once(["--no-load-test"]))
+    return [_row(f"`checkpoints` on {n} small checkpoints of a finished run (state dir, load tests)", round(full, 3),
+                 "s", "< 10"),
+            _row("same, `--no-load-test`", round(quick, 3), "s")]
+
+
 def run(size_mb: int | None = None) -> list[dict[str, object]]:
     size_mb = size_mb or int(os.environ.get("BENCH_CKPT_MB", "1024"))
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as d:
@@ -257,6 +300,7 @@ def run(size_mb: int | None = None) -> list[dict[str, object]]:
         rows += load_tests(Path(d), size_mb)
         rows += warm_vs_cold(Path(d))
         rows += verify_order(Path(d) / "restart")
+        rows += cli_list(Path(d) / "cli")
     return rows
 
 
