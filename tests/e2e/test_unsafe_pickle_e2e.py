@@ -1,0 +1,35 @@
+"""Issue 24 build 3 through the real daemon: with verify = "overlap" (the default) a newest
+checkpoint whose pickle references os.system is never handed to the job; the next older one is."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tests.checkpoints.test_picklescan import _malicious
+from tests.conftest import history
+from tests.helpers.ckpt_factory import old_mtime, torch_file
+
+PY = sys.executable
+# Writes where it resumed from and its argv, then exits 0.
+RECORD = ("import os, sys, json; open(sys.argv[1], 'w').write(json.dumps("
+          "[os.environ.get('TSUP_RESUME_FROM', ''), sys.argv]))")
+
+
+def test_an_unsafe_newest_checkpoint_is_never_named_to_the_job(daemons, tmp_path: Path) -> None:
+    import json
+
+    sd, ck, out, marker = tmp_path / "sd", tmp_path / "ck", tmp_path / "resumed", tmp_path / "ran"
+    torch_file(ck / "step_10.pt", 10)
+    old_mtime(_malicious(ck / "step_20.pt", marker))
+    d = daemons(["wrap", "--state-dir", str(sd), "--backoff", "0", "--checkpoint-dir", str(ck), "--"]
+                + [PY, "-c", RECORD, str(out)])
+    assert d.wait(90) == 0, d.stderr()[-3000:]
+    frm, argv = json.loads(out.read_text())
+    assert Path(frm).name == "step_10.pt" and not any("step_20" in a for a in argv), (frm, argv)
+    h = history(sd)
+    assert [Path(a["checkpoint"]).name for a in h["attempts"]] == ["step_10.pt"]
+    refused = [e for e in h["events"] if e["event"] == "checkpoint_refused_unsafe_pickle"]
+    assert refused and "system" in refused[0]["message"], h["events"]
+    assert not marker.exists(), "the malicious pickle was never loaded"
+    kept = (ck / "step_20.pt").exists() or (ck / "quarantine" / "step_20.pt").exists()
+    assert kept, "never deleted"
