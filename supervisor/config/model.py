@@ -7,6 +7,7 @@ sections. ``load_config`` raises :class:`ConfigError` listing *every* problem.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import stat
@@ -325,9 +326,15 @@ def _check_scales(cfg: Config, problems: list[Problem]) -> None:
                                                   "value already there (add it, or use args)"))
                 else:
                     try:
-                        float(hit[1])
+                        value = float(hit[1])
                     except ValueError:
                         problems.append(Problem(path, f"{flag}'s value in job.command is not a number: {hit[1]!r}"))
+                    else:
+                        if not math.isfinite(value):  # scaling nan/inf gives nan/inf: the job would never start
+                            problems.append(Problem(path, f"{flag}'s value in job.command is not finite: {hit[1]!r}; "
+                                                          "a scale remedy needs a finite number to multiply"))
+                if not math.isfinite(factor):
+                    problems.append(Problem(path, f"expected a finite factor, got {factor!r}"))
 
 
 def _preprocess(table: dict[str, Any], problems: list[Problem]) -> dict[str, Any]:
