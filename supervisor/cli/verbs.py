@@ -211,8 +211,8 @@ class HashProgress:
             self._current = None
 
 
-def recorded_job(sd: Path) -> tuple[list[str], Path | None, str | None] | None:
-    """The job command, workdir and job config file the state dir's newest run was started with
+def recorded_job(sd: Path) -> tuple[list[str], Path | None, str | None, str | None] | None:
+    """The job command, workdir, job config file and python the state dir's newest run was started with
     (from the ledger, read-only), so ``checkpoints`` outside the daemon compares manifests'
     config snapshots against what the daemon compared them with. None when nothing is recorded."""
     from ..ledger.store import Ledger, LedgerError
@@ -235,7 +235,9 @@ def recorded_job(sd: Path) -> tuple[list[str], Path | None, str | None] | None:
     workdir = job.get("workdir")
     ck = table.get("checkpoints") if isinstance(table.get("checkpoints"), dict) else {}
     jcf = ck.get("job_config_file")
-    return [str(a) for a in command], Path(workdir) if workdir else None, str(jcf) if jcf else None
+    python = job.get("python")
+    return ([str(a) for a in command], Path(workdir) if workdir else None, str(jcf) if jcf else None,
+            str(python) if python else None)
 
 
 def _verdict(row: Any) -> str:
@@ -268,15 +270,16 @@ def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: 
     if not Path(checkpoint_dir).is_dir():
         print(f"checkpoints: no checkpoint dir {checkpoint_dir} (not a directory)", file=err)
         return EXIT_USAGE
+    job_python = None
     if not job_argv:
         recorded = recorded_job(Path(state_dir))
         if recorded is not None:
-            job_argv, job_cwd, jcf = recorded
+            job_argv, job_cwd, jcf, job_python = recorded
             if jcf and not cfg.job_config_file:
                 cfg = dataclasses.replace(cfg, job_config_file=jcf)
     # The CLI's warm verifier: one torch import for the whole list, whatever the config says.
     cfg = dataclasses.replace(cfg, load_test=cfg.load_test and load_test, warm_verifier=True)
-    svc = CheckpointService(cfg, Path(checkpoint_dir), Path(state_dir), None, list(job_argv), job_cwd,
+    svc = CheckpointService(cfg, Path(checkpoint_dir), Path(state_dir), job_python, list(job_argv), job_cwd,
                             write_manifests=False)
     rows = []
     try:
