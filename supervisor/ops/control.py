@@ -122,6 +122,8 @@ def parse_request(data: bytes) -> tuple[str, dict[str, Any]]:
         raise ControlError("bad_request", f"request is not JSON: {e}") from None
     except RecursionError:
         raise ControlError("bad_request", "request JSON is nested too deeply") from None
+    except ValueError as e:  # an integer beyond Python's int-digits limit (4300): a bad request, not a crash
+        raise ControlError("bad_request", f"request has an unreadable value: {e}"[:300]) from None
     if not isinstance(req, dict):
         raise ControlError("bad_request", 'request must be a JSON object {"verb": ..., "args": {...}}')
     verb = req.get("verb")
@@ -341,6 +343,27 @@ class ControlServer:
             return _reply_error("internal", f"{verb} failed inside the daemon: {e}")
 
 
+# How long a client keeps retrying while the daemon's listen backlog is full (EAGAIN on connect)
+# before it says so; many clients at once is normal, a daemon that accepts nothing is not.
+CONNECT_RETRY_S = 5.0
+
+
+def _connect(sock: socket.socket, addr: str, deadline: float) -> None:
+    """Connect, retrying a full listen backlog (a unix socket's connect then fails with EAGAIN
+    instead of waiting) with a short back-off until ``deadline``; then a clear ControlError."""
+    pause = 0.01
+    while True:
+        try:
+            sock.connect(addr)
+            return
+        except BlockingIOError:
+            if time.monotonic() + pause > deadline:
+                raise ControlError("busy", "the daemon's control socket is not accepting connections "
+                                   "(its queue is full); try again shortly") from None
+            time.sleep(pause)  # back-off between connect attempts, not a wait for a condition
+            pause = min(pause * 2, 0.2)
+
+
 def request(state_dir: str | os.PathLike[str], verb: str, args: Mapping[str, Any] | None = None,
             timeout: float = 30.0) -> Any:
     """Send one request to the daemon of ``state_dir`` and return its result.
@@ -355,7 +378,7 @@ def request(state_dir: str | os.PathLike[str], verb: str, args: Mapping[str, Any
     with _address(path) as addr:
         try:
             try:
-                sock.connect(addr)
+                _connect(sock, addr, deadline=time.monotonic() + min(timeout, CONNECT_RETRY_S))
             except (ConnectionRefusedError, FileNotFoundError):
                 raise DaemonNotRunning(f"no daemon is running for state dir {Path(state_dir)} "
                                        f"(stale control socket {path})") from None
