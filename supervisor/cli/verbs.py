@@ -229,12 +229,14 @@ def recorded_job(sd: Path) -> tuple[list[str], Path | None, str | None, str | No
     finally:
         led.close()
     job = table.get("job") if isinstance(table, dict) else None
-    command = job.get("command") if isinstance(job, dict) else None
+    if not isinstance(job, dict):
+        return None
+    command = job.get("command")
     if not isinstance(command, list) or not command:
         return None
     workdir = job.get("workdir")
-    ck = table.get("checkpoints") if isinstance(table.get("checkpoints"), dict) else {}
-    jcf = ck.get("job_config_file")
+    ck = table.get("checkpoints")
+    jcf = ck.get("job_config_file") if isinstance(ck, dict) else None
     python = job.get("python")
     return ([str(a) for a in command], Path(workdir) if workdir else None, str(jcf) if jcf else None,
             str(python) if python else None)
