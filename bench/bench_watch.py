@@ -5,6 +5,8 @@
   ``hf5`` row's metric line is a transformers 5.x Trainer dict from ``tests/corpus/``). Measured
   in CPU seconds of this process (the watcher is one CPU-bound thread; on a shared machine the
   wall clock mostly measures the neighbours);
+- worst crafted line per format: the costliest crafted 4 kB line of each format (tests/watch/crafted.py),
+  parser plus every text rule, per line;
 - ``heartbeat()`` cost per call in a tight loop, supervised (writes every 1 s) and unsupervised;
 - detection latency, line -> Detection, p50/p99 over 300 trials: (a) in the LogWatcher from
   ``feed`` to ``emit``; (b) from a line appended to a watched file to ``emit`` through the
@@ -234,8 +236,32 @@ def hang_delay(trials: int = 10, timeout_s: float = 0.5, tick: float = 0.1) -> l
              "value": round(max(delays), 3), "unit": "s", "target": "<= 1"}]
 
 
+def crafted_lines(calls: int = 200) -> list[dict]:
+    """Per line format, the worst of its crafted 4 kB lines (tests/watch/crafted.py: inputs that make a
+    backtracking regex work hardest): the parser plus every built-in text rule, best of 3 per line."""
+    from supervisor.watch.parsers import MetricParser
+    from tests.watch.crafted import CRAFTED, parse_all
+
+    rows = []
+    parser = MetricParser()
+    for fmt, builds in CRAFTED.items():
+        worst = 0.0
+        for build in builds:
+            line = build(4096)
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.process_time()
+                for _ in range(calls):
+                    parse_all(parser, line)
+                best = min(best, (time.process_time() - t0) / calls)
+            worst = max(worst, best)
+        rows.append({"name": f"worst crafted line per format: {fmt}, 4 kB line, parser + text rules (CPU time)",
+                     "value": round(worst * 1e6), "unit": "us/line", "target": "<= 5000 (was 1.45 s: torchtitan)"})
+    return rows
+
+
 def run() -> list[dict]:
-    return ingestion() + heartbeat_cost() + latency_logwatcher() + latency_file() + hang_delay()
+    return ingestion() + crafted_lines() + heartbeat_cost() + latency_logwatcher() + latency_file() + hang_delay()
 
 
 if __name__ == "__main__":
