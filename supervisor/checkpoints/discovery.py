@@ -136,7 +136,8 @@ class Discovery:
             if c is not None:
                 yield p, c[0], c[1]
         lg = self.dir / LAST_GOOD_DIR
-        if lg.is_dir():
+        # A symlinked last_good is not ours (ownpaths): its files are never offered for a restart.
+        if lg.is_dir() and not lg.is_symlink():
             for p in sorted(lg.iterdir()):
                 if classify(p) is not None:
                     yield p, Layout.LAST_GOOD, None

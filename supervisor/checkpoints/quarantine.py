@@ -24,6 +24,7 @@ import structlog
 from .discovery import LAST_GOOD_DIR, NOTE_SUFFIX, QUARANTINE_DIR, Layout
 from .layouts import registry
 from .manifest import fsync_dir, manifest_path, stat_record, write_json_atomic
+from ..ownpaths import own_dir
 from .reflink import clone_file
 from .snapshot import DEFAULT_HEADROOM, Headroom, NotKeptError, copy_room_problem
 
@@ -66,7 +67,7 @@ def quarantine(path: Path, reason: str, layout: Layout | str | None = None) -> Q
     path = Path(path)
     sidecars = [p for p in registry.sidecars(path, layout) if p.exists()]
     qdir = path.parent / QUARANTINE_DIR
-    qdir.mkdir(exist_ok=True)
+    own_dir(qdir)
     dest = _free_name(qdir, path.name)
     at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     note = dest.with_name(dest.name + NOTE_SUFFIX)
@@ -115,7 +116,7 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0,
     if unchanged is not None and not unchanged():
         _changed_while_kept(path, None)
         return None
-    dest.parent.mkdir(exist_ok=True)
+    own_dir(dest.parent)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     how = "copy"
     if link and path.is_file():

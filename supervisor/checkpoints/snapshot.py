@@ -32,6 +32,7 @@ from pathlib import Path
 from .discovery import LAST_GOOD_DIR
 from .hashing import StatKey
 from .reflink import clone_file
+from ..ownpaths import own_dir
 
 
 class NotKeptError(OSError):
@@ -93,7 +94,7 @@ def take_snapshot(path: Path, *, link: bool, headroom: Headroom) -> Snapshot:
     """Capture the version of ``path`` on disk now in last_good/ under a temp name. Raises
     NotKeptError (no room, copy failed: nothing left behind) or ChangedWhileCopied."""
     tmp = snapshot_path(path)
-    tmp.parent.mkdir(exist_ok=True)
+    own_dir(tmp.parent)
     for stale in tmp.parent.glob(f".snap.*.{path.name}"):
         stale.unlink(missing_ok=True)  # ours, left by a killed life: never a checkpoint
     if link:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..config.model import Config
 from ..core.messages import Launch, Prepared, PrepareLaunch, jsonable
+from ..ownpaths import own_dir
 from .envsnapshot import snapshot, world_from_launch
 from . import torchelastic
 from ..core.policy import merge_args, scale_args
@@ -102,7 +103,8 @@ def launch_spec(cfg: Config, launch: Launch, *, run_id: str, state_dir: Path,
         argv = scale_args(merge_args(list(cfg.job.command), launch.remedy_args), launch.remedy_scale)
         argv += resume_args(cfg, resume.checkpoint)
     hb = heartbeat_dir(state_dir, launch.attempt)
-    hb.mkdir(parents=True, exist_ok=True)
+    own_dir(hb.parent, parents=True)
+    own_dir(hb)
     added: dict[str, str] = dict(job_env)
     added.update(cfg.job.env)
     added.update(launch.remedy_env)
