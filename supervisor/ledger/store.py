@@ -175,12 +175,18 @@ class Ledger:
         self._check_version(version)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(SCHEMA)
-        for v in range(version, SCHEMA_VERSION):
-            if MIGRATIONS[v]:
-                db.executescript(MIGRATIONS[v])
-        if version != SCHEMA_VERSION:
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        # One transaction: the tables, every step's ALTERs and the new user_version land together or
+        # not at all, so a kill between two ALTERs leaves the file at its old version (migrated again
+        # by the next daemon), never half-migrated and refused as corrupt.
+        steps = "".join(MIGRATIONS[v] + "\n" for v in range(version, SCHEMA_VERSION) if MIGRATIONS[v])
+        try:
+            db.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\n{steps}PRAGMA user_version={SCHEMA_VERSION};\nCOMMIT;")
+        except Exception:
+            try:
+                db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # no transaction was left open
+            raise
 
     def _check_version(self, version: int) -> None:
         if version > SCHEMA_VERSION:
