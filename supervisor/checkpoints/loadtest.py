@@ -208,8 +208,9 @@ class LoadTests:
     torch imports competing with the job's own start-up)."""
 
     def __init__(self, python: str, *, expected_keys: Sequence[str], check_finite: bool, trust_pickles: bool,
-                 mmap: bool, timeout_s: float, cwd: Path | None, warm: bool = False) -> None:
+                 mmap: bool, timeout_s: float, cwd: Path | None, warm: bool = False, store: Any = None) -> None:
         self.python, self.cwd, self.timeout_s = python, cwd, timeout_s
+        self.store = store  # verdicts.VerdictStore: verdicts persisted in the state dir, or None
         # The daemon's service runs its tests on a warm process (warm.py); direct users get cold ones.
         self.warm: WarmVerifier | None = WarmVerifier(python, cwd) if warm else None
         self.expected_keys, self.check_finite = tuple(expected_keys), check_finite
@@ -230,6 +231,10 @@ class LoadTests:
         # and a version found non-finite must stay not ready (rollback targets skip it).
         for checked in (True, finite or self.check_finite):
             hit = self._results.get((str(path), token, checked))
+            if hit is None and self.store is not None:
+                hit = self.store.get(path, token, checked)
+                if hit is not None:
+                    self._results[(str(path), token, checked)] = hit
             if hit is not None:
                 return hit
         return None
@@ -279,6 +284,8 @@ class LoadTests:
         log.info("checkpoint_load_test", path=str(path), passed=res.passed, seconds=res.seconds, error=res.error,
                  check_finite=check_finite)
         self._results[key] = res  # stored before the entry under way goes: no window for a second test
+        if self.store is not None:
+            self.store.put(path, token, check_finite, res)
         self._steps[path] = (token, res.step)
         with self._running_lock:
             self._running.pop(key, None)

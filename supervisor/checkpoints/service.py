@@ -20,6 +20,7 @@ not quarantined: it is intact, just useless.
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import replace
@@ -44,6 +45,7 @@ from .keepfirst import SnapshotFirst
 from .snapshot import Headroom
 from .picklescan import unsafe_pickle
 from .structure import structure_problem
+from .verdicts import FILE_NAME as VERDICTS_FILE, VerdictStore
 
 log = structlog.get_logger("supervisor.checkpoints")
 
@@ -71,13 +73,17 @@ class CheckpointService:
         self._lock = threading.RLock()
         self.load_tests = LoadTests(self.job_python, expected_keys=cfg.expected_keys, check_finite=cfg.check_finite,
                                     trust_pickles=cfg.trust_pickles, mmap=cfg.mmap, timeout_s=cfg.load_timeout_s,
-                                    cwd=self.job_cwd, warm=cfg.warm_verifier)
+                                    cwd=self.job_cwd, warm=cfg.warm_verifier, store=self._verdict_store())
         self.headroom = Headroom(cfg.last_good_headroom_factor, cfg.last_good_min_free_fraction)
         self.last_good = LastGoodKeeper(cfg.last_good_max_bytes, self.headroom)
         self.keep_first = SnapshotFirst(cfg, self.load_tests, self.last_good, self.headroom,
                                         in_place=self._load_test_unlocked, manifest=self._kept_manifest)
         self.last_quarantined: tuple[QuarantineRecord, ...] = ()  # from the last choose_for_resume
         self.last_refused: tuple[tuple[str, str], ...] = ()  # (path, why): unsafe pickles, last choose_for_resume
+
+    def _verdict_store(self) -> VerdictStore:
+        settings = json.dumps([self.job_python, sorted(self.cfg.expected_keys), self.cfg.trust_pickles, self.cfg.mmap])
+        return VerdictStore(self.state_dir / VERDICTS_FILE if self.state_dir.is_dir() else None, settings)
 
     # ------------------------------------------------------------------ discovery
 

@@ -4,6 +4,8 @@ the command the ledger recorded (or "no command known"), with the daemon's servi
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,8 +53,11 @@ def finished_run(tmp_path: Path) -> tuple[Path, Path, Config]:
 
 
 def daemon_verdicts(ck: Path, sd: Path, cfg: Config) -> dict[str, tuple[bool, list[str]]]:
-    """What the daemon's service (the job's command known) says about each checkpoint."""
-    svc = CheckpointService(cfg.checkpoints, ck, sd, None, list(cfg.job.command), cfg.workdir(),
+    """What the daemon's service (the job's command known) says about each checkpoint, load-testing
+    each itself: on a copy of the state dir without the verdicts the CLI persisted."""
+    own = sd.with_name(sd.name + "-daemon")
+    shutil.copytree(sd, own, ignore=shutil.ignore_patterns("checkpoint_loadtests.json"))
+    svc = CheckpointService(cfg.checkpoints, ck, own, None, list(cfg.job.command), cfg.workdir(),
                             write_manifests=False)
     try:
         return {str(r.path): (r.ready, list(r.reasons)) for r in svc.quicklist()}
@@ -74,6 +79,20 @@ def test_state_dir_of_a_finished_run_gives_the_daemons_verdicts_with_progress(tm
     assert len(progress) == N, cp.stderr
     assert f"[{N}/{N}]" in progress[-1]
     assert any("step_000300.pt: not ready" in line for line in progress)
+    # The verdicts are persisted in the state dir: a second look reuses them (same seconds, the
+    # time the first test took), and a rewrite that puts the mtime back is tested again.
+    stored = json.loads((sd / "checkpoint_loadtests.json").read_text())
+    assert len(stored) == N - 1  # the truncated one is never load-tested
+    one = ck / "step_000100.pt"
+    st = one.stat()
+    one.write_bytes(one.read_bytes())
+    os.utime(one, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = json.loads(cli("--checkpoint-dir", str(ck), "--state-dir", str(sd), "--json").stdout)
+    before = {r["path"]: r["load_test"] for r in rows}
+    for r in again:
+        if r["path"] != str(one):
+            assert r["load_test"] == before[r["path"]]
+    assert len(json.loads((sd / "checkpoint_loadtests.json").read_text())) == N
 
 
 def test_no_command_known_is_said_not_differs(tmp_path):
