@@ -145,9 +145,14 @@ class Ledger:
             self.db = self._checked(sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10),
                                     self._check_readable)
         else:
-            state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if not self.path.exists():  # 0600 from the start, whatever the umask
-                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
+            try:
+                state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                if not self.path.exists():  # 0600 from the start, whatever the umask
+                    os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
+            except OSError as e:
+                raise LedgerError(f"cannot create the ledger {self.path}: {e.strerror}. The state dir must be "
+                                  "writable by the daemon (check its permissions and that its filesystem is not "
+                                  "mounted read-only), or use another state dir") from None
             # One connection shared by the main loop and the launch-preparation worker; every
             # statement is serialized by LockedConnection.
             self.db = self._checked(LockedConnection(sqlite3.connect(self.path, timeout=10, isolation_level=None,
@@ -158,6 +163,9 @@ class Ledger:
         """``db`` once ``setup`` accepted it; closed, and the failure said plainly, otherwise."""
         try:
             setup(db)
+        except sqlite3.OperationalError as e:
+            db.close()
+            raise LedgerError(self._unusable(e)) from None
         except sqlite3.DatabaseError as e:
             db.close()
             raise LedgerError(self._corrupt(e)) from None
@@ -193,6 +201,17 @@ class Ledger:
             raise LedgerError(f"the ledger {self.path} was written by a newer transformer-supervisor (schema "
                               f"version {version}, this one knows up to {SCHEMA_VERSION}); upgrade, or use "
                               "another state dir")
+
+    def _unusable(self, e: Exception) -> str:
+        """An OperationalError says what stops us (lock, permissions, read-only), not that the file is bad."""
+        text = str(e).lower()
+        if "locked" in text or "busy" in text:
+            return (f"the ledger {self.path} is locked by another process ({e}): another daemon or a tool "
+                    "(an sqlite3 shell, a backup) holds it. Stop that process and start again, or use another state dir")
+        if "readonly" in text or "read-only" in text or "unable to open" in text or "permission" in text:
+            return (f"the ledger {self.path} cannot be opened for writing ({e}): the state dir or the ledger is "
+                    "read-only. Make it writable by the daemon (permissions, a read-only mount), or use another state dir")
+        return self._corrupt(e)
 
     def _corrupt(self, e: Exception) -> str:
         return (f"the ledger {self.path} cannot be read ({e}): it is corrupt or not a ledger. Move it aside "

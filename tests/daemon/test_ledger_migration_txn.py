@@ -42,3 +42,24 @@ def test_a_migration_that_fails_between_its_alters_leaves_the_old_version_whole(
     assert led.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     led.close()
     assert {"repeat_json", "progressed"} <= _columns(path)
+
+
+def test_a_ledger_locked_by_another_process_is_said_plainly(tmp_path: Path) -> None:
+    """Another process holds the write lock at start: a LedgerError saying what holds it and what to
+    do (after SQLite's 10 s busy wait), not a traceback and not "corrupt"."""
+    import subprocess
+    import sys
+
+    sd = tmp_path / "sd"
+    Ledger(sd).close()
+    holder = subprocess.Popen([sys.executable, "-c", "import sqlite3,sys; db=sqlite3.connect(sys.argv[1], isolation_level=None);"
+                               " db.execute('BEGIN IMMEDIATE'); print('held', flush=True); sys.stdin.read()",
+                               str(sd / LEDGER_FILE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(LedgerError) as info:
+            Ledger(sd)
+        msg = str(info.value)
+        assert "locked by another process" in msg and "corrupt" not in msg and "Stop that process" in msg
+    finally:
+        holder.communicate("", timeout=30)
