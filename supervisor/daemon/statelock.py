@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SupervisorError
+from ..ownpaths import refuse_unsafe_as_root
 from .ports import Concern
 
 LOCK_NAME = "daemon.lock"
@@ -48,7 +49,9 @@ class StateDirLocked(SupervisorError):
 
 def ensure_state_dir(state_dir: Path) -> None:
     """Create the state dir 0700 (parents as needed); refuse one owned by another user."""
+    refuse_unsafe_as_root(state_dir, "state dir")  # before mkdir: nothing is made under a bad parent
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    refuse_unsafe_as_root(state_dir, "state dir")
     st = os.stat(state_dir)
     if st.st_uid != os.geteuid() and os.geteuid() != 0:
         raise StateDirLocked(f"state dir {state_dir} is owned by uid {st.st_uid}, not by this user "

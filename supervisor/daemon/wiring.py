@@ -21,6 +21,7 @@ from .concerns import GoodputConcern, OpsConcern, ValidationConcern, WatchConcer
 from ..job.launch import Environment
 from .ports import CheckpointStore, Concern, Ports
 from .statelock import StateLock, StateLockConcern
+from ..ownpaths import refuse_unsafe_as_root
 
 
 def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: BinaryIO | None = None,
@@ -31,6 +32,12 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     state_dir = cfg.state_dir().resolve()
     # Before anything opens the ledger or the socket: a refused second daemon touches nothing.
     lock = StateLock.acquire(state_dir)
+    if cfg.checkpoints.dir:
+        try:
+            refuse_unsafe_as_root(Path(cfg.checkpoints.dir), "checkpoint dir")
+        except BaseException:
+            lock.release()
+            raise
     osapi = OsApi()
     fanout = SinkFanout()
     notifier = Notifier(enabled=cfg.systemd.notify, watchdog_enabled=cfg.systemd.watchdog,
