@@ -112,3 +112,23 @@ class Monitor(Protocol):
     def stop(self) -> None: ...
 
     def status(self) -> Mapping[str, object]: ...
+
+
+MAX_ARG_CHARS = 1024  # one argument as logged / stored
+MAX_ARGV_CHARS = 16384  # the whole argv as logged / stored (a 25 MB argv once made a 131 MB ledger)
+
+
+def bounded_argv(argv: "list[str] | tuple[str, ...]") -> list[str]:
+    """``argv`` as we log and store it: each argument cut at MAX_ARG_CHARS and the list at
+    MAX_ARGV_CHARS in all, each cut said in place (``…(+N chars)``, ``…(+N more args)``)."""
+    out: list[str] = []
+    total = 0
+    for i, arg in enumerate(argv):
+        if total >= MAX_ARGV_CHARS:
+            out.append(f"…(+{len(argv) - i} more args)")
+            break
+        if len(arg) > MAX_ARG_CHARS:
+            arg = f"{arg[:MAX_ARG_CHARS]}…(+{len(arg) - MAX_ARG_CHARS} chars)"
+        out.append(arg)
+        total += len(arg)
+    return out

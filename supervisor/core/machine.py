@@ -30,6 +30,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
+from ..events import bounded_argv
 from ..config.model import Config, signal_number
 from ..errors import Conflict, IllegalMove
 from ..events import Detection
@@ -205,14 +206,14 @@ class Machine:
                       if self.resume.checkpoint else "fresh start (no checkpoint)")
         self._record("job_started", "info",
                      f"attempt {self.attempt} started (pid {ev.pid}, restarts so far {self.counted_restarts}/"
-                     f"{self.cfg.policy.max_restarts}); {resume_txt}", pid=ev.pid, argv=list(ev.argv),
+                     f"{self.cfg.policy.max_restarts}); {resume_txt}", pid=ev.pid, argv=bounded_argv(ev.argv),
                      checkpoint=self.resume.checkpoint, resume_step=self.resume.step)
         self.pending = Pending()
 
     def _spawn_failed(self, ev: SpawnFailed) -> None:
         self._do(EndAttempt(self.attempt, Cause.CRASH, Action.GIVE_UP, f"cannot start: {ev.error}", True,
                             spawned=False))
-        self._give_up(f"cannot start the job: {ev.error} (argv {list(ev.argv)!r}, cwd {ev.cwd}); "
+        self._give_up(f"cannot start the job: {ev.error} (argv {bounded_argv(ev.argv)!r}, cwd {ev.cwd}); "
                       "fix job.command / job.workdir", Cause.CRASH)
 
     def _first_metric(self, _ev: FirstMetric) -> None:

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from ..events import bounded_argv
 from ..errors import SupervisorError
 from .connection import LockedConnection
 from .schema import LEDGER_FILE, MIGRATIONS, SCHEMA, SCHEMA_VERSION
@@ -264,7 +265,7 @@ class Ledger:
         self.db.execute(
             "INSERT INTO attempts(run_id, attempt, argv_json, cwd, env_json, snapshot_json, started_at, "
             "checkpoint, resume_step, remedies_json, gate_json) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (run_id, attempt, json.dumps(argv), cwd, json.dumps(dict(env), sort_keys=True), _json(snapshot),
+            (run_id, attempt, json.dumps(bounded_argv(argv)), cwd, json.dumps(dict(env), sort_keys=True), _json(snapshot),
              time.time(), checkpoint, resume_step, strictjson.dumps(remedies, default=str), _json(gate)))
 
     @_write

@@ -63,3 +63,20 @@ def test_a_ledger_locked_by_another_process_is_said_plainly(tmp_path: Path) -> N
         assert "locked by another process" in msg and "corrupt" not in msg and "Stop that process" in msg
     finally:
         holder.communicate("", timeout=30)
+
+
+def test_a_huge_argv_is_stored_bounded_and_says_where_it_was_cut(tmp_path: Path) -> None:
+    from supervisor.events import MAX_ARG_CHARS, MAX_ARGV_CHARS
+
+    led = Ledger(tmp_path / "sd")
+    run, _ = led.open_run("a", {})
+    argv = ["python", "train.py", "x" * 5_000_000] + ["--flag"] * 100_000
+    led.begin_attempt(run, 0, argv, "/", {}, None, None, None, [], None)
+    stored = led.db.execute("SELECT argv_json FROM attempts").fetchone()[0]
+    led.close()
+    assert len(stored) < 2 * (MAX_ARGV_CHARS + MAX_ARG_CHARS)
+    import json
+
+    kept = json.loads(stored)
+    assert kept[:2] == ["python", "train.py"] and kept[2].endswith("…(+4998976 chars)")
+    assert kept[-1].endswith("more args)")
