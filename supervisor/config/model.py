@@ -280,6 +280,11 @@ def _cross_checks(cfg: Config, problems: list[Problem], need_command: bool) -> N
     if need_command and not cfg.job.command and not any(p.path.startswith("job.command") for p in problems):
         problems.append(Problem("job.command", "required: expected the launch command, e.g. "
                                                '["python", "train.py"]'))
+    if cfg.job.command and not cfg.job.command[0].strip():
+        problems.append(Problem("job.command", "the program (its first element) is empty; expected the launch "
+                                               'command, e.g. ["python", "train.py"]'))
+    elif any("\0" in a for a in cfg.job.command):
+        problems.append(Problem("job.command", "an argument holds a NUL character, which no program can receive"))
     if cfg.job.shell and len(cfg.job.command) > 1:
         problems.append(Problem("job.command", "with job.shell = true, expected one string"))
     if cfg.policy.backoff_max_s < cfg.policy.backoff_initial_s:

@@ -1,6 +1,7 @@
 """Bad config input through the real CLI is a message and exit 2, never a traceback (issue 24
 build 6): invalid UTF-8, TOML nested 5,000 deep, a FIFO (must not block), a directory, a file above
-the size bound, a scale remedy on a flag whose value is nan."""
+the size bound, a scale remedy on a flag whose value is nan,
+`command = [""]`."""
 from __future__ import annotations
 
 import os
@@ -21,7 +22,7 @@ def _check(path: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("case,expect", [
     ("utf8", "not valid UTF-8"), ("deep", "nested too deeply"), ("fifo", "not a regular file"),
-    ("dir", "is a directory"), ("big", "larger than"), ("scale_nan", "not finite"),
+    ("dir", "is a directory"), ("big", "larger than"), ("scale_nan", "not finite"), ("empty_program", "is empty"),
 ])
 def test_check_config_names_the_problem_without_a_traceback(tmp_path: Path, case: str, expect: str) -> None:
     path = tmp_path / "c.toml"
@@ -35,6 +36,8 @@ def test_check_config_names_the_problem_without_a_traceback(tmp_path: Path, case
         path.mkdir()
     elif case == "big":
         path.write_text("# " + "x" * (2 << 20) + "\n")
+    elif case == "empty_program":
+        path.write_text('[job]\ncommand = [""]\n')
     else:
         path.write_text(SCALE_NAN)
     r = _check(path)
