@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
 from .core.causes import Action, Cause
+from .redact import redact_argv
 
 __all__ = ["Action", "AttemptContext", "Cause", "Detection", "Emit", "LineSink", "MetricRecord", "MetricSink",
            "Monitor"]
@@ -123,6 +124,7 @@ def bounded_argv(argv: "list[str] | tuple[str, ...]") -> list[str]:
     MAX_ARGV_CHARS in all, each cut said in place (``…(+N chars)``, ``…(+N more args)``)."""
     out: list[str] = []
     total = 0
+    argv = redact_argv(argv)  # shown and stored, never a --password=x or a URL's password
     for i, arg in enumerate(argv):
         if total >= MAX_ARGV_CHARS:
             out.append(f"…(+{len(argv) - i} more args)")

@@ -18,6 +18,7 @@ from .envsnapshot import snapshot, world_from_launch
 from . import torchelastic
 from ..core.policy import merge_args, scale_args
 from ..events import MetricRecord
+from ..redact import redact_argv
 from .process import LaunchSpec, job_python, redact_env
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ def config_json(cfg: Config) -> dict[str, Any]:
     """The config as stored in the ledger: secret-looking values of job.env masked."""
     js = jsonable(cfg)
     js["job"]["env"] = redact_env(js["job"]["env"])
+    if isinstance(js["job"].get("command"), list):  # --password=x, --token x, URL passwords
+        js["job"]["command"] = redact_argv([str(a) for a in js["job"]["command"]])
     for oc in (js.get("on") or {}).values():  # remedies env: masked the same way
         for rem in (oc or {}).get("remedies") or ():
             rem["env"] = redact_env(rem.get("env") or {})

@@ -18,23 +18,14 @@ import structlog
 
 from ..core.messages import ExitInfo
 from ..events import Cause
+# The names stay importable from here (callers predate supervisor.redact, the one place).
+from ..redact import SECRET_MARKERS, is_secret, redact_env  # noqa: F401
 from .osapi import OsApi, ProcRef, signal_name
 from .cgroup import JobCgroup
 from .keeper import stderr_log_path
 from .output import Consoles, KeeperLink, SinkFanout
 
 log = structlog.get_logger("supervisor.job.process")
-
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
-
-
-def is_secret(name: str) -> bool:
-    up = name.upper()
-    return any(m in up for m in SECRET_MARKERS)
-
-
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: ("<redacted>" if is_secret(k) else v) for k, v in env.items()}
 
 
 @dataclass(frozen=True)

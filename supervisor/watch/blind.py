@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ..redact import redact_line
 from .parsers import MetricParser
 
 #: What the built-in parsers recognise (see :mod:`supervisor.watch.parsers`), named in the notice.
@@ -32,12 +33,6 @@ BUILTIN_FORMATS: tuple[str, ...] = ("json", "hf", "progress", "lightning", "tqdm
                                     "nanotron", "torchtitan", "megatron", "kv", "generic")
 SAMPLES = 5
 _SAMPLE_CHARS = 200
-# The same names the launch record redacts in the job's environment (supervisor.job.process):
-# a line that prints one (`HF_TOKEN=hf_...`, `api_key: sk-...`) keeps the name, not the value.
-_SECRET_RE = re.compile(r"(?i)\b(\w*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)\w*)(\s*[=:]\s*|\s+)"
-                        r"(['\"]?)([^\s'\",;|]+)")
-_NUMBER_RE = re.compile(r"[-+]?\d[\d.,]*(?:e[-+]?\d+)?%?", re.IGNORECASE)
-_BEARER_RE = re.compile(r"(?i)\b(bearer\s+)[\w.~+/-]+=*")
 _LOSS_RE = re.compile(r"(?i)(?<![A-Za-z])((?:(?:lm|train|training|val|valid|validation|eval|test|total|avg|mean) )?"
                       r"[a-z_/]*loss[a-z_]*)(\s*[=:]\s*|\s+)"
                       r"([-+]?(?:nan|inf(?:inity)?|\d[\d.]*(?:e[-+]?\d+)?))(?![\w.])")
@@ -46,11 +41,9 @@ TEMPLATE_REGEX = r"step[=: ]+(?P<step>\d+).*?loss[=: ]+(?P<loss>[-+.\w]+)"
 
 
 def redact(line: str) -> str:
-    """``line`` with the values of secret-looking names (and bearer tokens) replaced."""
-    # A number is no secret: `tokens_per_sec=4500` and `num_tokens 1234` stay as the job printed them.
-    line = _SECRET_RE.sub(lambda m: m.group(0) if _NUMBER_RE.fullmatch(m.group(4))
-                          else f"{m.group(1)}{m.group(2)}{m.group(3)}<redacted>", line)
-    return _BEARER_RE.sub(lambda m: f"{m.group(1)}<redacted>", line)
+    """``line`` with the values of secret-looking names, URL passwords and bearer tokens replaced
+    (supervisor.redact, the one place that decides)."""
+    return redact_line(line)
 
 
 def _word(text: str) -> str:
