@@ -44,6 +44,7 @@ SOCKET_NAME = "control.sock"
 MAX_REQUEST = 64 * 1024
 READ_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 16
+FINISH_S = 0.2  # the whole polite close (drain after the reply), per connection
 
 # The verbs and the arguments each accepts (name -> type). Checked here so the handler only sees
 # well-formed requests.
@@ -301,12 +302,17 @@ class ControlServer:
     @staticmethod
     def _finish(conn: socket.socket) -> None:
         """Close politely: closing with unread request bytes makes the kernel send a reset, and
-        the client would lose the error reply it is about to read. Drain a little, briefly."""
+        the client would lose the error reply it is about to read. Drain a little, briefly: within
+        one deadline for the whole drain, since a client that trickles a byte at a time would
+        otherwise hold this thread (the accept thread, for a refused one) as long as it likes."""
         conn.shutdown(socket.SHUT_WR)
-        conn.settimeout(0.2)
+        deadline = time.monotonic() + FINISH_S
         drained = 0
         try:
-            while drained < 1 << 20 and (chunk := conn.recv(65536)):
+            while drained < 1 << 20 and (remaining := deadline - time.monotonic()) > 0:
+                conn.settimeout(remaining)
+                if not (chunk := conn.recv(65536)):
+                    break
                 drained += len(chunk)
         except OSError:
             pass
@@ -364,12 +370,33 @@ def _connect(sock: socket.socket, addr: str, deadline: float) -> None:
             pause = min(pause * 2, 0.2)
 
 
+# How long a client retries a "busy" reply (every connection slot taken). Each slot is freed
+# within the server's whole-request deadline (READ_TIMEOUT_S), so clients that trickle or stall
+# hold status/stop off for at most about that long, not for as long as they like.
+BUSY_RETRY_S = 2 * READ_TIMEOUT_S
+
+
 def request(state_dir: str | os.PathLike[str], verb: str, args: Mapping[str, Any] | None = None,
             timeout: float = 30.0) -> Any:
     """Send one request to the daemon of ``state_dir`` and return its result.
 
     Raises :class:`DaemonNotRunning` when nothing listens there, :class:`ControlError` for an
-    error reply (its ``code`` and ``message`` come from the daemon)."""
+    error reply (its ``code`` and ``message`` come from the daemon). A ``busy`` reply is retried
+    with a short back-off for up to BUSY_RETRY_S (within ``timeout``) before it is raised."""
+    deadline = time.monotonic() + min(timeout, BUSY_RETRY_S)
+    pause = 0.05
+    while True:
+        try:
+            return _request_once(state_dir, verb, args, timeout)
+        except ControlError as e:
+            if e.code != "busy" or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)  # back-off between attempts, not a wait for a condition
+        pause = min(pause * 2, 0.5)
+
+
+def _request_once(state_dir: str | os.PathLike[str], verb: str, args: Mapping[str, Any] | None,
+                  timeout: float) -> Any:
     path = socket_path(state_dir)
     if not path.exists():
         raise DaemonNotRunning(f"no daemon is running for state dir {Path(state_dir)} (no control socket {path})")

@@ -264,7 +264,8 @@ def test_parse_request_drops_null_args():
     assert parse_request(b'{"verb": "restart", "args": {"from": null, "reason": "x"}}') == ("restart", {"reason": "x"})
 
 
-def test_too_many_connections_get_busy_and_slots_come_back(tmp_path: Path):
+def test_too_many_connections_get_busy_and_slots_come_back(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(control, "BUSY_RETRY_S", 0.3)  # the client retries busy this long, then says so
     s = ControlServer(tmp_path, Handler(), read_timeout_s=2.0, max_connections=2)
     s.start()
     hogs = []
@@ -368,3 +369,38 @@ def test_full_listen_backlog_is_retried_then_reported_clearly(tmp_path: Path, mo
         for c in fillers:
             c.close()
         listener.close()
+
+
+def test_seventeen_trickling_clients_cannot_hold_off_status(tmp_path: Path):
+    # 17 clients (more than the 16 slots) each send a byte now and then and never a newline: the
+    # whole-request deadline drops each one, and status (retrying "busy") gets through meanwhile.
+    s = ControlServer(tmp_path, Handler(), read_timeout_s=1.0)
+    s.start()
+    stop = threading.Event()
+    tricklers: list[socket.socket] = []
+
+    def trickle() -> None:
+        while not stop.is_set():
+            for c in list(tricklers):
+                try:
+                    c.send(b" ")
+                except OSError:
+                    pass  # dropped by the server: what we want
+            stop.wait(0.1)
+    try:
+        for _ in range(17):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(str(socket_path(tmp_path)))
+            c.send(b'{"verb": ')
+            tricklers.append(c)
+        t = threading.Thread(target=trickle, daemon=True)
+        t.start()
+        t0 = time.monotonic()
+        assert request(tmp_path, "status", timeout=20)["state"] == "running"
+        # Bound: the 1 s request deadline plus retry back-off, with a wide margin for a loaded machine.
+        assert time.monotonic() - t0 < 10
+    finally:
+        stop.set()
+        for c in tricklers:
+            c.close()
+        s.close()
