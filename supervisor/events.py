@@ -119,7 +119,7 @@ MAX_ARG_CHARS = 1024  # one argument as logged / stored
 MAX_ARGV_CHARS = 16384  # the whole argv as logged / stored (a 25 MB argv once made a 131 MB ledger)
 
 
-def bounded_argv(argv: "list[str] | tuple[str, ...]") -> list[str]:
+def bounded_argv(argv: Sequence[str]) -> list[str]:
     """``argv`` as we log and store it: each argument cut at MAX_ARG_CHARS and the list at
     MAX_ARGV_CHARS in all, each cut said in place (``…(+N chars)``, ``…(+N more args)``)."""
     out: list[str] = []
