@@ -124,7 +124,6 @@ def bounded_argv(argv: Sequence[str]) -> list[str]:
     MAX_ARGV_CHARS in all, each cut said in place (``…(+N chars)``, ``…(+N more args)``)."""
     out: list[str] = []
     total = 0
-    argv = redact_argv(argv)  # shown and stored, never a --password=x or a URL's password
     for i, arg in enumerate(argv):
         if total >= MAX_ARGV_CHARS:
             out.append(f"…(+{len(argv) - i} more args)")
@@ -133,4 +132,5 @@ def bounded_argv(argv: Sequence[str]) -> list[str]:
             arg = f"{arg[:MAX_ARG_CHARS]}…(+{len(arg) - MAX_ARG_CHARS} chars)"
         out.append(arg)
         total += len(arg)
-    return out
+    # Redacted after the cut: the masking regexes then see at most MAX_ARG_CHARS per argument.
+    return redact_argv(out)  # shown and stored, never a --password=x or a URL's password
