@@ -14,6 +14,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from ..events import MetricRecord
 from .config import PrecursorConfig
@@ -31,10 +32,26 @@ class Precursor:
 
 
 class _Robust:
-    """A rolling median and robust sigma of accepted values; high ones are kept out of it."""
+    """A rolling median and robust sigma of accepted values, and how many high ones came in a
+    row; high ones are kept out of it, so a ramp cannot hide itself by moving the median."""
 
     def __init__(self, window: int) -> None:
         self.values: deque[float] = deque(maxlen=window)
+        self.streak = 0
+
+    def observe(self, value: float, min_points: int, high: Callable[[float, float], bool]) -> float | None:
+        """The baseline's median when ``high(median, sigma)`` says ``value`` is high (the streak
+        grows), else None (the streak ends and the value joins the baseline)."""
+        if len(self.values) < min_points:
+            self.values.append(value)
+            return None
+        med, sigma = self.stats()
+        if high(med, sigma):
+            self.streak += 1
+            return med
+        self.streak = 0
+        self.values.append(value)
+        return None
 
     def stats(self) -> tuple[float, float]:
         med = statistics.median(self.values)
@@ -56,7 +73,6 @@ class PrecursorWatch:
         self._first: int | None = None
         self._grad = _Robust(self.cfg.window)
         self._loss = _Robust(self.cfg.window)
-        self._grad_high = self._loss_high = 0
         self._scales: deque[tuple[int, float]] = deque(maxlen=self.cfg.window)  # (record index, scale)
         self._n = 0
 
@@ -102,32 +118,19 @@ class PrecursorWatch:
         found: Precursor | None = None
         g = rec.grad_norm
         if g is not None and _finite(g):
-            if len(self._grad.values) >= cfg.min_points:
-                med, sigma = self._grad.stats()
-                high = g > med + cfg.grad_norm_z * sigma and g > cfg.grad_norm_factor * med
-                self._grad_high = self._grad_high + 1 if high else 0
-                if self._grad_high >= cfg.patience:
-                    found = Precursor("grad_norm_ramp", rec.step,
-                                      f"grad norm {g:.4g} above {cfg.grad_norm_factor:g}x its median {med:.4g} "
-                                      f"for {self._grad_high} records in a row")
-                if not high:
-                    self._grad.values.append(g)
-            else:
-                self._grad.values.append(g)
+            med = self._grad.observe(g, cfg.min_points,
+                                     lambda m, s: g > m + cfg.grad_norm_z * s and g > cfg.grad_norm_factor * m)
+            if med is not None and self._grad.streak >= cfg.patience:
+                found = Precursor("grad_norm_ramp", rec.step,
+                                  f"grad norm {g:.4g} above {cfg.grad_norm_factor:g}x its median {med:.4g} "
+                                  f"for {self._grad.streak} records in a row")
         loss = rec.loss
         if found is None and loss is not None and _finite(loss):
-            if len(self._loss.values) >= cfg.min_points:
-                med, sigma = self._loss.stats()
-                high = sigma > 0 and loss > med + cfg.loss_z * sigma
-                self._loss_high = self._loss_high + 1 if high else 0
-                if self._loss_high >= cfg.patience:
-                    found = Precursor("loss_rising", rec.step,
-                                      f"loss {loss:.4g} above its median {med:.4g} by more than {cfg.loss_z:g} "
-                                      f"robust sigmas for {self._loss_high} records in a row")
-                if not high:
-                    self._loss.values.append(loss)
-            else:
-                self._loss.values.append(loss)
+            med = self._loss.observe(loss, cfg.min_points, lambda m, s: s > 0 and loss > m + cfg.loss_z * s)
+            if med is not None and self._loss.streak >= cfg.patience:
+                found = Precursor("loss_rising", rec.step,
+                                  f"loss {loss:.4g} above its median {med:.4g} by more than {cfg.loss_z:g} "
+                                  f"robust sigmas for {self._loss.streak} records in a row")
         drops = self._note_scale(rec)
         if found is None and drops >= cfg.scale_drops:
             found = Precursor("loss_scale_drops", rec.step,
