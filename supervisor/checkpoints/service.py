@@ -337,11 +337,13 @@ class CheckpointService:
                 return None
             unsafe = None if self.cfg.trust_pickles else unsafe_pickle(target.path)
             if unsafe:
-                # Never handed to the job before a load test: marked bad (kept, not moved), and the
-                # full gate below picks the next older good checkpoint.
-                log.error("checkpoint_refused_unsafe_pickle", path=str(target.path), reason=unsafe,
-                          next="it is not resumed from; the next older verified checkpoint is used")
-                self.book.mark_bad(target.path, f"unsafe pickle: {unsafe}")
+                # Never handed to the job on its structural checks alone: the full gate below
+                # load-tests it first (weights_only=True, which refuses pickled code) and picks the
+                # next older good checkpoint if that fails. Not marked bad on the scan alone: the
+                # allowlist is torch's default one, and a job may allow more types itself
+                # (torch.serialization.add_safe_globals) that its own load accepts.
+                log.warning("checkpoint_refused_unsafe_pickle", path=str(target.path), reason=unsafe,
+                            next="not handed over before its load test; the full check runs before the launch")
                 self.last_refused = ((str(target.path), unsafe),)
                 return None
             reason = (f"newest checkpoint (step {step if step is not None else '?'}): structural checks passed; "

@@ -229,9 +229,10 @@ class CheckpointConcern(Concern):
         choice = svc.choose_for_resume(action, onset_step, metrics_from_records(list(metrics)), overlap=overlap)
         self._pending_verify = (choice.path, choice.layout) if choice is not None and choice.verify_pending else None
         for path, why in getattr(svc, "last_refused", ()) or ():
-            event("checkpoint_refused_unsafe_pickle", "error",
-                  f"checkpoint {path} was not handed to the job: {why}; marked bad (kept where it is), "
-                  "the next older verified checkpoint is used", path=path, reason=why)
+            event("checkpoint_refused_unsafe_pickle", "warning",
+                  f"checkpoint {path} was not handed to the job on its structural checks: {why}; it was "
+                  "load-tested first (weights_only), and an older verified checkpoint is used if that fails",
+                  path=path, reason=why)
         for q in getattr(svc, "last_quarantined", ()) or ():
             event("checkpoint_quarantined", "warning",  # the service logged it; keep it in the ledger
                   f"checkpoint {q.source} is bad ({q.reason}); moved to {q.dest} (never deleted)",

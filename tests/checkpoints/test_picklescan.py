@@ -68,9 +68,33 @@ def test_overlap_never_hands_over_an_unsafe_newest_checkpoint(tmp_path: Path) ->
     choice = svc.choose_for_resume("restart", None, overlap=True)
     assert choice is not None and choice.path == good and choice.step == 100, choice
     assert [p for p, _ in svc.last_refused] == [str(evil)]
-    # The full gate then quarantined it (moved beside the checkpoints, never deleted).
-    assert (tmp_path / "ck" / "quarantine" / "step_200.pt").exists() or (svc.is_bad(evil) and evil.exists())
+    # The full gate load-tested it first (weights_only: refused) and took the older one; the file
+    # is kept (in place or in quarantine/), never deleted, never unpickled with code.
+    assert (tmp_path / "ck" / "quarantine" / "step_200.pt").exists() or evil.exists()
     assert not marker.exists()
-    # The next restart does not look at it again (it is marked bad): the good one, pending or verified.
     again = svc.choose_for_resume("restart", None, overlap=True)
-    assert again is not None and again.path == good and svc.last_refused == ()
+    assert again is not None and again.path == good and not marker.exists()
+
+
+def test_an_hf_trainer_folder_passes_the_scan(tmp_path: Path) -> None:
+    """What the Trainer writes: rng_state.pth with numpy's RNG state (numpy data types, bytes in
+    a protocol-2 stream), and training_args.bin, a pickle of a class the resume never reads (the
+    layouts' skip list, as for the load test). Before, the scan refused such a folder and the
+    newest good HF checkpoint was quarantined."""
+    import argparse
+    import pickle
+    import random
+
+    import numpy as np
+    import torch
+
+    folder = tmp_path / "checkpoint-10"
+    folder.mkdir()
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()},
+               folder / "rng_state.pth")
+    torch.save({"w": torch.ones(2)}, folder / "optimizer.pt")
+    (folder / "training_args.bin").write_bytes(pickle.dumps(argparse.Namespace(lr=1e-3)))
+    assert unsafe_pickle(folder) is None
+    # The numpy allowance is for RNG state files only: the same payload as optimizer.pt is refused.
+    torch.save({"numpy": np.random.get_state()}, folder / "optimizer.pt")
+    assert unsafe_pickle(folder) is not None

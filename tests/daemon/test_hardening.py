@@ -205,7 +205,7 @@ def _tiny_tmpfs(path: Path, size: str = "16m") -> bool:
     import pytest
 
     path.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=755", "tmpfs", str(path)],
                                            capture_output=True).returncode != 0:
         pytest.skip("needs root to mount a tiny tmpfs (a full disk)")
     return True

@@ -240,7 +240,7 @@ def _check_corrupt(run: Run, h: dict[str, Any]) -> None:
 
 def _tiny_tmpfs(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(path)],
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=755", "tmpfs", str(path)],
                                            capture_output=True).returncode != 0:
         pytest.skip("needs root to mount a tiny tmpfs (a full disk)")
 

@@ -118,7 +118,7 @@ def _small_fs(where: Path) -> bool:
     within the headroom. False where mounting is not allowed."""
     where.mkdir()
     try:
-        cp = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True,
+        cp = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=755", "tmpfs", str(where)], capture_output=True,
                             timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False
