@@ -147,7 +147,3 @@ def pytest_runtest_protocol(item, nextitem):  # type: ignore[no-untyped-def]
     with open(path, "a") as f:
         f.write(f"{cpu() - before:.2f}\t{item.nodeid}\n")
 
-
-def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
-    """The long suites first: run in parallel, a long test started last is the whole run's tail."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None and item.get_closest_marker("systemd") is None)

@@ -53,10 +53,11 @@ def test_nan_on_one_node_stops_all_three_and_they_resume_from_the_same_step(
         assert {x["TSUP_NNODES"] for x in ls} == {"3"} and {x["MASTER_ADDR"] for x in ls} == {"127.0.0.1"}
     assert sorted(runs[n][0]["TSUP_NODE_RANK"] for n in NODES) == ["0", "1", "2"]
     # every node resumed generation 2 from the same step: the newest verified everywhere before the
-    # NaN at 38. The nodes' jobs do not move in lockstep: one may not have saved 30 yet when the
-    # NaN stops every node, and then 20 is the newest common step (seen 2 in ~22 runs).
+    # NaN at 38. The nodes' jobs do not move in lockstep: one may not have saved (or verified) 30
+    # yet when the NaN stops every node, and then 20 is the newest common step (seen 2 in ~22
+    # runs), on a loaded CI machine even 10. What must hold: one step for all, a save before 38.
     resumed = {runs[n][1]["TSUP_RESUME_STEP"] for n in NODES}
-    assert len(resumed) == 1 and resumed <= {"30", "20"}, resumed
+    assert len(resumed) == 1 and resumed <= {"30", "20", "10"}, resumed
     for n in NODES:
         h = history(tmp_path / n / "state")
         first = h["attempts"][0]
