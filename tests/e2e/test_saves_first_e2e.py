@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from tests.conftest import Daemon, history, started_daemons
+from tests.e2e.test_trainers_e2e import _job_pids as job_pids, nano_cmd as nano
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ROOT / "tests" / "jobs"
@@ -37,23 +38,6 @@ def supervise(tmp_path: Path) -> Iterator[Any]:
 
     with started_daemons(make) as start:
         yield start
-
-
-def nano(out: Path, *args: str) -> list[str]:
-    return [PY, str(JOBS / "nanogpt_train.py"), f"--out_dir={out}", *args]
-
-
-def job_pids(out: Path) -> list[int]:
-    pids = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                cmd = (p / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if any(b"nanogpt_train.py" in c for c in cmd) and f"--out_dir={out}".encode() in cmd:
-                pids.append(int(p.name))
-    return pids
 
 
 def kept_iter(lg: Path) -> int | None:
