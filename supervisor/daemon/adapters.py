@@ -397,11 +397,12 @@ class CheckpointConcern(Concern):
         return self._newest_cache
 
     def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         newest = self.newest()
-        if newest is None:
-            return {}
-        out: dict[str, Any] = {"newest_checkpoint": str(newest.path),
-                               "seconds_since_last_good_checkpoint": round(max(0.0, time.time() - newest.mtime), 1)}
+        if newest is not None:
+            out["newest_checkpoint"] = str(newest.path)
+            out["seconds_since_last_good_checkpoint"] = round(max(0.0, time.time() - newest.mtime), 1)
+        # A version not kept is shown even before any good one exists: that is when it matters most.
         lg = self.svc.last_good_disk_bytes()  # a scandir and a few stats
         if lg is not None:
             out["last_good_disk_bytes"] = lg
