@@ -29,6 +29,8 @@ from typing import Any, Callable, Sequence
 
 import structlog
 
+from ..core.causes import ACTIONS, Action
+
 from .config import CheckpointsConfig
 from .discovery import Candidate, Discovery, Layout, newest_complete, sort_newest_first
 from .hashing import DigestCache, tree_digest
@@ -51,7 +53,12 @@ log = structlog.get_logger("supervisor.checkpoints")
 
 
 def _action_mode(action: object) -> Mode:
-    return "rollback" if str(action) == "rollback" else "restart"
+    """The chooser's mode for an action (``ActionSpec.before_onset``); an unknown name restarts."""
+    try:
+        before_onset = ACTIONS[Action(str(action))].before_onset
+    except ValueError:
+        before_onset = False
+    return "rollback" if before_onset else "restart"
 
 
 class CheckpointService:

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 from ..config.model import Config, signal_number
 from ..events import Detection
-from .causes import CAUSES, Action, Cause, StopStyle
+from .causes import ACTIONS, CAUSES, Cause, StopStyle
 from .messages import EXIT_OK, Activity, Mode, Record, Resume, ShutdownPlan
 from .policy import Decision
 
@@ -33,8 +33,8 @@ def shutdown_plan(cfg: Config, cause: Cause | None, decision: Decision | None) -
     mode, grace = Mode(s.mode), s.grace_s
     if cause is not None and CAUSES[cause].stop is StopStyle.HUNG:
         mode, grace = Mode.GRACEFUL, s.hang_grace_s  # a hung job flushes nothing: short grace
-    if mode is Mode.HYBRID and decision is not None and decision.action in (Action.ROLLBACK, Action.GIVE_UP):
-        mode = Mode.GRACEFUL  # an emergency checkpoint of a diverged model is worthless
+    if mode is Mode.HYBRID and decision is not None and not ACTIONS[decision.action].emergency_checkpoint:
+        mode = Mode.GRACEFUL  # an emergency checkpoint of a diverged model, or one nothing resumes from, is worthless
     return ShutdownPlan(mode, grace, signal_number(s.stop_signal), signal_number(s.checkpoint_signal),
                         s.checkpoint_timeout_s, reason=cause.value if cause else "stop")
 
@@ -96,7 +96,7 @@ def launch_digest(argv: Sequence[str], env: Mapping[str, str], skip_batches: int
 
 
 def what_next(decision: Decision) -> str:
-    if decision.action is Action.GIVE_UP:
+    if not decision.relaunch:
         return f"giving up after stopping the job ({decision.reason})"
     return (f"stopping the job, then {decision.action.value} in {decision.delay_s:.1f} s "
             f"(restart {decision.restarts_in_window}/{decision.max_restarts}; {decision.reason})")

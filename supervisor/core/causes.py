@@ -29,6 +29,45 @@ class Action(StrEnum):
     WARN = "warn"  # record only; the job keeps running
 
 
+@dataclass(frozen=True)
+class ActionSpec:
+    """What an action does, read by every consumer (the policy, the state machine, the shutdown
+    plan, the checkpoint chooser, the cluster) instead of comparing action names.
+
+    A new action is a member of :class:`Action`, its entry in :data:`ACTIONS` (the import fails
+    if one is missing) and, where it needs more than these facts, its handler
+    (``docs/DEVELOPING.md``, "Adding an action")."""
+
+    action: Action
+    doc: str  # one line, for the config docs
+    ends_attempt: bool  # the job is stopped (False: recorded only, the job keeps running)
+    relaunches: bool  # a new attempt follows, through the ladder, the budget and the backoff
+    before_onset: bool = False  # resume from the newest good checkpoint before the anomaly's onset
+    #: a hybrid shutdown asks the job for an emergency checkpoint first (not worth it when the
+    #: state is known bad, or when nothing will resume from it)
+    emergency_checkpoint: bool = True
+
+
+def _action_registry(specs: Sequence[ActionSpec]) -> Mapping[Action, ActionSpec]:
+    table = {s.action: s for s in specs}
+    missing = [a.value for a in Action if a not in table]
+    if missing or len(table) != len(specs):
+        raise ImportError(f"supervisor.core.causes: every Action needs exactly one ActionSpec; missing {missing}")
+    return MappingProxyType(table)
+
+
+ACTIONS: Mapping[Action, ActionSpec] = _action_registry([
+    ActionSpec(Action.RESTART, "stop the job and relaunch it from the newest good checkpoint",
+               ends_attempt=True, relaunches=True),
+    ActionSpec(Action.ROLLBACK, "stop the job and relaunch it from the newest good checkpoint before the onset",
+               ends_attempt=True, relaunches=True, before_onset=True, emergency_checkpoint=False),
+    ActionSpec(Action.GIVE_UP, "stop the job for good; the daemon exits 3",
+               ends_attempt=True, relaunches=False, emergency_checkpoint=False),
+    ActionSpec(Action.WARN, "record the failure only; the job keeps running",
+               ends_attempt=False, relaunches=False),
+])
+
+
 class Cause(StrEnum):
     """Why an attempt ended or must end (the SPEC's stable names); see :data:`CAUSES`."""
 
@@ -64,6 +103,11 @@ class CauseSpec:
     counted: bool = True  # spends the restart budget and books the attempt against its checkpoint
     stop: StopStyle = StopStyle.CONFIGURED
     diagnostics: bool = False  # the following attempts get validation.diagnostics_env
+    #: a rollback relaunches at once: the detection itself proves the job is not stuck in a fast
+    #: crash loop, and waiting buys nothing
+    rollback_at_once: bool = False
+    #: why any relaunch after this cause needs no backoff ("" : the backoff rules apply)
+    no_backoff: str = ""
 
     def default_text(self) -> str:
         return self.default.value + (f" ({self.note})" if self.note else "")
@@ -80,8 +124,9 @@ def _registry(specs: Sequence[CauseSpec]) -> Mapping[Cause, CauseSpec]:
 CAUSES: Mapping[Cause, CauseSpec] = _registry([
     CauseSpec(Cause.CRASH, Action.RESTART, "a non-zero exit or a killing signal, nothing more specific seen"),
     CauseSpec(Cause.OOM, Action.RESTART, "CUDA or host out of memory (a log line, or the kernel OOM killer)"),
-    CauseSpec(Cause.NAN, Action.ROLLBACK, "a non-finite loss, grad norm or eval loss"),
-    CauseSpec(Cause.LOSS_SPIKE, Action.ROLLBACK, "a persistent jump of the loss above its robust baseline"),
+    CauseSpec(Cause.NAN, Action.ROLLBACK, "a non-finite loss, grad norm or eval loss", rollback_at_once=True),
+    CauseSpec(Cause.LOSS_SPIKE, Action.ROLLBACK, "a persistent jump of the loss above its robust baseline",
+              rollback_at_once=True),
     CauseSpec(Cause.HANG, Action.RESTART, "no heartbeat, step or output line for the timeout (or no first step)",
               note="stacks dumped first", stop=StopStyle.HUNG),
     CauseSpec(Cause.NCCL_TIMEOUT, Action.RESTART, "a collective or driver timeout seen in the log"),
@@ -89,7 +134,10 @@ CAUSES: Mapping[Cause, CauseSpec] = _registry([
               note='node-level Xid: give up, "drain or reset this node"'),
     CauseSpec(Cause.GPU_MEMORY, Action.WARN, "device memory above its watermark for too long (a forecast)"),
     CauseSpec(Cause.CHECKPOINT_LOAD_ERROR, Action.RESTART, "resuming failed: missing keys, wrong sizes, truncation",
-              note="from the next older ready checkpoint"),
+              note="from the next older ready checkpoint",
+              # Not a job that fails fast: its checkpoint was bad (no_progress_attempts still bounds
+              # a run where every checkpoint fails).
+              no_backoff="the checkpoint that failed to load is set aside; the next attempt resumes from another"),
     CauseSpec(Cause.VALIDATION_FAILED, Action.ROLLBACK, "the first steps after a resume disagree with the run before it",
               note="with diagnostics env", diagnostics=True),
     CauseSpec(Cause.NO_PROGRESS, Action.GIVE_UP, "attempts keep failing without a newer checkpoint"),

@@ -37,7 +37,7 @@ from ..events import Detection
 from . import attempts
 from .attempts import Pending, shutdown_plan
 from .policy import Decision, Failure, PastAttempt, RepeatKey, decide, merge_args
-from .causes import CAUSES, Action, Cause, StopStyle, gate_failure
+from .causes import ACTIONS, CAUSES, Action, Cause, StopStyle, gate_failure
 from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, Activity, ArmTimer, Boot, CheckpointRequested, Command, Detected,
                        EndAttempt, EscalateStop, Event, ExitInfo, Finish, FirstMetric, JobExited, Launch,
                        PrepareLaunch, Prepared, Record, RecordDetection, Reply, RestartRequested, Resume, ShutdownPlan,
@@ -236,7 +236,7 @@ class Machine:
             return
         decision = self._decide(Failure(d.cause, d.summary, d.suggested_action, d.step, d.onset_step),
                                 ev.now, ev.wall, ev.jitter)
-        if decision.action is Action.WARN:
+        if not ACTIONS[decision.action].ends_attempt:
             self._record("detection_warned", "warning", f"{d.summary} (from {d.source}); {decision.reason}", **data)
             return
         self.root = d
@@ -276,9 +276,10 @@ class Machine:
             detail = info.signal or (f"exit {info.exit_code}" if info.exit_code is not None else "")
             decision = self._decide(Failure(d.cause, d.summary, step=ev.last_step, detail=detail),
                                     ev.now, ev.wall, ev.jitter)
-            if decision.action is Action.WARN:  # a crash cannot be "warned": the job is gone
-                decision = Decision(Action.GIVE_UP, d.cause, f"[on.{d.cause.value}] action = warn, but the job "
-                                                              "exited; nothing left to supervise")
+            if not ACTIONS[decision.action].ends_attempt:  # a crash cannot be "warned": the job is gone
+                decision = Decision(Action.GIVE_UP, d.cause, f"[on.{d.cause.value}] action = "
+                                                              f"{decision.action.value}, but the job exited; "
+                                                              "nothing left to supervise")
             self.pending.decision = decision
         if ev.group_alive:
             plan = attempts.leftovers_plan(self.cfg)

@@ -34,6 +34,7 @@ from typing import Mapping, Sequence
 
 from ..config.model import Config, Remedy, find_flag
 from ..events import Action, Cause
+from .causes import ACTIONS, CAUSES
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class Decision:
 
     @property
     def relaunch(self) -> bool:
-        return self.action in (Action.RESTART, Action.ROLLBACK)
+        return ACTIONS[self.action].relaunches
 
 
 def combine_remedies(remedies: Sequence[Remedy], upto: int) -> AppliedRemedies:
@@ -226,21 +227,15 @@ def _consecutive_failures(history: Sequence[PastAttempt], healthy_after_s: float
     return n
 
 
-#: Causes whose rollback relaunches at once: the detection itself proves the job is not stuck
-#: in a fast crash loop, and waiting buys nothing.
-IMMEDIATE_ROLLBACK = frozenset({Cause.NAN, Cause.LOSS_SPIKE})
-
-
 def relaunch_delay(cfg: Config, history: Sequence[PastAttempt], cause: Cause, action: Action, *,
                    ran_s: float, progressed: bool, jitter_draw: float) -> tuple[float, str]:
     """(delay, why) before relaunching after ``cause``; rule 5 of the module docstring."""
     p = cfg.policy
-    if action is Action.ROLLBACK and cause in IMMEDIATE_ROLLBACK:
+    spec = CAUSES[cause]
+    if ACTIONS[action].before_onset and spec.rollback_at_once:
         return 0.0, f"no delay: rollback after a detected {cause.value}"
-    if cause is Cause.CHECKPOINT_LOAD_ERROR:
-        # Not a job that fails fast: its checkpoint was bad, and the next attempt resumes from
-        # another one (no_progress_attempts still bounds a run where every checkpoint fails).
-        return 0.0, "no delay: the checkpoint that failed to load is set aside; the next attempt resumes from another"
+    if spec.no_backoff:
+        return 0.0, f"no delay: {spec.no_backoff}"
     if progressed:
         return 0.0, "no delay: the attempt made progress; relaunching once its process tree is gone"
     consecutive = (_consecutive_failures(history, p.healthy_after_s) + 1) if ran_s < p.healthy_after_s else 1
@@ -279,10 +274,10 @@ def decide(cfg: Config, history: Sequence[PastAttempt], failure: Failure, *, now
         action = failure.suggested_action
         why_action = f"the monitor's advice for this fault ({failure.summary})"
 
-    if action is Action.WARN:
-        return Decision(Action.WARN, cause, f"recorded only ({why_action}); the job keeps running")
-    if action is Action.GIVE_UP:
-        return Decision(Action.GIVE_UP, cause, f"{cause.value} needs a human ({why_action})")
+    if not ACTIONS[action].ends_attempt:
+        return Decision(action, cause, f"recorded only ({why_action}); the job keeps running")
+    if not ACTIONS[action].relaunches:
+        return Decision(action, cause, f"{cause.value} needs a human ({why_action})")
 
     # The ladder: a repeat of the same cause (no healthy run between) climbs one rung.
     remedies = cfg.remedies_for(cause)

@@ -5,9 +5,12 @@ from pathlib import Path
 
 from supervisor.config.model import config_from_table
 from supervisor.config.doc import render
-from supervisor.core.causes import (CAUSES, GATE_FAILURES, README_BEGIN, README_END, Action, Cause, GateCheck,
-                                    StopStyle, gate_failure, readme_table)
-from supervisor.core.policy import Failure, decide
+from supervisor.checkpoints.service import _action_mode
+from supervisor.core import attempts
+from supervisor.core.causes import (ACTIONS, CAUSES, GATE_FAILURES, README_BEGIN, README_END, Action, Cause,
+                                    GateCheck, StopStyle, gate_failure, readme_table)
+from supervisor.core.messages import Mode
+from supervisor.core.policy import Failure, decide, relaunch_delay
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,6 +28,37 @@ def test_the_special_cases_are_data():
     assert hung == [Cause.HANG]
     assert [c for c, s in CAUSES.items() if not s.counted] == [Cause.MANUAL]
     assert [c for c, s in CAUSES.items() if s.diagnostics] == [Cause.VALIDATION_FAILED]
+
+
+def test_every_action_has_one_spec_and_every_consumer_reads_it():
+    """The policy, the shutdown plan and the checkpoint chooser act on an action's spec, not its
+    name: configuring each action for a crash gives what its spec says, in each of them."""
+    assert set(ACTIONS) == set(Action)
+    for action, spec in ACTIONS.items():
+        assert spec.action is action and spec.doc
+        cfg = config_from_table({"job": {"command": ["true"]}, "shutdown": {"mode": "hybrid"},
+                                 "on": {"crash": {"action": action.value}}})
+        d = decide(cfg, [], Failure(Cause.CRASH, "exit 1"), now=0, ran_s=1)
+        assert d.action is action and d.relaunch is spec.relaunches
+        if not spec.ends_attempt:
+            assert "keeps running" in d.reason
+        plan = attempts.shutdown_plan(cfg, Cause.CRASH, d)
+        assert (plan.mode is Mode.HYBRID) is spec.emergency_checkpoint, action
+        assert _action_mode(action) == ("rollback" if spec.before_onset else "restart")
+        assert attempts.what_next(d).startswith("giving up") is (not spec.relaunches)
+
+
+def test_the_per_cause_relaunch_facts_are_data_and_the_backoff_reads_them():
+    cfg = config_from_table({"job": {"command": ["true"]}, "policy": {"backoff_initial_s": 5.0}})
+    at_once = [c for c, s in CAUSES.items() if s.rollback_at_once]
+    assert at_once == [Cause.NAN, Cause.LOSS_SPIKE]
+    assert [c for c, s in CAUSES.items() if s.no_backoff] == [Cause.CHECKPOINT_LOAD_ERROR]
+    for cause in Cause:
+        spec = CAUSES[cause]
+        for action in (Action.RESTART, Action.ROLLBACK):
+            delay, why = relaunch_delay(cfg, [], cause, action, ran_s=1, progressed=False, jitter_draw=0.0)
+            waits = not ((spec.rollback_at_once and ACTIONS[action].before_onset) or spec.no_backoff)
+            assert (delay > 0) is waits, (cause, action, why)
 
 
 def test_the_readme_table_is_generated_from_the_registry():
