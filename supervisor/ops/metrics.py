@@ -45,6 +45,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
+from ..core.machine import State
 from ..events import Cause
 from .config import MetricsConfig
 
@@ -52,7 +53,7 @@ log = structlog.get_logger("supervisor.ops")
 
 PREFIX = "tsup_"
 # Known states always appear (0 or 1) so a dashboard's "state == gave_up" query never has holes.
-STATES = ("starting", "running", "stopping", "backoff", "stopped", "gave_up", "finished")
+STATES = tuple(s.value for s in State)  # derived: a new state cannot be missing here
 #: /healthz turns 503 when the newest status snapshot is older than this (the main loop publishes
 #: one every 0.25 s; WatchdogSec=60 is the same bound under systemd)
 HEALTH_STALE_S = 60.0
