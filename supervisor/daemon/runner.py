@@ -142,7 +142,6 @@ class Runner:
         """Open the run, start the concerns, close what a previous daemon left, launch. False
         when a concern cannot start (the run is then ended as given up)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.ports.environment.start(self.cfg)  # beside the first launch, not before it
         self.run_id, continued = self.ledger.open_run(self.cfg.job.name, config_json(self.cfg))
         structlog.contextvars.bind_contextvars(run_id=self.run_id)
         try:
@@ -313,6 +312,10 @@ class Runner:
         except OSError as e:
             self._feed(SpawnFailed(e, spec.argv, spec.cwd))
             return
+        finally:
+            # Beside the first launch, not before it: the probe's interpreter would take a core
+            # from the daemon's own way to the job's exec (issue 25 build 1). Once per daemon life.
+            self.ports.environment.start(cfg)
         job, now, wall = self.job, self.clock.monotonic(), self.clock.time()
         self.ledger.set_attempt_process(self.run_id, cmd.attempt, job.pid, job.pgid, job.leader.create_time)
         self._feed(Spawned(job.pid, job.pgid, spec.argv, now))

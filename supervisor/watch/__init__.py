@@ -12,11 +12,23 @@ Entry points (see each module's docstring):
   progress stalls; it also tails the client's metric reports into the LogWatcher.
 - :func:`dump_stacks` (``stacks``): py-spy dumps of a hung job's processes.
 """
-from .heartbeat import HeartbeatMonitor, client_env
-from .logwatch import LogWatcher, metric_dict
-from .parsers import MetricParser
-from .stacks import dump_stacks, group_pids
-from .tail import FileTailer
+from typing import TYPE_CHECKING
+
+from ..lazyexports import lazy_exports
+
+if TYPE_CHECKING:  # the names for the type checker; at run time each is imported on first use
+    from .heartbeat import HeartbeatMonitor, client_env
+    from .logwatch import LogWatcher, metric_dict
+    from .parsers import MetricParser
+    from .stacks import dump_stacks, group_pids
+    from .tail import FileTailer
+
+_WHERE = {
+    "HeartbeatMonitor": "heartbeat", "client_env": "heartbeat", "LogWatcher": "logwatch",
+    "metric_dict": "logwatch", "MetricParser": "parsers", "dump_stacks": "stacks", "group_pids": "stacks",
+    "FileTailer": "tail",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())
 
 __all__ = ["FileTailer", "HeartbeatMonitor", "LogWatcher", "MetricParser", "client_env", "dump_stacks",
            "group_pids", "metric_dict"]
