@@ -397,6 +397,8 @@ class CheckpointConcern(Concern):
         return self._newest_cache
 
     def status(self) -> dict[str, Any]:
+        if self.svc is None:
+            return {}
         out: dict[str, Any] = {}
         newest = self.newest()
         if newest is not None:

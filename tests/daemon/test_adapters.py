@@ -1,0 +1,166 @@
+"""The checkpoint concern (supervisor/daemon/adapters.py) on its own: a real CheckpointService on
+real files, driven call by call as the runner drives it, with a recording view of the daemon."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from supervisor.config.model import Config, config_from_table
+from supervisor.core.causes import Action, Cause
+from supervisor.core.messages import EndAttempt, Resume
+from supervisor.daemon.adapters import CheckpointConcern, remedy_keys
+from supervisor.events import Detection, MetricRecord
+from supervisor.job.output import SinkFanout
+from tests.helpers import ckpt_factory as F
+
+from ..fakes import FakeClock, FakeLedger
+
+
+class View:
+    """The DaemonView port, recording what the concern tells the daemon."""
+
+    def __init__(self, cfg: Config, state_dir: Path) -> None:
+        self.cfg, self.state_dir, self.run_id = cfg, state_dir, "run-1"
+        self.ledger: Any = FakeLedger()
+        self.clock: Any = FakeClock()
+        self.fanout = SinkFanout()
+        self.events: list[tuple[str, str, str, dict[str, Any]]] = []
+        self.detections: list[Detection] = []
+        self._attempt = 1
+        self._lock = threading.Lock()
+
+    @property
+    def attempt(self) -> int:
+        return self._attempt
+
+    @property
+    def metric_history(self) -> Sequence[MetricRecord]:
+        return []
+
+    @property
+    def has_job(self) -> bool:
+        return True
+
+    def emit(self, d: Detection) -> None:
+        with self._lock:
+            self.detections.append(d)
+
+    def on_metric(self, rec: MetricRecord) -> None:
+        pass
+
+    def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None:
+        with self._lock:
+            self.events.append((event, level, message, data))
+
+    def control(self, verb: str, args: Mapping[str, Any], timeout: float = 20.0) -> Any:
+        raise AssertionError("the checkpoint concern sends no control requests")
+
+    def request_checkpoint(self) -> None:
+        pass
+
+    def refresh_status_cache(self) -> dict[str, Any]:
+        return {}
+
+    def use_config(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [dict(data, message=msg) for ev, _lvl, msg, data in self.events if ev == name]
+
+
+def cfg_for(tmp: Path, **checkpoints: Any) -> Config:
+    table: dict[str, Any] = {"job": {"command": ["python", "train.py"], "workdir": str(tmp)},
+                             "state": {"dir": str(tmp / "state")}}
+    if checkpoints:
+        table["checkpoints"] = checkpoints
+    return config_from_table(table)
+
+
+def started(tmp: Path, **checkpoints: Any) -> tuple[CheckpointConcern, View]:
+    cfg = cfg_for(tmp, **checkpoints)
+    (tmp / "state").mkdir(exist_ok=True)
+    view = View(cfg, tmp / "state")
+    concern = CheckpointConcern()
+    concern.start(view)
+    return concern, view
+
+
+def test_without_a_checkpoint_dir_every_resume_is_fresh_and_nothing_is_watched(tmp_path: Path) -> None:
+    concern, view = started(tmp_path)
+    assert concern.svc is None
+    assert concern.status() == {}  # no service: nothing to show, and no error
+    assert concern.emergency_checkpoint_probe() is None
+    r = concern.choose(Action.RESTART, None, None, [])
+    assert r == Resume(None, None, "no checkpoint dir configured or found")
+    assert concern.choose(Action.RESTART, None, "/x/ckpt", []).checkpoint == "/x/ckpt"  # restart --from wins
+    assert concern.book_last_attempt() is None and view.events == []
+
+
+def test_a_version_not_kept_shows_in_status_before_any_good_checkpoint(tmp_path: Path) -> None:
+    concern, _ = started(tmp_path, dir=str(tmp_path / "out"))
+    assert concern.svc is not None and "checkpoint_not_kept" not in concern.status()
+    concern.svc.keep_first.report_not_kept(tmp_path / "out" / "ckpt.pt", "no room for a copy: 1 byte left")
+    st = concern.status()
+    assert "newest_checkpoint" not in st  # none written yet
+    assert "no room for a copy" in st["checkpoint_not_kept"] and st["checkpoint_not_kept"].endswith("s ago)")
+
+
+def test_choose_names_the_newest_ready_checkpoint_and_books_it_in_the_ledger_only(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    for step in (10, 20):
+        F.old_mtime(F.torch_file(out / f"step_{step}.pt", step))
+    concern, view = started(tmp_path, dir=str(out), load_test=False, verify="before-launch")
+    r = concern.choose(Action.RESTART, None, None, [])
+    assert r.checkpoint == str(out / "step_20.pt") and r.step == 20, r
+    (chosen,) = view.named("checkpoint_chosen")
+    assert chosen["path"] == str(out / "step_20.pt") and chosen["step"] == 20
+
+
+def test_a_checkpoint_failed_from_twice_without_a_newer_one_is_marked_bad(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    for step in (10, 20):
+        F.old_mtime(F.torch_file(out / f"step_{step}.pt", step))
+    concern, view = started(tmp_path, dir=str(out), load_test=False, verify="before-launch")
+    for attempt in (1, 2):
+        resume = concern.choose(Action.RESTART, None, None, [])
+        assert resume.checkpoint == str(out / "step_20.pt")
+        concern.attempt_started(type("Ctx", (), {"attempt": attempt})(), resume, 0.0)
+        concern.attempt_ended(EndAttempt(attempt, Cause.CRASH, Action.RESTART, "exit 1", True), resume, 0.0)
+        concern.book_last_attempt()  # on the preparation thread, before the next choice
+    bad = view.named("checkpoint_marked_bad")
+    assert [b["path"] for b in bad] == [str(out / "step_20.pt")] and bad[0]["cause"] == "crash"
+    assert concern.choose(Action.RESTART, None, None, []).checkpoint == str(out / "step_10.pt")
+
+
+def test_an_attempt_that_is_not_counted_books_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    F.old_mtime(F.torch_file(out / "step_10.pt", 10))
+    concern, view = started(tmp_path, dir=str(out), load_test=False, verify="before-launch")
+    for attempt in (1, 2, 3):
+        resume = concern.choose(Action.RESTART, None, None, [])
+        concern.attempt_ended(EndAttempt(attempt, Cause.MANUAL, Action.RESTART, "restart verb", False), resume, 0.0)
+        assert concern.book_last_attempt() is None
+    assert view.named("checkpoint_marked_bad") == []
+
+
+def test_the_emergency_probe_turns_true_only_for_a_new_complete_checkpoint(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    F.old_mtime(F.torch_file(out / "step_10.pt", 10))
+    concern, _ = started(tmp_path, dir=str(out), load_test=False, verify="before-launch")
+    probe = concern.emergency_checkpoint_probe()
+    assert probe is not None and probe() is False
+    (out / "step_20.pt.tmp").write_bytes(b"half a save")  # a temp file is not a checkpoint
+    assert probe() is False
+    F.old_mtime(F.torch_file(out / "step_20.pt", 20))
+    assert probe() is True
+
+
+def test_remedy_keys_name_the_flags_and_env_the_ladders_change(tmp_path: Path) -> None:
+    cfg = config_from_table({"job": {"command": ["python", "train.py"]},
+                             "on": {"nan": {"remedies": [{"args": ["--lr=1e-4", "plain"], "env": {"SEED": "2"}}]}}})
+    assert sorted(remedy_keys(cfg)) == ["SEED", "lr"]
