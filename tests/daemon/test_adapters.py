@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 from supervisor.config.model import Config, config_from_table
 from supervisor.core.causes import Action, Cause
 from supervisor.core.messages import EndAttempt, Resume
-from supervisor.daemon.adapters import CheckpointConcern, remedy_keys
+from supervisor.daemon.adapters import CheckpointConcern, HealthConcern, remedy_keys
 from supervisor.events import Detection, MetricRecord
 from supervisor.job.output import SinkFanout
 from tests.helpers import ckpt_factory as F
@@ -164,3 +164,52 @@ def test_remedy_keys_name_the_flags_and_env_the_ladders_change(tmp_path: Path) -
     cfg = config_from_table({"job": {"command": ["python", "train.py"]},
                              "on": {"nan": {"remedies": [{"args": ["--lr=1e-4", "plain"], "env": {"SEED": "2"}}]}}})
     assert sorted(remedy_keys(cfg)) == ["SEED", "lr"]
+
+
+# -- the health concern ------------------------------------------------------------------------
+
+def health_started(tmp: Path, backend: str) -> tuple[HealthConcern, View]:
+    cfg = config_from_table({"job": {"command": ["python", "train.py"], "workdir": str(tmp)},
+                             "state": {"dir": str(tmp / "state")}, "gpu": {"backend": backend}})
+    (tmp / "state").mkdir(exist_ok=True)
+    view = View(cfg, tmp / "state")
+    concern = HealthConcern(lambda: 1234)
+    concern.start(view)
+    return concern, view
+
+
+def test_without_gpus_the_gate_passes_on_the_host_checks_and_books_its_verdict(tmp_path: Path) -> None:
+    concern, view = health_started(tmp_path, "none")
+    verdict = concern.check([])
+    assert verdict is not None and verdict.passed
+    (gate,) = view.named("health_gate")
+    assert gate["passed"] is True and gate["message"].startswith("pre-launch health gate: ")
+    assert [type(m).__name__ for m in concern.monitors()] == ["GpuMonitor", "HostMonitor"]
+    assert "host" in concern.snapshot()
+    concern.close()
+
+
+def test_gpus_that_cannot_be_seen_are_said_blind_never_healthy(tmp_path: Path) -> None:
+    """This machine has no NVIDIA driver: the real NVML backend either fails to start (the concern
+    says so, and supervises without GPU checks) or reports blind; never a healthy GPU."""
+    concern, view = health_started(tmp_path, "nvml")
+    if concern.gpu_mon is None:
+        (blind,) = view.named("gpu_blind")
+        assert "GPU backend unavailable" in blind["message"] and concern.check([]) is None
+        assert concern.status() == {} and concern.monitors() == []
+    else:
+        gpus = concern.status()["gpus"]  # None: not seen yet; a list: each GPU as the backend sees it
+        assert gpus is None or all(g.get("state") != "healthy" for g in gpus), gpus
+    concern.close()
+
+
+def test_a_monitor_whose_snapshot_fails_is_reported_not_raised(tmp_path: Path) -> None:
+    concern, _ = health_started(tmp_path, "none")
+
+    class Broken:
+        def snapshot(self) -> dict[str, Any]:
+            raise OSError("proc unreadable")
+
+    concern.host_mon = Broken()
+    assert concern.snapshot()["host"] == {"error": "OSError('proc unreadable')"}
+    concern.close()
