@@ -3,6 +3,7 @@
 checkpoint handed to it (resume_ignored)."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 
 from supervisor.ops.control import DaemonNotRunning, ControlError, request
 from tests.conftest import history
-from tests.e2e.test_trainers_e2e import attempts, events, hf_cmd, supervise  # noqa: F401 (the fixture)
+from tests.e2e.test_trainers_e2e import assert_finite_safetensors, attempts, events, hf_cmd, supervise  # noqa: F401 (the fixture)
 from tests.util import wait_for
 
 slow = pytest.mark.slow
@@ -49,11 +50,26 @@ def test_hf_without_checkpoint_dir_or_resume_arg_resumes_from_its_newest_checkpo
     [inferred] = events(d, "resume_inferred")
     assert "--resume_from_checkpoint" in inferred["message"] and "HF Trainer" in inferred["message"], inferred
     a = attempts(sd)
-    assert a[0]["cause"] == "crash" and len(a) == 2 and a[1]["exit_code"] == 0, a
+    assert a[0]["cause"] == "crash" and a[0]["exit_code"] == 1 and len(a) == 2 and a[1]["exit_code"] == 0, a
     assert a[1]["checkpoint"] == str(out / "checkpoint-10") and a[1]["resume_step"] == 10, a[1]
     assert a[1]["argv"][-2:] == ["--resume_from_checkpoint", str(out / "checkpoint-10")]
-    assert a[1]["validation"]["verdict"] == "pass", a[1]["validation"]
     assert not events(d, "resume_ignored") and not events(d, "resume_unavailable")
+    # The crash resumes from the newest verified checkpoint. verify = "overlap" (the default): its
+    # load test runs beside the job's start-up, below the job in CPU priority; on a busy machine
+    # the 10 steps left can end first, and the daemon then stops the test unfinished. Either way
+    # it never failed.
+    ck10 = str(out / "checkpoint-10")
+    tests = [e for e in events(d, "checkpoint_load_test") if e["path"] == ck10]
+    stopped = [e for e in events(d, "checkpoint_load_test_cancelled") if e["path"] == ck10]
+    assert tests or stopped, "chosen without a load test"
+    assert all(e["passed"].lower() == "true" for e in tests), tests
+    # The post-reboot validation passed on numbers, not on the absence of a loss.
+    v = a[1]["validation"]
+    assert v and v["verdict"] == "pass", v
+    loss = v["checks"]["initial_loss"]
+    assert isinstance(loss["reference"], float) and isinstance(loss["value"], float) and loss["passed"], v
+    assert "no loss" not in json.dumps(v)
+    assert_finite_safetensors(out / "model.safetensors")
 
 
 @slow

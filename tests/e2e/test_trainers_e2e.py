@@ -205,29 +205,10 @@ def test_hf_hang_is_detected_from_silence_and_resumed_from_the_newest(supervise,
     assert a[1]["argv"][-2:] == ["--resume_from_checkpoint", str(out / "checkpoint-10")]
 
 
-@slow
-def test_hf_crash_resumes_from_the_newest_verified_and_validates_with_numbers(supervise, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    d = supervise(wrap(tmp_path, *hf_flags(out))
-                  + hf_cmd(out, "--max_steps", "20", "--save_steps", "5", "--logging_steps", "1"), fault="crash@13")
-    assert d.wait(240) == 0, d.stderr()[-3000:]
-    a = attempts(tmp_path / "sd")
-    assert a[0]["cause"] == "crash" and a[0]["exit_code"] == 1 and len(a) == 2
-    assert a[1]["checkpoint"] == str(out / "checkpoint-10") and a[1]["resume_step"] == 10
-    assert a[1]["argv"][-2:] == ["--resume_from_checkpoint", str(out / "checkpoint-10")]
-    # verify = "overlap" (the default): its load test runs beside the job's start-up, below the
-    # job in CPU priority; on a busy machine the 10 steps left can end first, and the daemon then
-    # stops the test unfinished. Either way it never failed.
-    tests = [e for e in events(d, "checkpoint_load_test") if e["path"] == str(out / "checkpoint-10")]
-    stopped = [e for e in events(d, "checkpoint_load_test_cancelled") if e["path"] == str(out / "checkpoint-10")]
-    assert tests or stopped, "chosen without a load test"
-    assert all(e["passed"].lower() == "true" for e in tests), tests
-    v = a[1]["validation"]
-    assert v and v["verdict"] == "pass", v
-    loss = v["checks"]["initial_loss"]
-    assert isinstance(loss["reference"], float) and isinstance(loss["value"], float) and loss["passed"], v
-    assert "no loss" not in json.dumps(v)
-    assert_finite_safetensors(out / "model.safetensors")
+# The HF crash (crash@13, resumed from the newest verified checkpoint-10 with a numeric validation)
+# is tests/e2e/test_discovery_e2e.py::test_hf_without_checkpoint_dir_or_resume_arg_resumes_from_its_newest_checkpoint:
+# the same run there finds the checkpoint dir and the resume args by itself (the NaN and hang
+# cases above give them explicitly), so one HF run checks both.
 
 
 # ------------------------------------------------------------------------------ nanoGPT-style e2e
