@@ -25,7 +25,8 @@ every second (cheap; rewrites the textfile at most every ``textfile_interval_s``
 ``m.final(status_dict)`` at exit (the textfile then holds the final state, e.g. ``gave_up`` 1, so
 an alert can still fire from it after the daemon is gone); ``m.close()``. Status keys read (all optional): state, run_id, attempt, restarts_by_cause,
 last_metric{step, loss, grad_norm, tokens_per_sec, at}, heartbeats{rank: age_s},
-gpus[{index, uuid, memory_used_bytes}], goodput, goodput_detail{lost_by_cause}, and
+gpus[{index, uuid, memory_used_bytes}], goodput, goodput_detail{lost_by_cause},
+checkpoint_interval{advised_s, current_s, save_cost_s, mtbf_s, goodput_now, goodput_advised}, and
 ``last_good_checkpoint_at`` (unix time) or ``seconds_since_last_good_checkpoint`` (ages are
 turned into timestamps with the time the snapshot was published).
 """
@@ -154,8 +155,15 @@ class _StatusCollector(Collector):
         yield blind
         yield from gauge("goodput_ratio", "Fraction of wall time spent on useful training (0-1)",
                          status.get("goodput"))
+        yield from _interval_metrics(status.get("checkpoint_interval"))
         yield from gauge("ledger_write_errors", "Ledger writes dropped since the daemon started (a full disk)",
                          status.get("ledger_write_errors"))
+        lag = status.get("output_lag")
+        if isinstance(lag, Mapping):
+            yield from gauge("output_lag_seconds", "How far the daemon's parsing of the job's output is behind "
+                             "the job, in seconds (the job is never slowed by it)", lag.get("seconds"))
+            yield from gauge("output_lag_bytes", "Bytes of job.log the daemon's parsers have not read yet",
+                             lag.get("bytes"))
         good_at = _float(status.get("last_good_checkpoint_at"))
         if good_at is None:
             good_at = stamp(status.get("seconds_since_last_good_checkpoint"))
@@ -178,6 +186,38 @@ class _StatusCollector(Collector):
                 if v is not None:
                     mem.add_metric([str(g.get("index", i)), str(g.get("uuid") or "")], v)
         yield mem
+
+
+def _interval_metrics(advice: Any) -> Iterator[Metric]:
+    """The checkpoint interval advice (``status``'s ``checkpoint_interval``, core/interval.py):
+    seconds of work between saves, now and advised, and the goodput each is expected to give, so
+    that ``1 - tsup_checkpoint_interval_expected_goodput{interval="current"}`` is what the current
+    interval costs. Absent until the run has a failure rate, a save and a step rhythm."""
+    if not isinstance(advice, Mapping):
+        return
+    for name, doc, key in (
+            ("checkpoint_interval_advised_seconds",
+             "Seconds of training between saves that maximise goodput for the measured failure rate (Young/Daly)",
+             "advised_s"),
+            ("checkpoint_interval_current_seconds", "Seconds of training between the job's saves now (median)",
+             "current_s"),
+            ("checkpoint_save_cost_seconds", "Seconds of training one save costs the job (from its step rhythm)",
+             "save_cost_s"),
+            ("checkpoint_interval_mtbf_seconds", "Mean seconds between counted failures, across the state dir's runs",
+             "mtbf_s")):
+        v = _float(advice.get(key))
+        if v is not None:
+            g = GaugeMetricFamily(PREFIX + name, doc)
+            g.add_metric([], v)
+            yield g
+    expected = GaugeMetricFamily(PREFIX + "checkpoint_interval_expected_goodput",
+                                 "Expected goodput (0-1) at the current and at the advised checkpoint interval",
+                                 labels=["interval"])
+    for label, key in (("current", "goodput_now"), ("advised", "goodput_advised")):
+        v = _float(advice.get(key))
+        if v is not None:
+            expected.add_metric([label], v)
+    yield expected
 
 
 class Metrics:

@@ -23,19 +23,40 @@ def goodput_from_ledger(led: Ledger, run_id: str, now: float | None = None) -> d
     return gp.to_json() if gp is not None else None
 
 
+def _checkpoint_dir(led: Ledger, run_id: str) -> Path | None:
+    """The run's checkpoint dir as its stored config names it (relative to its workdir)."""
+    cfg = led.run_config(run_id)
+    ck = (cfg.get("checkpoints") or {}).get("dir")
+    if not ck:
+        return None
+    workdir = (cfg.get("job") or {}).get("workdir")
+    return Path(ck) if Path(ck).is_absolute() else Path(workdir or ".") / ck
+
+
+def interval_from_ledger(led: Ledger, run_id: str) -> dict[str, Any] | None:
+    """The checkpoint interval advice (``status``'s ``checkpoint_interval``) as the run left it:
+    the interval that maximises goodput for the failure rate measured across the state dir's runs,
+    and the goodput the job's own interval gives. None until there is a failure, a save and a step
+    rhythm, or when it cannot be worked out (the report renders without it)."""
+    from ..checkpoints.cadence import interval_advice
+
+    try:
+        advice = interval_advice(led, run_id, _checkpoint_dir(led, run_id))
+    except Exception:  # advice only: never in the way of the report
+        return None
+    return advice.to_json() if advice is not None else None
+
+
 def _checkpoint_rows(led: Ledger, run_id: str, state_dir: Path) -> list[dict[str, Any]]:
     try:
-        cfg = led.run_config(run_id)
-        ck = (cfg.get("checkpoints") or {}).get("dir")
-        if not ck:
+        d = _checkpoint_dir(led, run_id)
+        if d is None:
             return []
         from ..config.model import config_from_table
         from ..checkpoints.service import CheckpointService
 
-        c = config_from_table({"job": {"command": ["python"]}, "checkpoints": {"dir": ck}}, need_command=False)
+        c = config_from_table({"job": {"command": ["python"]}, "checkpoints": {"dir": str(d)}}, need_command=False)
         cc = dataclasses.replace(c.checkpoints, load_test=False, write_manifests=False)
-        workdir = (cfg.get("job") or {}).get("workdir")
-        d = Path(ck) if Path(ck).is_absolute() else Path(workdir or ".") / ck
         if not d.is_dir():
             return []
         svc = CheckpointService(cc, d, state_dir, None, [], None, write_manifests=False)
@@ -59,11 +80,12 @@ def write_run_report(state_dir: Path, out_dir: Path, run_id: str | None = None,
         metrics = [(m["at"], m["step"], m["loss"], m["attempt"]) for m in led.metrics(rid)
                    if m["step"] is not None and m["loss"] is not None]
         gp = goodput_from_ledger(led, rid)
+        interval = interval_from_ledger(led, rid)
         rows = _checkpoint_rows(led, rid, state_dir)
     finally:
         led.close()
     facts = {"state": hist.get("state"), "exit code": hist.get("exit_code"), **(summary or {})}
     if hist.get("reason"):
         facts["ended because"] = hist["reason"]
-    data = ReportData.from_history(hist, metrics, rows, goodput=gp, summary=facts)
+    data = ReportData.from_history(hist, metrics, rows, goodput=gp, summary=facts, interval=interval)
     return write_report(data, out_dir)

@@ -31,8 +31,10 @@ class ReportData:
     ``ended_at``, ``exit_code``, ``signal``, ``cause``, ``action``, ``checkpoint``, ``remedies``,
     ``validation``; an optional ``resume_step`` wins over the step read from the checkpoint).
     ``checkpoints`` are ``checkpoints --json`` rows. ``goodput``: ``productive_s``, ``lost_s``
-    (a number, or a mapping cause -> seconds), ``ratio``. ``summary``: free key/value facts shown at
-    the top (e.g. final loss, fault-free reference loss).
+    (a number, or a mapping cause -> seconds), ``ratio``. ``interval``: the checkpoint interval
+    advice (``status``'s ``checkpoint_interval``: ``advised_s``, ``current_s``, ``goodput_now``,
+    ``goodput_advised``, ``save_cost_s``, ``mtbf_s``, ``failures``, ``summary``). ``summary``: free
+    key/value facts shown at the top (e.g. final loss, fault-free reference loss).
     """
 
     run_id: str
@@ -43,6 +45,7 @@ class ReportData:
     goodput: Mapping[str, Any] | None = None
     summary: Mapping[str, Any] = field(default_factory=dict)
     title: str = "transformer-supervisor run report"
+    interval: Mapping[str, Any] | None = None  # the checkpoint interval advice (IntervalAdvice.to_json)
 
     @classmethod
     def from_history(
@@ -52,6 +55,7 @@ class ReportData:
         checkpoints: Sequence[Mapping[str, Any]] = (),
         goodput: Mapping[str, Any] | None = None,
         summary: Mapping[str, Any] | None = None,
+        interval: Mapping[str, Any] | None = None,
     ) -> ReportData:
         """From a ``history --json`` document plus the metric series."""
         return cls(
@@ -62,6 +66,7 @@ class ReportData:
             checkpoints=tuple(checkpoints),
             goodput=goodput,
             summary=dict(summary or {}),
+            interval=interval,
         )
 
 

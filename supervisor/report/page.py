@@ -169,6 +169,31 @@ def _event_row(ev: Mapping[str, Any]) -> list[str]:
             _e(rest) if rest else ""]
 
 
+def _interval_section(advice: Mapping[str, Any] | None) -> str:
+    """The checkpoint interval that maximises goodput (core/interval.py) beside the job's own, and
+    the goodput each gives; or why there is no advice yet."""
+    if not advice:
+        return ("<h3>Checkpoint interval</h3><p>No advice: it needs a counted failure in this state dir, "
+                "and saves seen between the job's steps (the save cost comes from its step rhythm).</p>")
+
+    def pct(v: Any) -> str:
+        return f"{float(v):.1%}" if isinstance(v, (int, float)) else "n/a"
+
+    def secs(v: Any) -> str:
+        return f"{float(v):g}" if isinstance(v, (int, float)) else "n/a"
+
+    rows = [["the job's now", secs(advice.get("current_s")), pct(advice.get("goodput_now")),
+             pct(1 - advice["goodput_now"]) if isinstance(advice.get("goodput_now"), (int, float)) else "n/a"],
+            ["advised (Young/Daly)", secs(advice.get("advised_s")), pct(advice.get("goodput_advised")),
+             pct(1 - advice["goodput_advised"]) if isinstance(advice.get("goodput_advised"), (int, float)) else "n/a"]]
+    return ("<h3>Checkpoint interval</h3>"
+            f"<p>{_e(advice.get('summary') or '')}</p>"
+            + _table(["interval", "seconds of training between saves", "expected goodput", "cost"], rows)
+            + f"<p>from: a save costs {_e(secs(advice.get('save_cost_s')))} s, {_e(advice.get('failures'))} "
+              f"counted failure(s), one per {_e(secs(advice.get('mtbf_s')))} s, a relaunch "
+              f"{_e(secs(advice.get('restart_s')))} s</p>")
+
+
 def render_html(data: ReportData, png_bytes: bytes | None, png_note: str | None = None) -> str:
     points = metric_points(data)
     markers = restart_markers(data)
@@ -229,6 +254,7 @@ def render_html(data: ReportData, png_bytes: bytes | None, png_note: str | None 
         out.append(_table(["time", "seconds", "cause"], rows))
     else:
         out.append("<p>No goodput figures recorded.</p>")
+    out.append(_interval_section(data.interval))
 
     out.append("<h2>Checkpoints</h2>")
     if data.checkpoints:

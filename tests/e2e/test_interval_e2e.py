@@ -1,6 +1,7 @@
 """The checkpoint interval advice through the real daemon: a job that saves every 20 steps (each
 save costs it about 0.4 s) and crashes once; `status` then shows the measured save cost, the
-failure rate and the interval that maximises goodput (core/interval.py, checkpoints/cadence.py)."""
+failure rate and the interval that maximises goodput (core/interval.py, checkpoints/cadence.py);
+so does the run report once it has ended (report/collect.py)."""
 from __future__ import annotations
 
 import subprocess
@@ -57,3 +58,11 @@ def test_status_advises_the_checkpoint_interval_from_the_measured_save_cost_and_
     assert "would cost" in ci["summary"] and "1 failure(s)" in ci["summary"]
     assert plain.returncode == 0 and "would cost" in plain.stdout, plain.stdout + plain.stderr
     assert d.wait(60) == 0, d.stderr()[-3000:]
+    # The run report carries the same advice, read back from the ledger and the folder (build 5).
+    rep = subprocess.run([PY, "-m", "supervisor", "report", "--state-dir", str(sd), "--out", str(tmp_path / "rep")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    page = (tmp_path / "rep" / "report.html").read_text()
+    section = page[page.index("<h3>Checkpoint interval</h3>"):]
+    assert "would cost" in section and "1 counted failure(s)" in section, section[:2000]
+

@@ -131,10 +131,45 @@ def test_lost_seconds_never_decrease_within_a_run():
     assert lost() == {"oom": 1.0}  # a new run starts from zero (a counter reset)
 
 
+def _advice() -> dict:
+    from supervisor.core.interval import advise
+
+    advice = advise(save_cost_s=6.0, run_seconds=4 * 3600.0, failures=4, restart_s=40.0, current_s=1800.0)
+    assert advice is not None
+    return advice.to_json()
+
+
+def test_checkpoint_interval_advice_is_exported_with_the_goodput_each_interval_gives():
+    advice = _advice()
+    m = Metrics()
+    m.update({**STATUS, "checkpoint_interval": advice})
+    s = samples(m.render().decode())
+    assert s[("tsup_checkpoint_interval_advised_seconds", ())] == advice["advised_s"]
+    assert s[("tsup_checkpoint_interval_current_seconds", ())] == 1800.0
+    assert s[("tsup_checkpoint_save_cost_seconds", ())] == 6.0
+    assert s[("tsup_checkpoint_interval_mtbf_seconds", ())] == 3600.0
+    now = s[("tsup_checkpoint_interval_expected_goodput", (("interval", "current"),))]
+    best = s[("tsup_checkpoint_interval_expected_goodput", (("interval", "advised"),))]
+    assert now == advice["goodput_now"] and best == advice["goodput_advised"]
+    assert 0 < now < best < 1  # saving every 30 min against a failure an hour costs more than the advice
+
+
+def test_no_interval_series_before_there_is_advice():
+    m = Metrics()
+    m.update({**STATUS, "checkpoint_interval": None})
+    assert not any(k[0].startswith(("tsup_checkpoint_interval", "tsup_checkpoint_save_cost"))
+                   for k in samples(m.render().decode()))
+    m.update({**STATUS, "checkpoint_interval": {**_advice(), "current_s": None, "goodput_now": None}})
+    s = samples(m.render().decode())
+    assert ("tsup_checkpoint_interval_current_seconds", ()) not in s
+    assert [k[1] for k in s if k[0] == "tsup_checkpoint_interval_expected_goodput"] == [(("interval", "advised"),)]
+
+
 @pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed (apt-get install prometheus)")
 def test_promtool_check_metrics_is_clean(tmp_path: Path):
     m = Metrics()
-    m.update({**STATUS, "last_good_checkpoint_at": time.time() - 60})
+    m.update({**STATUS, "last_good_checkpoint_at": time.time() - 60,
+              "checkpoint_interval": _advice()})
     text = m.render()
     r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, timeout=60)
     assert r.returncode == 0 and r.stdout == b"" and r.stderr == b"", (r.stdout + r.stderr).decode()

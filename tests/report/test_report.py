@@ -140,3 +140,20 @@ def test_client_metric_files_feed_the_report(tmp_path: Path) -> None:
     pts = load_client_metrics([f, tmp_path / "missing.jsonl"])
     assert [(s, a) for _, s, _, a in pts] == [(1, 0), (2, 0), (3, 0), (3, 1)]
     assert math.isnan(pts[2][2])
+
+
+def test_the_report_shows_the_checkpoint_interval_advice_and_what_the_current_interval_costs() -> None:
+    import dataclasses
+
+    from supervisor.core.interval import advise
+    from supervisor.report.page import render_html
+
+    advice = advise(save_cost_s=6.0, run_seconds=4 * 3600.0, failures=4, restart_s=40.0, current_s=1800.0)
+    assert advice is not None and advice.goodput_now is not None
+    page = render_html(dataclasses.replace(synthetic(), interval=advice.to_json()), None)
+    section = page[page.index("<h3>Checkpoint interval</h3>"):page.index("<h2>Checkpoints</h2>")]
+    assert "saving every 30 min costs" in section  # the status line, as `status` shows it
+    assert f"<td>{round(advice.advised_s, 1):g}</td>" in section and "<td>1800</td>" in section
+    assert f"<td>{1 - advice.goodput_now:.1%}</td>" in section  # the cost of the job's own interval
+    assert f"<td>{advice.goodput_advised:.1%}</td>" in section
+    assert "No advice" in render_html(synthetic(), None)  # none yet: the page says what it needs
