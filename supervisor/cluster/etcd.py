@@ -8,7 +8,10 @@ which at the coordination's pace (a few reads a second) costs nothing and needs 
 
 Keys and values are UTF-8 strings here (the gateway wants them base64-encoded). Every call
 raises :class:`EtcdUnavailable` when no endpoint answers, so callers can keep supervising
-locally and retry; :class:`LeaseExpired` when a keepalive finds the lease gone.
+locally and retry (its subclasses :class:`EtcdAuthError` and :class:`EtcdTlsError` when etcd
+refuses this node's credentials); :class:`LeaseExpired` when a keepalive finds the lease gone.
+TLS (server verification, client certificates) and user/password tokens: see
+:mod:`supervisor.cluster.credentials` and :class:`EtcdClient`.
 """
 
 from __future__ import annotations
@@ -16,11 +19,20 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import ssl
+import threading
+import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import SupervisorError
+from .credentials import CredentialsError, PasswordAuth
+
+AUTH_RETRY_S = 5.0  # after etcd refused the password, ask again only this much later
+_PERMISSION_DENIED = 7  # the gRPC codes etcd's gateway puts in an error body
+_FAILED_PRECONDITION = 9
+_UNAUTHENTICATED = 16
 
 
 class EtcdError(SupervisorError):
@@ -33,6 +45,22 @@ class EtcdUnavailable(EtcdError):
     """Raised when no etcd endpoint answered (refused, timed out, 5xx); retry later."""
 
     code = "etcd_unavailable"
+
+
+class EtcdAuthError(EtcdUnavailable):
+    """Raised when etcd refuses this client's credentials (a wrong password, no permission on the
+    key, auth wanted but not configured). An outage for the caller: the node cannot keep its lease,
+    so local supervision goes on and the fence applies; every call tries again (a fixed password
+    file heals it)."""
+
+    code = "etcd_auth"
+
+
+class EtcdTlsError(EtcdUnavailable):
+    """Raised when no endpoint completed a TLS handshake (etcd's certificate not trusted, or
+    this node's client certificate refused)."""
+
+    code = "etcd_tls"
 
 
 class EtcdRequestError(EtcdError):
@@ -81,36 +109,77 @@ def _prefix_end(prefix: str) -> str:
     return _b64(b"\0")
 
 
+def _token_rejected(status: int, out: dict[str, Any]) -> bool:
+    """etcd says the token is invalid or expired (or from before an auth change): get a new one."""
+    msg = str(out.get("message") or out.get("error") or "")
+    return (status == 401 or out.get("code") == _UNAUTHENTICATED or "invalid auth token" in msg
+            or "revision of auth store is old" in msg)
+
+
 def _kv(d: dict[str, Any]) -> KeyValue:
     return KeyValue(_unb64(d["key"]), _unb64(d.get("value", "")), int(d.get("create_revision", 0)),
                     int(d.get("mod_revision", 0)), int(d.get("version", 0)), int(d.get("lease", 0)))
 
 
 class EtcdClient:
-    """etcd's v3 API for a list of endpoints (``http://host:port``); the first that answers is
-    kept until it stops answering. Thread-safe: one HTTP connection per call."""
+    """etcd's v3 API for a list of endpoints (``http://host:port`` or ``https://``); the first
+    that answers is kept until it stops answering. Thread-safe: one HTTP connection per call.
 
-    def __init__(self, endpoints: Sequence[str], timeout_s: float = 2.0) -> None:
+    ``tls``: the context for ``https://`` endpoints (verifies etcd, presents the client
+    certificate; :func:`~supervisor.cluster.credentials.tls_context`). ``auth``: etcd's
+    user/password auth; the token from ``/v3/auth/authenticate`` goes in the ``Authorization``
+    header and is renewed when etcd says it is invalid or expired (simple tokens die with an
+    etcd restart and after ``--auth-token-ttl`` unused). A refused password is not retried for
+    :data:`AUTH_RETRY_S` (each try costs etcd a bcrypt)."""
+
+    def __init__(self, endpoints: Sequence[str], timeout_s: float = 2.0, *, tls: ssl.SSLContext | None = None,
+                 auth: PasswordAuth | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
         self.endpoints = list(endpoints)
         self.timeout_s = timeout_s
+        self.tls = tls
+        self.auth = auth
+        self.clock = clock
         self._good = 0
+        self._auth_lock = threading.Lock()
+        self._token: str | None = None
+        self._refused: tuple[float, EtcdAuthError] | None = None  # (until, why): a refused password
 
     # ------------------------------------------------------------------ transport
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         data = json.dumps(body).encode()
+        if self.auth is None:
+            return self._checked(path, *self._send(path, data, None))
+        token = self._token_now(stale=None)
+        status, out = self._send(path, data, token)
+        if _token_rejected(status, out):  # expired, or lost with an etcd restart: renew once
+            token = self._token_now(stale=token)
+            status, out = self._send(path, data, token)
+        return self._checked(path, status, out)
+
+    def _send(self, path: str, data: bytes, token: str | None) -> tuple[int, dict[str, Any]]:
+        """One POST to the first endpoint that answers: (HTTP status, the JSON body)."""
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = token
         errors: list[str] = []
+        tls_failures = 0
         n = len(self.endpoints)
         for i in range(n):
             idx = (self._good + i) % n
             url = urllib.parse.urlsplit(self.endpoints[idx])
-            conn_cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-            conn = conn_cls(url.hostname or "127.0.0.1", url.port or 2379, timeout=self.timeout_s)
+            host, port = url.hostname or "127.0.0.1", url.port or 2379
+            conn = (http.client.HTTPSConnection(host, port, timeout=self.timeout_s, context=self.tls)
+                    if url.scheme == "https" else http.client.HTTPConnection(host, port, timeout=self.timeout_s))
             try:
-                conn.request("POST", path, data, {"Content-Type": "application/json"})
+                conn.request("POST", path, data, headers)
                 resp = conn.getresponse()
                 raw = resp.read()
+            except ssl.SSLError as e:  # a handshake refused either way: a credentials problem, not a blip
+                tls_failures += 1
+                errors.append(f"{self.endpoints[idx]}: TLS: {e.reason or e}")
+                continue
             except (OSError, http.client.HTTPException) as e:
                 errors.append(f"{self.endpoints[idx]}: {e}")
                 continue
@@ -121,13 +190,83 @@ class EtcdClient:
                 continue
             self._good = idx
             try:
-                out = json.loads(raw or b"{}")
+                return resp.status, json.loads(raw or b"{}")
             except ValueError:
+                if b"CommonName of client" in raw:  # etcd >= 3.4.10 with auth on: a CN could pass for a user
+                    raise EtcdAuthError(f"etcd's gateway refuses {path} because this node's client certificate has "
+                                        "a Common Name while etcd's auth is on (it would pass for a user name); "
+                                        "issue the certificate without a CN (a subject of O=... only) or use "
+                                        "either client certificates or cluster.user") from None
                 raise EtcdRequestError(f"etcd {path} answered HTTP {resp.status} with non-JSON {raw[:200]!r}") from None
-            if resp.status >= 400 or "error" in out and "header" not in out and "result" not in out:
-                raise EtcdRequestError(f"etcd refused {path}: HTTP {resp.status} {out.get('message') or out}")
-            return out
+        if tls_failures == n:
+            raise EtcdTlsError(f"no etcd endpoint completed a TLS handshake for {path}: {'; '.join(errors)}; check "
+                               "cluster.ca_file (the CA of etcd's certificate, whose names must include the "
+                               "endpoint's host) and cluster.cert_file/key_file (a certificate etcd's "
+                               "--trusted-ca-file signed)")
         raise EtcdUnavailable(f"no etcd endpoint answered {path}: {'; '.join(errors)}")
+
+    def _checked(self, path: str, status: int, out: dict[str, Any]) -> dict[str, Any]:
+        if status < 400 and not ("error" in out and "header" not in out and "result" not in out):
+            return out
+        msg = str(out.get("message") or out.get("error") or out)
+        if _token_rejected(status, out) or "user name is empty" in msg:
+            raise EtcdAuthError(f"etcd wants authentication for {path} ({msg}): set cluster.user and "
+                                "cluster.password_file to an etcd user with read-write access to the run's prefix"
+                                if self.auth is None else
+                                f"etcd refused a fresh token of user \"{self.auth.user}\" for {path} ({msg})")
+        if status == 403 or out.get("code") == _PERMISSION_DENIED or "permission denied" in msg:
+            if self.auth is None:
+                raise EtcdAuthError(f"etcd refused {path}: {msg}; its auth is on: set cluster.user and "
+                                    "cluster.password_file to a user with readwrite on the run's prefix")
+            raise EtcdAuthError(f'etcd refused {path} for user "{self.auth.user}": {msg}; grant the user a role '
+                                "with readwrite on the run's prefix (cluster.prefix)")
+        raise EtcdRequestError(f"etcd refused {path}: HTTP {status} {msg}")
+
+    def _token_now(self, stale: str | None) -> str:
+        """The current token; a new one when there is none or ``stale`` was refused."""
+        assert self.auth is not None
+        with self._auth_lock:
+            if self._token is not None and self._token != stale:
+                return self._token
+            if self._refused is not None and self.clock() < self._refused[0]:
+                raise self._refused[1]
+            try:
+                self._token = self._authenticate(self.auth)
+            except EtcdAuthError as e:
+                self._token, self._refused = None, (self.clock() + AUTH_RETRY_S, e)
+                raise
+            self._refused = None
+            return self._token
+
+    def _authenticate(self, auth: PasswordAuth) -> str:
+        try:
+            password = auth.password()
+        except CredentialsError as e:
+            raise EtcdAuthError(f"cannot authenticate to etcd: {e}") from None
+        status, out = self._send("/v3/auth/authenticate", json.dumps({"name": auth.user, "password": password})
+                                 .encode(), None)
+        token = out.get("token")
+        if status < 400 and isinstance(token, str) and token:
+            return token
+        msg = str(out.get("message") or out.get("error") or f"HTTP {status}")
+        if out.get("code") == _FAILED_PRECONDITION or "not enabled" in msg:
+            raise EtcdAuthError(f"etcd has authentication disabled ({msg}) but cluster.user is set: anyone who "
+                                "reaches etcd could write the run's keys; enable it (etcdctl auth enable) or "
+                                "remove cluster.user and cluster.password_file")
+        raise EtcdAuthError(f'etcd refused user "{auth.user}" with the password in {auth.password_file} ({msg}); '
+                            "check cluster.user and cluster.password_file; retried in "
+                            f"{AUTH_RETRY_S:g} s")
+
+    def check_access(self, prefix: str) -> None:
+        """Read one key under ``prefix``: raises :class:`EtcdAuthError` or :class:`EtcdTlsError`
+        when etcd refuses this client's credentials; an etcd that answers nobody is no verdict
+        (every call retries it), so that passes."""
+        try:
+            self._range({"key": _b64(prefix), "range_end": _prefix_end(prefix), "limit": "1"})
+        except (EtcdAuthError, EtcdTlsError):
+            raise
+        except EtcdUnavailable:
+            pass
 
     # ------------------------------------------------------------------ keys
     def put(self, key: str, value: str, lease: int = 0) -> int:

@@ -44,6 +44,7 @@ enabled = false
 grace_s = 5.0
 [cluster]
 endpoints = ["{endpoint or etcd.endpoint}"]
+insecure = {"false" if "//127.0.0.1:" in (endpoint or etcd.endpoint) else "true"}
 prefix = "{prefix}"
 node_id = "{node}"
 advertise_addr = "{advertise}"

@@ -10,10 +10,15 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests.cluster.security import Pki
 
 PACKAGES = ("etcd-server",)
 LOCK = Path("/tmp/tsup-test-apt.lock")
@@ -58,8 +63,10 @@ def free_port() -> int:
 class EtcdServer:
     """One etcd member on 127.0.0.1 (client and peer ports chosen free at construction)."""
 
-    def __init__(self, data_dir: Path, binary: str | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(self, data_dir: Path, binary: str | None = None, host: str = "127.0.0.1",
+                 tls: Pki | None = None) -> None:
         self.host = host  # the partition test listens on its bridge's address
+        self.tls = tls  # https:// with client-certificate auth (tests/cluster/security.py)
         self.binary = binary or etcd_binary()
         self.data_dir = data_dir
         self.client_port = free_port()
@@ -69,7 +76,7 @@ class EtcdServer:
 
     @property
     def endpoint(self) -> str:
-        return f"http://{self.host}:{self.client_port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.client_port}"
 
     def start(self, timeout: float = 20.0) -> None:
         peer = f"http://{self.host}:{self.peer_port}"
@@ -77,7 +84,7 @@ class EtcdServer:
                 "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", f"tsup-test={peer}", "--initial-cluster-state", "new",
-                "--log-level", "warn"]
+                "--log-level", "warn", *(self.tls.etcd_args() if self.tls else [])]
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -94,7 +101,8 @@ class EtcdServer:
 
     def healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(self.endpoint + "/health", timeout=1) as r:
+            ctx: ssl.SSLContext | None = self.tls.client_context() if self.tls else None
+            with urllib.request.urlopen(self.endpoint + "/health", timeout=1, context=ctx) as r:
                 return b'"true"' in r.read()
         except OSError:
             return False
