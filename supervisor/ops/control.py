@@ -12,6 +12,13 @@ Only a peer with the daemon's uid (or root) is served (SO_PEERCRED). Malformed, 
 or forbidden requests get an error reply (or are dropped when the peer is gone); each connection
 has its own thread, so none of this reaches the daemon's main loop.
 
+At most :data:`MAX_CONNECTIONS` connections at once, :data:`MAX_PER_UID` from one peer uid. A
+new connection over a bound takes the place of the oldest one still reading its request (of its
+own uid when that uid is at its bound, else of the uid holding the most), which gets a ``busy``
+reply; one whose request is complete is never pushed out (:mod:`.controlslots`). The CLI sends
+its request at once, so clients that trickle bytes or stall, however many and however often they
+reconnect, cannot hold off ``status`` or ``stop``.
+
 The server calls ``handler(verb, args)`` on the connection's thread; the runner implements it by
 posting the request to its main loop and waiting for the answer (the main loop owns all
 decisions). A handler raises a :class:`~supervisor.errors.SupervisorError` (such as
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import socket
@@ -37,6 +45,7 @@ import structlog
 
 from ..errors import SupervisorError
 from .. import strictjson
+from .controlslots import ConnectionSlots, Slot
 
 log = structlog.get_logger("supervisor.ops")
 
@@ -44,6 +53,7 @@ SOCKET_NAME = "control.sock"
 MAX_REQUEST = 64 * 1024
 READ_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 16
+MAX_PER_UID = 8  # one user's flood leaves room for root's CLI (and the other way round)
 FINISH_S = 0.2  # the whole polite close (drain after the reply), per connection
 
 # The verbs and the arguments each accepts (name -> type). Checked here so the handler only sees
@@ -169,12 +179,12 @@ class ControlServer:
 
     def __init__(self, state_dir: str | os.PathLike[str], handler: Handler, *,
                  max_request: int = MAX_REQUEST, read_timeout_s: float = READ_TIMEOUT_S,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS, max_per_uid: int = MAX_PER_UID) -> None:
         self.path = socket_path(state_dir)
         self.handler = handler
         self.max_request = max_request
         self.read_timeout_s = read_timeout_s
-        self._slots = threading.BoundedSemaphore(max_connections)
+        self.slots = ConnectionSlots(max_connections, max_per_uid)
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
@@ -259,10 +269,16 @@ class ControlServer:
                     return
                 time.sleep(0.05)  # EMFILE and friends: do not spin
                 continue
-            if not self._slots.acquire(blocking=False):
-                self._refuse(conn, "busy", "too many control connections at once; try again")
+            try:
+                uid = _peer_uid(conn)
+            except OSError:
+                conn.close()  # the peer is gone already
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="control-conn", daemon=True).start()
+            slot = self.slots.admit(uid, kick=functools.partial(conn.shutdown, socket.SHUT_RD))
+            if slot is None:
+                self._refuse(conn, "busy", "every control connection is busy with a request; try again")
+                continue
+            threading.Thread(target=self._serve, args=(conn, slot), name="control-conn", daemon=True).start()
 
     def _refuse(self, conn: socket.socket, code: str, message: str) -> None:
         try:
@@ -274,30 +290,34 @@ class ControlServer:
         finally:
             conn.close()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, slot: Slot) -> None:
         try:
             with conn:
-                conn.settimeout(self.read_timeout_s)
-                uid = _peer_uid(conn)
-                if not peer_allowed(uid, self._uid):
-                    log.warning("control_peer_refused", uid=uid, daemon_uid=self._uid,
-                                next="request ignored; run the CLI as the daemon's user or root")
-                    reply = _reply_error("forbidden", f"uid {uid} may not control this daemon "
-                                         f"(only uid {self._uid} or root)")
-                else:
-                    try:
-                        verb, args = parse_request(self._read_line(conn))
-                        reply = self._dispatch(verb, args)
-                    except SupervisorError as e:
-                        reply = _reply_error(e.code, e.message)
-                    except (TimeoutError, socket.timeout):
-                        reply = _reply_error("timeout", f"no complete request within {self.read_timeout_s:g} s")
-                conn.sendall(reply)
-                self._finish(conn)
+                try:
+                    self._answer(conn, slot)
+                finally:
+                    self.slots.release(slot)  # before the close: a kick never meets a closed fd
         except OSError:
             pass  # the peer went away; nothing to tell it
-        finally:
-            self._slots.release()
+
+    def _answer(self, conn: socket.socket, slot: Slot) -> None:
+        conn.settimeout(self.read_timeout_s)
+        uid = slot.uid
+        if not peer_allowed(uid, self._uid):
+            log.warning("control_peer_refused", uid=uid, daemon_uid=self._uid,
+                        next="request ignored; run the CLI as the daemon's user or root")
+            reply = _reply_error("forbidden", f"uid {uid} may not control this daemon "
+                                 f"(only uid {self._uid} or root)")
+        else:
+            try:
+                verb, args = parse_request(self._read_line(conn, slot))
+                reply = self._dispatch(verb, args)
+            except SupervisorError as e:
+                reply = _reply_error(e.code, e.message)
+            except (TimeoutError, socket.timeout):
+                reply = _reply_error("timeout", f"no complete request within {self.read_timeout_s:g} s")
+        conn.sendall(reply)
+        self._finish(conn)
 
     @staticmethod
     def _finish(conn: socket.socket) -> None:
@@ -317,7 +337,7 @@ class ControlServer:
         except OSError:
             pass
 
-    def _read_line(self, conn: socket.socket) -> bytes:
+    def _read_line(self, conn: socket.socket, slot: Slot) -> bytes:
         buf = bytearray()
         deadline = time.monotonic() + self.read_timeout_s  # the whole request, not per recv
         while b"\n" not in buf:
@@ -326,11 +346,14 @@ class ControlServer:
                 raise TimeoutError
             conn.settimeout(remaining)
             chunk = conn.recv(65536)
-            if not chunk:
+            if not chunk or slot.evicted:
                 break
             buf += chunk
             if len(buf) > self.max_request + 1:
                 raise ControlError("too_large", f"request larger than {self.max_request} bytes")
+        if not self.slots.request_read(slot):
+            raise ControlError("busy", "this request was still incomplete when a newer connection needed "
+                               "its slot (every one taken); send the whole request line at once, then retry")
         line, _, _ = bytes(buf).partition(b"\n")
         if len(line) > self.max_request:
             raise ControlError("too_large", f"request larger than {self.max_request} bytes")

@@ -264,22 +264,52 @@ def test_parse_request_drops_null_args():
     assert parse_request(b'{"verb": "restart", "args": {"from": null, "reason": "x"}}') == ("restart", {"reason": "x"})
 
 
-def test_too_many_connections_get_busy_and_slots_come_back(tmp_path: Path, monkeypatch):
+def test_requests_being_answered_keep_their_slots_and_the_next_gets_busy(tmp_path: Path, monkeypatch):
+    # Two complete requests whose handler is still running hold both slots: they never give way,
+    # so a third connection is refused busy; once they are answered the slots come back.
     monkeypatch.setattr(control, "BUSY_RETRY_S", 0.3)  # the client retries busy this long, then says so
-    s = ControlServer(tmp_path, Handler(), read_timeout_s=2.0, max_connections=2)
+    release = threading.Event()
+
+    def handler(verb: str, args: Mapping[str, Any]) -> Any:
+        if verb == "stop":
+            release.wait(20)
+        return {"state": "running"}
+
+    s = ControlServer(tmp_path, handler, read_timeout_s=2.0, max_connections=2)
+    s.start()
+    waiting = [threading.Thread(target=request, args=(tmp_path, "stop")) for _ in range(2)]
+    try:
+        for t in waiting:
+            t.start()
+        wait_for(lambda: sum(s.slots.live().values()) == 2, 10, what="two stops being answered")
+        with pytest.raises(ControlError) as e:
+            request(tmp_path, "status")
+        assert e.value.code == "busy"
+        release.set()
+        assert wait_for(lambda: _try_status(tmp_path), 10, what="a free slot")["state"] == "running"
+    finally:
+        release.set()
+        for t in waiting:
+            t.join(10)
+        s.close()
+
+
+def test_silent_connections_give_way_to_a_new_request(tmp_path: Path):
+    # Two clients that connect and say nothing hold both slots; a status request takes the
+    # place of the oldest (its reply: busy), long before the read deadline would drop it.
+    s = ControlServer(tmp_path, Handler(), read_timeout_s=60.0, max_connections=2)
     s.start()
     hogs = []
     try:
-        for _ in range(2):  # two clients that connect and say nothing
+        for _ in range(2):
             c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.settimeout(10)
             c.connect(str(socket_path(tmp_path)))
             hogs.append(c)
-        with pytest.raises(ControlError) as e:
-            request(tmp_path, "status")  # accepted after the two hogs, which hold both slots
-        assert e.value.code == "busy"
-        for c in hogs:
-            c.close()  # their threads see EOF and give the slots back
-        assert wait_for(lambda: _try_status(tmp_path), 5, what="a free slot")["state"] == "running"
+        wait_for(lambda: sum(s.slots.live().values()) == 2, 10, what="both hogs admitted")
+        assert request(tmp_path, "status", timeout=10)["state"] == "running"
+        assert json.loads(hogs[0].recv(65536))["error"]["code"] == "busy"  # the oldest gave way
+        assert s.slots.evictions == 1
     finally:
         for c in hogs:
             c.close()
@@ -403,4 +433,77 @@ def test_seventeen_trickling_clients_cannot_hold_off_status(tmp_path: Path):
         stop.set()
         for c in tricklers:
             c.close()
+        s.close()
+
+
+def test_seventeen_reconnecting_tricklers_of_our_uid_cannot_hold_off_status_or_stop(tmp_path: Path):
+    # Issue 24: 17 clients of the daemon's own uid trickle a byte every 0.1 s and reconnect as
+    # soon as they are dropped. The read deadline is far away (60 s), so only the slot rule can
+    # let status and stop through: a new connection pushes out the oldest incomplete request.
+    h = Handler()
+    s = ControlServer(tmp_path, h, read_timeout_s=60.0)
+    s.start()
+    stop = threading.Event()
+    tricklers: list[socket.socket] = []
+
+    def connect() -> socket.socket:
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.settimeout(5)
+        c.connect(str(socket_path(tmp_path)))
+        c.send(b'{"verb": ')
+        return c
+
+    def trickle() -> None:
+        while not stop.is_set():
+            for i, c in enumerate(list(tricklers)):
+                try:
+                    c.send(b" ")
+                except OSError:  # dropped by the server: come back at once
+                    c.close()
+                    try:
+                        tricklers[i] = connect()
+                    except OSError:
+                        pass  # the server is closing (end of test)
+            stop.wait(0.1)
+    try:
+        for _ in range(17):
+            tricklers.append(connect())
+        t = threading.Thread(target=trickle, daemon=True)
+        t.start()
+        wait_for(lambda: s.slots.evictions >= 1, 10, what="the 17th trickler pushing one out")
+        for _ in range(3):
+            assert request(tmp_path, "status", timeout=20)["state"] == "running"
+        assert request(tmp_path, "stop", {"reason": "x"}, timeout=20) == {"message": "stop accepted"}
+        assert ("stop", {"reason": "x"}) in h.calls
+        assert sum(s.slots.live().values()) <= control.MAX_CONNECTIONS
+    finally:
+        stop.set()
+        for c in tricklers:
+            c.close()
+        s.close()
+
+
+def test_a_half_open_connection_is_closed_at_its_deadline_and_frees_its_slot(tmp_path: Path):
+    # A client sends part of a line and then neither sends nor closes: the server replies
+    # "timeout" after its read deadline, closes its end (the client reads EOF while its own end
+    # is still open) and the slot is free again; the handler never sees it.
+    h = Handler()
+    s = ControlServer(tmp_path, h, read_timeout_s=0.3, max_connections=1)
+    s.start()
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        c.settimeout(10)
+        c.connect(str(socket_path(tmp_path)))
+        c.sendall(b'{"verb": "sta')
+        wait_for(lambda: s.slots.live() != {}, 10, what="the half-open connection admitted")
+        buf = b""
+        while chunk := c.recv(65536):  # ends with EOF: the server closed its side
+            buf += chunk
+        assert json.loads(buf)["error"]["code"] == "timeout"
+        assert wait_for(lambda: s.slots.live() == {}, 10, what="its slot freed")
+        assert s.slots.evictions == 0  # freed by its deadline, not pushed out
+        assert request(tmp_path, "status")["state"] == "running"
+        assert h.calls == [("status", {})]
+    finally:
+        c.close()
         s.close()
