@@ -73,7 +73,9 @@ class ClusterConcern(Concern):
     def start(self, daemon: DaemonView) -> None:
         self.daemon = daemon
         cc = self.cc
-        client = EtcdClient(cc.endpoints, timeout_s=cc.request_timeout_s)
+        client = EtcdClient(cc.endpoints, timeout_s=cc.request_timeout_s, tls=cc.tls(), auth=cc.password_auth())
+        if cc.secured:  # refused credentials end the start with etcd's reason, not a run of retries
+            client.check_access(cc.key_prefix(self.job_name))
         rules = Rules(cc.nodes, cc.min_needed(), cc.wait_for_nodes_s, cc.lease_ttl_s)
         self.agent = self.agent_factory(client, Keys(cc.key_prefix(self.job_name)), cc.node_name(), cc.address(),
                                         rules, on_stop=self._stop_from_cluster, on_event=self._queue_event)
