@@ -14,12 +14,19 @@ from tests.conftest import ROOT, history
 
 pytestmark = pytest.mark.slow
 PY = sys.executable
-STEPS = "300"
+# The faulted run and the clean run it is compared with: 250 steps, a checkpoint every 50. Each
+# fault is placed explicitly (the default fractions of 250 would put the NaN on a checkpoint step)
+# a few steps past a checkpoint, with more than the 20 validated steps between a resume and the
+# next fault: nan 60 -> resume 50, hang 105 -> 100, crash 156 -> 150, corrupt_ckpt at 200 (step
+# 200's file truncated, then a crash) -> 150. Every step is CPU time on a shared machine: no more
+# of them than the claims need.
+STEPS = 250
+FAULTS = "nan@60,hang@105,crash@156,corrupt_ckpt@200"
 
 
-def demo(out: Path, faults: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "supervisor", "demo", "--out", str(out), "--faults", faults, "--steps", STEPS],
-                          cwd=str(ROOT), capture_output=True, text=True, timeout=timeout)
+def demo(out: Path, faults: str, steps: int = STEPS, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "supervisor", "demo", "--out", str(out), "--faults", faults,
+                           "--steps", str(steps)], cwd=str(ROOT), capture_output=True, text=True, timeout=timeout)
 
 
 def timing_only_failure(attempt: dict) -> bool:
@@ -39,7 +46,7 @@ def fault_free(tmp_path_factory) -> dict:
 
 def test_faulted_demo_recovers_each_fault_and_ends_like_a_clean_run(tmp_path, fault_free):
     out = tmp_path / "demo"
-    cp = demo(out, "nan,hang,crash,corrupt_ckpt")
+    cp = demo(out, FAULTS)
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
     h = history(out / "state")
     raw = h["attempts"]
@@ -51,7 +58,7 @@ def test_faulted_demo_recovers_each_fault_and_ends_like_a_clean_run(tmp_path, fa
     causes = [a["cause"] for a in atts]
     assert causes == ["nan", "hang", "crash", "crash", None], [a["cause"] for a in raw]
     assert [a["action"] for a in atts[:4]] == ["rollback", "restart", "restart", "restart"]
-    # nan at step 60 (0.2 x 300): the poison may have begun right after the last finite record
+    # nan at step 60: the poison may have begun right after the last finite record
     # (step 50 on stdout, printed every 10 steps; 59 from the client's per-step reports), so the
     # onset is 51..60 and the rollback resumes from the checkpoint before it (step 50).
     onset = atts[0]["detection"]["onset_step"]
@@ -59,12 +66,12 @@ def test_faulted_demo_recovers_each_fault_and_ends_like_a_clean_run(tmp_path, fa
     # The hung job's stacks were saved before it was killed.
     stacks = [e for e in h["events"] if e["event"] == "stacks_dumped"]
     assert stacks and Path(stacks[0]["data"]["path"]).exists()
-    # The corrupt newest checkpoint (step 250) cost one cycle: quarantined, step 200 used instead.
+    # The corrupt newest checkpoint (step 200) cost one cycle: quarantined, step 150 used instead.
     q = [e for e in h["events"] if e["event"] == "checkpoint_quarantined"]
-    assert len(q) == 1 and q[0]["data"]["source"].endswith("step_000250.pt")
-    assert (out / "checkpoints" / "quarantine" / "step_000250.pt").exists()
+    assert len(q) == 1 and q[0]["data"]["source"].endswith("step_000200.pt")
+    assert (out / "checkpoints" / "quarantine" / "step_000200.pt").exists()
     after_last_crash = raw[max(i for i, a in enumerate(raw) if a["cause"] == "crash") + 1]
-    assert after_last_crash["resume_step"] == 200
+    assert after_last_crash["resume_step"] == 150
     # Every resume was validated and passed (timing-only failures aside, see above; a start from
     # scratch after such a rollback has nothing to validate against).
     resumes = [a for a in atts[1:] if a["resume_step"] is not None]
@@ -82,15 +89,16 @@ def test_faulted_demo_recovers_each_fault_and_ends_like_a_clean_run(tmp_path, fa
     for words in ("detected nan", "detected hang", "failed verification", "validation passed"):
         assert words in cp.stdout, words
     # Nothing deleted: every checkpoint the job wrote is still on disk (one in quarantine).
-    written = {p.name for p in (out / "checkpoints").glob("step_*.pt")} | {"step_000250.pt"}
-    assert {f"step_{s:06d}.pt" for s in range(50, 301, 50)} <= written
+    written = {p.name for p in (out / "checkpoints").glob("step_*.pt")} | {"step_000200.pt"}
+    assert {f"step_{s:06d}.pt" for s in range(50, STEPS + 1, 50)} <= written
 
 
 def test_validation_failure_rolls_back_with_diagnostics(tmp_path):
     out = tmp_path / "demo"
-    # crash at step 156 -> resume from 150; bad_resume makes that attempt train with LR x100, so
-    # its loss is off -> validation_failed -> roll back further, with the diagnostics env.
-    cp = demo(out, "crash,bad_resume")
+    # 200 steps (the crash's default fraction, 0.52, puts it at step 104, two checkpoints in):
+    # crash at step 104 -> resume from 100; bad_resume makes that attempt train with LR x100, so
+    # its loss is off -> validation_failed -> roll back further (to 50), with the diagnostics env.
+    cp = demo(out, "crash,bad_resume", steps=200)
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
     atts = history(out / "state")["attempts"]
     causes = [a["cause"] for a in atts]
