@@ -23,6 +23,7 @@ import structlog
 
 from .coord import (FENCE_AFTER, Campaign, Command, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord, Phase, Plan,
                     RequestEnd, Rules, StopLocal, View, WritePlan)
+from .digest import encode as encode_digest, mismatch
 from .etcd import EtcdClient, EtcdError, EtcdUnavailable, LeaseExpired
 
 log = structlog.get_logger("supervisor.cluster")
@@ -64,6 +65,9 @@ class ClusterAgent:
         self.last_ok = clock()  # the last keepalive etcd answered: the fence counts from it
         self._keepalive_at = 0.0
         self._published: NodeRecord | None = None
+        self._digest: Mapping[str, str] | None = None  # what this node would launch (published while waiting)
+        self._digest_sent: Mapping[str, str] | None = None
+        self._mismatch = ""  # the launch difference last reported
         self._reachable = True
         self._cond = threading.Condition()
         self._outcome: Join | GiveUp | None = None
@@ -125,15 +129,17 @@ class ClusterAgent:
             self._emit("cluster_generation_end_folded", "info", f"generation {gen} is already ending "
                        f"({existing.value[:200]}); this node's {cause} folds into it", cause=cause)
 
-    def wait_for_generation(self, steps: list[int], state: str = "waiting") -> Plan:
-        """The launch barrier: this node is ready (its job is stopped) with ``steps`` verified;
-        block until the leader's plan includes it. Raises :class:`ClusterGaveUp` or
-        :class:`ClusterClosed`."""
+    def wait_for_generation(self, steps: list[int], state: str = "waiting",
+                            digest: Mapping[str, str] | None = None) -> Plan:
+        """The launch barrier: this node is ready (its job is stopped) with ``steps`` verified and
+        ``digest`` (what it would launch: the leader plans only nodes that agree); block until the
+        leader's plan includes it. Raises :class:`ClusterGaveUp` or :class:`ClusterClosed`."""
         sending = self._end_thread
         if sending is not None:  # our end request goes first: ready before it would read as a lost node
             sending.join(timeout=len(self.client.endpoints) * self.client.timeout_s + 1)
         with self._cond:
             gen = max(self.me.gen, self.coord.joined)
+            self._digest = dict(digest) if digest is not None else None
             self.me = self.me.but(phase=Phase.WAITING, gen=gen, steps=tuple(sorted(set(steps))), state=state)
             self._outcome = None
             self._cond.notify_all()
@@ -200,6 +206,7 @@ class ClusterAgent:
             self._reachable = True
             self._emit("cluster_etcd_back", "info", "etcd answers again; this node is registered")
         self.view = view
+        self._report_mismatch(view)
         with self._cond:
             if self.me.phase is Phase.STARTING and view.plan is not None and self.me.gen < view.plan.gen:
                 # Started into a run under way: the running generation is not ours (a plan names the
@@ -228,7 +235,14 @@ class ClusterAgent:
 
     def _publish(self) -> None:
         with self._cond:
-            me = self.me
+            me, digest = self.me, self._digest
+        waiting = me.phase is Phase.WAITING and digest is not None
+        if waiting and (self._published is None or digest != self._digest_sent):  # before the record says ready
+            self.client.put(self.keys.digest(self.node_id), encode_digest(digest or {}), lease=self.lease or 0)
+            self._digest_sent = digest
+        elif not waiting and self._digest_sent is not None:  # only a barrier needs it: none at rest
+            self.client.delete(self.keys.digest(self.node_id))
+            self._digest_sent = None
         if me != self._published:
             assert self.lease is not None
             self.client.put(self.keys.node(self.node_id), me.to_json(), lease=self.lease)
@@ -277,6 +291,19 @@ class ClusterAgent:
             with self._cond:
                 self._outcome = cmd
                 self._cond.notify_all()
+
+    def _report_mismatch(self, view: View) -> None:
+        """Every waiting node says what differs between the waiting nodes' launches (the leader
+        plans no generation over it), once per difference."""
+        waiting = {n: d for n, d in view.digests.items() if n in view.nodes and view.nodes[n].phase is Phase.WAITING}
+        differ = mismatch(waiting) if self.node_id in waiting else ""
+        if differ and differ != self._mismatch:
+            self._emit("cluster_launch_mismatch", "error", f"{differ}; no generation starts until they agree (restart "
+                       f"the odd node with the others' command, config, code and packages); after wait_for_nodes_s "
+                       f"({self.rules.wait_for_nodes_s:g} s) the run gives up", nodes=sorted(waiting))
+        elif not differ and self._mismatch:
+            self._emit("cluster_launch_agreed", "info", "the waiting nodes' launches agree now")
+        self._mismatch = differ
 
     def _emit(self, event: str, level: str, message: str, **data: Any) -> None:
         self.on_event(event, level, message, data)

@@ -31,6 +31,7 @@ from .agent import ClusterAgent, ClusterGaveUp
 from .config import ClusterConfig
 from .coord import EndRequest, Keys, Plan, Rules
 from .etcd import EtcdClient
+from .launchprobe import launch_digest_or_none
 
 log = structlog.get_logger("supervisor.cluster")
 
@@ -178,7 +179,8 @@ class ClusterCheckpoints:
         assert agent is not None
         rows = self._ready_rows()
         try:
-            plan = agent.wait_for_generation(sorted(rows))
+            plan = agent.wait_for_generation(sorted(rows), digest=launch_digest_or_none(getattr(self.concern.daemon,
+                                                                                               "cfg", None)))
         except ClusterGaveUp as e:
             raise ClusterGiveUp(str(e)) from None
         self.concern.plan = plan

@@ -11,6 +11,8 @@ Keys under the run's prefix ``P``::
     P/end/<gen>    EndRequest    a request to end generation <gen> (first create wins, the rest fold)
     P/finished/<id> <gen>        the node's job finished successfully in <gen> (no lease: it stays)
     P/gave_up/<id> <reason>      the node's supervisor gave up (no lease): the whole run gives up
+    P/digest/<id> digest         on the node's lease while it waits: what it would launch (digest.py);
+                                 the leader plans only nodes whose digests agree
 
 A generation is one launch of the job on a set of nodes. Any node's failure (or the leader seeing
 a member's lease gone: ``node_lost``) ends it; every member stops its job and says so (``waiting``,
@@ -27,6 +29,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Iterable, Mapping
+
+from .digest import decode as decode_digest, mismatch
 
 NODE_LOST = "node_lost"
 FENCE_AFTER = 2 / 3  # of the lease TTL without a keepalive: the job stops before the lease can expire
@@ -147,6 +151,9 @@ class Keys:
     def gave_up(self, node_id: str) -> str:
         return f"{self.prefix}/gave_up/{node_id}"
 
+    def digest(self, node_id: str) -> str:
+        return f"{self.prefix}/digest/{node_id}"
+
     @property
     def all(self) -> str:
         return f"{self.prefix}/"
@@ -163,6 +170,7 @@ class View:
     ends: Mapping[int, EndRequest] = field(default_factory=dict)
     finished: Mapping[str, int] = field(default_factory=dict)  # node -> the generation its job finished in
     gave_up: Mapping[str, str] = field(default_factory=dict)  # node -> why its supervisor gave up
+    digests: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # node -> its launch digest (waiting)
 
     @staticmethod
     def parse(keys: Keys, kvs: Iterable[tuple[str, str, int]]) -> "View":
@@ -172,6 +180,7 @@ class View:
         ends: dict[int, EndRequest] = {}
         finished: dict[str, int] = {}
         gave_up: dict[str, str] = {}
+        digests: dict[str, dict[str, str]] = {}
         leader, plan, plan_rev = None, None, 0
         for key, value, rev in kvs:
             try:
@@ -189,9 +198,11 @@ class View:
                     finished[key.rsplit("/", 1)[1]] = int(value)
                 elif key.startswith(f"{keys.prefix}/gave_up/"):
                     gave_up[key.rsplit("/", 1)[1]] = value
+                elif key.startswith(f"{keys.prefix}/digest/"):
+                    digests[key.rsplit("/", 1)[1]] = decode_digest(value)
             except (ValueError, KeyError, TypeError):
                 continue
-        return View(nodes, leader, plan, plan_rev, ends, finished, gave_up)
+        return View(nodes, leader, plan, plan_rev, ends, finished, gave_up, digests=digests)
 
 
 # ---------------------------------------------------------------------- commands
@@ -367,6 +378,11 @@ class Coordinator:
                    f"{waited:.0f} s; min_nodes = {rules.min_nodes}")
             return [self._write(view, g, (), None, why, give_up=f"the cluster gives up: {why}")]
         chosen = ready[: rules.nodes]
+        differ = mismatch({n: view.digests[n] for n in chosen if n in view.digests})
+        if differ:  # same code, same config: a node restarted with the others' launch may still come
+            if waited < rules.wait_for_nodes_s:
+                return []
+            return [self._write(view, g, (), None, differ, give_up=f"the cluster gives up: {differ}")]
         if self.node_id in chosen:  # the leader is rank 0: its address is the rendezvous endpoint
             chosen = [self.node_id] + [n for n in chosen if n != self.node_id]
         action = end.action if end is not None else "restart"

@@ -29,7 +29,8 @@ except OSError:
     pass
 import json, sys, platform, importlib.metadata as md, importlib.util, re
 out = {"python": platform.python_version(), "python_executable": sys.executable}
-for dist in ("torch", "numpy", "transformers", "accelerate", "deepspeed", "megatron-core",
+for dist in ("torch", "numpy", "transformers", "accelerate", "deepspeed", "megatron-core", "lightning",
+             "pytorch-lightning", "peft", "datasets", "tokenizers", "flash-attn",
              "nvidia-nccl-cu12", "nvidia-nccl-cu13", "triton"):
     try:
         out.setdefault("packages", {})[dist] = md.version(dist)
