@@ -121,6 +121,13 @@ def _kv(d: dict[str, Any]) -> KeyValue:
                     int(d.get("mod_revision", 0)), int(d.get("version", 0)), int(d.get("lease", 0)))
 
 
+def same(key: str, target: str, value: int) -> dict[str, Any]:
+    """A transaction's condition: ``key``'s ``target`` (CREATE, MOD or LEASE) equals ``value``; a
+    missing key compares as 0 (MOD 0: the key does not exist)."""
+    field = {"CREATE": "create_revision", "MOD": "mod_revision", "LEASE": "lease"}[target]
+    return {"key": _b64(key), "target": target, "result": "EQUAL", field: str(value)}
+
+
 class EtcdClient:
     """etcd's v3 API for a list of endpoints (``http://host:port`` or ``https://``); the first
     that answers is kept until it stops answering. Thread-safe: one HTTP connection per call.
@@ -254,15 +261,16 @@ class EtcdClient:
                                 "reaches etcd could write the run's keys; enable it (etcdctl auth enable) or "
                                 "remove cluster.user and cluster.password_file")
         raise EtcdAuthError(f'etcd refused user "{auth.user}" with the password in {auth.password_file} ({msg}); '
-                            "check cluster.user and cluster.password_file; retried in "
-                            f"{AUTH_RETRY_S:g} s")
+                            "check cluster.user and cluster.password_file")
 
     def check_access(self, prefix: str) -> None:
-        """Read one key under ``prefix``: raises :class:`EtcdAuthError` or :class:`EtcdTlsError`
-        when etcd refuses this client's credentials; an etcd that answers nobody is no verdict
-        (every call retries it), so that passes."""
+        """Read one key in the folder ``prefix/`` (what a role granted on the run's prefix covers):
+        raises :class:`EtcdAuthError` or :class:`EtcdTlsError` when etcd refuses this client's
+        credentials; an etcd that answers nobody is no verdict (every call retries it), so that
+        passes."""
+        folder = prefix.rstrip("/") + "/"
         try:
-            self._range({"key": _b64(prefix), "range_end": _prefix_end(prefix), "limit": "1"})
+            self._range({"key": _b64(folder), "range_end": _prefix_end(folder), "limit": "1"})
         except (EtcdAuthError, EtcdTlsError):
             raise
         except EtcdUnavailable:
@@ -323,6 +331,14 @@ class EtcdClient:
         out = self._post("/v3/kv/txn", {
             "compare": [{"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}],
             "success": [{"request_put": put}]})
+        return bool(out.get("succeeded"))
+
+    def put_if(self, key: str, value: str, conditions: Sequence[dict[str, Any]], lease: int = 0) -> bool:
+        """Put ``key`` only if every condition (:func:`same`) holds, in one transaction; whether it did."""
+        put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            put["lease"] = str(lease)
+        out = self._post("/v3/kv/txn", {"compare": list(conditions), "success": [{"request_put": put}]})
         return bool(out.get("succeeded"))
 
     # ------------------------------------------------------------------ leases
