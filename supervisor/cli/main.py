@@ -96,13 +96,13 @@ def _run_daemon(cfg: Any, config_path: Path | None, log_format: str | None) -> i
     if jp is not None:
         logsetup.add_processor(jp)
     logsetup.configure(log_format or cfg.log.format, cfg.log.level)
-    from ..daemon.statelock import StateDirLocked
+    from ..daemon.statelock import StateDirLocked, StateDirUnusable
     from ..ledger.store import LedgerError
     from ..ownpaths import UnsafePath
 
     try:
         daemon = build_daemon(cfg, config_path=config_path)
-    except (StateDirLocked, LedgerError, UnsafePath) as e:
+    except (StateDirLocked, StateDirUnusable, LedgerError, UnsafePath) as e:
         print(f"transformer-supervisor: {e.message}", file=sys.stderr)
         return EXIT_USAGE
     # The daemon's threads mostly wait; during a metric flood the output thread is CPU-bound, and

@@ -62,6 +62,18 @@ class OpsConcern(Concern):
                 daemon.event("metrics_unavailable", "error", f"cannot serve Prometheus metrics on {mc.listen}: "
                              f"{e}; supervising without the endpoint")
 
+    def rebind_control(self) -> None:
+        """Bind the control socket again in a re-created state dir (the old file went with the old
+        dir: no client could reach the socket still listening on it)."""
+        from ..ops.control import ControlServer
+
+        old = self.control
+        if old is None:
+            return
+        self.control = ControlServer(self.daemon.state_dir if self.daemon else old.path.parent, old.handler)
+        old.close()  # unlinks only its own file: the new dir has none yet
+        self.control.start()
+
     def tick(self, now: float) -> None:
         if self.daemon is None or now - self._last_status < STATUS_EVERY_S:
             return

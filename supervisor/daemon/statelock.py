@@ -16,11 +16,19 @@ per network namespace: two daemons in different namespaces on one shared state d
 the flock while the dir exists.) Why not a lock file elsewhere (``/run/lock``): it is one more
 directory another user could own or clean up; the name needs no directory at all.
 
-If the state dir is deleted while the daemon runs, the daemon notices it on every tick (the lock
-file's link count drops to 0 or the path names another file) and says so loudly, once, as the
-event ``state_dir_lost``: the job keeps running under this daemon (the name lock still keeps
-every second daemon out), but ``status``/``stop`` cannot reach it through the socket in the
-deleted dir; stop it with SIGTERM to its pid.
+If the state dir is deleted (or replaced) while the daemon runs, the daemon notices it within a
+second (the lock file's link count drops to 0 or the path names another file), says so once
+(``state_dir_lost``) and *re-takes* the dir: re-creates it (0700, same owner and path-trust checks
+as at start), takes a fresh flock there, moves the ledger into it (copied from the still-open
+handle on the deleted file, so nothing is lost; a fresh ledger continuing the run where the copy
+fails), re-creates the attempt's heartbeat folder and re-binds the control socket; the event
+``state_dir_retaken`` says what was done. ``status``/``stop`` work again, and the name lock kept
+every second daemon out meanwhile. When the folder itself is still there and only its files went
+(an ``rm -rf`` in progress, or just the lock file removed), the re-take waits ``SETTLE_S`` so it
+does not race the deletion. Where the dir cannot be re-taken (its parent gone read-only, owned by
+another user, its lock held by a process we cannot see), a daemon that can neither record nor be
+reached must not keep a job: ``state_dir_unusable`` says why, and the daemon stops its job as
+SIGTERM would (exit 143).
 """
 
 from __future__ import annotations
@@ -30,9 +38,10 @@ import fcntl
 import hashlib
 import os
 import socket
+import signal
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from ..errors import SupervisorError
 from ..ownpaths import refuse_unsafe_as_root
@@ -47,10 +56,27 @@ class StateDirLocked(SupervisorError):
     code = "in_use"
 
 
+class StateDirUnusable(SupervisorError):
+    """The state dir or its lock file cannot be created or written (permissions, a read-only
+    mount, a file in the way): nothing was started; exit 2."""
+
+    code = "state_dir"
+
+
+def _unusable(state_dir: Path, path: Path, e: OSError) -> StateDirUnusable:
+    return StateDirUnusable(
+        f"cannot use the state dir {state_dir}: {path} cannot be created or written ({e.strerror or e}). "
+        f"The state dir must be a folder the daemon's user can write (check its permissions and that its "
+        f"filesystem is not mounted read-only), or choose another ([state] dir or --state-dir)")
+
+
 def ensure_state_dir(state_dir: Path) -> None:
     """Create the state dir 0700 (parents as needed); refuse one owned by another user."""
     refuse_unsafe_as_root(state_dir, "state dir")  # before mkdir: nothing is made under a bad parent
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:  # read-only parent, no permission, a file at the name
+        raise _unusable(state_dir, state_dir, e) from None
     refuse_unsafe_as_root(state_dir, "state dir")
     st = os.stat(state_dir)
     if st.st_uid != os.geteuid() and os.geteuid() != 0:
@@ -98,6 +124,40 @@ def _holder(state_dir: Path) -> str:
         return "unknown"
 
 
+def _ident(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _lock_file(state_dir: Path) -> int:
+    """Create the state dir if needed and flock its lock file; the descriptor, holding our pid."""
+    ensure_state_dir(state_dir)
+    path = state_dir / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise StateDirLocked(f"{path} is a symlink; refusing to follow it") from None
+        raise _unusable(state_dir, path, e) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        raise StateDirLocked(
+            f"another daemon (pid {holder}) is already running for state dir {state_dir}; "
+            f"nothing was changed. Stop it first (transformer-supervisor stop --state-dir {state_dir}) "
+            f"or use another state dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 class StateLock:
     """The held lock: ``fd`` stays open until :meth:`release` (or process exit)."""
 
@@ -108,12 +168,17 @@ class StateLock:
         self.fd = fd
         st = os.fstat(fd)
         self._ident = (st.st_dev, st.st_ino)
+        self._dir_ident = _ident(state_dir)
 
     @classmethod
     def acquire(cls, state_dir: Path) -> "StateLock":
         name = take_name(state_dir)
         try:
             return cls._acquire_file(state_dir, name)
+        except StateDirUnusable as e:
+            if name is not None:
+                name.close()
+            raise StateDirUnusable(f"{e.message}; nothing was started") from None
         except BaseException:
             if name is not None:
                 name.close()
@@ -121,28 +186,22 @@ class StateLock:
 
     @classmethod
     def _acquire_file(cls, state_dir: Path, name: socket.socket | None) -> "StateLock":
-        ensure_state_dir(state_dir)
-        path = state_dir / LOCK_NAME
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise StateDirLocked(f"{path} is a symlink; refusing to follow it") from None
-            raise
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            finally:
-                os.close(fd)
-            raise StateDirLocked(
-                f"another daemon (pid {holder}) is already running for state dir {state_dir}; "
-                f"nothing was changed. Stop it first (transformer-supervisor stop --state-dir {state_dir}) "
-                f"or use another state dir") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        return cls(state_dir, fd, name)
+        return cls(state_dir, _lock_file(state_dir), name)
+
+    def retake(self) -> None:
+        """Re-create the state dir after it was deleted or replaced, and hold a fresh lock file in
+        it (:class:`StateDirLocked` if some other process locked it first)."""
+        fd = _lock_file(self.state_dir)
+        old, self.fd = self.fd, fd
+        st = os.fstat(fd)
+        self._ident = (st.st_dev, st.st_ino)
+        self._dir_ident = _ident(self.state_dir)
+        if old >= 0:
+            os.close(old)
+
+    def dir_still_there(self) -> bool:
+        """The path still names the folder the daemon started in (only files in it went)."""
+        return _ident(self.state_dir) == self._dir_ident
 
     def lost(self) -> str | None:
         """Why the state dir no longer is ours (None while it is)."""
@@ -171,45 +230,90 @@ class StateLock:
 
 
 class StateLockConcern(Concern):
-    """Holds the lock for the daemon's life; checks every tick that the state dir is still ours;
-    shows the ledger's dropped writes in ``status`` (and so in the metrics)."""
+    """Holds the lock for the daemon's life; checks every tick that the state dir is still ours
+    and re-takes it when it is not (see the module docstring); shows the ledger's dropped writes
+    in ``status`` (and so in the metrics). ``rebind``: what re-opens its files in the re-created
+    dir besides the lock and the ledger (the control socket)."""
 
     name = "state_lock"
     CHECK_EVERY_S = 1.0
+    SETTLE_S = 5.0  # the folder itself still there: let a deletion in progress finish first
 
-    def __init__(self, lock: StateLock, ledger: Any = None) -> None:
+    def __init__(self, lock: StateLock, ledger: Any = None, *, rebind: Sequence[Callable[[], None]] = ()) -> None:
         self.lock = lock
         self.ledger = ledger
+        self.rebind = list(rebind)
         self._daemon: Any = None
         self._next = 0.0
-        self.reported: str | None = None
+        self.reported: str | None = None  # why the dir is not ours (the episode in progress)
+        self._lost_at = 0.0
+        self.retaken = 0  # episodes ended by a re-take
+        self.gave_up: str | None = None
 
     def start(self, daemon: Any) -> None:
         self._daemon = daemon
 
     def tick(self, now: float) -> None:
-        if self.reported is not None or now < self._next or self.lock.fd < 0:
+        if self.gave_up is not None or now < self._next or self.lock.fd < 0:
             return
         self._next = now + self.CHECK_EVERY_S
-        why = self.lock.lost()
-        if why is None:
+        if self.reported is None:
+            why = self.lock.lost()
+            if why is None:
+                return
+            self.reported, self._lost_at = why, now
+            self._say("state_dir_lost", "error",
+                      f"{why} while this daemon (pid {os.getpid()}) runs: the job keeps running under it; the "
+                      f"daemon re-creates the state dir and moves its ledger and control socket there "
+                      f"(state_dir_retaken follows), or stops the job if it cannot (state_dir_unusable)")
+        if self.lock.dir_still_there() and now - self._lost_at < self.SETTLE_S:
             return
-        self.reported = why
-        guard = ("a second daemon on this path is refused while this one lives" if self.lock.name is not None
-                 else "a second daemon on this path would start a second copy of the job: do not start one")
-        msg = (f"{why} while this daemon (pid {os.getpid()}) runs: the job keeps running under it, "
-               f"but `status` and `stop` cannot reach it; {guard}. Stop this daemon with SIGTERM to "
-               f"pid {os.getpid()} before starting another")
+        self._retake(self.reported)
+
+    def _retake(self, why: str) -> None:
+        d = self._daemon
         try:
-            self._daemon.event("state_dir_lost", "error", msg, pid=os.getpid())
+            self.lock.retake()
+            done = [f"re-created {self.lock.state_dir} (mode 0700) with a fresh lock"]
+            if self.ledger is not None:
+                from ..job.launch import config_json
+
+                done.append(self.ledger.retake(d.run_id, d.cfg.job.name, config_json(d.cfg)))
+            if d.has_job:
+                from ..job.launch import heartbeat_dir
+                from ..ownpaths import own_dir
+
+                own_dir(heartbeat_dir(self.lock.state_dir, d.attempt), parents=True)
+            for again in self.rebind:
+                again()
+        except Exception as e:  # noqa: BLE001 - whatever stops the re-take, the answer is the same
+            self._give_up(why, e)
+            return
+        self.reported, self.retaken = None, self.retaken + 1
+        self._say("state_dir_retaken", "warning",
+                  f"{why}: this daemon (pid {os.getpid()}) took it back: {'; '.join(done)}; the control socket "
+                  f"is bound again (`status` and `stop` work). The job ran on throughout; job.log and "
+                  f"checkpoint notes kept in the old dir are gone with it")
+
+    def _give_up(self, why: str, e: BaseException) -> None:
+        self.gave_up = f"{why}; it cannot be re-created: {e}"
+        self._say("state_dir_unusable", "error",
+                  f"{self.gave_up}. A daemon that can neither record nor be reached must not keep a job: it "
+                  f"stops the job now as SIGTERM would (exit 143). Make {self.lock.state_dir} creatable "
+                  f"and writable by this user, then start again (the job resumes from its newest checkpoint)")
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler queues it: the loop stops the job gracefully
+
+    def _say(self, event: str, level: str, msg: str) -> None:
+        try:
+            self._daemon.event(event, level, msg, pid=os.getpid())
         except Exception:  # noqa: BLE001 - the ledger lived in that dir; the log line still goes out
             import structlog
 
-            structlog.get_logger("supervisor").error("state_dir_lost", message=msg, pid=os.getpid())
+            getattr(structlog.get_logger("supervisor"), level)(event, message=msg, pid=os.getpid())
 
     def status(self) -> dict[str, Any]:
         led = self.ledger
-        return {"state_dir_lost": self.reported,
+        return {"state_dir_lost": self.gave_up or self.reported, "state_dir_retaken": self.retaken,
                 "ledger_write_errors": getattr(led, "write_errors", 0),
                 "ledger_failing": getattr(led, "failing", None)}
 

@@ -48,9 +48,10 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     goodput = GoodputConcern()
     # [notify] first: it sees the events the others record while they start. Then discovery:
     # the health and checkpoint concerns read the checkpoint dir it may find.
-    concerns: list[Concern] = [NotifyConcern(), CheckpointDiscoveryConcern(checkpoints), OpsConcern(notifier, checkpoints, status_interval_s=cfg.systemd.status_interval_s), WatchConcern(), health, checkpoints, goodput,
+    ops = OpsConcern(notifier, checkpoints, status_interval_s=cfg.systemd.status_interval_s)
+    concerns: list[Concern] = [NotifyConcern(), CheckpointDiscoveryConcern(checkpoints), ops, WatchConcern(), health, checkpoints, goodput,
                                ValidationConcern(goodput), ResumeWatchConcern(), PrecursorConcern(),
-                               StateLockConcern(lock, ledger), *extra]
+                               StateLockConcern(lock, ledger, rebind=[ops.rebind_control]), *extra]
     store: CheckpointStore = checkpoints
     if cfg.cluster.enabled:  # multi-node: imported only then, so a single node carries none of it
         from ..cluster.concern import ClusterCheckpoints, ClusterConcern

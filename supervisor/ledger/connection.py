@@ -32,6 +32,25 @@ class LockedConnection:
         with self._lock:
             self._conn.close()
 
+    def move_to(self, new: sqlite3.Connection, *, copy: bool) -> None:
+        """From now on run on ``new`` (a fresh file); ``copy``: first copy every page the current
+        connection still reads into it (SQLite's online backup). Under the lock, so no statement
+        of another thread lands in the old file after the copy. The old connection is closed;
+        on a failed copy ``new`` is closed and this one is left as it was."""
+        with self._lock:
+            if copy:
+                try:
+                    self._conn.backup(new)
+                except BaseException:
+                    new.close()
+                    raise
+            old, self._conn = self._conn, new
+            new.row_factory = old.row_factory
+            try:
+                old.close()
+            except sqlite3.Error:
+                pass  # its file is gone; nothing is left to flush into it
+
     @property
     def row_factory(self) -> Any:
         return self._conn.row_factory

@@ -132,6 +132,15 @@ def _repeat_of(r: sqlite3.Row) -> tuple[Any, bool]:
     return _load(r["repeat_json"]), bool(r["progressed"])
 
 
+def _ident(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path`` (not followed), None when there is none."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 class Ledger:
     def __init__(self, state_dir: Path, *, readonly: bool = False, clock: Callable[[], float] = time.time) -> None:
         self.path = state_dir / LEDGER_FILE
@@ -140,6 +149,7 @@ class Ledger:
         self.lost_in_episode = 0
         self.failing: str | None = None  # the error of the episode in progress
         self.ok_since: float | None = None  # writes have succeeded since (monotonic), while failing
+        self._ident: tuple[int, int] | None = None
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(f"no ledger at {self.path}: no run has used this state dir")
@@ -158,6 +168,7 @@ class Ledger:
             # statement is serialized by LockedConnection.
             self.db = self._checked(LockedConnection(sqlite3.connect(self.path, timeout=10, isolation_level=None,
                                                             check_same_thread=False)), self._migrate)
+            self._ident = _ident(self.path)  # the file we hold open (see retake)
         self.db.row_factory = sqlite3.Row
 
     def _checked(self, db: Any, setup: Callable[[Any], None]) -> Any:
@@ -220,6 +231,64 @@ class Ledger:
 
     def close(self) -> None:
         self.db.close()
+
+    def retake(self, run_id: str, name: str, config_json: Mapping[str, Any]) -> str:
+        """Move the ledger into the state dir re-created after it was deleted (or replaced) under
+        the daemon; what happened, as a clause for the daemon's event.
+
+        The deleted file lives on while our connection holds it open (and the writes since the
+        deletion went into it), so its pages are copied into a new file at the same path: nothing
+        is lost. Where that copy fails, a fresh ledger holds this run's row from now on and the
+        rows before are lost with the old dir. :class:`LedgerError` when no ledger can be made
+        (the daemon then stops its job: it could record nothing)."""
+        if not isinstance(self.db, LockedConnection):
+            raise LedgerError("a read-only ledger is never moved")
+        if _ident(self.path) == self._ident:
+            return "the ledger was still in place"  # only other files of the dir went
+        try:
+            moved = self._new_file()
+            self.db.move_to(self._connect(), copy=True)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            return f"the ledger was copied from the daemon's open handle on the deleted one, nothing lost{moved}"
+        except sqlite3.Error as e:
+            copy_error = e
+        except OSError as e:
+            raise LedgerError(f"cannot create the ledger {self.path} again: {e.strerror or e}") from None
+        try:  # a partial copy is not a ledger: start again from an empty file
+            os.unlink(self.path)
+            moved = self._new_file()
+            self.db.move_to(self._connect(), copy=False)
+            self._migrate(self.db)
+            self.db.execute("INSERT INTO runs(run_id, name, created_at, state, config_json) VALUES (?,?,?,?,?)",
+                            (run_id, name, self.clock(), "running", _json(config_json)))
+        except sqlite3.Error as e:
+            raise LedgerError(self._unusable(e)) from None
+        except OSError as e:
+            raise LedgerError(f"cannot create the ledger {self.path} again: {e.strerror or e}") from None
+        return (f"the old ledger could not be copied ({copy_error}): a fresh ledger continues run {run_id}; "
+                f"its attempts, events and metrics before now are lost with the old dir{moved}")
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+
+    def _new_file(self) -> str:
+        """Create the ledger file 0600, never through a symlink; a file already at its name (put
+        there by hand) is moved aside, never overwritten. The clause saying so, or ""."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+        note = ""
+        try:
+            fd = os.open(self.path, flags, 0o600)
+        except FileExistsError:
+            aside = self.path.with_name(f"{self.path.name}.found-{int(time.time())}")
+            os.rename(self.path, aside)
+            note = f"; a file found at {self.path} was moved aside to {aside.name}"
+            fd = os.open(self.path, flags, 0o600)
+        try:
+            st = os.fstat(fd)
+            self._ident = (st.st_dev, st.st_ino)
+        finally:
+            os.close(fd)
+        return note
 
     # -- runs -----------------------------------------------------------------------------
     def open_run(self, name: str, config_json: Mapping[str, Any]) -> tuple[str, bool]:

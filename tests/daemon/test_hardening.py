@@ -46,9 +46,9 @@ def test_state_dir_deleted_while_running_is_noticed_and_said(daemons, tmp_path):
     d1 = daemons(wrap(sd) + SLEEPER + [str(ready)])
     wait_for(ready.exists, 30, what="job ready")
     shutil.rmtree(sd)
-    wait_for(lambda: "state_dir_lost" in d1.stderr(), 15, what="state_dir_lost event")
+    wait_for(lambda: "event=state_dir_lost" in d1.stderr(), 15, what="state_dir_lost event")
     assert f"pid {d1.proc.pid}" in d1.stderr()
-    assert d1.proc.poll() is None  # the job keeps its supervisor
+    assert d1.proc.poll() is None  # the job keeps its supervisor (the re-take: test_state_dir_retake.py)
     d1.signal(signal.SIGTERM)
     assert d1.wait(30) == 143
 

@@ -1,0 +1,139 @@
+"""The state dir deleted or made unusable under a live daemon, and a read-only state dir at start
+(issue 24): through the real daemon and the real CLI."""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from supervisor.daemon.statelock import StateLock, StateLockConcern
+from supervisor.ledger.store import Ledger
+from tests.conftest import ROOT, history, pid_alive
+from tests.daemon.test_hardening import SLEEPER, wrap
+from tests.util import wait_for
+
+PY = sys.executable
+
+
+def _cli(*args: str, timeout: float = 120) -> "subprocess.CompletedProcess[str]":
+    return subprocess.run([PY, "-m", "supervisor", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=str(ROOT))
+
+
+@pytest.fixture
+def mounts() -> Iterator[list[Path]]:
+    """Read-only tmpfs mounts made by the test, unmounted at teardown (needs root and
+    CAP_SYS_ADMIN: the test is skipped, saying so, where mount is refused)."""
+    made: list[Path] = []
+    yield made
+    for where in reversed(made):
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def _mount_ro(mounts: list[Path], where: Path) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m,mode=0700", "tmpfs", str(where)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here (needs root and CAP_SYS_ADMIN): {out.stderr.strip()}")
+    mounts.append(where)
+
+
+def test_a_deleted_state_dir_is_retaken_status_and_stop_work_and_no_second_job_starts(daemons, tmp_path):
+    sd, ready, ready2 = tmp_path / "sd", tmp_path / "ready", tmp_path / "ready2"
+    d1 = daemons(wrap(sd) + SLEEPER + [str(ready)])
+    wait_for(ready.exists, 30, what="job ready")
+    job = int(ready.read_text())
+    shutil.rmtree(sd)
+    wait_for(lambda: "event=state_dir_retaken" in d1.stderr(), 30, what="state_dir_retaken event")
+    assert "state_dir_lost" in d1.stderr() and "Traceback" not in d1.stderr()
+    assert stat.S_IMODE(os.stat(sd).st_mode) == 0o700
+    def status_says_retaken() -> bool:  # status answers from a cache the loop refreshes every second or so
+        st = _cli("status", "--json", "--state-dir", str(sd))
+        assert st.returncode == 0, st.stderr  # the control socket answers again
+        return '"state_dir_retaken": 1' in st.stdout
+
+    wait_for(status_says_retaken, 30, interval=0.5, what="status showing the re-take")
+    h = history(sd)  # the ledger was moved, not started empty: the daemon's start is still in it
+    names = [e["event"] for e in h["events"]]
+    assert "daemon_started" in names and "state_dir_lost" in names and "state_dir_retaken" in names, names
+    assert len(h["attempts"]) == 1, h["attempts"]
+    again = _cli(*wrap(sd), *SLEEPER, str(ready2), timeout=60)
+    assert again.returncode == 2 and "already running" in again.stderr, again.stderr
+    assert not ready2.exists(), "no second copy of the job was started"
+    assert pid_alive(job)
+    stop = _cli("stop", "--state-dir", str(sd))
+    assert stop.returncode == 0, stop.stderr
+    assert d1.wait(60) == 0
+    wait_for(lambda: not pid_alive(job), 30, what="the job stopped")
+
+
+def test_a_state_dir_that_cannot_be_retaken_stops_the_job_with_a_clear_reason(daemons, tmp_path, mounts):
+    sd, ready = tmp_path / "sd", tmp_path / "ready"
+    d1 = daemons(wrap(sd) + SLEEPER + [str(ready)])
+    wait_for(ready.exists, 30, what="job ready")
+    job = int(ready.read_text())
+    _mount_ro(mounts, sd)  # the path now names an empty read-only folder: nothing can be made there
+    assert d1.wait(60) == 143, d1.stderr()[-3000:]
+    err = d1.stderr()
+    assert "event=state_dir_unusable" in err and "Read-only file system" in err and "Traceback" not in err, err[-3000:]
+    wait_for(lambda: not pid_alive(job), 30, what="the job stopped")
+
+
+def test_a_read_only_state_dir_at_start_is_a_clear_error_and_starts_nothing(tmp_path, mounts):
+    ready = tmp_path / "ready"
+    for sd in (tmp_path / "ro", tmp_path / "ro" / "sub"):  # the dir itself read-only; its parent
+        if not mounts:
+            _mount_ro(mounts, sd)
+        cp = _cli(*wrap(sd), *SLEEPER, str(ready), timeout=60)
+        assert cp.returncode == 2, cp.stderr
+        assert "Read-only file system" in cp.stderr and "nothing was started" in cp.stderr, cp.stderr
+        assert "Traceback" not in cp.stderr and not ready.exists()
+
+
+def test_the_ledger_is_moved_with_its_rows_into_a_recreated_dir(tmp_path: Path) -> None:
+    sd = tmp_path / "sd"
+    led = Ledger(sd)
+    run_id, _ = led.open_run("job", {})
+    led.event(run_id, None, "before", "info", "kept")
+    shutil.rmtree(sd)
+    led.event(run_id, None, "meanwhile", "info", "written into the deleted file, kept too")
+    sd.mkdir()
+    said = led.retake(run_id, "job", {})
+    assert "nothing lost" in said
+    led.event(run_id, None, "after", "info", "in the new file")
+    led.close()
+    got = [e["event"] for e in Ledger(sd, readonly=True).history(run_id)["events"]]
+    assert got == ["before", "meanwhile", "after"]
+    assert stat.S_IMODE(os.stat(sd / "ledger.sqlite").st_mode) == 0o600
+
+
+def test_the_retake_waits_while_the_folder_itself_is_still_there(tmp_path: Path) -> None:
+    sd = tmp_path / "sd"
+    lock = StateLock.acquire(sd)
+    said: list[str] = []
+
+    class View:
+        has_job = False
+
+        def event(self, event: str, level: str, message: str, **data: object) -> None:
+            said.append(event)
+
+    c = StateLockConcern(lock)
+    c.start(View())
+    try:
+        (sd / "daemon.lock").unlink()  # only a file went (an rm -rf may still be under way)
+        c.tick(100.0)
+        assert said == ["state_dir_lost"] and not (sd / "daemon.lock").exists()
+        c.tick(100.0 + c.SETTLE_S)
+        assert said == ["state_dir_lost", "state_dir_retaken"] and (sd / "daemon.lock").exists()
+        assert c.status()["state_dir_lost"] is None and c.status()["state_dir_retaken"] == 1
+    finally:
+        lock.release()
