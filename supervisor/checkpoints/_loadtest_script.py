@@ -37,6 +37,10 @@ MARKER = "TSUP_LOADTEST_RESULT "
 STEP_KEYS = ("step", "global_step", "iter_num", "iteration", "train_step", "num_steps")
 # HF's RNG states: python/numpy/torch generator states; numpy's need the numpy allow-list.
 RNG_PREFIX = "rng_state"
+# ioprio_set / ioprio_get by machine (the syscall numbers differ; no libc wrapper exists).
+IOPRIO_SYSCALLS = {"x86_64": (251, 252), "aarch64": (30, 31), "riscv64": (30, 31), "ppc64le": (273, 274),
+                   "s390x": (282, 283), "i686": (289, 290), "armv7l": (314, 315)}
+IOPRIO_WHO_PROCESS, IOPRIO_CLASS_IDLE, IOPRIO_CLASS_SHIFT = 1, 3, 13
 HF_STATE_FILE = "trainer_state.json"
 
 
@@ -328,6 +332,22 @@ def run(req: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
+def idle_io() -> None:
+    """The idle IO class for this process (and the threads torch starts later, which inherit it):
+    its reads of the checkpoint get the disk only when the job (its data loader, its own saves)
+    leaves it idle. Honoured by the BFQ and CFQ IO schedulers; the others ignore IO classes."""
+    nrs = IOPRIO_SYSCALLS.get(os.uname().machine)
+    if nrs is None:
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).syscall(nrs[0], IOPRIO_WHO_PROCESS, 0,
+                                                  IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT)
+    except (OSError, AttributeError):
+        pass  # no syscall() in this libc: the nice above is what yields
+
+
 def main() -> int:
     # Below the job in CPU priority: an overlapped load test runs beside the job's own start-up
     # (both import torch on the same cores) and the background one beside its training; a load
@@ -345,6 +365,7 @@ def main() -> int:
         os.nice(10)
     except OSError:
         pass
+    idle_io()
     if sys.argv[1:] == ["--serve"]:
         return serve()
     req = json.loads(sys.argv[1])

@@ -1,4 +1,4 @@
-"""A load test runs below the job in CPU priority, also where the kernel shares CPU time between
+"""A load test runs below the job in CPU priority and in the idle IO class, also where the kernel shares CPU time between
 sessions first (sched_autogroup): there a nice value only ranks a process within its session, and
 the load test has a session of its own, so that session's nice is lowered too. A version already
 under test is not tested again beside it. When the supervisor exits, the tests under way are
@@ -40,6 +40,19 @@ def _priority(pid: int) -> tuple[int, str | None]:
     return nice, group
 
 
+def _io_class(pid: int) -> int | None:
+    """The process's IO class (3: idle) from ioprio_get, or None where it cannot be read."""
+    import ctypes
+
+    from supervisor.checkpoints._loadtest_script import IOPRIO_CLASS_SHIFT, IOPRIO_SYSCALLS, IOPRIO_WHO_PROCESS
+
+    nrs = IOPRIO_SYSCALLS.get(os.uname().machine)
+    if nrs is None:
+        return None
+    prio = ctypes.CDLL(None, use_errno=True).syscall(nrs[1], IOPRIO_WHO_PROCESS, pid)
+    return None if prio < 0 else prio >> IOPRIO_CLASS_SHIFT
+
+
 def _load_tests(python: Path, script: str, timeout_s: float = 120) -> LoadTests:
     """Load tests run by ``python``: a shell script standing in for the job's interpreter."""
     python.write_text(script)
@@ -60,6 +73,7 @@ def test_the_load_test_runs_below_the_job_in_cpu_priority(tmp_path: Path) -> Non
                                                                     timeout_s=120)))
     t.start()
     seen: list[tuple[int, str | None]] = []
+    io: list[int | None] = []
     grouped = _autogroup_enabled()
     lowered_nice = min(19, os.nice(0) + 10)  # 10 below this test's own priority (it may run under nice)
 
@@ -72,7 +86,9 @@ def test_the_load_test_runs_below_the_job_in_cpu_priority(tmp_path: Path) -> Non
         except (OSError, IndexError, ValueError):
             return False  # it ended between the two reads
         nice, group = seen[-1]
-        return nice == lowered_nice and (not grouped or group is None or group.endswith("nice 10"))
+        io.append(_io_class(pid))
+        return (nice == lowered_nice and (not grouped or group is None or group.endswith("nice 10"))
+                and io[-1] in (3, None))
 
     try:
         # Polled while it runs (its torch import takes a second or more): the priority is set
@@ -86,6 +102,7 @@ def test_the_load_test_runs_below_the_job_in_cpu_priority(tmp_path: Path) -> Non
     assert nice == lowered_nice, seen
     if grouped and group is not None:
         assert group.endswith("nice 10"), seen  # its own session, below the job's
+    assert io[-1] in (3, None), io  # the idle IO class (3) where ioprio_get answers: the disk is the job's first
 
 
 def test_a_version_under_test_is_not_tested_again_beside_it(tmp_path: Path) -> None:
