@@ -17,14 +17,16 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 import structlog
 
-from .coord import (FENCE_AFTER, Campaign, Command, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord, Phase, Plan,
+from .coord import (Campaign, Command, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord, Phase, Plan,
                     RequestEnd, Rules, StopLocal, View, WritePlan)
 from .digest import encode as encode_digest, mismatch
-from .etcd import EtcdClient, EtcdError, EtcdUnavailable, LeaseExpired
+from .etcd import EtcdClient, EtcdError, EtcdUnavailable, LeaseExpired, same
+from .trust import GaveUpNote, Trust
 
 log = structlog.get_logger("supervisor.cluster")
 
@@ -58,6 +60,7 @@ class ClusterAgent:
         self.clock = clock
         self.poll_s = poll_s
         self.coord = Coordinator(node_id, rules)
+        self.trust = Trust(rules.lease_ttl_s)  # which keys this node believes
         self.me = NodeRecord(node_id, addr, Phase.STARTING, 0, life=uuid.uuid4().hex[:12])
         self.view = View()
         self.plan: Plan | None = None  # the generation this node runs (or last ran)
@@ -89,8 +92,10 @@ class ClusterAgent:
         if self._thread is not None:
             self._thread.join(timeout=5)
         try:
-            if gave_up is not None:
-                self.client.put(self.keys.gave_up(self.node_id), gave_up)
+            if gave_up is not None:  # the generation and lease let the others check it came from a member
+                with self._cond:
+                    gen = self.me.gen
+                self.client.put(self.keys.gave_up(self.node_id), GaveUpNote(gave_up, gen, self.lease or 0).to_json())
             if self.lease is not None:
                 self.client.revoke(self.lease)
         except EtcdError as e:
@@ -107,7 +112,7 @@ class ClusterAgent:
                 return
             gen = self.me.gen
             self.coord.stopped_for = max(self.coord.stopped_for, gen)  # our own stop is under way
-        req = EndRequest(gen, self.node_id, cause, summary, step, onset_step, action)
+        req = EndRequest(gen, self.node_id, cause, summary, step, onset_step, action, self.lease or 0)
         # Sent from a thread of its own: the caller is the daemon's main loop, which must not wait
         # on etcd (a request can take request_timeout_s per endpoint when etcd is away).
         self._end_thread = threading.Thread(target=self._send_end, args=(req,), name="cluster-end-request",
@@ -116,8 +121,11 @@ class ClusterAgent:
 
     def _send_end(self, req: EndRequest) -> None:
         gen, cause, summary = req.gen, req.cause, req.summary
-        try:
-            won, existing = self.client.create(self.keys.end(gen), req.to_json())
+        key = self.keys.end(gen)
+        try:  # lands only while this node's record is on the lease the request names (a member's, checked on reading)
+            won = self.client.put_if(key, req.to_json(), [same(key, "MOD", 0),
+                                                          same(self.keys.node(self.node_id), "LEASE", req.lease)])
+            existing = None if won else self.client.get(key)
         except EtcdError as e:
             self._emit("cluster_end_request_failed", "warning", f"could not ask the cluster to end generation "
                        f"{gen} ({e}); the job stops here, and the others notice when this node's lease expires")
@@ -191,20 +199,27 @@ class ClusterAgent:
             self._keep_lease(now)
             self._publish()
             kvs, _rev = self.client.get_prefix(self.keys.all)
-            view = View.parse(self.keys, ((kv.key, kv.value, kv.mod_revision) for kv in kvs))
         except EtcdUnavailable as e:
             if self._reachable:
                 self._reachable = False
                 self._emit("cluster_etcd_unreachable", "warning", f"etcd does not answer ({e}); local supervision "
-                           f"goes on, no cluster decision is made; {FENCE_AFTER * self.rules.lease_ttl_s:.1f} s "
-                           "after the last keepalive the job stops (before the others can declare this node lost)")
+                           "goes on and no new generation can be planned without etcd; a running job stops only "
+                           f"{self.coord.fence_after():.1f} s after the last keepalive, before a generation without "
+                           "this node could start")
             with self._cond:
                 cmds: list[Command] = list(self.coord.lost_contact(self.me, self.last_ok, now))
             self._carry_out(cmds)
             return
+        if not self._reachable or self.coord.contact_since == float("-inf"):
+            self.coord.contact_since = now  # members get a TTL to register again before one is lost
         if not self._reachable:
             self._reachable = True
             self._emit("cluster_etcd_back", "info", "etcd answers again; this node is registered")
+        view, ignored = self.trust.check(self.keys, kvs, View.parse(self.keys, ((kv.key, kv.value, kv.mod_revision)
+                                                                                for kv in kvs)), now)
+        for why in ignored:
+            self._emit("cluster_key_ignored", "warning", f"{why}; a stray or forged write (keep etcd behind TLS "
+                       "client certificates or auth)")
         self.view = view
         self._report_mismatch(view)
         with self._cond:
@@ -257,23 +272,26 @@ class ClusterAgent:
                             message="retried at the next turn")
 
     def _one(self, cmd: Command) -> None:
-        if isinstance(cmd, Campaign):
-            assert self.lease is not None
-            won, _ = self.client.create(self.keys.leader, self.node_id, lease=self.lease)
-            if won:
+        lease = self.lease or 0
+        # The leader's writes land only while the leader key is on its lease (one transaction): a
+        # node that lost the lead between reading and writing writes nothing.
+        leading = same(self.keys.leader, "LEASE", lease)
+        if isinstance(cmd, Campaign):  # create, or replace a stale key still as it was read
+            if lease and self.client.put_if(self.keys.leader, self.node_id,
+                                            [same(self.keys.leader, "MOD", cmd.expect_rev)], lease=lease):
                 self._emit("cluster_leader", "info", f"node {self.node_id} leads the run (membership, generations, "
-                           "the checkpoint step)")
+                           "the checkpoint step)" + (" in place of a leader key that did not hold up (see "
+                                                     "cluster_key_ignored)" if cmd.expect_rev else ""))
         elif isinstance(cmd, RequestEnd):
-            won, _ = self.client.create(self.keys.end(cmd.request.gen), cmd.request.to_json())
-            if won:
-                self._emit("cluster_generation_end_requested", "warning", f"ending generation {cmd.request.gen}: "
-                           f"{cmd.request.summary}", **cmd.request.__dict__)
+            req, key = replace(cmd.request, lease=lease), self.keys.end(cmd.request.gen)
+            if self.client.put_if(key, req.to_json(), [same(key, "MOD", cmd.expect_rev), leading]):
+                self._emit("cluster_generation_end_requested", "warning", f"ending generation {req.gen}: "
+                           f"{req.summary}", **req.__dict__)
         elif isinstance(cmd, WritePlan):
-            ok = (self.client.create(self.keys.plan, cmd.plan.to_json())[0] if cmd.expect_rev == 0
-                  else self.client.replace(self.keys.plan, cmd.plan.to_json(), cmd.expect_rev))
-            if ok:
-                level = "critical" if cmd.plan.give_up else "info"
-                self._emit("cluster_plan_written", level, cmd.plan.give_up or cmd.plan.reason, **_plan_data(cmd.plan))
+            plan = replace(cmd.plan, lease=lease)
+            if self.client.put_if(self.keys.plan, plan.to_json(), [same(self.keys.plan, "MOD", cmd.expect_rev), leading]):
+                level = "critical" if plan.give_up else "info"
+                self._emit("cluster_plan_written", level, plan.give_up or plan.reason, **_plan_data(plan))
         elif isinstance(cmd, StopLocal):
             r = cmd.request
             self._emit("cluster_generation_ended", "warning", f"generation {r.gen} ends: {r.cause} on node {r.by} "

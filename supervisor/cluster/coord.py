@@ -84,6 +84,7 @@ class EndRequest:
     step: int | None = None
     onset_step: int | None = None
     action: str = "restart"  # the requesting node's policy decision (restart, rollback, give_up)
+    lease: int = 0  # the writer's lease (the leader's, or the asking member's): checked on reading (trust.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -92,7 +93,8 @@ class EndRequest:
     def from_json(text: str) -> "EndRequest":
         d = json.loads(text)
         return EndRequest(int(d["gen"]), str(d["by"]), str(d["cause"]), str(d.get("summary", "")),
-                          d.get("step"), d.get("onset_step"), str(d.get("action") or "restart"))
+                          d.get("step"), d.get("onset_step"), str(d.get("action") or "restart"),
+                          int(d.get("lease") or 0))
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ class Plan:
     reason: str
     give_up: str | None = None  # the run ends: why
     lives: tuple[str, ...] = ()  # each node's daemon life when the plan was made (same order as nodes)
+    lease: int = 0  # the leader's lease when it wrote the plan: checked on reading (trust.py)
 
     def life_of(self, node_id: str) -> str:
         i = self.nodes.index(node_id)
@@ -120,7 +123,7 @@ class Plan:
     def from_json(text: str) -> "Plan":
         d = json.loads(text)
         return Plan(int(d["gen"]), tuple(d["nodes"]), d.get("step"), str(d["leader"]), str(d.get("master_addr", "")),
-                    str(d.get("reason", "")), d.get("give_up"), tuple(d.get("lives") or ()))
+                    str(d.get("reason", "")), d.get("give_up"), tuple(d.get("lives") or ()), int(d.get("lease") or 0))
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,11 @@ class View:
     finished: Mapping[str, int] = field(default_factory=dict)  # node -> the generation its job finished in
     gave_up: Mapping[str, str] = field(default_factory=dict)  # node -> why its supervisor gave up
     digests: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # node -> its launch digest (waiting)
+    # Set by trust.Trust.check (the view a node believes):
+    leader_rev: int = 0  # the leader key's mod revision (0: no leader key), believed or not
+    leader_stale: bool = False  # the leader key failed the checks for a lease TTL: an election replaces it
+    end_revs: Mapping[int, int] = field(default_factory=dict)  # generation -> its end key's mod revision
+    floor_gen: int = 0  # the plan key's generation, believed or not: the next plan goes past it
 
     @staticmethod
     def parse(keys: Keys, kvs: Iterable[tuple[str, str, int]]) -> "View":
@@ -208,14 +216,19 @@ class View:
 # ---------------------------------------------------------------------- commands
 @dataclass(frozen=True)
 class Campaign:
-    """No leader: try to become it (create the leader key on our lease)."""
+    """No leader: try to become it (create the leader key on our lease, or replace a stale one
+    still at ``expect_rev``)."""
+
+    expect_rev: int = 0
 
 
 @dataclass(frozen=True)
 class RequestEnd:
-    """Ask to end a generation (create its end key; an existing one wins)."""
+    """Ask to end a generation (create its end key; an existing one wins unless it is not
+    believed: the leader replaces it while it is still at ``expect_rev``)."""
 
     request: EndRequest
+    expect_rev: int = 0
 
 
 @dataclass(frozen=True)
@@ -273,11 +286,15 @@ class Coordinator:
         self.waiting_since: float | None = None  # leader: when the current barrier began
         self.stopped_for = 0  # the newest generation a StopLocal was issued for
         self.joined = 0  # the newest generation a Join was issued for
+        # When this node last (re)gained contact with etcd: after an outage every daemon re-registers
+        # (leases that expired meanwhile are granted anew), so a missing record means a lost node
+        # only a TTL later (set by the agent).
+        self.contact_since = float("-inf")
 
     def step(self, view: View, me: NodeRecord, now: float) -> list[Command]:
         out: list[Command] = []
-        if view.leader is None:
-            out.append(Campaign())
+        if view.leader is None and (view.leader_rev == 0 or view.leader_stale):
+            out.append(Campaign(view.leader_rev))
         out += self._follow(view, me)
         if view.leader == self.node_id:
             out += self._lead(view, now)
@@ -285,16 +302,23 @@ class Coordinator:
             self.waiting_since = None
         return out
 
+    def fence_after(self) -> float:
+        """How long a node cut off from etcd keeps its job. No new generation can be planned
+        without etcd's quorum, and the earliest one without this node starts after its lease
+        expired (at least a TTL after its last keepalive) and the leader then waited
+        ``wait_for_nodes_s`` for it (:meth:`_next_plan` never starts early while a member is
+        missing): so the job stops a third of a TTL before that can happen (fencing), not before."""
+        return FENCE_AFTER * self.rules.lease_ttl_s + self.rules.wait_for_nodes_s
+
     def lost_contact(self, me: NodeRecord, last_ok: float, now: float) -> list[Command]:
-        """Cut off from etcd since ``last_ok`` (the last keepalive etcd answered): once the lease
-        may expire, the others may declare this node lost and start a generation without it, so
-        its job stops first, a third of a TTL before the lease can expire (fencing)."""
-        if me.phase is Phase.RUNNING and now - last_ok >= FENCE_AFTER * self.rules.lease_ttl_s and self.stopped_for < me.gen:
+        """Cut off from etcd since ``last_ok`` (the last keepalive etcd answered): a healthy job
+        keeps running until a generation without this node could start (:meth:`fence_after`)."""
+        if me.phase is Phase.RUNNING and now - last_ok >= self.fence_after() and self.stopped_for < me.gen:
             self.stopped_for = me.gen
             return [StopLocal(EndRequest(me.gen, self.node_id, NODE_LOST,
                                          f"node {self.node_id} lost contact with etcd for {now - last_ok:.1f} s "
-                                         f"(lease TTL {self.rules.lease_ttl_s:g} s): its lease may expire and the "
-                                         "others go on without it"))]
+                                         f"(lease TTL {self.rules.lease_ttl_s:g} s + wait_for_nodes_s "
+                                         f"{self.rules.wait_for_nodes_s:g} s): the others may go on without it"))]
         return []
 
     # ------------------------------------------------------------------ every node
@@ -329,11 +353,11 @@ class Coordinator:
         g = plan.gen if plan is not None else 0
         if view.gave_up and g not in view.ends:
             who = sorted(view.gave_up)[0]
-            return [RequestEnd(EndRequest(g, who, "gave_up", view.gave_up[who], action="give_up"))]
+            return [RequestEnd(EndRequest(g, who, "gave_up", view.gave_up[who], action="give_up"), view.end_revs.get(g, 0))]
         if plan is not None and g not in view.ends:
-            lost = self._lost_members(view, plan)
+            lost = self._lost_members(view, plan, now)
             if lost:
-                return [RequestEnd(EndRequest(g, self.node_id, NODE_LOST, lost))]
+                return [RequestEnd(EndRequest(g, self.node_id, NODE_LOST, lost), view.end_revs.get(g, 0))]
             return []
         if plan is not None:
             running = [n for n in plan.nodes if n in view.nodes and not self._stopped(view.nodes[n], g)
@@ -342,10 +366,10 @@ class Coordinator:
                 return []  # every member still alive stops first: never two generations at once
         return self._next_plan(view, g, now)
 
-    def _lost_members(self, view: View, plan: Plan) -> str:
+    def _lost_members(self, view: View, plan: Plan, now: float) -> str:
         done = {n for n, g in view.finished.items() if g >= plan.gen}  # finished nodes are not lost
         gone = [n for n in plan.nodes if n not in view.nodes and n not in done]
-        if gone:
+        if gone and now - self.contact_since >= self.rules.lease_ttl_s:
             return f"node {', '.join(gone)} lost: its lease expired (daemon killed, node down or cut off)"
         back = [n for n in plan.nodes if n not in done and n in view.nodes and (
             (plan.lives and view.nodes[n].life != plan.life_of(n))  # its daemon restarted: its job is gone
@@ -371,7 +395,11 @@ class Coordinator:
         if self.waiting_since is None:
             self.waiting_since = now
         waited = now - self.waiting_since
-        if len(ready) < rules.nodes and waited < rules.wait_for_nodes_s:
+        # A member gone (its lease expired) may still run its job cut off from etcd: never start
+        # early without it (the rule its fence counts on, fence_after).
+        missing = view.plan is not None and any(n not in view.nodes and view.finished.get(n, 0) < g
+                                                for n in view.plan.nodes)
+        if (len(ready) < rules.nodes or missing) and waited < rules.wait_for_nodes_s:
             return []
         if len(ready) < rules.min_nodes:
             why = (f"only {len(ready)} of {rules.nodes} nodes ready ({', '.join(ready) or 'none'}) after "
@@ -388,7 +416,7 @@ class Coordinator:
         action = end.action if end is not None else "restart"
         step = choose_step((view.nodes[n] for n in chosen), action, end.onset_step if end else None)
         after = f"after {end.cause} on {end.by}" if end is not None else "first generation"
-        why = (f"generation {g + 1} on {len(chosen)} node(s) ({after}); "
+        why = (f"generation {max(g, view.floor_gen) + 1} on {len(chosen)} node(s) ({after}); "
                + (f"resuming from step {step}, verified on every node" if step is not None
                   else "no checkpoint step verified on every node: fresh start"))
         return [self._write(view, g, tuple(chosen), step, why)]
@@ -398,7 +426,8 @@ class Coordinator:
         self.waiting_since = None
         addr = view.nodes[nodes[0]].addr if nodes and nodes[0] in view.nodes else ""
         lives = tuple(view.nodes[n].life for n in nodes if n in view.nodes)
-        return WritePlan(Plan(g + 1, nodes, step, self.node_id, addr, reason, give_up, lives), view.plan_rev)
+        gen = max(g, view.floor_gen) + 1  # past a plan not believed (a lost leader's last): never two of one number
+        return WritePlan(Plan(gen, nodes, step, self.node_id, addr, reason, give_up, lives), view.plan_rev)
 
 
 def as_dict(cmd: Any) -> dict[str, Any]:

@@ -3,6 +3,8 @@ a failure on one node stopping the others, the common step, a lost node, give-up
 
 from __future__ import annotations
 
+import signal
+import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -111,8 +113,8 @@ def test_a_node_that_gives_up_ends_the_run_everywhere(etcd: EtcdServer, prefix: 
                 n.agent.close()
 
 
-def test_etcd_away_shorter_than_the_ttl_changes_nothing_longer_fences(etcd: EtcdServer, prefix: str) -> None:
-    rules = Rules(nodes=2, min_nodes=2, wait_for_nodes_s=5.0, lease_ttl_s=3.0)
+def test_etcd_away_shorter_than_the_fence_changes_nothing_longer_fences(etcd: EtcdServer, prefix: str) -> None:
+    rules = Rules(nodes=2, min_nodes=2, wait_for_nodes_s=1.0, lease_ttl_s=3.0)  # the fence: 2/3 TTL + 1 s
     ns = nodes(etcd, prefix, rules, n=2)
     with ThreadPoolExecutor(2) as pool:
         try:
@@ -122,12 +124,42 @@ def test_etcd_away_shorter_than_the_ttl_changes_nothing_longer_fences(etcd: Etcd
                 e == "cluster_etcd_back" for n in ns for e, _ in n.events[-1:]), timeout=10)
             assert all(n.stops == [] for n in ns)
             etcd.stop()
-            for n in ns:  # cut off for a TTL: each stops its own job (it may have been declared lost)
-                wait_for(lambda n=n: n.stops, timeout=rules.lease_ttl_s + 5, what="fencing stop")
+            for n in ns:  # cut off past the fence: each stops its own job (a generation without it could start)
+                wait_for(lambda n=n: n.stops, timeout=rules.lease_ttl_s + 8, what="fencing stop")
                 assert n.stops[0].cause == NODE_LOST and "lost contact with etcd" in n.stops[0].summary
             etcd.start()
             plans = [f.result(timeout=20) for f in barrier(pool, ns)]
             assert {p.gen for p in plans} == {2}  # back together in a new generation
+        finally:
+            for n in ns:
+                n.agent.close()
+
+
+def test_etcd_paused_past_the_lease_ttl_keeps_healthy_jobs_running_and_books_nothing(
+        etcd: EtcdServer, prefix: str) -> None:
+    rules = Rules(nodes=2, min_nodes=2, wait_for_nodes_s=30.0, lease_ttl_s=2.0)  # the fence: 2/3 TTL + 30 s
+    ns = nodes(etcd, prefix, rules, n=2)
+    assert etcd.proc is not None
+    with ThreadPoolExecutor(2) as pool:
+        try:
+            [f.result(timeout=15) for f in barrier(pool, ns)]
+            etcd.proc.send_signal(signal.SIGSTOP)  # an outage: etcd answers no one
+            try:
+                since = time.monotonic()
+                wait_for(lambda: all(not n.agent._reachable for n in ns) and time.monotonic() - since
+                         > rules.lease_ttl_s + 1, timeout=20, what="etcd away past the lease TTL")
+            finally:
+                etcd.proc.send_signal(signal.SIGCONT)
+            # Back: the leases may have expired at once; every node registers again within the grace.
+            wait_for(lambda: all(n.agent._reachable and n.agent.view.leader and len(n.agent.view.nodes) == 2
+                                 and time.monotonic() - n.agent.coord.contact_since > rules.lease_ttl_s + 0.5
+                                 for n in ns), timeout=20, what="both registered again, past the grace")
+            assert all(n.stops == [] for n in ns)  # no fence, no node_lost: nothing booked
+            assert EtcdClient([etcd.endpoint]).get(Keys(prefix).end(1)) is None
+            assert all(n.agent.plan is not None and n.agent.plan.gen == 1 for n in ns)
+            ns[0].agent.request_end("nan", "loss is nan", 5, 5, "restart")  # the run still works
+            wait_for(lambda: ns[1].stops, timeout=10, what="n2 told to stop")
+            assert {f.result(timeout=15).gen for f in barrier(pool, ns)} == {2}
         finally:
             for n in ns:
                 n.agent.close()

@@ -138,13 +138,15 @@ def test_a_node_that_gave_up_or_asked_to_give_up_ends_the_run_everywhere() -> No
     assert only(follower.step(v2, rec("n2", Phase.WAITING, 1), 0.0), GiveUp).reason == wp.plan.give_up
 
 
-def test_partition_minority_fences_itself_after_a_ttl_and_stops_when_the_run_moved_on() -> None:
-    c = Coordinator("n3", RULES)
+def test_cut_off_a_healthy_job_runs_until_a_generation_without_it_could_start_then_fences() -> None:
+    c = Coordinator("n3", RULES)  # TTL 5 s, wait_for_nodes_s 30 s
     me = rec("n3", Phase.RUNNING, 1)
-    assert c.lost_contact(me, last_ok=10.0, now=13.0) == []  # a short outage: supervision goes on
-    stop = only(c.lost_contact(me, last_ok=10.0, now=13.4), StopLocal)  # 2/3 TTL: before the lease can expire
+    assert c.lost_contact(me, last_ok=10.0, now=40.0) == []  # an etcd outage far past the TTL: the job goes on
+    # The earliest generation without n3: its lease expires (>= 5 s) and the leader waits 30 s for it.
+    stop = only(c.lost_contact(me, last_ok=10.0, now=43.4), StopLocal)  # 2/3 TTL + 30 s: a third of a TTL early
     assert stop.request.cause == NODE_LOST and stop.request.gen == 1
-    assert c.lost_contact(me, last_ok=10.0, now=16.0) == []  # once
+    assert c.lost_contact(me, last_ok=10.0, now=50.0) == []  # once
+    assert c.lost_contact(rec("n3", Phase.WAITING, 1), last_ok=10.0, now=90.0) == []  # no job: nothing to fence
     c = Coordinator("n3", RULES)  # healed before it noticed: the run is at generation 2 already
     v = view(rec("n1", Phase.RUNNING, 2), rec("n3", Phase.RUNNING, 1), plan=plan(2, ("n1", "n2")))
     assert only(c.step(v, me, 0.0), StopLocal).request.cause == NODE_LOST
@@ -186,3 +188,34 @@ def test_a_late_node_waiting_since_an_older_generation_joins_the_next_one() -> N
              plan=plan(2, ("n1", "n2")), ends={2: end})
     wp = only(lead.step(v, rec("n1", Phase.WAITING, 2), 0.0), WritePlan)
     assert wp.plan.gen == 3 and set(wp.plan.nodes) == {"n1", "n2", "n3"}
+
+
+def test_with_a_member_gone_the_leader_waits_the_full_wait_even_with_spares_ready() -> None:
+    rules = Rules(nodes=2, min_nodes=2, wait_for_nodes_s=30.0, lease_ttl_s=5.0)
+    lead = Coordinator("n1", rules)
+    end = EndRequest(1, "n1", NODE_LOST, "node n2 lost")
+    # n2 (a member) is gone but may still run cut off from etcd; n3 is a spare: 2 ready = nodes
+    v = view(rec("n1", Phase.WAITING, 1), rec("n3", Phase.WAITING, 0), plan=plan(1, ("n1", "n2")), ends={1: end})
+    assert not [x for x in lead.step(v, rec("n1", Phase.WAITING, 1), 0.0) if isinstance(x, WritePlan)]
+    wp = only(lead.step(v, rec("n1", Phase.WAITING, 1), 30.0), WritePlan)  # n2's fence (2/3 TTL + 30 s) came first
+    assert wp.plan.nodes == ("n1", "n3")
+
+
+def test_after_an_outage_members_get_a_ttl_to_register_again_before_one_is_lost() -> None:
+    lead = Coordinator("n1", RULES)
+    lead.contact_since = 100.0  # etcd answered again at 100 (their leases may have expired meanwhile)
+    v = view(rec("n1", Phase.RUNNING, 1), rec("n3", Phase.RUNNING, 1), plan=plan(1))  # n2 not registered yet
+    assert lead.step(v, rec("n1", Phase.RUNNING, 1), 103.0) == []
+    req = only(lead.step(v, rec("n1", Phase.RUNNING, 1), 105.0), RequestEnd).request
+    assert req.cause == NODE_LOST and "n2" in req.summary
+
+
+def test_a_stale_leader_key_is_replaced_by_an_election_and_a_next_plan_goes_past_any_plan_seen() -> None:
+    c = Coordinator("n2", RULES)
+    present = View({"n2": rec("n2")}, None, leader_rev=5)  # a leader key the checks left out, not yet stale
+    assert not [x for x in c.step(present, rec("n2"), 0.0) if isinstance(x, Campaign)]
+    assert Campaign(5) in c.step(View({"n2": rec("n2")}, None, leader_rev=5, leader_stale=True), rec("n2"), 1.0)
+    lead = Coordinator("n1", RULES)
+    v = View({n: rec(n) for n in ("n1", "n2", "n3")}, "n1", None, 9, floor_gen=4)  # a plan key not believed: gen 4
+    wp = only(lead.step(v, rec("n1"), 0.0), WritePlan)
+    assert wp.plan.gen == 5 and wp.expect_rev == 9
