@@ -141,6 +141,14 @@ def _ident(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+
+def _read_only_fs(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 class Ledger:
     def __init__(self, state_dir: Path, *, readonly: bool = False, clock: Callable[[], float] = time.time) -> None:
         self.path = state_dir / LEDGER_FILE
@@ -153,7 +161,10 @@ class Ledger:
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(f"no ledger at {self.path}: no run has used this state dir")
-            self.db = self._checked(sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10),
+            # On a read-only mount SQLite cannot make the -shm file a WAL ledger is read through;
+            # nobody can change the file there either, so it is read as immutable (no -shm needed).
+            frozen = "&immutable=1" if _read_only_fs(state_dir) else ""
+            self.db = self._checked(sqlite3.connect(f"file:{self.path}?mode=ro{frozen}", uri=True, timeout=10),
                                     self._check_readable)
         else:
             try:

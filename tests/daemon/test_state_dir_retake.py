@@ -37,9 +37,9 @@ def mounts() -> Iterator[list[Path]]:
             subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
-def _mount_ro(mounts: list[Path], where: Path) -> None:
+def _mount_ro(mounts: list[Path], where: Path, mode: str = "ro") -> None:
     where.mkdir(parents=True, exist_ok=True)
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m,mode=0700", "tmpfs", str(where)],
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"{mode},size=2m,mode=0700", "tmpfs", str(where)],
                          capture_output=True, text=True)
     if out.returncode != 0:
         pytest.skip(f"cannot mount a read-only tmpfs here (needs root and CAP_SYS_ADMIN): {out.stderr.strip()}")
@@ -96,6 +96,19 @@ def test_a_read_only_state_dir_at_start_is_a_clear_error_and_starts_nothing(tmp_
         assert cp.returncode == 2, cp.stderr
         assert "Read-only file system" in cp.stderr and "nothing was started" in cp.stderr, cp.stderr
         assert "Traceback" not in cp.stderr and not ready.exists()
+
+
+def test_a_state_dir_remounted_read_only_keeps_its_history_readable_and_refuses_a_daemon_clearly(tmp_path, mounts):
+    mnt = tmp_path / "mnt"
+    _mount_ro(mounts, mnt, mode="rw")
+    sd = mnt / "sd"
+    assert _cli(*wrap(sd), PY, "-c", "pass", timeout=60).returncode == 0
+    remount = subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True, text=True)
+    assert remount.returncode == 0, remount.stderr
+    h = _cli("history", "--json", "--state-dir", str(sd))
+    assert h.returncode == 0 and '"state": "finished"' in h.stdout, h.stderr  # not "corrupt, move it aside"
+    cp = _cli(*wrap(sd), PY, "-c", "pass", timeout=60)
+    assert cp.returncode == 2 and "Read-only file system" in cp.stderr and "Traceback" not in cp.stderr, cp.stderr
 
 
 def test_the_ledger_is_moved_with_its_rows_into_a_recreated_dir(tmp_path: Path) -> None:
