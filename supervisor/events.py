@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
 from .core.causes import Action, Cause
-from .redact import redact_argv
+from .redact import MAX_TOTAL_CHARS, MAX_VALUE_CHARS, redact_argv
 
 __all__ = ["Action", "AttemptContext", "Cause", "Detection", "Emit", "LineSink", "MetricRecord", "MetricSink",
            "Monitor"]
@@ -115,22 +115,12 @@ class Monitor(Protocol):
     def status(self) -> Mapping[str, object]: ...
 
 
-MAX_ARG_CHARS = 1024  # one argument as logged / stored
-MAX_ARGV_CHARS = 16384  # the whole argv as logged / stored (a 25 MB argv once made a 131 MB ledger)
+MAX_ARG_CHARS = MAX_VALUE_CHARS  # one argument as logged / stored
+MAX_ARGV_CHARS = MAX_TOTAL_CHARS  # the whole argv as logged / stored (a 25 MB argv once made a 131 MB ledger)
 
 
 def bounded_argv(argv: Sequence[str]) -> list[str]:
     """``argv`` as we log and store it: each argument cut at MAX_ARG_CHARS and the list at
-    MAX_ARGV_CHARS in all, each cut said in place (``…(+N chars)``, ``…(+N more args)``)."""
-    out: list[str] = []
-    total = 0
-    for i, arg in enumerate(argv):
-        if total >= MAX_ARGV_CHARS:
-            out.append(f"…(+{len(argv) - i} more args)")
-            break
-        if len(arg) > MAX_ARG_CHARS:
-            arg = f"{arg[:MAX_ARG_CHARS]}…(+{len(arg) - MAX_ARG_CHARS} chars)"
-        out.append(arg)
-        total += len(arg)
-    # Redacted after the cut: the masking regexes then see at most MAX_ARG_CHARS per argument.
-    return redact_argv(out)  # shown and stored, never a --password=x or a URL's password
+    MAX_ARGV_CHARS in all, each cut said in place (``…(+N chars)``, ``…(+N more args)``), and
+    masked (supervisor.redact does both: the one place)."""
+    return redact_argv(argv)  # shown and stored, never a --password=x or a URL's password

@@ -6,7 +6,8 @@ import json
 import signal
 import sys
 
-from supervisor.redact import redact_argv, redact_env, redact_line
+from supervisor.redact import (MAX_LINE_CHARS, MAX_TOTAL_CHARS, MAX_VALUE_CHARS, REDACTED, redact_argv, redact_env,
+                               redact_line, redact_url)
 from tests.conftest import history
 from tests.util import wait_for
 
@@ -26,6 +27,49 @@ def test_env_values_and_lines():
     line = "curl -H 'Authorization: Bearer eyJ.abc' https://u:pw@h/x tokens_per_sec=4500"
     assert redact_line(line) == "curl -H 'Authorization: Bearer <redacted>' https://u:<redacted>@h/x tokens_per_sec=4500"
 
+
+
+def test_webhook_url_shows_scheme_and_host_only():
+    assert redact_url("https://hooks.slack.com/services/T0/B0/XYZ") == f"https://hooks.slack.com/{REDACTED}"
+    assert redact_url("not a url") == REDACTED and redact_url("http://[::1") == REDACTED
+
+
+def test_a_huge_line_is_cut_and_says_how_much():
+    line = "step 1 " + "x" * 5_000_000
+    got = redact_line(line)
+    assert got == line[:MAX_LINE_CHARS] + f"…(+{len(line) - MAX_LINE_CHARS} chars)"
+
+
+def test_a_url_password_split_by_the_cut_is_still_masked():
+    # The bound falls inside the password: no "@" is left for the usual rule, the tail rule masks it.
+    pad = "x" * (MAX_LINE_CHARS - 30) + " "
+    got = redact_line(pad + "postgres://u:" + "S3CRET" * 200 + "@h/db")
+    assert "S3CRET" not in got and f"postgres://u:{REDACTED}…(+" in got
+    arg = redact_argv(["--db=postgres://u:" + "S3CRET" * 1000 + "@h/db"])[0]
+    assert "S3CRET" not in arg and len(arg) < MAX_VALUE_CHARS
+    env = redact_env({"DB": "redis://:" + "S3CRET" * 1000 + "@h:6379"})
+    assert "S3CRET" not in env["DB"] and env["DB"].endswith("chars)")
+
+
+def test_env_is_bounded_per_value_and_in_all_and_says_what_was_cut():
+    env = {"BIG": "v" * 5_000_000, "N" * 3000: "x", "HF_TOKEN": "t" * 5000}
+    env.update({f"VAR_{i}": "y" * 100 for i in range(10_000)})
+    got = redact_env(env)
+    assert got["BIG"] == "v" * MAX_VALUE_CHARS + f"…(+{5_000_000 - MAX_VALUE_CHARS} chars)"
+    assert "N" * MAX_VALUE_CHARS + "…(+1976 chars)" in got and got["HF_TOKEN"] == REDACTED
+    assert got["…"].endswith("more variables)")
+    shown = sum(len(k) + len(v) for k, v in got.items())
+    assert shown < MAX_TOTAL_CHARS + 2 * MAX_VALUE_CHARS + 100
+    kept = len(got) - 1 - 3  # the three big ones and the "…" entry
+    assert got["…"] == f"(+{10_000 - kept} more variables)"
+
+
+def test_a_huge_argv_is_cut_per_argument_and_in_all():
+    got = redact_argv(["train.py", "--token", "t" * 5000, "a" * 5000] + ["--flag"] * 100_000)
+    assert got[:3] == ["train.py", "--token", REDACTED]
+    assert got[3] == "a" * MAX_VALUE_CHARS + f"…(+{5000 - MAX_VALUE_CHARS} chars)"
+    assert got[-1].endswith("more args)") and sum(map(len, got)) < MAX_TOTAL_CHARS + MAX_VALUE_CHARS
+    assert redact_argv(["--api-key", "--token", "x"]) == ["--api-key", "--token", REDACTED]
 
 def test_credentials_in_argv_and_env_values_never_reach_history_ledger_or_log(daemons, tmp_path):
     sd, ready = tmp_path / "sd", tmp_path / "ready"

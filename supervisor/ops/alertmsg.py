@@ -2,8 +2,9 @@
 
 No threads, sockets or processes here: :mod:`supervisor.ops.alerts` sends what this builds.
 A payload never carries a secret: values of keys that look secret (TOKEN, KEY, SECRET,
-PASSWORD, WEBHOOK, ...) become ``"<redacted>"`` wherever they sit, and the known secret values
-(the job's env and ours under such names, the webhook URL) are cut out of every string.
+PASSWORD, ...) become ``"<redacted>"`` wherever they sit, and the known secret values
+(the job's env and ours under such names, the webhook URL) are cut out of every string. What a
+name or a value says is a secret, and how a URL is shown, is :mod:`supervisor.redact`'s call.
 """
 
 from __future__ import annotations
@@ -11,27 +12,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
-from urllib.parse import urlsplit
 
+from ..redact import REDACTED, is_secret
 from ..strictjson import finite
-from ..job.process import is_secret
 
-REDACTED = "<redacted>"
 # Shorter "secrets" ("1", "yes") would cut ordinary words out of every message.
 MIN_SECRET_LEN = 4
 GAVE_UP = "gave_up"
 RESTART_LOOP = "restart_loop"
-
-
-def redact_url(url: str) -> str:
-    """The webhook URL as it may be logged: scheme and host only (the path carries the token)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return REDACTED
-    if not parts.scheme or not parts.hostname:
-        return REDACTED
-    return f"{parts.scheme}://{parts.hostname}/{REDACTED}"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ from typing import Callable
 
 import structlog
 
-from .alertmsg import Alert, Masker, RateLimit, redact_url
+from ..redact import redact_url
+from .alertmsg import Alert, Masker, RateLimit
 from .config import NotifyConfig
 
 log = structlog.get_logger("supervisor.ops.alerts")

@@ -161,7 +161,7 @@ class BlindWatch:
                 s = line.strip()
                 if not s:
                     continue
-                s = s[:_SAMPLE_CHARS]
+                s = redact_line(s, limit=_SAMPLE_CHARS)  # masked as it is cut: a split URL password too
                 self._recent.append(s)
                 if any(c.isdigit() for c in s):
                     self._numeric.append(s)

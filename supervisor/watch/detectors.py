@@ -37,14 +37,17 @@ from typing import Protocol, Sequence
 
 from ..events import Action, Cause, Detection, MetricRecord
 from ..health.xid import classify_xid
+from ..redact import redact_line
 from .config import DetectorsConfig, LossSpikeConfig, NanDetectorConfig, TextDetectorConfig
 from .textrules import (CKPT_KEYWORDS, CKPT_RULES, GPU_RULES, NAN_TEXT_KEYWORDS, NAN_TEXT_RULES,
                         NCCL_KEYWORDS, NCCL_RULES, OOM_KEYWORDS, OOM_RULES, XID_LINE, TextRule)
 
 
 def truncate(text: str, limit: int) -> str:
-    text = text.rstrip()
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """A job's line as evidence (ledger, log, alerts): secrets masked by supervisor.redact (which
+    also says where it cut), at most ``limit`` characters."""
+    shown = redact_line(text.rstrip(), limit=limit)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 class Detector(Protocol):

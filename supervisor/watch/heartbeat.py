@@ -51,6 +51,7 @@ import structlog
 
 from ..checkpoints.discovery import written_by_supervisor
 from ..events import AttemptContext, Cause, Detection, Emit, LineSink
+from ..redact import redact_line
 from .config import HeartbeatConfig
 from .hanggate import HangGate
 from .liveness import Cadence, OutputLiveness, Silence
@@ -364,12 +365,13 @@ class HeartbeatMonitor:
 
     def _silence_detection(self, s: Silence) -> Detection:
         summary = f"the job printed {s.summary()}"
+        last_line = redact_line(s.last_line, limit=200) if s.last_line else None  # stored: no secret, bounded
         details: dict[str, object] = {"kind": "output_startup" if s.kind == "startup" else "output_silence",
                                       "signal": s.kind,
                                       "age_s": round(s.silent_s, 3), "timeout_s": s.timeout_s,
                                       "timeout_source": s.timeout_source, "last_step": s.last_step,
-                                      "last_line": s.last_line}
-        evidence = summary + (f"; last line: {s.last_line[:200]!r}" if s.last_line else "")
+                                      "last_line": last_line}
+        evidence = summary + (f"; last line: {last_line!r}" if last_line else "")
         return Detection(cause=Cause.HANG, summary=summary, source="output", step=s.last_step,
                          onset_step=s.last_step, value=round(s.silent_s, 3), evidence=evidence, details=details)
 

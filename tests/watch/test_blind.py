@@ -170,3 +170,11 @@ def test_the_fix_names_the_text_files_the_attempt_wrote(tmp_path):
     n = bw.check(0.0)
     assert n is not None and "the job writes logs/train.log" in n.message
     assert "wrap --watch-file logs/train.log" in n.message
+
+
+def test_a_sample_cut_inside_a_url_password_still_masks_it():
+    # Samples are cut at 200 characters; a password the cut splits from its "@" is masked too.
+    bw = BlindWatch(2, 0)
+    bw.lines(["x" * 170 + " postgres://u:" + "S3CRET" * 20 + "@h/db 1", "loss 2"], 0.0)
+    n = bw.check(1.0)
+    assert n is not None and "S3CRET" not in n.message and "postgres://u:<redacted>…(+" in n.message

@@ -357,3 +357,13 @@ def test_nan_consecutive_counts_steps_not_duplicate_prints() -> None:
     assert c.detections == []
     w.feed("stdout", ["iter 11: loss nan, time 1ms"])
     assert [(d.step, d.onset_step) for d in c.detections] == [(11, 10)]
+
+
+def test_evidence_masks_credentials_even_where_it_is_cut() -> None:
+    # A job's line becomes evidence (ledger, log, alerts): a URL password and a token in it are
+    # masked, also when the bound falls inside the password (no "@" left to recognise it by).
+    w, c = watcher(DetectorsConfig(evidence_chars=80))
+    w.feed("stderr", ["CUDA out of memory. HF_TOKEN=hf_s3cr3t_1 db postgres://u:" + "S3CRET" * 50 + "@h/db"])
+    ev = c.detections[0].evidence or ""
+    assert c.detections[0].cause is Cause.OOM and len(ev) <= 80
+    assert "hf_s3cr3t_1" not in ev and "S3CRET" not in ev and "HF_TOKEN=<redacted>" in ev

@@ -194,3 +194,18 @@ def test_the_supervisors_own_manifests_are_not_the_job_at_work(tmp_path: Path) -
         os.utime(p, (clock.wall(), clock.wall()))
     m.poll(clock.advance(1.5))
     assert [d.cause for d in out] == [Cause.HANG]
+
+
+def test_the_last_line_in_a_hang_detection_is_masked_and_bounded(tmp_path: Path) -> None:
+    clock, out = Clock(), []
+    m = monitor(HeartbeatConfig(check_interval_s=0.01, **LEARN), clock, tmp_path / "hb", out)
+    w = LogWatcher(DetectorsConfig(), out.append, lambda r: None, progress=m, clock=lambda: clock.mono)
+    for i in range(6):
+        w.feed("stdout", [f"iter {i * 10}: loss {3 - i / 10:.4f}, time 12.00ms, mfu 1.00%"])
+        m.poll(clock.advance(1.0))
+    w.feed("stdout", ["connecting to postgres://u:pw-s3cr3t@h/db with --api-key=k-s3cr3t " + "x" * 5000])
+    m.poll(clock.advance(5.1))
+    assert [d.cause for d in out] == [Cause.HANG]
+    last = str(out[0].details["last_line"])
+    assert "s3cr3t" not in last and "s3cr3t" not in (out[0].evidence or "")
+    assert "postgres://u:<redacted>@h/db" in last and len(last) < 300 and last.endswith("chars)")
