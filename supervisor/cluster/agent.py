@@ -6,7 +6,8 @@ The daemon sees three calls: :meth:`ClusterAgent.request_end` (a local failure e
 generation), :meth:`ClusterAgent.wait_for_generation` (the launch barrier, on the launch
 preparation thread: publish this node's verified steps, block until the leader's plan includes
 it or the run gives up) and :meth:`ClusterAgent.finished`; ``on_stop`` tells it when another
-node's failure (or losing etcd for a lease TTL) means the local job must stop.
+node's failure (or losing etcd past the fence, :meth:`Coordinator.fence_after`) means the local
+job must stop.
 
 When etcd cannot be reached, local supervision goes on and nothing is decided blind; the lease is
 re-granted and the node re-registered when etcd answers again.

@@ -6,7 +6,7 @@ is on, so a single-node daemon neither imports nor runs any of this:
 * :class:`ClusterConcern`: the node's :class:`~supervisor.cluster.agent.ClusterAgent`. A local
   failure (the machine stopping the job for a detection, or the job exiting with a failure)
   becomes a request to end the generation; another node's request (or a lost node, or etcd out
-  of reach for a lease TTL) reaches the machine as a detection with the same cause, so every
+  of reach past the fence) reaches the machine as a detection with the same cause, so every
   node stops its job the way it stops it alone, and books the same failure (the same restart
   budget and remedy ladder everywhere). The leader's decisions are mirrored into the local
   ledger as ``cluster_*`` events; ``status`` shows every node.

@@ -7,10 +7,12 @@ Keys under the run's prefix ``P``::
 
     P/nodes/<id>   NodeRecord    on the node's lease: membership (gone when the lease expires)
     P/leader       <id>          on the leader's lease: the election (first create wins)
-    P/plan         Plan          the current generation, written by the leader (compare-and-swap)
-    P/end/<gen>    EndRequest    a request to end generation <gen> (first create wins, the rest fold)
+    P/plan         Plan          the current generation, written by the leader on its lease (a transaction)
+    P/end/<gen>    EndRequest    a request to end generation <gen> (first create wins, the rest fold);
+                                 with its writer's lease: the leader's or a member's
     P/finished/<id> <gen>        the node's job finished successfully in <gen> (no lease: it stays)
-    P/gave_up/<id> <reason>      the node's supervisor gave up (no lease): the whole run gives up
+    P/gave_up/<id> GaveUpNote    the node's supervisor gave up (no lease): the whole run gives up
+                                 (trust.py: from a member of the current generation only)
     P/digest/<id> digest         on the node's lease while it waits: what it would launch (digest.py);
                                  the leader plans only nodes whose digests agree
 
@@ -19,8 +21,9 @@ a member's lease gone: ``node_lost``) ends it; every member stops its job and sa
 with the checkpoint steps it verified); the leader then writes the next plan: the nodes, each one's
 rank, the newest step verified on every one of them (before the onset for a rollback), or a give-up
 when fewer than ``min_nodes`` came back within ``wait_for_nodes_s``. Only the plan in etcd starts a
-generation, so two can never run at once; a node cut off from etcd for a lease TTL stops its job
-(two thirds of a TTL after its last keepalive: before the others can declare it lost).
+generation, so two can never run at once. Only the leader's plans count (:mod:`.trust` checks
+every key against the leases). A node cut off from etcd keeps a healthy job until a generation
+without it could start (:meth:`Coordinator.fence_after`), then stops it (fencing).
 """
 
 from __future__ import annotations
