@@ -292,8 +292,8 @@ class StateLockConcern(Concern):
         self.reported, self.retaken = None, self.retaken + 1
         self._say("state_dir_retaken", "warning",
                   f"{why}: this daemon (pid {os.getpid()}) took it back: {'; '.join(done)}; the control socket "
-                  f"is bound again (`status` and `stop` work). The job ran on throughout; job.log and "
-                  f"checkpoint notes kept in the old dir are gone with it")
+                  f"is bound again (`status` and `stop` work). The job ran on throughout; its earlier output "
+                  f"(job.log) and the checkpoint notes kept in the old dir are gone with it")
 
     def _give_up(self, why: str, e: BaseException) -> None:
         self.gave_up = f"{why}; it cannot be re-created: {e}"
