@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..redact import MAX_VALUE_CHARS, redact_line
+
 ENV = "TORCHELASTIC_ERROR_FILE"
 #: at most this many per-rank files are opened when looking for the failing rank
 MAX_RANK_FILES = 256
@@ -146,4 +148,6 @@ def read_root_cause(path: Path, *, argv: Sequence[str] = (), env: Mapping[str, s
     if not message and " " in exc_type:  # not "Type: message": keep the text whole
         exc_type, message = "", text
     rank = _failing_rank(text, stamp, rank_dirs(argv, env or {}), since) if stamp else None
-    return RootCause(exc_type or "error", message, last_frame(tb), rank, code, str(path))
+    # The job's own text goes to the log, the ledger and history: masked and bounded there.
+    return RootCause(redact_line(exc_type or "error", limit=200), redact_line(message, limit=MAX_VALUE_CHARS),
+                     last_frame(tb), rank, code, str(path))

@@ -64,6 +64,17 @@ def test_no_rank_when_no_per_rank_file_matches_and_none_for_junk_or_stale_files(
     assert torchelastic.read_root_cause(tmp_path / "missing.json", since=0) is None
 
 
+
+def test_the_jobs_exception_message_is_masked_and_bounded(tmp_path: Path) -> None:
+    # The message reaches the exit summary, the log, the ledger and history.
+    ours = tmp_path / "error.json"
+    text = "OperationalError: cannot reach postgres://u:pw-s3cr3t@db/x with token=tk-s3cr3t " + "x" * 100_000
+    ours.write_text(json.dumps({"message": {"message": text, "extraInfo": {"py_callstack": TB, "timestamp": "1"}}}))
+    rc = torchelastic.read_root_cause(ours, env={"TMPDIR": str(tmp_path / "empty")}, since=time.time() - 5)
+    assert rc is not None and rc.exc_type == "OperationalError"
+    assert "s3cr3t" not in rc.line() and "postgres://u:<redacted>@db/x" in rc.message
+    assert len(rc.message) < 1100 and rc.message.endswith("chars)")
+
 def test_each_attempt_gets_its_own_error_file_unless_the_job_sets_one(tmp_path: Path) -> None:
     sd = tmp_path / "sd"
     stale = torchelastic.error_file(sd, 2)
