@@ -131,6 +131,15 @@ def test_a_wrong_password_fails_clearly_never_shown_and_a_fixed_file_heals(
     assert kv is not None and kv.value == "1"
 
 
+def test_a_user_configured_for_an_etcd_without_auth_is_refused(etcd: EtcdServer, tmp_path: Path) -> None:
+    """Configured credentials an etcd ignores would leave the run open to anyone: said, not used."""
+    pw = tmp_path / "etcd-password"
+    pw.write_text(PASSWORD)
+    c = EtcdClient([etcd.endpoint], auth=PasswordAuth("tsup", str(pw)))
+    with pytest.raises(EtcdAuthError, match="authentication disabled.*remove cluster.user"):
+        c.check_access("/run")
+
+
 def test_tls_and_auth_together(tls_etcd: EtcdServer, pki: Pki, tmp_path: Path) -> None:
     enable_auth(tls_etcd.endpoint, "tsup", PASSWORD, "/run/", context=pki.client_context())
     pw = tmp_path / "etcd-password"
