@@ -15,8 +15,11 @@ Keys, by group (``require_same`` names groups or dotted keys within them)::
     code             the job's working tree: git HEAD and the dirty flag, else a hash of the script
     packages.<dist>  the job's Python and key package versions (torch, transformers, lightning, ...)
 
-A node's own name (``node_id``, host name, advertised address) is masked as ``<node>`` wherever
-it appears, so ``/data/n1/ckpt`` on n1 and ``/data/n2/ckpt`` on n2 agree.
+Values are published as they are, with the node's names (``node_id``, host name, advertised
+address). Two nodes' values agree when they are equal, or equal once each node's own names are
+read as ``<node>`` (``/data/n1/ckpt`` on n1 and ``/data/n2/ckpt`` on n2); the command is compared
+word by word that way, so an argument naming one node (``--fault-node n2``) on every node agrees
+too.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ NODE = "<node>"
 PER_NODE = "<per-node>"
 ABSENT = "(absent)"
 DEFAULT = "(default)"  # a config key at its built-in default on this node
-MAX_VALUE = 400  # longer values are stored as a hash: a digest stays small in etcd
+NAMES = "~names"  # the node's own names (JSON list): how its values are read, never compared
+MAX_VALUE = 4000  # longer values are cut, with a hash of the whole: a digest stays small in etcd
 
 # Command-line flags whose value is the node's own by design (torchrun, accelerate, deepspeed).
 PER_NODE_FLAGS = ("--node_rank", "--node-rank", "--machine_rank", "--machine-rank", "--master_addr",
@@ -61,7 +65,7 @@ class LaunchFacts:
     default_config: Mapping[str, Any]  # the same for the built-in defaults
     code: str
     packages: Mapping[str, str]
-    node_names: tuple[str, ...]  # this node's names: masked as <node>
+    node_names: tuple[str, ...]  # this node's names: read as <node> when values are compared
 
 
 @dataclass(frozen=True)
@@ -87,10 +91,8 @@ def mask_names(text: str, names: Iterable[str]) -> str:
     return text
 
 
-def normalize_argv(argv: Sequence[str], names: Iterable[str]) -> list[str]:
-    """The command without what is the node's own: per-node flag values (``--node_rank 3``,
-    ``--master_addr=10.0.0.1``) and the node's names."""
-    names = tuple(names)
+def normalize_argv(argv: Sequence[str]) -> list[str]:
+    """The command's words without per-node flag values (``--node_rank 3``, ``--master_addr=10.0.0.1``)."""
     out: list[str] = []
     mask_next = False
     for a in argv:
@@ -102,7 +104,7 @@ def normalize_argv(argv: Sequence[str], names: Iterable[str]) -> list[str]:
             mask_next = True
             out.append(a)
             continue
-        out.append(mask_names(_PER_NODE_RX.sub(lambda m: m["flag"] + m["sep"] + PER_NODE, a), names))
+        out.append(_PER_NODE_RX.sub(lambda m: m["flag"] + m["sep"] + PER_NODE, a))
     return out
 
 
@@ -166,25 +168,23 @@ def _shared(path: str) -> bool:
     return True
 
 
-def config_keys(config: Mapping[str, Any], default: Mapping[str, Any], names: Iterable[str]) -> dict[str, str]:
+def config_keys(config: Mapping[str, Any], default: Mapping[str, Any]) -> dict[str, str]:
     """The config's keys that differ from the built-in default, the node's own keys left out."""
-    names = tuple(names)
     mine, base = _flatten(config), _flatten(default)
-    out: dict[str, str] = {}
-    for path, v in mine.items():
-        if _shared(path) and (path not in base or base[path] != v):
-            out[path] = mask_names(json.dumps(v, sort_keys=True), names)
-    return out
+    return {path: json.dumps(v, sort_keys=True) for path, v in mine.items()
+            if _shared(path) and (path not in base or base[path] != v)}
 
 
 def build(f: LaunchFacts) -> dict[str, str]:
     """The full digest of one node's launch (every group; :func:`select` picks the compared keys)."""
-    argv = normalize_argv(f.argv, f.node_names)
+    argv = normalize_argv(command_tokens(f.argv, f.shell))
     d: dict[str, str] = {"argv": json.dumps(argv), "code": f.code}
-    d.update({f"seeds.{k}": mask_names(v, f.node_names) for k, v in seeds(f.argv, f.shell, f.env).items()})
-    d.update({f"config.{k}": v for k, v in config_keys(f.config, f.default_config, f.node_names).items()})
+    d.update({f"seeds.{k}": v for k, v in seeds(f.argv, f.shell, f.env).items()})
+    d.update({f"config.{k}": v for k, v in config_keys(f.config, f.default_config).items()})
     d.update({f"packages.{k}": v for k, v in f.packages.items()})
-    return {k: _bounded(v) for k, v in d.items()}
+    d = {k: _bounded(v) for k, v in d.items()}
+    d[NAMES] = json.dumps(sorted(set(f.node_names)))
+    return d
 
 
 def _bounded(v: str) -> str:
@@ -202,7 +202,7 @@ def selected(key: str, require_same: Iterable[str]) -> bool:
 
 def select(digest: Mapping[str, str], require_same: Iterable[str]) -> dict[str, str]:
     req = tuple(require_same)
-    return {k: v for k, v in digest.items() if selected(k, req)}
+    return {k: v for k, v in digest.items() if k == NAMES or selected(k, req)}
 
 
 def check_require_same(value: Sequence[str]) -> str | None:
@@ -228,17 +228,49 @@ def decode(text: str) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------- comparing
+def _names(node: str, d: Mapping[str, str]) -> tuple[str, ...]:
+    try:
+        listed = json.loads(d.get(NAMES, "[]"))
+    except ValueError:
+        listed = []
+    return (node, *(str(n) for n in listed if isinstance(n, str)))
+
+
+def _words(v: str) -> list[str] | None:
+    try:
+        w = json.loads(v)
+    except ValueError:
+        return None
+    return [str(x) for x in w] if isinstance(w, list) else None
+
+
+def _canonical(key: str, values: Mapping[str, str], names: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
+    """Each node's value as compared: as it is where every node has the same, else with the
+    node's own names read as <node>; the command word by word (see the module's doc)."""
+    if key == "argv":
+        words = {n: _words(v) for n, v in values.items()}
+        lists = [w for w in words.values() if w is not None]
+        if len(lists) == len(words) and len({len(w) for w in lists}) == 1:
+            same = [len({w[i] for w in lists}) == 1 for i in range(len(lists[0]))]
+            return {n: json.dumps([t if same[i] else mask_names(t, names[n]) for i, t in enumerate(w or [])])
+                    for n, w in words.items()}
+    return {n: mask_names(v, names[n]) for n, v in values.items()}
+
+
 def differences(digests: Mapping[str, Mapping[str, str]]) -> list[Difference]:
     """Every key on which the nodes' digests disagree (a key one node lacks counts: for a config
     key that means its built-in default there)."""
     out: list[Difference] = []
     if len(digests) < 2:
         return out
-    keys = sorted(set().union(*(set(d) for d in digests.values())))
+    names = {n: _names(n, d) for n, d in digests.items()}
+    keys = sorted(set().union(*(set(d) for d in digests.values())) - {NAMES})
     for key in keys:
+        values = {n: d.get(key, DEFAULT if key.startswith("config.") else ABSENT) for n, d in digests.items()}
+        if len(set(values.values())) == 1:
+            continue
         by_value: dict[str, list[str]] = {}
-        for node in sorted(digests):
-            v = digests[node].get(key, DEFAULT if key.startswith("config.") else ABSENT)
+        for node, v in sorted(_canonical(key, values, names).items()):
             by_value.setdefault(v, []).append(node)
         if len(by_value) > 1:
             vals = sorted(by_value.items(), key=lambda kv: (-len(kv[1]), kv[1]))

@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from supervisor.cluster import digest
 from supervisor.cluster.coord import Coordinator, NodeRecord, Phase, Rules, View, WritePlan
-from supervisor.cluster.digest import LaunchFacts, build, differences, mismatch, normalize_argv, seeds, select
+from supervisor.cluster.digest import (LaunchFacts, build, differences, mask_names, mismatch, normalize_argv, seeds,
+                                      select)
 from supervisor.cluster.launchprobe import code_version, launch_digest, package_versions
 from supervisor.config.model import ConfigError, config_from_table
 from supervisor.job.launch import config_json
@@ -29,16 +31,27 @@ def facts(node: str, *, argv: tuple[str, ...] | None = None, env: dict[str, str]
                        packages or {"python": "3.11.7", "torch": "2.5.1"}, (node, f"{node}.cluster.local"))
 
 
-def test_per_node_values_are_masked_so_the_same_launch_agrees() -> None:
-    argv = ["torchrun", "--node_rank", "3", "--master-addr=10.0.0.7", "--rdzv-endpoint", "n1:29500",
-            "train.py", "--out=/scratch/n1/run", "--data", "/data/n10/shard", "--epochs", "1"]
-    got = normalize_argv(argv, ["n1", "1"])
-    assert got == ["torchrun", "--node_rank", "<per-node>", "--master-addr=<per-node>", "--rdzv-endpoint",
-                   "<per-node>", "train.py", "--out=/scratch/<node>/run", "--data", "/data/n10/shard",
-                   "--epochs", "1"]  # n10 is not n1; a bare number is never taken for the node's name
-    shell = normalize_argv(["torchrun --node-rank=2 --master_addr 10.1.1.1 train.py --dir /x/n1/y"], ["n1"])
-    assert shell == ["torchrun --node-rank=<per-node> --master_addr <per-node> train.py --dir /x/<node>/y"]
-    assert differences({n: build(facts(n)) for n in ("n1", "n2", "n3")}) == []
+def test_per_node_flag_values_are_masked() -> None:
+    argv = ["torchrun", "--node_rank", "3", "--master-addr=10.0.0.7", "--rdzv-endpoint", "n1:29500", "train.py"]
+    assert normalize_argv(argv) == ["torchrun", "--node_rank", "<per-node>", "--master-addr=<per-node>",
+                                    "--rdzv-endpoint", "<per-node>", "train.py"]
+    shell = build(replace(facts("n1", argv=("torchrun --node-rank=2 --master_addr 10.1.1.1 train.py --seed 4",)),
+                          shell=True))
+    assert json.loads(shell["argv"]) == ["torchrun", "--node-rank=<per-node>", "--master_addr", "<per-node>",
+                                         "train.py", "--seed", "4"]
+
+
+def test_each_nodes_own_names_are_read_as_node_so_the_same_launch_agrees() -> None:
+    def on(node: str) -> dict[str, str]:
+        return build(facts(node, argv=("python", "train.py", f"/data/{node}/out", f"--log={node}.cluster.local:9",
+                                       "--fault-node", "n2", "--data", "/data/n10/shard", "--epochs", "1")))
+    # the per-node path and host agree; "n2" named on every node agrees (on n2 as well); n10 is not n1
+    assert differences({n: on(n) for n in ("n1", "n2", "n3")}) == []
+    other = on("n3")
+    other["argv"] = other["argv"].replace("/data/n10/shard", "/data/n3/shard")
+    diffs = differences({"n1": on("n1"), "n2": on("n2"), "n3": other})
+    assert [d.key for d in diffs] == ["argv"] and [ns for _, ns in diffs[0].values] == [("n1", "n2"), ("n3",)]
+    assert mask_names("run 1 on n1, n10 and x-n1", ["n1", "1"]) == "run 1 on <node>, n10 and x-<node>"
 
 
 def test_seeds_are_read_from_the_command_and_the_environment() -> None:
@@ -76,8 +89,8 @@ def test_config_code_and_packages_differences_are_named() -> None:
 
 def test_require_same_selects_groups_or_keys_and_is_checked() -> None:
     d = build(facts("n1", env={"SEED": "4"}))
-    assert set(select(d, ["packages.torch", "seeds"])) == {"packages.torch", "seeds.--seed", "seeds.$SEED"}
-    assert select(d, []) == {}
+    assert set(select(d, ["packages.torch", "seeds"])) == {"packages.torch", "seeds.--seed", "seeds.$SEED", "~names"}
+    assert differences({"n1": select(d, []), "n2": select(build(facts("n2", code="other")), [])}) == []
     base = {"job": {"command": ["python", "train.py"]}}
     ok = config_from_table({**base, "cluster": {"endpoints": ["http://127.0.0.1:2379"], "require_same": ["code", "packages.torch"]}})
     assert ok.cluster.require_same == ("code", "packages.torch")
