@@ -92,9 +92,19 @@ def _prefix_end(prefix: str) -> str:
     return _b64(prefix[:-1] + chr(ord(prefix[-1]) + 1))
 
 
-def enable_auth(endpoint: str, user: str, password: str, prefix: str, context: ssl.SSLContext | None = None) -> None:
+def _call(endpoint: str, path: str, body: dict[str, object], context: ssl.SSLContext | None,
+          token: str | None = None) -> dict[str, object]:
+    headers = {"Authorization": token} if token else {}
+    req = urllib.request.Request(endpoint + path, json.dumps(body).encode(), headers=headers, method="POST")
+    with urllib.request.urlopen(req, timeout=10, context=context) as r:
+        out: dict[str, object] = json.loads(r.read())
+    assert "error" not in out, (path, out)
+    return out
+
+
+def enable_auth(endpoint: str, user: str, password: str, prefix: str, context: ssl.SSLContext | None = None) -> str:
     """etcd's auth on: a root user, and ``user`` with a role that may read and write the keys
-    under ``prefix`` (and nothing else)."""
+    under ``prefix`` (and nothing else). Returns root's password."""
     root_pw = secrets.token_hex(8)
     calls: list[tuple[str, dict[str, object]]] = [
         ("/v3/auth/user/add", {"name": "root", "password": root_pw}),
@@ -107,7 +117,13 @@ def enable_auth(endpoint: str, user: str, password: str, prefix: str, context: s
         ("/v3/auth/enable", {}),
     ]
     for path, body in calls:
-        req = urllib.request.Request(endpoint + path, json.dumps(body).encode(), method="POST")
-        with urllib.request.urlopen(req, timeout=10, context=context) as r:
-            out = json.loads(r.read())
-        assert "error" not in out, (path, out)
+        _call(endpoint, path, body, context)
+    return root_pw
+
+
+def change_password(endpoint: str, root_pw: str, user: str, password: str) -> None:
+    """What an operator rotating a password does (as root); the auth store's revision moves on,
+    so etcd refuses the tokens it gave before."""
+    token = _call(endpoint, "/v3/auth/authenticate", {"name": "root", "password": root_pw}, None)["token"]
+    assert isinstance(token, str)
+    _call(endpoint, "/v3/auth/user/changepw", {"name": user, "password": password}, None, token)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -14,13 +15,17 @@ from typing import Iterator
 
 import pytest
 
+from supervisor.cluster.agent import ClusterAgent
+from supervisor.cluster.coord import EndRequest, Keys, Rules
 from supervisor.cluster.credentials import PasswordAuth, tls_context
 from supervisor.cluster.etcd import AUTH_RETRY_S, EtcdAuthError, EtcdClient, EtcdTlsError
 from supervisor.config.model import ConfigError, config_from_table
 from tests.cluster.etcdserver import EtcdServer, Unavailable
-from tests.cluster.security import Ca, Pki, enable_auth
+from tests.cluster.security import Ca, Pki, change_password, enable_auth
+from tests.util import wait_for
 
 PASSWORD = "s3cret-pw-for-test"
+ROOT_PW: dict[str, str] = {}  # root's password of each auth_etcd, by endpoint
 
 
 @pytest.fixture
@@ -53,7 +58,7 @@ def tls_etcd(tmp_path: Path, pki: Pki) -> Iterator[EtcdServer]:
 @pytest.fixture
 def auth_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     with _etcd(tmp_path, None) as server:
-        enable_auth(server.endpoint, "tsup", PASSWORD, "/run/")
+        ROOT_PW[server.endpoint] = enable_auth(server.endpoint, "tsup", PASSWORD, "/run/")
         yield server
 
 
@@ -129,6 +134,36 @@ def test_a_wrong_password_fails_clearly_never_shown_and_a_fixed_file_heals(
     c.put("/run/a", "1")  # the password file is read again at the next try
     kv = c.get("/run/a")
     assert kv is not None and kv.value == "1"
+
+
+def test_a_password_refused_mid_run_is_an_outage_for_the_node_and_a_fixed_file_heals(
+        auth_etcd: EtcdServer, tmp_path: Path) -> None:
+    """An operator rotates the password in etcd but not in the file: the token is refused, its
+    renewal too; the agent reports etcd out of reach with etcd's reason (local supervision goes
+    on, the fence stops the job as when cut off); the file updated, the node is back."""
+    pw = tmp_path / "etcd-password"
+    pw.write_text(PASSWORD)
+    now = [0.0]
+    client = EtcdClient([auth_etcd.endpoint], timeout_s=0.5, auth=PasswordAuth("tsup", str(pw)), clock=lambda: now[0])
+    events: list[tuple[str, str]] = []
+    stops: list[EndRequest] = []
+    agent = ClusterAgent(client, Keys("/run/agent"), "n1", "127.0.0.1",
+                         Rules(nodes=1, min_nodes=1, wait_for_nodes_s=2.0, lease_ttl_s=2.0),
+                         on_stop=stops.append, on_event=lambda e, lvl, msg, data: events.append((e, msg)), poll_s=0.05)
+    agent.start()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            assert pool.submit(agent.wait_for_generation, []).result(timeout=20).gen == 1
+        change_password(auth_etcd.endpoint, ROOT_PW[auth_etcd.endpoint], "tsup", "the-rotated-password")
+        msg = wait_for(lambda: [m for e, m in events if e == "cluster_etcd_unreachable"], timeout=20,
+                       what="etcd reported out of reach")[0]
+        assert 'etcd refused user "tsup"' in msg and PASSWORD not in msg, msg
+        wait_for(lambda: stops, timeout=20, what="the fence stops the job")
+        pw.write_text("the-rotated-password\n")
+        now[0] += AUTH_RETRY_S + 1
+        wait_for(lambda: any(e == "cluster_etcd_back" for e, _ in events), timeout=20, what="back with the fixed file")
+    finally:
+        agent.close()
 
 
 def test_a_user_configured_for_an_etcd_without_auth_is_refused(etcd: EtcdServer, tmp_path: Path) -> None:
