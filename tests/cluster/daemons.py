@@ -25,9 +25,13 @@ def node_config(tmp: Path, node: str, etcd: EtcdServer, prefix: str, *, nodes: i
     shell = command is not None and len(command) == 1  # one string: run by /bin/sh (job.shell)
     command = command or [sys.executable, str(JOB), str(d / "out"), str(d / "ck"), *job_args]
     p = d / "config.toml"
+    # workdir: outside any git tree, so each node's code version (its launch digest) is the
+    # script's hash, not this checkout's HEAD, which a commit landing between two nodes' launches
+    # would change for one of them.
     p.write_text(f"""
 [job]
 name = "clustertest"
+workdir = "{d}"
 command = {json.dumps(command)}
 shell = {"true" if shell else "false"}
 [state]
