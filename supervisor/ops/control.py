@@ -12,12 +12,9 @@ Only a peer with the daemon's uid (or root) is served (SO_PEERCRED). Malformed, 
 or forbidden requests get an error reply (or are dropped when the peer is gone); each connection
 has its own thread, so none of this reaches the daemon's main loop.
 
-At most :data:`MAX_CONNECTIONS` connections at once, :data:`MAX_PER_UID` from one peer uid. A
-new connection over a bound takes the place of the oldest one still reading its request (of its
-own uid when that uid is at its bound, else of the uid holding the most), which gets a ``busy``
-reply; one whose request is complete is never pushed out (:mod:`.controlslots`). The CLI sends
-its request at once, so clients that trickle bytes or stall, however many and however often they
-reconnect, cannot hold off ``status`` or ``stop``.
+At most :data:`MAX_CONNECTIONS` connections at once, :data:`MAX_PER_UID` per peer uid; over a
+bound the oldest connection still reading its request gives way (a ``busy`` reply), never one
+being answered, so tricklers cannot hold off ``status``/``stop`` (:mod:`.controlslots`: the rule).
 
 The server calls ``handler(verb, args)`` on the connection's thread; the runner implements it by
 posting the request to its main loop and waiting for the answer (the main loop owns all
