@@ -12,6 +12,11 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+# One torch CPU thread for every job, daemon-launched or not, and for the tests' own torch: the
+# jobs here are tiny models, and with its default (one OpenMP thread per core) torch's idle
+# threads spin for a core another test needs: a tiny HF run took 2x the CPU and 3x the wall time
+# on a loaded 2-core machine. setdefault: a run that wants more sets it itself.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = ROOT / "tests" / "helpers"

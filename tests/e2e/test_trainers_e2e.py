@@ -163,13 +163,13 @@ def assert_hang_detected_in_time(d: Daemon, clock: OutputClock, limit_s: float) 
 @slow
 def test_hf_nan_rolls_back_before_the_poison_and_finishes_finite(supervise, tmp_path: Path) -> None:
     # NaN weights from the update of step 10: checkpoint-10 (saved right after it) is already
-    # poisoned, though the first NaN is only printed at the log of step 15. Batches of 32 make a
-    # step take about 0.1 s, so tqdm (mininterval 0.1 s) prints each step and the log dicts get
-    # their own step, not an earlier one (which would put the onset before checkpoint-10 anyway).
+    # poisoned, though the first NaN is only printed at the log of step 15. A 0.1 s pause after
+    # each step (a real step's compute, without the CPU) makes tqdm (mininterval 0.1 s) print each
+    # step, so the log dicts get their own step, not an earlier one (which would put the onset
+    # before checkpoint-10 anyway).
     out = tmp_path / "out"
     d = supervise(wrap(tmp_path, *hf_flags(out)) + hf_cmd(out, "--max_steps", "20", "--save_steps", "5",
-                                                         "--logging_steps", "5", "--per_device_train_batch_size",
-                                                         "32"), fault="nan@10")
+                                                         "--logging_steps", "5", "--step_s", "0.1"), fault="nan@10")
     assert d.wait(240) == 0, d.stderr()[-3000:]
     a = attempts(tmp_path / "sd")
     assert a[0]["cause"] == "nan" and a[0]["action"] == "rollback", a[0]

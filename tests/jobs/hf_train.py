@@ -5,12 +5,13 @@ Trainer's own checkpoint-N/ folders in --output_dir, and resuming with
 ``--resume_from_checkpoint PATH``. Faults come from FAULT / FAULT_MARKER (see _faults.py).
 
     python hf_train.py --output_dir out --max_steps 40 --save_steps 5 --logging_steps 5 \
-        [--resume_from_checkpoint out/checkpoint-20]
+        [--resume_from_checkpoint out/checkpoint-20] [--step_s 0.1]
 """
 from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,7 @@ class DataArguments:
     train_samples: int = field(default=512)
     eval_samples: int = field(default=32)
     dataset_seed: int = field(default=1234)
+    step_s: float = field(default=0.0)  # a pause after each step: a real step's compute, without the CPU
 
 
 class RandomTokens(torch.utils.data.Dataset):
@@ -42,6 +44,14 @@ class RandomTokens(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.data[i], "labels": self.data[i]}
+
+
+class PauseAfterStep(TrainerCallback):
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.seconds)
 
 
 class FaultCallback(TrainerCallback):
@@ -65,7 +75,8 @@ def main() -> None:
     evals = RandomTokens(data_args.eval_samples, data_args.seq_len, config.vocab_size, data_args.dataset_seed + 1)
     trainer = Trainer(model=model, args=args, train_dataset=train,
                       eval_dataset=evals if args.eval_strategy != "no" else None,
-                      callbacks=[FaultCallback(Fault(args.output_dir))])
+                      callbacks=[FaultCallback(Fault(args.output_dir))]
+                      + ([PauseAfterStep(data_args.step_s)] if data_args.step_s else []))
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.save_model(args.output_dir)
 
