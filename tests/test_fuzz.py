@@ -77,3 +77,27 @@ def test_control_request_parser_takes_any_request(data: bytes) -> None:
         assert e.code in ("bad_request", "unknown_verb")
     else:
         assert isinstance(verb, str) and isinstance(args, dict)
+
+
+@FUZZ
+@given(st.text(max_size=300), st.text(max_size=300), st.text("0123456789abcdef", min_size=4, max_size=80),
+       st.integers(min_value=1, max_value=700))
+def test_a_url_password_is_masked_wherever_a_line_is_cut(before: str, after: str, secret: str, limit: int) -> None:
+    from supervisor.redact import redact_line
+
+    pw = f"S3CR{secret}"
+    got = redact_line(f"{before} postgres://u:{pw}@h/db {after}", limit=limit)
+    if "S3CR" not in before + after:  # no part of the password is shown, wherever the cut fell
+        assert "S3CR" not in got
+    assert len(got) <= 3 * limit + 40
+
+
+@FUZZ
+@given(st.dictionaries(st.text(max_size=50), st.text(max_size=2000), max_size=30),
+       st.lists(st.text(max_size=2000), max_size=30))
+def test_env_and_argv_redaction_take_anything_and_stay_bounded(env: dict[str, str], argv: list[str]) -> None:
+    from supervisor.redact import MAX_TOTAL_CHARS, MAX_VALUE_CHARS, redact_argv, redact_env
+
+    shown = redact_env(env)
+    assert sum(len(k) + len(v) for k, v in shown.items()) <= MAX_TOTAL_CHARS + 4 * MAX_VALUE_CHARS
+    assert sum(map(len, redact_argv(argv))) <= MAX_TOTAL_CHARS + 4 * MAX_VALUE_CHARS
