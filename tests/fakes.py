@@ -16,6 +16,7 @@ from supervisor.events import Action, Cause, MetricRecord
 from supervisor.health.gate import GateVerdict
 from supervisor.ledger.store import AttemptRow
 from supervisor.job.osapi import OsApi, signal_name
+from supervisor.job.catchup import OutputLag
 from supervisor.job.output import SinkFanout
 from supervisor.daemon.runner import Runner
 
@@ -97,6 +98,9 @@ class FakeJob:
 
     def pumps_done(self, timeout: float = 0.0) -> bool:
         return True
+
+    def output_lag(self) -> OutputLag:
+        return OutputLag()  # no keeper, nothing behind
 
     def close(self) -> None:
         self.closed = True

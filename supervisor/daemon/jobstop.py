@@ -33,10 +33,13 @@ class JobStop:
             self.shutdown.escalate(now)
 
     def output_done(self, job: Job, now: float) -> bool:
-        """The job's output is read to its end, or waited for long enough since its exit was seen."""
+        """The job's output is read to its end, or waited for long enough since its exit was seen.
+        Output the job printed before its exit that the parsers are still catching up on (a burst
+        the keeper left in job.log for them) is always waited for: its metrics are the attempt's;
+        a straggler printing on after the exit is not (the wait would have no end)."""
         if self.exit_seen_at is None:
             self.exit_seen_at = now
-        return job.pumps_done(0) or now - self.exit_seen_at >= EXIT_DRAIN_S
+        return job.pumps_done(0) or (now - self.exit_seen_at >= EXIT_DRAIN_S and not job.output_lag().draining)
 
     def draining(self, now: float) -> bool:
         """Still within :data:`EXIT_DRAIN_S` of the exit: the attempt's last metric records come first."""

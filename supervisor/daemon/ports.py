@@ -22,6 +22,7 @@ from ..events import Action, AttemptContext, Detection, MetricRecord, Monitor
 if TYPE_CHECKING:
     from ..config.model import Config
     from ..ledger.store import AttemptRow
+    from ..job.catchup import OutputLag
     from ..job.osapi import OsApi, ProcRef
     from ..job.output import SinkFanout
     from ..job.process import LaunchSpec
@@ -63,6 +64,10 @@ class Job(Protocol):
     def pids(self) -> list[int]: ...
 
     def pumps_done(self, timeout: float = 0.0) -> bool: ...
+
+    def output_lag(self) -> "OutputLag":
+        """How far the handling of the job's output (console, parsers) is behind the job."""
+        ...
 
     def close(self) -> None: ...
 

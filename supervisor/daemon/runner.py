@@ -353,9 +353,11 @@ class Runner:
         self._drain_queue()
         if self._state_now() is State.STOPPING:  # a detection arrived and started a stop
             return
-        if self.metrics.waiting and self.jobstop.draining(now):
+        if self.metrics.waiting and (self.jobstop.draining(now) or self.job.pumps_done(0)):
             # The attempt's last records first: whether it made progress (no backoff) and its
             # last step; kept a chunk per turn, the next turn comes at once while any are left.
+            # Output read to its end leaves a bounded number of them: all are kept (a burst the
+            # parsers caught up on after the exit is the attempt's too).
             return
         info = self.ports.launcher.exit_info(self.job, evidence=True)
         self._feed(JobExited(info, self.job.group_alive(), now, self.clock.time(),
@@ -443,7 +445,10 @@ class Runner:
                            pids=self.job.pids() if self.job is not None and self.state in (
                                State.STARTING, State.RUNNING, State.STOPPING) else [], last_metric=self.metrics.last,
                            restart_in_s=(self.timer_at if self.timer_at is not None else now) - now,
-                           extras=[{"metrics_dropped": self.metrics.dropped}, *self.concerns.statuses()])
+                           extras=[{"metrics_dropped": self.metrics.dropped,
+                                    # how far the console and the parsers are behind the job's output
+                                    "output_lag": self.job.output_lag().as_status() if self.job is not None else None},
+                                   *self.concerns.statuses()])
 
     def refresh_status_cache(self) -> dict[str, Any]:
         self._status_cache = self.status()

@@ -20,8 +20,9 @@ from typing import BinaryIO, Callable, Protocol, Sequence
 import structlog
 
 from ..events import LineSink
+from .catchup import LagGauge, LogReadback
 from .consoleline import SharedLine
-from .keeper import EOF_STDERR, EOF_STDOUT, FRAME, NOTICE, STDERR, STDOUT
+from .keeper import DATA_HEAD, EOF_STDERR, EOF_STDOUT, FRAME, GAP, NOTICE, STDERR, STDOUT
 
 log = structlog.get_logger("supervisor.job.output")
 
@@ -273,11 +274,15 @@ class KeeperLink(threading.Thread):
     and stderr, each stream split into lines of its own (a tqdm bar on stderr never runs into a
     metric line on stdout), passed through to its own console and offered to the sinks. job.log is
     the keeper's (written before the chunk is sent here). ``on_eof(source)`` is called once per
-    stream, from this thread; a keeper that dies before both streams ended is reported."""
+    stream, from this thread; a keeper that dies before both streams ended is reported.
+
+    The keeper does not wait for this thread: what it could not queue for it (a burst faster than
+    the parsers) arrives as gap frames, read back here from job.log (``log_path``) in order, so
+    the console and the sinks get every byte, later. :attr:`gauge` says how far behind that is."""
 
     def __init__(self, sock_fd: int, passthrough: Consoles | None, fanout: SinkFanout,
                  on_eof: Callable[[str], None], keeper_pid: int | None = None,
-                 respawn: Callable[[], tuple[int, int] | None] | None = None) -> None:
+                 respawn: Callable[[], tuple[int, int] | None] | None = None, log_path: str = "") -> None:
         super().__init__(name="job-output", daemon=True)
         self.fd = sock_fd
         self.respawn = respawn  # a new keeper (its socket fd, pid) when this one dies before the job's output
@@ -290,6 +295,8 @@ class KeeperLink(threading.Thread):
         self._splitters = {STDOUT: LineSplitter(), STDERR: LineSplitter()}
         self._open = {STDOUT: "stdout", STDERR: "stderr"}
         self._failed = False
+        self.gauge = LagGauge(log_path)
+        self._readback = LogReadback(log_path, self.gauge)
 
     @property
     def ended(self) -> bool:
@@ -323,6 +330,9 @@ class KeeperLink(threading.Thread):
     def _frame(self, kind: int, payload: bytes) -> None:
         if kind in (STDOUT, STDERR):
             self._data(kind, payload)
+        elif kind == GAP:
+            for stream, chunk in self._readback.ranges(payload):
+                self._data(stream, chunk)
         elif kind == EOF_STDOUT:
             self._eof(STDOUT)
         elif kind == EOF_STDERR:
@@ -331,6 +341,12 @@ class KeeperLink(threading.Thread):
             event, _, message = payload.decode("utf-8", "replace").partition(": ")
             level = log.error if event.endswith("_failed") else log.warning
             level(event, keeper_pid=self.keeper_pid, message=message)
+
+    def _run(self, kind: int, parts: list[bytes], end: int) -> None:
+        """Consecutive data frames of one stream, as one chunk; ``end``: the last one's end in job.log."""
+        if parts:
+            self._safe_frame(kind, b"".join(parts))
+            self.gauge.handled(end)
 
     def _safe_frame(self, kind: int, payload: bytes) -> None:
         try:
@@ -387,31 +403,38 @@ class KeeperLink(threading.Thread):
                 # Consecutive frames of one stream are handled as one chunk: the keeper sends what
                 # each read gave it (a line or two while it keeps up with the job), and the
                 # console, the splitter and the sinks cost per call, not per byte.
-                run_kind, run_parts = 0, []
+                run_kind, run_parts, run_end = 0, [], -1
                 while end - pos >= FRAME.size:
                     kind, n = FRAME.unpack_from(buf, pos)
                     if end - pos - FRAME.size < n:
                         break
-                    payload = bytes(buf[pos + FRAME.size:pos + FRAME.size + n])
-                    pos += FRAME.size + n
-                    if kind == run_kind:
-                        run_parts.append(payload)
-                        continue
-                    if run_parts:
-                        self._safe_frame(run_kind, b"".join(run_parts))
+                    body = pos + FRAME.size
+                    pos = body + n
                     if kind in (STDOUT, STDERR):
-                        run_kind, run_parts = kind, [payload]
+                        chunk_end, read_at = DATA_HEAD.unpack_from(buf, body)
+                        payload = bytes(buf[body + DATA_HEAD.size:pos])
+                        if kind == run_kind:
+                            run_parts.append(payload)
+                            run_end = chunk_end
+                            continue
+                        self._run(run_kind, run_parts, run_end)
+                        self.gauge.handling(read_at)
+                        run_kind, run_parts, run_end = kind, [payload], chunk_end
                     else:
+                        self._run(run_kind, run_parts, run_end)
                         run_kind, run_parts = 0, []
-                        self._safe_frame(kind, payload)
-                if run_parts:
-                    self._safe_frame(run_kind, b"".join(run_parts))
+                        self._safe_frame(kind, bytes(buf[body:pos]))
+                self._run(run_kind, run_parts, run_end)
                 del buf[:pos]
+                if not buf:
+                    self.gauge.idle()
         finally:
             try:
                 os.close(self.fd)
             except OSError:
                 pass
+            self._readback.close()
+            self.gauge.idle()
             if self._open:
                 log.error("output_keeper_lost", keeper_pid=self.keeper_pid, streams=sorted(self._open.values()),
                           message="the job's output keeper ended before the job's output did and no new one "

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -22,6 +23,7 @@ from ..events import Cause
 from ..redact import SECRET_MARKERS, is_secret, redact_env  # noqa: F401
 from .osapi import OsApi, ProcRef, signal_name
 from .cgroup import JobCgroup
+from .catchup import OutputLag
 from .keeper import stderr_log_path
 from .output import Consoles, KeeperLink, SinkFanout
 
@@ -124,9 +126,10 @@ class JobProcess:
             self.cgroup = None
         self.known: dict[int, ProcRef] = {self.pid: self.leader}
         self.link = KeeperLink(ours.detach(), passthrough, fanout, on_eof, self.keeper.pid,
-                               respawn=self.respawn_keeper)
+                               respawn=self.respawn_keeper, log_path=str(log_path or ""))
         self.link.start()
         self.status: int | None = None
+        self.exited_at: float | None = None
         self._tree_at = float("-inf")
 
     # -- observation ----------------------------------------------------------------------
@@ -181,6 +184,7 @@ class JobProcess:
             st = self.osapi.reap(self.pid)
             if st is not None:
                 self.status = st
+                self.exited_at = time.monotonic()  # the keeper's clock: output read before it is the job's last
                 self.popen.returncode = os.waitstatus_to_exitcode(st)
         return self.status
 
@@ -231,6 +235,11 @@ class JobProcess:
         if timeout > 0:
             self.link.join(timeout)
         return self.link.ended
+
+    def output_lag(self) -> OutputLag:
+        """How far the daemon's handling of the job's output is behind the job (the keeper is not:
+        it writes job.log at the job's speed)."""
+        return self.link.gauge.lag(self.exited_at)
 
     def respawn_keeper(self) -> tuple[int, int] | None:
         """The keeper died before the job's output ended (killed from outside): a new one on the

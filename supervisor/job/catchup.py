@@ -1,0 +1,146 @@
+"""Where the daemon's reading of the job's output stands against the job: the lag, and the bytes
+it reads back from job.log when the keeper sent their place instead of the bytes.
+
+The keeper (:mod:`.keeper`) never waits for the daemon: when the daemon's parsers fall more than
+a bounded queue behind, the keeper sends gap frames (stream, offset, length in job.log, when
+read) and the daemon reads those bytes back from job.log here, in order, at its own pace.
+:class:`LagGauge` keeps how far behind that reading is (seconds since the keeper read the chunk
+being handled, bytes of job.log not yet handled), for ``status`` and the metrics endpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import structlog
+
+from .keeper import CHUNK, GAP_HEAD, GAP_RANGE, NOT_IN_LOG
+
+log = structlog.get_logger("supervisor.job.output")
+
+
+@dataclass(frozen=True)
+class OutputLag:
+    """How far the daemon's reading of the job's output is behind the job.
+
+    ``seconds``: since the keeper read the chunk being handled now (0 when all is handled);
+    ``bytes``: of job.log not handled yet; ``max_seconds``: the most this attempt was behind;
+    ``unparsed_bytes``: output the parsers never saw (in job.log, but rotated or truncated away
+    before they caught up; said in an ``output_unparsed`` event); ``draining``: output the job
+    printed before its leader exited is still being handled (the exit waits for it)."""
+
+    seconds: float = 0.0
+    bytes: int = 0
+    max_seconds: float = 0.0
+    unparsed_bytes: int = 0
+    draining: bool = False
+
+    def as_status(self) -> dict[str, float | int]:
+        return {"seconds": round(self.seconds, 3), "bytes": self.bytes, "max_seconds": round(self.max_seconds, 3),
+                "unparsed_bytes": self.unparsed_bytes}
+
+
+class LagGauge:
+    """Written by the output thread alone (:meth:`handling`, :meth:`handled`, :meth:`idle`);
+    read from any thread (:meth:`lag`: attribute reads, no lock)."""
+
+    def __init__(self, log_path: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.log_path = log_path
+        self._clock = clock  # the keeper stamps chunks with CLOCK_MONOTONIC: the same clock
+        self._at: float | None = None  # when the keeper read the chunk being handled
+        self._end = -1  # where in job.log the handled output ends
+        self.max_seconds = 0.0
+        self.unparsed = 0
+
+    def handling(self, read_at: float) -> None:
+        self._at = read_at
+        behind = self._clock() - read_at
+        if behind > self.max_seconds:
+            self.max_seconds = behind
+
+    def handled(self, end: int) -> None:
+        if end != NOT_IN_LOG:
+            self._end = end
+
+    def idle(self) -> None:
+        """Everything the keeper sent is handled."""
+        self._at = None
+
+    def lag(self, exited_at: float | None = None) -> OutputLag:
+        """``exited_at``: when the job's leader was seen gone (this clock): output read before it
+        that is still being handled makes the lag ``draining``."""
+        at, end = self._at, self._end
+        if at is None:
+            return OutputLag(max_seconds=self.max_seconds, unparsed_bytes=self.unparsed)
+        size = 0
+        if self.log_path and end >= 0:
+            try:
+                size = max(0, os.stat(self.log_path).st_size - end)
+            except OSError:
+                size = 0
+        return OutputLag(max(0.0, self._clock() - at), size, self.max_seconds, self.unparsed,
+                         exited_at is not None and at <= exited_at)
+
+
+class LogReadback:
+    """Reads a gap frame's ranges back from job.log: only from the file the keeper wrote them to
+    (its device and inode), never through a symlink. A range that cannot be read whole (the file
+    rotated away and gone, truncated by copytruncate) is counted in ``gauge.unparsed`` and said."""
+
+    def __init__(self, log_path: str, gauge: LagGauge) -> None:
+        self.log_path = log_path
+        self.gauge = gauge
+        self._fd = -1
+        self._ident = (0, 0)
+
+    def _open(self, ident: tuple[int, int]) -> int:
+        if self._fd >= 0 and self._ident == ident:
+            return self._fd
+        self.close()
+        if not self.log_path:
+            return -1
+        try:
+            fd = os.open(self.log_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return -1
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != ident:
+            os.close(fd)  # rotated: the ranges are in a file we no longer know the name of
+            return -1
+        self._fd, self._ident = fd, ident
+        return fd
+
+    def ranges(self, payload: bytes) -> Iterator[tuple[int, bytes]]:
+        """The gap's output, (stream, bytes) in the order the keeper read it."""
+        ident = GAP_HEAD.unpack_from(payload)
+        fd = self._open((int(ident[0]), int(ident[1])))
+        lost = 0
+        for pos in range(GAP_HEAD.size, len(payload) - GAP_RANGE.size + 1, GAP_RANGE.size):
+            kind, off, length, read_at = GAP_RANGE.unpack_from(payload, pos)
+            self.gauge.handling(read_at)
+            got = 0
+            while fd >= 0 and got < length:
+                try:
+                    piece = os.pread(fd, min(CHUNK, length - got), off + got)
+                except OSError:
+                    piece = b""
+                if not piece:
+                    break
+                got += len(piece)
+                yield kind, piece
+                self.gauge.handled(off + got)
+            lost += length - got
+        if lost:
+            self.gauge.unparsed += lost
+            log.error("output_unparsed", path=self.log_path, bytes=lost,
+                      message=f"{lost} bytes of the job's output are in {self.log_path or 'job.log'} (or the file "
+                              "it was rotated to) but could not be read back for the parsers: it was moved or "
+                              "truncated before they caught up; they are not parsed, the rest of the output is")
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = -1
