@@ -136,12 +136,22 @@ def _redact_arg(arg: str, after_secret_flag: bool) -> tuple[str, bool]:
     return _values(arg), False
 
 
+def _mask_assign(m: re.Match[str]) -> str:
+    name, sep, value = m.group(1), m.group(2), m.group(4)
+    if _NUMBER_RE.fullmatch(value):
+        return m.group(0)
+    # "hf_token abc" and "--api-key abc" name a secret; prose such as "tokenizer loaded" or
+    # "secret_sauce on" does not: with only a space between, the name must end with the marker.
+    if not sep.strip() and not name.upper().rstrip("0123456789_").endswith(SECRET_MARKERS):
+        return m.group(0)
+    return f"{name}{sep}{m.group(3)}{REDACTED}"
+
+
 def redact_line(line: str, limit: int = MAX_LINE_CHARS) -> str:
     """A free-text line (a log sample, a shell command, an error's evidence) cut at ``limit``,
     with secret-named values, URL passwords and bearer tokens masked. A number is no secret:
     ``tokens_per_sec=4500`` stays."""
     kept, more = cut(line, limit)
-    kept = _SECRET_ASSIGN_RE.sub(lambda m: m.group(0) if _NUMBER_RE.fullmatch(m.group(4))
-                                 else f"{m.group(1)}{m.group(2)}{m.group(3)}{REDACTED}", kept)
+    kept = _SECRET_ASSIGN_RE.sub(_mask_assign, kept)
     kept = _values(kept)
     return (_mask_tail(kept) + more) if more else kept

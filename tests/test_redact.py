@@ -88,3 +88,12 @@ def test_credentials_in_argv_and_env_values_never_reach_history_ledger_or_log(da
     for secret in ("pw-s3cr3t-1", "tk-s3cr3t-2", "url-s3cr3t-3", "env-s3cr3t-4"):
         assert secret not in d.stderr() and secret.encode() not in stored and secret not in h, secret
     assert "--password=<redacted>" in h and "postgres://u:<redacted>@h/db" in h
+
+
+def test_prose_that_merely_contains_a_marker_word_is_left_alone() -> None:
+    # With only a space between, a name must end with the marker to name a secret.
+    assert redact_line("tokenizer loaded from gpt2") == "tokenizer loaded from gpt2"
+    assert redact_line("secret_sauce on, keyboard ready") == "secret_sauce on, keyboard ready"
+    assert redact_line("export HF_TOKEN hf_abc") == f"export HF_TOKEN {REDACTED}"
+    assert redact_line("my password hunter2") == f"my password {REDACTED}"
+    assert redact_line("tokenizer=hunter2") == f"tokenizer={REDACTED}"  # an assignment still masks
