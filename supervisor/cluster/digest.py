@@ -31,6 +31,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..redact import redact_argv
+
 GROUPS = ("argv", "seeds", "config", "code", "packages")
 DEFAULT_REQUIRE_SAME = GROUPS
 NODE = "<node>"
@@ -177,7 +179,7 @@ def config_keys(config: Mapping[str, Any], default: Mapping[str, Any]) -> dict[s
 
 def build(f: LaunchFacts) -> dict[str, str]:
     """The full digest of one node's launch (every group; :func:`select` picks the compared keys)."""
-    argv = normalize_argv(command_tokens(f.argv, f.shell))
+    argv = normalize_argv(redact_argv(command_tokens(f.argv, f.shell)))  # it goes to etcd and the logs
     d: dict[str, str] = {"argv": json.dumps(argv), "code": f.code}
     d.update({f"seeds.{k}": v for k, v in seeds(f.argv, f.shell, f.env).items()})
     d.update({f"config.{k}": v for k, v in config_keys(f.config, f.default_config).items()})

@@ -35,10 +35,10 @@ def test_per_node_flag_values_are_masked() -> None:
     argv = ["torchrun", "--node_rank", "3", "--master-addr=10.0.0.7", "--rdzv-endpoint", "n1:29500", "train.py"]
     assert normalize_argv(argv) == ["torchrun", "--node_rank", "<per-node>", "--master-addr=<per-node>",
                                     "--rdzv-endpoint", "<per-node>", "train.py"]
-    shell = build(replace(facts("n1", argv=("torchrun --node-rank=2 --master_addr 10.1.1.1 train.py --seed 4",)),
-                          shell=True))
+    shell = build(replace(facts("n1", argv=("torchrun --node-rank=2 --master_addr 10.1.1.1 train.py --seed 4 "
+                                            "--hf_token=hf_abc",)), shell=True))
     assert json.loads(shell["argv"]) == ["torchrun", "--node-rank=<per-node>", "--master_addr", "<per-node>",
-                                         "train.py", "--seed", "4"]
+                                         "train.py", "--seed", "4", "--hf_token=<redacted>"]  # never to etcd
 
 
 def test_each_nodes_own_names_are_read_as_node_so_the_same_launch_agrees() -> None:
