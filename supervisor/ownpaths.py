@@ -5,6 +5,12 @@ They are made or entered without following a symlink: a ``last_good`` link plant
 else would otherwise make the daemon write checkpoint copies (or move quarantined files) wherever
 it points. A symlink or non-folder there is refused with :class:`NotOurFolder`, never followed or
 replaced (it may be someone's data: nothing is deleted).
+
+Checking a folder by its name and then writing by its name leaves a gap: the name can be swapped
+for a link between the two. :func:`own_dir_fd` closes it: the folder is opened once
+(``O_DIRECTORY | O_NOFOLLOW``) and checked through that descriptor, and what is made in it is made
+relative to the descriptor (:func:`open_in`, ``dir_fd=``/``dst_dir_fd=``), so it lands in the
+folder that was checked whatever the name points to by then.
 """
 from __future__ import annotations
 
@@ -14,7 +20,8 @@ from pathlib import Path
 
 from .errors import SupervisorError
 
-__all__ = ["NotOurFolder", "UnsafePath", "own_dir", "refuse_unsafe_as_root", "unsafe_component"]
+__all__ = ["NotOurFolder", "UnsafePath", "open_in", "own_dir", "own_dir_fd", "own_subdir_fd",
+           "refuse_unsafe_as_root", "unsafe_component"]
 
 
 class NotOurFolder(OSError):
@@ -39,6 +46,17 @@ def own_dir(path: Path, parents: bool = False) -> Path:
     """Create ``path`` (mode 0700 from the umask's view of it) if absent; refuse a symlink or
     non-folder at that name. ``parents``: create missing parents the ordinary way (only the last
     component is ours). Returns ``path``."""
+    os.close(own_dir_fd(path, parents))
+    return Path(path)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def own_dir_fd(path: Path, parents: bool = False) -> int:
+    """:func:`own_dir`, returning a descriptor on the folder it checked (the caller closes it):
+    make files in it with :func:`open_in` or ``dir_fd=`` and they land there, whatever the name
+    is swapped for after the check."""
     path = Path(path)
     if parents:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -46,8 +64,41 @@ def own_dir(path: Path, parents: bool = False) -> Path:
         os.mkdir(path)  # mkdir never follows a symlink at the last component: it fails EEXIST
     except FileExistsError:
         pass
-    _check(path)
-    return path
+    try:
+        return os.open(path, _DIR_FLAGS)  # O_NOFOLLOW: a link at the last component fails ELOOP
+    except OSError:
+        _check(path)  # says what is there instead: a symlink, or not a folder
+        raise
+
+
+def own_subdir_fd(parent_fd: int, name: str, where: Path) -> int:
+    """The folder ``name`` inside the checked folder ``parent_fd`` (made if absent), opened the same
+    way; ``where`` names it in errors."""
+    _one_name(name)
+    try:
+        os.mkdir(name, 0o777, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as e:
+        st = os.lstat(name, dir_fd=parent_fd)
+        if stat.S_ISLNK(st.st_mode):
+            raise NotOurFolder(where, "a symlink") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotOurFolder(where, "not a folder") from None
+        raise e
+
+
+def open_in(dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
+    """``os.open`` of ``name`` in the checked folder ``dir_fd``, never through a symlink (ELOOP)."""
+    _one_name(name)
+    return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+
+
+def _one_name(name: str) -> None:
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"{name!r} is not a single file name")
 
 
 class UnsafePath(SupervisorError):

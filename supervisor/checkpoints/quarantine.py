@@ -24,7 +24,7 @@ import structlog
 from .discovery import LAST_GOOD_DIR, NOTE_SUFFIX, QUARANTINE_DIR, Layout
 from .layouts import registry
 from .manifest import fsync_dir, manifest_path, stat_record, write_json_atomic
-from ..ownpaths import own_dir
+from ..ownpaths import own_dir_fd
 from .reflink import clone_file
 from .snapshot import DEFAULT_HEADROOM, Headroom, NotKeptError, copy_room_problem
 
@@ -67,18 +67,24 @@ def quarantine(path: Path, reason: str, layout: Layout | str | None = None) -> Q
     path = Path(path)
     sidecars = [p for p in registry.sidecars(path, layout) if p.exists()]
     qdir = path.parent / QUARANTINE_DIR
-    own_dir(qdir)
-    dest = _free_name(qdir, path.name)
-    at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    note = dest.with_name(dest.name + NOTE_SUFFIX)
-    # The note first: if the move fails, a note about an absent file is harmless; a moved file
-    # without a note would be a mystery.
-    write_json_atomic(note, {"original_path": str(path), "quarantined_path": str(dest), "reason": reason,
-                             "at": at, "by": _who()})
-    os.rename(path, dest)  # same filesystem (a sibling dir): atomic, nothing copied or lost
-    for side in sidecars:  # <name><suffix> beside it -> <dest name><suffix>
-        os.rename(side, dest.with_name(dest.name + side.name[len(path.name):]))
-    fsync_dir(qdir)
+    qfd = own_dir_fd(qdir)
+    try:
+        # Moved into the folder just checked (/proc/self/fd/<fd>/<name>), never through the name
+        # quarantine/, which could be swapped for a link meanwhile (ownpaths).
+        held = Path(f"/proc/self/fd/{qfd}")
+        name = _free_name(held, path.name).name
+        dest, at = qdir / name, _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        note = dest.with_name(name + NOTE_SUFFIX)
+        # The note first: if the move fails, a note about an absent file is harmless; a moved file
+        # without a note would be a mystery.
+        write_json_atomic(held / note.name, {"original_path": str(path), "quarantined_path": str(dest),
+                                             "reason": reason, "at": at, "by": _who()})
+        os.rename(path, held / name)  # same filesystem (a sibling dir): atomic, nothing copied or lost
+        for side in sidecars:  # <name><suffix> beside it -> <dest name><suffix>
+            os.rename(side, held / (name + side.name[len(path.name):]))
+        os.fsync(qfd)
+    finally:
+        os.close(qfd)
     fsync_dir(path.parent)
     log.warning("checkpoint_quarantined", path=str(path), dest=str(dest), reason=reason,
                 next="it is kept (never deleted); selection moves on to the next older ready checkpoint")
@@ -116,7 +122,18 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0,
     if unchanged is not None and not unchanged():
         _changed_while_kept(path, None)
         return None
-    own_dir(dest.parent)
+    lg = own_dir_fd(dest.parent)
+    try:
+        # From here on through the folder just checked (/proc/self/fd/<fd>/<name>), never through
+        # the name last_good/, which could be swapped for a link meanwhile (ownpaths).
+        return _keep(path, size, Path(f"/proc/self/fd/{lg}") / dest.name, dest, link, unchanged, headroom)
+    finally:
+        os.close(lg)
+
+
+def _keep(path: Path, size: int, dest: Path, shown: Path, link: bool, unchanged: Callable[[], bool] | None,
+          headroom: Headroom) -> Path | None:
+    """preserve_last_good's copy into ``dest`` (in the held folder); ``shown``: its real path."""
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     how = "copy"
     if link and path.is_file():
@@ -177,10 +194,10 @@ def preserve_last_good(path: Path, link: bool = False, max_bytes: int = 0,
             data["copied_from"] = str(path)
             write_json_atomic(manifest_path(dest), data)
     fsync_dir(dest.parent)
-    log.info("checkpoint_preserved_last_good", path=str(path), copy=str(dest), how=how,
+    log.info("checkpoint_preserved_last_good", path=str(path), copy=str(shown), how=how,
              disk_bytes=size if how == "copy" and not path.is_dir() else 0,
              next="a bad overwrite of the original can no longer destroy the last good state")
-    return dest
+    return shown
 
 
 def _changed_while_kept(path: Path, tmp: Path | None) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from .discovery import LAST_GOOD_DIR
 from .hashing import StatKey
 from .reflink import clone_file
-from ..ownpaths import own_dir
+from ..ownpaths import open_in, own_dir_fd
 
 
 class NotKeptError(OSError):
@@ -92,25 +92,33 @@ def snapshot_path(path: Path) -> Path:
 
 def take_snapshot(path: Path, *, link: bool, headroom: Headroom) -> Snapshot:
     """Capture the version of ``path`` on disk now in last_good/ under a temp name. Raises
-    NotKeptError (no room, copy failed: nothing left behind) or ChangedWhileCopied."""
+    NotKeptError (no room, copy failed: nothing left behind) or ChangedWhileCopied. The temp file
+    is made relative to the last_good/ folder checked (ownpaths.own_dir_fd), never by its name."""
     tmp = snapshot_path(path)
-    own_dir(tmp.parent)
+    lg = own_dir_fd(tmp.parent)
+    try:
+        return _take(path, tmp, lg, link, headroom)
+    finally:
+        os.close(lg)
+
+
+def _take(path: Path, tmp: Path, lg: int, link: bool, headroom: Headroom) -> Snapshot:
     for stale in tmp.parent.glob(f".snap.*.{path.name}"):
-        stale.unlink(missing_ok=True)  # ours, left by a killed life: never a checkpoint
+        _unlink_in(lg, stale.name)  # ours, left by a killed life: never a checkpoint
     if link:
         try:
-            os.link(path, tmp)
-            st = tmp.stat()
+            os.link(path, tmp.name, dst_dir_fd=lg)
+            st = os.stat(tmp.name, dir_fd=lg, follow_symlinks=False)
             return Snapshot(tmp, path, StatKey(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), "hard link")
         except OSError:
-            tmp.unlink(missing_ok=True)  # links refused (another filesystem): clone or copy
+            _unlink_in(lg, tmp.name)  # links refused (another filesystem): clone or copy
     done = False
     try:
         with open(path, "rb") as src:
             before = os.fstat(src.fileno())
             version = StatKey(before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns)
-            try:
-                cloned = clone_file(f"/proc/self/fd/{src.fileno()}", tmp)
+            try:  # /proc/self/fd/<folder fd>/<name>: the folder held open, not its name looked up again
+                cloned = clone_file(f"/proc/self/fd/{src.fileno()}", f"/proc/self/fd/{lg}/{tmp.name}")
             except OSError:
                 cloned = False
             how = "reflink"
@@ -120,7 +128,7 @@ def take_snapshot(path: Path, *, link: bool, headroom: Headroom) -> Snapshot:
                 if problem:
                     raise NotKeptError(problem)
                 try:
-                    with open(tmp, "wb") as dst:
+                    with os.fdopen(open_in(lg, tmp.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), "wb") as dst:
                         src.seek(0)
                         shutil.copyfileobj(src, dst, 8 * 1024 * 1024)
                         dst.flush()
@@ -130,12 +138,19 @@ def take_snapshot(path: Path, *, link: bool, headroom: Headroom) -> Snapshot:
             after = os.fstat(src.fileno())
             if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
                 raise ChangedWhileCopied(str(path))
-            os.utime(tmp, ns=(before.st_atime_ns, before.st_mtime_ns))
+            os.utime(tmp.name, ns=(before.st_atime_ns, before.st_mtime_ns), dir_fd=lg, follow_symlinks=False)
         done = True
         return Snapshot(tmp, path, version, how)
     finally:
         if not done:
-            tmp.unlink(missing_ok=True)  # a failed copy never leaves its temp file behind
+            _unlink_in(lg, tmp.name)  # a failed copy never leaves its temp file behind
+
+
+def _unlink_in(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
 
 
 def discard(snap: Snapshot) -> None:
@@ -146,9 +161,9 @@ def promote(snap: Snapshot) -> Path:
     """The verified snapshot becomes ``last_good/<name>`` (one rename over the previous kept
     version: a crash leaves one or the other, never neither)."""
     dest = snap.path.parent / snap.source.name
-    os.replace(snap.path, dest)
-    fd = os.open(dest.parent, os.O_RDONLY)
+    fd = own_dir_fd(dest.parent)  # renamed within the folder checked, not through its name
     try:
+        os.replace(snap.path.name, dest.name, src_dir_fd=fd, dst_dir_fd=fd)
         os.fsync(fd)
     finally:
         os.close(fd)

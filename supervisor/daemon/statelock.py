@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import SupervisorError
-from ..ownpaths import refuse_unsafe_as_root
+from ..ownpaths import open_in, refuse_unsafe_as_root
 from .ports import Concern
 
 LOCK_NAME = "daemon.lock"
@@ -70,18 +70,25 @@ def _unusable(state_dir: Path, path: Path, e: OSError) -> StateDirUnusable:
         f"filesystem is not mounted read-only), or choose another ([state] dir or --state-dir)")
 
 
-def ensure_state_dir(state_dir: Path) -> None:
-    """Create the state dir 0700 (parents as needed); refuse one owned by another user."""
+def ensure_state_dir(state_dir: Path) -> int:
+    """Create the state dir 0700 (parents as needed); refuse one owned by another user. A
+    descriptor on the folder checked (the caller closes it): files made through it land there."""
     refuse_unsafe_as_root(state_dir, "state dir")  # before mkdir: nothing is made under a bad parent
     try:
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as e:  # read-only parent, no permission, a file at the name
+        dfd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:  # read-only parent, no permission, a file (or a link) at the name
         raise _unusable(state_dir, state_dir, e) from None
-    refuse_unsafe_as_root(state_dir, "state dir")
-    st = os.stat(state_dir)
-    if st.st_uid != os.geteuid() and os.geteuid() != 0:
-        raise StateDirLocked(f"state dir {state_dir} is owned by uid {st.st_uid}, not by this user "
-                             f"(uid {os.geteuid()}); refusing to use it: choose a state dir of your own")
+    try:
+        refuse_unsafe_as_root(state_dir, "state dir")
+        st = os.fstat(dfd)
+        if st.st_uid != os.geteuid() and os.geteuid() != 0:
+            raise StateDirLocked(f"state dir {state_dir} is owned by uid {st.st_uid}, not by this user "
+                                 f"(uid {os.geteuid()}); refusing to use it: choose a state dir of your own")
+    except BaseException:
+        os.close(dfd)
+        raise
+    return dfd
 
 
 def lock_name(state_dir: Path) -> bytes:
@@ -132,16 +139,21 @@ def _ident(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _lock_file(state_dir: Path) -> int:
-    """Create the state dir if needed and flock its lock file; the descriptor, holding our pid."""
-    ensure_state_dir(state_dir)
+def _lock_file(state_dir: Path) -> tuple[int, tuple[int, int]]:
+    """Create the state dir if needed and flock its lock file, made in the folder checked (not
+    by name: a swap after the check cannot redirect it). The descriptor, holding our pid, and the
+    folder's (device, inode)."""
+    dfd = ensure_state_dir(state_dir)
     path = state_dir / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        st = os.fstat(dfd)
+        fd = open_in(dfd, LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise StateDirLocked(f"{path} is a symlink; refusing to follow it") from None
         raise _unusable(state_dir, path, e) from None
+    finally:
+        os.close(dfd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -155,20 +167,21 @@ def _lock_file(state_dir: Path) -> int:
             f"or use another state dir") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+    return fd, (st.st_dev, st.st_ino)
 
 
 class StateLock:
     """The held lock: ``fd`` stays open until :meth:`release` (or process exit)."""
 
-    def __init__(self, state_dir: Path, fd: int, name: socket.socket | None = None) -> None:
+    def __init__(self, state_dir: Path, fd: int, name: socket.socket | None = None,
+                 dir_ident: tuple[int, int] | None = None) -> None:
         self.state_dir = state_dir
         self.name = name  # the abstract-socket name lock (None where the platform has none)
         self.path = state_dir / LOCK_NAME
         self.fd = fd
         st = os.fstat(fd)
         self._ident = (st.st_dev, st.st_ino)
-        self._dir_ident = _ident(state_dir)
+        self._dir_ident = dir_ident or _ident(state_dir)  # the folder the lock was made in
 
     @classmethod
     def acquire(cls, state_dir: Path) -> "StateLock":
@@ -186,16 +199,16 @@ class StateLock:
 
     @classmethod
     def _acquire_file(cls, state_dir: Path, name: socket.socket | None) -> "StateLock":
-        return cls(state_dir, _lock_file(state_dir), name)
+        fd, dir_ident = _lock_file(state_dir)
+        return cls(state_dir, fd, name, dir_ident)
 
     def retake(self) -> None:
         """Re-create the state dir after it was deleted or replaced, and hold a fresh lock file in
         it (:class:`StateDirLocked` if some other process locked it first)."""
-        fd = _lock_file(self.state_dir)
+        fd, self._dir_ident = _lock_file(self.state_dir)
         old, self.fd = self.fd, fd
         st = os.fstat(fd)
         self._ident = (st.st_dev, st.st_ino)
-        self._dir_ident = _ident(self.state_dir)
         if old >= 0:
             os.close(old)
 
@@ -280,10 +293,9 @@ class StateLockConcern(Concern):
 
                 done.append(self.ledger.retake(d.run_id, d.cfg.job.name, config_json(d.cfg)))
             if d.has_job:
-                from ..job.launch import heartbeat_dir
-                from ..ownpaths import own_dir
+                from ..job.launch import make_heartbeat_dir
 
-                own_dir(heartbeat_dir(self.lock.state_dir, d.attempt), parents=True)
+                make_heartbeat_dir(self.lock.state_dir, d.attempt)
             for again in self.rebind:
                 again()
         except Exception as e:  # noqa: BLE001 - whatever stops the re-take, the answer is the same

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..config.model import Config
 from ..core.messages import Launch, Prepared, PrepareLaunch, jsonable
-from ..ownpaths import own_dir
+from ..ownpaths import own_dir_fd, own_subdir_fd
 from .envsnapshot import snapshot, world_from_launch
 from . import torchelastic
 from ..core.policy import merge_args, scale_args
@@ -79,6 +79,18 @@ def heartbeat_dir(state_dir: Path, attempt: int) -> Path:
     return state_dir / "heartbeats" / f"attempt-{attempt}"
 
 
+def make_heartbeat_dir(state_dir: Path, attempt: int) -> Path:
+    """Create the attempt's heartbeat folder: ``heartbeats/`` checked and held open, the
+    attempt's folder made relative to it (ownpaths: a link swapped in cannot redirect it)."""
+    hb = heartbeat_dir(state_dir, attempt)
+    parent = own_dir_fd(hb.parent, parents=True)
+    try:
+        os.close(own_subdir_fd(parent, hb.name, hb))
+    finally:
+        os.close(parent)
+    return hb
+
+
 def drop_heartbeat_dir_if_empty(state_dir: Path, attempt: int) -> None:
     """An ended attempt's heartbeat folder goes when the job wrote nothing there (most jobs do
     not use the client): a week of restarts must not leave thousands of empty folders. One with
@@ -105,9 +117,7 @@ def launch_spec(cfg: Config, launch: Launch, *, run_id: str, state_dir: Path,
     else:
         argv = scale_args(merge_args(list(cfg.job.command), launch.remedy_args), launch.remedy_scale)
         argv += resume_args(cfg, resume.checkpoint)
-    hb = heartbeat_dir(state_dir, launch.attempt)
-    own_dir(hb.parent, parents=True)
-    own_dir(hb)
+    hb = make_heartbeat_dir(state_dir, launch.attempt)
     added: dict[str, str] = dict(job_env)
     added.update(cfg.job.env)
     added.update(launch.remedy_env)

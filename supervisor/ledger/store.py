@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ..events import bounded_argv
 from ..errors import SupervisorError
+from ..ownpaths import open_in
 from .connection import LockedConnection
 from .schema import LEDGER_FILE, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from .. import strictjson
@@ -142,6 +143,16 @@ def _ident(path: Path) -> tuple[int, int] | None:
 
 
 
+def _create(path: Path, flags: int) -> int:
+    """Open ``path`` 0600 in its folder, opened first without following a link (ownpaths.open_in):
+    a link at the file's name or swapped in for the folder cannot redirect the create."""
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return open_in(dfd, path.name, flags, 0o600)
+    finally:
+        os.close(dfd)
+
+
 def _read_only_fs(folder: Path) -> bool:
     try:
         return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
@@ -170,7 +181,7 @@ class Ledger:
             try:
                 state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
                 if not self.path.exists():  # 0600 from the start, whatever the umask
-                    os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
+                    os.close(_create(self.path, os.O_WRONLY | os.O_CREAT))
             except OSError as e:
                 raise LedgerError(f"cannot create the ledger {self.path}: {e.strerror}. The state dir must be "
                                   "writable by the daemon (check its permissions and that its filesystem is not "
@@ -285,15 +296,15 @@ class Ledger:
     def _new_file(self) -> str:
         """Create the ledger file 0600, never through a symlink; a file already at its name (put
         there by hand) is moved aside, never overwritten. The clause saying so, or ""."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         note = ""
         try:
-            fd = os.open(self.path, flags, 0o600)
+            fd = _create(self.path, flags)
         except FileExistsError:
             aside = self.path.with_name(f"{self.path.name}.found-{int(time.time())}")
             os.rename(self.path, aside)
             note = f"; a file found at {self.path} was moved aside to {aside.name}"
-            fd = os.open(self.path, flags, 0o600)
+            fd = _create(self.path, flags)
         try:
             st = os.fstat(fd)
             self._ident = (st.st_dev, st.st_ino)

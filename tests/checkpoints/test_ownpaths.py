@@ -77,3 +77,81 @@ def test_own_dir_creates_and_accepts_a_real_folder_and_refuses_a_symlinked_heart
     with pytest.raises(NotOurFolder, match="heartbeats"):
         own_dir(tmp_path / "state2" / "heartbeats")
     assert list(other.iterdir()) == [] and os.path.islink(tmp_path / "state2" / "heartbeats")
+
+
+def _swapped_after_check(monkeypatch: pytest.MonkeyPatch, module: object, elsewhere: Path) -> list[Path]:
+    """Make ``module``'s own_dir_fd swap the folder for a link to ``elsewhere`` right after its
+    check (the race a by-name write would lose); the real folders it moved aside."""
+    from supervisor import ownpaths
+
+    moved: list[Path] = []
+
+    def checked_then_swapped(path: Path, parents: bool = False) -> int:
+        fd = ownpaths.own_dir_fd(path, parents)
+        aside = Path(path).with_name(Path(path).name + ".real")
+        os.rename(path, aside)
+        Path(path).symlink_to(elsewhere)
+        moved.append(aside)
+        return fd
+
+    monkeypatch.setattr(module, "own_dir_fd", checked_then_swapped)
+    return moved
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_a_last_good_swapped_for_a_link_after_its_check_still_gets_the_copy(tmp_path, monkeypatch, link):
+    from supervisor.checkpoints import quarantine as q
+
+    ck, elsewhere = tmp_path / "ck", tmp_path / "elsewhere"
+    p = _ckpt(ck)
+    elsewhere.mkdir()
+    moved = _swapped_after_check(monkeypatch, q, elsewhere)
+    kept = preserve_last_good(p, link=link)
+    assert kept == ck / "last_good" / "ckpt.pt"  # the name it has; the bytes went where it was checked
+    assert list(elsewhere.iterdir()) == [] and (moved[0] / "ckpt.pt").read_bytes() == p.read_bytes()
+    assert [f.name for f in moved[0].iterdir()] == ["ckpt.pt"]  # no temp file left
+
+
+def test_a_snapshot_and_a_quarantine_go_into_the_folder_checked_not_where_a_swapped_link_points(tmp_path, monkeypatch):
+    from supervisor.checkpoints import quarantine as q, snapshot as s
+
+    ck, elsewhere = tmp_path / "ck", tmp_path / "elsewhere"
+    p = _ckpt(ck)
+    elsewhere.mkdir()
+    moved = _swapped_after_check(monkeypatch, s, elsewhere)
+    snap = s.take_snapshot(p, link=False, headroom=s.Headroom(0.0, 0.0))
+    assert list(elsewhere.iterdir()) == [] and (moved[0] / snap.path.name).read_bytes() == p.read_bytes()
+    monkeypatch.undo()
+    with pytest.raises(NotOurFolder):  # promoting by the name, now a link, is refused
+        s.promote(snap)
+    assert list(elsewhere.iterdir()) == []
+    (ck / "last_good").unlink()
+    moved = _swapped_after_check(monkeypatch, q, elsewhere)
+    rec = q.quarantine(p, "nan in weights")
+    assert rec.dest == ck / "quarantine" / "ckpt.pt" and not p.exists()
+    assert sorted(f.name for f in moved[0].iterdir()) == ["ckpt.pt", "ckpt.pt" + q.NOTE_SUFFIX]
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_files_made_through_a_checked_folder_land_in_it_after_the_name_is_swapped(tmp_path):
+    from supervisor.ownpaths import open_in, own_dir_fd, own_subdir_fd
+
+    hb, elsewhere = tmp_path / "heartbeats", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    fd = own_dir_fd(hb)
+    try:
+        hb.rename(tmp_path / "hb.real")
+        hb.symlink_to(elsewhere)
+        os.close(open_in(fd, "f", os.O_WRONLY | os.O_CREAT))
+        os.close(own_subdir_fd(fd, "attempt-0", hb / "attempt-0"))
+        with pytest.raises(OSError):  # never through a link at the file's own name
+            os.symlink(elsewhere / "x", tmp_path / "hb.real" / "l")
+            open_in(fd, "l", os.O_WRONLY | os.O_CREAT)
+        with pytest.raises(ValueError):
+            open_in(fd, "../escape", os.O_WRONLY | os.O_CREAT)
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in (tmp_path / "hb.real").iterdir()) == ["attempt-0", "f", "l"]
+    assert list(elsewhere.iterdir()) == []
+    with pytest.raises(NotOurFolder):
+        own_dir_fd(hb)  # the name, now a link, is refused
