@@ -315,7 +315,9 @@ class ClusterAgent:
         """Every waiting node says what differs between the waiting nodes' launches (the leader
         plans no generation over it), once per difference."""
         waiting = {n: d for n, d in view.digests.items() if n in view.nodes and view.nodes[n].phase is Phase.WAITING}
-        differ = mismatch(waiting) if self.node_id in waiting else ""
+        if self.node_id not in waiting or len(waiting) < 2:
+            return  # nothing to compare (the others left after a give-up say nothing of agreement)
+        differ = mismatch(waiting)
         if differ and differ != self._mismatch:
             self._emit("cluster_launch_mismatch", "error", f"{differ}; no generation starts until they agree (restart "
                        f"the odd node with the others' command, config, code and packages); after wait_for_nodes_s "

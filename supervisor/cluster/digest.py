@@ -24,6 +24,7 @@ too.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -40,6 +41,7 @@ PER_NODE = "<per-node>"
 ABSENT = "(absent)"
 DEFAULT = "(default)"  # a config key at its built-in default on this node
 NAMES = "~names"  # the node's own names (JSON list): how its values are read, never compared
+UNKNOWN_PACKAGES = "packages.unknown"  # the node's package probe failed (why): its packages are not compared
 MAX_VALUE = 4000  # longer values are cut, with a hash of the whole: a digest stays small in etcd
 
 # Command-line flags whose value is the node's own by design (torchrun, accelerate, deepspeed).
@@ -192,8 +194,6 @@ def build(f: LaunchFacts) -> dict[str, str]:
 def _bounded(v: str) -> str:
     if len(v) <= MAX_VALUE:
         return v
-    import hashlib
-
     return f"{v[:80]}... sha256:{hashlib.sha256(v.encode()).hexdigest()[:16]}"
 
 
@@ -266,10 +266,11 @@ def differences(digests: Mapping[str, Mapping[str, str]]) -> list[Difference]:
     if len(digests) < 2:
         return out
     names = {n: _names(n, d) for n, d in digests.items()}
-    keys = sorted(set().union(*(set(d) for d in digests.values())) - {NAMES})
+    keys = sorted(set().union(*(set(d) for d in digests.values())) - {NAMES, UNKNOWN_PACKAGES})
     for key in keys:
-        values = {n: d.get(key, DEFAULT if key.startswith("config.") else ABSENT) for n, d in digests.items()}
-        if len(set(values.values())) == 1:
+        values = {n: d.get(key, DEFAULT if key.startswith("config.") else ABSENT) for n, d in digests.items()
+                  if not (key.startswith("packages.") and UNKNOWN_PACKAGES in d)}  # a failed probe says nothing
+        if len(set(values.values())) <= 1:
             continue
         by_value: dict[str, list[str]] = {}
         for node, v in sorted(_canonical(key, values, names).items()):

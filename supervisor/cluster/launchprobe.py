@@ -47,11 +47,13 @@ def code_version(cwd: Path, tokens: Sequence[str]) -> str:
 
 
 def package_versions(python: str) -> dict[str, str]:
-    """The job's Python version and its key packages' versions; the probe's error when it failed
-    (the same error on every node compares equal, a different one is a difference)."""
+    """The job's Python version and its key packages' versions; when the probe failed, why
+    (``unknown``: this node's packages are then not compared, rather than block the run)."""
     probe = python_probe(python)
     if "error" in probe:
-        return {"probe": str(probe["error"])[:200]}
+        log.warning("cluster_package_probe_failed", error=str(probe["error"])[:300], message="could not read the "
+                    "job's package versions; this node's packages are not compared with the others' this time")
+        return {"unknown": str(probe["error"])[:200]}
     out = {"python": str(probe.get("python", ""))}
     out.update({str(k): str(v) for k, v in (probe.get("packages") or {}).items()})
     if probe.get("torch_cuda"):

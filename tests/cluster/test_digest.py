@@ -155,7 +155,11 @@ def test_code_version_is_git_head_and_dirty_else_the_scripts_hash(tmp_path: Path
 def test_package_versions_come_from_the_jobs_python_without_importing_torch_here() -> None:
     got = package_versions(sys.executable)
     assert got["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert package_versions("/nonexistent/python")["probe"].startswith("could not run")
+    failed = package_versions("/nonexistent/python")
+    assert failed["unknown"].startswith("could not run") and "torch" not in failed
+    # a node whose probe failed is not compared on its packages (the rest still is)
+    ds = {"n1": build(facts("n1")), "n2": build(facts("n2", packages=failed, code="git other"))}
+    assert [d.key for d in differences(ds)] == ["code"]
 
 
 def test_two_nodes_same_config_file_but_their_names_agree(tmp_path: Path) -> None:
