@@ -137,6 +137,10 @@ class ClusterAgent:
         elif existing is not None:
             self._emit("cluster_generation_end_folded", "info", f"generation {gen} is already ending "
                        f"({existing.value[:200]}); this node's {cause} folds into it", cause=cause)
+        else:  # our record is not on the lease the request names (re-registering): it would not count
+            self._emit("cluster_end_request_failed", "warning", f"could not ask the cluster to end generation "
+                       f"{gen}: this node is registering again; the job stops here, and the leader ends the "
+                       "generation when this node's record says it stopped")
 
     def wait_for_generation(self, steps: list[int], state: str = "waiting",
                             digest: Mapping[str, str] | None = None) -> Plan:

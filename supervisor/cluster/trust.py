@@ -183,6 +183,8 @@ class Trust:
                 out[node] = known[1]
                 continue
             note = GaveUpNote.from_json(kv.value)
+            if plan is not None and plan.give_up:
+                continue  # the run has given up already: the nodes' own give-ups that follow add nothing
             member = node in plan.nodes if plan is not None else node in self.leases
             if note.lease and note.lease in self.leases.get(node, ()) and member and current - 1 <= note.gen <= current:
                 self.gave_up[node] = (kv.mod_revision, note.reason)

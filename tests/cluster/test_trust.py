@@ -121,3 +121,11 @@ def test_give_ups_count_only_from_members_of_the_current_generation_on_a_lease_s
     del s.kvs[K.node("n2")]  # it revokes its lease as it leaves: the give-up still counts
     v, _ = s.check(t)
     assert v.gave_up == {"n2": "budget spent"}
+
+
+def test_after_the_run_gave_up_the_nodes_own_give_ups_are_skipped_without_a_warning() -> None:
+    s, t = run(("n1", "n2")), Trust(5.0)
+    s.put(K.plan, Plan(2, (), None, "n1", "", "n2 gave up", give_up="the cluster gives up", lease=L1).to_json())
+    s.put(K.gave_up("n1"), GaveUpNote("the cluster gives up", 1, L1).to_json())
+    v, notes = s.check(t)
+    assert v.plan is not None and v.plan.give_up and v.gave_up == {} and notes == []
