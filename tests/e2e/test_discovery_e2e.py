@@ -75,11 +75,12 @@ def test_hf_without_checkpoint_dir_or_resume_arg_resumes_from_its_newest_checkpo
 @slow
 def test_a_job_that_ignores_the_checkpoint_is_reported_resume_ignored(supervise, tmp_path: Path) -> None:
     # The resume arg hands the job a flag that is no resume at all (--ignore_data_skip): the HF
-    # Trainer starts over at step 1 after being resumed from checkpoint-10.
+    # Trainer starts over at step 1 after being resumed from checkpoint-10. A 0.1 s pause after
+    # each step keeps the job running while the status is read (a real step's time, not its CPU).
     out, sd = tmp_path / "out", tmp_path / "sd"
     d = supervise(bare_wrap(tmp_path)[:-1] + ["--resume-arg=--ignore_data_skip", "--"]
                   + hf_cmd(out, "--max_steps", "60", "--save_steps", "5", "--logging_steps", "1",
-                           "--per_device_train_batch_size", "32"), fault="crash@13")
+                           "--step_s", "0.1"), fault="crash@13")
     st = wait_for(lambda: (s := status_of(sd, d)) and s.get("resume_ignored") and s, 180, 0.1,
                   "resume_ignored in status")
     assert st["resume_ignored"]["resume_step"] == 10 and st["resume_ignored"]["first_step"] < 5, st["resume_ignored"]
