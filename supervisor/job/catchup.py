@@ -51,19 +51,26 @@ class LagGauge:
         self.log_path = log_path
         self._clock = clock  # the keeper stamps chunks with CLOCK_MONOTONIC: the same clock
         self._at: float | None = None  # when the keeper read the chunk being handled
-        self._end = -1  # where in job.log the handled output ends
+        self._end = -1  # where in job.log the handled output ends (from the attempt's start: the log is appended)
+        try:
+            self._end = os.stat(log_path).st_size if log_path else -1
+        except OSError:
+            pass
         self.max_seconds = 0.0
         self.unparsed = 0
+        self.read_back = 0  # bytes read back from job.log (the keeper sent their place, not them)
 
     def handling(self, read_at: float) -> None:
         self._at = read_at
-        behind = self._clock() - read_at
-        if behind > self.max_seconds:
-            self.max_seconds = behind
 
     def handled(self, end: int) -> None:
+        """The chunk is handled (console, parsers); ``end``: where it ends in job.log."""
         if end != NOT_IN_LOG:
             self._end = end
+        if self._at is not None:
+            behind = self._clock() - self._at
+            if behind > self.max_seconds:
+                self.max_seconds = behind
 
     def idle(self) -> None:
         """Everything the keeper sent is handled."""
@@ -81,7 +88,8 @@ class LagGauge:
                 size = max(0, os.stat(self.log_path).st_size - end)
             except OSError:
                 size = 0
-        return OutputLag(max(0.0, self._clock() - at), size, self.max_seconds, self.unparsed,
+        seconds = max(0.0, self._clock() - at)
+        return OutputLag(seconds, size, max(seconds, self.max_seconds), self.unparsed,
                          exited_at is not None and at <= exited_at)
 
 
@@ -130,6 +138,7 @@ class LogReadback:
                 if not piece:
                     break
                 got += len(piece)
+                self.gauge.read_back += len(piece)
                 yield kind, piece
                 self.gauge.handled(off + got)
             lost += length - got

@@ -435,6 +435,12 @@ class KeeperLink(threading.Thread):
                 pass
             self._readback.close()
             self.gauge.idle()
+            if self.gauge.read_back:
+                log.info("output_caught_up", keeper_pid=self.keeper_pid, read_back_bytes=self.gauge.read_back,
+                         max_lag_s=round(self.gauge.max_seconds, 3),
+                         message=f"the job printed faster than the daemon handles output: {self.gauge.read_back} "
+                                 f"bytes were read back from job.log, at most {self.gauge.max_seconds:.1f} s behind "
+                                 "the job; the job never waited for it")
             if self._open:
                 log.error("output_keeper_lost", keeper_pid=self.keeper_pid, streams=sorted(self._open.values()),
                           message="the job's output keeper ended before the job's output did and no new one "
