@@ -96,10 +96,10 @@ class Trust:
                     self.plan, self.plan_rev = p, pkv.mod_revision
                 elif self.plan is None and leader is not None and lkv is not None and pkv.mod_revision < lkv.create_revision:
                     self.plan, self.plan_rev = p, pkv.mod_revision  # the previous leader's: no one can check it now
-                else:
+                elif leader is not None:  # no leader (an election under way): checked once there is one
                     ignore(pkv, f"a plan for generation {p.gen} naming leader {p.leader!r} on lease {p.lease:x}, but the "
-                                f"leader is {leader or 'not elected'}" + (f" on lease {leader_lease:x}" if leader else "")
-                           + f"; this node keeps generation {self.plan.gen if self.plan else 'none'}")
+                                f"leader is {leader} on lease {leader_lease:x}; this node keeps generation "
+                                f"{self.plan.gen if self.plan else 'none'}")
         plan = self.plan
         ends, end_revs = self._ends(keys, kvs, plan, leader_lease, leases, ignore)
         gave_up = self._gave_up(keys, kvs, plan, ignore)

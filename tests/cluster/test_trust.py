@@ -57,11 +57,13 @@ def test_a_new_leader_and_a_fresh_node_keep_or_take_the_previous_leaders_plan() 
     old = Trust(5.0)
     s.check(old)
     del s.kvs[K.leader], s.kvs[K.node("n1")]  # n1's lease expired: n2 leads
+    fresh = Trust(5.0)  # started now, mid-election: nothing to check the plan against yet, no warning
+    v, notes = s.check(fresh)
+    assert v.leader is None and v.plan is None and notes == []
     s.put(K.leader, "n2", L2)
     v, notes = s.check(old)
     assert v.leader == "n2" and v.plan is not None and v.plan.gen == 1 and notes == []
-    fresh = Trust(5.0)  # started after: the plan predates this leader's election
-    v, notes = s.check(fresh)
+    v, notes = s.check(fresh)  # the plan predates this leader's election: believed
     assert v.leader == "n2" and v.plan is not None and v.plan.gen == 1 and notes == []
 
 
