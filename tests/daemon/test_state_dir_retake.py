@@ -128,6 +128,34 @@ def test_the_ledger_is_moved_with_its_rows_into_a_recreated_dir(tmp_path: Path) 
     assert stat.S_IMODE(os.stat(sd / "ledger.sqlite").st_mode) == 0o600
 
 
+def test_a_ledger_that_cannot_be_copied_is_started_fresh_for_the_same_run_and_says_so(tmp_path, monkeypatch):
+    import sqlite3
+
+    from supervisor.ledger.connection import LockedConnection
+
+    sd = tmp_path / "sd"
+    led = Ledger(sd)
+    run_id, _ = led.open_run("job", {})
+    led.event(run_id, None, "before", "info", "lost with the old dir")
+    shutil.rmtree(sd)
+    sd.mkdir()
+    real = LockedConnection.move_to
+
+    def copy_fails(self: LockedConnection, new: sqlite3.Connection, *, copy: bool) -> None:
+        if copy:  # the boundary we cannot make fail for real: SQLite's backup of a deleted file
+            new.close()
+            raise sqlite3.DatabaseError("disk I/O error")
+        real(self, new, copy=copy)
+
+    monkeypatch.setattr(LockedConnection, "move_to", copy_fails)
+    said = led.retake(run_id, "job", {"job": {"name": "job"}})
+    assert "fresh ledger continues run" in said and "lost" in said and "disk I/O error" in said
+    led.event(run_id, None, "after", "info", "kept")
+    led.close()
+    h = Ledger(sd, readonly=True).history(run_id)
+    assert h["state"] == "running" and [e["event"] for e in h["events"]] == ["after"]
+
+
 def test_the_retake_waits_while_the_folder_itself_is_still_there(tmp_path: Path) -> None:
     sd = tmp_path / "sd"
     lock = StateLock.acquire(sd)
