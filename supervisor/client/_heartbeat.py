@@ -33,6 +33,7 @@ class _State:
         self.next_ns = 0  # 0: not initialised yet; _NEVER: disabled (not supervised / broken)
         self.interval_ns = 1_000_000_000
         self.fd = -1
+        self.path = ""
         self.step: int | None = None
         self.seq = 0
         self.depth = 0  # nesting of checkpointing()
@@ -57,7 +58,8 @@ def _init() -> None:
     _st.attempt = env_int("TSUP_ATTEMPT", 0) or 0
     try:
         os.makedirs(directory, exist_ok=True)
-        _st.fd = os.open(heartbeat_path(directory, _st.rank), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        _st.path = str(heartbeat_path(directory, _st.rank))
+        _st.fd = os.open(_st.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         # Never kill a training run over a heartbeat: say it once; the daemon sees no heartbeat.
         print(f"supervisor.client: cannot write heartbeats to {directory}: {exc}; "
@@ -74,11 +76,24 @@ def _write(state: str) -> None:
                       "t": round(time.time(), 4), "seq": _st.seq}, separators=(",", ":"))
     data = rec.encode().ljust(RECORD_BYTES - 1) + b"\n"
     try:
+        if os.fstat(_st.fd).st_nlink == 0:
+            _reopen()
         os.pwrite(_st.fd, data, 0)
     except OSError as exc:
         print(f"supervisor.client: heartbeat write failed: {exc}; heartbeats are off for this process",
               file=sys.stderr)
         _st.next_ns = _NEVER
+
+
+def _reopen() -> None:
+    """Our file was deleted (the supervisor's state dir removed and re-created under it): write a
+    new one at the same path, or keep the old descriptor until the folder is back."""
+    try:
+        fd = os.open(_st.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return  # the folder is not back yet: try again at the next beat
+    os.close(_st.fd)
+    _st.fd = fd
 
 
 def check_step(step: object) -> int:

@@ -22,6 +22,8 @@ from ._heartbeat import check_step, heartbeat
 _lock = threading.Lock()
 _file: IO[str] | None = None
 _disabled = False
+_looked_at = 0.0  # monotonic: when the file was last checked for having been deleted
+LOOK_EVERY_S = 1.0
 
 
 def _number(name: str, value: object) -> float:
@@ -63,6 +65,26 @@ def _open() -> IO[str] | None:
     return _file
 
 
+def _follow_deletion(f: IO[str]) -> IO[str]:
+    """Our file deleted (the supervisor's state dir removed, then re-created by the daemon): a new
+    file at the same path once its folder is back; until then the old file takes the records. At
+    most once a second (one fstat); the folder is never created here (it is the daemon's, 0700)."""
+    global _file, _looked_at
+    now = time.monotonic()
+    if now - _looked_at < LOOK_EVERY_S:
+        return f
+    _looked_at = now
+    try:
+        if os.fstat(f.fileno()).st_nlink > 0:
+            return f
+        new = open(f.name, "a", buffering=1, encoding="utf-8")
+    except (OSError, ValueError):
+        return f  # the folder is not back yet
+    f.close()
+    _file = new
+    return new
+
+
 def report(step: int | None = None, *, loss: float | None = None, grad_norm: float | None = None,
            lr: float | None = None, tokens_per_sec: float | None = None, val_loss: float | None = None,
            **extra: float) -> None:
@@ -90,6 +112,7 @@ def report(step: int | None = None, *, loss: float | None = None, grad_norm: flo
         f = _open()
         if f is None:
             return
+        f = _follow_deletion(f)
         rec["rank"] = rank()
         rec["attempt"] = env_int("TSUP_ATTEMPT", 0) or 0
         rec["t"] = round(time.time(), 4)
@@ -101,11 +124,12 @@ def report(step: int | None = None, *, loss: float | None = None, grad_norm: flo
 
 
 def _reset_for_tests() -> None:
-    global _file, _disabled
+    global _file, _disabled, _looked_at
     if _file is not None:
         _file.close()
     _file = None
     _disabled = False
+    _looked_at = 0.0
 
 
 __all__ = ["report"]

@@ -132,6 +132,31 @@ def test_heartbeat_file_and_interval(supervised: Path) -> None:
     assert rec["state"] == "running" and rec["seq"] == 3
 
 
+def test_a_heartbeat_file_deleted_with_its_folder_is_written_again_once_the_folder_is_back(
+        supervised: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    client.heartbeat(1)
+    path = supervised / "heartbeat-rank3.json"
+    shutil.rmtree(supervised)  # the supervisor's state dir deleted under the job
+    with client.checkpointing():  # a beat now: the folder is not back, the old descriptor takes it
+        pass
+    supervised.mkdir()  # the daemon re-took its state dir (statelock.py)
+    with client.checkpointing():
+        rec = json.loads(path.read_bytes())
+    assert rec["state"] == "checkpointing" and rec["step"] == 1
+    client.report(step=2, loss=1.0)  # and the metric reports, looked at once a second
+    shutil.rmtree(supervised)
+    _metrics._looked_at = 0.0  # the once-a-second look is due
+    client.report(step=3, loss=1.0)  # into the old file: the folder is not back
+    supervised.mkdir()
+    _metrics._looked_at = 0.0
+    client.report(step=4, loss=1.5)
+    lines = (supervised / "metrics-rank3.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [4]
+    assert "off" not in capsys.readouterr().err
+
+
 def test_heartbeat_cost_is_tiny(supervised: Path) -> None:
     client.heartbeat(0)
     n = 200_000
