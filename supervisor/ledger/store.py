@@ -277,7 +277,8 @@ class Ledger:
         except OSError as e:
             raise LedgerError(f"cannot create the ledger {self.path} again: {e.strerror or e}") from None
         try:  # a partial copy is not a ledger: start again from an empty file
-            os.unlink(self.path)
+            for leftover in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+                leftover.unlink(missing_ok=True)
             moved = self._new_file()
             self.db.move_to(self._connect(), copy=False)
             self._migrate(self.db)
