@@ -12,13 +12,20 @@
   checkpoint dir; torchrun's agent and its tree except the worker, on the same job;
 - pass-through throughput (lines/s): the daemon at the defaults (stdout and its job.log copy)
   against the same stream through ``tee`` (the same two copies) and through ``cat`` (one);
+- a burst: a job printing BENCH_BURST_LINES nanoGPT-format lines (every line a metric) as fast as it
+  can; its own wall time (start to its last write, taken by the job) under ``wrap`` at the defaults
+  against under ``| tee file``, interleaved, median of BENCH_BURST_RUNS; the daemon's time until
+  every metric is in the ledger beside it, and the most its parsers were behind (they read a burst
+  back from job.log: the job never waits for them). Every line in job.log and every metric in the
+  ledger is checked;
 - detection latency: a NaN line written -> the daemon's failure_detected event;
 - control replies under a metric flood: ``reload`` requests (answered by the main loop) while the job
   prints BENCH_FLOOD_LINES metric lines at full speed, against the same requests once it is quiet.
 
 ``python bench/bench_core.py`` prints the rows; ``run()`` returns them for scripts/bench.
 Knobs: BENCH_RESTARTS (20), BENCH_DEFAULT_RESTARTS (2 runs of one restart at the defaults, ~10 s
-each), BENCH_LATENCY_TRIALS (200), BENCH_PASS_LINES (1000000), BENCH_FLOOD_LINES (300000).
+each), BENCH_LATENCY_TRIALS (200), BENCH_PASS_LINES (1000000), BENCH_FLOOD_LINES (300000),
+BENCH_BURST_LINES (1000000), BENCH_BURST_RUNS (3).
 """
 from __future__ import annotations
 
@@ -39,6 +46,8 @@ RESTARTS = int(os.environ.get("BENCH_RESTARTS", "20"))
 DEFAULT_RESTARTS = int(os.environ.get("BENCH_DEFAULT_RESTARTS", "2"))
 PASS_LINES = int(os.environ.get("BENCH_PASS_LINES", "1000000"))
 FLOOD_LINES = int(os.environ.get("BENCH_FLOOD_LINES", "300000"))
+BURST_LINES = int(os.environ.get("BENCH_BURST_LINES", "1000000"))
+BURST_RUNS = int(os.environ.get("BENCH_BURST_RUNS", "3"))
 
 STAMP_JOB = """\
 import time, os, sys
@@ -338,6 +347,67 @@ def passthrough(tmp: Path) -> list[dict]:
             _row("pass-through ratio ours / cat", round(cat_s / ours_s, 3), "x", "report")]
 
 
+# nanoGPT's own log line, every line a metric, as fast as Python prints; the job's wall time (its
+# start to its last write flushed) into argv[2].
+BURST_JOB = """\
+import sys, time
+t0 = time.monotonic()
+w = sys.stdout.write
+for i in range(int(sys.argv[1])):
+    w(f"iter {i}: loss {2.0 + (i % 97) * 0.001:.4f}, time 12.34ms, mfu 1.20%\\n")
+sys.stdout.flush()
+open(sys.argv[2], "w").write(f"{time.monotonic() - t0:.4f}")
+"""
+
+
+def burst(tmp: Path) -> list[dict]:
+    """The job's own wall time for a metric burst under ``wrap`` against ``| tee file``, interleaved."""
+    import json
+    import sqlite3
+
+    n, job, took = BURST_LINES, tmp / "burst_job.py", tmp / "burst.took"
+    job.write_text(BURST_JOB)
+    tee_s: list[float] = []
+    ours_s: list[float] = []
+    whole_s: list[float] = []
+    lags: list[float] = []
+    for r in range(BURST_RUNS):
+        with open(tmp / "burst.out", "wb") as f:
+            a = subprocess.Popen([PY, str(job), str(n), str(took)], stdout=subprocess.PIPE)
+            subprocess.run(["tee", str(tmp / "burst.tee.log")], stdin=a.stdout, stdout=f, check=True)
+            a.wait()
+        tee_s.append(float(took.read_text()))
+        sd = tmp / f"sd-burst{r}"
+        t0 = time.monotonic()
+        with open(tmp / "burst.out", "wb") as f, open(tmp / "burst.err", "wb") as e:
+            subprocess.run([PY, "-m", "supervisor", "--log-format", "json", "wrap", "--state-dir", str(sd), "--",
+                            PY, str(job), str(n), str(took)], cwd=ROOT, stdout=f, stderr=e, check=True)
+        whole_s.append(time.monotonic() - t0)
+        ours_s.append(float(took.read_text()))
+        assert sum(1 for _ in open(sd / "job.log", "rb")) == n, "job.log is missing lines"
+        db = sqlite3.connect(sd / "ledger.sqlite")
+        try:
+            booked = db.execute("SELECT COUNT(DISTINCT step) FROM metrics").fetchone()[0]
+        finally:
+            db.close()
+        assert booked == n, f"{booked} of {n} metrics in the ledger"
+        events = [json.loads(x) for x in (tmp / "burst.err").read_text().splitlines() if x.startswith("{")]
+        lags.append(max([ev.get("max_lag_s", 0.0) for ev in events if ev.get("event") == "output_caught_up"] or [0.0]))
+    med = statistics.median
+    k = f"{n / 1e6:g}M" if n >= 10**6 else str(n)
+    how = f"median of {BURST_RUNS} interleaved"
+    return [_row(f"burst: a job printing {k} nanoGPT-format lines (every one a metric) as fast as it can, its own "
+                 f"wall time under wrap at the defaults ({how}; every line in job.log, every metric in the ledger)",
+                 round(med(ours_s), 2), "s", "report"),
+            _row("same job through | tee file, its own wall time (peer)", round(med(tee_s), 2), "s", "peer"),
+            _row("burst: the job's wall time under wrap / under tee", round(med(ours_s) / med(tee_s), 2), "x",
+                 "<= 1.5"),
+            _row(f"burst: wrap's whole run until every metric is in the ledger (the parsers catch up after the "
+                 f"job; {how})", round(med(whole_s), 1), "s", "report"),
+            _row("burst: the most the parsers were behind the job (they read the burst back from job.log)",
+                 round(med(lags), 1), "s", "report")]
+
+
 # Each attempt's NaN at another step (100 apart): an identical repeat (same cause, step, checkpoint,
 # argv) is given up on at the second occurrence, which would end the trials after two.
 NAN_JOB = """\
@@ -444,8 +514,8 @@ def control_under_flood(tmp: Path) -> list[dict]:
                  round(idle[len(idle) // 2] * 1000, 1), "ms", "peer")]
 
 
-PARTS = {"restart": restart_overhead, "rss": rss_and_cpu, "passthrough": passthrough, "latency": detection_latency,
-         "control": control_under_flood}
+PARTS = {"restart": restart_overhead, "rss": rss_and_cpu, "passthrough": passthrough, "burst": burst,
+         "latency": detection_latency, "control": control_under_flood}
 
 
 def run(parts: list[str] | None = None) -> list[dict]:
