@@ -289,7 +289,7 @@ def test_daemon_checkpoint_now_and_restart_resume_from_the_callbacks_checkpoints
     out, state = tmp_path / "out", tmp_path / "state"
     d = daemons(["wrap", "--state-dir", str(state), "--checkpoint-dir", str(out), "--grace", "60",
                  "--resume-arg=--resume={checkpoint}", "--", sys.executable, str(JOBS / "cb_hf_train.py"), str(out),
-                 "--max-steps", "100000", "--logging-steps", "5"],
+                 "--max-steps", "100000", "--logging-steps", "5", "--step-s", "0.05"],
                 env={"PYTHONPATH": str(REPO)})
     hb0 = state / "heartbeats" / "attempt-0" / "heartbeat-rank0.json"
 

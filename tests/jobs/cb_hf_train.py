@@ -4,10 +4,12 @@ The script a user would have, plus the one line (``callbacks=[SupervisorCallback
 
     python cb_hf_train.py OUTPUT_DIR --max-steps 8 [--save-steps 4] [--logging-steps 2]
         [--eval-steps 4] [--self-signal STEP:SIGNAME] [--self-signal-rank R] [--resume DIR] [--no-callback]
+        [--step-s S]
 
 ``--self-signal`` sends the signal to this process during step STEP (a deterministic stand-in for the
 supervisor's request); under torchrun only to rank R with ``--self-signal-rank`` (a rank that sees the
-request a step before the others). At the end it prints ``RESULT {json}``: the final global step and what the
+request a step before the others). ``--step-s`` pauses after each step (a real step's compute): a run that
+trains until it is told to stop then does not spend the CPU the rest of the suite needs. At the end it prints ``RESULT {json}``: the final global step and what the
 stop signal's handler is.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import signal
+import time
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
@@ -31,6 +34,14 @@ class RandomTokens(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.data[i], "labels": self.data[i]}
+
+
+class PauseAfterStep(TrainerCallback):
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.seconds)
 
 
 class SignalAt(TrainerCallback):
@@ -55,6 +66,7 @@ def main() -> None:
     p.add_argument("--self-signal-rank", type=int, default=None)
     p.add_argument("--resume", default=None, help="a checkpoint-N folder to resume from")
     p.add_argument("--no-callback", action="store_true")
+    p.add_argument("--step-s", type=float, default=0.0, help="pause after each step, seconds")
     a = p.parse_args()
 
     config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
@@ -66,7 +78,7 @@ def main() -> None:
         eval_strategy="steps" if a.eval_steps else "no", eval_steps=a.eval_steps or None,
         use_cpu=True, report_to="none", disable_tqdm=True, dataloader_num_workers=0, seed=0,
         ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None)
-    callbacks: list[TrainerCallback] = []
+    callbacks: list[TrainerCallback] = [PauseAfterStep(a.step_s)] if a.step_s else []
     rank = int(os.environ.get("RANK", "0"))
     for spec in a.self_signal if a.self_signal_rank in (None, rank) else []:
         step, name = spec.split(":")
