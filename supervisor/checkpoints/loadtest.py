@@ -208,8 +208,10 @@ class LoadTests:
     torch imports competing with the job's own start-up)."""
 
     def __init__(self, python: str, *, expected_keys: Sequence[str], check_finite: bool, trust_pickles: bool,
-                 mmap: bool, timeout_s: float, cwd: Path | None, warm: bool = False, store: Any = None) -> None:
+                 mmap: bool, timeout_s: float, cwd: Path | None, warm: bool = False, store: Any = None,
+                 cgroup: Any = None) -> None:
         self.python, self.cwd, self.timeout_s = python, cwd, timeout_s
+        self.cgroup = cgroup  # job.cgroup.VerifierCgroup: where each test's process goes (a low weight), or None
         self.store = store  # verdicts.VerdictStore: verdicts persisted in the state dir, or None
         # The daemon's service runs its tests on a warm process (warm.py); direct users get cold ones.
         self.warm: WarmVerifier | None = WarmVerifier(python, cwd) if warm else None
@@ -294,6 +296,8 @@ class LoadTests:
         return res
 
     def _started(self, key: tuple[str, Any, bool], proc: subprocess.Popen[Any]) -> None:
+        if self.cgroup is not None:
+            self.cgroup.enter(proc.pid)  # the warm process at each request: a no-op once it is there
         with self._running_lock:
             self._procs[key] = proc
             cancelled = self._cancelled
@@ -312,6 +316,8 @@ class LoadTests:
             self.warm.close()
         for proc in procs.values():
             _kill_group(proc)
+        if self.cgroup is not None:
+            self.cgroup.remove()  # empty once the killed ones are gone; else a later sweep removes it
         return sorted({path for path, _token, _finite in procs})
 
     def carry(self, source: Path, copy: Path) -> None:

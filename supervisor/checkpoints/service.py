@@ -64,7 +64,8 @@ def _action_mode(action: object) -> Mode:
 class CheckpointService:
     def __init__(self, cfg: CheckpointsConfig, checkpoint_dir: Path, state_dir: Path, job_python: str | None,
                  job_argv: Sequence[str], job_cwd: Path | None, *, remedy_keys: Sequence[str] = (),
-                 write_manifests: bool | None = None, clock: Callable[[], float] = time.time) -> None:
+                 write_manifests: bool | None = None, clock: Callable[[], float] = time.time,
+                 verifier_cgroup: Any = None) -> None:
         self.cfg = cfg
         self.dir = Path(checkpoint_dir)
         self.state_dir = Path(state_dir)
@@ -80,7 +81,8 @@ class CheckpointService:
         self._lock = threading.RLock()
         self.load_tests = LoadTests(self.job_python, expected_keys=cfg.expected_keys, check_finite=cfg.check_finite,
                                     trust_pickles=cfg.trust_pickles, mmap=cfg.mmap, timeout_s=cfg.load_timeout_s,
-                                    cwd=self.job_cwd, warm=cfg.warm_verifier, store=self._verdict_store())
+                                    cwd=self.job_cwd, warm=cfg.warm_verifier, store=self._verdict_store(),
+                                    cgroup=verifier_cgroup)
         self.headroom = Headroom(cfg.last_good_headroom_factor, cfg.last_good_min_free_fraction)
         self.last_good = LastGoodKeeper(cfg.last_good_max_bytes, self.headroom)
         self.keep_first = SnapshotFirst(cfg, self.load_tests, self.last_good, self.headroom,

@@ -162,6 +162,7 @@ class CheckpointConcern(Concern):
         self._verified_key: Any = None
         self._verifier: threading.Thread | None = None
         self._pending_verify: tuple[Path, str] | None = None  # chosen with its load test still to run
+        self._verifier_cgroup: Any = None  # job.cgroup.VerifierCgroup: the load tests' low-weight cgroup
 
     def start(self, daemon: DaemonView) -> None:
         self.daemon = daemon
@@ -188,8 +189,13 @@ class CheckpointConcern(Concern):
             old.close()  # its load tests under way stop; their verifier threads end with LoadTestCancelled
             self._verified_key = self._pending_verify = self._newest_cache = None
         d.mkdir(parents=True, exist_ok=True)
+        if self._verifier_cgroup is None and cfg.job.cgroup:  # the job has a cgroup: its verifier one beside it
+            from ..job.cgroup import VerifierCgroup
+
+            self._verifier_cgroup = VerifierCgroup()
         self.svc = CheckpointService(cfg.checkpoints, d, self.daemon.state_dir, cfg.job.python,
-                                     list(cfg.job.command), cfg.workdir(), remedy_keys=remedy_keys(cfg))
+                                     list(cfg.job.command), cfg.workdir(), remedy_keys=remedy_keys(cfg),
+                                     verifier_cgroup=self._verifier_cgroup)
         self._newest_at = float("-inf")
 
     # -- the port -------------------------------------------------------------------------

@@ -14,14 +14,20 @@ Where: a child of the daemon's own cgroup, so it is ours to create. Under system
 is ours. The child is created per attempt, named ``tsup-<run id>-<attempt>``, and removed once
 empty; the leftovers of a previous daemon life of the same run are stopped and removed before
 the next attempt starts.
+
+Background verification (the load tests of each save) gets a sibling, ``tsup-verify-<daemon pid>``
+(:class:`VerifierCgroup`), weighted to take CPU and IO only where the job leaves them idle
+(``cpu.idle``, ``cpu.weight`` 1, ``io.weight`` 1: those of them the delegated controllers offer).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import structlog
 
@@ -169,3 +175,92 @@ def sweep_empty(parent: Path, older_than_s: float = 60.0, now: float | None = No
         if not cg.populated() and cg.remove():
             removed += 1
     return removed
+
+
+VERIFIER_PREFIX = "tsup-verify-"
+#: what the verifier's cgroup is given, where the file exists (the controller is delegated to us):
+#: the idle scheduling class for the group (Linux 5.15+), else the lowest CPU weight; the lowest
+#: IO weight (1 against the default 100).
+VERIFIER_WEIGHTS = (("cpu.idle", "1"), ("cpu.weight", "1"), ("io.weight", "default 1"))
+
+
+def set_weights(path: Path) -> dict[str, str]:
+    """Write :data:`VERIFIER_WEIGHTS` into the cgroup ``path``; the ones that took."""
+    done: dict[str, str] = {}
+    for name, value in VERIFIER_WEIGHTS:
+        f = path / name
+        if not f.exists():
+            continue  # that controller is not enabled for our children
+        try:
+            f.write_text(value)
+            done[name] = value
+        except OSError:
+            continue
+    return done
+
+
+class VerifierCgroup:
+    """The load tests' cgroup beside the job's, made on first use (once per daemon life). A
+    process started for a test is moved into it (:meth:`enter`: a weight, not containment, so the
+    first milliseconds outside it do not matter). Where no cgroup v2 is ours, it is not made and
+    the load tests' own priorities (nice 10, the session's autogroup nice, the idle IO class) are
+    what yields to the job."""
+
+    def __init__(self, find_parent: Callable[[], tuple[Path | None, str]] = own_cgroup) -> None:
+        self._find_parent = find_parent
+        self._lock = threading.Lock()
+        self._tried = False
+        self.path: Path | None = None
+        self.weights: dict[str, str] = {}
+
+    def enter(self, pid: int) -> bool:
+        """Move ``pid`` into the verifier's cgroup; False where there is none or it failed."""
+        for _ in range(2):
+            path = self._ensure()
+            if path is None:
+                return False
+            try:
+                (path / "cgroup.procs").write_text(str(pid))
+                return True
+            except FileNotFoundError:
+                # Removed under us (another daemon's sweep of empty tsup- cgroups): made again once.
+                with self._lock:
+                    self.path, self._tried = None, False
+            except OSError:
+                return False  # it exited already, or the move is refused: its priorities still hold
+        return False
+
+    def remove(self) -> None:
+        """Remove it once its processes are gone (the daemon exits); a leftover still in use is
+        removed by a later daemon's sweep of empty ``tsup-`` cgroups."""
+        with self._lock:
+            if self.path is not None:
+                JobCgroup(self.path).remove()
+            self.path, self._tried = None, False  # a later test (a new checkpoint dir's service) makes it again
+
+    def _ensure(self) -> Path | None:
+        with self._lock:
+            if self._tried:
+                return self.path
+            self._tried = True
+            parent, why = self._find_parent()
+            if parent is None:
+                log.info("verifier_cgroup", cgroup=None, reason=why,
+                         message=f"no cgroup for the load tests ({why}); they yield to the job by their "
+                                 "nice value and the idle IO class")
+                return None
+            path = parent / f"{VERIFIER_PREFIX}{os.getpid()}"
+            try:
+                path.mkdir(mode=0o755, exist_ok=True)
+            except OSError as e:
+                log.info("verifier_cgroup", cgroup=None, reason=str(e),
+                         message=f"cannot create the load tests' cgroup under {parent} ({e}); they yield to the "
+                                 "job by their nice value and the idle IO class")
+                return None
+            self.path, self.weights = path, set_weights(path)
+            log.info("verifier_cgroup", cgroup=str(path), weights=self.weights,
+                     message=(f"load tests run in {path} with {', '.join(f'{k} = {v}' for k, v in self.weights.items())}"
+                              if self.weights else
+                              f"load tests run in {path}; no cpu or io controller is delegated here, so no "
+                              "weight: their nice value and the idle IO class yield to the job"))
+            return path
