@@ -162,6 +162,14 @@ def status_table(result: Mapping[str, Any]) -> str:
     elif "last_metric" in result:
         rows.append(("last step", "(no metric seen yet)"))
     metric_source_rows(result, rows, shown)
+    shown.add("output_lag")
+    lag = result.get("output_lag")
+    if isinstance(lag, Mapping) and (lag.get("seconds") or lag.get("unparsed_bytes")):
+        text = (f"parsers {num_text(lag.get('seconds'))} s behind the job ({num_text(lag.get('bytes'))} bytes of the "
+                "job log still to read; the job does not wait for them)")
+        if lag.get("unparsed_bytes"):
+            text += f"; {num_text(lag['unparsed_bytes'])} bytes could not be read back (output_unparsed)"
+        rows.append(("output", text))
     shown.add("heartbeats")
     hb = result.get("heartbeats")
     if isinstance(hb, Mapping):

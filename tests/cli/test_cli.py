@@ -253,3 +253,13 @@ def test_render_status_table():
     assert fresh.splitlines() == ["resumed from            (nothing: a fresh start)",
                                   "newest good checkpoint  /c/step_5.pt  (saved 3 s ago)"]
     assert "none yet" not in fresh
+
+
+def test_status_says_how_far_the_parsers_are_behind_the_job_only_when_they_are():
+    behind = status_table({"state": "running", "output_lag": {"seconds": 12.5, "bytes": 4_500_000, "max_seconds": 12.5,
+                                                              "unparsed_bytes": 0}})
+    assert "output  parsers 12.5 s behind the job (4500000 bytes of the job log still to read" in behind
+    assert "output" not in status_table({"state": "running", "output_lag": {"seconds": 0.0, "bytes": 0,
+                                                                             "max_seconds": 3.0, "unparsed_bytes": 0}})
+    lost = status_table({"output_lag": {"seconds": 0, "bytes": 0, "max_seconds": 1, "unparsed_bytes": 49}})
+    assert "49 bytes could not be read back (output_unparsed)" in lost
