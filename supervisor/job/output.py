@@ -379,7 +379,8 @@ class KeeperLink(threading.Thread):
                     message=f"the job's output keeper (pid {old}) died before the job's output ended; a new "
                             f"one (pid {self.keeper_pid}) reads the job's pipes, which stayed open: the job runs on "
                             "and its output still goes to job.log (what the dead keeper had read but not written "
-                            "is lost)")
+                            "is lost; what it had written to job.log but not yet passed on here, up to its 4 MiB "
+                            "queue and a burst's read-back, is in job.log but not parsed)")
         return True
 
     def run(self) -> None:
