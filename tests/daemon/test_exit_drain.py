@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from supervisor.daemon.jobstop import EXIT_DRAIN_S
+from supervisor.job.catchup import OutputLag
+
 from ..fakes import close_all, daemon
 
 
@@ -33,3 +36,25 @@ def test_a_step_printed_just_before_the_exit_counts_as_progress(tmp_path: Path) 
     assert scheduled[-1]["data"]["delay_s"] == 0.0, scheduled[-1]["data"]["delay_reason"]
     assert d.ledger.rows[0]["detection"]["step"] == 7
     assert [r["attempt"] for r in d.ledger.metric_rows] == [0]  # kept under its own attempt
+
+
+def test_the_exit_waits_for_output_printed_before_it_that_the_parsers_are_still_reading(tmp_path: Path) -> None:
+    """A burst the keeper left in job.log for the parsers (issue 25 build 7): the exit is not taken
+    as final after the usual 1 s while output printed before it is still being parsed; a
+    straggler's output after the exit (not draining) is waited for 1 s only, as before."""
+    d = daemon(tmp_path)
+    job = d.launcher.job
+    lag = [OutputLag(seconds=30.0, bytes=4096, max_seconds=30.0, draining=True)]
+    job.pumps_done = lambda timeout=0.0: False  # type: ignore[method-assign]
+    job.output_lag = lambda: lag[0]  # type: ignore[method-assign]
+    assert d.runner.status()["output_lag"] == {"seconds": 30.0, "bytes": 4096, "max_seconds": 30.0,
+                                               "unparsed_bytes": 0}
+    job.exits(0)
+    for _ in range(3):
+        d.clock.advance(EXIT_DRAIN_S * 5)
+        d.step(2)
+    assert d.runner.state.value == "starting", d.events()  # the exit is not decided on yet
+    lag[0] = OutputLag(seconds=0.5, max_seconds=30.0, draining=False)  # caught up; only a straggler's output left
+    d.clock.advance(EXIT_DRAIN_S)
+    d.step(3)
+    assert d.runner.state.value == "finished", d.events()
