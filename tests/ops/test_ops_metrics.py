@@ -131,6 +131,15 @@ def test_lost_seconds_never_decrease_within_a_run():
     assert lost() == {"oom": 1.0}  # a new run starts from zero (a counter reset)
 
 
+def test_output_lag_is_exported_while_a_job_runs():
+    m = Metrics()
+    m.update({**STATUS, "output_lag": {"seconds": 12.5, "bytes": 4096, "max_seconds": 20.0, "unparsed_bytes": 0}})
+    s = samples(m.render().decode())
+    assert s[("tsup_output_lag_seconds", ())] == 12.5 and s[("tsup_output_lag_bytes", ())] == 4096
+    m.update({**STATUS, "output_lag": None})  # no job
+    assert not any(k[0].startswith("tsup_output_lag") for k in samples(m.render().decode()))
+
+
 def _advice() -> dict:
     from supervisor.core.interval import advise
 
