@@ -4,17 +4,19 @@ job.log, in order, every line, and the lag it had is reported. Real processes, p
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Sequence
 
 from structlog.testing import capture_logs
 
 from supervisor.job.catchup import LagGauge, LogReadback
-from supervisor.job.keeper import GAP_HEAD, GAP_RANGE, STDOUT
+from supervisor.job.keeper import BACKLOG, EOF_STDERR, EOF_STDOUT, GAP_HEAD, GAP_RANGE, STDERR, STDOUT, Keeper
 from supervisor.job.osapi import OsApi
-from supervisor.job.output import SinkFanout
+from supervisor.job.output import KeeperLink, SinkFanout
 from supervisor.job.process import JobProcess, LaunchSpec
 from tests.util import wait_for
 
@@ -96,3 +98,52 @@ def test_output_that_can_no_longer_be_read_back_is_counted_and_said(tmp_path: Pa
     with capture_logs():
         assert list(LogReadback(str(log), gauge).ranges(payload)) == []
     assert gauge.unparsed == 49 + 70
+
+
+def _keeper(tmp_path: Path) -> tuple[Keeper, socket.socket, Path]:
+    log = tmp_path / "job.log"
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    # The pipe fds are only the streams' names here: the test hands chunks to data() itself.
+    return Keeper(1000, 1001, theirs.detach(), log_fd, str(log)), ours, log
+
+
+def test_the_keeper_queues_a_bounded_amount_then_sends_places_and_the_link_gets_every_byte_in_order(
+        tmp_path: Path) -> None:
+    k, ours, log = _keeper(tmp_path)
+    line = b"x" * 1023 + b"\n"
+    for _ in range(8192):  # 8 MiB that nobody reads: the keeper never waits
+        k.data(STDOUT, line, time.monotonic())
+    assert k.queued <= BACKLOG and len(k.gap) == 4, "one range for one stream running on in job.log"
+    k.data(STDERR, b"an error\n", time.monotonic())
+    k.data(STDOUT, b"after\n", time.monotonic())
+    assert len(k.gap) == 12  # each stream change starts a range
+    assert log.stat().st_size == 8192 * 1024 + 15  # job.log has all of it already
+    fan, sink = SinkFanout(), HeldSink()
+    sink.release.set()
+    fan.add(sink)
+    ended: list[str] = []
+    link = KeeperLink(ours.detach(), None, fan, ended.append, log_path=str(log))
+    link.start()
+    k._frame(EOF_STDOUT, b"")
+    k._frame(EOF_STDERR, b"")
+    k.flush_blocking()
+    os.close(k.sock_fd)
+    link.join(30)
+    assert not link.is_alive() and sorted(ended) == ["stderr", "stdout"]
+    assert sink.got["stdout"] == ["x" * 1023] * 8192 + ["after"] and sink.got["stderr"] == ["an error"]
+    assert link.gauge.read_back > 1 << 20 and link.gauge.unparsed == 0
+    os.close(k.log.fd)
+
+
+def test_with_the_daemon_gone_the_keeper_drops_its_queue_and_gap_and_goes_on_with_job_log(tmp_path: Path) -> None:
+    k, ours, log = _keeper(tmp_path)
+    for _ in range(6000):
+        k.data(STDOUT, b"y" * 1023 + b"\n", time.monotonic())
+    assert k.gap
+    ours.close()  # the daemon is killed
+    k.flush()
+    assert k.sock_fd == -1 and not k.queue and not k.gap
+    k.data(STDOUT, b"later\n", time.monotonic())
+    assert log.read_bytes().endswith(b"y\nlater\n") and log.stat().st_size == 6000 * 1024 + 6
+    os.close(k.log.fd)
