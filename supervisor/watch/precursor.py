@@ -11,7 +11,7 @@ own recent records) and need several records in a row, so a healthy run's noise 
 from __future__ import annotations
 
 import math
-import statistics
+import bisect
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -37,26 +37,43 @@ class _Robust:
 
     def __init__(self, window: int) -> None:
         self.values: deque[float] = deque(maxlen=window)
+        # The same values kept sorted, so the median is a lookup: the main loop books every metric
+        # record through here (a burst of a million lines is read back at this pace).
+        self._sorted: list[float] = []
         self.streak = 0
 
     def observe(self, value: float, min_points: int, high: Callable[[float, float], bool]) -> float | None:
         """The baseline's median when ``high(median, sigma)`` says ``value`` is high (the streak
         grows), else None (the streak ends and the value joins the baseline)."""
         if len(self.values) < min_points:
-            self.values.append(value)
+            self.accept(value)
             return None
         med, sigma = self.stats()
         if high(med, sigma):
             self.streak += 1
             return med
         self.streak = 0
-        self.values.append(value)
+        self.accept(value)
         return None
 
+    def accept(self, value: float) -> None:
+        """``value`` joins the baseline unjudged."""
+        if len(self.values) == self.values.maxlen:
+            del self._sorted[bisect.bisect_left(self._sorted, self.values[0])]
+        self.values.append(value)
+        bisect.insort(self._sorted, value)
+
     def stats(self) -> tuple[float, float]:
-        med = statistics.median(self.values)
-        mad = statistics.median(abs(v - med) for v in self.values)
+        """The median and 1.4826 x the median absolute deviation (as statistics.median computes them)."""
+        med = _middle(self._sorted)
+        mad = _middle(sorted([abs(v - med) for v in self._sorted]))
         return med, 1.4826 * mad
+
+
+def _middle(ordered: list[float]) -> float:
+    n = len(ordered)
+    h = n // 2
+    return ordered[h] if n % 2 else (ordered[h - 1] + ordered[h]) / 2
 
 
 class PrecursorWatch:
@@ -96,9 +113,9 @@ class PrecursorWatch:
 
     def _accept(self, rec: MetricRecord) -> None:
         if rec.grad_norm is not None and _finite(rec.grad_norm):
-            self._grad.values.append(rec.grad_norm)
+            self._grad.accept(rec.grad_norm)
         if rec.loss is not None and _finite(rec.loss):
-            self._loss.values.append(rec.loss)
+            self._loss.accept(rec.loss)
         self._note_scale(rec)
 
     def _note_scale(self, rec: MetricRecord) -> int:
