@@ -26,7 +26,8 @@ fails), re-creates the attempt's heartbeat folder and re-binds the control socke
 every second daemon out meanwhile. When the folder itself is still there and only its files went
 (an ``rm -rf`` in progress, or just the lock file removed), the re-take waits ``SETTLE_S`` so it
 does not race the deletion. Where the dir cannot be re-taken (its parent gone read-only, owned by
-another user, its lock held by a process we cannot see), a daemon that can neither record nor be
+another user, its lock held by a process we cannot see; tried again every second for
+``GIVE_UP_AFTER_S``), a daemon that can neither record nor be
 reached must not keep a job: ``state_dir_unusable`` says why, and the daemon stops its job as
 SIGTERM would (exit 143).
 """
@@ -204,7 +205,10 @@ class StateLock:
 
     def retake(self) -> None:
         """Re-create the state dir after it was deleted or replaced, and hold a fresh lock file in
-        it (:class:`StateDirLocked` if some other process locked it first)."""
+        it (:class:`StateDirLocked` if some other process locked it first). Nothing to do when an
+        earlier try already did (a later step of that re-take failed and is tried again)."""
+        if self.lost() is None:
+            return
         fd, self._dir_ident = _lock_file(self.state_dir)
         old, self.fd = self.fd, fd
         st = os.fstat(fd)
@@ -251,11 +255,18 @@ class StateLockConcern(Concern):
     name = "state_lock"
     CHECK_EVERY_S = 1.0
     SETTLE_S = 5.0  # the folder itself still there: let a deletion in progress finish first
+    # A failed re-take is tried again every check for this long (a folder being re-made by hand, a
+    # moment's ENOSPC) before the daemon gives up and stops its job.
+    GIVE_UP_AFTER_S = 5.0
 
-    def __init__(self, lock: StateLock, ledger: Any = None, *, rebind: Sequence[Callable[[], None]] = ()) -> None:
+    def __init__(self, lock: StateLock, ledger: Any = None, *, rebind: Sequence[Callable[[], None]] = (),
+                 stop: Callable[[], None] | None = None) -> None:
         self.lock = lock
         self.ledger = ledger
         self.rebind = list(rebind)
+        # How the job is stopped when the dir cannot be re-taken: SIGTERM to ourselves (the handler
+        # queues it; the loop stops the job gracefully). Injected by tests.
+        self.stop = stop or (lambda: os.kill(os.getpid(), signal.SIGTERM))
         self._daemon: Any = None
         self._next = 0.0
         self.reported: str | None = None  # why the dir is not ours (the episode in progress)
@@ -281,9 +292,9 @@ class StateLockConcern(Concern):
                       f"(state_dir_retaken follows), or stops the job if it cannot (state_dir_unusable)")
         if self.lock.dir_still_there() and now - self._lost_at < self.SETTLE_S:
             return
-        self._retake(self.reported)
+        self._retake(self.reported, now)
 
-    def _retake(self, why: str) -> None:
+    def _retake(self, why: str, now: float) -> None:
         d = self._daemon
         try:
             self.lock.retake()
@@ -299,7 +310,8 @@ class StateLockConcern(Concern):
             for again in self.rebind:
                 again()
         except Exception as e:  # noqa: BLE001 - whatever stops the re-take, the answer is the same
-            self._give_up(why, e)
+            if now - self._lost_at >= self.GIVE_UP_AFTER_S:
+                self._give_up(why, e)
             return
         self.reported, self.retaken = None, self.retaken + 1
         self._say("state_dir_retaken", "warning",
@@ -308,12 +320,12 @@ class StateLockConcern(Concern):
                   f"(job.log) and the checkpoint notes kept in the old dir are gone with it")
 
     def _give_up(self, why: str, e: BaseException) -> None:
-        self.gave_up = f"{why}; it cannot be re-created: {e}"
+        self.gave_up = f"{why}; it cannot be re-created (tried for {self.GIVE_UP_AFTER_S:g} s): {e}"
         self._say("state_dir_unusable", "error",
                   f"{self.gave_up}. A daemon that can neither record nor be reached must not keep a job: it "
                   f"stops the job now as SIGTERM would (exit 143). Make {self.lock.state_dir} creatable "
                   f"and writable by this user, then start again (the job resumes from its newest checkpoint)")
-        os.kill(os.getpid(), signal.SIGTERM)  # the handler queues it: the loop stops the job gracefully
+        self.stop()
 
     def _say(self, event: str, level: str, msg: str) -> None:
         try:

@@ -53,7 +53,7 @@ def test_a_deleted_state_dir_is_retaken_status_and_stop_work_and_no_second_job_s
     job = int(ready.read_text())
     shutil.rmtree(sd)
     wait_for(lambda: "event=state_dir_retaken" in d1.stderr(), 30, what="state_dir_retaken event")
-    assert "state_dir_lost" in d1.stderr() and "Traceback" not in d1.stderr()
+    assert "state_dir_lost" in d1.stderr() and "Traceback" not in d1.stderr(), d1.stderr()[-4000:]
     assert stat.S_IMODE(os.stat(sd).st_mode) == 0o700
     def status_says_retaken() -> bool:  # status answers from a cache the loop refreshes every second or so
         st = _cli("status", "--json", "--state-dir", str(sd))
@@ -63,15 +63,15 @@ def test_a_deleted_state_dir_is_retaken_status_and_stop_work_and_no_second_job_s
     wait_for(status_says_retaken, 30, interval=0.5, what="status showing the re-take")
     h = history(sd)  # the ledger was moved, not started empty: the daemon's start is still in it
     names = [e["event"] for e in h["events"]]
-    assert "daemon_started" in names and "state_dir_lost" in names and "state_dir_retaken" in names, names
+    assert "daemon_started" in names and "state_dir_lost" in names and "state_dir_retaken" in names, (names, d1.stderr()[-4000:])
     assert len(h["attempts"]) == 1, h["attempts"]
     again = _cli(*wrap(sd), *SLEEPER, str(ready2), timeout=60)
     assert again.returncode == 2 and "already running" in again.stderr, again.stderr
     assert not ready2.exists(), "no second copy of the job was started"
-    assert pid_alive(job)
+    assert pid_alive(job), d1.stderr()[-4000:]
     stop = _cli("stop", "--state-dir", str(sd))
-    assert stop.returncode == 0, stop.stderr
-    assert d1.wait(60) == 0
+    assert stop.returncode == 0, (stop.stderr, d1.stderr()[-4000:])
+    assert d1.wait(60) == 0, d1.stderr()[-4000:]
     wait_for(lambda: not pid_alive(job), 30, what="the job stopped")
 
 
@@ -176,5 +176,34 @@ def test_the_retake_waits_while_the_folder_itself_is_still_there(tmp_path: Path)
         c.tick(100.0 + c.SETTLE_S)
         assert said == ["state_dir_lost", "state_dir_retaken"] and (sd / "daemon.lock").exists()
         assert c.status()["state_dir_lost"] is None and c.status()["state_dir_retaken"] == 1
+    finally:
+        lock.release()
+
+
+def test_a_failed_retake_is_tried_again_then_stops_the_job_once(tmp_path: Path) -> None:
+    sd = tmp_path / "sd"
+    lock = StateLock.acquire(sd)
+    said: list[tuple[str, str]] = []
+    stops: list[int] = []
+
+    class View:
+        has_job = False
+
+        def event(self, event: str, level: str, message: str, **data: object) -> None:
+            said.append((event, message))
+
+    c = StateLockConcern(lock, stop=lambda: stops.append(1))
+    c.start(View())
+    try:
+        shutil.rmtree(sd)
+        sd.write_text("a file where the state dir was")  # nothing can be made at the name
+        c.tick(100.0)
+        assert [e for e, _ in said] == ["state_dir_lost"] and stops == []  # tried, tried again next second
+        c.tick(100.0 + c.GIVE_UP_AFTER_S)
+        assert [e for e, _ in said] == ["state_dir_lost", "state_dir_unusable"] and stops == [1]
+        assert "File exists" in said[-1][1] and "exit 143" in said[-1][1]
+        c.tick(200.0)
+        assert stops == [1] and len(said) == 2  # said and done once
+        assert sd.read_text() == "a file where the state dir was"  # nothing replaced
     finally:
         lock.release()
