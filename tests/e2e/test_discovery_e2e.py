@@ -98,7 +98,8 @@ def test_a_job_that_ignores_the_checkpoint_is_reported_resume_ignored(supervise,
 
 
 # A plain loop with no flags at all: it saves runs/ckpts/step_N.pt under its working dir every 5
-# steps and crashes once at step 12. RESUME is where it reads the checkpoint handed to it, if at all.
+# steps and crashes once at step 12. RESUME is where it reads the checkpoint handed to it, if at all;
+# FINISH runs after the last step (a test that must see the daemon act before the job ends waits there).
 PLAIN = '''
 import os, sys, time
 import torch
@@ -120,6 +121,7 @@ for i in range(start, 21):
         open("crashed", "w").close()
         sys.exit(1)
     time.sleep(0.05)
+{finish}
 '''
 READS_ENV = 'ckpt = os.environ.get("TSUP_RESUME_FROM")'
 IGNORES = "ckpt = None"
@@ -129,10 +131,10 @@ def in_work(tmp: Path) -> str:
     return f'[job]\nworkdir = "{tmp / "work"}"\n'
 
 
-def plain_job(tmp: Path, resume: str) -> list[str]:
+def plain_job(tmp: Path, resume: str, finish: str = "") -> list[str]:
     work = tmp / "work"
     work.mkdir()
-    (work / "train.py").write_text(PLAIN.format(resume=resume))
+    (work / "train.py").write_text(PLAIN.format(resume=resume, finish=finish))
     return [sys.executable, "train.py"]
 
 
@@ -155,9 +157,14 @@ def test_a_checkpoint_dir_found_by_what_appears_under_the_workdir(supervise, tmp
 
 @slow
 def test_checkpoints_the_job_cannot_be_handed_are_warned_about_once(supervise, tmp_path: Path) -> None:
+    # The check for checkpoints nothing hands over runs every 5 s; the whole run takes about that
+    # long, so the relaunched job waits at its end until the warning is out (then ends at once).
     sd = tmp_path / "sd"
     d = supervise(bare_wrap(tmp_path, in_work(tmp_path))
-                  + plain_job(tmp_path, IGNORES))
+                  + plain_job(tmp_path, IGNORES, finish='while not os.path.exists("go"):\n    time.sleep(0.05)'))
+    wait_for(lambda: events(d, "resume_unavailable") or d.proc.poll() is not None, 90,
+             what="the resume_unavailable warning (or the daemon's exit)")
+    (tmp_path / "work" / "go").touch()
     assert d.wait(120) == 0, d.stderr()[-3000:]
     [warn] = events(d, "resume_unavailable")
     assert warn["level"] == "warning" and "--resume-arg=--resume={checkpoint}" in warn["message"], warn
