@@ -49,7 +49,7 @@ def code_version(cwd: Path, tokens: Sequence[str]) -> str:
 def package_versions(python: str) -> dict[str, str]:
     """The job's Python version and its key packages' versions; when the probe failed, why
     (``unknown``: this node's packages are then not compared, rather than block the run)."""
-    probe = python_probe(python)
+    probe = python_probe(python, nice=False)  # no job runs now, and the launch barrier waits for it
     if "error" in probe:
         log.warning("cluster_package_probe_failed", error=str(probe["error"])[:300], message="could not read the "
                     "job's package versions; this node's packages are not compared with the others' this time")

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-_PROBE = r"""
+_NICE = r"""
 import os
 # It runs beside the job's first start-up: below it in CPU priority, also where the kernel
 # groups CPU time by session (sched_autogroup; this probe has a session of its own).
@@ -27,6 +27,9 @@ try:
     os.nice(10)
 except OSError:
     pass
+"""
+_PROBE = r"""
+import os
 import json, sys, platform, importlib.metadata as md, importlib.util, re
 out = {"python": platform.python_version(), "python_executable": sys.executable}
 for dist in ("torch", "numpy", "transformers", "accelerate", "deepspeed", "megatron-core", "lightning",
@@ -54,9 +57,11 @@ print(json.dumps(out))
 """
 
 
-def python_probe(python: str, timeout: float = 20.0) -> dict[str, Any]:
+def python_probe(python: str, timeout: float = 20.0, nice: bool = True) -> dict[str, Any]:
+    """``nice``: below the job in CPU priority (it runs beside the job's start-up); not where it
+    runs while no job does and a launch waits for it (a multi-node launch barrier)."""
     try:
-        cp = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
+        cp = subprocess.run([python, "-c", (_NICE if nice else "") + _PROBE], capture_output=True, text=True, timeout=timeout,
                             env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, start_new_session=True)
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"error": f"could not run {python}: {e}"}
