@@ -180,8 +180,10 @@ def test_a_partitioned_node_stops_before_the_others_go_on_and_rejoins_the_next_g
 
 def test_fewer_than_min_nodes_after_the_wait_gives_up_with_exit_3(etcd: EtcdServer, tmp_path: Path) -> None:
     prefix = _prefix()
+    # The wait also bounds the first barrier: long enough for the second daemon's start on a
+    # loaded machine (2 s gave the run up before its first launch, now and then).
     ds = {n: start(tmp_path, n, node_config(tmp_path, n, etcd, prefix, nodes=2, min_nodes=2, lease_ttl_s=3.0,
-                                            wait_for_nodes_s=2.0, job_args=["100000", "0.05", "10"]))
+                                            wait_for_nodes_s=8.0, job_args=["100000", "0.05", "10"]))
           for n in ("n1", "n2")}
     try:
         for n in ds:
