@@ -177,11 +177,12 @@ class CheckpointConcern(Concern):
         """Open the checkpoint service on ``cfg``'s checkpoint dir (at start, or later when the
         dir was found while the job ran: supervisor.daemon.ckptdiscovery); ``replace``: a found
         dir the job has moved on from (Lightning's version_N/checkpoints of each new run)."""
-        from ..checkpoints.service import CheckpointService
-
         d = cfg.checkpoint_dir()
         if d is None or self.daemon is None:
             return
+        # Only with a checkpoint dir: its imports are not on a dir-less daemon's way to the first launch.
+        from ..checkpoints.service import CheckpointService
+
         if self.svc is not None:
             if not replace or self.svc.dir == d:
                 return
