@@ -7,6 +7,8 @@ and message; anything else that escapes a handler is a bug and becomes an ``inte
 
 from __future__ import annotations
 
+from .core.causes import Cause
+
 
 class SupervisorError(Exception):
     """Base of the errors raised on purpose. ``code`` is the stable short name a control reply
@@ -46,3 +48,14 @@ class IllegalMove(SupervisorError):
     supervisor, reported as an internal error; the daemon keeps going."""
 
     code = "internal"
+
+
+class GiveUp(SupervisorError):
+    """Raised while preparing a launch when the run cannot go on: the state machine gives up (the
+    daemon exits 3) and books it with :attr:`cause` (a multi-node run that gave up: ``node_lost``)."""
+
+    code = "gave_up"
+
+    def __init__(self, message: str, cause: Cause) -> None:
+        super().__init__(message)
+        self.cause = cause

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import structlog
 
+from ..errors import SupervisorError
 from .hashing import StatKey
 from .layouts import registry
 from .manifest import stat_record
@@ -34,9 +35,11 @@ _MARKER = "TSUP_LOADTEST_RESULT "
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
 
 
-class LoadTestCancelled(Exception):
+class LoadTestCancelled(SupervisorError):
     """The supervisor is exiting: the load test was stopped before its verdict. Not a failure of
     the checkpoint: nothing is cached, manifested or quarantined for it."""
+
+    code = "cancelled"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from typing import Any, Callable, Mapping
 
 import structlog
 
+from ..core.causes import Cause
+from ..errors import GiveUp as RunGaveUp, SupervisorError
 from .coord import (Campaign, Command, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord, Phase, Plan,
                     RequestEnd, Rules, StopLocal, View, WritePlan)
 from .digest import encode as encode_digest, mismatch
@@ -35,13 +37,18 @@ POLL_S = 0.2  # how often the keys are read: a remote failure reaches this node 
 KEEPALIVE_EVERY = 0.25  # of the TTL: three tries fail before the fence (2/3 TTL) and the expiry
 
 
-class ClusterGaveUp(Exception):
+class ClusterGaveUp(RunGaveUp):
     """Raised by the launch barrier when the run gives up (fewer than min_nodes came back, or a
-    node gave up); the daemon then gives up too (exit 3)."""
+    node gave up); the daemon then gives up too (exit 3), booked as ``node_lost``."""
+
+    def __init__(self, message: str, cause: Cause = Cause.NODE_LOST) -> None:
+        super().__init__(message, cause)
 
 
-class ClusterClosed(Exception):
+class ClusterClosed(SupervisorError):
     """Raised by the launch barrier when the agent was closed while waiting."""
+
+    code = "closed"
 
 
 EventSink = Callable[[str, str, str, Mapping[str, Any]], None]

@@ -38,12 +38,6 @@ log = structlog.get_logger("supervisor.cluster")
 SOURCE = "cluster:"  # the detection source of another node's failure: it is not requested again
 
 
-class ClusterGiveUp(ClusterGaveUp):
-    """The run gives up (exit 3): the machine books it with :attr:`cause`."""
-
-    cause = Cause.NODE_LOST
-
-
 def _state(d: DaemonView) -> str:
     """The runner's state and exit, which the DaemonView port does not name (read-only here)."""
     st = getattr(d, "state", None)
@@ -178,11 +172,9 @@ class ClusterCheckpoints:
         agent = self.concern.agent
         assert agent is not None
         rows = self._ready_rows()
-        try:
-            plan = agent.wait_for_generation(sorted(rows), digest=launch_digest_or_none(getattr(self.concern.daemon,
-                                                                                               "cfg", None)))
-        except ClusterGaveUp as e:
-            raise ClusterGiveUp(str(e)) from None
+        # ClusterGaveUp (a GiveUp) goes up as it is: the machine gives up with its cause.
+        plan = agent.wait_for_generation(sorted(rows), digest=launch_digest_or_none(getattr(self.concern.daemon,
+                                                                                           "cfg", None)))
         self.concern.plan = plan
         if explicit:
             log.warning("cluster_explicit_checkpoint_ignored", path=explicit,
@@ -191,7 +183,7 @@ class ClusterCheckpoints:
             return Resume(None, None, f"generation {plan.gen}: {plan.reason}")
         path = rows.get(plan.step)
         if path is None:  # verified here a moment ago; gone since: the job cannot resume as agreed
-            raise ClusterGiveUp(f"the checkpoint of step {plan.step} chosen for generation {plan.gen} is no longer "
+            raise ClusterGaveUp(f"the checkpoint of step {plan.step} chosen for generation {plan.gen} is no longer "
                                 "ready on this node")
         return Resume(path, plan.step, f"generation {plan.gen}: {plan.reason}")
 

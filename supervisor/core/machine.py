@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 
 from ..events import bounded_argv
 from ..config.model import Config, signal_number
-from ..errors import Conflict, IllegalMove
+from ..errors import Conflict, GiveUp, IllegalMove
 from ..events import Detection
 from . import attempts
 from .attempts import Pending, shutdown_plan
@@ -175,8 +175,8 @@ class Machine:
         if not self.preparing or self.state is not State.STARTING:
             return  # stopped while preparing: the result is dropped
         self.preparing = False
-        if ev.error is not None and isinstance(getattr(ev.error, "cause", None), Cause):
-            self._give_up(str(ev.error), ev.error.cause)  # type: ignore[attr-defined]  # a multi-node run gave up
+        if isinstance(ev.error, GiveUp):  # a multi-node run gave up, say
+            self._give_up(str(ev.error), ev.error.cause)
             return
         if ev.error is not None:
             self._record("checkpoint_selection_failed", "error", f"choosing a checkpoint failed: {ev.error!r}; "

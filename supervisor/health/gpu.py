@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Mapping, Protocol, Sequence
 
+from ..errors import SupervisorError
+
 GiB = 1024**3
 
 
-class GpuBlindError(RuntimeError):
+class GpuBlindError(SupervisorError, RuntimeError):
     """Raised by ``init`` (or any call after NVML broke) when GPU health cannot be observed.
 
     NVML missing, the driver not loaded, no permission. The monitor turns it into one ``gpu_blind``
@@ -28,12 +30,16 @@ class GpuBlindError(RuntimeError):
     only with ``gpu.require = true``). Fix the driver / container runtime to see the GPUs again.
     """
 
+    code = "gpu_blind"
 
-class GpuLostError(RuntimeError):
+
+class GpuLostError(SupervisorError, RuntimeError):
     """Raised by a per-device query when NVML answers NVML_ERROR_GPU_IS_LOST (fell off the bus).
 
     The node needs a reset or a drain; the monitor reports a ``gpu_fault`` once per device.
     """
+
+    code = "gpu_lost"
 
     def __init__(self, index: int, message: str = "") -> None:
         super().__init__(message or f"GPU {index} is lost (fell off the bus)")

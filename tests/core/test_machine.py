@@ -15,7 +15,7 @@ from supervisor.core.messages import (ArmTimer, Boot, CheckpointRequested, Detec
                                       Prepared, Record, RecordDetection, Reply, RestartRequested, Resume,
                                       ShutdownResult, SignalJob, Spawned, SpawnFailed, StopFinished, StopJob,
                                       StopRequested, TimerFired)
-from supervisor.errors import Conflict
+from supervisor.errors import Conflict, GiveUp
 from supervisor.events import Detection
 from supervisor.health.gate import GateVerdict
 from supervisor.core.policy import PastAttempt
@@ -188,6 +188,12 @@ def test_no_progress_and_a_failed_checkpoint_choice_give_up_with_their_causes():
     out = s(Prepared(error=OSError("disk gone")))
     assert "checkpoint_selection_failed" in records(out)
     assert [c.data["cause"] for c in of(out, Record) if c.event == "gave_up"] == ["checkpoint_load_error"]
+    s = Script()
+    s(Boot())
+    out = s(Prepared(error=GiveUp("node n2 gave up after nan", Cause.NODE_LOST)))  # typed: no checkpoint failure
+    assert "checkpoint_selection_failed" not in records(out)
+    (gave_up,) = [c for c in of(out, Record) if c.event == "gave_up"]
+    assert gave_up.data["cause"] == "node_lost" and "node n2 gave up" in gave_up.message
 
 
 def test_an_unstartable_job_closes_its_attempt_and_gives_up():
