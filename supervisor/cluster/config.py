@@ -3,21 +3,40 @@ etcd. No endpoints (the section absent): a single-node run, exactly as without t
 from __future__ import annotations
 
 import ipaddress
-import socket
-import ssl
 import urllib.parse
+from types import ModuleType
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..config.schema import Problem, meta
-from .digest import DEFAULT_REQUIRE_SAME, check_require_same
-from .credentials import CredentialsError, PasswordAuth, tls_context
+
+if TYPE_CHECKING:  # ssl and the credential loaders only when a cluster is configured: a single-node
+    import ssl  # daemon's start does not pay for them
+
+    from .credentials import PasswordAuth
 
 
 def _check_prefix(value: str) -> str | None:
     if value and (not value.startswith("/") or value.endswith("/")):
         return f'expected a key prefix such as "/transformer-supervisor/myrun" (leading /, no trailing /), got "{value}"'
     return None
+
+
+#: What every node must agree on by default: every group of the launch digest (cluster/digest.py).
+REQUIRE_SAME_GROUPS = ("argv", "seeds", "config", "code", "packages")
+
+
+def _check_require_same(value: tuple[str, ...]) -> str | None:
+    # The digest module (hashlib, json, shlex) only when a cluster is configured.
+    from .digest import check_require_same
+
+    return check_require_same(value)
+
+
+def _socket() -> ModuleType:
+    import socket  # gethostname: a name lookup module a single-node start does not need
+
+    return socket
 
 
 @dataclass(frozen=True)
@@ -42,10 +61,10 @@ class ClusterConfig:
     master_port: int = field(default=29500, metadata=meta(
         "the rendezvous port handed to the job (TSUP_MASTER_PORT, MASTER_PORT)", min=1, max=65535))
     request_timeout_s: float = field(default=2.0, metadata=meta("timeout of one etcd request", min=0.1))
-    require_same: tuple[str, ...] = field(default=DEFAULT_REQUIRE_SAME, metadata=meta(
+    require_same: tuple[str, ...] = field(default=REQUIRE_SAME_GROUPS, metadata=meta(
         "what every node of a generation must run the same, compared before each generation (docs/multinode.md): "
         "argv, seeds, config, code, packages, or dotted keys within them (\"packages.torch\"); [] compares nothing",
-        check=check_require_same))
+        check=_check_require_same))
     ca_file: str = field(default="", metadata=meta(
         "PEM file of the CA that signed etcd's server certificate, for https:// endpoints (default: the "
         "system's trust store); the certificate must name the endpoint's host"))
@@ -71,7 +90,7 @@ class ClusterConfig:
         return self.min_nodes or self.nodes
 
     def node_name(self) -> str:
-        return self.node_id or socket.gethostname()
+        return self.node_id or _socket().gethostname()
 
     def key_prefix(self, job_name: str) -> str:
         return self.prefix or f"/transformer-supervisor/{job_name}"
@@ -81,9 +100,13 @@ class ClusterConfig:
         :class:`~supervisor.cluster.credentials.CredentialsError` for a bad file."""
         if not any(e.startswith("https://") for e in self.endpoints):
             return None
+        from .credentials import tls_context
+
         return tls_context(self.ca_file, self.cert_file, self.key_file)
 
     def password_auth(self) -> PasswordAuth | None:
+        from .credentials import PasswordAuth
+
         return PasswordAuth(self.user, self.password_file) if self.user else None
 
     @property
@@ -95,9 +118,9 @@ class ClusterConfig:
         if self.advertise_addr:
             return self.advertise_addr
         try:
-            return socket.gethostbyname(socket.gethostname())
+            return _socket().gethostbyname(_socket().gethostname())
         except OSError:
-            return socket.gethostname()
+            return _socket().gethostname()
 
 
 def cluster_problems(c: ClusterConfig) -> list[Problem]:
@@ -154,6 +177,8 @@ def _credential_problems(c: ClusterConfig) -> list[Problem]:
     checks: list[Callable[[], object]] = [c.tls] if https and not out else []
     if auth is not None and c.password_file:
         checks.append(auth.password)  # readable and not empty; etcd alone can say whether it is right
+    from .credentials import CredentialsError
+
     for check in checks:
         try:
             check()

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..redact import redact_argv
+from .config import REQUIRE_SAME_GROUPS
 
-GROUPS = ("argv", "seeds", "config", "code", "packages")
+GROUPS = REQUIRE_SAME_GROUPS
 DEFAULT_REQUIRE_SAME = GROUPS
 NODE = "<node>"
 PER_NODE = "<per-node>"
