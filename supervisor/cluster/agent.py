@@ -1,6 +1,9 @@
 """One node's link to the run's keys in etcd: a thread that keeps this node's lease and record,
-polls the keys (a watch by revision would save nothing at this pace), hands the view to the pure
-:class:`~supervisor.cluster.coord.Coordinator` and carries out what it says.
+follows the keys (etcd's watch keeps a copy, :class:`~supervisor.cluster.mirror.KeyMirror`; the
+keys are read every turn while the watch is not open), hands the view to the pure
+:class:`~supervisor.cluster.coord.Coordinator` and carries out what it says. A turn runs when the
+copy changes and every ``poll_s`` (the coordinator's timeouts, this node's own record); at rest it
+sends etcd nothing but the lease keepalives.
 
 The daemon sees three calls: :meth:`ClusterAgent.request_end` (a local failure ends the
 generation), :meth:`ClusterAgent.wait_for_generation` (the launch barrier, on the launch
@@ -28,12 +31,14 @@ from ..errors import GiveUp as RunGaveUp, SupervisorError
 from .coord import (Campaign, Command, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord, Phase, Plan,
                     RequestEnd, Rules, StopLocal, View, WritePlan)
 from .digest import encode as encode_digest, mismatch
-from .etcd import EtcdClient, EtcdError, EtcdUnavailable, LeaseExpired, same
+from .etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyValue, LeaseExpired, same
+from .mirror import KeyMirror
 from .trust import GaveUpNote, Trust
 
 log = structlog.get_logger("supervisor.cluster")
 
-POLL_S = 0.2  # how often the keys are read: a remote failure reaches this node within about this
+POLL_S = 0.2  # a turn at least this often (timeouts, this node's record); the keys are read at each
+# only while the watch is not open: a remote failure then reaches this node within about this
 KEEPALIVE_EVERY = 0.25  # of the TTL: three tries fail before the fence (2/3 TTL) and the expiry
 
 
@@ -57,7 +62,7 @@ EventSink = Callable[[str, str, str, Mapping[str, Any]], None]
 class ClusterAgent:
     def __init__(self, client: EtcdClient, keys: Keys, node_id: str, addr: str, rules: Rules, *,
                  on_stop: Callable[[EndRequest], None], on_event: EventSink,
-                 clock: Callable[[], float] = time.monotonic, poll_s: float = POLL_S) -> None:
+                 clock: Callable[[], float] = time.monotonic, poll_s: float = POLL_S, watch: bool = True) -> None:
         self.client = client
         self.keys = keys
         self.node_id = node_id
@@ -85,9 +90,15 @@ class ClusterAgent:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._end_thread: threading.Thread | None = None
+        self._wake = threading.Event()  # the watched copy changed: a turn now
+        # re-opened when silent for a TTL: an outage or refused credentials show within one, as polled
+        self.mirror = KeyMirror(client, keys.all, self._wake.set, idle_s=rules.lease_ttl_s) if watch else None
+        self._seen: int | None = None  # the copy's version the view was last built from
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
+        if self.mirror is not None:
+            self.mirror.start()
         self._thread = threading.Thread(target=self._run, name="cluster-agent", daemon=True)
         self._thread.start()
 
@@ -95,8 +106,11 @@ class ClusterAgent:
         """Stop the thread and leave the run: a node that gave up says so first (the others then
         give up too); the lease is revoked so the others see this node gone at once."""
         self._closing.set()
+        self._wake.set()
         with self._cond:
             self._cond.notify_all()
+        if self.mirror is not None:
+            self.mirror.close()
         if self._thread is not None:
             self._thread.join(timeout=5)
         try:
@@ -203,14 +217,23 @@ class ClusterAgent:
             except Exception as e:  # the agent must outlive its own bugs; supervision goes on
                 log.exception("cluster_agent_failed", error=repr(e), message="internal error in the cluster "
                               "agent; it keeps going")
-            self._closing.wait(self.poll_s)
+            self._wake.wait(self.poll_s)
+            self._wake.clear()
+
+    def _keys(self) -> tuple[int | None, list[KeyValue]]:
+        """(the watched copy's version, or None when read from etcd now; every key)."""
+        snap = self.mirror.snapshot() if self.mirror is not None else None
+        if snap is not None:
+            return snap
+        kvs, _rev = self.client.get_prefix(self.keys.all)
+        return None, kvs
 
     def _turn(self) -> None:
         now = self.clock()
         try:
             self._keep_lease(now)
             self._publish()
-            kvs, _rev = self.client.get_prefix(self.keys.all)
+            version, kvs = self._keys()
         except EtcdUnavailable as e:
             if self._reachable:
                 self._reachable = False
@@ -226,14 +249,14 @@ class ClusterAgent:
             self.coord.contact_since = now  # members get a TTL to register again before one is lost
         if not self._reachable:
             self._reachable = True
+            if self.mirror is not None:
+                self.mirror.resync()  # its connection may be one etcd no longer serves
             self._emit("cluster_etcd_back", "info", "etcd answers again; this node is registered")
-        view, ignored = self.trust.check(self.keys, kvs, View.parse(self.keys, ((kv.key, kv.value, kv.mod_revision)
-                                                                                for kv in kvs)), now)
-        for why in ignored:
-            self._emit("cluster_key_ignored", "warning", f"{why}; a stray or forged write (keep etcd behind TLS "
-                       "client certificates or auth)")
-        self.view = view
-        self._report_mismatch(view)
+        # The same keys make the same view, unless a leader key under suspicion is timing out.
+        if version is None or self._seen != version or self.trust.bad_leader_since is not None:
+            self._believe(kvs, now)
+            self._seen = version
+        view = self.view
         with self._cond:
             if self.me.phase is Phase.STARTING and view.plan is not None and self.me.gen < view.plan.gen:
                 # Started into a run under way: the running generation is not ours (a plan names the
@@ -242,6 +265,15 @@ class ClusterAgent:
             me = self.me
             cmds = self.coord.step(view, me, now)
         self._carry_out(cmds)
+
+    def _believe(self, kvs: list[KeyValue], now: float) -> None:
+        view, ignored = self.trust.check(self.keys, kvs, View.parse(self.keys, ((kv.key, kv.value, kv.mod_revision)
+                                                                                for kv in kvs)), now)
+        for why in ignored:
+            self._emit("cluster_key_ignored", "warning", f"{why}; a stray or forged write (keep etcd behind TLS "
+                       "client certificates or auth)")
+        self.view = view
+        self._report_mismatch(view)
 
     def _keep_lease(self, now: float) -> None:
         if self.lease is not None and now >= self._keepalive_at:

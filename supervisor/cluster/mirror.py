@@ -1,0 +1,173 @@
+"""A node's copy of the run's keys, kept by etcd's streaming watch: read everything once, then
+apply the changes as etcd sends them. The agent steps its coordinator on this copy, so a node at
+rest sends etcd nothing but its lease keepalives (a 0.2 s poll of every key by every node was
+N x 5 reads a second, each of N keys).
+
+Why a copy rather than "wake the read loop on an event": the copy is what the read would return
+(etcd delivers every change after the read's revision, in order), and it costs no read per change;
+with hundreds of nodes each change would otherwise make every node read every key.
+
+While the stream is not open (before the first read, after a drop until it is re-opened from the
+last revision + 1, when etcd refuses watches) :meth:`KeyMirror.snapshot` says so and the agent
+reads the keys itself, as it always did: polling is the fallback, never a gap. A compacted start
+revision means one full read, then a watch from its revision + 1.
+
+A watch silent for ``idle_s`` (the agent: one lease TTL, a fifth of the keepalives' requests) is
+re-opened (one request, no read): etcd checks credentials only when a watch opens, and a
+connection cut without a word stays silent, so this bounds how long either goes unnoticed; the
+lease keepalives alone would not notice (etcd 3.4 does not check their token).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import structlog
+
+from .etcd import EtcdClient, EtcdError, EtcdRequestError, KeyValue, Watch, WatchCompacted, WatchIdle
+
+log = structlog.get_logger("supervisor.cluster")
+
+RETRY_S = (0.2, 2.0)  # re-open a dropped watch after this, doubling up to the second figure
+IDLE_S = 10.0  # re-open a watch that was silent this long (the default lease TTL)
+REFUSED_RETRY_S = 60.0  # etcd refused the watch itself (an old gateway): poll, and ask again this much later
+
+
+class KeyMirror:
+    """The keys under ``prefix`` as etcd's watch reports them; ``on_change`` is called (from the
+    mirror's thread) after each change is applied and when the stream opens or drops."""
+
+    def __init__(self, client: EtcdClient, prefix: str, on_change: Callable[[], None], idle_s: float = IDLE_S) -> None:
+        self.client = client
+        self.idle_s = idle_s
+        self.prefix = prefix
+        self.on_change = on_change
+        self._lock = threading.Lock()
+        self._kvs: dict[str, KeyValue] = {}
+        self._rev = 0  # the newest revision the copy holds: a watch resumes from the next one
+        self._synced = False  # the copy holds a full read (no compaction since)
+        self._version = 0  # bumped by every change: the agent re-reads its view only when it moved
+        self._watch: Watch | None = None
+        self._live = False  # a watch follows the copy (or an idle one is being re-opened)
+        self._closing = threading.Event()
+        self._resync = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.refused = ""  # why etcd refused the watch (the agent polls meanwhile); said once in the log
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="cluster-watch", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closing.set()
+        self._drop()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def snapshot(self) -> tuple[int, list[KeyValue]] | None:
+        """(a version that changes with every change, every key) while the watch is open and
+        the copy complete; None otherwise (the caller reads etcd itself)."""
+        with self._lock:
+            if not self._live or not self._synced:
+                return None
+            return self._version, list(self._kvs.values())
+
+    def resync(self) -> None:
+        """Re-open the stream from the last revision + 1 (after etcd was out of reach: a
+        connection that etcd no longer serves may look open and stay silent)."""
+        self._resync.set()
+        self._drop()
+
+    def _drop(self) -> None:
+        with self._lock:
+            w = self._watch
+        if w is not None:
+            w.close()  # the thread's blocked read ends; it re-opens unless closing
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        delay = RETRY_S[0]
+        while not self._closing.is_set():
+            self._resync.clear()
+            try:
+                watch = self._open()
+            except EtcdRequestError as e:
+                self._set_live(False)
+                if not self.refused:
+                    log.warning("cluster_watch_refused", error=str(e), message="etcd refused the key watch; this "
+                                f"node polls the keys instead (every turn) and asks again every {REFUSED_RETRY_S:g} s")
+                self.refused = str(e)
+                self._closing.wait(REFUSED_RETRY_S)
+                continue
+            except EtcdError as e:  # out of reach: the agent's own reads notice and say so
+                self._set_live(False)
+                log.debug("cluster_watch_unopened", error=str(e))
+                self._closing.wait(delay)
+                delay = min(delay * 2, RETRY_S[1])
+                continue
+            if self.refused:
+                log.info("cluster_watch_open", message="etcd accepts the key watch again; polling stops")
+                self.refused = ""
+            delay = RETRY_S[0]
+            with self._lock:
+                self._watch = watch
+            self._set_live(True)
+            idle = False
+            try:
+                self._follow(watch)
+            except WatchCompacted as e:
+                log.info("cluster_watch_compacted", error=str(e), message="reading every key once, then watching again")
+                with self._lock:
+                    self._synced = False
+            except WatchIdle:  # re-opened from the last revision seen; the copy stays good meanwhile
+                idle = True
+            except EtcdError as e:
+                if not self._closing.is_set() and not self._resync.is_set():
+                    log.info("cluster_watch_dropped", error=str(e), message="re-opening it from the last revision "
+                             "seen; the keys are polled meanwhile")
+            finally:
+                watch.close()
+                with self._lock:
+                    self._watch = None
+                if not idle:
+                    self._set_live(False)
+
+    def _set_live(self, live: bool) -> None:
+        with self._lock:
+            if self._live == live:
+                return
+            self._live = live
+            self._version += 1
+        self.on_change()
+
+    def _open(self) -> Watch:
+        with self._lock:
+            synced, rev = self._synced, self._rev
+        if not synced:  # the first time, or after a compaction: everything once
+            kvs, rev = self.client.get_prefix(self.prefix)
+            with self._lock:
+                self._kvs = {kv.key: kv for kv in kvs}
+                self._rev, self._synced = rev, True
+                self._version += 1
+        try:
+            return self.client.watch(self.prefix, rev + 1, idle_s=self.idle_s)
+        except WatchCompacted:
+            with self._lock:
+                self._synced = False
+            raise
+
+    def _follow(self, watch: Watch) -> None:
+        while not self._closing.is_set():
+            _rev, events = watch.next_message()
+            if not events:
+                continue  # etcd's progress notes: nothing changed under the prefix
+            with self._lock:
+                for e in events:
+                    if e.deleted:
+                        self._kvs.pop(e.kv.key, None)
+                    else:
+                        self._kvs[e.kv.key] = e.kv
+                    self._rev = max(self._rev, e.kv.mod_revision)
+                self._version += 1
+            self.on_change()
