@@ -4,8 +4,9 @@ answered with an emergency checkpoint at the current step and a clean exit.
 
 It saves nothing else: the only checkpoint the supervisor can resume from is the emergency one.
 ``--resume=PATH`` (the supervisor's ``--resume-arg=--resume={checkpoint}``) loads it with
-``weights_only=True`` and then trains ``--steps-after-resume`` more steps and finishes (exit 0),
-so the requeued run ends on its own. Every line it prints is one the test reads.
+``weights_only=True`` and trains on to ``--steps-after-resume`` steps past the first resume and
+finishes (exit 0), so the requeued run ends on its own (or a later one, when Slurm's next warning
+comes first). The test reads what it prints.
 
     python client_job.py [--resume=PATH] [--steps-after-resume=N] [--step-s=SECONDS]
 """
@@ -37,7 +38,9 @@ def main() -> int:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step = int(state["step"])
-        last = step + a.steps_after_resume
+        # The first resume sets the end and every later checkpoint carries it: a run that is
+        # signalled again before it gets there still brings the end closer (one step at least).
+        last = int(state.get("last") or step + a.steps_after_resume)
         print(f"resumed from {a.resume} at step {step}", flush=True)
     ckpt_dir = os.environ["TSUP_CHECKPOINT_DIR"]
     print(f"training from step {step} (attempt {client.resume_info().attempt})", flush=True)
@@ -53,8 +56,8 @@ def main() -> int:
         if client.should_stop():
             path = os.path.join(ckpt_dir, f"step_{step}.pt")
             with client.checkpointing():
-                client.save_checkpoint({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
-                                       path, step=step)
+                client.save_checkpoint({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                                        "last": last}, path, step=step)
             print(f"emergency checkpoint {path} at step {step}", flush=True)
             return 0
         time.sleep(a.step_s)

@@ -217,14 +217,27 @@ PartitionName=tsup Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
                 continue
         return pids
 
+    def _job_processes(self) -> list[int]:
+        """Ours, less the daemons and their own helpers (slurmctld's slurmscriptd): slurmstepd
+        and what runs under it (it detaches from slurmd, so its parent is not a daemon)."""
+        daemons = {p.pid for p in self.procs.values()}
+        left = []
+        for pid in self._ours():
+            try:
+                ppid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if pid not in daemons and ppid not in daemons:
+                left.append(pid)
+        return left
+
     def stop(self, keep_logs: Path | None = None) -> None:
         """Cancel every job, stop the daemons, then end any process of ours still left; copy the
         logs to ``keep_logs`` (for a failing test's report), remove the dir. Safe to call twice."""
         if self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
             subprocess.run(["scancel", "--full", "--user=root"], capture_output=True, timeout=30, env=self.env)
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and any(
-                    p not in self.procs_pids() for p in self._ours()):
+            while time.monotonic() < deadline and self._job_processes():
                 time.sleep(0.2)  # the jobs' processes end on scancel; the daemons stay until below
         for name in ("slurmd", "slurmctld", "munged"):
             proc = self.procs.get(name)
@@ -241,9 +254,9 @@ PartitionName=tsup Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        deadline = time.monotonic() + 10
+        while self._ours() and time.monotonic() < deadline:
+            time.sleep(0.1)  # SIGKILL is not instant; a zombie no longer shows its environment
         if keep_logs is not None and (self.root / "log").is_dir():
             shutil.copytree(self.root / "log", keep_logs, dirs_exist_ok=True)
         shutil.rmtree(self.root, ignore_errors=True)
-
-    def procs_pids(self) -> set[int]:
-        return {p.pid for p in self.procs.values()}
