@@ -32,13 +32,14 @@ from .coord import (Campaign, Command, Coordinator, EndRequest, GiveUp, Join, Ke
                     RequestEnd, Rules, StopLocal, View, WritePlan)
 from .digest import encode as encode_digest, mismatch
 from .etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyValue, LeaseExpired, same
-from .mirror import KeyMirror
+from .mirror import OPENING, KeyMirror
 from .trust import GaveUpNote, Trust
 
 log = structlog.get_logger("supervisor.cluster")
 
 POLL_S = 0.2  # a turn at least this often (timeouts, this node's record); the keys are read at each
 # only while the watch is not open: a remote failure then reaches this node within about this
+SETTLE_S = 0.02  # after a change, wait this long for the rest of its burst before a turn
 KEEPALIVE_EVERY = 0.25  # of the TTL: three tries fail before the fence (2/3 TTL) and the expiry
 
 
@@ -217,11 +218,13 @@ class ClusterAgent:
             except Exception as e:  # the agent must outlive its own bugs; supervision goes on
                 log.exception("cluster_agent_failed", error=repr(e), message="internal error in the cluster "
                               "agent; it keeps going")
-            self._wake.wait(self.poll_s)
+            if self._wake.wait(self.poll_s):
+                self._closing.wait(SETTLE_S)  # changes come in bursts (every node's record): one turn for a burst
             self._wake.clear()
 
     def _keys(self) -> tuple[int | None, list[KeyValue]]:
-        """(the watched copy's version, or None when read from etcd now; every key)."""
+        """(the watched copy's version, or None when read from etcd now; every key); the version
+        is OPENING while the watch is being opened (no keys: the turn waits for it)."""
         snap = self.mirror.snapshot() if self.mirror is not None else None
         if snap is not None:
             return snap
@@ -234,6 +237,8 @@ class ClusterAgent:
             self._keep_lease(now)
             self._publish()
             version, kvs = self._keys()
+            if version == OPENING:
+                return
         except EtcdUnavailable as e:
             if self._reachable:
                 self._reachable = False

@@ -7,9 +7,11 @@ Why a copy rather than "wake the read loop on an event": the copy is what the re
 (etcd delivers every change after the read's revision, in order), and it costs no read per change;
 with hundreds of nodes each change would otherwise make every node read every key.
 
-While the stream is not open (before the first read, after a drop until it is re-opened from the
-last revision + 1, when etcd refuses watches) :meth:`KeyMirror.snapshot` says so and the agent
-reads the keys itself, as it always did: polling is the fallback, never a gap. A compacted start
+While the stream is not open and could not be opened (etcd out of reach, or refusing watches)
+:meth:`KeyMirror.snapshot` says so and the agent reads the keys itself, as it always did: polling
+is the fallback, never a gap. While it is being opened (the first time, after a drop) the agent
+waits for it rather than reading: with hundreds of nodes starting at once, every node reading every
+key five times a second while the watches open is what would keep them from opening. A compacted start
 revision means one full read, then a watch from its revision + 1.
 
 A watch silent for ``idle_s`` (the agent: one lease TTL, a fifth of the keepalives' requests) is
@@ -31,7 +33,8 @@ log = structlog.get_logger("supervisor.cluster")
 
 RETRY_S = (0.2, 2.0)  # re-open a dropped watch after this, doubling up to the second figure
 IDLE_S = 10.0  # re-open a watch that was silent this long (the default lease TTL)
-REFUSED_RETRY_S = 60.0  # etcd refused the watch itself (an old gateway): poll, and ask again this much later
+REFUSED_RETRY_S = 60.0
+OPENING = -1  # snapshot()'s version while a watch is being opened  # etcd refused the watch itself (an old gateway): poll, and ask again this much later
 
 
 class KeyMirror:
@@ -50,6 +53,7 @@ class KeyMirror:
         self._version = 0  # bumped by every change: the agent re-reads its view only when it moved
         self._watch: Watch | None = None
         self._live = False  # a watch follows the copy (or an idle one is being re-opened)
+        self._failed = False  # the last try to open one failed: the agent polls until one opens
         self._closing = threading.Event()
         self._resync = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,11 +71,12 @@ class KeyMirror:
 
     def snapshot(self) -> tuple[int, list[KeyValue]] | None:
         """(a version that changes with every change, every key) while the watch is open and
-        the copy complete; None otherwise (the caller reads etcd itself)."""
+        the copy complete; (-1, []) while one is being opened (wait for it); None when none could
+        be opened (the caller reads etcd itself)."""
         with self._lock:
-            if not self._live or not self._synced:
-                return None
-            return self._version, list(self._kvs.values())
+            if self._live and self._synced:
+                return self._version, list(self._kvs.values())
+            return None if self._failed or self._closing.is_set() else (OPENING, [])
 
     def resync(self) -> None:
         """Re-open the stream from the last revision + 1 (after etcd was out of reach: a
@@ -93,7 +98,7 @@ class KeyMirror:
             try:
                 watch = self._open()
             except EtcdRequestError as e:
-                self._set_live(False)
+                self._set_live(False, failed=True)
                 if not self.refused:
                     log.warning("cluster_watch_refused", error=str(e), message="etcd refused the key watch; this "
                                 f"node polls the keys instead (every turn) and asks again every {REFUSED_RETRY_S:g} s")
@@ -101,7 +106,7 @@ class KeyMirror:
                 self._closing.wait(REFUSED_RETRY_S)
                 continue
             except EtcdError as e:  # out of reach: the agent's own reads notice and say so
-                self._set_live(False)
+                self._set_live(False, failed=True)
                 log.debug("cluster_watch_unopened", error=str(e))
                 self._closing.wait(delay)
                 delay = min(delay * 2, RETRY_S[1])
@@ -133,11 +138,11 @@ class KeyMirror:
                 if not idle:
                     self._set_live(False)
 
-    def _set_live(self, live: bool) -> None:
+    def _set_live(self, live: bool, failed: bool = False) -> None:
         with self._lock:
-            if self._live == live:
+            if self._live == live and self._failed == failed:
                 return
-            self._live = live
+            self._live, self._failed = live, failed
             self._version += 1
         self.on_change()
 
