@@ -26,11 +26,15 @@ def _check_prefix(value: str) -> str | None:
 REQUIRE_SAME_GROUPS = ("argv", "seeds", "config", "code", "packages")
 
 
-def _check_require_same(value: tuple[str, ...]) -> str | None:
-    # The digest module (hashlib, json, shlex) only when a cluster is configured.
-    from .digest import check_require_same
-
-    return check_require_same(value)
+def check_require_same(value: tuple[str, ...]) -> str | None:
+    """The config check of ``[cluster] require_same`` (here, not in digest.py: a single-node start
+    does not import the digest machinery)."""
+    groups = REQUIRE_SAME_GROUPS
+    bad = [s for s in value if s.split(".", 1)[0] not in groups]
+    if bad:
+        return (f"expected groups of {', '.join(groups)} (or dotted keys within them, e.g. \"packages.torch\"), "
+                f"got {', '.join(repr(s) for s in bad)}")
+    return None
 
 
 def _socket() -> ModuleType:
@@ -64,7 +68,7 @@ class ClusterConfig:
     require_same: tuple[str, ...] = field(default=REQUIRE_SAME_GROUPS, metadata=meta(
         "what every node of a generation must run the same, compared before each generation (docs/multinode.md): "
         "argv, seeds, config, code, packages, or dotted keys within them (\"packages.torch\"); [] compares nothing",
-        check=_check_require_same))
+        check=check_require_same))
     ca_file: str = field(default="", metadata=meta(
         "PEM file of the CA that signed etcd's server certificate, for https:// endpoints (default: the "
         "system's trust store); the certificate must name the endpoint's host"))

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..redact import redact_argv
-from .config import REQUIRE_SAME_GROUPS
+from .config import REQUIRE_SAME_GROUPS, check_require_same  # noqa: F401  (re-exported)
 
 GROUPS = REQUIRE_SAME_GROUPS
 DEFAULT_REQUIRE_SAME = GROUPS
@@ -206,15 +206,6 @@ def selected(key: str, require_same: Iterable[str]) -> bool:
 def select(digest: Mapping[str, str], require_same: Iterable[str]) -> dict[str, str]:
     req = tuple(require_same)
     return {k: v for k, v in digest.items() if k == NAMES or selected(k, req)}
-
-
-def check_require_same(value: Sequence[str]) -> str | None:
-    """The config check of ``[cluster] require_same``."""
-    bad = [s for s in value if s.split(".", 1)[0] not in GROUPS]
-    if bad:
-        return (f"expected groups of {', '.join(GROUPS)} (or dotted keys within them, e.g. \"packages.torch\"), "
-                f"got {', '.join(repr(s) for s in bad)}")
-    return None
 
 
 # ---------------------------------------------------------------------- etcd form
