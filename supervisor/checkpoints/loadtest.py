@@ -169,9 +169,12 @@ def result_of(data: dict[str, Any]) -> LoadTestResult:
 
 
 def run_warm_or_cold(req: LoadTestRequest, warm: WarmVerifier | None, *, python: str, timeout_s: float,
-                     cwd: Path | None = None, started: Callable[[Any], None] | None = None) -> LoadTestResult:
+                     cwd: Path | None = None, started: Callable[[Any], None] | None = None,
+                     cancelled: Callable[[], bool] = lambda: False) -> LoadTestResult:
     """On the warm process when there is one and it is free; else (busy, off, or it died on this
-    request) a cold process of its own, which reports the real error of a crash."""
+    request) a cold process of its own, which reports the real error of a crash. ``cancelled``:
+    the owner is exiting (it killed the warm process): no cold process is started then, since the
+    daemon's exit could stop this thread between that start and its kill, leaving it orphaned."""
     if warm is not None:
         reply = warm.request(request_payload(req), timeout_s, started)
         if reply is not None and reply.timed_out:
@@ -180,6 +183,8 @@ def run_warm_or_cold(req: LoadTestRequest, warm: WarmVerifier | None, *, python:
             return LoadTestResult(False, float(timeout_s), f"load test timed out after {timeout_s:g} s")
         if reply is not None and reply.data is not None:
             return result_of(reply.data)
+    if cancelled():
+        raise LoadTestCancelled(f"no load test of {req.path}: the supervisor is exiting")
     return run_load_test(req, python=python, timeout_s=timeout_s, cwd=cwd, started=started)
 
 
@@ -277,7 +282,8 @@ class LoadTests:
             res = run_warm_or_cold(LoadTestRequest(path, expected_keys=self.expected_keys, check_finite=check_finite,
                                                    trust_pickles=self.trust_pickles, mmap=self.mmap, layout=layout),
                                    self.warm, python=self.python, timeout_s=self.timeout_s, cwd=self.cwd,
-                                   started=lambda proc: self._started(key, proc))
+                                   started=lambda proc: self._started(key, proc),
+                                   cancelled=lambda: self._cancelled)
             if self._cancelled:
                 raise LoadTestCancelled(f"the load test of {path} was stopped: the supervisor is exiting")
         except BaseException as e:
