@@ -14,6 +14,16 @@ records (wall clock, one machine):
 
 Settings: cluster.lease_ttl_s = 3, shutdown.grace_s = 5, backoff 0, validation off (the relaunch
 is what is timed, not the policy's backoff). BENCH_CLUSTER_TRIALS (3).
+
+Scale (issue 26): N real node agents (:class:`ClusterAgent`, each with its own etcd client, watch
+and lease: what a daemon runs for [cluster]) in threads of one process, with stand-in jobs (a
+thread per node that "runs" between its join and its stop), against one real etcd, for each N in
+BENCH_CLUSTER_SCALE (16,64,256; empty: none). One NaN on one node; figures: detection -> every
+node stopped, -> every node relaunched (and relaunched after the slowest stop), etcd requests a
+second at rest and per fault (counted by the clients), CPU at rest of the N agents (this process)
+and of etcd. The agents' default turn (0.2 s) and a lease TTL of 10 s (the default). ``python
+bench/bench_cluster.py scale 16 64`` runs only these rows; ``poll`` after the sizes adds the same
+with the watch off (every agent reads every key each turn: the old way) for comparison.
 """
 from __future__ import annotations
 
@@ -23,6 +33,8 @@ import statistics
 import sys
 import tempfile
 import threading
+import time
+from collections import Counter
 import uuid
 from pathlib import Path
 
@@ -107,6 +119,163 @@ def single_node_peak(tmp: Path) -> float:
     return max(rss) if rss else float("nan")
 
 
+class _Counting:
+    """Counts every request an :class:`EtcdClient` sends (one tally for all agents)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.lock = threading.Lock()
+
+    def client(self, endpoint: str):  # type: ignore[no-untyped-def]
+        from supervisor.cluster.etcd import EtcdClient
+
+        tally = self
+
+        class Client(EtcdClient):
+            def _post(self, path, body):  # type: ignore[no-untyped-def]
+                with tally.lock:
+                    tally.n += 1
+                return super()._post(path, body)
+
+            def _open_watch(self, body, token, idle_s):  # type: ignore[no-untyped-def]
+                with tally.lock:
+                    tally.n += 1
+                return super()._open_watch(body, token, idle_s)
+
+        return Client([endpoint], timeout_s=5.0)
+
+
+def _cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of this process, or of ``pid`` (from /proc: no psutil needed)."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scale_trial(tmp: Path, n: int, watch: bool = True, rest_s: float = 10.0) -> dict[str, float]:
+    from supervisor.cluster.agent import ClusterAgent
+    from supervisor.cluster.coord import Keys, Rules
+    from tests.cluster.etcdserver import EtcdServer
+
+    etcd = EtcdServer(tmp / "etcd")
+    etcd.start()
+    count = _Counting()
+    rules = Rules(nodes=n, min_nodes=n, wait_for_nodes_s=60.0, lease_ttl_s=10.0)
+    keys = Keys(f"/bench/{uuid.uuid4().hex[:8]}")
+    launches: dict[int, dict[str, float]] = {1: {}, 2: {}}
+    stops: dict[str, float] = {}
+    stopped = {f"n{i}": threading.Event() for i in range(n)}
+    lock = threading.Lock()
+    agents: dict[str, ClusterAgent] = {}
+    events: Counter[str] = Counter()  # what the agents said (lost leases, ignored keys): printed, not a row
+
+    def note(event: str, _level: str, _msg: str, _data: object) -> None:
+        with lock:
+            events[event] += 1
+
+    def on_stop(node: str):  # type: ignore[no-untyped-def]
+        def stop(_req: object) -> None:  # the stand-in job stops at once
+            with lock:
+                stops.setdefault(node, time.time())
+            stopped[node].set()
+        return stop
+
+    def job(node: str) -> None:  # the daemon's launch loop, with a job that runs until stopped
+        a = agents[node]
+        for gen in (1, 2):
+            plan = a.wait_for_generation([10, 20] if gen == 2 else [])
+            with lock:
+                launches[plan.gen][node] = time.time()
+            if gen == 1:
+                stopped[node].wait(600)
+
+    try:
+        for i in range(n):
+            node = f"n{i}"
+            agents[node] = ClusterAgent(count.client(etcd.endpoint), keys, node, "127.0.0.1", rules,
+                                        on_stop=on_stop(node), on_event=note, watch=watch)
+        t_start = time.time()
+        for a in agents.values():
+            a.start()
+        jobs = [threading.Thread(target=job, args=(node,), daemon=True) for node in agents]
+        for t in jobs:
+            t.start()
+        deadline = time.time() + 300
+        while len(launches[1]) < n and time.time() < deadline:
+            time.sleep(0.05)
+        if len(launches[1]) < n:
+            raise RuntimeError(f"only {len(launches[1])} of {n} nodes joined generation 1")
+        first_gen = max(launches[1].values()) - t_start
+        time.sleep(3.0)  # the joins' records settle
+        epid = etcd.proc.pid  # type: ignore[union-attr]
+        c0, e0, r0, t0 = _cpu_s(), _cpu_s(epid), count.n, time.time()
+        time.sleep(rest_s)
+        c1, e1, r1, t1 = _cpu_s(), _cpu_s(epid), count.n, time.time()
+        rest_cpu, etcd_cpu = (c1 - c0) / (t1 - t0), (e1 - e0) / (t1 - t0)
+        rest_rps = (r1 - r0) / (t1 - t0)
+        victim = f"n{n // 2}"
+        r_fault = count.n
+        nan_at = time.time()
+        with lock:
+            stops[victim] = nan_at  # the daemon stops its own job
+        agents[victim].request_end("nan", "loss is nan at step 25", 25, 25, "rollback")
+        stopped[victim].set()
+        for t in jobs:
+            t.join(300)
+        if len(launches[2]) < n:
+            raise RuntimeError(f"only {len(launches[2])} of {n} nodes relaunched")
+        done = max(launches[2].values())
+        settle = time.time() + 60  # the records that say "running" again are part of the fault's cost
+        while time.time() < settle and not all(a._published is not None and a._published.gen == 2
+                                                and a._published.phase.value == "running" for a in agents.values()):
+            time.sleep(0.05)
+        fault_requests = count.n - r_fault
+        print(f"N={n}: agents' events {dict(events)}", file=sys.stderr)
+        return {"first_gen": first_gen, "stopped": max(stops.values()) - nan_at, "relaunched": done - nan_at,
+                "after_slowest_stop": done - max(stops.values()), "rest_rps": rest_rps, "fault_requests":
+                fault_requests, "rest_cpu": rest_cpu, "etcd_cpu": etcd_cpu}
+    finally:
+        for a in agents.values():
+            a._closing.set()
+            a._wake.set()
+        for a in agents.values():
+            a.close()
+        etcd.stop()
+
+
+def scale_rows(sizes: list[int], poll: bool = False) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for watch in (True, False) if poll else (True,):
+        for n in sizes:
+            with tempfile.TemporaryDirectory(prefix="bench-cluster-scale-") as d:
+                f = scale_trial(Path(d), n, watch=watch)
+            how = f"N={n} agents, {'watch' if watch else 'poll every 0.2 s (old)'}"
+            rows += [
+                {"name": f"{how}: start -> every node in generation 1", "value": round(f["first_gen"], 2),
+                 "unit": "s", "target": "report"},
+                {"name": f"{how}: detection on one node -> every node stopped", "value": round(f["stopped"], 2),
+                 "unit": "s", "target": "report"},
+                {"name": f"{how}: detection on one node -> every node relaunched", "value": round(f["relaunched"], 2),
+                 "unit": "s", "target": "report"},
+                {"name": f"{how}: slowest stop -> every node relaunched", "value": round(f["after_slowest_stop"], 2),
+                 "unit": "s", "target": "<= 5"},
+                {"name": f"{how}: etcd requests at rest (all nodes)", "value": round(f["rest_rps"], 1),
+                 "unit": "req/s", "target": "report"},
+                {"name": f"{how}: etcd requests per fault (stop + relaunch, all nodes)",
+                 "value": int(f["fault_requests"]), "unit": "req", "target": "report"},
+                {"name": f"{how}: CPU at rest, the N agents together (one process)",
+                 "value": round(100 * f["rest_cpu"], 1), "unit": "% core", "target": "report"},
+                {"name": f"{how}: CPU at rest, etcd", "value": round(100 * f["etcd_cpu"], 1), "unit": "% core",
+                 "target": "report"},
+            ]
+    return rows
+
+
+SCALE = [int(x) for x in os.environ.get("BENCH_CLUSTER_SCALE", "16,64,256").split(",") if x.strip()]
+
+
 def run() -> list[dict[str, object]]:
     stops, relaunches, peaks = [], [], []
     for _ in range(TRIALS):
@@ -118,7 +287,7 @@ def run() -> list[dict[str, object]]:
     with tempfile.TemporaryDirectory(prefix="bench-cluster-single-") as d:
         single = single_node_peak(Path(d))
     how = f"3 daemons + real etcd on one machine, NaN on one node, {TRIALS} trials"
-    return [
+    return scale_rows(SCALE) + [
         {"name": f"detection on one node -> every node's job stopped, median ({how})",
          "value": round(statistics.median(stops), 2), "unit": "s", "target": "report"},
         {"name": "detection on one node -> every node's job stopped, worst trial",
@@ -135,5 +304,16 @@ def run() -> list[dict[str, object]]:
 
 
 if __name__ == "__main__":
+    import structlog
+
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(open(os.devnull, "w")))
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still stops the etcd it started
+    args = sys.argv[1:]
+    if args[:1] == ["scale"]:
+        for row in scale_rows([int(a) for a in args[1:] if a.isdigit()], poll="poll" in args):
+            print(f"{row['name']:90s} {row['value']:>8} {row['unit']:6s} target {row['target']}", flush=True)
+        sys.exit(0)
     for row in run():
         print(f"{row['name']:90s} {row['value']:>8} {row['unit']:4s} target {row['target']}")

@@ -91,7 +91,8 @@ class ClusterAgent:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._end_thread: threading.Thread | None = None
-        self._wake = threading.Event()  # the watched copy changed: a turn now
+        self._wake = threading.Event()  # the watched copy or this node's record changed: a turn now
+        self._turn_s = 0.0  # how long the last turn took
         # re-opened when silent for a TTL: an outage or refused credentials show within one, as polled
         self.mirror = KeyMirror(client, keys.all, self._wake.set, idle_s=rules.lease_ttl_s) if watch else None
         self._seen: int | None = None  # the copy's version the view was last built from
@@ -178,6 +179,7 @@ class ClusterAgent:
             self.me = self.me.but(phase=Phase.WAITING, gen=gen, steps=tuple(sorted(set(steps))), state=state)
             self._outcome = None
             self._cond.notify_all()
+            self._wake.set()  # publish "ready" now, not at the next tick
             while self._outcome is None and not self._closing.is_set():
                 self._cond.wait(timeout=1.0)
             outcome = self._outcome
@@ -213,13 +215,15 @@ class ClusterAgent:
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
         while not self._closing.is_set():
+            began = time.perf_counter()
             try:
                 self._turn()
             except Exception as e:  # the agent must outlive its own bugs; supervision goes on
                 log.exception("cluster_agent_failed", error=repr(e), message="internal error in the cluster "
                               "agent; it keeps going")
-            if self._wake.wait(self.poll_s):
-                self._closing.wait(SETTLE_S)  # changes come in bursts (every node's record): one turn for a burst
+            self._turn_s = time.perf_counter() - began
+            if self._wake.wait(self.poll_s):  # changes come in bursts (every node's record): one turn for a
+                self._closing.wait(min(max(SETTLE_S, 2 * self._turn_s), self.poll_s))  # burst; turns <= 1/3 of the time
             self._wake.clear()
 
     def _keys(self) -> tuple[int | None, list[KeyValue]]:
