@@ -20,15 +20,17 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from .eventnames import EventName as E
+
 #: events whose own message is the narration, with the prefix that marks their kind
 SAID_AS_IS: Mapping[str, str] = {
-    "restart_scheduled": "   ", "shutdown_signal_sent": "   ", "shutdown_escalated": "   ",
-    "shutdown_checkpoint_requested": "   ", "shutdown_checkpoint_seen": "   ", "job_leftovers": "   ",
-    "stacks_dumped": "   ", "remedies_applied": "   ", "validation_started": "   ",
-    "validation_passed": "ok ", "validation_failed": "!! ", "checkpoint_marked_bad": "xx ",
-    "gave_up": "XX ", "daemon_exiting": "== ", "detection_warned": "   (warning only) ",
-    "monitor_failed": "!! internal: ", "runner_handler_failed": "!! internal: ",
-    "runner_tick_failed": "!! internal: ", "concern_failed": "!! internal: ",
+    E.RESTART_SCHEDULED: "   ", E.SHUTDOWN_SIGNAL_SENT: "   ", E.SHUTDOWN_ESCALATED: "   ",
+    E.SHUTDOWN_CHECKPOINT_REQUESTED: "   ", E.SHUTDOWN_CHECKPOINT_SEEN: "   ", E.JOB_LEFTOVERS: "   ",
+    E.STACKS_DUMPED: "   ", E.REMEDIES_APPLIED: "   ", E.VALIDATION_STARTED: "   ",
+    E.VALIDATION_PASSED: "ok ", E.VALIDATION_FAILED: "!! ", E.CHECKPOINT_MARKED_BAD: "xx ",
+    E.GAVE_UP: "XX ", E.DAEMON_EXITING: "== ", E.DETECTION_WARNED: "   (warning only) ",
+    E.MONITOR_FAILED: "!! internal: ", E.RUNNER_HANDLER_FAILED: "!! internal: ",
+    E.RUNNER_TICK_FAILED: "!! internal: ", E.CONCERN_FAILED: "!! internal: ",
 }
 
 #: longest evidence said on the console (the journal and the ledger keep all of it)
@@ -50,11 +52,11 @@ def narrate(ed: Mapping[str, Any]) -> str | None:
     (evidence, decision) follow a newline; :func:`stamp` indents them."""
     ev = ed.get("event")
     msg = str(ed.get("message") or "")
-    if ev == "job_started":
+    if ev == E.JOB_STARTED:
         ck = ed.get("checkpoint")
         where = f"resuming from step {ed.get('resume_step')} ({_name(ck)})" if ck else "from scratch"
         return f">> attempt {ed.get('attempt')} launched, {where}"
-    if ev == "failure_detected":
+    if ev == E.FAILURE_DETECTED:
         out = f"!! detected {ed.get('cause')}" + (f" at step {ed['step']}" if ed.get("step") is not None else "")
         out += f" (seen in {ed.get('source')})"
         if ed.get("evidence"):
@@ -65,12 +67,12 @@ def narrate(ed: Mapping[str, Any]) -> str | None:
         return out + f"\n   decision: {msg.split('; ', 1)[-1]}"
     if ev in SAID_AS_IS:  # a module's own line without a message is said by the runner's twin
         return SAID_AS_IS[str(ev)] + msg if msg else None
-    if ev == "checkpoint_quarantined":
+    if ev == E.CHECKPOINT_QUARANTINED:
         return (f"xx checkpoint {_name(ed.get('path'))} failed verification ({ed.get('reason')}); "
                 f"moved to {ed.get('dest')} (never deleted)")
-    if ev == "checkpoint_chosen":
+    if ev == E.CHECKPOINT_CHOSEN:
         return f"ok verified {_name(ed.get('path'))} (step {ed.get('step')}): {ed.get('reason')}"
-    if ev == "checkpoint_none_ready" and "no checkpoints found" not in str(ed.get("reason")):
+    if ev == E.CHECKPOINT_NONE_READY and "no checkpoints found" not in str(ed.get("reason")):
         return f"!! no ready checkpoint: {ed.get('reason')}"  # (none at all: "from scratch" says it)
     return None
 
@@ -87,7 +89,7 @@ def compact(ed: Mapping[str, Any]) -> str:
     mark = "!! " if level in ("warning", "error", "critical") else "   "
     if ed.get("message"):
         return f"{mark}{ed.get('event')}: {ed['message']}"
-    if ed.get("event") == "state_changed":
+    if ed.get("event") == E.STATE_CHANGED:
         return f"   state {ed.get('old')} -> {ed.get('new')} ({ed.get('why')})"
     said = "; ".join(str(ed[k]) for k in ("summary", "next") if ed.get(k))
     fields = " ".join(f"{k}={_value(v)}" for k, v in ed.items() if k not in _NOT_SAID and v is not None)

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import structlog
 
+from ..eventnames import EventName
 from .ports import Concern, DaemonView
 
 log = structlog.get_logger("supervisor.daemon.alerting")
@@ -73,7 +74,7 @@ class NotifyConcern(Concern):
     def on_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
         if self.alerter is None:
             return
-        if event == "restart_scheduled" and "restart_loop" in self.events:
+        if event == EventName.RESTART_SCHEDULED and EventName.RESTART_LOOP in self.events:
             self._restart_loop(message, data)
         if event in self.events:
             self._send(event, level, message, data)
@@ -84,7 +85,7 @@ class NotifyConcern(Concern):
             n = self.loop.restart(self.daemon.clock.monotonic())
         if n is not None:
             p = self.daemon.cfg.policy
-            self._send("restart_loop", "error",
+            self._send(EventName.RESTART_LOOP, "error",
                        f"{n} restarts within {self.loop.window_s:g} s ([notify] restart_loop_window_s); the latest: "
                        f"{message}. The daemon keeps restarting until policy.max_restarts ({p.max_restarts} in "
                        f"{p.restart_window_s:g} s) is spent, then gives up",

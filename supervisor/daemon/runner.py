@@ -38,6 +38,7 @@ from .recovery import close_previous_life
 from .reload import reload_config
 from .requests import RUNNER_VERBS, answer, ask, install_signal_handlers, machine_request
 from .status import status_dict
+from ..eventnames import EventName, UnknownNames
 from ..events import AttemptContext, Detection, MetricRecord
 from ..job.output import SinkFanout
 
@@ -75,6 +76,7 @@ class Runner:
         self.activity = AttemptActivity(self.clock.monotonic)  # a blind attempt's work (the progress rule)
         fanout.add(self.activity)
         self._status_cache: dict[str, Any] = {}
+        self._unknown_names = UnknownNames()
 
     # ================================================================== what concerns see
     @property
@@ -116,6 +118,10 @@ class Runner:
 
     def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None:
         """Log one event line and keep it in the ledger (``ledger_only``: a module logged it already)."""
+        if self._unknown_names.first_time(event):  # still recorded below: nothing is lost
+            self.event(EventName.EVENT_NAME_UNKNOWN, "warning", f"event name {event!r} is not in "
+                       "supervisor.eventnames.EventName (its journal MESSAGE_ID is not fixed); it is recorded "
+                       "as it is, and said once per name", name=event)
         attempt = self.attempt if self.attempt >= 0 else None
         if not ledger_only:
             getattr(log, level)(event, attempt=attempt, message=message,

@@ -13,13 +13,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from ..eventnames import EventName
 from ..redact import REDACTED, is_secret
 from ..strictjson import finite
 
 # Shorter "secrets" ("1", "yes") would cut ordinary words out of every message.
 MIN_SECRET_LEN = 4
-GAVE_UP = "gave_up"
-RESTART_LOOP = "restart_loop"
+GAVE_UP = EventName.GAVE_UP
+RESTART_LOOP = EventName.RESTART_LOOP
 
 
 @dataclass(frozen=True)

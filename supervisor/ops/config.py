@@ -1,9 +1,11 @@
 """Config sections [metrics] and [systemd]: how the daemon is observed and operated."""
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 
 from ..config.schema import meta
+from ..eventnames import EventName
 
 
 def check_listen(value: str) -> str | None:
@@ -54,7 +56,8 @@ class SystemdConfig:
 
 #: The daemon events a human is told about when ``[notify] events`` is not set; ``restart_loop``
 #: is not a daemon event but derived from several ``restart_scheduled`` in a short window.
-NOTIFY_DEFAULT_EVENTS = ("gave_up", "validation_failed", "restart_loop", "metrics_blind")
+NOTIFY_DEFAULT_EVENTS: tuple[str, ...] = tuple(e.value for e in (
+    EventName.GAVE_UP, EventName.VALIDATION_FAILED, EventName.RESTART_LOOP, EventName.METRICS_BLIND))
 
 
 def _check_webhook(value: str) -> str | None:
@@ -71,10 +74,14 @@ def _check_command(value: tuple[str, ...]) -> str | None:
 
 
 def _check_events(value: tuple[str, ...]) -> str | None:
+    """Each name one of the daemon's (a misspelt one would never notify, silently)."""
+    known = sorted(e.value for e in EventName)
     for name in value:
-        if not name or not all(c.islower() or c == "_" or c.isdigit() for c in name):
-            return (f'expected daemon event names such as "gave_up" or "restart_scheduled" '
-                    f'(lower case and "_"), got "{name}"')
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            return (f'"{name}" is not an event name of the daemon{hint}; the known names: '
+                    + ", ".join(known))
     return None
 
 

@@ -8,8 +8,10 @@ as a native entry:
   and its ``next`` when it has one; an event without either reads ``state changed: old=running
   new=stopping``. A traceback (``log.exception()``, ``exc_info=``) follows on the next lines, so
   ``journalctl -u ...`` shows it where it happened.
-- ``MESSAGE_ID``: one 128-bit ID per event kind, uuid5 of the event name in :data:`ID_NAMESPACE`
-  (:func:`message_id`), so ``journalctl MESSAGE_ID=...`` finds every restart whatever its text.
+- ``MESSAGE_ID``: one 128-bit ID per event kind (:func:`message_id`), fixed per
+  :class:`~supervisor.eventnames.EventName` member in :data:`supervisor.eventids.MESSAGE_IDS` (a
+  renamed member keeps its ID), so ``journalctl MESSAGE_ID=...`` finds every restart whatever its
+  text; a name outside the vocabulary (a library's logger) gets uuid5 of it in :data:`ID_NAMESPACE`.
 - ``CODE_FILE``/``CODE_LINE``/``CODE_FUNC``: where in our code the event was logged.
 - ``PRIORITY`` (from the level), ``SYSLOG_IDENTIFIER``, ``TSUP_SOURCE=daemon``, and the data: every
   structlog key as ``TSUP_<KEY>`` (``TSUP_EVENT=restart_scheduled``, ``TSUP_CAUSE=nan``,
@@ -40,13 +42,16 @@ from typing import Any
 
 import structlog
 from .. import strictjson
+from ..eventids import MESSAGE_IDS
+from ..eventnames import member
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 IDENTIFIER = "transformer-supervisor"
 MAX_VALUE = 8 * 1024  # per field; a traceback longer than this is cut (the tail is kept)
 MAX_MESSAGE = 16 * 1024
 
-#: MESSAGE_ID = uuid5(ID_NAMESPACE, event name): stable across versions and machines.
+#: MESSAGE_ID of a name outside the vocabulary = uuid5(ID_NAMESPACE, name); the vocabulary's IDs
+#: were made the same way once and are kept in supervisor/eventids.py.
 ID_NAMESPACE = uuid.UUID("ecf9f241-035c-5c8d-b1f8-9b1dd5a64156")  # uuid5(NAMESPACE_DNS, "transformer-supervisor.events")
 # Keys that become journal fields of their own (not TSUP_*) or are the entry's timestamp.
 _META = frozenset({"ts", "timestamp", "exc_info", "stack_info"})
@@ -99,8 +104,9 @@ def encode(fields: Mapping[str, str | bytes]) -> bytes:
 
 def message_id(event: str) -> str:
     """The journal MESSAGE_ID of an event kind: 32 lowercase hex digits (``journalctl
-    MESSAGE_ID=...``)."""
-    return uuid.uuid5(ID_NAMESPACE, event).hex
+    MESSAGE_ID=...``): the member's fixed ID, else uuid5 of the name."""
+    known = member(event)
+    return MESSAGE_IDS[known] if known is not None else uuid.uuid5(ID_NAMESPACE, event).hex
 
 
 def _traceback_text(event_dict: Mapping[str, Any]) -> str | None:
