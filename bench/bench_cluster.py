@@ -137,10 +137,10 @@ class _Counting:
                     tally.n += 1
                 return super()._post(path, body)
 
-            def _open_watch(self, body, token, idle_s):  # type: ignore[no-untyped-def]
+            def stream(self, path, body, idle_s):  # type: ignore[no-untyped-def]
                 with tally.lock:
                     tally.n += 1
-                return super()._open_watch(body, token, idle_s)
+                return super().stream(path, body, idle_s)
 
         return Client([endpoint], timeout_s=5.0)
 

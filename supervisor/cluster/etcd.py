@@ -3,9 +3,10 @@
 Why not a client library: the maintained Python v3 clients (etcd3, python-etcd3, aetcd) pull in
 grpcio and protobuf, tens of MB of native code in a daemon whose whole RSS budget is 55 MB, and
 etcd3 has been unmaintained since 2020. The gateway ships with every etcd >= 3.3 and speaks the
-same v3 API as JSON; we need a few calls of it. :meth:`EtcdClient.watch` opens the gateway's
-streaming watch (``POST /v3/watch``: one long-lived HTTP response, a JSON message per line), so
-a node at rest sends etcd nothing but its lease keepalives (:mod:`supervisor.cluster.mirror`).
+same v3 API as JSON; we need a few calls of it. :meth:`EtcdClient.stream` opens the gateway's
+streaming watch (``POST /v3/watch``: one long-lived HTTP response, a JSON message per line,
+:mod:`supervisor.cluster.etcdwatch`), so a node at rest sends etcd nothing but its lease
+keepalives (:mod:`supervisor.cluster.mirror`).
 
 Keys and values are UTF-8 strings here (the gateway wants them base64-encoded). Every call
 raises :class:`EtcdUnavailable` when no endpoint answers, so callers can keep supervising
@@ -20,7 +21,6 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import socket
 import ssl
 import threading
 import time
@@ -85,26 +85,6 @@ class KeyValue:
     mod_revision: int
     version: int
     lease: int
-
-
-class WatchIdle(EtcdUnavailable):
-    """Raised by a watch that was silent for its ``idle_s``: the caller re-opens it (one request,
-    which proves the connection and this client's credentials still hold)."""
-
-    code = "etcd_watch_idle"
-
-
-class WatchCompacted(EtcdError):
-    """Raised by a watch whose start revision etcd has compacted away: read everything once and
-    watch again from the read's revision + 1."""
-
-    code = "etcd_compacted"
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    kv: KeyValue  # a deleted key's has only the key and the deletion's mod_revision
-    deleted: bool
 
 
 @dataclass(frozen=True)
@@ -368,27 +348,26 @@ class EtcdClient:
 
     def compact(self, revision: int) -> None:
         """Drop the history before ``revision`` (what etcd's auto-compaction does); a watch that
-        starts before it gets :class:`WatchCompacted`."""
+        starts before it gets :class:`~supervisor.cluster.etcdwatch.WatchCompacted`."""
         self._post("/v3/kv/compaction", {"revision": str(revision), "physical": True})
 
-    # ------------------------------------------------------------------ watch
-    def watch(self, prefix: str, start_revision: int, idle_s: float | None = None) -> "Watch":
-        """A stream of the changes under ``prefix`` from ``start_revision`` on, on one connection
-        to the first endpoint that answers. Raises :class:`WatchCompacted` when that revision is
-        compacted, :class:`EtcdUnavailable` (or its auth/TLS subclasses) when no endpoint opens it,
-        :class:`EtcdRequestError` when etcd refuses the watch itself. A read silent for ``idle_s``
-        raises :class:`WatchIdle`."""
-        body = json.dumps({"create_request": {"key": _b64(prefix), "range_end": _prefix_end(prefix),
-                                              "start_revision": str(start_revision)}}).encode()
+    # ------------------------------------------------------------------ streams
+    def stream(self, path: str, body: dict[str, Any], idle_s: float | None
+               ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, str]:
+        """A streaming POST (etcd's watch, :mod:`supervisor.cluster.etcdwatch`) to the first
+        endpoint that answers: (the open connection, its HTTP 200 response, the endpoint); a read
+        on it silent for ``idle_s`` raises TimeoutError. Raises as the other calls do."""
+        data = json.dumps(body).encode()
         token = self._token_now(stale=None) if self.auth is not None else None
         try:
-            return self._open_watch(body, token, idle_s)
+            return self._open_stream(path, data, token, idle_s)
         except EtcdAuthError:
             if self.auth is None or token is None:
                 raise
-            return self._open_watch(body, self._token_now(stale=token), idle_s)  # expired, or lost with a restart
+            return self._open_stream(path, data, self._token_now(stale=token), idle_s)  # expired, or lost in a restart
 
-    def _open_watch(self, body: bytes, token: str | None, idle_s: float | None) -> "Watch":
+    def _open_stream(self, path: str, data: bytes, token: str | None, idle_s: float | None
+                     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, str]:
         headers = {"Content-Type": "application/json"}
         if token is not None:
             headers["Authorization"] = token
@@ -398,33 +377,28 @@ class EtcdClient:
             idx = (self._good + i) % n
             conn = self._connection(idx)
             try:
-                conn.request("POST", "/v3/watch", body, headers)
+                conn.request("POST", path, data, headers)
                 resp = conn.getresponse()
                 if resp.status != 200:
                     raw = resp.read()
                     conn.close()
+                    if resp.status >= 500:
+                        errors.append(f"{self.endpoints[idx]}: HTTP {resp.status} {raw[:200]!r}")
+                        continue
                     try:
                         out = json.loads(raw or b"{}")
                     except ValueError:
                         out = {"error": raw[:200].decode(errors="replace")}
-                    if resp.status >= 500:
-                        errors.append(f"{self.endpoints[idx]}: HTTP {resp.status} {raw[:200]!r}")
-                        continue
-                    self._checked("/v3/watch", max(resp.status, 400), out)  # raises: auth, permission, refused
-                watch = Watch(conn, resp, self.endpoints[idx])
-                watch.next_message()  # etcd's "created" (or why not) comes first
+                    self._checked(path, max(resp.status, 400), out)  # raises: auth, permission, refused
             except (OSError, http.client.HTTPException) as e:
                 conn.close()
                 errors.append(f"{self.endpoints[idx]}: {e}")
                 continue
-            except EtcdError:
-                conn.close()
-                raise
             assert conn.sock is not None
-            conn.sock.settimeout(idle_s)  # a watch at rest is silent; close() ends the read
+            conn.sock.settimeout(idle_s)  # a watch at rest is silent; closing the connection ends a read
             self._good = idx
-            return watch
-        raise EtcdUnavailable(f"no etcd endpoint opened a watch: {'; '.join(errors)}")
+            return conn, resp, self.endpoints[idx]
+        raise EtcdUnavailable(f"no etcd endpoint opened {path}: {'; '.join(errors)}")
 
     # ------------------------------------------------------------------ leases
     def grant(self, ttl_s: int) -> Lease:
@@ -456,53 +430,3 @@ class EtcdClient:
         except EtcdError:
             return False
 
-
-class Watch:
-    """One open watch stream (:meth:`EtcdClient.watch`). :meth:`next_message` blocks for etcd's
-    next message; :meth:`close` (from any thread) ends a blocked read."""
-
-    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, endpoint: str) -> None:
-        self._conn = conn
-        self._resp = resp
-        self.endpoint = endpoint
-
-    def next_message(self) -> tuple[int, list[WatchEvent]]:
-        """(the header's revision, the events in it; none for etcd's created and progress
-        messages). Raises :class:`WatchCompacted`, :class:`EtcdUnavailable` when the stream ends
-        (etcd restarted, the connection dropped, :meth:`close`; :class:`WatchIdle` when silent for
-        the ``idle_s`` it was opened with), :class:`EtcdRequestError` when
-        etcd cancels the watch for another reason (permission revoked)."""
-        try:
-            line = self._resp.readline()
-        except TimeoutError:
-            raise WatchIdle(f"the watch on {self.endpoint} was silent for its idle time") from None
-        except (OSError, ValueError, AttributeError, http.client.HTTPException) as e:  # AttributeError: closed
-            raise EtcdUnavailable(f"the watch on {self.endpoint} dropped: {e}") from None  # under the read
-        if not line:
-            raise EtcdUnavailable(f"the watch on {self.endpoint} ended (etcd closed the stream)")
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            raise EtcdUnavailable(f"the watch on {self.endpoint} sent a broken line {line[:200]!r}") from None
-        if "error" in msg and "result" not in msg:
-            err = msg["error"]
-            text = str(err.get("message", err)) if isinstance(err, dict) else str(err)
-            if "auth" in text or "permission" in text or "token" in text:
-                raise EtcdAuthError(f"etcd refused the watch on {self.endpoint}: {text}")
-            raise EtcdUnavailable(f"the watch on {self.endpoint} failed: {text}")
-        res = msg.get("result", {})
-        if res.get("canceled"):
-            if int(res.get("compact_revision", 0)):
-                raise WatchCompacted(f"etcd compacted the history up to revision {res['compact_revision']}")
-            raise EtcdRequestError(f"etcd cancelled the watch on {self.endpoint}: {res.get('cancel_reason', res)}")
-        events = [WatchEvent(_kv(e["kv"]), e.get("type") == "DELETE") for e in res.get("events", [])]
-        return int(res.get("header", {}).get("revision", 0)), events
-
-    def close(self) -> None:
-        sock = self._conn.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # wakes a reader blocked in next_message
-            except OSError:
-                pass
-        self._conn.close()

@@ -27,7 +27,8 @@ from typing import Callable
 
 import structlog
 
-from .etcd import EtcdClient, EtcdError, EtcdRequestError, KeyValue, Watch, WatchCompacted, WatchIdle
+from .etcd import EtcdClient, EtcdError, EtcdRequestError, KeyValue
+from .etcdwatch import Watch, WatchCompacted, WatchIdle, open_watch
 
 log = structlog.get_logger("supervisor.cluster")
 
@@ -156,7 +157,7 @@ class KeyMirror:
                 self._rev, self._synced = rev, True
                 self._version += 1
         try:
-            return self.client.watch(self.prefix, rev + 1, idle_s=self.idle_s)
+            return open_watch(self.client, self.prefix, rev + 1, idle_s=self.idle_s)
         except WatchCompacted:
             with self._lock:
                 self._synced = False

@@ -5,6 +5,7 @@ still stops the other through the watch."""
 
 from __future__ import annotations
 
+import http.client
 import threading
 import uuid
 from collections import Counter
@@ -13,7 +14,7 @@ from typing import Any
 
 from supervisor.cluster.agent import ClusterAgent
 from supervisor.cluster.coord import EndRequest, Keys, Phase, Rules
-from supervisor.cluster.etcd import EtcdClient, Watch
+from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.mirror import KeyMirror
 from tests.cluster.etcdserver import EtcdServer
 from tests.cluster.proxy import Relay
@@ -36,9 +37,10 @@ class Tally(EtcdClient):
         self._count(path)
         return super()._post(path, body)
 
-    def _open_watch(self, body: bytes, token: str | None, idle_s: float | None) -> Watch:
-        self._count("/v3/watch")
-        return super()._open_watch(body, token, idle_s)
+    def stream(self, path: str, body: dict[str, Any], idle_s: float | None
+               ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, str]:
+        self._count(path)
+        return super().stream(path, body, idle_s)
 
     def reads(self) -> int:
         with self._tally_lock:
