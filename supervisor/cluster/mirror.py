@@ -7,12 +7,13 @@ Why a copy rather than "wake the read loop on an event": the copy is what the re
 (etcd delivers every change after the read's revision, in order), and it costs no read per change;
 with hundreds of nodes each change would otherwise make every node read every key.
 
-While the stream is not open and could not be opened (etcd out of reach, or refusing watches)
-:meth:`KeyMirror.snapshot` says so and the agent reads the keys itself, as it always did: polling
-is the fallback, never a gap. While it is being opened (the first time, after a drop) the agent
-waits for it rather than reading: with hundreds of nodes starting at once, every node reading every
-key five times a second while the watches open is what would keep them from opening. A compacted start
-revision means one full read, then a watch from its revision + 1.
+While the stream is not open and could not be opened (etcd out of reach, or refusing watches),
+and after a drop until it is re-opened, :meth:`KeyMirror.snapshot` says so and the agent reads
+the keys itself, as it always did: polling is the fallback, never a gap. While the first one is
+being opened the agent waits for it rather than reading: with hundreds of nodes starting at
+once, every node reading every key five times a second while the watches open is what would
+keep them from opening. A compacted start revision means one full read, then a watch from its
+revision + 1.
 
 A watch silent for ``idle_s`` (the agent: one lease TTL, a fifth of the keepalives' requests) is
 re-opened (one request, no read): etcd checks credentials only when a watch opens, and a
@@ -136,8 +137,8 @@ class KeyMirror:
                 watch.close()
                 with self._lock:
                     self._watch = None
-                if not idle:
-                    self._set_live(False)
+                if not idle:  # dropped: the agent polls until it is re-opened (and notices an etcd away)
+                    self._set_live(False, failed=not self._closing.is_set())
 
     def _set_live(self, live: bool, failed: bool = False) -> None:
         with self._lock:
