@@ -14,7 +14,6 @@ import ast
 import functools
 import re
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from .fakes import close_all, daemon
 PKG = Path(__file__).resolve().parent.parent / "supervisor"
 LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "msg"})
 LOGGERS = frozenset({"log", "logger", "_log"})
+QUEUES = frozenset({"append", "appendleft", "put", "put_nowait"})
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,9 @@ class Emitted:
     where: str  # path:line
 
 
-def _trees() -> Iterator[tuple[str, ast.Module]]:
-    for p in sorted(PKG.rglob("*.py")):
-        yield str(p.relative_to(PKG.parent)), ast.parse(p.read_text(), str(p))
+@functools.cache
+def _trees() -> tuple[tuple[str, ast.Module], ...]:
+    return tuple((str(p.relative_to(PKG.parent)), ast.parse(p.read_text(), str(p))) for p in sorted(PKG.rglob("*.py")))
 
 
 def _is_str(node: ast.expr | None) -> bool:
@@ -95,11 +95,10 @@ def _is_logger(node: ast.expr) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get_logger"
 
 
-@functools.cache
-def emitted() -> tuple[Emitted, ...]:
-    """Every literal event name in the package, with where it is written (read once per session)."""
-    trees = list(_trees())
-    anywhere, local = emitters(trees)
+def scan(trees: list[tuple[str, ast.Module]], *, defs: tuple[tuple[str, ast.Module], ...] = ()) -> tuple[Emitted, ...]:
+    """Every literal event name in ``trees``, with where it is written; the callables they emit
+    through are defined in them or in ``defs``."""
+    anywhere, local = emitters([*defs, *trees])
     out = []
     for path, tree in trees:
         known = {**anywhere, **local.get(path, {})}
@@ -111,6 +110,9 @@ def emitted() -> tuple[Emitted, ...]:
             name: str | None = None
             if isinstance(f, ast.Attribute) and f.attr in LEVELS and _is_logger(f.value):
                 name = _literal(node.args[0]) if node.args else None
+            elif callee in QUEUES and len(node.args) == 1 and isinstance(t := node.args[0], ast.Tuple) \
+                    and len(t.elts) >= 3 and _literal(t.elts[1]) in LEVELS:
+                name = _literal(t.elts[0])  # an (event, level, message, ...) tuple queued for the loop
             elif callee is not None and (i := known.get(callee)) is not None:
                 if len(node.args) > i and not isinstance(node.args[i], ast.Starred):
                     name = _literal(node.args[i])
@@ -120,6 +122,43 @@ def emitted() -> tuple[Emitted, ...]:
             if name is not None:
                 out.append(Emitted(name, f"{path}:{node.lineno}"))
     return tuple(out)
+
+
+@functools.cache
+def emitted() -> tuple[Emitted, ...]:
+    """Every literal event name in the package (read once per session)."""
+    return scan(list(_trees()))
+
+
+def test_the_scan_finds_each_form_and_names_a_stray_one():
+    src = """
+import structlog
+log = structlog.get_logger("x")
+
+class Notice2:
+    event: str
+    level: str
+
+def _say(self, where: int, event: str, level: str) -> None: ...
+
+def f(q, daemon, ledger, run_id, name):
+    log.warning("form_log", path="p")
+    structlog.get_logger("y").info("form_chained")
+    daemon.event("form_daemon", "info", "a message")
+    daemon.event(EventName.GAVE_UP, "error", "members count as their string")
+    daemon.event(EventName.NO_SUCH_MEMBER, "error", "named as unknown")
+    ledger.event(run_id, None, "the ledger port: its callers pass a variable", "info", None)
+    Record(event="form_keyword", level="info", message="m")
+    Notice2("form_dataclass", "info")
+    _say(1, "form_helper", "info")
+    q.append(("form_queued", "warning", "m", {}))
+    q.append(("not_an_event", 3))
+    daemon.event(name, "info", "a literal message is no name")
+"""
+    # Scanned with the package, whose defs (daemon.event, the ledger's event, Record) it calls.
+    found = [e.name for e in scan([("pkg/mod.py", ast.parse(src))], defs=_trees())]
+    assert sorted(found) == sorted(["form_log", "form_chained", "form_daemon", "gave_up", "EventName.NO_SUCH_MEMBER",
+                                    "form_keyword", "form_dataclass", "form_helper", "form_queued"])
 
 
 def test_the_scan_sees_each_kind_of_emitter():
