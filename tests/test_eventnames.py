@@ -113,6 +113,8 @@ def scan(trees: list[tuple[str, ast.Module]], *, defs: tuple[tuple[str, ast.Modu
             elif callee in QUEUES and len(node.args) == 1 and isinstance(t := node.args[0], ast.Tuple) \
                     and len(t.elts) >= 3 and _literal(t.elts[1]) in LEVELS:
                 name = _literal(t.elts[0])  # an (event, level, message, ...) tuple queued for the loop
+            elif len(node.args) >= 3 and _literal(node.args[1]) in LEVELS and _literal(node.args[0]) is not None:
+                name = _literal(node.args[0])  # through a callback: report("monitor_failed", "error", ...)
             elif callee is not None and (i := known.get(callee)) is not None:
                 if len(node.args) > i and not isinstance(node.args[i], ast.Starred):
                     name = _literal(node.args[i])
@@ -151,6 +153,7 @@ def f(q, daemon, ledger, run_id, name):
     Record(event="form_keyword", level="info", message="m")
     Notice2("form_dataclass", "info")
     _say(1, "form_helper", "info")
+    self.report("form_callback", "error", f"through a callable attribute")
     q.append(("form_queued", "warning", "m", {}))
     q.append(("not_an_event", 3))
     daemon.event(name, "info", "a literal message is no name")
@@ -158,7 +161,7 @@ def f(q, daemon, ledger, run_id, name):
     # Scanned with the package, whose defs (daemon.event, the ledger's event, Record) it calls.
     found = [e.name for e in scan([("pkg/mod.py", ast.parse(src))], defs=_trees())]
     assert sorted(found) == sorted(["form_log", "form_chained", "form_daemon", "gave_up", "EventName.NO_SUCH_MEMBER",
-                                    "form_keyword", "form_dataclass", "form_helper", "form_queued"])
+                                    "form_keyword", "form_dataclass", "form_helper", "form_callback", "form_queued"])
 
 
 def test_the_scan_sees_each_kind_of_emitter():

@@ -12,6 +12,7 @@ import structlog
 from ..checkpoints.cadence import interval_advice
 from ..core.causes import Cause
 from ..core.messages import EndAttempt, Resume
+from ..eventnames import EventName
 from ..events import AttemptContext, Detection, MetricRecord, Monitor
 from ..core.goodput import Track, goodput_of, tracks_from_rows
 from ..core.resumecheck import CHECK_NAME as RESUME_CHECK
@@ -95,7 +96,7 @@ class OpsConcern(Concern):
         # The give-up ends the loop: no tick publishes the gave_up state, and the daemon may stay
         # up a while (notify.shutdown_wait_s) with its listener answering. Publish it now, on the
         # loop's own thread only (events from other threads leave it to the next tick).
-        if event == "gave_up" and threading.get_ident() == self._loop_thread:
+        if event == EventName.GAVE_UP and threading.get_ident() == self._loop_thread:
             self._publish_final()
 
     def _publish_final(self) -> None:

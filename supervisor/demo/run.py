@@ -24,6 +24,7 @@ from . import DEFAULT_STEPS, DemoLayout, demo_job_argv, format_faults
 from ..core.messages import Resume
 from ..daemon.ports import Concern
 from ..daemon.wiring import build_daemon
+from ..eventnames import EventName
 from ..events import AttemptContext, MetricRecord
 from ..logsetup import logfmt_line, mask_secrets, quiet_library_logs
 from ..narration import narrate, stamp
@@ -156,7 +157,7 @@ def _summary(out: Path, cfg: Any, wall: float) -> dict[str, Any]:
         if gp:
             s["goodput"] = gp["ratio"]
             s["lost time by cause (s)"] = gp["lost_by_cause"]
-        s["quarantined"] = [e["data"]["source"] for e in h["events"] if e["event"] == "checkpoint_quarantined"
+        s["quarantined"] = [e["data"]["source"] for e in h["events"] if e["event"] == EventName.CHECKPOINT_QUARANTINED
                             and e.get("data")]
     finally:
         led.close()
