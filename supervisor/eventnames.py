@@ -7,7 +7,7 @@ member has one journal ``MESSAGE_ID``, written literally in :mod:`supervisor.eve
 member's string can be renamed while ``journalctl MESSAGE_ID=...`` queries keep finding it.
 
 Adding an event: one member here, in its area, and its ID line in eventids.py (docs/DEVELOPING.md,
-"Adding an event"). Stdlib only: core/ imports this.
+"Adding an event"). Stdlib only, so that core/ may import it.
 """
 from __future__ import annotations
 
