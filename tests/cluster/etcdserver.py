@@ -5,8 +5,6 @@ mid-run). :class:`Unavailable` carries the reason a test is skipped."""
 
 from __future__ import annotations
 
-import fcntl
-import os
 import shutil
 import signal
 import socket
@@ -17,11 +15,12 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tests.helpers.apt import apt_install
+
 if TYPE_CHECKING:
     from tests.cluster.security import Pki
 
 PACKAGES = ("etcd-server",)
-LOCK = Path("/tmp/tsup-test-apt.lock")
 
 
 class Unavailable(Exception):
@@ -33,22 +32,10 @@ def etcd_binary() -> str:
     found = shutil.which("etcd") or (Path("/usr/bin/etcd").exists() and "/usr/bin/etcd")
     if found:
         return str(found)
-    if os.geteuid() != 0:
-        raise Unavailable("etcd is not installed and installing it (apt-get install etcd-server) needs root")
-    if not shutil.which("apt-get"):
-        raise Unavailable("etcd is not installed and there is no apt-get to install etcd-server")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
-    with open(LOCK, "w") as lock:  # two test processes must not run apt at once
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        r = subprocess.run(install, capture_output=True, text=True, timeout=600, env=env)
-        if r.returncode != 0:
-            # A fresh machine may have no package lists yet: fetch them once, then try again.
-            subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, timeout=600, env=env)
-            r = subprocess.run(install, capture_output=True, text=True, timeout=600, env=env)
+    why = apt_install(PACKAGES, timeout_s=600)
     found = shutil.which("etcd") or (Path("/usr/bin/etcd").exists() and "/usr/bin/etcd")
-    if r.returncode != 0 or not found:
-        raise Unavailable(f"could not install {' '.join(PACKAGES)}: {r.stderr.strip()[-300:]}")
+    if why is not None or not found:
+        raise Unavailable(f"etcd is not installed and {why or 'etcd-server installed no etcd binary'}")
     # The package enables a system etcd.service on 2379; where systemd runs it, it is not ours to
     # stop, and our instances use other ports.
     return str(found)

@@ -4,9 +4,7 @@ under the same lock as tests/cluster/etcdserver.py), started on free loopback po
 dirs, polled over HTTP, stopped. :class:`Unavailable` carries the reason a test is skipped."""
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -16,7 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.etcdserver import LOCK, free_port
+from tests.cluster.etcdserver import free_port
+from tests.helpers.apt import apt_install
 from tests.util import wait_for
 
 PACKAGES = ("prometheus", "prometheus-node-exporter")
@@ -42,24 +41,10 @@ def binary(tool: str) -> str:
     found = _find(tool)
     if found:
         return found
-    if os.geteuid() != 0:
-        raise Unavailable(f"{tool} is not installed and installing it (apt-get install {' '.join(PACKAGES)}) needs root")
-    if not shutil.which("apt-get"):
-        raise Unavailable(f"{tool} is not installed and there is no apt-get to install {' '.join(PACKAGES)}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
-    with open(LOCK, "w") as lock:  # two test processes must not run apt at once
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = _find(tool)  # another test may have installed it while we waited
-        if found:
-            return found
-        r = subprocess.run(install, capture_output=True, text=True, timeout=900, env=env)
-        if r.returncode != 0:  # a fresh machine may have no package lists yet
-            subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, timeout=600, env=env)
-            r = subprocess.run(install, capture_output=True, text=True, timeout=900, env=env)
+    why = apt_install(PACKAGES)  # a no-op when another test installed them while we waited
     found = _find(tool)
-    if r.returncode != 0 or not found:
-        raise Unavailable(f"could not install {' '.join(PACKAGES)}: {r.stderr.strip()[-300:]}")
+    if why is not None or not found:
+        raise Unavailable(f"{tool} is not installed and {why or 'its packages installed no ' + tool}")
     # The packages enable system services on 9090/9100 where systemd runs; ours use free ports.
     return found
 

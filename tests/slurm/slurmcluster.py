@@ -12,7 +12,6 @@ records each end of a job instead.
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import signal
@@ -23,8 +22,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from tests.helpers.apt import apt_install
+
 PACKAGES = ("slurm-wlm", "munge")
-LOCK = Path("/tmp/tsup-test-apt.lock")  # shared with tests/cluster/etcdserver.py: one apt at a time
 MARK = "TSUP_SLURM_TEST_ROOT"  # in the environment of every process this cluster starts
 
 
@@ -41,21 +41,9 @@ def install() -> None:
     """Install slurm-wlm and munge with apt-get when they are missing (root only)."""
     if _binaries():
         return
-    if os.geteuid() != 0:
-        raise Unavailable("Slurm is not installed and installing it (apt-get install slurm-wlm munge) needs root")
-    if not shutil.which("apt-get"):
-        raise Unavailable("Slurm is not installed and there is no apt-get to install slurm-wlm and munge")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
-    with open(LOCK, "w") as lock:  # two test processes must not run apt at once
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-        if r.returncode != 0:
-            # A fresh machine may have no package lists yet: fetch them once, then try again.
-            subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, timeout=600, env=env)
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    if r.returncode != 0 or not _binaries():
-        raise Unavailable(f"could not install {' '.join(PACKAGES)}: {r.stderr.strip()[-300:]}")
+    why = apt_install(PACKAGES)
+    if why is not None or not _binaries():
+        raise Unavailable(f"Slurm is not installed and {why or 'slurm-wlm/munge installed no binaries'}")
 
 
 def _free_port() -> int:
