@@ -140,8 +140,10 @@ class HeartbeatMonitor:
                 self._tailer.close()
                 self._tailer = None
             if self._tailer is None:
+                # The folder is the attempt's own: what is in it when we start was written by this
+                # attempt (before the monitors started), not history.
                 self._tailer = FileTailer([glob], Path(ctx.heartbeat_dir), self._metrics_sink,
-                                          poll_interval_s=self._tail_poll)
+                                          poll_interval_s=self._tail_poll, history_at_start=False)
             self._tailer.start(ctx, emit)
 
     def stop(self) -> None:

@@ -23,6 +23,10 @@ attempt wrote, so nothing is lost or attributed to the wrong attempt.
 Bounded memory: a line longer than ``max_line_bytes`` (64 KiB) is cut, its head is delivered with
 a ``[line truncated]`` marker and the rest is skipped up to the next newline; binary garbage is
 decoded with replacement characters. Nothing in here raises into the caller.
+
+``history_at_start=False`` (the client's metric files in a heartbeat folder made for the attempt):
+nothing there is history, so files the first scan finds are read from their beginning too (a job
+that reported its first steps before the monitors started lost them otherwise).
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ class FileTailer:
 
     def __init__(self, globs: Sequence[str], cwd: Path, sink: LineSink, *, poll_interval_s: float = 0.5,
                  max_line_bytes: int = 64 * 1024, read_chunk: int = 1 << 20, use_inotify: bool = True,
-                 batch_lines: int = 4096, retire_grace_s: float = 2.0) -> None:
+                 batch_lines: int = 4096, retire_grace_s: float = 2.0, history_at_start: bool = True) -> None:
         self.patterns = tuple(g if os.path.isabs(g) else os.path.join(str(cwd), g) for g in globs)
         self.sink = sink
         self.poll_interval_s = poll_interval_s
@@ -89,7 +93,9 @@ class FileTailer:
         # a writer may finish its last lines into the rotated file after the rename.
         self._retired: list[tuple[float, _Followed]] = []
         self._files: dict[tuple[int, int], _Followed] = {}
-        self._first_scan = True
+        # False: nothing there is history (a folder made for this attempt), so what the first scan
+        # finds is read from its beginning like any later file.
+        self._first_scan = history_at_start
         self._scan_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()

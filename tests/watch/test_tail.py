@@ -62,6 +62,23 @@ def test_existing_files_start_at_end_new_files_from_start(tail: tuple[FileTailer
     assert sink.lines(f"file:{new}") == ["new file line 1", "new file line 2"]
 
 
+def test_a_folder_made_for_the_attempt_has_no_history_its_first_files_are_read_whole(tmp_path: Path) -> None:
+    """The client's metric files in the attempt's own heartbeat folder: a fast job wrote its
+    first steps before the monitors started; they are this attempt's, not history."""
+    sink = Sink()
+    hb = tmp_path / "attempt-0"
+    hb.mkdir()
+    (hb / "metrics-rank0.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    t = FileTailer(["metrics-rank*.jsonl"], hb, sink, poll_interval_s=0.05, history_at_start=False)
+    try:
+        t.start()
+        append(hb / "metrics-rank0.jsonl", '{"step": 2}\n')
+        wait_for(lambda: len(sink.lines()) >= 3, 5, what="every line")
+        assert sink.lines() == ['{"step": 0}', '{"step": 1}', '{"step": 2}']
+    finally:
+        t.close()
+
+
 def test_late_directory_and_partial_lines(tail: tuple[FileTailer, Sink, Path]) -> None:
     t, sink, logs = tail
     t.start()  # the directory does not exist yet
