@@ -94,3 +94,8 @@ class ConnectionSlots:
         """Connections held now, by peer uid."""
         with self._lock:
             return dict(Counter(s.uid for s in self._live))
+
+    def answering(self) -> int:
+        """Connections whose request is complete and being answered (they never give way)."""
+        with self._lock:
+            return sum(1 for s in self._live if not s.reading)
