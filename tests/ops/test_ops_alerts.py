@@ -117,7 +117,7 @@ def test_close_waits_at_most_its_bound_for_a_webhook_that_never_answers():
             t0 = time.monotonic()
             a.close(1.0)
             took = time.monotonic() - t0
-        assert took < 2.5, took
+        assert took < 10.0, took  # the bound (1 s) plus a loaded machine's margin, far from the POST's 30 s
         assert any(e["event"] in ("notify_failed", "notify_abandoned") for e in logs), logs
 
 
