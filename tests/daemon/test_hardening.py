@@ -15,7 +15,9 @@ from tests.conftest import history, pid_alive
 from tests.util import wait_for
 
 PY = sys.executable
-SLEEPER = [PY, "-c", "import os,sys,time; open(sys.argv[1],'w').write(str(os.getpid())); time.sleep(600)"]
+# The pid written to a temp file and renamed: a test that sees the file sees the whole pid.
+SLEEPER = [PY, "-c", "import os,sys,time; t=sys.argv[1]+'.tmp'; open(t,'w').write(str(os.getpid())); "
+           "os.replace(t, sys.argv[1]); time.sleep(600)"]
 
 
 def wrap(sd: Path, *flags: str) -> list[str]:

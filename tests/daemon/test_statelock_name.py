@@ -19,7 +19,8 @@ from tests.util import wait_for
 def test_a_second_run_on_a_recreated_state_dir_is_refused_while_the_first_lives(daemons, tmp_path: Path) -> None:
     sd, ready, ready2 = tmp_path / "sd", tmp_path / "ready", tmp_path / "ready2"
     d1 = daemons(wrap(sd) + SLEEPER + [str(ready)])
-    wait_for(ready.exists, 30, what="job ready")
+    # The file is created, then its pid written: wait for the pid, not for the file.
+    wait_for(lambda: ready.exists() and ready.read_text().strip(), 30, what="job ready")
     job = int(ready.read_text())
     shutil.rmtree(sd)
     # At once (the path absent, or already re-taken by the first daemon), then once it is re-taken.
