@@ -217,7 +217,10 @@ def test_lightning_stop_request_saves_a_checkpoint_and_stops_early(tmp_path: Pat
     assert rc == 0, err  # Lightning ends fit with SIGTERMException (a SystemExit) after the save
     step = res["global_step"]
     assert 3 <= step < 20000
-    assert f"the supervisor asked the job to stop: saving a checkpoint at step {step}, stopping" in err
+    # Saved at the next step boundary (", stopping"), or, when Lightning's own SIGTERM handler
+    # ended fit first (the signal landed between a boundary and the loop's check), in on_exception:
+    # the same checkpoint of the same step either way.
+    assert f"the supervisor asked the job to stop: saving a checkpoint at step {step}" in err
     name = f"epoch=0-step={step}.ckpt"
     assert sorted(p.name for p in ck.iterdir()) == [name, name + ".manifest.json"]
     assert heartbeat(tmp_path)["step"] == step
