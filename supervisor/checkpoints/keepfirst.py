@@ -78,11 +78,11 @@ class SnapshotFirst:
             discard(snap)  # gone already once promoted; a failed or torn one is ours to remove
 
     def report_not_kept(self, path: Path, why: str) -> None:
-        log.warning("checkpoint_not_kept", path=str(path), reason=why,
-                    next="the job's save stands; a bad overwrite of it falls back to the last kept version")
-        with self._lock:
+        with self._lock:  # set before the line goes out: a `status` read after it shows this
             self._not_kept.append((str(path), why))
             self.last_not_kept = (str(path), why, time.time())
+        log.warning("checkpoint_not_kept", path=str(path), reason=why,
+                    next="the job's save stands; a bad overwrite of it falls back to the last kept version")
 
     def take_not_kept(self) -> list[tuple[str, str]]:
         """The (path, why) of saves that could not be kept since the last call: the daemon books

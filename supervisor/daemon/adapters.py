@@ -415,10 +415,14 @@ class CheckpointConcern(Concern):
         lg = self.svc.last_good_disk_bytes()  # a scandir and a few stats
         if lg is not None:
             out["last_good_disk_bytes"] = lg
-        nk = self.svc.last_not_kept
-        if nk is not None:
-            out["checkpoint_not_kept"] = f"{nk[0]}: {nk[1]} ({round(max(0.0, time.time() - nk[2]))} s ago)"
+        out.update(self.live_status())
         return out
+
+    def live_status(self) -> dict[str, Any]:
+        nk = self.svc.last_not_kept if self.svc is not None else None  # set by a verifier thread
+        if nk is None:
+            return {}
+        return {"checkpoint_not_kept": f"{nk[0]}: {nk[1]} ({round(max(0.0, time.time() - nk[2]))} s ago)"}
 
 
 class HealthConcern(Concern):

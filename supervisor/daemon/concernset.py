@@ -57,3 +57,12 @@ class ConcernSet:
 
     def statuses(self) -> list[Any]:
         return [c.status() for c in self.items]
+
+    def live_statuses(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for c in self.items:
+            try:
+                out.update(c.live_status())
+            except Exception as e:  # a status part failing leaves the cached snapshot as it is
+                log.warning("concern_live_status_failed", concern=c.name, error=repr(e))
+        return out

@@ -257,6 +257,12 @@ class Concern:
     def status(self) -> Mapping[str, Any]:
         return {}
 
+    def live_status(self) -> Mapping[str, Any]:
+        """Status fields set from other threads, read on every ``status`` request over the cached
+        snapshot: a warning already logged must show in the next ``status``, not a tick later.
+        Called from the control threads: plain attribute reads only."""
+        return {}
+
     def snapshot(self) -> Mapping[str, Any]:
         """What the attempt runs on (GPUs, host), for the ledger."""
         return {}

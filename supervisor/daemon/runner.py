@@ -427,7 +427,11 @@ class Runner:
     def control(self, verb: str, args: Mapping[str, Any], timeout: float = 20.0) -> Any:
         """Called from the control server's threads: hand over to the main loop, wait for it."""
         if verb == "status":
-            return self._status_cache or self.status()
+            # The cache (refreshed each tick and on every state change), under what other threads
+            # set since: a warning the journal already shows is in this answer too.
+            if not self._status_cache:
+                return self.status()
+            return {**self._status_cache, **self.concerns.live_statuses()}
         return ask(self.q, verb, args, timeout)
 
     def use_config(self, cfg: Config) -> None:

@@ -172,6 +172,32 @@ def test_status_answers_a_restart_at_once_not_at_the_next_refresh(tmp_path: Path
     assert st["restarts_by_cause"] == {"crash": 1} and st["state"] == d.runner.state.value
 
 
+class LateWarning(Concern):
+    """A concern whose warning is set by a thread of its own (a checkpoint verifier)."""
+
+    name = "late"
+
+    def __init__(self) -> None:
+        self.warning: str | None = None
+
+    def live_status(self) -> dict[str, Any]:
+        return {} if self.warning is None else {"late_warning": self.warning}
+
+
+def test_status_shows_what_another_thread_set_before_the_next_refresh(tmp_path: Path):
+    """A warning logged by a verifier thread shows in the next `status`: the cached snapshot is
+    read under each concern's live fields (CI saw a "checkpoint not kept" line, then a status
+    without it)."""
+    late = LateWarning()
+    d = daemon(tmp_path, steps=[10], concerns=[late])
+    d.runner.refresh_status_cache()
+    assert "late_warning" not in d.runner.control("status", {})
+    t = threading.Thread(target=lambda: setattr(late, "warning", "no room for a copy"))
+    t.start()
+    t.join()
+    assert d.runner.control("status", {})["late_warning"] == "no room for a copy"  # no refresh ran
+
+
 def test_status_shows_a_reloaded_limit_at_once(tmp_path: Path):
     d = daemon(tmp_path)
     d.runner.refresh_status_cache()
