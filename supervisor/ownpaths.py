@@ -34,6 +34,16 @@ class NotOurFolder(OSError):
         self.path = path
 
 
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of what is at ``path`` (a link itself, not followed), None when nothing is:
+    whether a state dir or a ledger file is still the one opened, not one re-created by name."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _check(path: Path) -> None:
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import SupervisorError
-from ..ownpaths import open_in, refuse_unsafe_as_root
+from ..ownpaths import file_identity, open_in, refuse_unsafe_as_root
 from .ports import Concern
 
 LOCK_NAME = "daemon.lock"
@@ -132,14 +132,6 @@ def _holder(state_dir: Path) -> str:
         return "unknown"
 
 
-def _ident(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
 def _lock_file(state_dir: Path) -> tuple[int, tuple[int, int]]:
     """Create the state dir if needed and flock its lock file, made in the folder checked (not
     by name: a swap after the check cannot redirect it). The descriptor, holding our pid, and the
@@ -182,7 +174,7 @@ class StateLock:
         self.fd = fd
         st = os.fstat(fd)
         self._ident = (st.st_dev, st.st_ino)
-        self._dir_ident = dir_ident or _ident(state_dir)  # the folder the lock was made in
+        self._dir_ident = dir_ident or file_identity(state_dir)  # the folder the lock was made in
 
     @classmethod
     def acquire(cls, state_dir: Path) -> "StateLock":
@@ -218,7 +210,7 @@ class StateLock:
 
     def dir_still_there(self) -> bool:
         """The path still names the folder the daemon started in (only files in it went)."""
-        return _ident(self.state_dir) == self._dir_ident
+        return file_identity(self.state_dir) == self._dir_ident
 
     def lost(self) -> str | None:
         """Why the state dir no longer is ours (None while it is)."""

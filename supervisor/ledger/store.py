@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ..events import bounded_argv
 from ..errors import SupervisorError
-from ..ownpaths import open_in
+from ..ownpaths import file_identity, open_in
 from .connection import LockedConnection
 from .schema import LEDGER_FILE, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from .. import strictjson
@@ -133,16 +133,6 @@ def _repeat_of(r: sqlite3.Row) -> tuple[Any, bool]:
     return _load(r["repeat_json"]), bool(r["progressed"])
 
 
-def _ident(path: Path) -> tuple[int, int] | None:
-    """(device, inode) of the file at ``path`` (not followed), None when there is none."""
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-
 def _create(path: Path, flags: int) -> int:
     """Open ``path`` 0600 in its folder, opened first without following a link (ownpaths.open_in):
     a link at the file's name or swapped in for the folder cannot redirect the create."""
@@ -190,7 +180,7 @@ class Ledger:
             # statement is serialized by LockedConnection.
             self.db = self._checked(LockedConnection(sqlite3.connect(self.path, timeout=10, isolation_level=None,
                                                             check_same_thread=False)), self._migrate)
-            self._ident = _ident(self.path)  # the file we hold open (see retake)
+            self._ident = file_identity(self.path)  # the file we hold open (see retake)
         self.db.row_factory = sqlite3.Row
 
     def _checked(self, db: Any, setup: Callable[[Any], None]) -> Any:
@@ -265,7 +255,7 @@ class Ledger:
         (the daemon then stops its job: it could record nothing)."""
         if not isinstance(self.db, LockedConnection):
             raise LedgerError("a read-only ledger is never moved")
-        if _ident(self.path) == self._ident:
+        if file_identity(self.path) == self._ident:
             return "the ledger was still in place"  # only other files of the dir went
         try:
             moved = self._new_file()
