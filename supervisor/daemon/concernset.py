@@ -3,11 +3,12 @@ fails reported while the others go on, and what they add to the job's env, statu
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import structlog
 
-from ..events import Monitor
+from ..core.messages import EndAttempt, Resume
+from ..events import AttemptContext, MetricRecord, Monitor
 from .ports import Concern, DaemonView
 
 log = structlog.get_logger("supervisor.daemon.runner")
@@ -31,14 +32,39 @@ class ConcernSet:
         finally:
             self.items = started
 
-    def each(self, hook: str, *args: Any) -> None:
-        """Call ``hook`` on every concern; one that fails is reported and the others go on."""
+    def _guarded(self, hook: str, call: Callable[[Concern], object]) -> None:
+        """``call`` on every concern; one that fails is reported (naming ``hook``) and the others go on."""
         for c in self.items:
             try:
-                getattr(c, hook)(*args)
+                call(c)
             except Exception as e:
                 log.exception("concern_failed", concern=c.name, hook=hook, error=repr(e),
                               message=f"{c.name} failed in {hook}; the daemon keeps going")
+
+    # One method per hook, each calling the concern's own: a checker sees every call.
+    def before_spawn(self, attempt: int, resume: Resume) -> None:
+        self._guarded("before_spawn", lambda c: c.before_spawn(attempt, resume))
+
+    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
+        self._guarded("attempt_started", lambda c: c.attempt_started(ctx, resume, wall))
+
+    def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None:
+        self._guarded("on_metrics", lambda c: c.on_metrics(batch, now))
+
+    def job_hung(self, attempt: int, pids: Sequence[int]) -> None:
+        self._guarded("job_hung", lambda c: c.job_hung(attempt, pids))
+
+    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
+        self._guarded("attempt_ended", lambda c: c.attempt_ended(end, resume, wall))
+
+    def tick(self, now: float) -> None:
+        self._guarded("tick", lambda c: c.tick(now))
+
+    def on_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
+        self._guarded("on_event", lambda c: c.on_event(event, level, message, data))
+
+    def close(self) -> None:
+        self._guarded("close", lambda c: c.close())
 
     def job_env(self) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -64,5 +90,6 @@ class ConcernSet:
             try:
                 out.update(c.live_status())
             except Exception as e:  # a status part failing leaves the cached snapshot as it is
-                log.warning("concern_live_status_failed", concern=c.name, error=repr(e))
+                log.warning("concern_failed", concern=c.name, hook="live_status", error=repr(e),
+                            message=f"{c.name} failed in live_status; status answers with the cached snapshot")
         return out

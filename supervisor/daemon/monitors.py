@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from functools import partial
+from typing import Callable, Sequence
 
 from ..events import AttemptContext, Emit, Monitor
 
@@ -20,23 +21,24 @@ class AttemptMonitors:
         self.failed.clear()
         self.active = list(monitors)
         for m in list(self.active):
-            self._guard(m, "start", ctx, emit)
+            self._guard(m, "start", partial(m.start, ctx, emit))
 
     def poll(self, now: float) -> None:
         for m in list(self.active):
-            self._guard(m, "poll", now)
+            self._guard(m, "poll", partial(m.poll, now))
 
     def stop(self) -> None:
         for m in self.active:
-            self._guard(m, "stop")
+            self._guard(m, "stop", m.stop)
         self.active = []
 
-    def _guard(self, m: Any, method: str, *args: Any) -> None:
-        name = getattr(m, "name", type(m).__name__)
+    def _guard(self, m: Monitor, method: str, call: Callable[[], object]) -> None:
+        """``call`` (``m``'s ``method``) unless ``m`` failed this attempt (``stop`` is always called)."""
+        name = m.name
         if name in self.failed and method != "stop":
             return
         try:
-            getattr(m, method)(*args)
+            call()
         except Exception as e:
             if name not in self.failed:
                 self.failed.add(name)

@@ -128,7 +128,7 @@ class Runner:
                                 **{k: v for k, v in data.items() if v is not None})
         # A failed write (a full disk) does not raise: the ledger logs it once, counts and drops it.
         self.ledger.event(self.run_id, attempt, event, level, message, jsonable(data) if data else None)
-        self.concerns.each("on_event", event, level, message, data)  # [notify]: tell a human
+        self.concerns.on_event(event, level, message, data)  # [notify]: tell a human
 
     # ================================================================== life cycle
     def run(self) -> int:
@@ -176,7 +176,7 @@ class Runner:
         if self.job is not None:
             self.job.close()
         self.ports.notifier.stopping()
-        self.concerns.each("close")
+        self.concerns.close()
         self.ports.launcher.close()
         self.ledger.close()
 
@@ -250,7 +250,7 @@ class Runner:
             prepared, self.preparing = self.preparing.result(), None
             self._feed(prepared)
         self.snapshots.complete()
-        self.concerns.each("tick", now)
+        self.concerns.tick(now)
         self.ports.notifier.watchdog()
 
     # ================================================================== the machine
@@ -311,7 +311,7 @@ class Runner:
         attemptrows.begin(self.ledger, self.run_id, cmd, spec)
         self.jobstop.reset()
         self.metrics.last = None
-        self.concerns.each("before_spawn", cmd.attempt, resume)
+        self.concerns.before_spawn(cmd.attempt, resume)
         self.activity.reset(self.clock.monotonic(), self.clock.time())
         try:
             self.job = self.ports.launcher.launch(spec, cfg.log_file(), lambda src: self.q.put(("eof", src)))
@@ -332,7 +332,7 @@ class Runner:
         # Now the GPU/host monitors have looked at least once: record what the attempt runs on.
         self.snapshots.launched(self.run_id, cmd.attempt,
                                 self.ports.environment.of_attempt(spec, self.concerns.snapshots()))
-        self.concerns.each("attempt_started", ctx, resume, wall)
+        self.concerns.attempt_started(ctx, resume, wall)
         self.ports.notifier.ready()
 
     # ================================================================== stopping
@@ -341,7 +341,7 @@ class Runner:
         assert self.job is not None
         now = self.clock.monotonic()
         if cmd.dump_stacks:
-            self.concerns.each("job_hung", self.attempt, self.job.pids())
+            self.concerns.job_hung(self.attempt, self.job.pids())
         self.monitors.stop()
         self.jobstop.begin(cmd, self.job, now, self.ports)
 
@@ -382,7 +382,7 @@ class Runner:
     def _end_attempt(self, cmd: EndAttempt) -> None:
         if cmd.spawned:
             self.monitors.stop()
-            self.concerns.each("attempt_ended", cmd, self.machine.resume, self.clock.time())
+            self.concerns.attempt_ended(cmd, self.machine.resume, self.clock.time())
             self.snapshots.ended(self.run_id, cmd.attempt, self.concerns.snapshots, self.metrics.last,
                                  self._status_cache.get("heartbeats"))
         attemptrows.end(self.ledger, self.run_id, cmd)
@@ -404,7 +404,7 @@ class Runner:
         if not batch:
             return
         self._feed(FirstMetric())
-        self.concerns.each("on_metrics", batch, self.clock.monotonic())
+        self.concerns.on_metrics(batch, self.clock.monotonic())
         rows = [(r.at, r.step, r.loss, r.grad_norm, r.tokens_per_sec, r.val_loss) for r in batch]
         try:
             self.ledger.metrics_batch(self.run_id, max(self.attempt, 0), rows)
