@@ -26,6 +26,8 @@ class EventName(StrEnum):
     GAVE_UP = "gave_up"
     JOB_LEFTOVERS = "job_leftovers"
     JOB_STARTED = "job_started"
+    RELAUNCH_HELD = "relaunch_held"
+    RELAUNCH_RELEASED = "relaunch_released"
     REMEDIES_APPLIED = "remedies_applied"
     RESTART_REQUESTED = "restart_requested"
     RESTART_SCHEDULED = "restart_scheduled"

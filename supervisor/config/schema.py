@@ -74,6 +74,16 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+def _added_member(tp: type[enum.Enum], value: Any) -> bool:
+    """``value`` names a member added at run time through the enum's ``_missing_`` (an action
+    registered with ``supervisor.core.causes.new_action``): iterating the enum does not list it."""
+    try:
+        tp(value)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
 def _describe(tp: Any) -> str:
     tp, optional = _unwrap_optional(tp)
     origin = typing.get_origin(tp)
@@ -163,7 +173,7 @@ def _convert(tp: Any, value: Any, path: str, md: Mapping[str, Any], problems: li
         return value
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         valid = [m.value for m in tp]
-        if value not in valid:
+        if value not in valid and not _added_member(tp, value):
             hint = difflib.get_close_matches(str(value), [str(v) for v in valid], n=1)
             problems.append(Problem(path, f"expected one of {', '.join(map(str, valid))}, got {_show(value)}"
                                     + (f" (did you mean {hint[0]!r}?)" if hint else "")))

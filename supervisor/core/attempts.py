@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 from ..config.model import Config, signal_number
 from ..events import Detection
-from .causes import ACTIONS, CAUSES, Cause, StopStyle
+from .causes import ACTIONS, CAUSES, Cause, Hold, StopStyle
 from .messages import EXIT_OK, Activity, Mode, Record, Resume, ShutdownPlan
 from .policy import Decision
 
@@ -98,6 +98,10 @@ def launch_digest(argv: Sequence[str], env: Mapping[str, str], skip_batches: int
 def what_next(decision: Decision) -> str:
     if not decision.relaunch:
         return f"giving up after stopping the job ({decision.reason})"
+    handler = ACTIONS[decision.action].handler
+    hold = handler.hold(decision.cause) if handler is not None else None
+    if hold is not None:
+        return f"stopping the job, then waiting until {hold.until} before relaunching ({decision.reason})"
     return (f"stopping the job, then {decision.action.value} in {decision.delay_s:.1f} s "
             f"(restart {decision.restarts_in_window}/{decision.max_restarts}; {decision.reason})")
 
@@ -119,6 +123,15 @@ def restart_scheduled(attempt: int, decision: Decision, summary: str, ran_s: flo
                   {"cause": decision.cause.value, "action": decision.action.value,
                    "delay_s": round(decision.delay_s, 3), "delay_reason": decision.delay_reason,
                    "remedies": decision.remedies.as_json() or None})
+
+
+def relaunch_held(attempt: int, decision: Decision, hold: Hold, summary: str, ran_s: float) -> Record:
+    counted = "" if ACTIONS[decision.action].counted else " (not counted against the restart budget)"
+    return Record("relaunch_held", "warning",
+                  f"attempt {attempt} failed: {decision.cause.value} ({summary}) after {ran_s:.1f} s; "
+                  f"{decision.action.value}: the next attempt waits until {hold.until}{counted}",
+                  {"cause": decision.cause.value, "action": decision.action.value, "until": hold.until,
+                   "waits_for": hold.cause.value})
 
 
 def gave_up(reason: str, cause: Cause, state_dir: Path) -> Record:

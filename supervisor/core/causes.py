@@ -14,19 +14,50 @@ config keys (``[on.<cause>]``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence
 
 
 class Action(StrEnum):
-    """What the policy decides for a failure."""
+    """What the policy decides for a failure: the built-in actions, and those registered with
+    :func:`new_action` (``Action("<name>")`` finds both)."""
 
     RESTART = "restart"  # relaunch from the last known good checkpoint
     ROLLBACK = "rollback"  # relaunch from the newest good checkpoint before the anomaly's onset
     GIVE_UP = "give_up"  # stop for good; the daemon exits 3
     WARN = "warn"  # record only; the job keeps running
+
+    @classmethod
+    def _missing_(cls, value: object) -> "Action | None":
+        # An enum cannot gain members, so an action added outside this file is an Action instance
+        # kept in _ADDED (what enum's own Flag does for its combined values): once it has a spec,
+        # the config, the ledger's strings and the cluster's wire format parse it like a built-in one.
+        added = _ADDED.get(value) if isinstance(value, str) else None
+        return added if added is not None and added in _ACTION_SPECS else None
+
+
+_ADDED: dict[str, Action] = {}
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A relaunch held until a condition clears (an action's :class:`ActionHandler` says so):
+    the machine waits in ``held`` until a ``ConditionCleared`` event for ``cause`` arrives."""
+
+    cause: Cause  # whose clearing releases the hold
+    until: str  # in words, for the log and status: "disk_low clears"
+
+
+class ActionHandler(Protocol):
+    """An action's step that no :class:`ActionSpec` fact covers; the state machine calls it
+    where the step happens (one method per step; none today but the hold)."""
+
+    def hold(self, cause: Cause) -> Hold | None:
+        """After the job stopped for ``cause``: hold the relaunch until what clears (None: the
+        relaunch follows the backoff as usual)."""
 
 
 @dataclass(frozen=True)
@@ -34,9 +65,10 @@ class ActionSpec:
     """What an action does, read by every consumer (the policy, the state machine, the shutdown
     plan, the checkpoint chooser, the cluster) instead of comparing action names.
 
-    A new action is a member of :class:`Action`, its entry in :data:`ACTIONS` (the import fails
-    if one is missing) and, where it needs more than these facts, its handler
-    (``docs/DEVELOPING.md``, "Adding an action")."""
+    A new action is a member of :class:`Action` and its entry in :data:`ACTIONS` (the import
+    fails if one is missing), or, outside this file, :func:`new_action` and :func:`register_action`;
+    where it needs more than these facts, its :class:`ActionHandler` (``docs/DEVELOPING.md``,
+    "Adding an action"; ``tests/core/test_action_recipe.py`` adds one)."""
 
     action: Action
     doc: str  # one line, for the config docs
@@ -46,17 +78,21 @@ class ActionSpec:
     #: a hybrid shutdown asks the job for an emergency checkpoint first (not worth it when the
     #: state is known bad, or when nothing will resume from it)
     emergency_checkpoint: bool = True
+    #: the relaunch after it spends the restart budget and climbs the cause's remedy ladder
+    #: (False: neither, like an operator's restart; the backoff still applies)
+    counted: bool = True
+    handler: ActionHandler | None = None  # its steps beyond these facts (None: none)
 
 
-def _action_registry(specs: Sequence[ActionSpec]) -> Mapping[Action, ActionSpec]:
+def _action_registry(specs: Sequence[ActionSpec]) -> dict[Action, ActionSpec]:
     table = {s.action: s for s in specs}
     missing = [a.value for a in Action if a not in table]
     if missing or len(table) != len(specs):
         raise ImportError(f"supervisor.core.causes: every Action needs exactly one ActionSpec; missing {missing}")
-    return MappingProxyType(table)
+    return table
 
 
-ACTIONS: Mapping[Action, ActionSpec] = _action_registry([
+_ACTION_SPECS: dict[Action, ActionSpec] = _action_registry([
     ActionSpec(Action.RESTART, "stop the job and relaunch it from the newest good checkpoint",
                ends_attempt=True, relaunches=True),
     ActionSpec(Action.ROLLBACK, "stop the job and relaunch it from the newest good checkpoint before the onset",
@@ -66,6 +102,52 @@ ACTIONS: Mapping[Action, ActionSpec] = _action_registry([
     ActionSpec(Action.WARN, "record the failure only; the job keeps running",
                ends_attempt=False, relaunches=False),
 ])
+#: Every action's spec, the built-in ones and those registered since (a read-only view).
+ACTIONS: Mapping[Action, ActionSpec] = MappingProxyType(_ACTION_SPECS)
+_ACTION_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+
+
+def new_action(name: str) -> Action:
+    """An action outside the built-in set (a plug-in's, or a test's stand-in): an :class:`Action`
+    that ``Action(name)`` finds, in this process, once :func:`register_action` gave it its spec
+    (docs/DEVELOPING.md, "Adding an action")."""
+    if not _ACTION_NAME.match(name):
+        raise ValueError(f"an action name is lower case letters, digits and _ (like give_up), got {name!r}")
+    if name in Action._value2member_map_ or name in _ADDED:
+        raise ValueError(f"an action named {name!r} exists already")
+    member = str.__new__(Action, name)
+    member._name_, member._value_ = name.upper(), name
+    _ADDED[name] = member
+    return member
+
+
+def register_action(spec: ActionSpec) -> None:
+    """Add the spec of an action made by :func:`new_action`; every consumer reads it from
+    :data:`ACTIONS` from now on."""
+    if spec.action in _ACTION_SPECS:
+        raise ValueError(f"the action {spec.action.value!r} has a spec already")
+    if _ADDED.get(spec.action.value) is not spec.action:
+        raise ValueError(f"{spec.action.value!r} was not made by new_action()")
+    _ACTION_SPECS[spec.action] = spec
+
+
+def forget_action(action: Action) -> None:
+    """Undo :func:`new_action` and :func:`register_action` (a test's stand-in, at its end);
+    a built-in action cannot be forgotten."""
+    if _ADDED.get(action.value) is not action:
+        raise ValueError(f"{action.value!r} is a built-in action or was never added")
+    _ACTION_SPECS.pop(action, None)
+    del _ADDED[action.value]
+
+
+def action_named(text: str) -> Action:
+    """The action named ``text`` (built-in, or added with its spec); a ValueError that names the
+    known ones otherwise (a config value, a ledger row, a cluster peer's request)."""
+    try:
+        return Action(text)
+    except ValueError:
+        known = ", ".join(a.value for a in _ACTION_SPECS)
+        raise ValueError(f"unknown action {text!r} (known: {known})") from None
 
 
 class Cause(StrEnum):

@@ -11,6 +11,8 @@
                +--StopRequested while preparing--> STOPPED             v
                                                                     BACKOFF --TimerFired--> STARTING
                                                                        \\--StopRequested--> STOPPED
+      an action whose handler holds the relaunch: (decide) --hold--> HELD --ConditionCleared--> STARTING
+                                                                        \\--StopRequested--> STOPPED
 
 :data:`MOVES` lists every allowed move; any other is a bug (:class:`~supervisor.errors.IllegalMove`).
 A launch is two steps: :class:`PrepareLaunch` (the gate and the checkpoint choice, seconds, off
@@ -37,8 +39,9 @@ from ..events import Detection
 from . import attempts
 from .attempts import Pending, shutdown_plan
 from .policy import Decision, Failure, PastAttempt, RepeatKey, decide, merge_args
-from .causes import ACTIONS, CAUSES, Action, Cause, StopStyle, gate_failure
-from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, Activity, ArmTimer, Boot, CheckpointRequested, Command, Detected,
+from .causes import ACTIONS, CAUSES, Action, Cause, Hold, StopStyle, gate_failure
+from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, Activity, ArmTimer, Boot, CheckpointRequested, Command,
+                       ConditionCleared, Detected,
                        EndAttempt, EscalateStop, Event, ExitInfo, Finish, FirstMetric, JobExited, Launch,
                        PrepareLaunch, Prepared, Record, RecordDetection, Reply, RestartRequested, Resume, ShutdownPlan,
                        ShutdownResult, SignalJob, Spawned, SpawnFailed, StateChanged, StopFinished, StopJob,
@@ -53,15 +56,17 @@ class State(StrEnum):
     STOPPED = "stopped"
     GAVE_UP = "gave_up"
     FINISHED = "finished"
+    HELD = "held"  # the relaunch waits until a condition clears (Machine.hold says which)
 
 
 _ENDS = frozenset({State.STOPPED, State.GAVE_UP, State.FINISHED})
 MOVES: Mapping[State, frozenset[State]] = MappingProxyType({
     # A job that exits before its first metric ends from STARTING, like one from RUNNING.
-    State.STARTING: frozenset({State.RUNNING, State.STOPPING, State.BACKOFF}) | _ENDS,
-    State.RUNNING: frozenset({State.STOPPING, State.BACKOFF}) | _ENDS,
-    State.STOPPING: frozenset({State.BACKOFF}) | _ENDS,
+    State.STARTING: frozenset({State.RUNNING, State.STOPPING, State.BACKOFF, State.HELD}) | _ENDS,
+    State.RUNNING: frozenset({State.STOPPING, State.BACKOFF, State.HELD}) | _ENDS,
+    State.STOPPING: frozenset({State.BACKOFF, State.HELD}) | _ENDS,
     State.BACKOFF: frozenset({State.STARTING, State.STOPPED}),
+    State.HELD: frozenset({State.STARTING, State.STOPPED}),
     State.STOPPED: frozenset(), State.GAVE_UP: frozenset(), State.FINISHED: frozenset(),
 })
 
@@ -85,6 +90,7 @@ class Machine:
         self.pgid: int | None = None
         self.attempt_started = 0.0  # monotonic
         self.pending = Pending()
+        self.hold: Hold | None = None  # HELD: what the relaunch waits for
         self.root: Detection | None = None  # the first failure of this attempt
         self.last_anomaly: Detection | None = None
         self.resume: Resume = FRESH_START
@@ -107,6 +113,7 @@ class Machine:
             FirstMetric: self._first_metric, Detected: self._detected, JobExited: self._job_exited,
             StopFinished: self._stop_finished, TimerFired: self._timer, StopRequested: self._stop_requested,
             RestartRequested: self._restart_requested, CheckpointRequested: self._checkpoint_requested,
+            ConditionCleared: self._cleared,
         }
 
     def handle(self, event: Event) -> list[Command]:
@@ -300,7 +307,8 @@ class Machine:
         ran = now - self.attempt_started
         decision = self.pending.decision
         cause = self.root.cause if self.root else None
-        counted = cause is not None and CAUSES[cause].counted
+        counted = (cause is not None and CAUSES[cause].counted
+                   and (decision is None or ACTIONS[decision.action].counted))
         summary = self.root.summary if self.root else info.summary
         repeat = self.repeat if cause is not None and self.root is not None and cause is self.root.cause else None
         progressed = self._progressed()
@@ -327,10 +335,30 @@ class Machine:
         self._apply_remedies(decision)
         if CAUSES[decision.cause].diagnostics:
             self.diagnostics = True
+        handler = ACTIONS[decision.action].handler
+        hold = handler.hold(decision.cause) if handler is not None else None
+        if hold is not None:
+            self._hold(hold, decision, summary, ran)
+            return
         self._do(ArmTimer(decision.delay_s))
         self._move(State.BACKOFF, decision.cause.value)
         self._do(attempts.restart_scheduled(self.attempt, decision, summary, ran))
         self.pending = Pending(decision=decision, explicit_checkpoint=self.pending.explicit_checkpoint)
+
+    def _hold(self, hold: Hold, decision: Decision, summary: str, ran: float) -> None:
+        """-> HELD: no timer; a ConditionCleared for ``hold.cause`` (or an operator's restart) relaunches."""
+        self.hold = hold
+        self._move(State.HELD, hold.until)
+        self._do(attempts.relaunch_held(self.attempt, decision, hold, summary, ran))
+        self.pending = Pending(decision=decision, explicit_checkpoint=self.pending.explicit_checkpoint)
+
+    def _cleared(self, ev: ConditionCleared) -> None:
+        if self.state is not State.HELD or self.hold is None or ev.cause is not self.hold.cause:
+            return  # nothing waits for it
+        self._record("relaunch_released", "info", f"{ev.cause.value} cleared ({ev.summary}); relaunching",
+                     cause=ev.cause.value)
+        self.hold = None
+        self._launch()
 
     def _apply_remedies(self, decision: Decision) -> None:
         r = decision.remedies
@@ -366,7 +394,8 @@ class Machine:
             self.stop_signal = ev.signal
         self.stop_requests += 1
         code = attempts.stopped_code(self.stop_signal)
-        if self.state is State.BACKOFF or self.preparing or (not self.spawned and self.state is State.STARTING):
+        if self.state in (State.BACKOFF, State.HELD) or self.preparing or (
+                not self.spawned and self.state is State.STARTING):
             self.preparing = False
             self._finish(State.STOPPED, code, "stopped on request while waiting to restart")
         elif self.state is State.STOPPING:
@@ -383,7 +412,7 @@ class Machine:
         self._do(Reply({"accepted": True, "message": f"stopping the job gracefully, then the daemon exits {code}"}))
 
     def _restart_requested(self, ev: RestartRequested) -> None:
-        if self.state not in (State.STARTING, State.RUNNING, State.BACKOFF) or (
+        if self.state not in (State.STARTING, State.RUNNING, State.BACKOFF, State.HELD) or (
                 self.state is State.STARTING and not self.spawned):
             raise Conflict(f"cannot restart while {self.state.value}"
                            + (" (a launch is being prepared)" if self.preparing else ""))
@@ -392,6 +421,11 @@ class Machine:
         self.pending = Pending(decision=decision, explicit_checkpoint=ev.checkpoint)
         if self.state is State.BACKOFF:
             self._do(ArmTimer(0.0), Reply({"accepted": True, "message": "restarting now (was waiting in backoff)"}))
+            return
+        if self.state is State.HELD:  # the operator overrides the hold
+            until, self.hold = self.hold.until if self.hold else "?", None
+            self._launch()
+            self._do(Reply({"accepted": True, "message": f"restarting now (was waiting until {until})"}))
             return
         self.root = Detection(Cause.MANUAL, f"operator restart: {ev.reason}", "control", at=ev.wall)
         self.repeat = None

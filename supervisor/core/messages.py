@@ -201,8 +201,17 @@ class CheckpointRequested:
     pass
 
 
+@dataclass(frozen=True)
+class ConditionCleared:
+    """What ``cause`` reported is over (the disk has room again, say): a relaunch held until it
+    clears (:class:`~supervisor.core.causes.Hold`) goes ahead."""
+
+    cause: Cause
+    summary: str
+
+
 Event = (Boot | Prepared | Spawned | SpawnFailed | FirstMetric | Detected | JobExited | StopFinished | TimerFired
-         | StopRequested | RestartRequested | CheckpointRequested)
+         | StopRequested | RestartRequested | CheckpointRequested | ConditionCleared)
 
 
 # ----------------------------------------------------------------------------- commands

@@ -6,7 +6,9 @@ draw), so every rule can be tested with scripted histories.
 Rules, in order:
 1. The action is ``[on.<cause>].action`` when configured, else the monitor's suggestion (a
    node-level Xid suggests ``give_up``), else the cause's default.
-2. ``warn`` records and lets the job run; ``give_up`` gives up.
+2. ``warn`` records and lets the job run; ``give_up`` gives up (what an action does is its
+   ``ActionSpec``: these are ``ends_attempt`` and ``relaunches``); an action not ``counted`` skips
+   rules 3, 3b and 4 (its relaunch is free, like an operator's restart).
 3. No futile repeats: the same cause at the same step (within ``policy.repeat_step_tolerance``),
    resuming from the same checkpoint with the same command and environment as the attempt before
    (:class:`RepeatKey`) is deterministic: the second occurrence climbs the remedy ladder at once
@@ -278,6 +280,12 @@ def decide(cfg: Config, history: Sequence[PastAttempt], failure: Failure, *, now
         return Decision(action, cause, f"recorded only ({why_action}); the job keeps running")
     if not ACTIONS[action].relaunches:
         return Decision(action, cause, f"{cause.value} needs a human ({why_action})")
+    if not ACTIONS[action].counted:  # neither the ladder nor the budget: the backoff alone
+        delay, delay_reason = relaunch_delay(cfg, history, cause, action, ran_s=ran_s, progressed=progressed,
+                                             jitter_draw=jitter_draw)
+        return Decision(action, cause, f"{action.value} ({why_action}); not counted against the restart budget",
+                        delay_s=delay, max_restarts=p.max_restarts, delay_reason=delay_reason,
+                        restarts_in_window=_in_window(history, now - p.restart_window_s))
 
     # The ladder: a repeat of the same cause (no healthy run between) climbs one rung.
     remedies = cfg.remedies_for(cause)
@@ -291,8 +299,7 @@ def decide(cfg: Config, history: Sequence[PastAttempt], failure: Failure, *, now
                         f"were applied; the remedies did not help")
     applied = combine_remedies(remedies, repeats)
 
-    window_start = now - p.restart_window_s
-    in_window = sum(1 for a in history if a.counted and a.cause is not None and a.ended_at >= window_start)
+    in_window = _in_window(history, now - p.restart_window_s)
     if in_window + 1 > p.max_restarts:
         return Decision(Action.GIVE_UP, cause,
                         f"restart budget spent: {in_window} restarts in the last "
@@ -309,6 +316,11 @@ def decide(cfg: Config, history: Sequence[PastAttempt], failure: Failure, *, now
         reason += f"; remedies 1-{len(applied.rungs)} of [on.{cause.value}] applied"
     return Decision(action, cause, reason, delay_s=delay, restarts_in_window=in_window + 1,
                     max_restarts=p.max_restarts, remedies=applied, delay_reason=delay_reason)
+
+
+def _in_window(history: Sequence[PastAttempt], window_start: float) -> int:
+    """The counted restarts since ``window_start`` (rule 4)."""
+    return sum(1 for a in history if a.counted and a.cause is not None and a.ended_at >= window_start)
 
 
 def _identical_repeat(history: Sequence[PastAttempt], cause: Cause, repeat: RepeatKey | None,
