@@ -12,7 +12,9 @@ from ..ops.notify import Notifier
 from ..job.osapi import Clock, OsApi
 from ..job.output import SinkFanout
 from .runner import Runner
-from .adapters import CheckpointConcern, HealthConcern, ProcessLauncher
+from .adapters import ProcessLauncher
+from .checkpointconcern import CheckpointConcern
+from .healthconcern import HealthConcern
 from .ckptdiscovery import CheckpointDiscoveryConcern
 from .alerting import NotifyConcern
 from .precursors import PrecursorConcern

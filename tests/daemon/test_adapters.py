@@ -1,4 +1,5 @@
-"""The checkpoint concern (supervisor/daemon/adapters.py) on its own: a real CheckpointService on
+"""The checkpoint concern (supervisor/daemon/checkpointconcern.py) and the health concern
+(healthconcern.py) on their own: a real CheckpointService on
 real files, driven call by call as the runner drives it, with a recording view of the daemon."""
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any, Mapping, Sequence
 from supervisor.config.model import Config, config_from_table
 from supervisor.core.causes import Action, Cause
 from supervisor.core.messages import EndAttempt, Resume
-from supervisor.daemon.adapters import CheckpointConcern, HealthConcern, remedy_keys
+from supervisor.daemon.checkpointconcern import CheckpointConcern, remedy_keys
+from supervisor.daemon.healthconcern import HealthConcern
 from supervisor.events import Detection, MetricRecord
 from supervisor.job.output import SinkFanout
 from tests.helpers import ckpt_factory as F

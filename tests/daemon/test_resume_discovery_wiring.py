@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.core.machine import State
-from supervisor.daemon.adapters import CheckpointConcern
+from supervisor.daemon.checkpointconcern import CheckpointConcern
 from supervisor.daemon.ckptdiscovery import CheckpointDiscoveryConcern
 from supervisor.daemon.resumewatch import ResumeWatchConcern
 from tests.helpers import ckpt_factory as F
