@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 
 import structlog
 
-from ..core.causes import Cause
+from ..core.causes import Cause, action_named
 from ..errors import GiveUp as RunGaveUp, SupervisorError
 from .coord import (Campaign, Command, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord, Phase, Plan,
                     RequestEnd, Rules, StopLocal, View, WritePlan)
@@ -136,7 +136,7 @@ class ClusterAgent:
                 return
             gen = self.me.gen
             self.coord.stopped_for = max(self.coord.stopped_for, gen)  # our own stop is under way
-        req = EndRequest(gen, self.node_id, cause, summary, step, onset_step, action, self.lease or 0)
+        req = EndRequest(gen, self.node_id, cause, summary, step, onset_step, action_named(action), self.lease or 0)
         # Sent from a thread of its own: the caller is the daemon's main loop, which must not wait
         # on etcd (a request can take request_timeout_s per endpoint when etcd is away).
         self._end_thread = threading.Thread(target=self._send_end, args=(req,), name="cluster-end-request",

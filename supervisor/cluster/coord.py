@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Iterable, Mapping
 
+from ..core.causes import ACTIONS, Action, action_named
 from .digest import decode as decode_digest, mismatch
 
 NODE_LOST = "node_lost"
@@ -94,7 +95,8 @@ class EndRequest:
     summary: str
     step: int | None = None
     onset_step: int | None = None
-    action: str = "restart"  # the requesting node's policy decision (restart, rollback, give_up)
+    #: the requesting node's policy decision; on the wire its name ("restart", "rollback", "give_up")
+    action: Action = Action.RESTART
     lease: int = 0  # the writer's lease (the leader's, or the asking member's): checked on reading (trust.py)
 
     def to_json(self) -> str:
@@ -102,9 +104,10 @@ class EndRequest:
 
     @staticmethod
     def from_json(text: str) -> "EndRequest":
+        """Raises ValueError naming the problem (an unknown action: a peer running another version)."""
         d = json.loads(text)
         return EndRequest(int(d["gen"]), str(d["by"]), str(d["cause"]), str(d.get("summary", "")),
-                          d.get("step"), d.get("onset_step"), str(d.get("action") or "restart"),
+                          d.get("step"), d.get("onset_step"), action_named(str(d.get("action") or "restart")),
                           int(d.get("lease") or 0))
 
 
@@ -273,7 +276,7 @@ class GiveUp:
 Command = Campaign | RequestEnd | StopLocal | WritePlan | Join | GiveUp
 
 
-def choose_step(records: Iterable[NodeRecord], action: str, onset_step: int | None) -> int | None:
+def choose_step(records: Iterable[NodeRecord], action: Action, onset_step: int | None) -> int | None:
     """The newest checkpoint step verified on every node (before the onset for a rollback);
     None when they share none."""
     common: set[int] | None = None
@@ -281,7 +284,7 @@ def choose_step(records: Iterable[NodeRecord], action: str, onset_step: int | No
         common = set(r.steps) if common is None else common & set(r.steps)
     if not common:
         return None
-    if action == "rollback" and onset_step is not None:
+    if ACTIONS[action].before_onset and onset_step is not None:
         common = {s for s in common if s < onset_step}
     return max(common) if common else None
 
@@ -364,7 +367,8 @@ class Coordinator:
         g = plan.gen if plan is not None else 0
         if view.gave_up and g not in view.ends:
             who = sorted(view.gave_up)[0]
-            return [RequestEnd(EndRequest(g, who, "gave_up", view.gave_up[who], action="give_up"), view.end_revs.get(g, 0))]
+            return [RequestEnd(EndRequest(g, who, "gave_up", view.gave_up[who], action=Action.GIVE_UP),
+                               view.end_revs.get(g, 0))]
         if plan is not None and g not in view.ends:
             lost = self._lost_members(view, plan, now)
             if lost:
@@ -397,7 +401,7 @@ class Coordinator:
         end = view.ends.get(g)
         rules = self.rules
         gave_up = sorted({n for n, r in view.nodes.items() if r.phase is Phase.GAVE_UP} | set(view.gave_up))
-        if gave_up or (end is not None and end.action == "give_up"):
+        if gave_up or (end is not None and not ACTIONS[end.action].relaunches):  # the node's decision ends the run
             why = (f"node {', '.join(gave_up)} gave up" if gave_up else
                    f"node {end.by} gave up after {end.cause}: {end.summary}")  # type: ignore[union-attr]
             return [self._write(view, g, (), None, why, give_up=f"the cluster gives up: {why}")]
@@ -424,7 +428,7 @@ class Coordinator:
             return [self._write(view, g, (), None, differ, give_up=f"the cluster gives up: {differ}")]
         if self.node_id in chosen:  # the leader is rank 0: its address is the rendezvous endpoint
             chosen = [self.node_id] + [n for n in chosen if n != self.node_id]
-        action = end.action if end is not None else "restart"
+        action = end.action if end is not None else Action.RESTART
         step = choose_step((view.nodes[n] for n in chosen), action, end.onset_step if end else None)
         after = f"after {end.cause} on {end.by}" if end is not None else "first generation"
         why = (f"generation {max(g, view.floor_gen) + 1} on {len(chosen)} node(s) ({after}); "

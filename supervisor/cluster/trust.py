@@ -151,7 +151,9 @@ class Trust:
                 continue
             try:
                 req = EndRequest.from_json(kv.value)
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError) as e:  # a newer supervisor's request, say (an unknown action)
+                ignore(kv, f"an end request this supervisor cannot read ({e}); its generation still ends once the "
+                           "leader sees its nodes stopped")
                 continue
             if kv.key != keys.end(req.gen):
                 ignore(kv, f"an end request for generation {req.gen} filed under another generation")

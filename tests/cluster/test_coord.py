@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from supervisor.core.causes import ActionSpec, Action, forget_action, new_action, register_action
 from supervisor.cluster.coord import (NODE_LOST, Campaign, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord,
                                       Phase, Plan, RequestEnd, Rules, StopLocal, View, WritePlan, choose_step)
 
@@ -76,7 +81,7 @@ def test_a_failure_anywhere_stops_every_node_once() -> None:
 
 def test_leader_waits_for_every_member_to_stop_then_picks_the_common_step_before_the_onset() -> None:
     lead = Coordinator("n1", RULES)
-    end = EndRequest(1, "n2", "nan", "loss is nan", 70, 65, "rollback")
+    end = EndRequest(1, "n2", "nan", "loss is nan", 70, 65, Action.ROLLBACK)
     stopped = [rec("n1", Phase.WAITING, 1, (20, 40, 60, 80)), rec("n2", Phase.WAITING, 1, (20, 40, 60))]
     v = view(*stopped, rec("n3", Phase.RUNNING, 1), plan=plan(1), ends={1: end})
     assert not [x for x in lead.step(v, stopped[0], 0.0) if isinstance(x, WritePlan)]  # n3 still running
@@ -88,9 +93,28 @@ def test_leader_waits_for_every_member_to_stop_then_picks_the_common_step_before
 
 def test_choose_step() -> None:
     a, b = rec("n1", steps=(10, 20, 30)), rec("n2", steps=(10, 30))
-    assert choose_step([a, b], "restart", None) == 30
-    assert choose_step([a, b], "rollback", 30) == 10  # strictly before the onset
-    assert choose_step([a, rec("n3", steps=())], "restart", None) is None  # nothing shared: fresh start
+    assert choose_step([a, b], Action.RESTART, None) == 30
+    assert choose_step([a, b], Action.ROLLBACK, 30) == 10  # strictly before the onset
+    assert choose_step([a, rec("n3", steps=())], Action.RESTART, None) is None  # nothing shared: fresh start
+
+
+def test_an_end_request_carries_the_action_by_name_and_the_leader_reads_its_spec() -> None:
+    """The wire format is the action's name; the coordinator acts on ACTIONS' facts (an action
+    added outside the package chooses its step by its spec); an unknown name is refused by name."""
+    end = EndRequest(1, "n2", "nan", "loss is nan", 70, 65, Action.ROLLBACK)
+    assert json.loads(end.to_json())["action"] == "rollback" and EndRequest.from_json(end.to_json()) == end
+    assert EndRequest.from_json(json.dumps({"gen": 1, "by": "n2", "cause": "crash"})).action is Action.RESTART
+    with pytest.raises(ValueError, match="unknown action 'pause' .*known: restart, rollback, give_up, warn"):
+        EndRequest.from_json(json.dumps({"gen": 1, "by": "n2", "cause": "crash", "action": "pause"}))
+    added = new_action("rewind")
+    try:
+        register_action(ActionSpec(added, "a stand-in: relaunch before the onset", ends_attempt=True,
+                                   relaunches=True, before_onset=True))
+        text = EndRequest(1, "n2", "nan", "loss is nan", 70, 65, added).to_json()
+        assert EndRequest.from_json(text).action is added
+        assert choose_step([rec("n1", steps=(10, 30)), rec("n2", steps=(10, 30))], added, 30) == 10
+    finally:
+        forget_action(added)
 
 
 def test_lease_expiry_of_a_member_is_node_lost_requested_by_the_leader() -> None:
@@ -128,7 +152,7 @@ def test_finished_nodes_are_not_lost() -> None:
 
 def test_a_node_that_gave_up_or_asked_to_give_up_ends_the_run_everywhere() -> None:
     lead = Coordinator("n1", RULES)
-    end = EndRequest(1, "n3", "nan", "loss is nan", action="give_up")
+    end = EndRequest(1, "n3", "nan", "loss is nan", action=Action.GIVE_UP)
     v = view(rec("n1", Phase.WAITING, 1), rec("n2", Phase.WAITING, 1), rec("n3", Phase.WAITING, 1),
              plan=plan(1), ends={1: end})
     wp = only(lead.step(v, rec("n1", Phase.WAITING, 1), 0.0), WritePlan)

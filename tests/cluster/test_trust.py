@@ -3,6 +3,7 @@ The same attacks against a real etcd and real agents: test_forged_keys.py."""
 
 from __future__ import annotations
 
+from supervisor.core.causes import Action
 from supervisor.cluster.coord import EndRequest, Keys, NodeRecord, Phase, Plan, View
 from supervisor.cluster.etcd import KeyValue
 from supervisor.cluster.trust import GaveUpNote, Trust
@@ -104,11 +105,15 @@ def test_end_requests_count_from_the_leader_or_a_member_on_its_lease() -> None:
     del s.kvs[K.node("n2")]  # n2's daemon died after asking: the request stays believed
     assert s.check(t)[0].ends == {1: member}
     s2, t2 = run(("n1", "n2")), Trust(5.0)
-    by_leader = EndRequest(1, "n2", "gave_up", "budget spent", action="give_up", lease=L1)
+    by_leader = EndRequest(1, "n2", "gave_up", "budget spent", action=Action.GIVE_UP, lease=L1)
     s2.put(K.end(1), by_leader.to_json())
     assert s2.check(t2)[0].ends == {1: by_leader}
     s2.put(K.end(5), EndRequest(1, "n1", "nan", "filed under another generation", lease=L1).to_json())
     assert "another generation" in s2.check(t2)[1][0]
+    # A newer supervisor's request (an action this one does not know) is said, not silently dropped.
+    s2.put(K.end(2), by_leader.to_json().replace('"give_up"', '"pause"'))
+    notes = s2.check(t2)[1]
+    assert any("cannot read" in n and "unknown action 'pause'" in n for n in notes), notes
 
 
 def test_give_ups_count_only_from_members_of_the_current_generation_on_a_lease_seen() -> None:
