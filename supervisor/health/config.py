@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..config.schema import meta
+from ..core.causes import Action
 
-_ACTIONS = ("restart", "rollback", "give_up", "warn")
+_ACTIONS = tuple(a.value for a in Action)  # the built-in actions, named once in core/causes.py
 
 
 def _check_backend(value: str) -> str | None:
