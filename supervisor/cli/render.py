@@ -256,4 +256,6 @@ def render_history(h: dict[str, Any]) -> str:
                          + (f" ({v['summary']})" if v.get("verdict") == "fail" and v.get("summary") else ""))
         if a.get("remedies"):
             lines.append(f"     remedies: {json.dumps(a['remedies'])}")
+        if a.get("prewarm"):
+            lines.append(f"     prewarm: {a['prewarm']}")
     return "\n".join(lines)

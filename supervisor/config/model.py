@@ -88,6 +88,11 @@ class JobConfig:
         "run each attempt in a cgroup (v2) of its own where the daemon may create one (as root, or under "
         "systemd with Delegate=yes): a stop then reaches every process the job started, wherever it went; "
         "false, or where none can be made: tracked by session, process group and subreaper"))
+    prewarm: bool = field(default=False, metadata=meta(
+        "pre-warmed restart for a plain Python job (python script.py / python -m module): a standby "
+        "interpreter of the job's Python, options, env and cwd imports what the running attempt imported "
+        "(installed modules only) and runs the next attempt's exact argv; any doubt (torchrun, a shell, a "
+        "changed env variable or interpreter, no standby ready) starts cold, the reason in history"))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Mapping
 
 import structlog
 
@@ -17,6 +17,7 @@ from ..job.cgroup import own_cgroup, sweep_empty
 from ..job.osapi import OsApi, become_subreaper
 from ..job.consoleline import STDERR_LINE, shares_stderr
 from ..job.output import Consoles, ConsoleWriter, SinkFanout
+from ..job.prewarm import Prewarm
 from ..job.process import JobProcess, LaunchSpec, cgroup_oom_kills, classify_exit
 from .ports import Job
 
@@ -44,6 +45,9 @@ class ProcessLauncher:
         self._oom_kills_before: int | None = None
         self._subreaper = False
         self._cgroup_parent: Path | None = None
+        self.prewarm: Prewarm | None = None  # [job] prewarm: made at the first launch that asks
+        # Where an attempt's prewarm outcome goes (the environment record of its ledger row).
+        self.note: Callable[[LaunchSpec, Mapping[str, Any]], None] = lambda spec, fields: None
 
     def launch(self, spec: LaunchSpec, log_path: Path | None, on_eof: Callable[[str], None]) -> JobProcess:
         if not self._subreaper:
@@ -53,10 +57,23 @@ class ProcessLauncher:
             become_subreaper()
             self._cgroup_parent = self._isolation(spec)
         self._oom_kills_before = cgroup_oom_kills()
+        if not spec.prewarm and self.prewarm is not None:
+            self.prewarm.close()  # the config turned it off: no standby outlives that
+            self.prewarm = None
+        if spec.prewarm and self.prewarm is None:
+            self.prewarm = Prewarm()
         job = JobProcess(spec, self.fanout, self.passthrough, log_path, on_eof, self.osapi,
-                         cgroup_parent=self._cgroup_parent)
+                         cgroup_parent=self._cgroup_parent,
+                         spawn=self.prewarm.spawn if self.prewarm is not None else None)
         if spec.cgroup and job.cgroup is None:
             self._cgroup_parent = None  # it failed (and said why): not tried, nor said, at every launch
+        if self.prewarm is not None:
+            outcome = str(job.prewarm)
+            log.info("prewarm", attempt=spec.env.get("TSUP_ATTEMPT"), outcome=outcome,
+                     message="the attempt started in the standby interpreter, its imports done" if outcome == "used"
+                     else f"the attempt started cold ({outcome[6:]})")
+            self.note(spec, {"prewarm": outcome})
+            self.prewarm.after_launch(spec, self._cgroup_parent if spec.cgroup else None)
         return job
 
     @staticmethod
@@ -78,6 +95,8 @@ class ProcessLauncher:
         return parent
 
     def close(self) -> None:
+        if self.prewarm is not None:
+            self.prewarm.close()
         for name, writer in self.writers.items():
             if writer.dropped_bytes:
                 log.warning("console_output_dropped", bytes=writer.dropped_bytes, stream=name,

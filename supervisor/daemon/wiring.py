@@ -63,7 +63,9 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
         store = ClusterCheckpoints(checkpoints, cluster)
     launcher = (ProcessLauncher(fanout, passthrough, osapi, passthrough) if passthrough is not None
                 else ProcessLauncher(fanout, sys.stdout.buffer, osapi, sys.stderr.buffer))
+    environment = Environment()
+    launcher.note = environment.note  # [job] prewarm's outcome goes into the attempt's record
     ports = Ports(clock=Clock(), launcher=launcher,
                   ledger=ledger, checkpoints=store, gate=health, notifier=notifier, osapi=osapi,
-                  environment=Environment())
+                  environment=environment)
     return Runner(cfg, ports, concerns, fanout=fanout, config_path=config_path)

@@ -149,7 +149,8 @@ def launch_spec(cfg: Config, launch: Launch, *, run_id: str, state_dir: Path,
         ef.parent.mkdir(parents=True, exist_ok=True)
         ef.unlink(missing_ok=True)  # an earlier run's attempt of the same number left it
         added[torchelastic.ENV] = env[torchelastic.ENV] = str(ef)
-    return LaunchSpec(tuple(argv), str(cfg.workdir()), env, added, cgroup=cfg.job.cgroup)
+    return LaunchSpec(tuple(argv), str(cfg.workdir()), env, added, cgroup=cfg.job.cgroup,
+                      prewarm=cfg.job.prewarm and not cfg.job.shell)
 
 
 def remedies_record(launch: Launch) -> list[dict[str, Any]]:
@@ -171,6 +172,7 @@ class Environment:
         self._done = threading.Event()
         self._started = False
         self._lock = threading.Lock()
+        self._notes: dict[tuple[str, str], dict[str, Any]] = {}  # the launcher's, per (run, attempt)
 
     def start(self, cfg: Config) -> None:
         """Begin the probe (once; later calls do nothing)."""
@@ -195,6 +197,12 @@ class Environment:
             return None
         return self._cache
 
+    def note(self, spec: LaunchSpec, fields: Mapping[str, Any]) -> None:
+        """What the launcher says about how the attempt started (``prewarm``), for its record."""
+        self._notes[(spec.env.get("TSUP_RUN_ID", ""), spec.env.get("TSUP_ATTEMPT", ""))] = dict(fields)
+
     def of_attempt(self, spec: LaunchSpec, extra: Mapping[str, Any]) -> dict[str, Any]:
-        """The attempt's own part of its snapshot: its world size, what the monitors saw."""
-        return {"world": world_from_launch(spec.argv, spec.env), **extra}
+        """The attempt's own part of its snapshot: its world size, what the monitors saw, and
+        how the launcher started it."""
+        notes = self._notes.pop((spec.env.get("TSUP_RUN_ID", ""), spec.env.get("TSUP_ATTEMPT", "")), {})
+        return {"world": world_from_launch(spec.argv, spec.env), **extra, **notes}

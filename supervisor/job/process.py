@@ -39,6 +39,21 @@ class LaunchSpec:
     env: Mapping[str, str]  # the full environment of the job
     added_env: Mapping[str, str]  # what we added on top of the daemon's (for the ledger)
     cgroup: bool = True  # in a cgroup of its own where one can be made ([job] cgroup)
+    prewarm: bool = False  # started in a standby interpreter when one is ready ([job] prewarm)
+
+
+# How an attempt's leader is started: (spec, stdout write end, stderr write end, cgroup.procs fd
+# or -1) -> the process and how it was started (None: plain; else prewarm's "used" / "cold: why").
+Spawn = Callable[[LaunchSpec, int, int, int], "tuple[subprocess.Popen[bytes], object | None]"]
+
+
+def popen_job(spec: LaunchSpec, out_w: int, err_w: int, procs_fd: int) -> "subprocess.Popen[bytes]":
+    """The job exactly as configured: its own session, its output into the keeper's pipes."""
+    return subprocess.Popen(
+        list(spec.argv), cwd=spec.cwd, env=dict(spec.env), stdin=subprocess.DEVNULL,
+        stdout=out_w, stderr=err_w, start_new_session=True, close_fds=True,
+        preexec_fn=(lambda: _enter_cgroup(procs_fd)) if procs_fd >= 0 else None,
+    )
 
 
 class JobProcess:
@@ -51,8 +66,9 @@ class JobProcess:
 
     def __init__(self, spec: LaunchSpec, fanout: SinkFanout, passthrough: Consoles | None,
                  log_path: Path | None, on_eof: Callable[[str], None], osapi: OsApi,
-                 cgroup_parent: Path | None = None) -> None:
+                 cgroup_parent: Path | None = None, spawn: Spawn | None = None) -> None:
         self.spec = spec
+        self.prewarm: object | None = None  # prewarm's Outcome when [job] prewarm is on
         self.osapi = osapi
         log_fd = err_log_fd = -1
         err_log_path = ""
@@ -98,11 +114,10 @@ class JobProcess:
         procs_fd = self.cgroup.procs_fd() if self.cgroup is not None else -1
         try:
             try:
-                self.popen = subprocess.Popen(
-                    list(spec.argv), cwd=spec.cwd, env=dict(spec.env), stdin=subprocess.DEVNULL,
-                    stdout=out_w, stderr=err_w, start_new_session=True, close_fds=True,
-                    preexec_fn=(lambda: _enter_cgroup(procs_fd)) if procs_fd >= 0 else None,
-                )
+                if spawn is not None:
+                    self.popen, self.prewarm = spawn(spec, out_w, err_w, procs_fd)
+                else:
+                    self.popen = popen_job(spec, out_w, err_w, procs_fd)
             finally:
                 os.close(out_w)  # only the job holds the write ends: the keeper sees EOF when it is gone
                 os.close(err_w)

@@ -463,6 +463,8 @@ class Ledger:
                 "summary": r["summary"],
                 "env": json.loads(r["env_json"]),
                 "environment": _load(r["snapshot_json"]),
+                # [job] prewarm: "used" or "cold: <why>" (null when prewarm is off)
+                "prewarm": (_load(r["snapshot_json"]) or {}).get("prewarm"),
                 "counted": bool(r["counted"]),
                 "repeat": _repeat_of(r)[0],
             })

@@ -1,0 +1,105 @@
+"""[job] prewarm through the real daemon: a torch job that crashes once relaunches in the standby
+(its imports done, its output, metrics and resume as in a cold start), and a doubt makes the
+attempt cold with its reason in history."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import history
+
+PY = sys.executable
+
+# Attempt 0 saves a checkpoint at step 3 and crashes, but only once the standby for attempt 1
+# (found by its runner and this job's cwd) has torch loaded: the relaunch then always meets a
+# standby with its imports done. Each attempt says whether torch was imported before its own
+# first line ran (the proof that it ran in the standby), and where it resumed from.
+JOB = """
+import os, sys, json, time
+pre = "torch" in sys.modules
+import torch
+out, attempt = sys.argv[1], os.environ["TSUP_ATTEMPT"]
+json.dump({"pre": pre, "argv": sys.argv, "name": __name__, "cwd": os.getcwd(), "pid": os.getpid(),
+           "resume": os.environ.get("TSUP_RESUME_FROM"), "cuda": torch.cuda.is_initialized()},
+          open(os.path.join(out, f"attempt-{attempt}.json"), "w"))
+
+def standby_has_torch():
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if (b"standby.py" in open(f"/proc/{pid}/cmdline", "rb").read()
+                    and os.readlink(f"/proc/{pid}/cwd") == os.getcwd()
+                    and "libtorch" in open(f"/proc/{pid}/maps").read()):
+                return True
+        except OSError:
+            continue
+    return False
+
+start = int(os.environ.get("TSUP_RESUME_STEP") or 0)
+for step in range(start + 1, start + 6):
+    print(f"step {step}: loss {1.0 / step:.4f}", flush=True)
+    if step == 3 and attempt == "0":
+        torch.save({"step": 3, "w": torch.ones(2)}, os.path.join(out, "ck", "step_3.pt"))
+        deadline = time.monotonic() + 120
+        while not standby_has_torch() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise RuntimeError("crash once")
+"""
+
+
+def _wrap(sd: Path, work: Path, *flags: str) -> list[str]:
+    return ["wrap", "--state-dir", str(sd), "--backoff", "0", "--set", "job.prewarm=true",
+            "--set", f"job.workdir={work}", *flags, "--"]
+
+
+@pytest.mark.slow  # two torch imports (the cold attempt's, the standby's)
+def test_a_crash_relaunches_in_the_standby_with_output_metrics_and_resume_intact(daemons, tmp_path):
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    (out / "ck").mkdir(parents=True)
+    (out / "job.py").write_text(JOB)
+    d = daemons(_wrap(sd, out, "--checkpoint-dir", str(out / "ck")) + [PY, "job.py", str(out)])
+    assert d.wait(180) == 0, d.stderr()[-3000:]
+    a0, a1 = (json.loads((out / f"attempt-{n}.json").read_text()) for n in (0, 1))
+    assert not a0["pre"] and a1["pre"]  # attempt 1 found torch imported: it ran in the standby
+    for a in (a0, a1):  # what a cold start would see
+        assert a["argv"] == ["job.py", str(out)] and a["name"] == "__main__" and a["cwd"] == str(out)
+        assert a["cuda"] is False  # imported, not initialised
+    assert a1["resume"] == str(out / "ck" / "step_3.pt")
+    h = history(sd)
+    rows = h["attempts"]
+    assert [r["prewarm"] for r in rows][1] == "used", rows
+    assert rows[0]["prewarm"].startswith("cold: no standby was ready")
+    assert rows[1]["argv"] == [PY, "job.py", str(out)]  # the exact command, as configured
+    assert rows[1]["exit_code"] == 0 and rows[0]["cause"] == "crash"
+    log = (sd / "job.log").read_text()
+    assert "crash once" in log and "step 8: loss" in log  # both attempts' output in the job log
+    db = sqlite3.connect(sd / "ledger.sqlite")
+    steps = [r[0] for r in db.execute("SELECT step FROM metrics WHERE attempt=1 ORDER BY step")]
+    assert steps == [4, 5, 6, 7, 8]  # its metrics parsed as any attempt's
+    mods = (sd / "prewarm" / "attempt-1.modules").read_text().split()
+    assert "torch" in mods and "job" not in mods  # recorded for the next standby
+
+
+def test_a_doubt_makes_the_attempt_cold_with_the_reason_in_history(daemons, tmp_path):
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    (out / "job.py").write_text("import os, sys\nprint('step 1: loss 1.0', flush=True)\n"
+                                "sys.exit(1 if os.environ['TSUP_ATTEMPT'] in ('0', '1') else 0)\n")
+    cfg = tmp_path / "c.toml"
+    # The remedy changes an environment variable the imports could have read: no standby serves it.
+    cfg.write_text('[on.crash]\nremedies = [{ env = { CUDA_VISIBLE_DEVICES = "1" } }]\n')
+    d = daemons(_wrap(sd, out, "--config", str(cfg)) + [PY, "job.py"])
+    assert d.wait(60) == 0, d.stderr()[-3000:]
+    rows = history(sd)["attempts"]
+    assert [bool(r["remedies"]) for r in rows] == [False, False, True], rows  # the crash repeated: a remedy
+    assert rows[1]["prewarm"] == "used"
+    assert rows[2]["prewarm"] == "cold: environment variable CUDA_VISIBLE_DEVICES changed", rows[2]
+    # Not a plain Python job at all: cold, and said so.
+    sd2 = tmp_path / "sd2"
+    d = daemons(_wrap(sd2, out) + ["/bin/sh", "-c", "exit 0"])
+    assert d.wait(60) == 0, d.stderr()[-3000:]
+    [row] = history(sd2)["attempts"]
+    assert row["prewarm"] == "cold: not a plain Python job (sh is not a Python interpreter)"
