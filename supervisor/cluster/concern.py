@@ -19,11 +19,12 @@ is on, so a single-node daemon neither imports nor runs any of this:
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import structlog
 
 from ..core.causes import Action, Cause
+from ..core.machine import State
 from ..core.messages import EXIT_GAVE_UP, EXIT_OK, EndAttempt, Resume
 from ..events import Detection, MetricRecord
 from ..daemon.ports import Concern, DaemonView
@@ -33,15 +34,13 @@ from .coord import EndRequest, Keys, Plan, Rules
 from .etcd import EtcdClient
 from .launchprobe import launch_digest_or_none
 
+if TYPE_CHECKING:  # the checkpoint service's imports only with a checkpoint dir (see the concern's adopt)
+    from ..checkpoints.discovery import Candidate
+    from ..daemon.checkpointconcern import CheckpointConcern
+
 log = structlog.get_logger("supervisor.cluster")
 
 SOURCE = "cluster:"  # the detection source of another node's failure: it is not requested again
-
-
-def _state(d: DaemonView) -> str:
-    """The runner's state and exit, which the DaemonView port does not name (read-only here)."""
-    st = getattr(d, "state", None)
-    return str(getattr(st, "value", st or ""))
 
 
 def _cause(name: str) -> Cause:
@@ -108,14 +107,12 @@ class ClusterConcern(Concern):
         while self._events:
             event, level, message, data = self._events.popleft()
             d.event(event, level, message, **data)
-        agent.set_state(_state(d))
+        run = d.run_view()
+        agent.set_state(run.state.value)
         # The fast path: the machine began stopping the job for a failure seen here; the others
         # stop now, not after this node's grace period.
-        m = getattr(d, "machine", None)
-        root = getattr(m, "root", None)
-        decision = getattr(getattr(m, "pending", None), "decision", None)
-        if m is not None and _state(d) == "stopping" and root is not None and decision is not None:
-            self._request(d.attempt, root, decision.action)
+        if run.state is State.STOPPING and run.root is not None and run.decision is not None:
+            self._request(run.attempt, run.root, run.decision.action)
 
     def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
         if end.cause is None or end.detection is None:
@@ -139,11 +136,11 @@ class ClusterConcern(Concern):
         if agent is None or d is None:
             return
         gave_up = None
-        code = getattr(d, "exit_code", None)
-        if code == EXIT_OK and _state(d) == "finished":
+        run = d.run_view()
+        if run.exit_code == EXIT_OK and run.state is State.FINISHED:
             agent.finished()
-        elif code == EXIT_GAVE_UP:
-            gave_up = f"node {agent.node_id}: {getattr(d, 'exit_reason', '')}"
+        elif run.exit_code == EXIT_GAVE_UP:
+            gave_up = f"node {agent.node_id}: {run.exit_reason}"
         agent.close(gave_up=gave_up)
         while self._events:  # the last words (the ledger is still open)
             event, level, message, data = self._events.popleft()
@@ -154,17 +151,17 @@ class ClusterCheckpoints:
     """The checkpoint port of a node in a multi-node run: the local store, with the launch
     barrier in :meth:`choose` (on the launch preparation thread)."""
 
-    def __init__(self, inner: Any, concern: ClusterConcern) -> None:
-        self.inner = inner  # the CheckpointConcern
+    def __init__(self, inner: CheckpointConcern, concern: ClusterConcern) -> None:
+        self.inner = inner
         self.concern = concern
 
     def book_last_attempt(self) -> str | None:
         return self.inner.book_last_attempt()
 
-    def emergency_checkpoint_probe(self) -> Any:
+    def emergency_checkpoint_probe(self) -> Callable[[], bool] | None:
         return self.inner.emergency_checkpoint_probe()
 
-    def newest(self) -> Any:
+    def newest(self) -> Candidate | None:
         return self.inner.newest()
 
     def choose(self, action: Action, onset_step: int | None, explicit: str | None,
@@ -173,8 +170,8 @@ class ClusterCheckpoints:
         assert agent is not None
         rows = self._ready_rows()
         # ClusterGaveUp (a GiveUp) goes up as it is: the machine gives up with its cause.
-        plan = agent.wait_for_generation(sorted(rows), digest=launch_digest_or_none(getattr(self.concern.daemon,
-                                                                                           "cfg", None)))
+        d = self.concern.daemon
+        plan = agent.wait_for_generation(sorted(rows), digest=launch_digest_or_none(d.cfg if d is not None else None))
         self.concern.plan = plan
         if explicit:
             log.warning("cluster_explicit_checkpoint_ignored", path=explicit,
@@ -189,7 +186,7 @@ class ClusterCheckpoints:
 
     def _ready_rows(self) -> dict[int, str]:
         """Step -> path of every checkpoint verified ready here (empty without a checkpoint dir)."""
-        svc = getattr(self.inner, "svc", None)
+        svc = self.inner.svc
         if svc is None:
             return {}
         svc.set_writer_active(False)  # the previous attempt's group is gone

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
+from ..core.machine import State
 from ..core.messages import EndAttempt, ExitInfo, GateResult, Resume
+from ..core.policy import Decision
 from ..events import Action, AttemptContext, Detection, MetricRecord, Monitor
 
 if TYPE_CHECKING:
@@ -178,6 +180,23 @@ class EnvironmentProbe(Protocol):
     def of_attempt(self, spec: "LaunchSpec", extra: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
+@dataclass(frozen=True)
+class RunView:
+    """The run as it stands, built by the runner when a concern asks (``DaemonView.run_view``):
+    a copy of what concerns read of the state machine, so that none reaches into it. Safe to
+    keep and to read from any thread."""
+
+    state: State
+    attempt: int  # -1 before the first launch
+    has_job: bool  # a job was spawned for the current attempt (it may have exited since)
+    root: Detection | None  # the first failure of this attempt (what a stop under way is for)
+    decision: Decision | None  # what follows the stop under way: a relaunch or a give-up (None: none decided)
+    resume: Resume  # where the current attempt started from
+    last_metric: MetricRecord | None  # the attempt's newest metric record kept
+    exit_code: int | None  # once the run is over: the daemon's exit code
+    exit_reason: str
+
+
 class DaemonView(Protocol):
     """What a concern may see and call of the running daemon."""
 
@@ -188,8 +207,14 @@ class DaemonView(Protocol):
     clock: Clock
     fanout: "SinkFanout"
 
+    def run_view(self) -> RunView:
+        """The run as it stands now (state, attempt, the stop under way and why, exit)."""
+        ...
+
     @property
-    def attempt(self) -> int: ...
+    def attempt(self) -> int:
+        """``run_view().attempt``, read without building a view (verifier threads poll it)."""
+        ...
 
     @property
     def metric_history(self) -> Sequence[MetricRecord]: ...

@@ -33,7 +33,7 @@ from .concernset import ConcernSet
 from .jobstop import JobStop
 from .metricbuffer import MetricBuffer
 from .monitors import AttemptMonitors
-from .ports import Concern, Job, Ports
+from .ports import Concern, Job, Ports, RunView
 from .recovery import close_previous_life
 from .reload import reload_config
 from .requests import RUNNER_VERBS, answer, ask, install_signal_handlers, machine_request
@@ -94,6 +94,12 @@ class Runner:
     @property
     def exit_reason(self) -> str:
         return self.machine.exit_reason
+
+    def run_view(self) -> RunView:
+        m = self.machine
+        return RunView(state=m.state, attempt=m.attempt, has_job=self.job is not None, root=m.root,
+                       decision=m.pending.decision, resume=m.resume, last_metric=self.metrics.last,
+                       exit_code=m.exit_code, exit_reason=m.exit_reason)
 
     @property
     def metric_history(self) -> Sequence[MetricRecord]:

@@ -1,0 +1,108 @@
+"""What concerns read of the run (``DaemonView.run_view``, a frozen :class:`RunView`), built by the
+real runner on fakes (``tests/fakes.py``), and the cluster concern reading it instead of the
+machine (a fake agent: no etcd)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from supervisor.cluster.concern import ClusterConcern
+from supervisor.config.model import config_from_table
+from supervisor.core.causes import Action, Cause
+from supervisor.core.machine import State
+from supervisor.core.messages import EXIT_OK
+
+from ..fakes import close_all, config, daemon
+
+
+@pytest.fixture(autouse=True)
+def _closed():
+    yield
+    close_all()
+
+
+def step_line(step: int, loss: float | str) -> str:
+    return json.dumps({"step": step, "loss": loss, "grad_norm": 1.0}).replace('"nan"', "NaN")
+
+
+def test_the_view_follows_the_machine_through_a_stop_and_the_end(tmp_path: Path) -> None:
+    d = daemon(tmp_path, steps=[100])
+    v = d.runner.run_view()
+    assert (v.state, v.attempt, v.has_job, v.root, v.decision, v.exit_code) == (State.STARTING, 0, True, None, None, None)
+    assert v.resume.checkpoint is None and v.last_metric is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.attempt = 5  # type: ignore[misc]  # a concern cannot change what it was shown
+    d.launcher.job.ignore.add(signal.SIGTERM)  # the stop stays under way
+    d.lines(*[step_line(s, 2.0) for s in range(100, 106)], step_line(107, "nan"))
+    v = d.runner.run_view()
+    assert v.state is State.STOPPING and v.root is not None and v.root.cause is Cause.NAN
+    assert v.decision is not None and v.decision.action is Action.ROLLBACK
+    assert v.last_metric is not None and v.last_metric.step == 107  # the NaN line is a record too
+    assert d.runner.run_view() == v  # nothing moved: the same view
+    d.clock.advance(3600.0)  # past every grace: SIGKILL ends it; the relaunch follows the backoff
+    d.settle()
+    d.clock.advance(60.0)
+    d.settle()
+    v = d.runner.run_view()
+    assert v.attempt == 1 and v.root is None and v.decision is None and v.resume.checkpoint == "ckpt/step_100.pt"
+    d.launcher.job.exits(0)
+    d.settle()
+    v = d.runner.run_view()
+    assert (v.state, v.exit_code) == (State.FINISHED, EXIT_OK) and v.exit_reason
+
+
+class FakeAgent:
+    """The cluster agent as the concern drives it (no etcd, no thread)."""
+
+    def __init__(self, client: Any, keys: Any, node_id: str, addr: str, rules: Any, *,
+                 on_stop: Callable[..., None], on_event: Callable[..., None]) -> None:
+        self.node_id = node_id
+        self.states: list[str] = []
+        self.requests: list[tuple[str, str, int | None, int | None, str]] = []
+        self.ended: list[str] = []
+
+    def start(self) -> None:
+        pass
+
+    def set_state(self, state: str) -> None:
+        if not self.states or self.states[-1] != state:
+            self.states.append(state)
+
+    def request_end(self, cause: str, summary: str, step: int | None, onset_step: int | None, action: str) -> None:
+        self.requests.append((cause, summary, step, onset_step, action))
+
+    def finished(self) -> None:
+        self.ended.append("finished")
+
+    def close(self, gave_up: str | None = None) -> None:
+        self.ended.append(f"closed gave_up={gave_up}")
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+
+def test_the_cluster_concern_asks_the_others_to_stop_from_what_the_view_says(tmp_path: Path) -> None:
+    cc = config_from_table({"job": {"command": ["x"]}, "cluster": {"endpoints": ["http://127.0.0.1:9"],
+                                                                   "nodes": 2}}).cluster
+    agents: list[FakeAgent] = []
+
+    def factory(*a: Any, **kw: Any) -> FakeAgent:
+        agents.append(FakeAgent(*a, **kw))
+        return agents[-1]
+
+    cluster = ClusterConcern(cc, "job", agent_factory=factory)  # type: ignore[arg-type]  # the fake agent
+    d = daemon(tmp_path, config(tmp_path), concerns=[cluster])
+    (agent,) = agents
+    d.launcher.job.ignore.add(signal.SIGTERM)
+    d.lines(*[step_line(s, 2.0) for s in range(1, 4)], step_line(5, "nan"))
+    d.step()
+    assert agent.states[-1] == "stopping"
+    ((cause, _summary, step, onset, action),) = agent.requests  # at once, not after the grace
+    assert (cause, action, step, onset) == ("nan", "rollback", 5, 4)
+    d.runner.close()
+    assert agent.ended == ["closed gave_up=None"]
