@@ -95,11 +95,16 @@ def launch_digest(argv: Sequence[str], env: Mapping[str, str], skip_batches: int
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def hold_for(decision: Decision) -> Hold | None:
+    """What the relaunch after ``decision`` waits for, when its action's handler holds it."""
+    handler = ACTIONS[decision.action].handler
+    return handler.hold(decision.cause) if handler is not None and decision.relaunch else None
+
+
 def what_next(decision: Decision) -> str:
     if not decision.relaunch:
         return f"giving up after stopping the job ({decision.reason})"
-    handler = ACTIONS[decision.action].handler
-    hold = handler.hold(decision.cause) if handler is not None else None
+    hold = hold_for(decision)
     if hold is not None:
         return f"stopping the job, then waiting until {hold.until} before relaunching ({decision.reason})"
     return (f"stopping the job, then {decision.action.value} in {decision.delay_s:.1f} s "

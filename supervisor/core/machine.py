@@ -38,7 +38,7 @@ from ..errors import Conflict, GiveUp, IllegalMove
 from ..events import Detection
 from . import attempts
 from .attempts import Pending, shutdown_plan
-from .policy import Decision, Failure, PastAttempt, RepeatKey, decide, merge_args
+from .policy import Decision, Failure, PastAttempt, RemediesInForce, RepeatKey, decide
 from .causes import ACTIONS, CAUSES, Action, Cause, Hold, StopStyle, gate_failure
 from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, Activity, ArmTimer, Boot, CheckpointRequested, Command,
                        ConditionCleared, Detected,
@@ -96,10 +96,7 @@ class Machine:
         self.resume: Resume = FRESH_START
         self.history: list[PastAttempt] = []
         self.restarts_by_cause: Counter[str] = Counter()
-        self.remedy_env: dict[str, str] = {}
-        self.remedy_args: list[str] = []
-        self.remedy_scale: dict[str, float] = {}
-        self.skip_batches = 0
+        self.remedies = RemediesInForce()  # from the ladders climbed so far, for every following attempt
         self.diagnostics = False  # after a failed validation: the next attempts say more
         self.stop_requests = 0
         # The first stop request's signal (SIGTERM from systemd, Slurm, Kubernetes): the daemon then
@@ -123,6 +120,19 @@ class Machine:
         self._handlers[type(event)](event)
         out, self._out = self._out, []
         return out
+
+    # status.py's readers, until it shows remedies.as_status() (which has the scale too)
+    @property
+    def remedy_env(self) -> Mapping[str, str]:
+        return self.remedies.env
+
+    @property
+    def remedy_args(self) -> tuple[str, ...]:
+        return self.remedies.args
+
+    @property
+    def skip_batches(self) -> int:
+        return self.remedies.skip_batches
 
     @property
     def counted_restarts(self) -> int:
@@ -200,13 +210,14 @@ class Machine:
             return
         self.resume = ev.resume or FRESH_START
         self.root = None
-        self._do(Launch(self.attempt, self.resume, ev.gate, dict(self.remedy_env), list(self.remedy_args),
-                        self.skip_batches, self.diagnostics, dict(self.remedy_scale)))
+        r = self.remedies
+        self._do(Launch(self.attempt, self.resume, ev.gate, r.env, r.args, r.skip_batches, self.diagnostics, r.scale))
 
     def _spawned(self, ev: Spawned) -> None:
         self.spawned = True
         self.saw_metric, self.last_step, self.repeat, self.activity = False, None, None, None
-        self.launch_digest = attempts.launch_digest(ev.argv, self.remedy_env, self.skip_batches, self.diagnostics)
+        self.launch_digest = attempts.launch_digest(ev.argv, self.remedies.env, self.remedies.skip_batches,
+                                                    self.diagnostics)
         self.pid, self.pgid = ev.pid, ev.pgid
         self.attempt_started = ev.now
         resume_txt = (f"resuming from {self.resume.checkpoint} (step {self.resume.step})"
@@ -335,22 +346,15 @@ class Machine:
         self._apply_remedies(decision)
         if CAUSES[decision.cause].diagnostics:
             self.diagnostics = True
-        handler = ACTIONS[decision.action].handler
-        hold = handler.hold(decision.cause) if handler is not None else None
-        if hold is not None:
-            self._hold(hold, decision, summary, ran)
+        self.pending = Pending(decision=decision, explicit_checkpoint=self.pending.explicit_checkpoint)
+        self.hold = attempts.hold_for(decision)
+        if self.hold is not None:  # no timer: a ConditionCleared for its cause (or an operator's restart) relaunches
+            self._move(State.HELD, self.hold.until)
+            self._do(attempts.relaunch_held(self.attempt, decision, self.hold, summary, ran))
             return
         self._do(ArmTimer(decision.delay_s))
         self._move(State.BACKOFF, decision.cause.value)
         self._do(attempts.restart_scheduled(self.attempt, decision, summary, ran))
-        self.pending = Pending(decision=decision, explicit_checkpoint=self.pending.explicit_checkpoint)
-
-    def _hold(self, hold: Hold, decision: Decision, summary: str, ran: float) -> None:
-        """-> HELD: no timer; a ConditionCleared for ``hold.cause`` (or an operator's restart) relaunches."""
-        self.hold = hold
-        self._move(State.HELD, hold.until)
-        self._do(attempts.relaunch_held(self.attempt, decision, hold, summary, ran))
-        self.pending = Pending(decision=decision, explicit_checkpoint=self.pending.explicit_checkpoint)
 
     def _cleared(self, ev: ConditionCleared) -> None:
         if self.state is not State.HELD or self.hold is None or ev.cause is not self.hold.cause:
@@ -363,10 +367,7 @@ class Machine:
     def _apply_remedies(self, decision: Decision) -> None:
         r = decision.remedies
         if r.rungs:
-            self.remedy_env.update(r.env)
-            self.remedy_args = merge_args(self.remedy_args, r.args)
-            self.skip_batches = max(self.skip_batches, r.skip_batches)
-            self.remedy_scale.update(r.scale)  # the ladder's cumulative product, not multiplied again
+            self.remedies = self.remedies.plus(r)
             self._do(attempts.remedies_applied(decision))
 
     def _timer(self, _ev: TimerFired) -> None:

@@ -121,6 +121,28 @@ class AppliedRemedies:
 
 
 @dataclass(frozen=True)
+class RemediesInForce:
+    """What every following attempt gets from the ladders climbed so far, all causes together:
+    one value from the machine to the launch and ``status`` (a decision's rungs are merged in
+    with :meth:`plus`)."""
+
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    args: tuple[str, ...] = ()
+    skip_batches: int = 0
+    scale: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # flag -> factor
+
+    def plus(self, r: AppliedRemedies) -> RemediesInForce:
+        """With ``r`` applied: env updated, args merged, the larger skip; a flag's factor is the
+        ladder's cumulative product already, so it replaces the one before (not multiplied again)."""
+        return RemediesInForce(MappingProxyType({**self.env, **r.env}), tuple(merge_args(self.args, r.args)),
+                               max(self.skip_batches, r.skip_batches), MappingProxyType({**self.scale, **r.scale}))
+
+    def as_status(self) -> dict[str, object]:
+        return {"env": dict(self.env), "args": list(self.args), "skip_batches": self.skip_batches,
+                "scale": dict(self.scale)}
+
+
+@dataclass(frozen=True)
 class Decision:
     action: Action
     cause: Cause

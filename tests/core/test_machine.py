@@ -339,6 +339,26 @@ def test_repeats_climb_the_remedy_ladder_into_the_next_launch():
     assert dict(launch.remedy_env) == {"LR_SCALE": "0.5"}
 
 
+def test_the_remedies_in_force_are_one_value_from_the_ladders_to_the_launch_and_status():
+    """Two causes' ladders merge into one frozen RemediesInForce: the launch gets all of it (the
+    scale too) and status reads the same value (as_status, with the scale)."""
+    s = Script(job={"command": ["python", "train.py", "--lr=0.001"]}, policy={"healthy_after_s": 600.0},
+               on={"nan": {"remedies": [{"env": {"LR_SCALE": "0.5"}, "scale": {"--lr": 0.5}}]},
+                   "oom": {"remedies": [{"args": ["--batch=8"], "skip_batches": 100}]}})
+    for cause, step in ((Cause.NAN, 10), (Cause.NAN, 20), (Cause.OOM, 30), (Cause.OOM, 40)):
+        s.running()
+        s.detect(cause, step=step)
+        s.stopped()
+    s(TimerFired())
+    launch = one(s(Prepared(resume=Resume(None, None, "fresh"))), Launch)
+    assert (dict(launch.remedy_env), list(launch.remedy_args), launch.skip_batches, dict(launch.remedy_scale)) == (
+        {"LR_SCALE": "0.5"}, ["--batch=8"], 100, {"--lr": 0.5})
+    assert s.m.remedies.as_status() == {"env": {"LR_SCALE": "0.5"}, "args": ["--batch=8"], "skip_batches": 100,
+                                        "scale": {"--lr": 0.5}}
+    with pytest.raises(AttributeError):  # frozen: only the machine replaces it, with plus()
+        s.m.remedies.skip_batches = 0  # type: ignore[misc]
+
+
 def test_history_from_a_previous_daemon_life_counts_against_the_budget():
     s = Script(policy={"max_restarts": 1})
     s(Boot(next_attempt=5, history=[PastAttempt(4, Cause.OOM, W0, 3.0, True)]))
