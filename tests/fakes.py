@@ -10,7 +10,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from supervisor.config.model import Config, config_from_table
 from supervisor.core.messages import ExitInfo, Resume
-from supervisor.daemon.concerns import GoodputConcern, ValidationConcern, WatchConcern
+from supervisor.daemon.concerns import GoodputConcern, ValidationConcern
+from supervisor.daemon.watchconcern import WatchConcern
 from supervisor.daemon.ports import Concern, Ports
 from supervisor.events import Action, Cause, MetricRecord
 from supervisor.health.gate import GateVerdict

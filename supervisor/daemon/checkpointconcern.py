@@ -314,6 +314,11 @@ class CheckpointConcern(Concern):
             self._newest_cache = newest_checkpoint(self.svc)
         return self._newest_cache
 
+    def newest_bytes(self) -> int | None:
+        """The size of the newest complete checkpoint (the host monitor's disk check: room for one more)."""
+        newest = self.newest()
+        return newest.size if newest is not None else None
+
     def status(self) -> dict[str, Any]:
         if self.svc is None:
             return {}

@@ -1,11 +1,12 @@
-"""The concerns that plug into the runner: the job's output and heartbeats, post-reboot
-validation, goodput, and the operator's side (control socket, Prometheus, systemd status)."""
+"""The concerns that plug into the runner: post-reboot validation, goodput, and the operator's
+side (control socket, Prometheus, systemd status). The job's output and heartbeats are
+:mod:`supervisor.daemon.watchconcern`."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import structlog
 
@@ -13,10 +14,16 @@ from ..checkpoints.cadence import interval_advice
 from ..core.causes import Cause
 from ..core.messages import EndAttempt, Resume
 from ..eventnames import EventName
-from ..events import AttemptContext, Detection, MetricRecord, Monitor
+from ..events import AttemptContext, Detection, MetricRecord
 from ..core.goodput import Track, goodput_of, tracks_from_rows
 from ..core.resumecheck import CHECK_NAME as RESUME_CHECK
 from .ports import Concern, DaemonView, Notifier
+
+if TYPE_CHECKING:  # imported at start, only what is configured (prometheus_client: 12 ms)
+    from ..core.validation import Validator
+    from ..ops.control import ControlServer
+    from ..ops.metrics import Metrics
+    from .checkpointconcern import CheckpointConcern
 
 log = structlog.get_logger("supervisor.daemon")
 
@@ -30,13 +37,14 @@ class OpsConcern(Concern):
 
     name = "ops"
 
-    def __init__(self, notifier: Notifier, checkpoints: Any = None, *, status_interval_s: float = 5.0) -> None:
+    def __init__(self, notifier: Notifier, checkpoints: CheckpointConcern | None = None, *,
+                 status_interval_s: float = 5.0) -> None:
         self.notifier = notifier
         self.status_interval_s = status_interval_s  # systemd.status_interval_s: STATUS= at most this often
         self._status_sent_at = float("-inf")
         self.checkpoints = checkpoints  # the CheckpointConcern: `restart --from` is verified by its service
-        self.control: Any = None
-        self.metrics: Any = None
+        self.control: ControlServer | None = None
+        self.metrics: Metrics | None = None
         self.daemon: DaemonView | None = None
         self._last_status = float("-inf")
         self._status_line = ""
@@ -50,7 +58,8 @@ class OpsConcern(Concern):
         from .restartfrom import gate_restart_from
 
         self.control = ControlServer(daemon.state_dir, gate_restart_from(
-            daemon.control, lambda: daemon.cfg, daemon.state_dir, lambda: getattr(self.checkpoints, "svc", None)))
+            daemon.control, lambda: daemon.cfg, daemon.state_dir,
+            lambda: self.checkpoints.svc if self.checkpoints is not None else None))
         self.control.start()
         mc = daemon.cfg.metrics
         if mc.listen or mc.textfile:
@@ -130,169 +139,6 @@ def status_line(st: Mapping[str, Any]) -> str:
     if lm.get("loss") is not None:
         parts.append(f"loss {lm['loss']:.4g}")
     return ", ".join(parts)
-
-
-class WatchConcern(Concern):
-    """The job's output (log watcher and detectors), its heartbeats and liveness, tailed files."""
-
-    name = "watch"
-
-    def __init__(self) -> None:
-        self.heartbeat: Any = None
-        self.logwatch: Any = None
-        self.tailer: Any = None
-        self.metric_files: Any = None
-        self._roots_of: Any = None  # the config whose checkpoint dir the metric files last took
-        self.daemon: DaemonView | None = None
-
-    def start(self, daemon: DaemonView) -> None:
-        from ..watch.hanggate import system_gate
-        from ..watch.heartbeat import HeartbeatMonitor
-        from ..watch.logwatch import LogWatcher
-        from ..watch.tail import FileTailer
-
-        self.daemon = daemon
-        cfg = daemon.cfg
-        concern = self
-
-        class _ToLogWatch:
-            # The heartbeat monitor tails the client's metric files into the log watcher, which in
-            # turn tells the heartbeat monitor about progress: this breaks the construction cycle.
-            def feed(self, source: str, lines: Any) -> None:
-                concern.logwatch.feed(source, lines)
-
-        self.heartbeat = HeartbeatMonitor(cfg.heartbeat, metrics_sink=_ToLogWatch(), wall=daemon.clock.time,
-                                          gate=system_gate(cfg.heartbeat, self._hang_suspected))
-        self.logwatch = LogWatcher(cfg.detectors, daemon.emit, daemon.on_metric, progress=self.heartbeat,
-                                   clock=daemon.clock.monotonic)
-        daemon.fanout.add(self.logwatch)
-        if cfg.job.watch_files:
-            self.tailer = FileTailer(list(cfg.job.watch_files), cfg.workdir(), self.logwatch)
-        if cfg.detectors.metric_files or cfg.job.watch_files:
-            self.metric_files = metric_files_monitor(cfg, daemon.state_dir, self.logwatch)
-
-    def monitors(self) -> list[Monitor]:
-        return [m for m in (self.heartbeat, self.tailer, self.metric_files) if m is not None]
-
-    def job_env(self) -> dict[str, str]:
-        from ..watch.heartbeat import client_env
-
-        assert self.daemon is not None
-        return client_env(self.daemon.cfg.heartbeat)
-
-    def before_spawn(self, attempt: int, resume: Resume) -> None:
-        """Detectors start afresh for the new attempt before its first line can arrive; the
-        tailed files' history is what they hold before the job starts, not when the tailer does."""
-        if self.tailer is not None:
-            self.tailer.baseline()
-        if self.metric_files is not None:
-            self.metric_files.baseline()
-        if self.logwatch is not None:
-            self.logwatch.reset(attempt, resume.step if resume.checkpoint else None)
-
-    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
-        """metrics_blind names the text files this attempt writes (their metrics may be there)."""
-        d = self.daemon
-        if self.logwatch is None or d is None:
-            return
-        from ..watch.blind import written_files
-
-        cfg = d.cfg
-        exclude = [d.state_dir, cfg.log_file()]
-        self.logwatch.blind.find_written = lambda: written_files(cfg.workdir(), wall - 1.0, exclude)
-
-    def job_hung(self, attempt: int, pids: Sequence[int]) -> None:
-        """Before a hung job is killed: every process's Python stack, into the state dir."""
-        d = self.daemon
-        assert d is not None
-        hb = d.cfg.heartbeat
-        if not hb.dump_stacks or not pids:
-            return
-        looked = self.heartbeat.fired_stacks() if self.heartbeat is not None else None
-        if looked is not None:  # the look that judged it hung took them a moment ago
-            d.event("stacks_dumped", "warning", f"the Python stacks of the hung job (the samples of each process, "
-                    f"taken by the look that found it hung) are in {looked}", path=looked)
-            return
-        from ..watch.stacks import dump_stacks
-
-        path = dump_stacks(pids, d.state_dir / "stacks", native=hb.dump_stacks_native,
-                           timeout_s=hb.dump_stacks_timeout_s, label=f"attempt{attempt}-hang")
-        if path is not None:
-            d.event("stacks_dumped", "warning", f"saved the Python stacks of the hung job ({len(pids)} "
-                    f"processes) to {path} before stopping it", path=str(path))
-        else:
-            d.event("stacks_unavailable", "warning", "py-spy is not installed: no stack dump of the hung job "
-                    "(reinstall transformer-supervisor with its dependencies)", ledger_only=True)
-
-    def tick(self, now: float) -> None:
-        """``metrics_blind`` (once per run) and ``metrics_seen``: logged here, on the main loop,
-        like every daemon event (journal, console, ledger), never from a reader thread."""
-        if self.logwatch is None or self.daemon is None:
-            return
-        if self.metric_files is not None and self.daemon.cfg is not self._roots_of:
-            self._follow_checkpoint_dir(self.daemon.cfg)
-        notice = self.logwatch.blind_notice(now)
-        if notice is not None:
-            self.daemon.event(notice.event, notice.level, notice.message, **notice.data)
-            # `status` read right after the console line must show it, not a snapshot from before.
-            self.daemon.refresh_status_cache()
-
-    def _hang_suspected(self, det: Detection, look: Any, busy_for_s: float) -> None:
-        """A silent job the look found busy (the heartbeat monitor's poll, on the main loop)."""
-        d = self.daemon
-        assert d is not None
-        left = d.cfg.heartbeat.max_busy_s - busy_for_s
-        d.event("hang_suspected", "warning", f"{det.summary}, but the job is busy: {look.verdict.reason}; "
-                f"not stopped (looked again later; a hang anyway in {left:.0f} s, [heartbeat] max_busy_s)",
-                summary=det.summary, busy_for_s=round(busy_for_s, 1), max_busy_s=d.cfg.heartbeat.max_busy_s,
-                look=look.to_json(), stacks=str(look.stacks_file) if look.stacks_file else None,
-                next="extended: the job is looked at again after the timeout")
-
-    def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.logwatch is not None:
-            # Which of the job's outputs yield metrics, and the last step of each; and whether the
-            # run is blind (no step parsed: the fix is in metrics_blind.fix).
-            out["metric_sources"] = self.logwatch.sources.snapshot()
-            out["metrics_blind"] = self.logwatch.blind.status()
-        if self.metric_files is not None:
-            out["metric_files"] = self.metric_files.status()  # the roots searched, the files followed
-        if self.heartbeat is not None:
-            out["heartbeats"] = {str(k): round(v, 3) for k, v in self.heartbeat.heartbeats().items()}
-        return out
-
-    def _follow_checkpoint_dir(self, cfg: Any) -> None:
-        """A checkpoint dir found after the start (from the command, or from files appearing) or
-        set by a reload is where trainers log too (HF ``output_dir/runs/``): search it as well."""
-        self._roots_of = cfg
-        ckpt = cfg.checkpoint_dir() if cfg.detectors.metric_files else None
-        if ckpt is not None:
-            self.metric_files.add_root(ckpt)
-
-    def close(self) -> None:
-        close_each(self.heartbeat, self.tailer, self.metric_files)
-
-
-def metric_files_monitor(cfg: Any, state_dir: Any, logwatch: Any) -> Any:
-    """The metric-file follower: the working dir and the checkpoint dir searched when
-    ``[detectors] metric_files`` is on; event files named in ``[job] watch_files`` always (the
-    line tailer skips them: they are binary)."""
-    import os
-    from pathlib import Path
-
-    from ..watch.metricfiles import MetricFiles
-
-    dc = cfg.detectors
-    cwd = cfg.workdir()
-    roots: list[Path] = []
-    if dc.metric_files:
-        roots.append(Path(cwd))
-        ckpt = cfg.checkpoint_dir()
-        if ckpt is not None:
-            roots.append(ckpt)
-    globs = [g if os.path.isabs(g) else os.path.join(str(cwd), g) for g in cfg.job.watch_files]
-    return MetricFiles(roots, logwatch, depth=dc.metric_files_depth, max_dirs=dc.metric_files_max_dirs,
-                       poll_interval_s=dc.metric_files_poll_s, globs=globs, exclude=[Path(state_dir)])
 
 
 class GoodputConcern(Concern):
@@ -380,7 +226,7 @@ class ValidationConcern(Concern):
 
     def __init__(self, goodput: GoodputConcern) -> None:
         self.goodput = goodput  # earlier attempts' start-up times
-        self.validator: Any = None
+        self.validator: Validator | None = None
         self.last: dict[str, Any] | None = None
         self.daemon: DaemonView | None = None
 

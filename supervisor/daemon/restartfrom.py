@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..errors import Conflict
 
+if TYPE_CHECKING:  # the checkpoint service is imported only when a restart --from is checked
+    from ..checkpoints.service import CheckpointService
+    from ..config.model import Config
 
-def from_reasons(cfg: Any, state_dir: Path, svc: Any, path_str: str) -> list[str]:
+
+def from_reasons(cfg: Config, state_dir: Path, svc: CheckpointService | None, path_str: str) -> list[str]:
     """Why ``path_str`` is not a ready checkpoint (empty when it is)."""
     from ..checkpoints.discovery import Candidate, Layout, classify
     from ..checkpoints.service import CheckpointService
@@ -34,7 +38,7 @@ def from_reasons(cfg: Any, state_dir: Path, svc: Any, path_str: str) -> list[str
     return list(row.reasons) or ["not ready (no reason given)"]
 
 
-def not_a_checkpoint(cfg: Any, svc: Any, path_str: str) -> str | None:
+def not_a_checkpoint(cfg: Config, svc: CheckpointService | None, path_str: str) -> str | None:
     """Why ``path_str`` is not something discovery would call a checkpoint (None when it is).
     Checked even with ``--force``: force overrides a failed check of a checkpoint, it does not
     make the checkpoint dir itself, or a random folder or file, one."""
@@ -45,7 +49,7 @@ def not_a_checkpoint(cfg: Any, svc: Any, path_str: str) -> str | None:
         p = (cfg.workdir() or Path.cwd()) / p
     if not p.exists():
         return None  # from_reasons says "does not exist"
-    ck_dir = getattr(svc, "dir", None)
+    ck_dir = svc.dir if svc is not None else None
     if ck_dir is not None and (p.resolve() == Path(ck_dir).resolve() or p.resolve() in Path(ck_dir).resolve().parents):
         return (f"{p} is the checkpoint dir (or above it), not one checkpoint in it; name one checkpoint "
                 "(see `transformer-supervisor checkpoints`)")
@@ -55,8 +59,8 @@ def not_a_checkpoint(cfg: Any, svc: Any, path_str: str) -> str | None:
     return None
 
 
-def gate_restart_from(handler: Callable[..., Any], cfg_of: Callable[[], Any], state_dir: Path,
-                      svc_of: Callable[[], Any]) -> Callable[..., Any]:
+def gate_restart_from(handler: Callable[..., Any], cfg_of: Callable[[], Config], state_dir: Path,
+                      svc_of: Callable[[], CheckpointService | None]) -> Callable[..., Any]:
     """Wrap the control handler: a ``restart`` with ``from`` is verified first unless ``force``."""
 
     def gated(verb: str, args: Mapping[str, Any], *a: Any, **kw: Any) -> Any:

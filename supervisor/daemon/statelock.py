@@ -42,11 +42,14 @@ import socket
 import signal
 import struct
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import SupervisorError
 from ..ownpaths import file_identity, open_in, refuse_unsafe_as_root
-from .ports import Concern
+from .ports import Concern, DaemonView
+
+if TYPE_CHECKING:
+    from ..ledger.store import Ledger
 
 LOCK_NAME = "daemon.lock"
 
@@ -251,7 +254,7 @@ class StateLockConcern(Concern):
     # moment's ENOSPC) before the daemon gives up and stops its job.
     GIVE_UP_AFTER_S = 5.0
 
-    def __init__(self, lock: StateLock, ledger: Any = None, *, rebind: Sequence[Callable[[], None]] = (),
+    def __init__(self, lock: StateLock, ledger: Ledger | None = None, *, rebind: Sequence[Callable[[], None]] = (),
                  stop: Callable[[], None] | None = None) -> None:
         self.lock = lock
         self.ledger = ledger
@@ -259,14 +262,14 @@ class StateLockConcern(Concern):
         # How the job is stopped when the dir cannot be re-taken: SIGTERM to ourselves (the handler
         # queues it; the loop stops the job gracefully). Injected by tests.
         self.stop = stop or (lambda: os.kill(os.getpid(), signal.SIGTERM))
-        self._daemon: Any = None
+        self._daemon: DaemonView | None = None
         self._next = 0.0
         self.reported: str | None = None  # why the dir is not ours (the episode in progress)
         self._lost_at = 0.0
         self.retaken = 0  # episodes ended by a re-take
         self.gave_up: str | None = None
 
-    def start(self, daemon: Any) -> None:
+    def start(self, daemon: DaemonView) -> None:
         self._daemon = daemon
 
     def tick(self, now: float) -> None:
@@ -289,6 +292,7 @@ class StateLockConcern(Concern):
     def _retake(self, why: str, now: float) -> None:
         d = self._daemon
         try:
+            assert d is not None, "ticked before it was started"
             self.lock.retake()
             done = [f"re-created {self.lock.state_dir} (mode 0700) with a fresh lock"]
             if self.ledger is not None:
@@ -321,6 +325,8 @@ class StateLockConcern(Concern):
 
     def _say(self, event: str, level: str, msg: str) -> None:
         try:
+            if self._daemon is None:
+                raise RuntimeError("not started")
             self._daemon.event(event, level, msg, pid=os.getpid())
         except Exception:  # noqa: BLE001 - the ledger lived in that dir; the log line still goes out
             import structlog
@@ -330,8 +336,8 @@ class StateLockConcern(Concern):
     def status(self) -> dict[str, Any]:
         led = self.ledger
         return {"state_dir_lost": self.gave_up or self.reported, "state_dir_retaken": self.retaken,
-                "ledger_write_errors": getattr(led, "write_errors", 0),
-                "ledger_failing": getattr(led, "failing", None)}
+                "ledger_write_errors": led.write_errors if led is not None else 0,
+                "ledger_failing": led.failing if led is not None else None}
 
     def close(self) -> None:
         self.lock.release()

@@ -19,7 +19,8 @@ from .ckptdiscovery import CheckpointDiscoveryConcern
 from .alerting import NotifyConcern
 from .precursors import PrecursorConcern
 from .resumewatch import ResumeWatchConcern
-from .concerns import GoodputConcern, OpsConcern, ValidationConcern, WatchConcern
+from .concerns import GoodputConcern, OpsConcern, ValidationConcern
+from .watchconcern import WatchConcern
 from ..job.launch import Environment
 from .ports import CheckpointStore, Concern, Ports
 from .statelock import StateLock, StateLockConcern
@@ -46,7 +47,7 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
                         extend_min_s=cfg.systemd.stop_extend_s)
     ledger = Ledger(state_dir)
     checkpoints = CheckpointConcern()
-    health = HealthConcern(newest_checkpoint_bytes=lambda: getattr(checkpoints.newest(), "size", None))
+    health = HealthConcern(newest_checkpoint_bytes=checkpoints.newest_bytes)
     goodput = GoodputConcern()
     # [notify] first: it sees the events the others record while they start. Then discovery:
     # the health and checkpoint concerns read the checkpoint dir it may find.

@@ -120,6 +120,16 @@ def test_choose_names_the_newest_ready_checkpoint_and_books_it_in_the_ledger_onl
     assert chosen["path"] == str(out / "step_20.pt") and chosen["step"] == 20
 
 
+def test_the_host_monitor_is_told_the_size_of_the_newest_complete_checkpoint(tmp_path: Path) -> None:
+    assert started(tmp_path)[0].newest_bytes() is None  # no checkpoint dir
+    out = tmp_path / "out"
+    out.mkdir()
+    for step in (10, 20):
+        F.old_mtime(F.torch_file(out / f"step_{step}.pt", step))
+    concern, _ = started(tmp_path, dir=str(out), load_test=False)
+    assert concern.newest_bytes() == (out / "step_20.pt").stat().st_size
+
+
 def test_a_checkpoint_failed_from_twice_without_a_newer_one_is_marked_bad(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()

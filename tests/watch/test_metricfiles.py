@@ -259,7 +259,7 @@ def test_what_a_stopped_attempt_wrote_after_its_end_is_not_judged_as_the_next_at
 
 def test_the_watch_concern_follows_the_workdir_and_checkpoint_dir_by_default_never_the_state_dir(tmp_path: Path) -> None:
     from supervisor.config.model import config_from_table
-    from supervisor.daemon.concerns import metric_files_monitor
+    from supervisor.daemon.watchconcern import metric_files_monitor
 
     wd, ck = tmp_path / "wd", tmp_path / "ck"
     ck.mkdir()
@@ -285,7 +285,7 @@ def test_a_checkpoint_dir_found_while_running_is_searched_too(tmp_path: Path) ->
     from types import SimpleNamespace
 
     from supervisor.config.model import config_from_table
-    from supervisor.daemon.concerns import WatchConcern, metric_files_monitor
+    from supervisor.daemon.watchconcern import WatchConcern, metric_files_monitor
 
     wd, out = tmp_path / "wd", tmp_path / "out"
     wd.mkdir()

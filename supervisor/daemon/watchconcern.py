@@ -1,0 +1,182 @@
+"""The job's output (the log watcher and its detectors), its heartbeats and liveness, and the
+files it writes (tailed lines, metric files), watched for every attempt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..core.messages import Resume
+from ..events import AttemptContext, Detection, Monitor
+from .concerns import close_each
+from .ports import Concern, DaemonView
+
+if TYPE_CHECKING:  # imported at start: none of the watchers is on the CLI's way
+    from ..config.model import Config
+    from ..watch.heartbeat import HeartbeatMonitor
+    from ..watch.logwatch import LogWatcher
+    from ..watch.metricfiles import MetricFiles
+    from ..watch.tail import FileTailer
+
+
+class WatchConcern(Concern):
+    """The job's output (log watcher and detectors), its heartbeats and liveness, tailed files."""
+
+    name = "watch"
+
+    def __init__(self) -> None:
+        self.heartbeat: HeartbeatMonitor | None = None
+        self.logwatch: LogWatcher | None = None
+        self.tailer: FileTailer | None = None
+        self.metric_files: MetricFiles | None = None
+        self._roots_of: Config | None = None  # the config whose checkpoint dir the metric files last took
+        self.daemon: DaemonView | None = None
+
+    def start(self, daemon: DaemonView) -> None:
+        from ..watch.hanggate import system_gate
+        from ..watch.heartbeat import HeartbeatMonitor
+        from ..watch.logwatch import LogWatcher
+        from ..watch.tail import FileTailer
+
+        self.daemon = daemon
+        cfg = daemon.cfg
+        concern = self
+
+        class _ToLogWatch:
+            # The heartbeat monitor tails the client's metric files into the log watcher, which in
+            # turn tells the heartbeat monitor about progress: this breaks the construction cycle.
+            def feed(self, source: str, lines: Any) -> None:
+                if concern.logwatch is not None:  # made right after the heartbeat monitor
+                    concern.logwatch.feed(source, lines)
+
+        self.heartbeat = HeartbeatMonitor(cfg.heartbeat, metrics_sink=_ToLogWatch(), wall=daemon.clock.time,
+                                          gate=system_gate(cfg.heartbeat, self._hang_suspected))
+        self.logwatch = LogWatcher(cfg.detectors, daemon.emit, daemon.on_metric, progress=self.heartbeat,
+                                   clock=daemon.clock.monotonic)
+        daemon.fanout.add(self.logwatch)
+        if cfg.job.watch_files:
+            self.tailer = FileTailer(list(cfg.job.watch_files), cfg.workdir(), self.logwatch)
+        if cfg.detectors.metric_files or cfg.job.watch_files:
+            self.metric_files = metric_files_monitor(cfg, daemon.state_dir, self.logwatch)
+
+    def monitors(self) -> list[Monitor]:
+        return [m for m in (self.heartbeat, self.tailer, self.metric_files) if m is not None]
+
+    def job_env(self) -> dict[str, str]:
+        from ..watch.heartbeat import client_env
+
+        assert self.daemon is not None
+        return client_env(self.daemon.cfg.heartbeat)
+
+    def before_spawn(self, attempt: int, resume: Resume) -> None:
+        """Detectors start afresh for the new attempt before its first line can arrive; the
+        tailed files' history is what they hold before the job starts, not when the tailer does."""
+        if self.tailer is not None:
+            self.tailer.baseline()
+        if self.metric_files is not None:
+            self.metric_files.baseline()
+        if self.logwatch is not None:
+            self.logwatch.reset(attempt, resume.step if resume.checkpoint else None)
+
+    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
+        """metrics_blind names the text files this attempt writes (their metrics may be there)."""
+        d = self.daemon
+        if self.logwatch is None or d is None:
+            return
+        from ..watch.blind import written_files
+
+        cfg = d.cfg
+        exclude = [d.state_dir, cfg.log_file()]
+        self.logwatch.blind.find_written = lambda: written_files(cfg.workdir(), wall - 1.0, exclude)
+
+    def job_hung(self, attempt: int, pids: Sequence[int]) -> None:
+        """Before a hung job is killed: every process's Python stack, into the state dir."""
+        d = self.daemon
+        assert d is not None
+        hb = d.cfg.heartbeat
+        if not hb.dump_stacks or not pids:
+            return
+        looked = self.heartbeat.fired_stacks() if self.heartbeat is not None else None
+        if looked is not None:  # the look that judged it hung took them a moment ago
+            d.event("stacks_dumped", "warning", f"the Python stacks of the hung job (the samples of each process, "
+                    f"taken by the look that found it hung) are in {looked}", path=looked)
+            return
+        from ..watch.stacks import dump_stacks
+
+        path = dump_stacks(pids, d.state_dir / "stacks", native=hb.dump_stacks_native,
+                           timeout_s=hb.dump_stacks_timeout_s, label=f"attempt{attempt}-hang")
+        if path is not None:
+            d.event("stacks_dumped", "warning", f"saved the Python stacks of the hung job ({len(pids)} "
+                    f"processes) to {path} before stopping it", path=str(path))
+        else:
+            d.event("stacks_unavailable", "warning", "py-spy is not installed: no stack dump of the hung job "
+                    "(reinstall transformer-supervisor with its dependencies)", ledger_only=True)
+
+    def tick(self, now: float) -> None:
+        """``metrics_blind`` (once per run) and ``metrics_seen``: logged here, on the main loop,
+        like every daemon event (journal, console, ledger), never from a reader thread."""
+        if self.logwatch is None or self.daemon is None:
+            return
+        if self.metric_files is not None and self.daemon.cfg is not self._roots_of:
+            self._follow_checkpoint_dir(self.daemon.cfg)
+        notice = self.logwatch.blind_notice(now)
+        if notice is not None:
+            self.daemon.event(notice.event, notice.level, notice.message, **notice.data)
+            # `status` read right after the console line must show it, not a snapshot from before.
+            self.daemon.refresh_status_cache()
+
+    def _hang_suspected(self, det: Detection, look: Any, busy_for_s: float) -> None:
+        """A silent job the look found busy (the heartbeat monitor's poll, on the main loop)."""
+        d = self.daemon
+        assert d is not None
+        left = d.cfg.heartbeat.max_busy_s - busy_for_s
+        d.event("hang_suspected", "warning", f"{det.summary}, but the job is busy: {look.verdict.reason}; "
+                f"not stopped (looked again later; a hang anyway in {left:.0f} s, [heartbeat] max_busy_s)",
+                summary=det.summary, busy_for_s=round(busy_for_s, 1), max_busy_s=d.cfg.heartbeat.max_busy_s,
+                look=look.to_json(), stacks=str(look.stacks_file) if look.stacks_file else None,
+                next="extended: the job is looked at again after the timeout")
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.logwatch is not None:
+            # Which of the job's outputs yield metrics, and the last step of each; and whether the
+            # run is blind (no step parsed: the fix is in metrics_blind.fix).
+            out["metric_sources"] = self.logwatch.sources.snapshot()
+            out["metrics_blind"] = self.logwatch.blind.status()
+        if self.metric_files is not None:
+            out["metric_files"] = self.metric_files.status()  # the roots searched, the files followed
+        if self.heartbeat is not None:
+            out["heartbeats"] = {str(k): round(v, 3) for k, v in self.heartbeat.heartbeats().items()}
+        return out
+
+    def _follow_checkpoint_dir(self, cfg: Config) -> None:
+        """A checkpoint dir found after the start (from the command, or from files appearing) or
+        set by a reload is where trainers log too (HF ``output_dir/runs/``): search it as well."""
+        self._roots_of = cfg
+        ckpt = cfg.checkpoint_dir() if cfg.detectors.metric_files else None
+        if ckpt is not None and self.metric_files is not None:
+            self.metric_files.add_root(ckpt)
+
+    def close(self) -> None:
+        close_each(self.heartbeat, self.tailer, self.metric_files)
+
+
+def metric_files_monitor(cfg: Config, state_dir: Path, logwatch: LogWatcher) -> MetricFiles:
+    """The metric-file follower: the working dir and the checkpoint dir searched when
+    ``[detectors] metric_files`` is on; event files named in ``[job] watch_files`` always (the
+    line tailer skips them: they are binary)."""
+    import os
+
+    from ..watch.metricfiles import MetricFiles
+
+    dc = cfg.detectors
+    cwd = cfg.workdir()
+    roots: list[Path] = []
+    if dc.metric_files:
+        roots.append(Path(cwd))
+        ckpt = cfg.checkpoint_dir()
+        if ckpt is not None:
+            roots.append(ckpt)
+    globs = [g if os.path.isabs(g) else os.path.join(str(cwd), g) for g in cfg.job.watch_files]
+    return MetricFiles(roots, logwatch, depth=dc.metric_files_depth, max_dirs=dc.metric_files_max_dirs,
+                       poll_interval_s=dc.metric_files_poll_s, globs=globs, exclude=[Path(state_dir)])
