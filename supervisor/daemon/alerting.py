@@ -16,12 +16,15 @@ import collections
 import os
 import socket
 import threading
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import structlog
 
 from ..eventnames import EventName
 from .ports import Concern, DaemonView
+
+if TYPE_CHECKING:  # imported only when [notify] names a command or a webhook
+    from ..ops.alerts import Alerter
 
 log = structlog.get_logger("supervisor.daemon.alerting")
 
@@ -51,7 +54,7 @@ class NotifyConcern(Concern):
 
     def __init__(self) -> None:
         self.daemon: DaemonView | None = None
-        self.alerter: Any = None
+        self.alerter: Alerter | None = None
         self.loop: RestartLoop | None = None
         self.events: frozenset[str] = frozenset()
         self.host = socket.gethostname()
@@ -94,11 +97,11 @@ class NotifyConcern(Concern):
     def _send(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
         from ..ops.alertmsg import Alert
 
-        d = self.daemon
-        assert d is not None
+        d, alerter = self.daemon, self.alerter
+        assert d is not None and alerter is not None  # on_event sends only once started with one
         attempt = d.attempt if d.attempt >= 0 else None
-        self.alerter.submit(Alert(event, level, message, d.cfg.job.name, d.run_id, self.host, attempt,
-                                  d.clock.time(), dict(data)))
+        alerter.submit(Alert(event, level, message, d.cfg.job.name, d.run_id, self.host, attempt,
+                             d.clock.time(), dict(data)))
 
     def status(self) -> Mapping[str, Any]:
         return {"notify": self.alerter.counts()} if self.alerter is not None else {}
