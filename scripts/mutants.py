@@ -144,7 +144,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "if data_crc != masked_crc(payload):", "if False:", ("tests/watch/test_tbevents.py",)),
     Mutation("the look reads no locals (an eval loop on one line is a spin: a false hang)", "supervisor/watch/look.py",
              '"--nonblocking", "--locals",', '"--nonblocking",', ("tests/watch/test_busy.py",)),
-    Mutation("[notify] never hears of an event (nobody is told of a give-up)", "supervisor/daemon/runner.py",
+    Mutation("[notify] never hears of an event (nobody is told of a give-up)", "supervisor/daemon/recorder.py",
              'self.concerns.on_event(event, level, message, data)', "pass",
              ("tests/ops/test_notify_e2e.py",)),
     Mutation("[notify] secrets not masked by key", "supervisor/ops/alertmsg.py",

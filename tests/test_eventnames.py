@@ -174,7 +174,7 @@ def test_the_scan_sees_each_kind_of_emitter():
                         ("metrics_blind", "watch/blind.py"), ("checkpoint_chosen", "checkpoints/service.py"),
                         ("state_dir_unusable", "daemon/statelock.py"), ("restart_loop", "daemon/alerting.py"),
                         ("checkpoint_manifest_metric_not_written", "checkpoints/manifest.py"),
-                        ("event_name_unknown", "daemon/runner.py")]:
+                        ("event_name_unknown", "daemon/recorder.py")]:
         assert any(where in w for w in found.get(name, [])), (name, found.get(name))
 
 

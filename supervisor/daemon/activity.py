@@ -16,6 +16,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..config.model import Config
 from ..core.messages import ACTIVE_SECONDS_KEPT, Activity
 
 #: Files looked at per question: a checkpoint dir of thousands of entries costs no more than this.
@@ -48,6 +49,12 @@ class AttemptActivity:
             if second != self._last_second and second >= 0:
                 self._last_second = second
                 self._seconds.append(second)
+
+    def of_config(self, cfg: Config) -> Activity:
+        """The facts now, with the files ``cfg`` names: its checkpoint dir, its ``[job] watch_files``."""
+        ckpt = cfg.checkpoint_dir()
+        globs = [g if os.path.isabs(g) else os.path.join(str(cfg.workdir()), g) for g in cfg.job.watch_files]
+        return self.snapshot([ckpt] if ckpt is not None else [], globs)
 
     def snapshot(self, paths: Sequence[Path], globs: Sequence[str]) -> Activity:
         """The facts now; ``paths``: folders whose entries the job writes (the checkpoint dir),

@@ -25,7 +25,7 @@ from ..core.machine import Machine, State
 from ..core.messages import (EXIT_GAVE_UP, Activity, ArmTimer, Boot, Command, Detected, EndAttempt,
                             EscalateStop, Event, Finish, FirstMetric, JobExited, Launch, PrepareLaunch, Prepared,
                             Record, RecordDetection, Reply, SignalJob, Spawned, SpawnFailed,
-                            StateChanged, StopJob, StopRequested, TimerFired, detection_dict, jsonable)
+                            StateChanged, StopJob, StopRequested, TimerFired, detection_dict)
 from ..job.launch import config_json, drop_heartbeat_dir_if_empty, heartbeat_dir, launch_spec, prepare_launch
 from . import attemptrows
 from .activity import AttemptActivity
@@ -37,8 +37,8 @@ from .ports import Concern, Job, Ports, RunView
 from .recovery import close_previous_life
 from .reload import reload_config
 from .requests import RUNNER_VERBS, answer, ask, install_signal_handlers, machine_request
-from .status import status_dict
-from ..eventnames import EventName, UnknownNames
+from .recorder import EventRecorder
+from .status import StatusCache, status_dict
 from ..events import AttemptContext, Detection, MetricRecord
 from ..job.output import SinkFanout
 
@@ -75,8 +75,8 @@ class Runner:
         self.snapshots = attemptrows.Snapshots(self.ledger, ports.environment)
         self.activity = AttemptActivity(self.clock.monotonic)  # a blind attempt's work (the progress rule)
         fanout.add(self.activity)
-        self._status_cache: dict[str, Any] = {}
-        self._unknown_names = UnknownNames()
+        self.status_cache = StatusCache(self.status, self.concerns.live_statuses)
+        self.recorder = EventRecorder(self.ledger, self.concerns, lambda: (self.run_id, self.attempt))
 
     # ================================================================== what concerns see
     @property
@@ -114,8 +114,6 @@ class Runner:
         self.q.put(("detection", d))
 
     def request_checkpoint(self) -> None:
-        from concurrent.futures import Future
-
         self.q.put(("control", "checkpoint-now", {}, Future()))  # answered by the loop; nobody waits
 
     def on_metric(self, rec: MetricRecord) -> None:
@@ -124,17 +122,7 @@ class Runner:
 
     def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None:
         """Log one event line and keep it in the ledger (``ledger_only``: a module logged it already)."""
-        if self._unknown_names.first_time(event):  # still recorded below: nothing is lost
-            self.event(EventName.EVENT_NAME_UNKNOWN, "warning", f"event name {event!r} is not in "
-                       "supervisor.eventnames.EventName (its journal MESSAGE_ID is not fixed); it is recorded "
-                       "as it is, and said once per name", name=event)
-        attempt = self.attempt if self.attempt >= 0 else None
-        if not ledger_only:
-            getattr(log, level)(event, attempt=attempt, message=message,
-                                **{k: v for k, v in data.items() if v is not None})
-        # A failed write (a full disk) does not raise: the ledger logs it once, counts and drops it.
-        self.ledger.event(self.run_id, attempt, event, level, message, jsonable(data) if data else None)
-        self.concerns.on_event(event, level, message, data)  # [notify]: tell a human
+        self.recorder.event(event, level, message, ledger_only=ledger_only, **data)
 
     # ================================================================== life cycle
     def run(self) -> int:
@@ -269,11 +257,8 @@ class Runner:
             else:
                 moved = moved or isinstance(cmd, (StateChanged, EndAttempt))
                 self._carry_out(cmd)
-        if moved and self._status_cache:
-            # `status` answers from the cache (the control threads never touch the machine); a
-            # state change must not wait for the next refresh, or a status read right after the
-            # journal's "restart scheduled" still shows the old attempt and no restart.
-            self._refresh_status_cache_safely()
+        if moved:
+            self.status_cache.refresh_if_used()
         return reply
 
     def _carry_out(self, cmd: Command) -> None:
@@ -380,17 +365,14 @@ class Runner:
         """The attempt's work besides parsed steps; None once it parsed a step (the rule needs no more)."""
         if self.job is None or self.metrics.last is not None:
             return None
-        cfg = self.cfg
-        ckpt = cfg.checkpoint_dir()
-        globs = [g if os.path.isabs(g) else os.path.join(str(cfg.workdir()), g) for g in cfg.job.watch_files]
-        return self.activity.snapshot([ckpt] if ckpt is not None else [], globs)
+        return self.activity.of_config(self.cfg)
 
     def _end_attempt(self, cmd: EndAttempt) -> None:
         if cmd.spawned:
             self.monitors.stop()
             self.concerns.attempt_ended(cmd, self.machine.resume, self.clock.time())
             self.snapshots.ended(self.run_id, cmd.attempt, self.concerns.snapshots, self.metrics.last,
-                                 self._status_cache.get("heartbeats"))
+                                 self.status_cache.snapshot.get("heartbeats"))
         attemptrows.end(self.ledger, self.run_id, cmd)
         if cmd.spawned:
             self.jobstop.shutdown = None
@@ -433,11 +415,7 @@ class Runner:
     def control(self, verb: str, args: Mapping[str, Any], timeout: float = 20.0) -> Any:
         """Called from the control server's threads: hand over to the main loop, wait for it."""
         if verb == "status":
-            # The cache (refreshed each tick and on every state change), under what other threads
-            # set since: a warning the journal already shows is in this answer too.
-            if not self._status_cache:
-                return self.status()
-            return {**self._status_cache, **self.concerns.live_statuses()}
+            return self.status_cache.answer()
         return ask(self.q, verb, args, timeout)
 
     def use_config(self, cfg: Config) -> None:
@@ -449,8 +427,7 @@ class Runner:
         new, reply = reload_config(self.cfg, self.config_path, self.state_dir, self.event)
         if new is not None:
             self.cfg = self.machine.cfg = new
-            if self._status_cache:  # `status` right after `reload` shows the new limits
-                self._refresh_status_cache_safely()
+            self.status_cache.refresh_if_used()  # `status` right after `reload` shows the new limits
         self.ports.notifier.ready()
         return reply
 
@@ -467,12 +444,4 @@ class Runner:
                                    *self.concerns.statuses()])
 
     def refresh_status_cache(self) -> dict[str, Any]:
-        self._status_cache = self.status()
-        return self._status_cache
-
-    def _refresh_status_cache_safely(self) -> None:
-        try:
-            self.refresh_status_cache()
-        except Exception as e:  # a status part failing must not undo the state change just made
-            log.warning("status_refresh_failed", error=repr(e),
-                        message="could not refresh the status after a change; the next tick retries")
+        return self.status_cache.refresh()

@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
+
+import structlog
 
 from ..config.model import Config
 from ..core.machine import Machine, State
 from ..core.messages import detection_dict
 from ..events import MetricRecord
 from ..watch.logwatch import metric_dict
+
+log = structlog.get_logger("supervisor.daemon.runner")
 
 
 def metric_json(m: MetricRecord) -> dict[str, Any]:
@@ -45,3 +49,37 @@ def status_dict(m: Machine, *, run_id: str, cfg: Config, state_dir: Path, pids: 
     for extra in extras:
         st.update(extra)
     return st
+
+
+class StatusCache:
+    """``status`` as the control threads answer it: a snapshot the main loop refreshes (each
+    status tick, and on every state change), under what other threads set since (``live``): the
+    control threads never touch the machine, and a warning the journal already shows is in the
+    next answer too."""
+
+    def __init__(self, build: Callable[[], dict[str, Any]], live: Callable[[], Mapping[str, Any]]) -> None:
+        self.build = build  # on the main loop only
+        self.live = live
+        self.snapshot: dict[str, Any] = {}  # empty until the first refresh
+
+    def answer(self) -> dict[str, Any]:
+        """From a control thread."""
+        if not self.snapshot:
+            return self.build()
+        return {**self.snapshot, **self.live()}
+
+    def refresh(self) -> dict[str, Any]:
+        self.snapshot = self.build()
+        return self.snapshot
+
+    def refresh_if_used(self) -> None:
+        """After a change (a state change, a reload): refreshed at once once `status` is served from
+        the cache, or a status read right after the journal's "restart scheduled" still shows the
+        old attempt. A status part failing must not undo the change just made."""
+        if not self.snapshot:
+            return
+        try:
+            self.refresh()
+        except Exception as e:
+            log.warning("status_refresh_failed", error=repr(e),
+                        message="could not refresh the status after a change; the next tick retries")

@@ -1,0 +1,40 @@
+"""One daemon event, recorded the one way: a log line (journal, console), a ledger row (history),
+and every concern told (``[notify]`` tells a human). From any thread."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import structlog
+
+from ..core.messages import jsonable
+from ..eventnames import EventName, UnknownNames
+from .concernset import ConcernSet
+from .ports import LedgerStore
+
+log = structlog.get_logger("supervisor.daemon.runner")
+
+
+class EventRecorder:
+    """``where`` says the run id and the attempt (-1: none yet) at the moment of the event."""
+
+    def __init__(self, ledger: LedgerStore, concerns: ConcernSet, where: Callable[[], tuple[str, int]]) -> None:
+        self.ledger = ledger
+        self.concerns = concerns
+        self.where = where
+        self._unknown_names = UnknownNames()
+
+    def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None:
+        """Log one event line and keep it in the ledger (``ledger_only``: a module logged it already)."""
+        if self._unknown_names.first_time(event):  # still recorded below: nothing is lost
+            self.event(EventName.EVENT_NAME_UNKNOWN, "warning", f"event name {event!r} is not in "
+                       "supervisor.eventnames.EventName (its journal MESSAGE_ID is not fixed); it is recorded "
+                       "as it is, and said once per name", name=event)
+        run_id, n = self.where()
+        attempt = n if n >= 0 else None
+        if not ledger_only:
+            getattr(log, level)(event, attempt=attempt, message=message,
+                                **{k: v for k, v in data.items() if v is not None})
+        # A failed write (a full disk) does not raise: the ledger logs it once, counts and drops it.
+        self.ledger.event(run_id, attempt, event, level, message, jsonable(data) if data else None)
+        self.concerns.on_event(event, level, message, data)  # [notify]: tell a human

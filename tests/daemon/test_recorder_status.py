@@ -1,0 +1,83 @@
+"""The runner's event recording (supervisor/daemon/recorder.py) and its status cache
+(supervisor/daemon/status.py StatusCache) on their own: a fake ledger, recording concerns."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from structlog.testing import capture_logs
+
+from supervisor.daemon.concernset import ConcernSet
+from supervisor.daemon.ports import Concern
+from supervisor.daemon.recorder import EventRecorder
+from supervisor.daemon.status import StatusCache
+
+from ..fakes import FakeLedger
+
+
+class Heard(Concern):
+    name = "heard"
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str, Mapping[str, Any]]] = []
+
+    def on_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
+        self.events.append((event, level, message, data))
+
+
+def test_an_event_is_logged_kept_in_the_ledger_and_told_to_every_concern() -> None:
+    ledger, heard = FakeLedger(), Heard()
+    where = ["run-1", -1]
+    rec = EventRecorder(ledger, ConcernSet([heard]), lambda: (str(where[0]), int(where[1])))
+    with capture_logs() as logs:
+        rec.event("daemon_started", "info", "supervising", pid=7, skipped=None)
+        where[1] = 2
+        rec.event("checkpoint_chosen", "info", "resuming", ledger_only=True, path="/c/1")
+    assert [(e["event"], e["attempt"]) for e in ledger.events] == [("daemon_started", None), ("checkpoint_chosen", 2)]
+    assert ledger.events[0]["data"] == {"pid": 7, "skipped": None}  # the ledger keeps what the log line drops
+    assert [(e["event"], e.get("attempt"), "skipped" in e) for e in logs] == [("daemon_started", None, False)]
+    assert [e[0] for e in heard.events] == ["daemon_started", "checkpoint_chosen"]
+
+
+def test_a_name_outside_the_vocabulary_is_recorded_and_said_once() -> None:
+    ledger = FakeLedger()
+    rec = EventRecorder(ledger, ConcernSet([]), lambda: ("run-1", 0))
+    with capture_logs():
+        for _ in range(2):
+            rec.event("no_such_event_name", "warning", "x")
+    assert [e["event"] for e in ledger.events] == ["event_name_unknown", "no_such_event_name", "no_such_event_name"]
+
+
+def test_status_is_built_until_cached_then_the_cache_under_what_threads_set_since() -> None:
+    built: list[int] = []
+    live: dict[str, Any] = {}
+
+    def build() -> dict[str, Any]:
+        built.append(1)
+        return {"state": "running", "n": len(built), "warning": None}
+
+    cache = StatusCache(build, lambda: dict(live))
+    cache.refresh_if_used()  # nothing served from the cache yet: nothing built
+    assert built == [] and cache.answer()["n"] == 1 and cache.snapshot == {}
+    assert cache.refresh()["n"] == 2
+    live["warning"] = "not kept"
+    assert cache.answer() == {"state": "running", "n": 2, "warning": "not kept"} and len(built) == 2
+    cache.refresh_if_used()  # a state change: at once
+    assert cache.snapshot["n"] == 3
+
+
+def test_a_status_part_failing_after_a_change_keeps_the_last_snapshot_and_says_so() -> None:
+    fail = [False]
+
+    def build() -> dict[str, Any]:
+        if fail[0]:
+            raise OSError("proc unreadable")
+        return {"state": "running"}
+
+    cache = StatusCache(build, dict)
+    cache.refresh()
+    fail[0] = True
+    with capture_logs() as logs:
+        cache.refresh_if_used()
+    assert cache.answer() == {"state": "running"}
+    (failed,) = [e for e in logs if e["event"] == "status_refresh_failed"]
+    assert "OSError" in failed["error"] and "the next tick retries" in failed["message"]
