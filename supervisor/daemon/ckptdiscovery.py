@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -24,6 +24,9 @@ from ..events import AttemptContext
 from ..job.launch import heartbeat_dir
 from ..job.resumeinfer import InferredResume, infer_resume, reads_resume_env
 from .ports import Concern, DaemonView
+
+if TYPE_CHECKING:
+    from .checkpointconcern import CheckpointConcern
 
 log = structlog.get_logger("supervisor.daemon")
 
@@ -38,8 +41,8 @@ class CheckpointDiscoveryConcern(Concern):
 
     name = "checkpoint_discovery"
 
-    def __init__(self, checkpoints: Any) -> None:
-        self.checkpoints = checkpoints  # the CheckpointConcern: adopt(cfg) opens its service on a found dir
+    def __init__(self, checkpoints: CheckpointConcern) -> None:
+        self.checkpoints = checkpoints  # adopt(cfg) opens its service on a found dir
         self.daemon: DaemonView | None = None
         self.found: FoundDir | None = None  # a dir not from the config (from the command or a scan)
         self.configured: Path | None = None

@@ -20,7 +20,7 @@ from ..core.resumecheck import CHECK_NAME as RESUME_CHECK
 from .ports import Concern, DaemonView, Notifier
 
 if TYPE_CHECKING:  # imported at start, only what is configured (prometheus_client: 12 ms)
-    from ..core.validation import Validator
+    from ..core.validation import Validator, Verdict
     from ..ops.control import ControlServer
     from ..ops.metrics import Metrics
     from .checkpointconcern import CheckpointConcern
@@ -259,7 +259,7 @@ class ValidationConcern(Concern):
         if self.validator is not None and self.daemon is not None and self.daemon.has_job:
             self._verdict(self.validator.poll(now))
 
-    def _verdict(self, verdict: Any) -> None:
+    def _verdict(self, verdict: Verdict | None) -> None:
         if verdict is None:
             return
         d = self.daemon

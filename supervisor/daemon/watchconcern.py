@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # imported at start: none of the watchers is on the CLI's way
     from ..config.model import Config
     from ..watch.heartbeat import HeartbeatMonitor
     from ..watch.logwatch import LogWatcher
+    from ..watch.look import LookResult
     from ..watch.metricfiles import MetricFiles
     from ..watch.tail import FileTailer
 
@@ -125,7 +126,7 @@ class WatchConcern(Concern):
             # `status` read right after the console line must show it, not a snapshot from before.
             self.daemon.refresh_status_cache()
 
-    def _hang_suspected(self, det: Detection, look: Any, busy_for_s: float) -> None:
+    def _hang_suspected(self, det: Detection, look: LookResult, busy_for_s: float) -> None:
         """A silent job the look found busy (the heartbeat monitor's poll, on the main loop)."""
         d = self.daemon
         assert d is not None
