@@ -2,12 +2,15 @@
 
 Real implementations: :class:`~supervisor.job.osapi.Clock`, :class:`~supervisor.daemon.adapters.ProcessLauncher`
 (:class:`~supervisor.job.process.JobProcess`), :class:`~supervisor.ledger.store.Ledger`,
-:class:`~supervisor.daemon.adapters.CheckpointConcern`, :class:`~supervisor.daemon.adapters.HealthConcern`,
+:class:`~supervisor.daemon.checkpointconcern.CheckpointConcern`,
+:class:`~supervisor.daemon.healthconcern.HealthConcern`,
 :class:`~supervisor.ops.notify.Notifier`. Small fakes for tests: ``tests/fakes.py``.
 
 A :class:`Concern` plugs a part of the daemon (watchers, validation, goodput, checkpoints,
 health, the control socket) into fixed points of an attempt; every hook is optional, and the
-runner guards each call, so a failing concern is reported and the daemon goes on.
+runner guards each call (:class:`~supervisor.daemon.concernset.ConcernSet`), so a failing concern
+is reported and the daemon goes on. A concern sees the daemon through :class:`DaemonView`, and
+the run's state as a frozen :class:`RunView`.
 """
 
 from __future__ import annotations
