@@ -15,7 +15,7 @@ from tests.conftest import history
 PY = sys.executable
 
 # Attempt 0 saves a checkpoint at step 3 and crashes, but only once the standby for attempt 1
-# (found by its runner and this job's cwd) has torch loaded: the relaunch then always meets a
+# (found by its runner and this job's cwd; attempt 0 runs in the runner too, so not itself) has torch loaded: the relaunch then always meets a
 # standby with its imports done. Each attempt says whether torch was imported before its own
 # first line ran (the proof that it ran in the standby), and where it resumed from.
 JOB = """
@@ -30,7 +30,7 @@ json.dump({"pre": pre, "argv": sys.argv, "name": __name__, "cwd": os.getcwd(), "
 def standby_has_torch():
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if (b"standby.py" in open(f"/proc/{pid}/cmdline", "rb").read()
+            if (int(pid) != os.getpid() and b"standby.py" in open(f"/proc/{pid}/cmdline", "rb").read()
                     and os.readlink(f"/proc/{pid}/cwd") == os.getcwd()
                     and "libtorch" in open(f"/proc/{pid}/maps").read()):
                 return True
@@ -47,6 +47,23 @@ for step in range(start + 1, start + 6):
         while not standby_has_torch() and time.monotonic() < deadline:
             time.sleep(0.05)
         raise RuntimeError("crash once")
+"""
+
+
+WAITS_FOR_STANDBY = """
+import os, sys, time
+
+def wait_for_standby():
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if (int(pid) != os.getpid() and b"standby.py" in open(f"/proc/{pid}/cmdline", "rb").read()
+                        and os.readlink(f"/proc/{pid}/cwd") == os.getcwd()):
+                    return
+            except OSError:
+                continue
+        time.sleep(0.02)
 """
 
 
@@ -86,8 +103,11 @@ def test_a_crash_relaunches_in_the_standby_with_output_metrics_and_resume_intact
 def test_a_doubt_makes_the_attempt_cold_with_the_reason_in_history(daemons, tmp_path):
     sd, out = tmp_path / "sd", tmp_path / "out"
     out.mkdir()
-    (out / "job.py").write_text("import os, sys\nprint('step 1: loss 1.0', flush=True)\n"
-                                "sys.exit(1 if os.environ['TSUP_ATTEMPT'] in ('0', '1') else 0)\n")
+    # Each failing attempt waits for the next one's standby: a relaunch never finds none ready.
+    (out / "job.py").write_text(WAITS_FOR_STANDBY + "print('step 1: loss 1.0', flush=True)\n"
+                                "if os.environ['TSUP_ATTEMPT'] in ('0', '1'):\n"
+                                "    wait_for_standby()\n"
+                                "    sys.exit(1)\n")
     cfg = tmp_path / "c.toml"
     # The remedy changes an environment variable the imports could have read: no standby serves it.
     cfg.write_text('[on.crash]\nremedies = [{ env = { CUDA_VISIBLE_DEVICES = "1" } }]\n')
