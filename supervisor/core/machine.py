@@ -2,17 +2,18 @@
 
 ::
 
-      (Boot) STARTING --Spawned, FirstMetric--> RUNNING --JobExited 0 (group gone)--------> FINISHED
-               |  |                              |   \\--Detected (not warn) / restart / stop--> STOPPING
-               |  |                              \\--JobExited (failure)--+                      |
-               |  |                                                      v                      v
-               |  +--gate / no progress / spawn failed--> GAVE_UP <--give up-- (decide) <--StopFinished
-               |                                                      | relaunch       \\--stop requested--> STOPPED
-               +--StopRequested while preparing--> STOPPED             v
-                                                                    BACKOFF --TimerFired--> STARTING
-                                                                       \\--StopRequested--> STOPPED
-      an action whose handler holds the relaunch: (decide) --hold--> HELD --ConditionCleared--> STARTING
-                                                                        \\--StopRequested--> STOPPED
+      (Boot) PREPARING --Prepared--> LAUNCHING --Spawned--> STARTING --FirstMetric--> RUNNING
+      PREPARING --gate failed / no progress--> GAVE_UP;   LAUNCHING --spawn failed--> GAVE_UP
+      PREPARING or LAUNCHING --StopRequested--> STOPPED
+
+      STARTING or RUNNING --JobExited 0 (group gone)--> FINISHED
+                          --Detected (not warn) / restart / stop--> STOPPING --StopFinished--+
+                          --JobExited (a failure)-------------------------------------------+--> (decide):
+            give up --> GAVE_UP;  stop requested --> STOPPED;  relaunch --> BACKOFF, or HELD when the
+            action's handler holds it
+
+      BACKOFF --TimerFired--> PREPARING          HELD --ConditionCleared--> PREPARING
+      BACKOFF --StopRequested--> STOPPED         HELD --StopRequested--> STOPPED
 
 :data:`MOVES` lists every allowed move; any other is a bug (:class:`~supervisor.errors.IllegalMove`).
 A launch is two steps: :class:`PrepareLaunch` (the gate and the checkpoint choice, seconds, off
@@ -49,7 +50,9 @@ from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, Activity, ArmTimer, B
 
 
 class State(StrEnum):
-    STARTING = "starting"
+    PREPARING = "preparing"  # a PrepareLaunch is out: the gate and the checkpoint choice
+    LAUNCHING = "launching"  # a Launch is out: the job is being spawned
+    STARTING = "starting"  # the job is up; no training metric yet
     RUNNING = "running"
     STOPPING = "stopping"
     BACKOFF = "backoff"
@@ -60,13 +63,17 @@ class State(StrEnum):
 
 
 _ENDS = frozenset({State.STOPPED, State.GAVE_UP, State.FINISHED})
+#: The states in which the attempt's job exists (its pids mean something).
+JOB_UP = frozenset({State.STARTING, State.RUNNING, State.STOPPING})
 MOVES: Mapping[State, frozenset[State]] = MappingProxyType({
+    State.PREPARING: frozenset({State.LAUNCHING, State.STOPPED, State.GAVE_UP}),
+    State.LAUNCHING: frozenset({State.STARTING, State.STOPPED, State.GAVE_UP}),
     # A job that exits before its first metric ends from STARTING, like one from RUNNING.
     State.STARTING: frozenset({State.RUNNING, State.STOPPING, State.BACKOFF, State.HELD}) | _ENDS,
     State.RUNNING: frozenset({State.STOPPING, State.BACKOFF, State.HELD}) | _ENDS,
     State.STOPPING: frozenset({State.BACKOFF, State.HELD}) | _ENDS,
-    State.BACKOFF: frozenset({State.STARTING, State.STOPPED}),
-    State.HELD: frozenset({State.STARTING, State.STOPPED}),
+    State.BACKOFF: frozenset({State.PREPARING, State.STOPPED}),
+    State.HELD: frozenset({State.PREPARING, State.STOPPED}),
     State.STOPPED: frozenset(), State.GAVE_UP: frozenset(), State.FINISHED: frozenset(),
 })
 
@@ -77,15 +84,13 @@ class Machine:
     def __init__(self, cfg: Config, state_dir: Path) -> None:
         self.cfg = cfg  # replaced on reload; read at each decision and launch
         self.state_dir = state_dir  # named in the give-up message
-        self.state = State.STARTING
+        self.state = State.PREPARING  # Boot prepares the first launch
         self.attempt = -1
-        self.spawned = False  # the current attempt's job was started
         self.saw_metric = False  # the current attempt printed a training metric
         self.last_step: int | None = None  # the newest step the current attempt reached, when known
         self.activity: Activity | None = None  # its work besides parsed steps, as last reported
         self.launch_digest = ""  # the current attempt's argv and the env the supervisor chose
         self.repeat: RepeatKey | None = None  # what the current attempt's failure looks like
-        self.preparing = False  # a PrepareLaunch is out
         self.pid: int | None = None
         self.pgid: int | None = None
         self.attempt_started = 0.0  # monotonic
@@ -177,21 +182,18 @@ class Machine:
         self._launch()
 
     def _launch(self) -> None:
-        """(initial) | BACKOFF -> STARTING: prepare off the main loop."""
-        self._move(State.STARTING, "launching")
+        """(initial) | BACKOFF | HELD -> PREPARING: prepare off the main loop."""
+        self._move(State.PREPARING, "launching")
         self.attempt += 1
-        self.spawned = False
-        self.preparing = True
         decision = self.pending.decision
         onset = attempts.onset_step(self.root, self.last_anomaly) if decision else None
         self._do(PrepareLaunch(self.attempt, decision.action if decision else Action.RESTART, onset,
                                self.pending.explicit_checkpoint))
 
     def _prepared(self, ev: Prepared) -> None:
-        """STARTING (prepared) -> launch, or GAVE_UP when the gate or the checkpoint choice failed."""
-        if not self.preparing or self.state is not State.STARTING:
+        """PREPARING -> LAUNCHING, or GAVE_UP when the gate or the checkpoint choice failed."""
+        if self.state is not State.PREPARING:
             return  # stopped while preparing: the result is dropped
-        self.preparing = False
         if isinstance(ev.error, GiveUp):  # a multi-node run gave up, say
             self._give_up(str(ev.error), ev.error.cause)
             return
@@ -211,10 +213,12 @@ class Machine:
         self.resume = ev.resume or FRESH_START
         self.root = None
         r = self.remedies
+        self._move(State.LAUNCHING, "prepared")
         self._do(Launch(self.attempt, self.resume, ev.gate, r.env, r.args, r.skip_batches, self.diagnostics, r.scale))
 
     def _spawned(self, ev: Spawned) -> None:
-        self.spawned = True
+        if self.state is State.LAUNCHING:
+            self._move(State.STARTING, "job spawned")
         self.saw_metric, self.last_step, self.repeat, self.activity = False, None, None, None
         self.launch_digest = attempts.launch_digest(ev.argv, self.remedies.env, self.remedies.skip_batches,
                                                     self.diagnostics)
@@ -235,15 +239,15 @@ class Machine:
                       "fix job.command / job.workdir", Cause.CRASH)
 
     def _first_metric(self, _ev: FirstMetric) -> None:
-        if self.spawned:
+        if self.state in JOB_UP:
             self.saw_metric = True
-        if self.state is State.STARTING and self.spawned:
+        if self.state is State.STARTING:
             self._move(State.RUNNING, "first metric seen")
 
     # ------------------------------------------------------------------ failures
     def _detected(self, ev: Detected) -> None:
         d = ev.detection
-        if not self.spawned or self.state not in (State.STARTING, State.RUNNING, State.STOPPING):
+        if self.state not in JOB_UP:
             return
         if ev.activity is not None:
             self.activity = ev.activity
@@ -275,7 +279,7 @@ class Machine:
 
     def _job_exited(self, ev: JobExited) -> None:
         """The leader exited by itself: stop what is left of its group, then decide."""
-        if not self.spawned or self.state not in (State.STARTING, State.RUNNING):
+        if self.state not in (State.STARTING, State.RUNNING):
             return
         info = ev.info
         if ev.activity is not None:
@@ -395,9 +399,7 @@ class Machine:
             self.stop_signal = ev.signal
         self.stop_requests += 1
         code = attempts.stopped_code(self.stop_signal)
-        if self.state in (State.BACKOFF, State.HELD) or self.preparing or (
-                not self.spawned and self.state is State.STARTING):
-            self.preparing = False
+        if self.state in (State.BACKOFF, State.HELD, State.PREPARING, State.LAUNCHING):
             self._finish(State.STOPPED, code, "stopped on request while waiting to restart")
         elif self.state is State.STOPPING:
             self.pending.exit_after = True
@@ -413,10 +415,9 @@ class Machine:
         self._do(Reply({"accepted": True, "message": f"stopping the job gracefully, then the daemon exits {code}"}))
 
     def _restart_requested(self, ev: RestartRequested) -> None:
-        if self.state not in (State.STARTING, State.RUNNING, State.BACKOFF, State.HELD) or (
-                self.state is State.STARTING and not self.spawned):
+        if self.state not in (State.STARTING, State.RUNNING, State.BACKOFF, State.HELD):
             raise Conflict(f"cannot restart while {self.state.value}"
-                           + (" (a launch is being prepared)" if self.preparing else ""))
+                           + (" (a launch is being prepared)" if self.state is State.PREPARING else ""))
         action = Action.ROLLBACK if ev.rollback else Action.RESTART
         decision = Decision(action, Cause.MANUAL, f"operator request ({ev.reason})")
         self.pending = Pending(decision=decision, explicit_checkpoint=ev.checkpoint)
@@ -436,7 +437,7 @@ class Machine:
         self._do(Reply({"accepted": True, "message": f"stopping the job, then {action.value}"}))
 
     def _checkpoint_requested(self, _ev: CheckpointRequested) -> None:
-        if not self.spawned or self.state not in (State.STARTING, State.RUNNING):
+        if self.state not in (State.STARTING, State.RUNNING):
             raise Conflict(f"no running job (state {self.state.value})")
         name = self.cfg.shutdown.checkpoint_signal
         self._do(SignalJob(signal_number(name)))

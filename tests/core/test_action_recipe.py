@@ -121,7 +121,7 @@ def test_the_stand_in_stops_the_job_waits_until_cleared_and_relaunches_without_s
         run.now += 600
         out = run(ConditionCleared(Cause.DISK_LOW, "40 GB free"))
         assert "40 GB free" in record(out, "relaunch_released").message
-        assert of(out, PrepareLaunch)[0].action is wait_action and run.m.state is State.STARTING
+        assert of(out, PrepareLaunch)[0].action is wait_action and run.m.state is State.PREPARING
         assert run.m.attempt == n + 1
         out = run.launched(out)
         assert "restarts so far 0/1" in record(out, "job_started").message
@@ -143,7 +143,7 @@ def test_status_metrics_and_the_cli_show_the_wait_with_no_edit_of_theirs(wait_ac
     text = metrics.render().decode()
     assert 'tsup_state{state="held"} 1.0' in text and 'tsup_state{state="backoff"} 0.0' in text
     assert "held" in render_status(st)
-    assert State.HELD in MOVES[State.STOPPING] and MOVES[State.HELD] == {State.STARTING, State.STOPPED}
+    assert State.HELD in MOVES[State.STOPPING] and MOVES[State.HELD] == {State.PREPARING, State.STOPPED}
 
 
 def test_an_operator_can_stop_or_restart_a_held_run(wait_action: Action, tmp_path: Path) -> None:
@@ -152,7 +152,7 @@ def test_an_operator_can_stop_or_restart_a_held_run(wait_action: Action, tmp_pat
     run.fail(Cause.DISK_LOW)
     out = run(RestartRequested("the disk was cleaned", None, False, W0))
     assert "was waiting until disk_low clears" in of(out, Reply)[0].result["message"]
-    assert run.m.state is State.STARTING and run.m.hold is None
+    assert run.m.state is State.PREPARING and run.m.hold is None
     run.launched(out)
     run.fail(Cause.DISK_LOW)
     out = run(StopRequested())

@@ -61,7 +61,7 @@ class Script:
 
     def running(self, resume: Resume = Resume(None, None, "fresh start"), pid: int = 10) -> list:
         """Boot (or backoff over) -> prepared -> spawned -> first metric."""
-        out = self(Boot()) if self.m.state is State.STARTING and self.m.attempt < 0 else self(TimerFired())
+        out = self(Boot()) if self.m.attempt < 0 else self(TimerFired())
         assert isinstance(out[-1], PrepareLaunch)
         out += self(Prepared(resume=resume))
         out += self(Spawned(pid, pid, ["python", "train.py"], self.now))
@@ -90,15 +90,23 @@ def test_the_table_of_moves_covers_every_state_and_ends_are_final():
     assert set(MOVES) == set(State)
     for end in (State.STOPPED, State.GAVE_UP, State.FINISHED):
         assert MOVES[end] == frozenset()
-    assert State.STARTING in MOVES[State.BACKOFF] and State.RUNNING not in MOVES[State.BACKOFF]
+    assert State.PREPARING in MOVES[State.BACKOFF] and State.RUNNING not in MOVES[State.BACKOFF]
+    # A launch's steps are states of their own: no job before STARTING, no metric before it either.
+    assert MOVES[State.PREPARING] == {State.LAUNCHING, State.STOPPED, State.GAVE_UP}
+    assert MOVES[State.LAUNCHING] == {State.STARTING, State.STOPPED, State.GAVE_UP}
 
 
 def test_boot_prepares_the_first_launch_and_launches_what_was_prepared():
     s = Script()
     out = s(Boot(next_attempt=3))
-    assert out[-1] == PrepareLaunch(3, Action.RESTART, None, None) and s.m.state is State.STARTING
+    assert out[-1] == PrepareLaunch(3, Action.RESTART, None, None) and s.m.state is State.PREPARING
+    with pytest.raises(Conflict, match="cannot restart while preparing .a launch is being prepared"):
+        s(RestartRequested("too early", None, False, W0))
     out = s(Prepared(resume=Resume("ckpt/a.pt", 40, "newest")))
     launch = one(out, Launch)
+    assert s.m.state is State.LAUNCHING and s(FirstMetric()) == []  # no job yet: nothing to run
+    with pytest.raises(Conflict, match="no running job"):
+        s(CheckpointRequested())
     assert (launch.attempt, launch.resume.checkpoint, launch.diagnostics) == (3, "ckpt/a.pt", False)
     out = s(Spawned(7, 7, ["python"], T0))
     assert "job_started" in records(out) and s.m.state is State.STARTING
@@ -282,8 +290,12 @@ def test_stop_while_waiting_to_restart_or_while_preparing_exits_at_once():
     s = Script()
     s(Boot())
     out = s(StopRequested())
-    assert one(out, Finish).state == "stopped" and not s.m.preparing
+    assert one(out, Finish).state == "stopped" and s.m.state is State.STOPPED
     assert s(Prepared(resume=Resume(None, None, "late"))) == []  # a late preparation is dropped
+    s = Script()
+    s(Boot())
+    s(Prepared(resume=Resume(None, None, "fresh")))
+    assert one(s(StopRequested()), Finish).state == "stopped"  # while launching, too
 
 
 def test_an_operator_restart_is_not_counted_and_can_name_a_checkpoint():
