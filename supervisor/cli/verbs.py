@@ -64,6 +64,7 @@ def wait_stopped(sd: Path, before: Mapping[str, Any], timeout: float, poll: floa
 def wait_restarted(sd: Path, before: Mapping[str, Any], timeout: float, poll: float = 0.2,
                    sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """Wait until a newer attempt than ``before``'s runs (launched, with a live process)."""
+    from ..core.machine import State  # the daemon's states, named once (a status carries their values)
     from ..ops.control import ControlError, DaemonNotRunning
 
     a0 = before.get("attempt")
@@ -81,10 +82,10 @@ def wait_restarted(sd: Path, before: Mapping[str, Any], timeout: float, poll: fl
             st = {}
         if isinstance(st, Mapping):
             attempt, state = st.get("attempt"), st.get("state")
-            if isinstance(attempt, int) and attempt > a0 and state in ("starting", "running") and st.get("pids"):
+            if isinstance(attempt, int) and attempt > a0 and state in (State.STARTING, State.RUNNING) and st.get("pids"):
                 return {"done": True, "waited_s": round(time.monotonic() - t0, 3), "attempt": attempt,
                         "state": state, "pids": st.get("pids"), "checkpoint": st.get("checkpoint")}
-            if state in ("gave_up", "stopped"):
+            if state in (State.GAVE_UP, State.STOPPED):
                 return {"done": False, "waited_s": round(time.monotonic() - t0, 3), "state": state,
                         "attempt": attempt}
         if time.monotonic() - t0 >= timeout:
