@@ -18,9 +18,10 @@ from .messages import EXIT_OK, Activity, Mode, Record, Resume, ShutdownPlan
 from .policy import Decision
 
 
-@dataclass
+@dataclass(frozen=True)
 class Pending:
-    """What happens once the current stop completes."""
+    """What happens once the current stop completes (the machine replaces it, never edits it:
+    a concern's view of it cannot change under it)."""
 
     decision: Decision | None = None  # relaunch or give up
     exit_after: bool = False  # an operator stop (or the job's success): exit 0

@@ -28,6 +28,7 @@ The policy (:func:`supervisor.core.policy.decide`) says what to do about a failu
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
@@ -268,7 +269,7 @@ class Machine:
                      + (f" at step {d.step}" if d.step is not None else "") + f": {d.summary}; "
                      + attempts.what_next(decision), cause=d.cause.value, step=d.step, onset_step=d.onset_step,
                      evidence=d.evidence, source=d.source, action=decision.action.value)
-        self.pending.decision = decision
+        self.pending = replace(self.pending, decision=decision)
         self._begin_stop(shutdown_plan(self.cfg, d.cause, decision))
 
     def _begin_stop(self, plan: ShutdownPlan) -> None:
@@ -285,8 +286,7 @@ class Machine:
         if ev.activity is not None:
             self.activity = ev.activity
         if info.cause is None:
-            self.pending.decision = None
-            self.pending.exit_after = True
+            self.pending = replace(self.pending, decision=None, exit_after=True)
         else:
             if ev.last_step is not None:
                 self.last_step = max(ev.last_step, self.last_step or ev.last_step)
@@ -302,7 +302,7 @@ class Machine:
                 decision = Decision(Action.GIVE_UP, d.cause, f"[on.{d.cause.value}] action = "
                                                               f"{decision.action.value}, but the job exited; "
                                                               "nothing left to supervise")
-            self.pending.decision = decision
+            self.pending = replace(self.pending, decision=decision)
         if ev.group_alive:
             plan = attempts.leftovers_plan(self.cfg)
             self._record("job_leftovers", "warning",
@@ -402,8 +402,7 @@ class Machine:
         if self.state in (State.BACKOFF, State.HELD, State.PREPARING, State.LAUNCHING):
             self._finish(State.STOPPED, code, "stopped on request while waiting to restart")
         elif self.state is State.STOPPING:
-            self.pending.exit_after = True
-            self.pending.decision = None
+            self.pending = replace(self.pending, decision=None, exit_after=True)
             if ev.escalate_on_repeat and self.stop_requests > 1:
                 self._do(EscalateStop())
         elif self.state in (State.STARTING, State.RUNNING):
