@@ -6,6 +6,7 @@ restart; ``job``, ``policy``, ``shutdown``, ``on`` and ``validation`` apply at t
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,8 +24,6 @@ SECRET_KEYS = ("notify.webhook_url",)
 
 def _masked(v: Any) -> Any:
     """``v`` with the secret-looking values of any remedy env masked (``[on.<cause>]``)."""
-    import dataclasses
-
     from ..config.model import Remedy
     from ..job.process import redact_env
 
@@ -58,7 +57,7 @@ def reload_config(current: Config, config_path: Path | None, state_dir: Path,
     if new.state_dir().resolve() != state_dir:
         changed.pop("state.dir", None)
         event("reload_partial", "warning", "state.dir cannot change while running; restart the daemon")
-        new = new.__class__(**{**{f: getattr(new, f) for f in new.__dataclass_fields__}, "state": current.state})
+        new = dataclasses.replace(new, state=current.state)
     # Sections read once at daemon start (monitors, services, listeners) need a restart.
     later = sorted(k for k in changed if k.split(".", 1)[0] in RESTART_SECTIONS)
     if later:
