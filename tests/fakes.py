@@ -129,6 +129,9 @@ class FakeLauncher:
     def close(self) -> None:
         self.closed = True
 
+    def discard_standby(self) -> None:
+        self.standby_discarded = True
+
     @property
     def job(self) -> FakeJob:
         return self.jobs[-1]

@@ -94,6 +94,10 @@ class ProcessLauncher:
                              "process it started (cgroup.kill), wherever it went")
         return parent
 
+    def discard_standby(self) -> None:
+        if self.prewarm is not None:
+            self.prewarm.discard()
+
     def close(self) -> None:
         if self.prewarm is not None:
             self.prewarm.close()

@@ -90,6 +90,10 @@ class JobLauncher(Protocol):
         """The daemon exits: flush what is still on its way to the console (bounded wait)."""
         ...
 
+    def discard_standby(self) -> None:
+        """The job's config changed: a standby made for the old one ([job] prewarm) goes now."""
+        ...
+
 
 class LedgerStore(Protocol):
     """The run ledger (all SQL lives in :mod:`supervisor.ledger.store`)."""

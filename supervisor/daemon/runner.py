@@ -426,6 +426,8 @@ class Runner:
         self.ports.notifier.reloading()
         new, reply = reload_config(self.cfg, self.config_path, self.state_dir, self.event)
         if new is not None:
+            if new.job != self.cfg.job:
+                self.ports.launcher.discard_standby()
             self.cfg = self.machine.cfg = new
             self.status_cache.refresh_if_used()  # `status` right after `reload` shows the new limits
         self.ports.notifier.ready()

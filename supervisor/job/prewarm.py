@@ -306,8 +306,15 @@ class Prewarm:
         if closed:
             self.close()
 
+    def discard(self) -> None:
+        """Kill the standby made for a config that changed; the next launch starts a new one."""
+        with self._lock:
+            sb, self._standby = self._standby, None
+        if sb is not None:
+            sb.kill()
+
     def close(self) -> None:
-        """Kill the standby (the daemon exits, or the config changed)."""
+        """Kill the standby for good (the daemon exits)."""
         with self._lock:
             sb, self._standby = self._standby, None
             self._closed = True

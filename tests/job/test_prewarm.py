@@ -152,3 +152,41 @@ def test_a_standby_that_died_is_a_reason_not_an_error(tmp_path):
     pw._standby.popen.wait(10)
     _, got, why = pw.take(argv, env, str(tmp_path))
     assert got is None and why.startswith("the standby exited")
+
+
+def test_a_reload_that_changes_the_job_discards_the_standby_one_that_does_not_keeps_it(tmp_path):
+    import threading
+
+    from tests.fakes import close_all, daemon
+
+    d = daemon(tmp_path)
+    try:
+        toml = tmp_path / "tsup.toml"
+        base = f'[job]\ncommand = ["python", "train.py"]\nworkdir = "{tmp_path}"\n[state]\ndir = "{tmp_path / "state"}"\n'
+        d.runner.config_path = toml
+        for text, discarded in ((base + "[policy]\nmax_restarts = 7\n", False),
+                                (base.replace("[state]", 'env = { CUDA_VISIBLE_DEVICES = "1" }\n[state]'), True)):
+            toml.write_text(text)
+            out: dict = {}
+            t = threading.Thread(target=lambda: out.update(r=d.runner.control("reload", {}, timeout=5.0)))
+            t.start()
+            while t.is_alive():
+                d.step()
+            assert out["r"]["reloaded"]
+            assert getattr(d.launcher, "standby_discarded", False) is discarded
+    finally:
+        close_all()
+
+
+def test_discard_kills_the_standby_and_the_next_launch_finds_none(tmp_path):
+    (tmp_path / "show.py").write_text(SHOW)
+    argv, env = [PY, "show.py", "0"], _env()
+    pw = Prewarm()
+    p = plan(argv)
+    assert isinstance(p, Plan)
+    pw._start(p, env, str(tmp_path), "", None, "unused")
+    sb = pw._standby
+    assert sb is not None
+    pw.discard()
+    wait_for(lambda: not pid_alive(sb.pid), what="the discarded standby to be gone")
+    assert pw.take(argv, env, str(tmp_path))[2].startswith("no standby was ready")
