@@ -9,9 +9,11 @@ from typing import Any, Mapping, Sequence
 
 from supervisor.config.model import Config, config_from_table
 from supervisor.core.causes import Action, Cause
+from supervisor.core.machine import State
 from supervisor.core.messages import EndAttempt, Resume
 from supervisor.daemon.checkpointconcern import CheckpointConcern, remedy_keys
 from supervisor.daemon.healthconcern import HealthConcern
+from supervisor.daemon.ports import RunView
 from supervisor.events import Detection, MetricRecord
 from supervisor.job.output import SinkFanout
 from tests.helpers import ckpt_factory as F
@@ -31,6 +33,9 @@ class View:
         self.detections: list[Detection] = []
         self._attempt = 1
         self._lock = threading.Lock()
+
+    def run_view(self) -> RunView:
+        return RunView(State.RUNNING, self._attempt, True, None, None, Resume(None, None, "fresh"), None, None, "")
 
     @property
     def attempt(self) -> int:
