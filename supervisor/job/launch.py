@@ -150,7 +150,7 @@ def launch_spec(cfg: Config, launch: Launch, *, run_id: str, state_dir: Path,
         ef.unlink(missing_ok=True)  # an earlier run's attempt of the same number left it
         added[torchelastic.ENV] = env[torchelastic.ENV] = str(ef)
     return LaunchSpec(tuple(argv), str(cfg.workdir()), env, added, cgroup=cfg.job.cgroup,
-                      prewarm=cfg.job.prewarm and not cfg.job.shell)
+                      prewarm=cfg.job.prewarm)  # a shell job: cold, and history says why
 
 
 def remedies_record(launch: Launch) -> list[dict[str, Any]]:
