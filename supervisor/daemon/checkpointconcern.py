@@ -249,6 +249,10 @@ class CheckpointConcern(Concern):
 
     def tick(self, now: float) -> None:
         """A checkpoint that appeared while the job runs is verified on a thread of its own."""
+        # A save not kept is booked as soon as it is reported, on this loop: the verifier thread
+        # that reported it may spend many seconds on the load test that follows, and a run that
+        # ends meanwhile would otherwise lose the event (CI: 15 saves not kept, none in history).
+        self._book_not_kept()
         d = self.daemon
         if self.svc is None or d is None or not d.cfg.checkpoints.verify_in_background or not d.has_job:
             return
@@ -298,7 +302,9 @@ class CheckpointConcern(Concern):
     def close(self) -> None:
         if self.svc is None or self.daemon is None:
             return
-        for path in self.svc.close():
+        cancelled = self.svc.close()
+        self._book_not_kept()  # reported by a verifier since the last tick
+        for path in cancelled:
             self.daemon.event("checkpoint_load_test_cancelled", "info",
                               f"the load test of {path} was stopped unfinished: the supervisor is exiting "
                               "(no verdict on the checkpoint; a later start tests it again)", path=path)

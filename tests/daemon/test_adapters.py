@@ -113,6 +113,18 @@ def test_a_version_not_kept_shows_in_status_before_any_good_checkpoint(tmp_path:
     assert "no room for a copy" in st["checkpoint_not_kept"] and st["checkpoint_not_kept"].endswith("s ago)")
 
 
+def test_a_version_not_kept_is_booked_at_the_next_tick_and_at_close_not_after_its_load_test(tmp_path: Path) -> None:
+    """The verifier thread that reported it may load-test for many seconds; the run can end first."""
+    concern, view = started(tmp_path, dir=str(tmp_path / "out"))
+    assert concern.svc is not None
+    concern.svc.keep_first.report_not_kept(tmp_path / "out" / "ckpt.pt", "no room for a copy: 1 byte left")
+    concern.tick(0.0)  # no verifier has finished: the main loop books it
+    assert [d["reason"] for d in view.named("checkpoint_not_kept")] == ["no room for a copy: 1 byte left"]
+    concern.svc.keep_first.report_not_kept(tmp_path / "out" / "ckpt.pt", "no room for a copy: 2 bytes left")
+    concern.close()
+    assert len(view.named("checkpoint_not_kept")) == 2  # each once, the last one at close
+
+
 def test_choose_names_the_newest_ready_checkpoint_and_books_it_in_the_ledger_only(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
