@@ -50,7 +50,8 @@ class Run:
 
     def __init__(self, tmp: Path, **sections: Any) -> None:
         table: dict[str, Any] = {"job": {"command": ["python", "train.py"]},
-                                 "policy": {"max_restarts": 1, "backoff_initial_s": 5.0, "backoff_jitter": 0.0},
+                                 "policy": {"max_restarts": 1, "restart_window_s": 86400.0,
+                                            "backoff_initial_s": 5.0, "backoff_jitter": 0.0},
                                  "shutdown": {"mode": "hybrid"},
                                  "on": {"disk_low": {"action": "wait_until_cleared"}}}
         table.update(sections)
@@ -71,10 +72,10 @@ class Run:
         assert self.m.state is State.RUNNING
         return out
 
-    def fail(self, cause: Cause) -> list[Any]:
+    def fail(self, cause: Cause, step: int = 120) -> list[Any]:
         """A detection of ``cause``, then the job's stop finishes."""
         self.now += 30
-        d = Detection(cause, f"{cause.value} seen", "disk", step=120, at=W0 + self.now)
+        d = Detection(cause, f"{cause.value} seen", "disk", step=step, at=W0 + self.now)
         out = self(Detected(d, self.now, W0 + self.now))
         assert self.m.state is State.STOPPING and any(isinstance(c, StopJob) for c in out)
         self.now += 1
@@ -102,11 +103,15 @@ def test_the_stand_in_stops_the_job_waits_until_cleared_and_relaunches_without_s
     run = Run(tmp_path)
     assert run.cfg.action_for(Cause.DISK_LOW) is wait_action  # the config takes it like a built-in one
     run.launched(run(Boot()))
-    # max_restarts = 1: three counted failures would give up at the second; these never do.
+    # max_restarts = 1, spent by an OOM: a counted action would give up from now on; the waits never do.
+    out = run.fail(Cause.OOM)
+    assert "restart 1/1" in record(out, "failure_detected").message and run.m.state is State.BACKOFF
+    run.launched(run(TimerFired()))
     for n in range(3):
         out = run.fail(Cause.DISK_LOW)
         said = record(out, "failure_detected")
         assert said.data["action"] == "wait_until_cleared" and "waiting until disk_low clears" in said.message
+        assert "not counted against the restart budget" in said.message  # the policy's rule, read from the spec
         assert of(out, StopJob)[0].plan.mode is Mode.HYBRID  # its spec's emergency_checkpoint, read by the plan
         end = of(out, EndAttempt)[0]
         assert end.action is wait_action and end.counted is False and end.cause is Cause.DISK_LOW
@@ -115,21 +120,19 @@ def test_the_stand_in_stops_the_job_waits_until_cleared_and_relaunches_without_s
         assert run.m.state is State.HELD and run.m.hold == Hold(Cause.DISK_LOW, "disk_low clears")
         assert "not counted against the restart budget" in record(out, "relaunch_held").message
         assert run(TimerFired()) == [] and run(ConditionCleared(Cause.NAN, "loss finite")) == []
-        assert run.m.state is State.HELD
-        assert run.m.counted_restarts == 0 and not any(p.counted for p in run.m.history)
+        assert run.m.state is State.HELD and run.m.counted_restarts == 1
         # The relaunch, once it cleared, from the checkpoint its spec chooses (not before the onset).
         run.now += 600
         out = run(ConditionCleared(Cause.DISK_LOW, "40 GB free"))
         assert "40 GB free" in record(out, "relaunch_released").message
         assert of(out, PrepareLaunch)[0].action is wait_action and run.m.state is State.PREPARING
-        assert run.m.attempt == n + 1
+        assert run.m.attempt == n + 2
         out = run.launched(out)
-        assert "restarts so far 0/1" in record(out, "job_started").message
-    # The budget is untouched: a counted failure now restarts (1/1) instead of giving up.
-    run.now += 30
-    out = run(Detected(Detection(Cause.OOM, "CUDA out of memory", "stdout", at=W0), run.now, W0 + run.now))
-    said = record(out, "failure_detected")
-    assert said.data["action"] == "restart" and "restart 1/1" in said.message
+        assert "restarts so far 1/1" in record(out, "job_started").message
+    # The waits spent nothing: the next counted failure finds the OOM's one restart in the window.
+    out = run.fail(Cause.OOM, step=5000)  # not an identical repeat of the first OOM
+    assert run.m.state is State.GAVE_UP
+    assert "restart budget spent: 1 restarts" in record(out, "failure_detected").message
 
 
 def test_status_metrics_and_the_cli_show_the_wait_with_no_edit_of_theirs(wait_action: Action, tmp_path: Path) -> None:
