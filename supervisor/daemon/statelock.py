@@ -7,7 +7,8 @@ it when the daemon exits, however it exits (``kill -9`` included), so a stale lo
 blocks the next daemon.
 
 Beside the flock the daemon holds a *name*: a listening abstract unix socket (Linux only) bound to
-``tsup-state-`` + the sha256 of the state dir's absolute path. A name is not a file: deleting or
+``tsup-state-`` + the sha256 of the root directory's identity and the state dir's absolute path
+(see :func:`lock_name`). A name is not a file: deleting or
 re-creating the state dir cannot drop it, and the kernel frees it when the daemon exits (``kill -9``
 included), so it never goes stale. A second daemon on the same path -- the original or one
 re-created after ``rm -rf`` -- finds the name taken and refuses (exit 2, ``in_use``) before it
@@ -96,9 +97,16 @@ def ensure_state_dir(state_dir: Path) -> int:
 
 
 def lock_name(state_dir: Path) -> bytes:
-    """The abstract socket name for a state dir (its absolute path, as given: resolved by the caller)."""
-    digest = hashlib.sha256(os.fsencode(os.path.abspath(state_dir))).hexdigest()[:40]
-    return b"\0tsup-state-" + digest.encode()
+    """The abstract socket name for a state dir: its absolute path (as given: resolved by the
+    caller) under this process's root directory. Abstract names are shared by every container
+    on the host's network namespace (nspawn's default, docker's ``--network=host``); the root's
+    (device, inode) tells their filesystems apart, so two containers that each use
+    ``/var/lib/transformer-supervisor/job`` do not refuse each other (CI: one systemd container
+    refused by another's daemon, "pid 0"). A service in a mount namespace of its own on the host's
+    root (ProtectSystem=) shares the root, so it still meets a `wrap` on the same dir."""
+    root = os.stat("/")
+    ident = f"{root.st_dev}:{root.st_ino}:".encode() + os.fsencode(os.path.abspath(state_dir))
+    return b"\0tsup-state-" + hashlib.sha256(ident).hexdigest()[:40].encode()
 
 
 def take_name(state_dir: Path) -> socket.socket | None:

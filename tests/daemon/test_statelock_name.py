@@ -2,6 +2,7 @@
 survives the state dir being deleted and re-created; through the real daemon."""
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.daemon.statelock import StateDirLocked, StateLock
+from supervisor.daemon.statelock import StateDirLocked, StateLock, take_name
 from tests.conftest import ROOT, pid_alive
 from tests.daemon.test_hardening import SLEEPER, wrap
 from tests.util import wait_for
@@ -49,3 +50,35 @@ def test_the_name_lock_is_freed_on_release_and_held_across_a_recreated_dir(tmp_p
         StateLock.acquire(sd)
     first.release()
     StateLock.acquire(sd).release()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chroot needs root (CAP_SYS_CHROOT)")
+def test_the_same_path_in_another_root_is_another_name(tmp_path: Path) -> None:
+    """Two containers on the host's network namespace share abstract names; the same state dir
+    path inside each is two different dirs, so neither may refuse the other."""
+    sd = tmp_path / "sd"
+    held = StateLock.acquire(sd)
+    try:
+        root = tmp_path / "root"
+        root.mkdir()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: another root, the same path, bound while the parent holds it
+            os.close(r)
+            try:
+                os.chroot(root)
+                s = take_name(sd)
+                os.write(w, b"bound" if s is not None else b"none")
+            except BaseException as e:  # reported to the parent, never raised in a forked pytest
+                os.write(w, repr(e).encode()[:500])
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            said = f.read().decode()
+        os.waitpid(pid, 0)
+        assert said == "bound", said
+        with pytest.raises(StateDirLocked, match="already running"):
+            take_name(sd)  # in our own root the name is still held
+    finally:
+        held.release()
