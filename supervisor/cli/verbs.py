@@ -98,6 +98,17 @@ def _text(e: Exception) -> str:
     return str(getattr(e, "message", None) or e)
 
 
+# `restart --from` is answered after the checkpoint's load test (bounded by the daemon's
+# checkpoints.load_timeout_s, 300 s by default): waiting only the usual 30 s, a busy machine made
+# the CLI report a failure for a restart the daemon then carried out.
+RESTART_FROM_ANSWER_S = 330.0
+
+
+def _answer_timeout(verb: str, payload: Mapping[str, Any] | None) -> float:
+    p = payload or {}
+    return RESTART_FROM_ANSWER_S if verb == "restart" and p.get("from") and not p.get("force") else 30.0
+
+
 def control_verb(sd: Path, verb: str, payload: Mapping[str, Any] | None = None, *, wait: bool = False,
                  timeout: float = 600.0, json_out: bool = False, out: TextIO | None = None,
                  err: TextIO | None = None) -> int:
@@ -113,7 +124,7 @@ def control_verb(sd: Path, verb: str, payload: Mapping[str, Any] | None = None, 
     try:
         if wait:
             before = _request(sd, "status")
-        res = _request(sd, verb, payload)
+        res = _request(sd, verb, payload, timeout=_answer_timeout(verb, payload))
     except DaemonNotRunning as e:
         if json_out:
             out.write(json.dumps({"ok": False, "error": {"code": "not_running", "message": _text(e)}}) + "\n")

@@ -263,3 +263,14 @@ def test_status_says_how_far_the_parsers_are_behind_the_job_only_when_they_are()
                                                                              "max_seconds": 3.0, "unparsed_bytes": 0}})
     lost = status_table({"output_lag": {"seconds": 0, "bytes": 0, "max_seconds": 1, "unparsed_bytes": 49}})
     assert "49 bytes could not be read back (output_unparsed)" in lost
+
+
+def test_restart_from_waits_for_the_load_test_not_the_usual_thirty_seconds() -> None:
+    """`restart --from` is answered after the checkpoint's load test (checkpoints.load_timeout_s,
+    300 s by default); a 30 s wait made the CLI report a failure for a restart that then ran."""
+    from supervisor.checkpoints.config import CheckpointsConfig
+    from supervisor.cli.verbs import _answer_timeout
+
+    assert _answer_timeout("restart", {"from": "/x/ckpt.pt"}) > CheckpointsConfig().load_timeout_s
+    assert _answer_timeout("restart", {"from": "/x/ckpt.pt", "force": True}) == 30.0  # no load test
+    assert _answer_timeout("restart", {}) == _answer_timeout("stop", None) == 30.0
