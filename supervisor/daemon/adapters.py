@@ -69,7 +69,7 @@ class ProcessLauncher:
             self._cgroup_parent = None  # it failed (and said why): not tried, nor said, at every launch
         if self.prewarm is not None:
             outcome = str(job.prewarm)
-            log.info("prewarm", attempt=spec.env.get("TSUP_ATTEMPT"), outcome=outcome,
+            log.info("prewarm_outcome", attempt=spec.env.get("TSUP_ATTEMPT"), outcome=outcome,
                      message="the attempt started in the standby interpreter, its imports done" if outcome == "used"
                      else f"the attempt started cold ({outcome[6:]})")
             self.note(spec, {"prewarm": outcome})
