@@ -133,22 +133,41 @@ def _structlog_restored():  # type: ignore[no-untyped-def]
     structlog.contextvars.clear_contextvars()
 
 
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    """Under xdist, every worker's slice starts with its share of the heavy modules
+    (tests/helpers/schedule.py: why, and where the costs come from)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 2:
+        return
+    from tests.helpers import schedule
+
+    costs = schedule.read_costs(ROOT / "tests" / "cpu_seconds.tsv")
+    tests = [schedule.Test(it.nodeid, schedule.guess(it.nodeid, {m.name for m in it.iter_markers()}, costs))
+             for it in items]
+    items[:] = [items[i] for i in schedule.arrange(tests, workers)]
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):  # type: ignore[no-untyped-def]
     """TSUP_TEST_CPU=FILE: append each test's CPU seconds (this process and the children it
-    reaped: daemons, jobs, load tests) to FILE, to find what makes the suite CPU-bound."""
+    reaped: daemons, jobs, load tests) to FILE, to find what makes the suite CPU-bound; then its
+    wall seconds, the xdist worker and the wall-clock start and end (to see which worker's tail
+    made the run long): `cpu wall worker start end nodeid`, tab-separated."""
     path = os.environ.get("TSUP_TEST_CPU")
     if not path:
         yield
         return
     import resource
+    import time
 
     def cpu() -> float:
         s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
-    before = cpu()
+    before, start = cpu(), time.time()
     yield
+    end = time.time()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     with open(path, "a") as f:
-        f.write(f"{cpu() - before:.2f}\t{item.nodeid}\n")
+        f.write(f"{cpu() - before:.2f}\t{end - start:.2f}\t{worker}\t{start:.2f}\t{end:.2f}\t{item.nodeid}\n")
 
