@@ -142,7 +142,9 @@ def status_table(result: Mapping[str, Any]) -> str:
         if key in result and result[key] is not None:
             rows.append((label, fmt(result[key])))
 
-    row("state", "state")
+    shown.add("phase")
+    phase = result.get("phase")
+    row("state", "state", lambda v: f"{v} ({phase})" if phase and phase != v else str(v))
     row("run id", "run_id")
     row("attempt", "attempt")
     row("pids", "pids", lambda v: " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v))

@@ -23,11 +23,17 @@ def metric_json(m: MetricRecord) -> dict[str, Any]:
     return {**metric_dict(m), "age_s": round(time.time() - m.at, 3)}
 
 
+# SPEC's `state` names the launch as one state, "starting": a tool polling for
+# starting/running must not meet the machine's finer steps. Those go in `phase`.
+PUBLIC_STATE = {State.PREPARING: State.STARTING, State.LAUNCHING: State.STARTING}
+
+
 def status_dict(m: Machine, *, run_id: str, cfg: Config, state_dir: Path, pids: list[int],
                 last_metric: MetricRecord | None, restart_in_s: float | None,
                 extras: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     st: dict[str, Any] = {
-        "state": m.state.value,
+        "state": PUBLIC_STATE.get(m.state, m.state).value,
+        "phase": m.state.value,  # preparing (the gate, the checkpoint choice), launching (the spawn), ...
         "run_id": run_id,
         "name": cfg.job.name,
         "attempt": max(m.attempt, 0),

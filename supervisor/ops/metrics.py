@@ -117,7 +117,7 @@ class _StatusCollector(Collector):
 
         state = GaugeMetricFamily(PREFIX + "state", "1 for the daemon's current state, 0 for the others",
                                   labels=["state"])
-        current = status.get("state")
+        current = status.get("phase") or status.get("state")  # the machine's own step (status's state is SPEC's)
         for s in STATES + ((current,) if isinstance(current, str) and current not in STATES else ()):
             state.add_metric([s], 1.0 if s == current else 0.0)
         yield state

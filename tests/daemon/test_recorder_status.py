@@ -81,3 +81,23 @@ def test_a_status_part_failing_after_a_change_keeps_the_last_snapshot_and_says_s
     assert cache.answer() == {"state": "running"}
     (failed,) = [e for e in logs if e["event"] == "status_refresh_failed"]
     assert "OSError" in failed["error"] and "the next tick retries" in failed["message"]
+
+
+def test_the_launch_steps_show_as_starting_with_their_phase(tmp_path) -> None:
+    """SPEC's `state` names the launch "starting"; the machine's finer steps are in `phase`."""
+    from supervisor.cli.render import status_table
+    from supervisor.core.machine import Machine, State
+    from supervisor.daemon.status import status_dict
+
+    from ..fakes import config
+
+    m = Machine(config(tmp_path), tmp_path / "state")
+    assert m.state is State.PREPARING  # the first launch is being prepared (gate, checkpoint choice)
+    st = status_dict(m, run_id="r", cfg=m.cfg, state_dir=tmp_path, pids=[], last_metric=None,
+                     restart_in_s=None, extras=[])
+    assert (st["state"], st["phase"]) == ("starting", "preparing") and st["pids"] == []
+    assert "starting (preparing)" in status_table(st)
+    m.state = State.RUNNING
+    st = status_dict(m, run_id="r", cfg=m.cfg, state_dir=tmp_path, pids=[7], last_metric=None,
+                     restart_in_s=None, extras=[])
+    assert (st["state"], st["phase"]) == ("running", "running") and "(running)" not in status_table(st)
