@@ -3,6 +3,7 @@ is tested in milliseconds: no process, no socket, no SQLite, a clock the test mo
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +146,7 @@ class FakeLedger:
         self.rows: dict[int, dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
         self.metric_rows: list[dict[str, Any]] = []
+        self.updates: list[tuple[int, dict[str, Any], int]] = []  # (attempt, fields, writing thread) in order
         self.closed = False
 
     def open_run(self, name: str, config_json: Mapping[str, Any]) -> tuple[str, bool]:
@@ -168,6 +170,7 @@ class FakeLedger:
         self.rows[attempt].update(pid=pid, pgid=pgid)
 
     def update_attempt(self, run_id: str, attempt: int, **fields: Any) -> None:
+        self.updates.append((attempt, dict(fields), threading.get_ident()))
         self.rows[attempt].update(fields)
 
     def end_attempt(self, run_id: str, attempt: int, **fields: Any) -> None:

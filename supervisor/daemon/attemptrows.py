@@ -12,6 +12,7 @@ from ..core.messages import EndAttempt, Launch, detection_dict, jsonable
 from ..events import MetricRecord
 from ..job.launch import remedies_record
 from ..job.process import LaunchSpec, redact_env
+from .effects import AttemptField
 from .ports import EnvironmentProbe, LedgerStore
 from .status import metric_json
 
@@ -30,17 +31,17 @@ class Snapshots:
     launch and at its end. The probe runs beside the first launch and may arrive after it (or
     after that attempt's end): the rows written without it are completed when it does."""
 
-    def __init__(self, ledger: LedgerStore, environment: EnvironmentProbe) -> None:
-        self.ledger = ledger
+    def __init__(self, apply: Callable[[AttemptField], None], environment: EnvironmentProbe) -> None:
+        self.apply = apply  # the runner's one write path of an attempt's fields
         self.environment = environment
         self.at_launch: dict[str, Any] = {}  # the current attempt's, without the probe
-        self._incomplete: dict[tuple[str, int], dict[str, Any]] = {}  # written before the probe came
+        self._incomplete: dict[int, dict[str, Any]] = {}  # by attempt: written before the probe came
 
-    def launched(self, run_id: str, attempt: int, own: Mapping[str, Any]) -> None:
+    def launched(self, attempt: int, own: Mapping[str, Any]) -> None:
         self.at_launch = dict(own)
-        self._write(run_id, attempt, self.at_launch)
+        self._write(attempt, self.at_launch)
 
-    def ended(self, run_id: str, attempt: int, concerns: Callable[[], Mapping[str, Any]],
+    def ended(self, attempt: int, concerns: Callable[[], Mapping[str, Any]],
               last_metric: MetricRecord | None, heartbeats: Any) -> None:
         """The state at the failure (metrics, heartbeats, GPU/host), beside the state at launch; a
         failure here is logged and the attempt's end is still recorded."""
@@ -48,7 +49,7 @@ class Snapshots:
             at_end = dict(concerns())
             at_end["last_metric"] = metric_json(last_metric) if last_metric else None
             at_end["heartbeats"] = heartbeats
-            self._write(run_id, attempt, {**self.at_launch, "at_end": at_end})
+            self._write(attempt, {**self.at_launch, "at_end": at_end})
         except Exception as e:
             log.warning("snapshot_failed", error=repr(e))
 
@@ -60,16 +61,16 @@ class Snapshots:
         if env is None:
             return
         rows, self._incomplete = self._incomplete, {}
-        for (run_id, attempt), row in rows.items():
-            self.ledger.update_attempt(run_id, attempt, snapshot_json={**env, **row})
+        for attempt, row in rows.items():
+            self.apply(AttemptField(attempt, snapshot={**env, **row}))
 
-    def _write(self, run_id: str, attempt: int, row: dict[str, Any]) -> None:
+    def _write(self, attempt: int, row: dict[str, Any]) -> None:
         env = self.environment.probed()
         if env is None:
-            self._incomplete[(run_id, attempt)] = row
+            self._incomplete[attempt] = row
         else:
-            self._incomplete.pop((run_id, attempt), None)  # this row is newer than the one kept
-        self.ledger.update_attempt(run_id, attempt, snapshot_json={**(env or {}), **row})
+            self._incomplete.pop(attempt, None)  # this row is newer than the one kept
+        self.apply(AttemptField(attempt, snapshot={**(env or {}), **row}))
 
 
 def end(ledger: LedgerStore, run_id: str, cmd: EndAttempt) -> None:

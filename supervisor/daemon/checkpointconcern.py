@@ -15,6 +15,7 @@ import structlog
 from ..config.model import Config
 from ..core.messages import EndAttempt, Resume
 from ..events import Action, AttemptContext, Cause, Detection, MetricRecord
+from .effects import AttemptField
 from .ports import Concern, DaemonView
 
 if TYPE_CHECKING:  # imported where used: a daemon without a checkpoint dir never loads them
@@ -216,7 +217,7 @@ class CheckpointConcern(Concern):
                              f"{path} passed its load test beside the job's start-up (step {row.step})",
                              path=str(path), step=row.step)
                 if row.step is not None:  # read by the load test (nanoGPT's iter_num): the history says it
-                    daemon.ledger.update_attempt(daemon.run_id, attempt, resume_step=row.step)
+                    daemon.apply(AttemptField(attempt, resume_step=row.step))  # a message to the loop
                 return
             if version_token(path) != launched:
                 # A single overwritten file (nanoGPT's ckpt.pt) that the resumed job has already

@@ -17,6 +17,7 @@ from ..eventnames import EventName
 from ..events import AttemptContext, Detection, MetricRecord
 from ..core.goodput import Track, goodput_of, tracks_from_rows
 from ..core.resumecheck import CHECK_NAME as RESUME_CHECK
+from .effects import AttemptField
 from .ports import Concern, DaemonView, Notifier
 
 if TYPE_CHECKING:  # imported at start, only what is configured (prometheus_client: 12 ms)
@@ -157,7 +158,7 @@ class GoodputConcern(Concern):
     def start(self, daemon: DaemonView) -> None:
         self.daemon = daemon
         try:
-            self.tracks = tracks_from_rows(daemon.ledger.attempts(daemon.run_id), daemon.ledger.metrics(daemon.run_id))
+            self.tracks = tracks_from_rows(daemon.history.attempts(daemon.run_id), daemon.history.metrics(daemon.run_id))
         except Exception as e:
             log.warning("goodput_history_unreadable", error=repr(e))
 
@@ -210,7 +211,7 @@ class GoodputConcern(Concern):
         d = self.daemon
         try:
             ckdir = d.cfg.checkpoints.dir
-            advice = interval_advice(d.ledger, d.run_id, Path(ckdir) if ckdir else None)
+            advice = interval_advice(d.history, d.run_id, Path(ckdir) if ckdir else None)
         except Exception as e:  # advice only: never in the way of a status reply
             log.warning("checkpoint_interval_advice_failed", error=repr(e))
             advice = None
@@ -266,7 +267,7 @@ class ValidationConcern(Concern):
         assert d is not None
         js = verdict.to_json()
         self.last = js
-        d.ledger.update_attempt(d.run_id, d.attempt, validation_json=js)
+        d.apply(AttemptField(d.attempt, validation=js))
         if verdict.passed:
             d.event("validation_passed", "info", f"post-reboot validation {verdict.summary}", checks=js["checks"])
             return
@@ -286,7 +287,7 @@ class ValidationConcern(Concern):
         if self.validator is not None and self.validator.verdict is None:
             inc = self.validator.incomplete()
             assert self.daemon is not None
-            self.daemon.ledger.update_attempt(self.daemon.run_id, end.attempt, validation_json=inc)
+            self.daemon.apply(AttemptField(end.attempt, validation=inc))
             self.last = inc
         self.validator = None
 

@@ -23,6 +23,7 @@ from ..core.machine import State
 from ..core.messages import EndAttempt, ExitInfo, GateResult, Resume
 from ..core.policy import Decision
 from ..events import Action, AttemptContext, Detection, MetricRecord, Monitor
+from .effects import AttemptField
 
 if TYPE_CHECKING:
     from ..config.model import Config
@@ -134,6 +135,20 @@ class LedgerStore(Protocol):
     def close(self) -> None: ...
 
 
+class HistoryReader(Protocol):
+    """What concerns read of the ledger (goodput's tracks, the checkpoint interval advice): reads
+    only. Every write goes through the runner: events by ``DaemonView.event``, an attempt's
+    fields by ``DaemonView.apply``."""
+
+    def attempts(self, run_id: str) -> list["AttemptRow"]: ...
+
+    def metrics(self, run_id: str) -> Iterator[Any]: ...
+
+    def failure_record(self) -> tuple[float, int, list[float]]: ...
+
+    def recent_step_times(self, run_id: str, limit: int = 5000) -> list[float]: ...
+
+
 class CheckpointStore(Protocol):
     """Where attempts resume from. ``choose`` and ``book_last_attempt`` run on the
     launch-preparation thread (they verify and may take seconds)."""
@@ -210,9 +225,17 @@ class DaemonView(Protocol):
     cfg: "Config"  # the current config (a reload replaces it)
     state_dir: Path
     run_id: str
-    ledger: LedgerStore
     clock: Clock
     fanout: "SinkFanout"
+
+    @property
+    def history(self) -> HistoryReader:
+        """The ledger, to read (a concern never writes it: ``apply`` and ``event`` do)."""
+        ...
+
+    def apply(self, effect: AttemptField) -> None:
+        """Set fields of an attempt's ledger row, from any thread (:mod:`supervisor.daemon.effects`)."""
+        ...
 
     def run_view(self) -> RunView:
         """The run as it stands now (state, attempt, the stop under way and why, exit)."""

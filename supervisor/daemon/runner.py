@@ -14,6 +14,7 @@ import os
 import queue
 import random
 import signal
+import threading
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -21,7 +22,7 @@ from typing import Any, Mapping, Sequence
 import structlog
 
 from ..config.model import Config
-from ..core.machine import Machine, State
+from ..core.machine import JOB_UP, Machine, State
 from ..core.messages import (EXIT_GAVE_UP, Activity, ArmTimer, Boot, Command, Detected, EndAttempt,
                             EscalateStop, Event, Finish, FirstMetric, JobExited, Launch, PrepareLaunch, Prepared,
                             Record, RecordDetection, Reply, SignalJob, Spawned, SpawnFailed,
@@ -30,10 +31,11 @@ from ..job.launch import config_json, drop_heartbeat_dir_if_empty, heartbeat_dir
 from . import attemptrows
 from .activity import AttemptActivity
 from .concernset import ConcernSet
+from .effects import AttemptField, AttemptWriter
 from .jobstop import JobStop
 from .metricbuffer import MetricBuffer
 from .monitors import AttemptMonitors
-from .ports import Concern, Job, Ports, RunView
+from .ports import Concern, HistoryReader, Job, Ports, RunView
 from .recovery import close_previous_life
 from .reload import reload_config
 from .requests import RUNNER_VERBS, answer, ask, install_signal_handlers, machine_request
@@ -72,7 +74,8 @@ class Runner:
         self.timer_at: float | None = None  # when TimerFired is due (monotonic)
         self.monitors = AttemptMonitors(self.event)
         self.metrics = MetricBuffer()
-        self.snapshots = attemptrows.Snapshots(self.ledger, ports.environment)
+        self.writes = AttemptWriter(self.ledger, lambda: self.run_id, wake=lambda: self.q.put(("wake",)))
+        self.snapshots = attemptrows.Snapshots(self.apply, ports.environment)
         self.activity = AttemptActivity(self.clock.monotonic)  # a blind attempt's work (the progress rule)
         fanout.add(self.activity)
         self.status_cache = StatusCache(self.status, self.concerns.live_statuses)
@@ -100,6 +103,14 @@ class Runner:
         return RunView(state=m.state, attempt=m.attempt, has_job=self.job is not None, root=m.root,
                        decision=m.pending.decision, resume=m.resume, last_metric=self.metrics.last,
                        exit_code=m.exit_code, exit_reason=m.exit_reason)
+
+    @property
+    def history(self) -> HistoryReader:
+        return self.ledger
+
+    def apply(self, effect: AttemptField) -> None:
+        """Thread-safe: the one write path of an attempt's fields (from another thread, a message)."""
+        self.writes.apply(effect)
 
     @property
     def metric_history(self) -> Sequence[MetricRecord]:
@@ -142,6 +153,7 @@ class Runner:
         """Open the run, start the concerns, close what a previous daemon left, launch. False
         when a concern cannot start (the run is then ended as given up)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.writes.loop_thread = threading.get_ident()
         self.run_id, continued = self.ledger.open_run(self.cfg.job.name, config_json(self.cfg))
         structlog.contextvars.bind_contextvars(run_id=self.run_id)
         try:
@@ -171,6 +183,7 @@ class Runner:
             self.job.close()
         self.ports.notifier.stopping()
         self.concerns.close()
+        self.writes.drain()  # what verifier threads handed over before they were stopped
         self.ports.launcher.close()
         self.ledger.close()
 
@@ -228,7 +241,8 @@ class Runner:
     def _tick_inner(self) -> None:
         now = self.clock.monotonic()
         self._drain_metrics()
-        if self.job is not None and self.state in (State.STARTING, State.RUNNING, State.STOPPING):
+        self.writes.drain()
+        if self.job is not None and self.state in JOB_UP:
             self.job.refresh_tree(now)
             self.job.reap_orphans()
             self.monitors.poll(now)
@@ -267,7 +281,7 @@ class Runner:
         elif isinstance(cmd, StateChanged):
             log.info("state_changed", old=cmd.old, new=cmd.new, why=cmd.why, attempt=cmd.attempt)
         elif isinstance(cmd, RecordDetection):
-            self.ledger.update_attempt(self.run_id, cmd.attempt, detection_json=detection_dict(cmd.detection))
+            self.apply(AttemptField(cmd.attempt, detection=detection_dict(cmd.detection)))
         elif isinstance(cmd, PrepareLaunch):
             self._prepare(cmd)
         elif isinstance(cmd, Launch):
@@ -321,7 +335,7 @@ class Runner:
                              resume.step)
         self.monitors.start(self.concerns.monitors(), ctx, self.emit)
         # Now the GPU/host monitors have looked at least once: record what the attempt runs on.
-        self.snapshots.launched(self.run_id, cmd.attempt,
+        self.snapshots.launched(cmd.attempt,
                                 self.ports.environment.of_attempt(spec, self.concerns.snapshots()))
         self.concerns.attempt_started(ctx, resume, wall)
         self.ports.notifier.ready()
@@ -371,7 +385,7 @@ class Runner:
         if cmd.spawned:
             self.monitors.stop()
             self.concerns.attempt_ended(cmd, self.machine.resume, self.clock.time())
-            self.snapshots.ended(self.run_id, cmd.attempt, self.concerns.snapshots, self.metrics.last,
+            self.snapshots.ended(cmd.attempt, self.concerns.snapshots, self.metrics.last,
                                  self.status_cache.snapshot.get("heartbeats"))
         attemptrows.end(self.ledger, self.run_id, cmd)
         if cmd.spawned:
@@ -437,8 +451,8 @@ class Runner:
     def status(self) -> dict[str, Any]:
         now = self.clock.monotonic()
         return status_dict(self.machine, run_id=self.run_id, cfg=self.cfg, state_dir=self.state_dir,
-                           pids=self.job.pids() if self.job is not None and self.state in (
-                               State.STARTING, State.RUNNING, State.STOPPING) else [], last_metric=self.metrics.last,
+                           pids=self.job.pids() if self.job is not None and self.state in JOB_UP else [],
+                           last_metric=self.metrics.last,
                            restart_in_s=(self.timer_at if self.timer_at is not None else now) - now,
                            extras=[{"metrics_dropped": self.metrics.dropped,
                                     # how far the console and the parsers are behind the job's output

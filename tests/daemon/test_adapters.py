@@ -12,6 +12,7 @@ from supervisor.core.causes import Action, Cause
 from supervisor.core.machine import State
 from supervisor.core.messages import EndAttempt, Resume
 from supervisor.daemon.checkpointconcern import CheckpointConcern, remedy_keys
+from supervisor.daemon.effects import AttemptField
 from supervisor.daemon.healthconcern import HealthConcern
 from supervisor.daemon.ports import RunView
 from supervisor.events import Detection, MetricRecord
@@ -26,7 +27,8 @@ class View:
 
     def __init__(self, cfg: Config, state_dir: Path) -> None:
         self.cfg, self.state_dir, self.run_id = cfg, state_dir, "run-1"
-        self.ledger: Any = FakeLedger()
+        self.history: Any = FakeLedger()
+        self.applied: list[AttemptField] = []  # the attempt fields the concern asked to write
         self.clock: Any = FakeClock()
         self.fanout = SinkFanout()
         self.events: list[tuple[str, str, str, dict[str, Any]]] = []
@@ -48,6 +50,10 @@ class View:
     @property
     def has_job(self) -> bool:
         return True
+
+    def apply(self, effect: AttemptField) -> None:
+        with self._lock:
+            self.applied.append(effect)
 
     def emit(self, d: Detection) -> None:
         with self._lock:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from supervisor.daemon.attemptrows import Snapshots
+from supervisor.daemon.effects import AttemptWriter
 from supervisor.ledger.store import Ledger
 from tests.conftest import history
 
@@ -46,11 +47,11 @@ def test_rows_written_before_the_probe_are_completed_when_it_comes(tmp_path: Pat
     for n in (0, 1):
         led.begin_attempt(run_id, n, ["python"], str(tmp_path), {}, None, None, None, [], None)
     probe = SlowProbe()
-    snaps = Snapshots(led, probe)
+    snaps = Snapshots(AttemptWriter(led, lambda: run_id, wake=lambda: None).apply, probe)
 
-    snaps.launched(run_id, 0, {"world": {"world_size": 1}, "host": {"load": 1}})
+    snaps.launched(0, {"world": {"world_size": 1}, "host": {"load": 1}})
     assert _rows(led, run_id)[0] == {"world": {"world_size": 1}, "host": {"load": 1}}  # written now, without it
-    snaps.ended(run_id, 0, lambda: {"host": {"load": 2}}, None, {"beats": 3})
+    snaps.ended(0, lambda: {"host": {"load": 2}}, None, {"beats": 3})
     snaps.complete()  # not there yet: nothing changes, nothing raises
     probe.answer()
     snaps.complete()
@@ -59,7 +60,7 @@ def test_rows_written_before_the_probe_are_completed_when_it_comes(tmp_path: Pat
     assert row0["world"] == {"world_size": 1}  # the attempt's own world wins over the probe's
     assert row0["at_end"]["host"] == {"load": 2} and row0["at_end"]["heartbeats"] == {"beats": 3}
 
-    snaps.launched(run_id, 1, {"world": {"world_size": 2}})  # after the probe: complete at once
+    snaps.launched(1, {"world": {"world_size": 2}})  # after the probe: complete at once
     assert _rows(led, run_id)[1] == {"job_python": {"python": "3.x"}, "world": {"world_size": 2}}
 
 
@@ -68,10 +69,10 @@ def test_a_row_rewritten_after_the_probe_is_not_rolled_back_by_the_completion(tm
     run_id, _ = led.open_run("job", {})
     led.begin_attempt(run_id, 0, ["python"], str(tmp_path), {}, None, None, None, [], None)
     probe = SlowProbe()
-    snaps = Snapshots(led, probe)
-    snaps.launched(run_id, 0, {"world": {}})
+    snaps = Snapshots(AttemptWriter(led, lambda: run_id, wake=lambda: None).apply, probe)
+    snaps.launched(0, {"world": {}})
     probe.answer()
-    snaps.ended(run_id, 0, lambda: {}, None, None)  # the probe came between: this write is whole
+    snaps.ended(0, lambda: {}, None, None)  # the probe came between: this write is whole
     snaps.complete()
     assert "at_end" in _rows(led, run_id)[0] and "job_python" in _rows(led, run_id)[0]
 
