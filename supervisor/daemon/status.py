@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Mapping
 import structlog
 
 from ..config.model import Config
-from ..core.machine import Machine, State
+from ..core.machine import JOB_UP, Machine, State
 from ..core.messages import detection_dict
 from ..events import MetricRecord
 from ..watch.logwatch import metric_dict
@@ -37,7 +37,7 @@ def status_dict(m: Machine, *, run_id: str, cfg: Config, state_dir: Path, pids: 
         "run_id": run_id,
         "name": cfg.job.name,
         "attempt": max(m.attempt, 0),
-        "pids": pids if m.state in (State.STARTING, State.RUNNING, State.STOPPING) else [],
+        "pids": pids if m.state in JOB_UP else [],
         "restarts_by_cause": dict(m.restarts_by_cause),
         "last_metric": metric_json(last_metric) if last_metric else None,
         "heartbeats": {},
@@ -45,7 +45,7 @@ def status_dict(m: Machine, *, run_id: str, cfg: Config, state_dir: Path, pids: 
         "checkpoint": m.resume.checkpoint,
         "goodput": None,
         "last_anomaly": detection_dict(m.last_anomaly) if m.last_anomaly else None,
-        "remedies": {"env": dict(m.remedy_env), "args": list(m.remedy_args), "skip_batches": m.skip_batches},
+        "remedies": m.remedies.as_status(),  # the value the launches get (the scale too)
         "max_restarts": cfg.policy.max_restarts,
         "state_dir": str(state_dir),
         "daemon_pid": os.getpid(),
