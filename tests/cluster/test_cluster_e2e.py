@@ -24,13 +24,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 NODES = ("n1", "n2", "n3")
 
 
-def _status(state_dir: Path, phases: set[str] | None = {"running"}) -> dict | None:
-    """The cluster block of a node's `status --json` once it lists every node (in ``phases``)."""
-    r = subprocess.run([sys.executable, "-m", "supervisor", "status", "--json", "--state-dir", str(state_dir)],
-                       capture_output=True, text=True, timeout=30)
-    if r.returncode != 0:
-        return None
-    c = json.loads(r.stdout).get("cluster") or {}
+def _status(state_dir: Path, phases: set[str] | None = {"running"}, cli: bool = False) -> dict | None:
+    """The cluster block of a node's `status --json` once it lists every node (in ``phases``).
+    Asked over the control socket from this process (what `status --json` prints): polled back to
+    back, a CLI process per call spent a core; ``cli``: through the command itself."""
+    from supervisor.ops.control import ControlError, DaemonNotRunning, request
+
+    if cli:
+        r = subprocess.run([sys.executable, "-m", "supervisor", "status", "--json", "--state-dir", str(state_dir)],
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            return None
+        st = json.loads(r.stdout)
+    else:
+        try:
+            st = request(state_dir, "status", timeout=10.0)
+        except (DaemonNotRunning, ControlError, OSError):
+            return None
+    c = st.get("cluster") or {}
     nodes = c.get("nodes") or {}
     if phases is None:
         return c
@@ -91,7 +102,8 @@ def test_a_killed_daemon_is_a_lost_node_the_others_stop_within_ttl_and_go_on(
             assert ls[0]["TSUP_GENERATION"] == "2" and ls[0]["TSUP_NNODES"] == "2"
         for n in ("n1", "n2"):
             assert wait_for(lambda n=n: any(e["event"] == "cluster_generation_ended" and "n3" in (e["message"] or "")
-                                            for e in history(tmp_path / n / "state")["events"]), timeout=10)
+                                            for e in history(tmp_path / n / "state")["events"]), timeout=10,
+                              interval=0.5)  # a CLI process per look
         # n3's daemon comes back (same state dir: the same run continues in its ledger): it waits for
         # the next generation instead of joining the running one, which an operator restart ends
         ds["n3"] = start(tmp_path, "n3", tmp_path / "n3" / "config.toml")
@@ -115,7 +127,9 @@ def test_etcd_restarted_mid_run_changes_nothing(etcd: EtcdServer, tmp_path: Path
         for n in NODES:
             wait_for(lambda n=n: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
         # `status` on any node shows every node
-        st = wait_for(lambda: _status(tmp_path / "n2" / "state"), timeout=10, what="n2's cluster status")
+        wait_for(lambda: _status(tmp_path / "n2" / "state"), timeout=10, what="n2's cluster status")
+        st = _status(tmp_path / "n2" / "state", cli=True)
+        assert st is not None, "`status --json` on n2 does not list every node running"
         assert set(st["nodes"]) == set(NODES) and st["generation"] == 1 and st["leader"] in NODES
         assert {v["phase"] for v in st["nodes"].values()} == {"running"}
         etcd.restart()
