@@ -106,7 +106,7 @@ def test_restart_from_an_unready_checkpoint_is_refused_with_reasons_unless_force
     assert history(sd)["attempts"][-1]["attempt"] == 0  # nothing restarted
     cp = _cli("restart", "--state-dir", str(sd), "--from", str(evil), "--force")
     assert cp.returncode == 0, cp.stderr
-    wait_for(lambda: len(history(sd)["attempts"]) == 2, 30, what="forced restart")
+    wait_for(lambda: len(history(sd)["attempts"]) == 2, 30, 0.5, "forced restart")  # a history CLI per look
     d.signal(signal.SIGTERM)
     d.wait(30)
 
