@@ -27,9 +27,10 @@ from ..core.messages import (EXIT_GAVE_UP, Activity, ArmTimer, Boot, Command, De
                             EscalateStop, Event, Finish, FirstMetric, JobExited, Launch, PrepareLaunch, Prepared,
                             Record, RecordDetection, Reply, SignalJob, Spawned, SpawnFailed,
                             StateChanged, StopJob, StopRequested, TimerFired, detection_dict)
-from ..job.launch import config_json, drop_heartbeat_dir_if_empty, heartbeat_dir, launch_spec, prepare_launch
+from ..job.launch import config_json, drop_heartbeat_dir_if_empty, prepare_launch
 from . import attemptrows
 from .activity import AttemptActivity
+from .attemptstart import AttemptStarter
 from .concernset import ConcernSet
 from .effects import AttemptField, AttemptWriter
 from .jobstop import JobStop
@@ -41,7 +42,7 @@ from .reload import reload_config
 from .requests import RUNNER_VERBS, answer, ask, install_signal_handlers, machine_request
 from .recorder import EventRecorder
 from .status import StatusCache, status_dict
-from ..events import AttemptContext, Detection, MetricRecord
+from ..events import Detection, MetricRecord
 from ..job.output import SinkFanout
 
 log = structlog.get_logger("supervisor.daemon.runner")
@@ -78,6 +79,8 @@ class Runner:
         self.snapshots = attemptrows.Snapshots(self.apply, ports.environment)
         self.activity = AttemptActivity(self.clock.monotonic)  # a blind attempt's work (the progress rule)
         fanout.add(self.activity)
+        self.starter = AttemptStarter(ports, self.concerns, self.monitors, self.snapshots, self.activity,
+                                      self.state_dir, on_eof=lambda src: self.q.put(("eof", src)))
         self.status_cache = StatusCache(self.status, self.concerns.live_statuses)
         self.recorder = EventRecorder(self.ledger, self.concerns, lambda: (self.run_id, self.attempt))
 
@@ -311,34 +314,16 @@ class Runner:
                                         wake=lambda: self.q.put(("wake",)))
 
     def _spawn(self, cmd: Launch) -> None:
-        cfg, resume = self.cfg, cmd.resume
-        spec = launch_spec(cfg, cmd, run_id=self.run_id, state_dir=self.state_dir, job_env=self.concerns.job_env())
-        attemptrows.begin(self.ledger, self.run_id, cmd, spec)
         self.jobstop.reset()
         self.metrics.last = None
-        self.concerns.before_spawn(cmd.attempt, resume)
-        self.activity.reset(self.clock.monotonic(), self.clock.time())
-        try:
-            self.job = self.ports.launcher.launch(spec, cfg.log_file(), lambda src: self.q.put(("eof", src)))
-        except OSError as e:
-            self._feed(SpawnFailed(e, spec.argv, spec.cwd))
+        spawned = self.starter.spawn(self.cfg, cmd, self.run_id)
+        if spawned.error is not None:
+            self._feed(SpawnFailed(spawned.error, spawned.spec.argv, spawned.spec.cwd))
             return
-        finally:
-            # Beside the first launch, not before it: the probe's interpreter would take a core
-            # from the daemon's own way to the job's exec (issue 25 build 1). Once per daemon life.
-            self.ports.environment.start(cfg)
-        job, now, wall = self.job, self.clock.monotonic(), self.clock.time()
-        self.ledger.set_attempt_process(self.run_id, cmd.attempt, job.pid, job.pgid, job.leader.create_time)
-        self._feed(Spawned(job.pid, job.pgid, spec.argv, now))
-        ctx = AttemptContext(self.run_id, cmd.attempt, job.pgid, job.pid, now, self.state_dir,
-                             heartbeat_dir(self.state_dir, cmd.attempt), cfg.checkpoint_dir(), resume.checkpoint,
-                             resume.step)
-        self.monitors.start(self.concerns.monitors(), ctx, self.emit)
-        # Now the GPU/host monitors have looked at least once: record what the attempt runs on.
-        self.snapshots.launched(cmd.attempt,
-                                self.ports.environment.of_attempt(spec, self.concerns.snapshots()))
-        self.concerns.attempt_started(ctx, resume, wall)
-        self.ports.notifier.ready()
+        self.job = job = spawned.job
+        assert job is not None
+        self._feed(Spawned(job.pid, job.pgid, spawned.spec.argv, spawned.now))
+        self.starter.started(self.cfg, cmd, self.run_id, spawned, self.emit)
 
     # ================================================================== stopping
     def _stop(self, cmd: StopJob) -> None:

@@ -1,0 +1,80 @@
+"""How the runner starts an attempt, in the order it must happen: the attempt's ledger row, the
+concerns told before the job can print its first line, the spawn (the environment probe started
+beside the first one), then, once the machine has the job, its monitors, the snapshot of what it
+runs on and the concerns told it started. The runner feeds the machine between the two halves
+(``Spawned`` or ``SpawnFailed``); the launch preparation before them is :func:`prepare_launch`'s
+worker thread (:mod:`supervisor.job.launch`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..config.model import Config
+from ..core.messages import Launch
+from ..events import AttemptContext, Detection
+from ..job.launch import heartbeat_dir, launch_spec
+from ..job.process import LaunchSpec
+from . import attemptrows
+from .activity import AttemptActivity
+from .concernset import ConcernSet
+from .monitors import AttemptMonitors
+from .ports import Job, Ports
+
+
+@dataclass(frozen=True)
+class SpawnResult:
+    """The job spawned (``job``) or why not (``error``), with the launch spec and when."""
+
+    spec: LaunchSpec
+    job: Job | None
+    error: OSError | None
+    now: float  # monotonic, right after the spawn
+    wall: float
+
+
+class AttemptStarter:
+    def __init__(self, ports: Ports, concerns: ConcernSet, monitors: AttemptMonitors,
+                 snapshots: attemptrows.Snapshots, activity: AttemptActivity, state_dir: Path,
+                 on_eof: Callable[[str], None]) -> None:
+        self.ports = ports
+        self.concerns = concerns
+        self.monitors = monitors
+        self.snapshots = snapshots
+        self.activity = activity
+        self.state_dir = state_dir
+        self.on_eof = on_eof  # a pipe of the job's reached its end: wakes the loop
+
+    def spawn(self, cfg: Config, cmd: Launch, run_id: str) -> SpawnResult:
+        """Record the attempt and spawn its job (an OSError is the result's ``error``, not raised)."""
+        ports, clock = self.ports, self.ports.clock
+        spec = launch_spec(cfg, cmd, run_id=run_id, state_dir=self.state_dir, job_env=self.concerns.job_env())
+        attemptrows.begin(ports.ledger, run_id, cmd, spec)
+        self.concerns.before_spawn(cmd.attempt, cmd.resume)
+        self.activity.reset(clock.monotonic(), clock.time())
+        try:
+            job = ports.launcher.launch(spec, cfg.log_file(), self.on_eof)
+        except OSError as e:
+            return SpawnResult(spec, None, e, clock.monotonic(), clock.time())
+        finally:
+            # Beside the first launch, not before it: the probe's interpreter would take a core
+            # from the daemon's own way to the job's exec (issue 25 build 1). Once per daemon life.
+            ports.environment.start(cfg)
+        now, wall = clock.monotonic(), clock.time()
+        ports.ledger.set_attempt_process(run_id, cmd.attempt, job.pid, job.pgid, job.leader.create_time)
+        return SpawnResult(spec, job, None, now, wall)
+
+    def started(self, cfg: Config, cmd: Launch, run_id: str, spawned: SpawnResult,
+                emit: Callable[[Detection], None]) -> None:
+        """After the machine took the job (``Spawned``): its monitors, its snapshot, the concerns told."""
+        job, resume = spawned.job, cmd.resume
+        assert job is not None
+        ctx = AttemptContext(run_id, cmd.attempt, job.pgid, job.pid, spawned.now, self.state_dir,
+                             heartbeat_dir(self.state_dir, cmd.attempt), cfg.checkpoint_dir(), resume.checkpoint,
+                             resume.step)
+        self.monitors.start(self.concerns.monitors(), ctx, emit)
+        # Now the GPU/host monitors have looked at least once: record what the attempt runs on.
+        self.snapshots.launched(cmd.attempt, self.ports.environment.of_attempt(spawned.spec, self.concerns.snapshots()))
+        self.concerns.attempt_started(ctx, resume, spawned.wall)
+        self.ports.notifier.ready()
