@@ -14,7 +14,6 @@ import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -22,70 +21,17 @@ from ..events import bounded_argv
 from ..errors import SupervisorError
 from ..ownpaths import file_identity, open_in
 from .connection import LockedConnection
+from .history import history_of, repeat_of
+from .runstates import FINAL_STATES, IN_PROGRESS
 from .schema import LEDGER_FILE, MIGRATIONS, SCHEMA, SCHEMA_VERSION
+from .writeguard import WriteHealth, guarded
 from .. import strictjson
-
-RECOVERED_AFTER_S = 30.0
-
-
-def _write(fn: Any) -> Any:
-    """A ledger write that never takes the daemon down: a failure (a full disk, an I/O error, a
-    state dir deleted underneath) is logged once per episode, counted, and the write dropped;
-    the first write that succeeds again ends the episode and says how many were lost."""
-    import functools
-
-    @functools.wraps(fn)
-    def guarded(self: "Ledger", *a: Any, **kw: Any) -> Any:
-        try:
-            result = fn(self, *a, **kw)
-        except (sqlite3.Error, OSError) as e:
-            self.write_errors += 1
-            self.lost_in_episode += 1
-            self.ok_since = None
-            if self.failing is None:
-                self.failing = str(e)
-                _log().error("ledger_write_failed", error=str(e), path=str(self.path),
-                             message=f"the ledger {self.path} cannot be written ({e}): supervision continues, "
-                                     "records are dropped and counted until it can (said once per episode; "
-                                     "status shows ledger_write_errors)")
-            return None
-        if self.failing is not None:
-            # A nearly full disk lets small writes through between failures: the episode ends
-            # only after RECOVERED_AFTER_S of writes without a failure.
-            now = time.monotonic()
-            if self.ok_since is None:
-                self.ok_since = now
-            if now - self.ok_since < RECOVERED_AFTER_S:
-                return result
-            _log().warning("ledger_write_recovered", lost=self.lost_in_episode, path=str(self.path),
-                           message=f"the ledger can be written again; {self.lost_in_episode} record(s) were lost "
-                                   f"while it could not ({self.failing})")
-            self.failing = None
-            self.lost_in_episode = 0
-        return result
-
-    return guarded
-
-
-def _log() -> Any:
-    import structlog
-
-    return structlog.get_logger("supervisor.ledger.store")
-
 
 class LedgerError(SupervisorError):
     """The ledger file cannot be used: corrupt, not a ledger, or written by a newer version."""
 
     code = "ledger"
 
-# Run states that end a run; any other state means the daemon died and the run continues.
-FINAL_STATES = ("finished", "gave_up")
-
-
-def iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _numbers_json(rows: list[tuple[Any, ...]]) -> str:
@@ -98,10 +44,6 @@ def _numbers_json(rows: list[tuple[Any, ...]]) -> str:
 
 def _json(v: Any) -> str | None:
     return None if v is None else strictjson.dumps(v, default=str, sort_keys=True)
-
-
-def _load(v: str | None) -> Any:
-    return None if v is None else json.loads(v)
 
 
 @dataclass(frozen=True)
@@ -125,14 +67,6 @@ class AttemptRow:
     progressed: bool = False
 
 
-def _repeat_of(r: sqlite3.Row) -> tuple[Any, bool]:
-    """(repeat, progressed) of an attempt row; a read-only look at a version 1 file (not
-    migrated: an older daemon may still be writing it) has neither column."""
-    if "repeat_json" not in r.keys():
-        return None, False
-    return _load(r["repeat_json"]), bool(r["progressed"])
-
-
 def _create(path: Path, flags: int) -> int:
     """Open ``path`` 0600 in its folder, opened first without following a link (ownpaths.open_in):
     a link at the file's name or swapped in for the folder cannot redirect the create."""
@@ -151,13 +85,13 @@ def _read_only_fs(folder: Path) -> bool:
 
 
 class Ledger:
-    def __init__(self, state_dir: Path, *, readonly: bool = False, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, state_dir: Path, *, readonly: bool = False, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.path = state_dir / LEDGER_FILE
-        self.clock = clock  # wall time, only ever *recorded*: order comes from the rowid (see open_run)
-        self.write_errors = 0  # writes dropped since the daemon started (see _write)
-        self.lost_in_episode = 0
-        self.failing: str | None = None  # the error of the episode in progress
-        self.ok_since: float | None = None  # writes have succeeded since (monotonic), while failing
+        # Wall time, only ever *recorded* (every row's time comes from it): order comes from the
+        # rowid (see open_run).
+        self.clock = clock
+        self.health = WriteHealth(self.path, monotonic)  # what @guarded writes do on a failure
         self._ident: tuple[int, int] | None = None
         if readonly:
             if not self.path.exists():
@@ -178,10 +112,19 @@ class Ledger:
                                   "mounted read-only), or use another state dir") from None
             # One connection shared by the main loop and the launch-preparation worker; every
             # statement is serialized by LockedConnection.
-            self.db = self._checked(LockedConnection(sqlite3.connect(self.path, timeout=10, isolation_level=None,
-                                                            check_same_thread=False)), self._migrate)
+            self.db = self._checked(LockedConnection(self._connect()), self._migrate)
             self._ident = file_identity(self.path)  # the file we hold open (see retake)
         self.db.row_factory = sqlite3.Row
+
+    @property
+    def write_errors(self) -> int:
+        """Writes dropped since the daemon started (a full disk): ``status``'s ledger_write_errors."""
+        return self.health.errors
+
+    @property
+    def failing(self) -> str | None:
+        """The error of the write-failure episode in progress, or None while writes succeed."""
+        return self.health.failing
 
     def _checked(self, db: Any, setup: Callable[[Any], None]) -> Any:
         """``db`` once ``setup`` accepted it; closed, and the failure said plainly, otherwise."""
@@ -232,6 +175,9 @@ class Ledger:
         if "locked" in text or "busy" in text:
             return (f"the ledger {self.path} is locked by another process ({e}): another daemon or a tool "
                     "(an sqlite3 shell, a backup) holds it. Stop that process and start again, or use another state dir")
+        if "full" in text:  # SQLITE_FULL: "database or disk is full"; the file is fine, the disk is not
+            return (f"the ledger {self.path} cannot be written: the disk holding it is full ({e}). Free space on "
+                    "that filesystem and start again, or use another state dir; the ledger is left as it was")
         if "readonly" in text or "read-only" in text or "unable to open" in text or "permission" in text:
             return (f"the ledger {self.path} cannot be opened for writing ({e}): the state dir or the ledger is "
                     "read-only. Make it writable by the daemon (permissions, a read-only mount), or use another state dir")
@@ -273,7 +219,7 @@ class Ledger:
             self.db.move_to(self._connect(), copy=False)
             self._migrate(self.db)
             self.db.execute("INSERT INTO runs(run_id, name, created_at, state, config_json) VALUES (?,?,?,?,?)",
-                            (run_id, name, self.clock(), "running", _json(config_json)))
+                            (run_id, name, self.clock(), IN_PROGRESS, _json(config_json)))
         except sqlite3.Error as e:
             raise LedgerError(self._unusable(e)) from None
         except OSError as e:
@@ -310,18 +256,27 @@ class Ledger:
         Returns (run_id, continued). Runs are ordered by their rowid (the insertion sequence;
         rows are never deleted), never by the wall-clock ``created_at``: a clock stepped back (or
         forward) between two daemon lives cannot make an older run look newer and start a second
-        copy of the job. Wall times are recorded as read, and may be out of order after a step."""
-        row = self.db.execute("SELECT run_id, state FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
-        if row is not None and row["state"] not in FINAL_STATES:
-            self.db.execute("UPDATE runs SET state='running', ended_at=NULL, exit_code=NULL, reason=NULL, "
-                            "config_json=? WHERE run_id=?", (_json(config_json), row["run_id"]))
-            return row["run_id"], True
-        run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-        self.db.execute("INSERT INTO runs(run_id, name, created_at, state, config_json) VALUES (?,?,?,?,?)",
-                        (run_id, name, self.clock(), "running", _json(config_json)))
+        copy of the job. Wall times are recorded as read, and may be out of order after a step.
+
+        Not a guarded write: without its run row nothing of the run could be recorded, so a
+        failure is a :class:`LedgerError` saying why (a full disk), never a raw SQLite error."""
+        try:
+            row = self.db.execute("SELECT run_id, state FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
+            if row is not None and row["state"] not in FINAL_STATES:
+                self.db.execute("UPDATE runs SET state=?, ended_at=NULL, exit_code=NULL, reason=NULL, "
+                                "config_json=? WHERE run_id=?", (IN_PROGRESS, _json(config_json), row["run_id"]))
+                return row["run_id"], True
+            now = self.clock()
+            run_id = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + "-" + uuid.uuid4().hex[:6]
+            self.db.execute("INSERT INTO runs(run_id, name, created_at, state, config_json) VALUES (?,?,?,?,?)",
+                            (run_id, name, now, IN_PROGRESS, _json(config_json)))
+        except sqlite3.OperationalError as e:
+            raise LedgerError(self._unusable(e)) from None
+        except sqlite3.DatabaseError as e:
+            raise LedgerError(self._corrupt(e)) from None
         return run_id, False
 
-    @_write
+    @guarded
     def end_run(self, run_id: str, state: str, exit_code: int, reason: str) -> None:
         self.db.execute("UPDATE runs SET state=?, exit_code=?, reason=?, ended_at=? WHERE run_id=?",
                         (state, exit_code, reason, self.clock(), run_id))
@@ -340,7 +295,7 @@ class Ledger:
         row = self.db.execute("SELECT MAX(attempt) AS m FROM attempts WHERE run_id=?", (run_id,)).fetchone()
         return 0 if row["m"] is None else int(row["m"]) + 1
 
-    @_write
+    @guarded
     def begin_attempt(self, run_id: str, attempt: int, argv: list[str], cwd: str, env: Mapping[str, str],
                       snapshot: Mapping[str, Any] | None, checkpoint: str | None, resume_step: int | None,
                       remedies: list[Any], gate: Mapping[str, Any] | None) -> None:
@@ -348,14 +303,14 @@ class Ledger:
             "INSERT INTO attempts(run_id, attempt, argv_json, cwd, env_json, snapshot_json, started_at, "
             "checkpoint, resume_step, remedies_json, gate_json) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (run_id, attempt, json.dumps(bounded_argv(argv)), cwd, json.dumps(dict(env), sort_keys=True), _json(snapshot),
-             time.time(), checkpoint, resume_step, strictjson.dumps(remedies, default=str), _json(gate)))
+             self.clock(), checkpoint, resume_step, strictjson.dumps(remedies, default=str), _json(gate)))
 
-    @_write
+    @guarded
     def set_attempt_process(self, run_id: str, attempt: int, pid: int, pgid: int, ctime: float) -> None:
         self.db.execute("UPDATE attempts SET pid=?, pgid=?, leader_ctime=? WHERE run_id=? AND attempt=?",
                         (pid, pgid, ctime, run_id, attempt))
 
-    @_write
+    @guarded
     def update_attempt(self, run_id: str, attempt: int, **fields: Any) -> None:
         cols = []
         vals: list[Any] = []
@@ -368,7 +323,7 @@ class Ledger:
             self.db.execute(f"UPDATE attempts SET {', '.join(cols)} WHERE run_id=? AND attempt=?",
                             (*vals, run_id, attempt))
 
-    @_write
+    @guarded
     def end_attempt(self, run_id: str, attempt: int, *, exit_code: int | None, signal: str | None,
                     cause: str | None, action: str | None, summary: str, counted: bool = True,
                     detection: Mapping[str, Any] | None = None, decision: Mapping[str, Any] | None = None,
@@ -378,7 +333,7 @@ class Ledger:
             "UPDATE attempts SET ended_at=?, exit_code=?, signal=?, cause=?, action=?, summary=?, counted=?, "
             "detection_json=COALESCE(?, detection_json), decision_json=?, shutdown_json=?, repeat_json=?, "
             "progressed=? WHERE run_id=? AND attempt=?",
-            (time.time(), exit_code, signal, cause, action, summary, int(counted), _json(detection),
+            (self.clock(), exit_code, signal, cause, action, summary, int(counted), _json(detection),
              _json(decision), _json(shutdown), _json(repeat), int(progressed), run_id, attempt))
 
     def attempts(self, run_id: str) -> list[AttemptRow]:
@@ -386,17 +341,17 @@ class Ledger:
         return [AttemptRow(r["attempt"], json.loads(r["argv_json"]), r["cwd"], r["started_at"], r["ended_at"],
                            r["pid"], r["pgid"], r["leader_ctime"], r["exit_code"], r["signal"], r["cause"],
                            r["action"], r["checkpoint"], bool(r["counted"]), r["resume_step"],
-                           *_repeat_of(r)) for r in rows]
+                           *repeat_of(r)) for r in rows]
 
     # -- events and metrics ---------------------------------------------------------------
-    @_write
+    @guarded
     def event(self, run_id: str, attempt: int | None, event: str, level: str, message: str | None,
               data: Mapping[str, Any] | None = None) -> None:
         self.db.execute("INSERT INTO events(run_id, attempt, at, event, level, message, data_json) "
                         "VALUES (?,?,?,?,?,?,?)",
-                        (run_id, attempt, time.time(), event, level, message, _json(data)))
+                        (run_id, attempt, self.clock(), event, level, message, _json(data)))
 
-    @_write
+    @guarded
     def metrics_batch(self, run_id: str, attempt: int, rows: list[tuple[float, Any, Any, Any, Any, Any]]) -> None:
         """All ``rows`` in one statement, so one transaction and one commit. Why JSON and not
         ``executemany``: executemany releases and retakes the GIL for every row, and while the
@@ -433,50 +388,5 @@ class Ledger:
 
     # -- history (SPEC shape) -------------------------------------------------------------
     def history(self, run_id: str | None = None) -> dict[str, Any]:
-        run_id = run_id or self.latest_run_id()
-        if run_id is None:
-            return {"run_id": None, "attempts": [], "events": []}
-        run = self.db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
-        attempts = []
-        for r in self.db.execute("SELECT * FROM attempts WHERE run_id=? ORDER BY attempt", (run_id,)):
-            detection = _load(r["detection_json"])
-            attempts.append({
-                "attempt": r["attempt"],
-                "argv": json.loads(r["argv_json"]),
-                "cwd": r["cwd"],
-                "started_at": iso(r["started_at"]),
-                "ended_at": iso(r["ended_at"]),
-                "exit_code": r["exit_code"],
-                "signal": r["signal"],
-                "cause": r["cause"],
-                "action": r["action"],
-                "checkpoint": r["checkpoint"],
-                "resume_step": r["resume_step"],
-                "remedies": json.loads(r["remedies_json"] or "[]"),
-                "validation": _load(r["validation_json"]),
-                "detection": detection,
-                # torchrun's failing rank, exception and last frame (job/torchelastic.py), or null
-                "root_cause": ((detection or {}).get("details") or {}).get("root_cause"),
-                "decision": _load(r["decision_json"]),
-                "gate": _load(r["gate_json"]),
-                "shutdown": _load(r["shutdown_json"]),
-                "summary": r["summary"],
-                "env": json.loads(r["env_json"]),
-                "environment": _load(r["snapshot_json"]),
-                # [job] prewarm: "used" or "cold: <why>" (null when prewarm is off)
-                "prewarm": (_load(r["snapshot_json"]) or {}).get("prewarm"),
-                "counted": bool(r["counted"]),
-                "repeat": _repeat_of(r)[0],
-            })
-        events = [{"at": iso(e["at"]), "attempt": e["attempt"], "event": e["event"], "level": e["level"],
-                   "message": e["message"], "data": _load(e["data_json"])}
-                  for e in self.db.execute("SELECT * FROM events WHERE run_id=? ORDER BY id", (run_id,))]
-        return {
-            "run_id": run_id,
-            "name": run["name"] if run else None,
-            "state": run["state"] if run else None,
-            "exit_code": run["exit_code"] if run else None,
-            "reason": run["reason"] if run else None,
-            "attempts": attempts,
-            "events": events,
-        }
+        """The run ``run_id`` (the newest when None) as ``history --json`` gives it (SPEC)."""
+        return history_of(self.db, run_id or self.latest_run_id())

@@ -1,5 +1,7 @@
-"""A ledger migration is one transaction (issue 24 build 6): a failure (or a kill) between its two
-ALTERs leaves the file at its old version with no half-added column, and the next open migrates it."""
+"""Opening a ledger file: a migration is one transaction (issue 24 build 6): a failure (or a kill)
+between its two ALTERs leaves the file at its old version with no half-added column, and the next
+open migrates it. A file of a newer version, a file that is not a ledger, a locked one: a clear
+LedgerError, the file left as it was. (A version 1 file with rows: tests/daemon/test_repeat_memory.py.)"""
 from __future__ import annotations
 
 import sqlite3
@@ -80,3 +82,22 @@ def test_a_huge_argv_is_stored_bounded_and_says_where_it_was_cut(tmp_path: Path)
     kept = json.loads(stored)
     assert kept[:2] == ["python", "train.py"] and kept[2].endswith("…(+4998976 chars)")
     assert kept[-1].endswith("more args)")
+
+
+def test_a_newer_ledger_or_one_that_is_not_a_ledger_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    sd = tmp_path / "sd"
+    sd.mkdir()
+    path = sd / LEDGER_FILE
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    db.close()
+    before = path.read_bytes()
+    for readonly in (False, True):  # the daemon and `history` both
+        with pytest.raises(LedgerError, match=f"newer transformer-supervisor .*version {SCHEMA_VERSION + 1}.*upgrade"):
+            Ledger(sd, readonly=readonly)
+    assert path.read_bytes() == before
+    path.write_bytes(b"not a database " * 200)
+    for readonly in (False, True):
+        with pytest.raises(LedgerError, match="corrupt or not a ledger. Move it aside"):
+            Ledger(sd, readonly=readonly)
+    assert path.read_bytes() == b"not a database " * 200

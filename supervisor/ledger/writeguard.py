@@ -1,0 +1,96 @@
+"""Ledger writes that never take the daemon down.
+
+A failed write (a full disk, an I/O error, a state dir deleted underneath) is counted, said once
+per episode, and dropped; supervision goes on. The episode ends after :data:`RECOVERED_AFTER_S`
+of writes without a failure, with a line saying how many records were lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any, Callable, Concatenate, ParamSpec, Protocol, TypeVar
+
+# A nearly full disk lets small writes through between failures: one success does not end the
+# episode (that would say "recovered" and "failed" again for every few records).
+RECOVERED_AFTER_S = 30.0
+
+
+def _log() -> Any:
+    import structlog
+
+    return structlog.get_logger("supervisor.ledger.store")
+
+
+class WriteHealth:
+    """How the ledger's writes are going: writes dropped since the daemon started, and the
+    failure episode in progress. Written by every thread that writes the ledger (the main loop,
+    the launch-preparation worker), so under a lock: an episode is said exactly once."""
+
+    def __init__(self, path: Path, monotonic: Callable[[], float]) -> None:
+        self.path = path
+        self.monotonic = monotonic  # injectable: tests end an episode without waiting 30 s
+        self.errors = 0  # writes dropped since the daemon started
+        self.lost_in_episode = 0
+        self.failing: str | None = None  # the error of the episode in progress
+        self.ok_since: float | None = None  # writes have succeeded since (monotonic), while failing
+        self._lock = threading.Lock()
+
+    def failed(self, e: Exception) -> None:
+        with self._lock:
+            self.errors += 1
+            self.lost_in_episode += 1
+            self.ok_since = None
+            if self.failing is not None:
+                return
+            self.failing = str(e)
+        _log().error("ledger_write_failed", error=str(e), path=str(self.path),
+                     message=f"the ledger {self.path} cannot be written ({e}): supervision continues, "
+                             "records are dropped and counted until it can (said once per episode; "
+                             "status shows ledger_write_errors)")
+
+    def succeeded(self) -> None:
+        if self.failing is None:  # the common case, without the lock: nothing to end
+            return
+        with self._lock:
+            if self.failing is None:
+                return
+            now = self.monotonic()
+            if self.ok_since is None:
+                self.ok_since = now
+            if now - self.ok_since < RECOVERED_AFTER_S:
+                return
+            lost, error = self.lost_in_episode, self.failing
+            self.failing = None
+            self.lost_in_episode = 0
+        _log().warning("ledger_write_recovered", lost=lost, path=str(self.path),
+                       message=f"the ledger can be written again; {lost} record(s) were lost while it could not "
+                               f"({error})")
+
+
+class Guarded(Protocol):
+    health: WriteHealth
+
+
+G = TypeVar("G", bound=Guarded)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def guarded(fn: Callable[Concatenate[G, P], R]) -> Callable[Concatenate[G, P], R | None]:
+    """``fn``, a write of the ledger, made one that never raises a database or OS error: the
+    failure goes to the ledger's :class:`WriteHealth` and the write returns None."""
+
+    @functools.wraps(fn)
+    def write(self: G, /, *a: P.args, **kw: P.kwargs) -> R | None:
+        try:
+            result = fn(self, *a, **kw)
+        except (sqlite3.Error, OSError) as e:
+            self.health.failed(e)
+            return None
+        self.health.succeeded()
+        return result
+
+    return write
