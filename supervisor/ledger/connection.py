@@ -5,7 +5,19 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
+
+# SQLite's INTEGER is 64-bit; Python's sqlite3 raises OverflowError binding a larger int. Steps come
+# from the job's lines, checkpoint names and manifests (a "step" of 20 digits is one regex match
+# away), and a raise there would lose the row and reach the daemon: such a value is kept as a REAL.
+_INT64 = range(-(2**63), 2**63)
+
+
+def storable(params: Sequence[Any]) -> Sequence[Any]:
+    """``params`` with every int SQLite cannot hold as an INTEGER turned into a float (a REAL)."""
+    if any(type(v) is int and v not in _INT64 for v in params):
+        return tuple(float(v) if type(v) is int and v not in _INT64 else v for v in params)
+    return params
 
 
 class LockedConnection:
@@ -15,9 +27,9 @@ class LockedConnection:
         self._conn = conn
         self._lock = threading.Lock()
 
-    def execute(self, *a: Any) -> sqlite3.Cursor:
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         with self._lock:
-            cur = self._conn.execute(*a)
+            cur = self._conn.execute(sql, storable(params))
             return _Fetched(cur.fetchall(), cur) if cur.description else cur  # type: ignore[return-value]
 
     def executemany(self, *a: Any) -> sqlite3.Cursor:

@@ -219,3 +219,22 @@ def test_a_reader_sees_the_writers_rows_and_cannot_write(tmp_path: Path) -> None
     assert reader.write_errors == 1 and len(led.history()["events"]) == 2
     reader.close()
     led.close()
+
+
+def test_a_step_beyond_sqlites_64_bit_integers_keeps_its_row_and_raises_nothing(tmp_path: Path) -> None:
+    """A checkpoint named step_20241204183000123456.pt, a manifest's or a job line's 20-digit step:
+    sqlite3 raises OverflowError binding it. Kept as a REAL instead: the attempt row is not lost."""
+    huge = 20241204183000123456
+    led = Ledger(tmp_path / "sd")
+    run, _ = led.open_run("job", {})
+    _begin(led, run, 0, checkpoint="/ck/step_20241204183000123456.pt", resume_step=huge)
+    led.update_attempt(run, 0, last_step=-huge, resume_step=2**64)
+    led.event(run, 0, "resumed", "info", "from a huge step", {"step": huge})
+    [row] = led.attempts(run)
+    assert row.resume_step == float(2**64) and row.checkpoint == "/ck/step_20241204183000123456.pt"
+    assert led.db.execute("SELECT last_step FROM attempts").fetchone()[0] == float(-huge)
+    assert led.history(run)["events"][0]["data"] == {"step": huge}, "JSON keeps it exactly"
+    assert led.write_errors == 0
+    _begin(led, run, 1, resume_step=2**63 - 1)  # the largest INTEGER stays an exact INTEGER
+    assert led.attempts(run)[1].resume_step == 2**63 - 1
+    led.close()
