@@ -5,10 +5,12 @@ every resume is a fresh start."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 import structlog
 
@@ -27,6 +29,7 @@ log = structlog.get_logger("supervisor.daemon")
 
 # A checkpoint version as the verifier tells them apart: (path, mtime, size).
 VersionKey = tuple[str, float, int]
+_M = TypeVar("_M")
 
 
 def newest_checkpoint(svc: CheckpointService) -> Candidate | None:
@@ -39,6 +42,35 @@ def newest_checkpoint(svc: CheckpointService) -> Candidate | None:
 
 def _key(c: Candidate | None) -> VersionKey | None:
     return None if c is None else (str(c.path), c.mtime, c.size)
+
+
+@dataclass(frozen=True)
+class EndedFrom:
+    """A counted attempt's end as the booking needs it, from the main loop (``attempt_ended``) to
+    the launch-preparation thread (``book_last_attempt``)."""
+
+    checkpoint: str | None  # what it resumed from
+    cause: str
+    newer: bool  # a newer complete checkpoint appeared while it ran
+    step: int | None  # the step it resumed from
+
+
+@dataclass(frozen=True)
+class VerifyBesideStart:
+    """A checkpoint chosen with its load test still to run (verify = "overlap"), from the
+    preparation thread (``choose``) to the main loop (``attempt_started``)."""
+
+    path: Path
+    layout: str
+
+
+def _take_all(q: queue.SimpleQueue[_M]) -> list[_M]:
+    out: list[_M] = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
 
 
 def remedy_keys(cfg: Config) -> list[str]:
@@ -63,15 +95,15 @@ class CheckpointConcern(Concern):
         self.svc: CheckpointService | None = None  # once started, when a checkpoint dir is configured
         self.daemon: DaemonView | None = None
         self._newest_at_launch: VersionKey | None = None
-        # The last attempt's (checkpoint, cause, a newer checkpoint appeared, resume step): noted
-        # by attempt_ended on the main loop, booked by book_last_attempt on the preparation thread.
-        self._ended: tuple[str | None, str, bool, int | None] | None = None
+        # Between the main loop and the preparation thread, only frozen messages: the ends to book,
+        # and the choice whose load test runs beside the start (each way one queue).
+        self._to_book: queue.SimpleQueue[EndedFrom] = queue.SimpleQueue()
+        self._to_verify: queue.SimpleQueue[VerifyBesideStart] = queue.SimpleQueue()
         self._newest_cache: Candidate | None = None
         self._newest_at = float("-inf")
         self._scan_every_s = 5.0  # from the settle window once started
         self._verified_key: VersionKey | None = None
         self._verifier: threading.Thread | None = None
-        self._pending_verify: tuple[Path, str] | None = None  # chosen with its load test still to run
         self._verifier_cgroup: VerifierCgroup | None = None  # the load tests' low-weight cgroup
 
     def start(self, daemon: DaemonView) -> None:
@@ -98,7 +130,8 @@ class CheckpointConcern(Concern):
                 return
             old, self.svc = self.svc, None
             old.close()  # its load tests under way stop; their verifier threads end with LoadTestCancelled
-            self._verified_key = self._pending_verify = self._newest_cache = None
+            self._verified_key = self._newest_cache = None
+            _take_all(self._to_verify)  # a choice in the old dir: no load test of it beside the start
         d.mkdir(parents=True, exist_ok=True)
         if self._verifier_cgroup is None and cfg.job.cgroup:  # the job has a cgroup: its verifier one beside it
             from ..job.cgroup import VerifierCgroup
@@ -113,15 +146,16 @@ class CheckpointConcern(Concern):
     def book_last_attempt(self) -> str | None:
         """On the preparation thread: book the last attempt's result against its checkpoint
         (a checkpoint failed from twice is marked bad); a reason to give up on no progress."""
-        ended, self._ended = self._ended, None
-        if self.svc is None or ended is None:
+        ended = _take_all(self._to_book)
+        if self.svc is None or not ended:
             return None
         assert self.daemon is not None
-        ckpt, cause, newer, step = ended
-        if self.svc.note_attempt_result(ckpt, cause, newer, step=step):
-            self.daemon.event("checkpoint_marked_bad", "warning",
-                              f"checkpoint {ckpt} is marked bad: the job failed from it ({cause}) without producing "
-                              "a newer one; the next resume uses an older ready checkpoint", path=ckpt, cause=cause)
+        for e in ended:  # one per attempt ended since the last preparation (one, in practice)
+            if self.svc.note_attempt_result(e.checkpoint, e.cause, e.newer, step=e.step):
+                self.daemon.event("checkpoint_marked_bad", "warning",
+                                  f"checkpoint {e.checkpoint} is marked bad: the job failed from it ({e.cause}) "
+                                  "without producing a newer one; the next resume uses an older ready checkpoint",
+                                  path=e.checkpoint, cause=e.cause)
         if not self.svc.no_progress():
             return None
         return (f"no progress: {self.svc.attempts_without_progress()} attempts in a row failed without a newer "
@@ -144,7 +178,9 @@ class CheckpointConcern(Concern):
         if not overlap:  # with overlap, the version chosen is kept once its load test passes
             svc.preserve_single_checkpoints()
         choice = svc.choose_for_resume(action, onset_step, metrics_from_records(list(metrics)), overlap=overlap)
-        self._pending_verify = (choice.path, choice.layout) if choice is not None and choice.verify_pending else None
+        _take_all(self._to_verify)  # a choice whose attempt never started (its spawn failed) is stale
+        if choice is not None and choice.verify_pending:
+            self._to_verify.put(VerifyBesideStart(choice.path, choice.layout))
         for path, why in svc.last_refused:
             event("checkpoint_refused_unsafe_pickle", "warning",
                   f"checkpoint {path} was not handed to the job on its structural checks: {why}; it was "
@@ -182,9 +218,9 @@ class CheckpointConcern(Concern):
     def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
         if self.svc is not None:
             self.svc.set_writer_active(True)
-        pending, self._pending_verify = self._pending_verify, None
-        if self.svc is not None and pending is not None:
-            self._verify_beside_start(pending[0], pending[1], ctx.attempt)
+        pending = [p for p in _take_all(self._to_verify) if str(p.path) == resume.checkpoint]
+        if self.svc is not None and pending:
+            self._verify_beside_start(pending[-1].path, pending[-1].layout, ctx.attempt)
 
     def _verify_beside_start(self, path: Path, layout: str, attempt: int) -> None:
         """checkpoints.verify = "overlap": the load test of the checkpoint the job resumes from runs
@@ -246,7 +282,7 @@ class CheckpointConcern(Concern):
         # may hold for seconds, so it happens on the launch-preparation thread (book_last_attempt).
         self.svc.set_writer_active(False)  # the attempt's group is gone: nothing still writes
         newer = _key(newest_checkpoint(self.svc)) != self._newest_at_launch
-        self._ended = (resume.checkpoint, end.cause.value, newer, resume.step)
+        self._to_book.put(EndedFrom(resume.checkpoint, end.cause.value, newer, resume.step))
 
     def tick(self, now: float) -> None:
         """A checkpoint that appeared while the job runs is verified on a thread of its own."""

@@ -164,10 +164,26 @@ def test_a_checkpoint_failed_from_twice_without_a_newer_one_is_marked_bad(tmp_pa
         assert resume.checkpoint == str(out / "step_20.pt")
         concern.attempt_started(type("Ctx", (), {"attempt": attempt})(), resume, 0.0)
         concern.attempt_ended(EndAttempt(attempt, Cause.CRASH, Action.RESTART, "exit 1", True), resume, 0.0)
-        concern.book_last_attempt()  # on the preparation thread, before the next choice
+        prep = threading.Thread(target=concern.book_last_attempt)  # the preparation thread, before the next choice
+        prep.start()
+        prep.join()
     bad = view.named("checkpoint_marked_bad")
     assert [b["path"] for b in bad] == [str(out / "step_20.pt")] and bad[0]["cause"] == "crash"
     assert concern.choose(Action.RESTART, None, None, []).checkpoint == str(out / "step_10.pt")
+
+
+def test_a_choice_to_verify_beside_its_start_is_dropped_when_that_start_never_comes(tmp_path: Path) -> None:
+    """verify = "overlap": the choice travels to attempt_started as a message; a spawn that failed
+    leaves it unread, and the next start (here from restart --from) must not load-test it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    F.old_mtime(F.torch_file(out / "step_10.pt", 10))
+    concern, _ = started(tmp_path, dir=str(out), verify="overlap")
+    assert concern.choose(Action.RESTART, None, None, []).checkpoint == str(out / "step_10.pt")
+    assert concern._to_verify.qsize() == 1  # chosen unverified: its load test waits for the start
+    explicit = concern.choose(Action.RESTART, None, str(out / "step_10.pt.other"), [])  # the spawn failed; --from
+    concern.attempt_started(type("Ctx", (), {"attempt": 2})(), explicit, 0.0)
+    assert concern._verifier is None and concern._to_verify.qsize() == 0
 
 
 def test_an_attempt_that_is_not_counted_books_nothing(tmp_path: Path) -> None:
