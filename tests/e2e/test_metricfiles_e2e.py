@@ -1,7 +1,7 @@
 """Jobs whose metrics reach the supervisor only through the files they write, under the real
 daemon with no metric config: an unmodified Lightning 2.x script at its defaults (the Rich bar
-prints nothing per step into a pipe; the TensorBoard logger writes event files), also with the
-CSVLogger (and ``import pytorch_lightning``'s event files read by the daemon's reader); and plain loops writing only JSONL or only
+prints nothing per step into a pipe; the TensorBoard logger writes event files), and the files of
+the CSVLogger and of ``import pytorch_lightning`` read by the daemon's reader; and plain loops writing only JSONL or only
 TensorBoard. The daemon runs with PYTHONUNBUFFERED unset (tests/e2e/test_trainers_e2e.py's harness).
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def ts(ev: dict[str, str]) -> float:
 
 
 @slow
-@pytest.mark.parametrize("pkg,logger", [("lightning", "default"), ("lightning", "csv")])
+@pytest.mark.parametrize("pkg,logger", [("lightning", "default")])  # the other two: the reader test below
 def test_lightning_at_defaults_nan_is_seen_in_its_logger_files_and_rolled_back(supervise, tmp_path: Path,
                                                                                pkg: str, logger: str) -> None:
     # NaN weights after the update of step 12: epoch=0-step=10.ckpt is the last good checkpoint.
@@ -82,19 +82,22 @@ def test_lightning_at_defaults_nan_is_seen_in_its_logger_files_and_rolled_back(s
 
 
 @slow
-def test_pytorch_lightning_at_defaults_writes_the_event_files_the_daemon_reads(tmp_path: Path) -> None:
-    # ``import pytorch_lightning`` changes the job's side only: the daemon's side (a Lightning run's
-    # TensorBoard files found with no config, the NaN in them judged, the rollback, the resume with
-    # --ckpt_path) is the ("lightning", "default") run above. So the stock script runs here without
-    # the daemon, and the daemon's own reader (MetricFiles, rooted at the workdir as the daemon
-    # roots it) must find its event file where Lightning's is and read the NaN at the same step.
+@pytest.mark.parametrize("pkg,logger", [("pytorch_lightning", "default"), ("lightning", "csv")])
+def test_lightning_s_other_loggers_write_the_files_the_daemon_reads(tmp_path: Path, pkg: str, logger: str) -> None:
+    # ``import pytorch_lightning`` or the CSVLogger change the job's side only: the daemon's side
+    # (metric files found with no config, the NaN in their records judged, the rollback, the resume
+    # with --ckpt_path) is the ("lightning", "default") run above and, for a ``file:`` source, the
+    # JSONL job below (CSVLogger's header rewrite: tests/watch/test_metricfiles.py, with the real
+    # logger). So the stock script runs here without the daemon, and the daemon's own reader
+    # (MetricFiles, rooted at the workdir as the daemon roots it) must find its file where
+    # Lightning's logger puts it and read every step and the NaN at the same step.
     env = {**os.environ, "FAULT": "nan@12", "FAULT_MARKER": str(tmp_path / "fault_done")}
     env.pop("TSUP_SOCKET", None)
     seen: dict[str, list[MetricRecord]] = {}
     files = MetricFiles([tmp_path], Sink(seen), use_inotify=False)
     try:
         files.baseline()  # before the launch, as the daemon takes it: what the job writes is new
-        cp = subprocess.run(lightning_cmd(tmp_path, "pytorch_lightning", "default", "--max_steps", "15",
+        cp = subprocess.run(lightning_cmd(tmp_path, pkg, logger, "--max_steps", "15",
                                           "--log_every_n_steps", "1"),
                             cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
         assert cp.returncode == 0, cp.stderr[-3000:]
@@ -103,7 +106,8 @@ def test_pytorch_lightning_at_defaults_writes_the_event_files_the_daemon_reads(t
     finally:
         files.close()
     [(source, records)] = seen.items()
-    assert source.startswith(f"tb:{tmp_path / 'lightning_logs' / 'version_0'}"), source
+    kind = "tb:" if logger == "default" else "file:"
+    assert source.startswith(f"{kind}{tmp_path / 'lightning_logs' / 'version_0'}"), source
     losses = {r.step: r.loss for r in records if r.loss is not None}
     assert sorted(losses) == list(range(15)), sorted(losses)  # every step, as Lightning numbers them
     assert all(math.isfinite(losses[s]) for s in range(12)) and math.isnan(losses[12]), losses
