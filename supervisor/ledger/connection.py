@@ -7,17 +7,30 @@ import sqlite3
 import threading
 from typing import Any, Iterator, Sequence
 
-# SQLite's INTEGER is 64-bit; Python's sqlite3 raises OverflowError binding a larger int. Steps come
-# from the job's lines, checkpoint names and manifests (a "step" of 20 digits is one regex match
-# away), and a raise there would lose the row and reach the daemon: such a value is kept as a REAL.
 _INT64 = range(-(2**63), 2**63)
 
 
-def storable(params: Sequence[Any]) -> Sequence[Any]:
-    """``params`` with every int SQLite cannot hold as an INTEGER turned into a float (a REAL)."""
-    if any(type(v) is int and v not in _INT64 for v in params):
-        return tuple(float(v) if type(v) is int and v not in _INT64 else v for v in params)
-    return params
+def storable(params: Sequence[Any]) -> tuple[Any, ...]:
+    """``params`` as values sqlite3 can bind, for a statement whose binding failed; a raise there
+    would lose the row and reach the daemon. SQLite's INTEGER is 64-bit: steps come from the job's
+    lines, checkpoint names and manifests (a 20-digit "step" is one regex match away), so a larger
+    int is kept as a REAL. Text must be UTF-8: a path read from a directory holds its undecodable
+    bytes as surrogates (a checkpoint file named in Latin-1), so those bytes are kept as ``\\xNN``."""
+    return tuple(_storable(v) for v in params)
+
+
+def _storable(v: Any) -> Any:
+    if type(v) is int and v not in _INT64:
+        return float(v)
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            try:
+                return v.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            except UnicodeEncodeError:  # a lone surrogate that stands for no byte: kept as \uDNNN
+                return v.encode("utf-8", "backslashreplace").decode("utf-8")
+    return v
 
 
 class LockedConnection:
@@ -29,7 +42,10 @@ class LockedConnection:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         with self._lock:
-            cur = self._conn.execute(sql, storable(params))
+            try:
+                cur = self._conn.execute(sql, params)
+            except (OverflowError, UnicodeEncodeError):  # the binding failed: nothing was run
+                cur = self._conn.execute(sql, storable(params))
             return _Fetched(cur.fetchall(), cur) if cur.description else cur  # type: ignore[return-value]
 
     def executemany(self, *a: Any) -> sqlite3.Cursor:

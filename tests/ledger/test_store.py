@@ -238,3 +238,23 @@ def test_a_step_beyond_sqlites_64_bit_integers_keeps_its_row_and_raises_nothing(
     _begin(led, run, 1, resume_step=2**63 - 1)  # the largest INTEGER stays an exact INTEGER
     assert led.attempts(run)[1].resume_step == 2**63 - 1
     led.close()
+
+
+def test_text_with_undecodable_bytes_keeps_its_row_and_shows_the_bytes(tmp_path: Path) -> None:
+    """A checkpoint file named in Latin-1 (os.listdir gives its bytes as surrogates), a lone
+    surrogate from a job's JSON: sqlite3 cannot encode either as UTF-8 and raised
+    UnicodeEncodeError. The row is kept, the bytes shown as escapes."""
+    import os
+
+    name = os.fsdecode(b"step_100_\xe9t\xe9.pt")
+    led = Ledger(tmp_path / "sd")
+    run, _ = led.open_run("job", {})
+    _begin(led, run, 0, checkpoint=f"/ck/{name}", resume_step=100)
+    led.event(run, 0, "resuming", "info", f"resuming from /ck/{name}", {"path": f"/ck/{name}"})
+    led.end_attempt(run, 0, exit_code=1, signal=None, cause="crash", action="restart", summary="bad \ud800 text")
+    [attempt] = led.history(run)["attempts"]
+    assert attempt["checkpoint"] == "/ck/step_100_\\xe9t\\xe9.pt" and attempt["summary"] == "bad \\ud800 text"
+    [event] = led.history(run)["events"]
+    assert event["message"] == "resuming from /ck/step_100_\\xe9t\\xe9.pt" and event["data"] == {"path": f"/ck/{name}"}
+    assert led.write_errors == 0
+    led.close()
