@@ -238,7 +238,11 @@ class Ledger:
         try:
             fd = _create(self.path, flags)
         except FileExistsError:
-            aside = self.path.with_name(f"{self.path.name}.found-{int(time.time())}")
+            stem = f"{self.path.name}.found-{int(self.clock())}"
+            aside, n = self.path.with_name(stem), 0
+            while os.path.lexists(aside):  # two in one second: os.rename would replace the first
+                n += 1
+                aside = self.path.with_name(f"{stem}-{n}")
             os.rename(self.path, aside)
             note = f"; a file found at {self.path} was moved aside to {aside.name}"
             fd = _create(self.path, flags)

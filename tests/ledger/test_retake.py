@@ -50,3 +50,17 @@ def test_a_reader_is_never_moved(tmp_path: Path) -> None:
     with pytest.raises(LedgerError, match="read-only ledger is never moved"):
         reader.retake("r", "job", {})
     reader.close()
+
+
+def test_two_files_found_in_the_same_second_are_both_kept(tmp_path: Path) -> None:
+    sd = tmp_path / "sd"
+    led = Ledger(sd, clock=lambda: 1_900_000_000.0)  # every retake in the same second
+    run, _ = led.open_run("job", {})
+    for n in (1, 2):
+        (sd / LEDGER_FILE).unlink()
+        (sd / LEDGER_FILE).write_text(f"notes {n}")
+        assert "moved aside" in led.retake(run, "job", {})
+    aside = sorted(p.name for p in sd.iterdir() if ".found-" in p.name)
+    assert aside == [f"{LEDGER_FILE}.found-1900000000", f"{LEDGER_FILE}.found-1900000000-1"]
+    assert {(sd / a).read_text() for a in aside} == {"notes 1", "notes 2"}
+    led.close()
