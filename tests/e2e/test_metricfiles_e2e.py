@@ -20,6 +20,7 @@ import torch
 from supervisor.events import MetricRecord
 from supervisor.watch.metricfiles import MetricFiles
 from supervisor.watch.tbevents import read_file
+from tests.conftest import history
 from tests.e2e.test_trainers_e2e import JOBS, PY, attempts, events, supervise, wrap  # noqa: F401 (fixture)
 
 slow = pytest.mark.slow
@@ -69,8 +70,18 @@ def test_lightning_at_defaults_nan_is_seen_in_its_logger_files_and_rolled_back(s
     assert nan["source"].startswith(f"{kind}{tmp_path / 'lightning_logs' / 'version_0'}"), nan
     assert int(nan["onset_step"]) == 12, nan  # Lightning logs the loss of the 13th batch as step 12
     assert ckpt_step(a[1]["checkpoint"]) == 10 and a[1]["argv"][-2:] == ["--ckpt_path", a[1]["checkpoint"]]
+    assert a[1]["resume_step"] == 10
+    # The stock checkpoint chosen passed the finite check, its callback state's inf kth_value
+    # notwithstanding (once every stock checkpoint failed it, and the rollback started from step 0).
+    tested = [e for e in events(d, "checkpoint_load_test") if e["path"] == a[1]["checkpoint"]
+              and e["check_finite"].lower() == "true"]
+    assert tested and all(e["passed"].lower() == "true" for e in tested), tested
+    chosen = [e for e in history(tmp_path / "sd")["events"] if e["event"] == "checkpoint_chosen"]
+    assert chosen, [e["event"] for e in history(tmp_path / "sd")["events"]]
     [last] = (tmp_path / "ck").glob("epoch=*-step=40*.ckpt")
     assert_finite_lightning(last)
+    callbacks = torch.load(last, map_location="cpu", weights_only=True)["callbacks"]
+    assert math.isinf(float(callbacks[next(iter(callbacks))].get("kth_value", math.inf)))
     if logger == "default":
         # Detection delay: from the writer's wall time of the NaN scalar to the daemon's detection.
         [ev_file] = (tmp_path / "lightning_logs" / "version_0").glob("events.out.tfevents.*")
