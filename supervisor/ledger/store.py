@@ -85,6 +85,10 @@ def _read_only_fs(folder: Path) -> bool:
 
 
 class Ledger:
+    # How long a statement waits for another process's lock (an sqlite3 shell, a backup) before
+    # the ledger says the file is locked; a class attribute so a test can wait less.
+    BUSY_TIMEOUT_S = 10.0
+
     def __init__(self, state_dir: Path, *, readonly: bool = False, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.path = state_dir / LEDGER_FILE
@@ -99,7 +103,7 @@ class Ledger:
             # On a read-only mount SQLite cannot make the -shm file a WAL ledger is read through;
             # nobody can change the file there either, so it is read as immutable (no -shm needed).
             frozen = "&immutable=1" if _read_only_fs(state_dir) else ""
-            self.db = self._checked(sqlite3.connect(f"file:{self.path}?mode=ro{frozen}", uri=True, timeout=10),
+            self.db = self._checked(sqlite3.connect(f"file:{self.path}?mode=ro{frozen}", uri=True, timeout=self.BUSY_TIMEOUT_S),
                                     self._check_readable)
         else:
             try:
@@ -228,7 +232,7 @@ class Ledger:
                 f"its attempts, events and metrics before now are lost with the old dir{moved}")
 
     def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+        return sqlite3.connect(self.path, timeout=self.BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
 
     def _new_file(self) -> str:
         """Create the ledger file 0600, never through a symlink; a file already at its name (put
