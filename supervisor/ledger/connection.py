@@ -34,7 +34,7 @@ def _storable(v: Any) -> Any:
 
 
 class LockedConnection:
-    """A sqlite3 connection whose execute/executemany/executescript run under one lock."""
+    """A sqlite3 connection whose execute/executescript run under one lock."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
@@ -47,10 +47,6 @@ class LockedConnection:
             except (OverflowError, UnicodeEncodeError):  # the binding failed: nothing was run
                 cur = self._conn.execute(sql, storable(params))
             return _Fetched(cur.fetchall(), cur) if cur.description else cur  # type: ignore[return-value]
-
-    def executemany(self, *a: Any) -> sqlite3.Cursor:
-        with self._lock:
-            return self._conn.executemany(*a)
 
     def executescript(self, script: str) -> sqlite3.Cursor:
         with self._lock:

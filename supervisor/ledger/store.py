@@ -1,7 +1,7 @@
 """The run ledger: SQLite in the state dir, the memory of every run, attempt and event.
 
-Written only by the daemon's main thread; read by the CLI (``history``) through its own
-connection. WAL mode keeps readers from blocking the writer. A daemon restarted after
+Written by the daemon (its main loop and the launch-preparation worker, through one locked
+connection: connection.py); read by the CLI (``history``) through its own read-only connection. WAL mode keeps readers from blocking the writer. A daemon restarted after
 ``kill -9`` reopens the same file, finds the unfinished run and continues it.
 """
 
