@@ -290,7 +290,11 @@ def test_metric_flood_is_kept_or_counted_and_control_answers(daemons, tmp_path):
     print("reload latencies under the flood:", sorted(latencies)[-3:])
 
     def accounted() -> bool:
-        st = json.loads(_cli("status", "--state-dir", str(sd), "--json").stdout)
+        # status over the socket from this process (what `status --json` prints): a CLI process
+        # per look cost more CPU than the loop's booking it waits for
+        from supervisor.ops.control import request
+
+        st = request(sd, "status", timeout=30.0)
         kept = sqlite3.connect(sd / "ledger.sqlite").execute("SELECT count(*) FROM metrics").fetchone()[0]
         return kept + st["metrics_dropped"] == n
 
