@@ -112,7 +112,11 @@ def _run_daemon(cfg: Any, config_path: Path | None, log_format: str | None) -> i
     # worst reply under a 300 000-line flood measured 35 ms.
     sys.setswitchinterval(DAEMON_SWITCH_INTERVAL_S)
     _one_malloc_arena()
-    return daemon.run()
+    try:
+        return daemon.run()
+    except LedgerError as e:  # the ledger failed at the run's opening (a full disk): said, not a traceback
+        print(f"transformer-supervisor: {e.message}; no job was started", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -230,6 +234,10 @@ def cmd_history(args: argparse.Namespace) -> int:
         h = led.history(args.run)
     finally:
         led.close()
+    if args.run and h.get("state") is None and not h.get("attempts"):  # every run row has a state
+        print(f"transformer-supervisor: no run {args.run!r} in the ledger of {sd} "
+              "(`history` without --run shows the newest run)", file=sys.stderr)
+        return 1
     if args.json:
         print(strictjson.dumps(h, indent=2, default=str))
         return EXIT_OK

@@ -140,6 +140,8 @@ def control_verb(sd: Path, verb: str, payload: Mapping[str, Any] | None = None, 
     if not json_out:
         print(reply.get("message") or strictjson.dumps(res), file=out, flush=True)
     if wait and verb in ("stop", "restart"):
+        from ..core.machine import State  # the daemon's states, named once (only when waiting)
+
         before = before if isinstance(before, Mapping) else {}
         if verb == "stop":
             w = wait_stopped(sd, before, timeout)
@@ -158,7 +160,7 @@ def control_verb(sd: Path, verb: str, payload: Mapping[str, Any] | None = None, 
                     print(f"attempt {w['attempt']} is {w['state']} (pid {' '.join(map(str, w.get('pids') or []))})"
                           + (f", from {w['checkpoint']}" if w.get("checkpoint") else ", from scratch")
                           + f", after {duration(w['waited_s'])}", file=out)
-                elif w.get("state") == "gave_up":
+                elif w.get("state") == State.GAVE_UP:
                     print("transformer-supervisor: the daemon gave up instead of restarting the job; "
                           "see `transformer-supervisor history`", file=err)
                 elif w.get("daemon_exited"):
@@ -168,7 +170,7 @@ def control_verb(sd: Path, verb: str, payload: Mapping[str, Any] | None = None, 
                           f"(state {w.get('state')})", file=err)
         reply["wait"] = w
         if not w["done"]:
-            code = EXIT_GAVE_UP if w.get("state") == "gave_up" else EXIT_FAILED
+            code = EXIT_GAVE_UP if w.get("state") == State.GAVE_UP else EXIT_FAILED
     if json_out:
         out.write(strictjson.dumps({"ok": code == EXIT_OK, **reply}, indent=2, sort_keys=True, default=str) + "\n")
     return code

@@ -163,7 +163,7 @@ class Runner:
             self.concerns.start(self)  # on failure only the concerns that started are kept, and closed
         except Exception as e:
             self.event("daemon_start_failed", "error", f"cannot start: {e}")
-            self.ledger.end_run(self.run_id, "gave_up", EXIT_GAVE_UP, str(e))
+            self.ledger.end_run(self.run_id, State.GAVE_UP.value, EXIT_GAVE_UP, str(e))
             self.close()
             return False
         self.event("daemon_started", "info",

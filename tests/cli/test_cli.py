@@ -274,3 +274,14 @@ def test_restart_from_waits_for_the_load_test_not_the_usual_thirty_seconds() -> 
     assert _answer_timeout("restart", {"from": "/x/ckpt.pt"}) > CheckpointsConfig().load_timeout_s
     assert _answer_timeout("restart", {"from": "/x/ckpt.pt", "force": True}) == 30.0  # no load test
     assert _answer_timeout("restart", {}) == _answer_timeout("stop", None) == 30.0
+
+
+def test_history_of_a_run_the_ledger_does_not_hold_is_an_error_naming_it(tmp_path: Path, capsys):
+    sd = tmp_path / "st"
+    led = Ledger(sd)
+    run_id, _ = led.open_run("job", {})
+    led.close()
+    assert cli.main(["history", "--json", "--state-dir", str(sd), "--run", "nosuch-run"]) == 1
+    assert "no run 'nosuch-run'" in capsys.readouterr().err
+    assert cli.main(["history", "--json", "--state-dir", str(sd), "--run", run_id]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == run_id
