@@ -1,6 +1,6 @@
 """Busy or stuck (issue 21): false hangs on long silent evaluations, and the delay of a real stop.
 
-The job is the test suite's plain torchrun DDP script (tests/jobs/ddp_eval_train.py: 2 gloo ranks
+The job is the test suite's plain torchrun DDP script (tests/trainer_scripts/ddp_eval_train.py: 2 gloo ranks
 on the CPU, no client library, ``step N: loss X`` from every rank, a step every ~0.05 s); every
 100 steps rank 0 evaluates silently while rank 1 waits in ``dist.barrier()``. Issue 21's case at
 the defaults is a 70 s eval against the learned timeout's 60 s floor; here the same mechanism is
@@ -35,7 +35,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 TORCHRUN = str(Path(PY).with_name("torchrun"))
-JOB = ROOT / "tests" / "jobs" / "ddp_eval_train.py"
+JOB = ROOT / "tests" / "trainer_scripts" / "ddp_eval_train.py"
 FLOOR_S, EVAL_S, LOOK_S = 5.0, 10.0, 3.0
 STOP_TRIALS = int(os.environ.get("BENCH_BUSY_STOP_TRIALS", "2"))
 EVALS_JOB = ["--steps", "400", "--eval-every", "100", "--eval-s", str(EVAL_S)]

@@ -5,7 +5,7 @@
   the shell loop's (``bash -c 'until date +%s.%N; do :; done'``), interleaved, median of
   BENCH_STARTUP_RUNS (7). Beside it, what importing the config model costs a fresh interpreter
   (``-X importtime``; 184 ms before the health/ and watch/ packages re-exported lazily).
-- **CPU budget**: the unmodified nanoGPT-style job (tests/jobs/nanogpt_train.py, the recovery
+- **CPU budget**: the unmodified nanoGPT-style job (tests/trainer_scripts/nanogpt_train.py, the recovery
   suite's model, one ckpt.pt overwritten at each eval, BENCH_OVERHEAD_ITERS 1500 iterations,
   an eval + save every 250) under ``wrap`` at the defaults with its checkpoint dir, so every save
   is verified in the background. The process tree is sampled every 0.1 s; each process's last
@@ -33,7 +33,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
-JOB = str(ROOT / "tests" / "jobs" / "nanogpt_train.py")
+JOB = str(ROOT / "tests" / "trainer_scripts" / "nanogpt_train.py")
 MODEL = ["--n_embd=64", "--batch_size=16", "--check_finite=False"]  # the recovery suite's job
 RUNS = int(os.environ.get("BENCH_STARTUP_RUNS", "7"))
 ITERS = int(os.environ.get("BENCH_OVERHEAD_ITERS", "1500"))
@@ -172,7 +172,7 @@ def cpu_budget(tmp: Path) -> list[dict]:
                     per_save.append(total.get("verifier", 0.0) / saves)
     st = {r: statistics.median(v) for r, v in steady.items()}
     wh = {r: statistics.median(v) for r, v in whole.items()}
-    rows = [{"name": f"settings: tests/jobs/nanogpt_train.py {' '.join(MODEL)}, {ITERS} iterations, eval + save "
+    rows = [{"name": f"settings: tests/trainer_scripts/nanogpt_train.py {' '.join(MODEL)}, {ITERS} iterations, eval + save "
                      f"every {EVERY} (one ckpt.pt overwritten); ours: wrap at the defaults with --checkpoint-dir "
                      f"(every save load-tested in the background by the warm verifier); bare and ours interleaved, "
                      f"{REPS} reps, medians; CPU = user + system of each process, sampled every 0.1 s",

@@ -68,7 +68,7 @@ def run() -> list[dict]:
     for arm, rs in res.items():
         f2n[arm] = [r.fault_to_next[0][1] for r in rs if r.fault_to_next and r.fault_to_next[0][1] is not None]
     used = [a.get("prewarm") for r in res["prewarm"] for a in (r.history.get("attempts") or [])[1:]]
-    row(f"settings: tests/jobs/nanogpt_train.py {' '.join(rec.MODEL)}, one SIGKILL at iter {rec.KILL_AT} of "
+    row(f"settings: tests/trainer_scripts/nanogpt_train.py {' '.join(rec.MODEL)}, one SIGKILL at iter {rec.KILL_AT} of "
         f"{rec.ITERS}; prewarm: wrap with [job] prewarm = true; cold: wrap at the defaults; shell: bash until "
         f"loop; interleaved, {REPS} reps; load average at end {os.getloadavg()[0]:.1f} on "
         f"{len(os.sched_getaffinity(0))} cores; relaunches in the standby: {used.count('used')} of {len(used)}", "")

@@ -1,7 +1,7 @@
 """Issue 11: recovery of an UNMODIFIED nanoGPT-style job against the peers, same faults injected
 from outside at the same iterations, all arms in the same run, one job computing at a time.
 
-The job (tests/jobs/nanogpt_train.py with FAULT unset and --check_finite=False): no supervisor import, a tiny GPT on the CPU, ``iter N: loss X``
+The job (tests/trainer_scripts/nanogpt_train.py with FAULT unset and --check_finite=False): no supervisor import, a tiny GPT on the CPU, ``iter N: loss X``
 lines, ``step N: train loss X, val loss Y`` at each eval, ONE ``ckpt.pt`` overwritten in place at
 each eval, ``--init_from=resume``, ``--key=value`` configurator. Arms:
 
@@ -49,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
-JOB = str(ROOT / "tests" / "jobs" / "nanogpt_train.py")  # FAULT unset: its fault hook is inert
+JOB = str(ROOT / "tests" / "trainer_scripts" / "nanogpt_train.py")  # FAULT unset: its fault hook is inert
 LAUNCH = str(ROOT / "bench" / "jobs" / "peer_launch.py")
 MODEL = ["--n_embd=64", "--batch_size=16", "--check_finite=False"]  # ~7 ms an iteration on an idle core
 ITERS = int(os.environ.get("BENCH_RECOVERY_ITERS", "600"))
@@ -357,7 +357,7 @@ def run() -> list[dict]:
             print(f"bench_recovery: runs kept in {tmp}", file=sys.stderr)
         fresh, resumed = startup(tmp)
         bound = max(fresh, resumed) + 1.0
-        row("settings", f"tests/jobs/nanogpt_train.py {' '.join(MODEL)} (unmodified nanoGPT-style, one ckpt.pt overwritten "
+        row("settings", f"tests/trainer_scripts/nanogpt_train.py {' '.join(MODEL)} (unmodified nanoGPT-style, one ckpt.pt overwritten "
             f"at each eval); ours: wrap at the defaults; torchrun --standalone --nproc-per-node=1 "
             f"--max-restarts={PEER_RESTARTS}; bash until loop; peers resume through bench/jobs/peer_launch.py "
             f"(resume if ckpt.pt loads, else scratch); one job computing at a time; load average at start "

@@ -69,7 +69,7 @@ def metric_line(fmt: str, step: int, loss: float) -> str:
         return (f" iteration {step:8d}/  500000 | consumed samples: {step * 512:12d} | elapsed time per iteration "
                 f"(ms): 1234.5 | learning rate: 1.500E-04 | global batch size:   512 | lm loss: {loss:.6E} | "
                 "loss scale: 1.0 | grad norm: 2.103 | number of skipped iterations:   0 | number of nan iterations:   0 |")
-    if fmt == "generic":  # a hand-written loop's logging line (tests/jobs/loop_logging_train.py)
+    if fmt == "generic":  # a hand-written loop's logging line (tests/trainer_scripts/loop_logging_train.py)
         return f"2026-12-03 21:06:25,513 INFO trainer: epoch 0 | iter {step}/300000 | train_loss={loss:.4f} | lr=0.05"
     raise ValueError(fmt)
 

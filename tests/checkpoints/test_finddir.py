@@ -84,7 +84,7 @@ def test_an_out_dir_assignment_in_a_script_that_is_not_nanogpt_is_not_taken(tmp_
 
 
 def test_the_repositorys_nanogpt_job_is_found_by_its_default() -> None:
-    jobs = Path(__file__).resolve().parents[1] / "jobs"
+    jobs = Path(__file__).resolve().parents[1] / "trainer_scripts"
     found = dir_from_command(["python", str(jobs / "nanogpt_train.py")], W)
     assert found is not None and found.path == W / "out"
 

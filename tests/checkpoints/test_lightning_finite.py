@@ -1,6 +1,6 @@
 """The finite check on checkpoints written by Lightning's stock ``ModelCheckpoint``.
 
-The checkpoints come from the real trainer (tests/jobs/lightning_train.py, pytorch_lightning 2.6,
+The checkpoints come from the real trainer (tests/trainer_scripts/lightning_train.py, pytorch_lightning 2.6,
 its stock ModelCheckpoint every 5 steps), NaN weights injected after step 7: ``epoch=0-step=5``
 is good, ``epoch=0-step=10`` and ``last.ckpt`` hold NaN weights. Every one of them stores
 ``kth_value = inf`` in the callback state, which made every stock checkpoint "non-finite".
@@ -34,7 +34,7 @@ def stock(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ck = work / "ck"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TSUP_")}
     env.update(FAULT="nan@7", FAULT_MARKER=str(work / "fault_done"))
-    res = subprocess.run([PY, str(ROOT / "tests" / "jobs" / "lightning_train.py"), "--ckpt_dir", str(ck),
+    res = subprocess.run([PY, str(ROOT / "tests" / "trainer_scripts" / "lightning_train.py"), "--ckpt_dir", str(ck),
                           "--max_steps", "12", "--every_n_steps", "5"], cwd=work, env=env, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -4,7 +4,7 @@ Each end-to-end case runs a real Trainer in a subprocess with the environment th
 job (TSUP_RUN_ID, TSUP_HEARTBEAT_DIR, ...) and checks what the daemon would read: heartbeat files,
 metrics-rank0.jsonl, checkpoints and their manifests (through the daemon's own CheckpointService).
 The stop and checkpoint-now requests are the real signals: sent from outside while training runs,
-or by the job to itself at a fixed step (tests/jobs/cb_*_train.py --signal) for exact assertions.
+or by the job to itself at a fixed step (tests/trainer_scripts/cb_*_train.py --signal) for exact assertions.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from tests.conftest import history
 from tests.util import stacks_and_kill_tree, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-JOBS = REPO / "tests" / "jobs"
+JOBS = REPO / "tests" / "trainer_scripts"
 TSUP_VARS = ("TSUP_RUN_ID", "TSUP_ATTEMPT", "TSUP_RESUME_FROM", "TSUP_RESUME_STEP", "TSUP_SKIP_BATCHES",
              "TSUP_HEARTBEAT_DIR", "TSUP_CHECKPOINT_DIR", "TSUP_HEARTBEAT_INTERVAL_S", "TSUP_STOP_SIGNAL",
              "TSUP_CHECKPOINT_SIGNAL", "TSUP_STATE_DIR", "RANK", "LOCAL_RANK", "WORLD_SIZE")

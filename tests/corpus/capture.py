@@ -41,7 +41,7 @@ HF_RESUME = {"max_steps": 30, "logging_steps": 5, "resume_from": 10, "batch_size
 # this many training batches (= optimizer steps without gradient accumulation).
 PL = {"train_batches": 10, "val_batches": 2, "max_epochs": 3, "log_every_n_steps": 5, "nan_after_batches": 17,
       "batch_size": 4, "seed": 0}
-# tests/jobs/loop_logging_train.py and loop_tqdm_train.py (the e2e jobs), run as they are with a NaN
+# tests/trainer_scripts/loop_logging_train.py and loop_tqdm_train.py (the e2e jobs), run as they are with a NaN
 # injected (FAULT=nan@N: the weights are NaN after step N, see each script for what N counts).
 JOBS = {"loop_logging": {"script": "loop_logging_train.py", "steps": 100, "save_every": 20, "log_every": 10,
                          "nan_step": 58},
@@ -486,7 +486,7 @@ def main() -> None:
         for v in ("pipes", "colon", "equals"):
             _run(me, "loop", v, f"loop_{v}", manifest, LOOP)
     if "jobs" in only:
-        jobs_dir = HERE.parent / "jobs"
+        jobs_dir = HERE.parent / "trainer_scripts"
         for name, p in JOBS.items():
             args = [str(jobs_dir / p["script"]), "--out_dir", "{out}", "--steps", str(p["steps"]),
                     "--save_every", str(p["save_every"])]

@@ -1,7 +1,7 @@
 """Busy or stuck on a real torchrun DDP job (2 ranks, gloo, CPU), no client library: a silent
 evaluation is not a hang, a SIGSTOPped rank is.
 
-The job (tests/jobs/ddp_eval_train.py) prints ``step N: loss X`` from every rank, as a plain
+The job (tests/trainer_scripts/ddp_eval_train.py) prints ``step N: loss X`` from every rank, as a plain
 script does; the daemon learns the timeout from that rhythm (``learn_after`` 20 intervals, then
 ``max(learn_floor_s, 5 x longest gap)``). At the defaults the case of issue 21 is a 70 s silent
 eval against the 60 s floor, looked at for ``look_s`` 3 s at 60 s, so the verdict comes while the
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow
 
 PY = sys.executable
 TORCHRUN = str(Path(PY).with_name("torchrun"))
-JOB = ROOT / "tests" / "jobs" / "ddp_eval_train.py"
+JOB = ROOT / "tests" / "trainer_scripts" / "ddp_eval_train.py"
 FLOOR_S, EVAL_S, LOOK_S = 5.0, 15.0, 3.0  # look_s is the default: not in the config
 SLACK_S = 2.0
 

@@ -1,5 +1,5 @@
 """Checkpoint and resume discovery under the real daemon, on the unmodified HF Trainer script
-(tests/jobs/hf_train.py): no --checkpoint-dir, no --resume-arg, and a job that ignores the
+(tests/trainer_scripts/hf_train.py): no --checkpoint-dir, no --resume-arg, and a job that ignores the
 checkpoint handed to it (resume_ignored)."""
 from __future__ import annotations
 

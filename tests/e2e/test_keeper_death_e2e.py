@@ -46,7 +46,7 @@ def keepers_of(daemon_pid: int) -> list[int]:
 def test_kill_9_of_the_output_keeper_neither_kills_the_job_nor_counts_as_a_crash(supervise, tmp_path: Path) -> None:
     out, sd = tmp_path / "out", tmp_path / "sd"
     d = supervise(["wrap", "--state-dir", str(sd), "--checkpoint-dir", str(out), "--",
-                   PY, str(ROOT / "tests" / "jobs" / "nanogpt_train.py"), f"--out_dir={out}", "--max_iters=120",
+                   PY, str(ROOT / "tests" / "trainer_scripts" / "nanogpt_train.py"), f"--out_dir={out}", "--max_iters=120",
                    "--eval_interval=40", "--iter_sleep=0.05"])
     deadline = time.monotonic() + 120
     while "iter 10:" not in d.stdout():

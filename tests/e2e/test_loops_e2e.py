@@ -1,6 +1,6 @@
 """Plain PyTorch loops under the real daemon with NO metric config (no regex, no client): one that
 logs ``epoch | iter N/M | train_loss=... | lr=...`` through ``logging``, one that shows the loss only
-in a tqdm postfix (tests/jobs/loop_logging_train.py, loop_tqdm_train.py). A NaN injected mid-run is
+in a tqdm postfix (tests/trainer_scripts/loop_logging_train.py, loop_tqdm_train.py). A NaN injected mid-run is
 detected from what they print, the rollback takes the newest checkpoint before the real onset, and
 the run finishes with finite weights. ``--checkpoint-dir`` is given (its discovery is tested elsewhere).
 """

@@ -26,7 +26,7 @@ from tests.conftest import Daemon, history, started_daemons
 from tests.e2e.test_trainers_e2e import _job_pids as job_pids, nano_cmd as nano
 
 ROOT = Path(__file__).resolve().parents[2]
-JOBS = ROOT / "tests" / "jobs"
+JOBS = ROOT / "tests" / "trainer_scripts"
 PY = sys.executable
 slow = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """Unmodified trainers under the real daemon: the HF Trainer 5.x, a nanoGPT-style script and
-PyTorch Lightning (tests/jobs/), each hurting itself once (NaN, hang, crash) from FAULT.
+PyTorch Lightning (tests/trainer_scripts/), each hurting itself once (NaN, hang, crash) from FAULT.
 
 The job scripts import nothing from the supervisor and read no TSUP_* variable; the daemon runs
 with PYTHONUNBUFFERED unset (it must set it for the job itself). Also here: the checkpoint side
@@ -34,7 +34,7 @@ from supervisor.watch.logwatch import LogWatcher
 from tests.conftest import ROOT, Daemon, history, started_daemons
 from tests.helpers import ckpt_factory as F
 
-JOBS = ROOT / "tests" / "jobs"
+JOBS = ROOT / "tests" / "trainer_scripts"
 PY = sys.executable
 slow = pytest.mark.slow
 

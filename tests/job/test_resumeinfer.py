@@ -8,7 +8,7 @@ import pytest
 
 from supervisor.job.resumeinfer import infer_resume, reads_resume_env
 
-JOBS = Path(__file__).resolve().parents[1] / "jobs"
+JOBS = Path(__file__).resolve().parents[1] / "trainer_scripts"
 
 
 @pytest.mark.parametrize("source", [

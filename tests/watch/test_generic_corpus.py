@@ -1,5 +1,5 @@
 """The generic parser and the tqdm bar's step on captured real output of the two plain PyTorch loops
-(tests/jobs/loop_logging_train.py, loop_tqdm_train.py; captured by tests/corpus/capture.py
+(tests/trainer_scripts/loop_logging_train.py, loop_tqdm_train.py; captured by tests/corpus/capture.py
 ``--only jobs`` with a NaN injected), and the onset the real LogWatcher books from them."""
 from __future__ import annotations
 
