@@ -2,6 +2,8 @@
 is tested in milliseconds: no process, no socket, no SQLite, a clock the test moves."""
 from __future__ import annotations
 
+import json
+
 import signal
 import threading
 import time
@@ -354,5 +356,13 @@ _OPEN: list[Runner] = []
 def close_all() -> None:
     while _OPEN:
         _OPEN.pop().close()
+
+
+def step_line(step: int, loss: float | str, gn: float = 1.0, tps: float | None = None) -> str:
+    """A JSON metric line as a job prints it ("nan" as the bare NaN a json.dumps of float('nan') writes)."""
+    rec: dict[str, Any] = {"step": step, "loss": loss, "grad_norm": gn}
+    if tps is not None:
+        rec["tokens_per_sec"] = tps
+    return json.dumps(rec).replace('"nan"', "NaN")
 
 

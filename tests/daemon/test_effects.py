@@ -14,11 +14,6 @@ from supervisor.daemon.effects import AttemptField, AttemptWriter
 from ..fakes import FakeLedger, close_all, config, daemon
 
 
-@pytest.fixture(autouse=True)
-def _closed():
-    yield
-    close_all()
-
 
 def test_an_attempt_field_sets_only_the_columns_given() -> None:
     assert AttemptField(3).columns() == {}

@@ -8,11 +8,7 @@ from pathlib import Path
 from supervisor.daemon.jobstop import EXIT_DRAIN_S
 from supervisor.job.catchup import OutputLag
 
-from ..fakes import close_all, daemon
-
-
-def teardown_function() -> None:
-    close_all()
+from ..fakes import daemon
 
 
 def test_a_step_printed_just_before_the_exit_counts_as_progress(tmp_path: Path) -> None:

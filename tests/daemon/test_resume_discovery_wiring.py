@@ -2,12 +2,10 @@
 (tests/fakes.py): the concerns as build_daemon wires them, a clock the test moves."""
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
-import pytest
 
 from supervisor.core.machine import State
 from supervisor.daemon.checkpointconcern import CheckpointConcern
@@ -15,17 +13,9 @@ from supervisor.daemon.ckptdiscovery import CheckpointDiscoveryConcern
 from supervisor.daemon.resumewatch import ResumeWatchConcern
 from tests.helpers import ckpt_factory as F
 
-from ..fakes import close_all, config, daemon
+from ..fakes import config, daemon, step_line
 
 
-@pytest.fixture(autouse=True)
-def _closed():
-    yield
-    close_all()
-
-
-def step_line(step: int, loss: float | str) -> str:
-    return json.dumps({"step": step, "loss": loss, "grad_norm": 1.0}).replace('"nan"', "NaN")
 
 
 def discovery() -> list:

@@ -3,7 +3,6 @@ validation and launch spec; fake job, ledger, checkpoints, gate and clock. Detec
 -> stop -> the checkpoint chosen -> the next launch, in milliseconds."""
 from __future__ import annotations
 
-import json
 import signal
 import threading
 from pathlib import Path
@@ -20,17 +19,9 @@ from supervisor.health.gate import run_gate
 from supervisor.health.gpufake import FakeBackend
 from supervisor.ops.control import ControlError, ControlServer, request
 
-from ..fakes import close_all, config, daemon
+from ..fakes import config, daemon, step_line
 
 
-@pytest.fixture(autouse=True)
-def _closed():
-    yield
-    close_all()  # the concerns' threads (file tailers) end with each test
-
-
-def step_line(step: int, loss: float | str, gn: float = 1.0, tps: float = 1000.0) -> str:
-    return json.dumps({"step": step, "loss": loss, "grad_norm": gn, "tokens_per_sec": tps}).replace('"nan"', "NaN")
 
 
 class HungSpy(Concern):

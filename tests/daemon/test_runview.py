@@ -4,7 +4,6 @@ machine (a fake agent: no etcd)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import signal
 from pathlib import Path
 from typing import Any, Callable
@@ -17,17 +16,9 @@ from supervisor.core.causes import Action, Cause
 from supervisor.core.machine import State
 from supervisor.core.messages import EXIT_OK
 
-from ..fakes import close_all, config, daemon
+from ..fakes import config, daemon, step_line
 
 
-@pytest.fixture(autouse=True)
-def _closed():
-    yield
-    close_all()
-
-
-def step_line(step: int, loss: float | str) -> str:
-    return json.dumps({"step": step, "loss": loss, "grad_norm": 1.0}).replace('"nan"', "NaN")
 
 
 def test_the_view_follows_the_machine_through_a_stop_and_the_end(tmp_path: Path) -> None:
