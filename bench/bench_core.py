@@ -238,8 +238,12 @@ def restart_overhead(tmp: Path) -> list[dict]:
 
 def _what(argv: list[str]) -> str:
     text = " ".join(argv)
+    if "--serve" in argv[-1:] and "-c" in argv:
+        return "the warm load-test verifier (python -c ... --serve, imports torch once)"
     if "TSUP_LOADTEST_RESULT" in text:
-        return "the load-test child (python -c, imports torch)"
+        return "a one-off load-test child (python -c, imports torch)"
+    if "-c" in argv[1:2]:
+        return "the job environment probe (python -c)"
     return " ".join([Path(argv[0]).name, *argv[1:2]])[:50] if argv else "?"
 
 
@@ -287,7 +291,9 @@ class TreeSampler:
                 ct = p.cpu_times()
                 self.cpu[p.pid] = ct.user + ct.system + ct.children_user + ct.children_system
                 self.cpu0.setdefault(p.pid, 0.0)  # a helper started during the window counts whole
-                self.seen.add(_what(p.cmdline()))
+                what = _what(p.cmdline())
+                if what != "?":  # a child between its fork and its exec
+                    self.seen.add(what)
             except psutil.Error:
                 continue
         self.peak_tree = max(self.peak_tree, tree)
@@ -308,10 +314,14 @@ class TreeSampler:
 
 
 def rss_and_cpu(tmp: Path) -> list[dict]:
+    """Headline: the peak RSS of everything the daemon spawns except the job (load-test children
+    included) with a checkpoint dir, against torchrun's agent and everything it spawns except the
+    worker, on the same checkpointing job; the daemon's own pid beside it; then without a checkpoint dir."""
     job = tmp / "print_job.py"
     job.write_text(PRINT_JOB)
-    rows = []
-    for label, with_ck in (("no checkpoint dir", False), ("with a checkpoint dir, the job saving every 2 s", True)):
+    found: dict[bool, TreeSampler] = {}
+    helpers: dict[bool, str] = {}
+    for with_ck in (True, False):
         seconds = 10.0 if with_ck else 6.0
         sd, ck = tmp / f"sd-rss-{with_ck}", tmp / f"ck-rss-{with_ck}"
         ck.mkdir()
@@ -322,29 +332,48 @@ def rss_and_cpu(tmp: Path) -> list[dict]:
             job_argv.append(str(ck))
         p = subprocess.Popen([*argv, "--", *job_argv], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # the daemon's own start-up is not steady state
-        s = TreeSampler(psutil.Process(p.pid), str(job)).run(seconds + (6.0 if with_ck else -1.5))
+        found[with_ck] = TreeSampler(psutil.Process(p.pid), str(job)).run(seconds + (6.0 if with_ck else -1.5))
         p.wait(120)
-        helpers = ", ".join(sorted(x for x in s.seen)) or "none seen"
-        rows += [_row(f"daemon peak RSS, its own pid, {label} (wrap at the defaults; job prints 10k lines/s)",
-                      round(s.peak_root / 2**20, 1), "MiB", "<= 55"),
-                 _row(f"daemon + everything it spawns except the job, peak RSS of the tree, {label} "
-                      f"(helpers: {helpers})", round(s.peak_tree / 2**20, 1), "MiB", "report"),
-                 _row(f"daemon CPU, its own pid, {label}", round(s.cpu_percent(True), 1), "% of a core", "report"),
-                 _row(f"daemon + everything it spawns except the job, CPU, {label}", round(s.cpu_percent(False), 1),
-                      "% of a core", "report")]
+        helpers[with_ck] = ", ".join(sorted(found[with_ck].seen)) or "none seen"
+    peer: TreeSampler | None = None
     torchrun = _torchrun()
-    if torchrun:
-        seconds = 6.0
-        t = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node=1", str(job), "10000", str(seconds)],
+    if torchrun:  # the same job, saving the same checkpoints (torchrun's agent does nothing with them)
+        seconds = 10.0
+        ck = tmp / "ck-rss-torchrun"
+        ck.mkdir()
+        t = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node=1", str(job), "10000", str(seconds), str(ck)],
                              cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.5)
-        s = TreeSampler(psutil.Process(t.pid), str(job)).run(seconds - 2.0)
+        peer = TreeSampler(psutil.Process(t.pid), str(job)).run(seconds - 2.0)
         t.wait(60)
-        rows += [_row("torchrun agent peak RSS, its own pid, same job (peer)", round(s.peak_root / 2**20, 1), "MiB",
-                      "peer"),
-                 _row("torchrun agent + everything it spawns except the worker, peak RSS of the tree (peer)",
-                      round(s.peak_tree / 2**20, 1), "MiB", "peer"),
-                 _row("torchrun agent CPU, same job (peer)", round(s.cpu_percent(True), 1), "% of a core", "peer")]
+    mib = lambda b: round(b / 2**20, 1)  # noqa: E731
+    ck_label = "with a checkpoint dir, the job saving a 4 MB torch checkpoint every 2 s"
+    ours = found[True]
+    rows = [_row(f"memory, ours at the defaults: peak RSS of the daemon + everything it spawns except the job, "
+                 f"{ck_label} (load-test children included; sampled every 50 ms; seen: {helpers[True]})",
+                 mib(ours.peak_tree), "MiB", "report")]
+    if peer is not None:
+        rows += [_row("memory, torchrun's agent + everything it spawns except the worker, same job and saves, peak RSS "
+                      "(peer)", mib(peer.peak_tree), "MiB", "peer"),
+                 _row("memory ratio ours (daemon + its children) / torchrun (agent + its children)",
+                      round(ours.peak_tree / max(1, peer.peak_tree), 2), "x", "<= 1")]
+    rows += [_row(f"beside: daemon peak RSS, its own pid alone, {ck_label}", mib(ours.peak_root), "MiB", "<= 55")]
+    if peer is not None:
+        rows.append(_row("beside: torchrun agent peak RSS, its own pid alone (peer)", mib(peer.peak_root), "MiB",
+                         "peer"))
+    bare = found[False]
+    rows += [_row(f"memory, ours, no checkpoint dir: daemon + everything it spawns except the job, peak RSS "
+                  f"(seen: {helpers[False]})", mib(bare.peak_tree), "MiB", "report"),
+             _row("beside: same, the daemon's own pid alone", mib(bare.peak_root), "MiB", "<= 55")]
+    for with_ck, label in ((True, ck_label), (False, "no checkpoint dir")):
+        s = found[with_ck]
+        rows += [_row(f"CPU, daemon + everything it spawns except the job, {label} (job prints 10k lines/s)",
+                      round(s.cpu_percent(False), 1), "% of a core", "report"),
+                 _row(f"beside: same, the daemon's own pid, {label}", round(s.cpu_percent(True), 1), "% of a core",
+                      "report")]
+    if peer is not None:
+        rows += [_row("CPU, torchrun agent + everything it spawns except the worker, same job (peer)",
+                      round(peer.cpu_percent(False), 1), "% of a core", "peer")]
     return rows
 
 
