@@ -12,22 +12,21 @@
   and the peak of its whole process tree except the job (everything it spawns: with a checkpoint
   dir, background verification runs a load-test child that imports torch), without and with a
   checkpoint dir; torchrun's agent and its tree except the worker, on the same job;
-- pass-through throughput (lines/s): the daemon at the defaults (stdout and its job.log copy)
-  against the same stream through ``tee`` (the same two copies) and through ``cat`` (one);
-- a burst: a job printing BENCH_BURST_LINES nanoGPT-format lines (every line a metric) as fast as it
-  can; its own wall time (start to its last write, taken by the job) under ``wrap`` at the defaults
-  against under ``| tee file``, interleaved, median of BENCH_BURST_RUNS; the daemon's time until
-  every metric is in the ledger beside it, and the most its parsers were behind (they read a burst
-  back from job.log: the job never waits for them). Every line in job.log and every metric in the
-  ledger is checked;
+- pass-through and ingestion, end to end through the daemon on real log mixes where every line is a
+  metric (nanoGPT's ``iter N: loss X ...``, a transformers 5.x Trainer's log dict): a job printing
+  BENCH_PASS_LINES lines as fast as it can; its own wall time (start to its last write, taken by
+  the job) under ``wrap`` at the defaults against under ``| tee file`` (the same two copies) and
+  ``| cat`` (one), interleaved, median of BENCH_PASS_RUNS; wrap's whole run until every metric is
+  in the ledger (end-to-end ingestion, daemon start-up included) against the job's own write rate,
+  and the most the parsers were behind (they read a burst back from job.log: the job never waits
+  for them). Every line on stdout and in job.log and every metric in the ledger is checked;
 - detection latency: a NaN line written -> the daemon's failure_detected event;
 - control replies under a metric flood: ``reload`` requests (answered by the main loop) while the job
   prints BENCH_FLOOD_LINES metric lines at full speed, against the same requests once it is quiet.
 
 ``python bench/bench_core.py`` prints the rows; ``run()`` returns them for scripts/bench.
 Knobs: BENCH_RESTARTS (20), BENCH_DEFAULT_RESTARTS (2 runs of one restart at the defaults, ~10 s
-each), BENCH_LATENCY_TRIALS (200), BENCH_PASS_LINES (1000000), BENCH_FLOOD_LINES (300000),
-BENCH_BURST_LINES (1000000), BENCH_BURST_RUNS (3).
+each), BENCH_LATENCY_TRIALS (200), BENCH_PASS_LINES (1000000), BENCH_PASS_RUNS (3), BENCH_FLOOD_LINES (300000).
 """
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ RESTARTS = int(os.environ.get("BENCH_RESTARTS", "20"))
 DEFAULT_RESTARTS = int(os.environ.get("BENCH_DEFAULT_RESTARTS", "2"))
 PASS_LINES = int(os.environ.get("BENCH_PASS_LINES", "1000000"))
 FLOOD_LINES = int(os.environ.get("BENCH_FLOOD_LINES", "300000"))
-BURST_LINES = int(os.environ.get("BENCH_BURST_LINES", "1000000"))
-BURST_RUNS = int(os.environ.get("BENCH_BURST_RUNS", "3"))
+PASS_RUNS = int(os.environ.get("BENCH_PASS_RUNS", "3"))
 
 STAMP_JOB = """\
 import time, os, sys
@@ -94,18 +92,6 @@ while True:
         next_ck += 2.0
     time.sleep(0.005)
 """
-
-SPAM_JOB = """\
-import sys
-w = sys.stdout.write
-for i in range(int(sys.argv[1])):
-    # like a real job: mostly log chatter, a metric line every 20 lines
-    if i % 20 == 0:
-        w(f"iter {i}: loss 2.{i % 1000:03d}, time 12.34ms, mfu 1.20%\\n")
-    else:
-        w(f"[rank0] batch {i} loaded from shard {i % 64} in 0.8 ms; the quick brown fox jumps\\n")
-"""
-
 
 def _row(name: str, value: object, unit: str, target: object = "report") -> dict:
     return {"name": name, "value": value, "unit": unit, "target": target}
@@ -377,101 +363,89 @@ def rss_and_cpu(tmp: Path) -> list[dict]:
     return rows
 
 
-def passthrough(tmp: Path) -> list[dict]:
-    n = PASS_LINES
-    job = tmp / "spam_job.py"
-    job.write_text(SPAM_JOB)
-    out = tmp / "out.txt"
-
-    def piped(*consumer: str) -> float:
-        t0 = time.monotonic()
-        with open(out, "wb") as f:
-            a = subprocess.Popen([PY, str(job), str(n)], stdout=subprocess.PIPE)
-            subprocess.run(list(consumer), stdin=a.stdout, stdout=f, check=True)
-            a.wait()
-        return time.monotonic() - t0
-
-    cat_s = piped("cat")
-    tee_s = piped("tee", str(tmp / "tee.log"))
-    sd = tmp / "sd-pass"
-    t0 = time.monotonic()
-    with open(out, "wb") as f:
-        subprocess.run([PY, "-m", "supervisor", "--log-format", "logfmt", "wrap", "--state-dir", str(sd), "--", PY,
-                        str(job), str(n)], cwd=ROOT, stdout=f, stderr=subprocess.DEVNULL, check=True)
-    ours_s = time.monotonic() - t0
-    lines = sum(1 for _ in open(out, "rb"))
-    assert lines == n, f"lost lines: {lines} != {n}"
-    copy = sd / "job.log"
-    assert copy.exists() and sum(1 for _ in open(copy, "rb")) == n, "the daemon's job.log copy is incomplete"
-    k = f"{n / 1e6:g}M" if n >= 10**6 else str(n)
-    return [_row(f"pass-through, {k} lines, a metric every 20, ours at the defaults (all detectors on; stdout + "
-                 "state-dir job.log copy; whole run incl. daemon start-up)", round(n / ours_s), "lines/s", "report"),
-            _row("same stream through tee to stdout + a log file (peer: the same two copies)", round(n / tee_s),
-                 "lines/s", "peer"),
-            _row("same stream through cat (peer: one copy, no log file)", round(n / cat_s), "lines/s", "peer"),
-            _row("pass-through ratio ours / tee", round(tee_s / ours_s, 3), "x", "report"),
-            _row("pass-through ratio ours / cat", round(cat_s / ours_s, 3), "x", "report")]
-
-
-# nanoGPT's own log line, every line a metric, as fast as Python prints; the job's wall time (its
-# start to its last write flushed) into argv[2].
-BURST_JOB = """\
+# Every line a metric, as fast as Python prints: nanoGPT's own log line, or the dict a transformers
+# 5.x Trainer prints at each logging step (tests/corpus/hf5_filter_on.stdout). The job's own wall
+# time (its start to its last write flushed) goes into argv[3].
+MIX_JOB = """\
 import sys, time
 t0 = time.monotonic()
 w = sys.stdout.write
-for i in range(int(sys.argv[1])):
-    w(f"iter {i}: loss {2.0 + (i % 97) * 0.001:.4f}, time 12.34ms, mfu 1.20%\\n")
+fmt, n = sys.argv[1], int(sys.argv[2])
+if fmt == "nanogpt":
+    for i in range(n):
+        w(f"iter {i}: loss {2.0 + (i % 97) * 0.001:.4f}, time 12.34ms, mfu 1.20%\\n")
+else:
+    for i in range(n):
+        w(f"{{'loss': '{3.9 - (i % 97) * 0.001:.4g}', 'grad_norm': '1.543', 'learning_rate': '4.333e-05', "
+          f"'epoch': '{i / n:.4f}'}}\\n")
 sys.stdout.flush()
-open(sys.argv[2], "w").write(f"{time.monotonic() - t0:.4f}")
+open(sys.argv[3], "w").write(f"{time.monotonic() - t0:.4f}")
 """
+MIXES = (("nanogpt", "nanoGPT `iter N: loss X, time T, mfu M`"),
+         ("hf", "transformers 5.x Trainer `{'loss': ..., 'grad_norm': ..., 'learning_rate': ..., 'epoch': ...}`"))
 
 
-def burst(tmp: Path) -> list[dict]:
-    """The job's own wall time for a metric burst under ``wrap`` against ``| tee file``, interleaved."""
+def passthrough(tmp: Path) -> list[dict]:
+    """End to end through the daemon on a real log mix, every line a metric: the job's own wall time
+    under ``wrap`` at the defaults against under ``| tee file`` (the same two copies) and ``| cat`` (one),
+    interleaved, median of PASS_RUNS; the daemon's ingestion end to end (lines until the last metric is
+    in the ledger / its whole run, start-up included) against the rate the job writes under tee; the
+    most the parsers were behind. Every line in job.log and every metric in the ledger is checked."""
     import json
     import sqlite3
 
-    n, job, took = BURST_LINES, tmp / "burst_job.py", tmp / "burst.took"
-    job.write_text(BURST_JOB)
-    tee_s: list[float] = []
-    ours_s: list[float] = []
-    whole_s: list[float] = []
-    lags: list[float] = []
-    for r in range(BURST_RUNS):
-        with open(tmp / "burst.out", "wb") as f:
-            a = subprocess.Popen([PY, str(job), str(n), str(took)], stdout=subprocess.PIPE)
-            subprocess.run(["tee", str(tmp / "burst.tee.log")], stdin=a.stdout, stdout=f, check=True)
-            a.wait()
-        tee_s.append(float(took.read_text()))
-        sd = tmp / f"sd-burst{r}"
-        t0 = time.monotonic()
-        with open(tmp / "burst.out", "wb") as f, open(tmp / "burst.err", "wb") as e:
-            subprocess.run([PY, "-m", "supervisor", "--log-format", "json", "wrap", "--state-dir", str(sd), "--",
-                            PY, str(job), str(n), str(took)], cwd=ROOT, stdout=f, stderr=e, check=True)
-        whole_s.append(time.monotonic() - t0)
-        ours_s.append(float(took.read_text()))
-        assert sum(1 for _ in open(sd / "job.log", "rb")) == n, "job.log is missing lines"
-        db = sqlite3.connect(sd / "ledger.sqlite")
-        try:
-            booked = db.execute("SELECT COUNT(DISTINCT step) FROM metrics").fetchone()[0]
-        finally:
-            db.close()
-        assert booked == n, f"{booked} of {n} metrics in the ledger"
-        events = [json.loads(x) for x in (tmp / "burst.err").read_text().splitlines() if x.startswith("{")]
-        lags.append(max([ev.get("max_lag_s", 0.0) for ev in events if ev.get("event") == "output_caught_up"] or [0.0]))
+    n, job, took = PASS_LINES, tmp / "mix_job.py", tmp / "mix.took"
+    job.write_text(MIX_JOB)
     med = statistics.median
     k = f"{n / 1e6:g}M" if n >= 10**6 else str(n)
-    how = f"median of {BURST_RUNS} interleaved"
-    return [_row(f"burst: a job printing {k} nanoGPT-format lines (every one a metric) as fast as it can, its own "
-                 f"wall time under wrap at the defaults ({how}; every line in job.log, every metric in the ledger)",
-                 round(med(ours_s), 2), "s", "report"),
-            _row("same job through | tee file, its own wall time (peer)", round(med(tee_s), 2), "s", "peer"),
-            _row("burst: the job's wall time under wrap / under tee", round(med(ours_s) / med(tee_s), 2), "x",
-                 "<= 1.5"),
-            _row(f"burst: wrap's whole run until every metric is in the ledger (the parsers catch up after the "
-                 f"job; {how})", round(med(whole_s), 1), "s", "report"),
-            _row("burst: the most the parsers were behind the job (they read the burst back from job.log)",
-                 round(med(lags), 1), "s", "report")]
+    how = f"median of {PASS_RUNS} interleaved"
+    rows: list[dict] = []
+    for fmt, what in MIXES:
+        times: dict[str, list[float]] = {"cat": [], "tee": [], "wrap": [], "whole": [], "lag": []}
+        for r in range(PASS_RUNS):
+            for peer in (["cat"], ["tee", str(tmp / "mix.tee.log")]):
+                with open(tmp / "mix.out", "wb") as f:
+                    a = subprocess.Popen([PY, str(job), fmt, str(n), str(took)], stdout=subprocess.PIPE)
+                    subprocess.run(peer, stdin=a.stdout, stdout=f, check=True)
+                    a.wait()
+                times[peer[0]].append(float(took.read_text()))
+            sd = tmp / f"sd-mix-{fmt}{r}"
+            t0 = time.monotonic()
+            with open(tmp / "mix.out", "wb") as f, open(tmp / "mix.err", "wb") as e:
+                subprocess.run([PY, "-m", "supervisor", "--log-format", "json", "wrap", "--state-dir", str(sd), "--",
+                                PY, str(job), fmt, str(n), str(took)], cwd=ROOT, stdout=f, stderr=e, check=True)
+            times["whole"].append(time.monotonic() - t0)
+            times["wrap"].append(float(took.read_text()))
+            assert sum(1 for _ in open(tmp / "mix.out", "rb")) == n, "stdout is missing lines"
+            assert sum(1 for _ in open(sd / "job.log", "rb")) == n, "job.log is missing lines"
+            db = sqlite3.connect(sd / "ledger.sqlite")
+            try:
+                booked = db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0]
+            finally:
+                db.close()
+            assert booked == n, f"{fmt}: {booked} of {n} metrics in the ledger"
+            events = [json.loads(x) for x in (tmp / "mix.err").read_text().splitlines() if x.startswith("{")]
+            times["lag"].append(max([ev.get("max_lag_s", 0.0) for ev in events
+                                     if ev.get("event") == "output_caught_up"] or [0.0]))
+        m = {key: med(v) for key, v in times.items()}
+        rows += [_row(f"pass-through, {fmt}: a job printing {k} lines, every one a metric ({what}), as fast as it can: "
+                      f"its own wall time under wrap at the defaults (stdout + state-dir job.log; {how}; every line "
+                      "in both, every metric in the ledger)", round(m["wrap"], 2), "s", "report"),
+                 _row(f"same job, {fmt}, through | tee file (the same two copies): its own wall time (peer)",
+                      round(m["tee"], 2), "s", "peer"),
+                 _row(f"same job, {fmt}, through | cat (one copy): its own wall time (peer)", round(m["cat"], 2), "s",
+                      "peer"),
+                 _row(f"pass-through, {fmt}: the job's wall time under wrap / under tee", round(m["wrap"] / m["tee"], 2),
+                      "x", "<= 1.5"),
+                 _row("beside: same / under cat", round(m["wrap"] / m["cat"], 2), "x", "report"),
+                 _row(f"ingestion end to end, {fmt}: lines / wrap's whole run until the last metric is in the ledger "
+                      f"(daemon start-up included; the job's own write rate under tee: {n / m['tee']:,.0f} lines/s)",
+                      round(n / m["whole"]), "lines/s", "report"),
+                 _row(f"ingestion end to end, {fmt}: ours / the job's write rate under tee", round(m["tee"] / m["whole"], 3),
+                      "x", "report"),
+                 _row(f"beside: {fmt}, the most the parsers were behind the job (they read a burst back from job.log: "
+                      "the job never waits for them)", round(m["lag"], 1), "s", "report")]
+    return rows
 
 
 # Each attempt's NaN at another step (100 apart): an identical repeat (same cause, step, checkpoint,
@@ -580,7 +554,7 @@ def control_under_flood(tmp: Path) -> list[dict]:
                  round(idle[len(idle) // 2] * 1000, 1), "ms", "peer")]
 
 
-PARTS = {"restart": restart_overhead, "rss": rss_and_cpu, "passthrough": passthrough, "burst": burst,
+PARTS = {"restart": restart_overhead, "rss": rss_and_cpu, "passthrough": passthrough,
          "latency": detection_latency, "control": control_under_flood}
 
 
