@@ -110,17 +110,27 @@ def ingestion(n: int = 300_000, batch: int = 256) -> list[dict]:
             for chunk in text:
                 count += len(chunk.decode().splitlines())
             plain = max(plain, count / max(1e-9, time.process_time() - t0))
-        rows.append({"name": f"ingestion, all detectors on, {fmt} metric line every {every} lines (CPU time, best of 3)",
+        rows.append({"name": f"parsers alone, in-process (LogWatcher.feed, not end to end: see core pass-through), all "
+                             f"detectors on, {fmt} metric line every {every} lines (CPU time, best of 3)",
                      "value": round(best), "unit": "lines/s", "target": ">= 300000",
                      "peer": f"plain decode+splitlines {plain:,.0f} lines/s"})
     return rows
 
 
 def heartbeat_cost(calls: int = 2_000_000) -> list[dict]:
+    """Per call: the amortised cost at the default interval (a write at most every 1 s, so nearly
+    every call only compares the clock), the cost of a call that writes (interval 0: every call
+    rewrites the record with one pwrite), and the no-op outside supervision."""
     rows = []
     with tempfile.TemporaryDirectory() as d:
-        for label, env in (("supervised, writes every 1 s", {"TSUP_RUN_ID": "bench", "TSUP_HEARTBEAT_DIR": d}),
-                           ("outside supervision (no-op)", {})):
+        sup = {"TSUP_RUN_ID": "bench", "TSUP_HEARTBEAT_DIR": d}
+        for label, env, n, target in (
+                ("supervised at the default interval (writes at most every 1 s): amortised over calls that "
+                 "mostly only read the clock", sup, calls, "<= 1000"),
+                ("supervised, a call that writes (TSUP_HEARTBEAT_INTERVAL_S = 0, not the default: every call "
+                 "rewrites the record, one pwrite of a fixed-size JSON)", {**sup, "TSUP_HEARTBEAT_INTERVAL_S": "0"},
+                 calls // 20, "report"),
+                ("outside supervision (no-op)", {}, calls, "<= 1000")):
             saved = {k: os.environ.get(k) for k in ("TSUP_RUN_ID", "TSUP_HEARTBEAT_DIR", "TSUP_HEARTBEAT_INTERVAL_S")}
             for k in saved:
                 os.environ.pop(k, None)
@@ -132,9 +142,9 @@ def heartbeat_cost(calls: int = 2_000_000) -> list[dict]:
                 best = float("inf")
                 for _ in range(3):
                     t0 = time.perf_counter()
-                    for i in range(calls):
+                    for i in range(n):
                         hb(i)
-                    best = min(best, (time.perf_counter() - t0) / calls)
+                    best = min(best, (time.perf_counter() - t0) / n)
             finally:
                 _heartbeat._reset_for_tests()
                 for k, v in saved.items():
@@ -142,8 +152,8 @@ def heartbeat_cost(calls: int = 2_000_000) -> list[dict]:
                         os.environ.pop(k, None)
                     else:
                         os.environ[k] = v
-            rows.append({"name": f"heartbeat(step) per call, {label}", "value": round(best * 1e9),
-                         "unit": "ns", "target": "<= 1000"})
+            rows.append({"name": f"heartbeat(step) per call, {label} (best of 3 x {n:,} calls)",
+                         "value": round(best * 1e9), "unit": "ns", "target": target})
     return rows
 
 
