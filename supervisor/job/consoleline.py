@@ -29,15 +29,20 @@ class SharedLine:
     def __init__(self, wait_s: float = 1.0) -> None:
         self.wait_s = wait_s
         self.open = False  # the job's last write ended mid-line
+        self.broken = False  # an event ended the job's open line: its own newline is already there
         self.breaks = 0  # newlines put before an event line (said in tests)
         self._lock = threading.Lock()
 
     @contextmanager
-    def job_write(self, chunk: bytes) -> Iterator[None]:
-        """Around one write of the job's bytes (on the console writer's thread)."""
+    def job_write(self, chunk: bytes) -> Iterator[bytes]:
+        """Around one write of the job's bytes (on the console writer's thread): yields what to
+        write. A chunk that starts with the newline of a line an event already ended loses that
+        newline (a pipe read can split "loss 1.9" from its "\n": an empty line otherwise)."""
         with self._lock:
-            yield
+            out = chunk[1:] if self.broken and chunk.startswith(b"\n") else chunk
+            yield out
             if chunk:
+                self.broken = False
                 # "\r" leaves the cursor on a bar's line too: an event there would overwrite it.
                 self.open = not chunk.endswith(b"\n")
 
@@ -46,6 +51,7 @@ class SharedLine:
         if self.open and text:
             self.breaks += 1
             self.open = False
+            self.broken = True
             return "\n" + text
         return text
 

@@ -141,8 +141,8 @@ class ConsoleWriter:
                 missed, self._unreported = self._unreported, 0
             try:
                 if self.line is not None:
-                    with self.line.job_write(chunk):
-                        self._write(chunk, missed)
+                    with self.line.job_write(chunk) as shown:
+                        self._write(shown, missed)
                 else:
                     self._write(chunk, missed)
                 with self._cv:

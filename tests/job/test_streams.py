@@ -133,3 +133,17 @@ def test_an_event_line_never_lands_inside_a_job_line(tmp_path: Path) -> None:
                                    b"event=daemon_exiting\n")
     assert line.breaks == 1
     assert (tmp_path / "job.log").read_bytes() == b"epoch 3: 45% done\n"  # the job's bytes untouched
+
+
+def test_a_job_newline_split_from_its_line_is_not_doubled_after_an_event() -> None:
+    """A pipe read can split "step 1 loss 1.9" from its newline; an event between them ends the
+    line itself, so the job's newline that follows must not leave an empty line (CI saw one)."""
+    line = SharedLine()
+    with line.job_write(b"step 1 loss 1.9") as shown:
+        assert shown == b"step 1 loss 1.9"
+    assert line.event_text("!! anomaly\n") == "\n!! anomaly\n"
+    with line.job_write(b"\nstep 2 loss 1.8\n") as shown:
+        assert shown == b"step 2 loss 1.8\n"  # the newline the event already wrote
+    with line.job_write(b"\n") as shown:
+        assert shown == b"\n"  # the job's own empty line stays
+    assert line.event_text("!! next\n") == "!! next\n" and line.breaks == 1
