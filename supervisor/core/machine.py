@@ -127,19 +127,6 @@ class Machine:
         out, self._out = self._out, []
         return out
 
-    # status.py's readers, until it shows remedies.as_status() (which has the scale too)
-    @property
-    def remedy_env(self) -> Mapping[str, str]:
-        return self.remedies.env
-
-    @property
-    def remedy_args(self) -> tuple[str, ...]:
-        return self.remedies.args
-
-    @property
-    def skip_batches(self) -> int:
-        return self.remedies.skip_batches
-
     @property
     def counted_restarts(self) -> int:
         return sum(1 for p in self.history if p.counted and p.cause is not None)
