@@ -154,7 +154,152 @@ def _cpu_s(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def scale_trial(tmp: Path, n: int, watch: bool = True, rest_s: float = 10.0) -> dict[str, float]:
+PROCS = max(1, int(os.environ.get("BENCH_CLUSTER_PROCS", "0") or 0) or (os.cpu_count() or 1))
+
+
+def scale_trial(tmp: Path, n: int, watch: bool = True, rest_s: float = 10.0, procs: int = PROCS) -> dict[str, float]:
+    """One scale trial: the N agents in ``procs`` worker processes (1: threads of this process)."""
+    if procs > 1:
+        return _scale_trial_procs(tmp, n, watch, rest_s, min(procs, n))
+    return _scale_trial_one(tmp, n, watch, rest_s)
+
+
+class _Worker:
+    """A cluster_scale_worker.py process with its share of the agents; its reports land in the
+    trial's shared dicts (launches, stops) or, for replies to a command, in its queue."""
+
+    def __init__(self, spec: dict[str, object], launches: dict[int, dict[str, float]], stops: dict[str, float],
+                 lock: threading.Lock) -> None:
+        import queue
+        import subprocess
+
+        self.replies: queue.Queue[dict[str, object]] = queue.Queue()
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("cluster_scale_worker.py")),
+                                      json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._launches, self._stops, self._lock = launches, stops, lock
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            if "launch" in msg:
+                with self._lock:
+                    self._launches[int(msg["launch"])][str(msg["node"])] = float(msg["t"])
+            elif "stop" in msg:
+                with self._lock:
+                    self._stops.setdefault(str(msg["stop"]), float(msg["t"]))
+            else:
+                self.replies.put(msg)
+
+    def send(self, cmd: str, **kw: object) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"cmd": cmd, **kw}) + "\n")
+        self.proc.stdin.flush()
+
+    def ask(self, cmd: str, key: str, timeout_s: float = 120.0) -> object:
+        self.send(cmd)
+        while True:
+            msg = self.replies.get(timeout=timeout_s)
+            if key in msg:
+                return msg[key]
+
+    def close(self) -> dict[str, int]:
+        events: dict[str, int] = {}
+        try:
+            if self.proc.poll() is None:
+                self.send("quit")
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+            deadline = time.time() + 60
+            while time.time() < deadline:  # its last word, the agents' events, comes after the closes
+                try:
+                    msg = self.replies.get(timeout=0.2)
+                except Exception:  # queue.Empty: not yet
+                    continue
+                if "events" in msg:
+                    events = msg["events"]  # type: ignore[assignment]
+                    break
+        except (BrokenPipeError, OSError):
+            pass  # it ended already
+        try:
+            self.proc.wait(30)
+        except Exception:  # subprocess.TimeoutExpired: it does not close; it goes
+            self.proc.kill()
+            self.proc.wait()
+        return events
+
+
+def _scale_trial_procs(tmp: Path, n: int, watch: bool, rest_s: float, procs: int) -> dict[str, float]:
+    """The same trial as :func:`_scale_trial_one`, the agents spread over ``procs`` processes
+    (node i in worker i mod procs), as real nodes each have their own CPU."""
+    from tests.cluster.etcdserver import EtcdServer
+
+    etcd = EtcdServer(tmp / "etcd")
+    etcd.start()
+    prefix = f"/bench/{uuid.uuid4().hex[:8]}"
+    launches: dict[int, dict[str, float]] = {1: {}, 2: {}}
+    stops: dict[str, float] = {}
+    lock = threading.Lock()
+    nodes = [f"n{i}" for i in range(n)]
+    workers: list[_Worker] = []
+    events: Counter[str] = Counter()
+
+    def sample() -> tuple[float, int]:
+        got = [w.ask("sample", "sample") for w in workers]
+        return (sum(float(g["cpu"]) for g in got),  # type: ignore[index]
+                sum(int(g["requests"]) for g in got))  # type: ignore[index]
+
+    try:
+        for p in range(procs):
+            spec = {"n": n, "prefix": prefix, "endpoint": etcd.endpoint, "watch": watch, "nodes": nodes[p::procs]}
+            workers.append(_Worker(spec, launches, stops, lock))
+        for w in workers:
+            w.replies.get(timeout=120)  # {"ready": true}: agents built, nothing sent yet
+        t_start = time.time()
+        for w in workers:
+            w.send("go")
+        deadline = time.time() + 300
+        while len(launches[1]) < n and time.time() < deadline:
+            time.sleep(0.05)
+        if len(launches[1]) < n:
+            raise RuntimeError(f"only {len(launches[1])} of {n} nodes joined generation 1")
+        first_gen = max(launches[1].values()) - t_start
+        time.sleep(3.0)  # the joins' records settle
+        epid = etcd.proc.pid  # type: ignore[union-attr]
+        (c0, r0), e0, t0 = sample(), _cpu_s(epid), time.time()
+        time.sleep(rest_s)
+        (c1, r1), e1, t1 = sample(), _cpu_s(epid), time.time()
+        rest_cpu, etcd_cpu = (c1 - c0) / (t1 - t0), (e1 - e0) / (t1 - t0)
+        rest_rps = (r1 - r0) / (t1 - t0)
+        victim = n // 2
+        r_fault = sample()[1]
+        nan_at = time.time()
+        with lock:
+            stops[nodes[victim]] = nan_at  # the daemon stops its own job
+        workers[victim % procs].send("nan", node=nodes[victim])
+        deadline = time.time() + 300
+        while len(launches[2]) < n and time.time() < deadline:
+            time.sleep(0.05)
+        if len(launches[2]) < n:
+            raise RuntimeError(f"only {len(launches[2])} of {n} nodes relaunched")
+        done = max(launches[2].values())
+        settle = time.time() + 60  # the records that say "running" again are part of the fault's cost
+        while time.time() < settle and not all(w.ask("settled", "settled") for w in workers):
+            time.sleep(0.05)
+        fault_requests = sample()[1] - r_fault
+        return {"first_gen": first_gen, "stopped": max(stops.values()) - nan_at, "relaunched": done - nan_at,
+                "after_slowest_stop": done - max(stops.values()), "rest_rps": rest_rps, "fault_requests":
+                fault_requests, "rest_cpu": rest_cpu, "etcd_cpu": etcd_cpu}
+    finally:
+        for w in workers:
+            events.update(w.close())
+        print(f"N={n} in {procs} processes: agents' events {dict(events)}", file=sys.stderr)
+        etcd.stop()
+
+
+def _scale_trial_one(tmp: Path, n: int, watch: bool = True, rest_s: float = 10.0) -> dict[str, float]:
     from supervisor.cluster.agent import ClusterAgent
     from supervisor.cluster.coord import Keys, Rules
     from tests.cluster.etcdserver import EtcdServer
@@ -245,13 +390,15 @@ def scale_trial(tmp: Path, n: int, watch: bool = True, rest_s: float = 10.0) -> 
         etcd.stop()
 
 
-def scale_rows(sizes: list[int], poll: bool = False) -> list[dict[str, object]]:
+def scale_rows(sizes: list[int], poll: bool = False, procs: int = PROCS) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for watch in (True, False) if poll else (True,):
         for n in sizes:
             with tempfile.TemporaryDirectory(prefix="bench-cluster-scale-") as d:
-                f = scale_trial(Path(d), n, watch=watch)
-            how = f"N={n} agents, {'watch' if watch else 'poll every 0.2 s (old)'}"
+                f = scale_trial(Path(d), n, watch=watch, procs=procs)
+            p = min(procs, n)
+            mode = "threads of one process" if p == 1 else f"in {p} processes"
+            how = f"N={n} agents {mode}, {'watch' if watch else 'poll every 0.2 s (old)'}"
             rows += [
                 {"name": f"{how}: start -> every node in generation 1", "value": round(f["first_gen"], 2),
                  "unit": "s", "target": "report"},
@@ -265,7 +412,7 @@ def scale_rows(sizes: list[int], poll: bool = False) -> list[dict[str, object]]:
                  "unit": "req/s", "target": "report"},
                 {"name": f"{how}: etcd requests per fault (stop + relaunch, all nodes)",
                  "value": int(f["fault_requests"]), "unit": "req", "target": "report"},
-                {"name": f"{how}: CPU at rest, the N agents together (one process)",
+                {"name": f"{how}: CPU at rest, the N agents together (sum over their processes)",
                  "value": round(100 * f["rest_cpu"], 1), "unit": "% core", "target": "report"},
                 {"name": f"{how}: CPU at rest, etcd", "value": round(100 * f["etcd_cpu"], 1), "unit": "% core",
                  "target": "report"},
