@@ -52,9 +52,11 @@ def main(spec: dict) -> None:  # type: ignore[type-arg]
     stopped = {node: threading.Event() for node in spec["nodes"]}
     agents: dict[str, ClusterAgent] = {}
 
-    def note(event: str, _level: str, _msg: str, _data: object) -> None:
+    def note(event: str, _level: str, msg: str, _data: object) -> None:
         with lock:
             events[event] += 1
+        if event == "cluster_leader":  # who leads, when: a second one is worth a look
+            print(f"{time.time():.3f} {msg}", file=sys.stderr, flush=True)
 
     def on_stop(node: str):  # type: ignore[no-untyped-def]
         def stop(_req: object) -> None:  # the stand-in job stops at once
