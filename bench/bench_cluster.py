@@ -397,7 +397,7 @@ def scale_rows(sizes: list[int], poll: bool = False, procs: int = PROCS) -> list
             with tempfile.TemporaryDirectory(prefix="bench-cluster-scale-") as d:
                 f = scale_trial(Path(d), n, watch=watch, procs=procs)
             p = min(procs, n)
-            mode = "threads of one process" if p == 1 else f"in {p} processes"
+            mode = "as threads of one process" if p == 1 else f"in {p} processes"
             how = f"N={n} agents {mode}, {'watch' if watch else 'poll every 0.2 s (old)'}"
             rows += [
                 {"name": f"{how}: start -> every node in generation 1", "value": round(f["first_gen"], 2),
