@@ -289,6 +289,7 @@ def _scale_trial_procs(tmp: Path, n: int, watch: bool, rest_s: float, procs: int
         while time.time() < settle and not all(w.ask("settled", "settled") for w in workers):
             time.sleep(0.05)
         fault_requests = sample()[1] - r_fault
+        print(f"{nan_at:.3f} NaN on {nodes[victim]}; {time.time():.3f} settled, the workers close", file=sys.stderr)
         return {"first_gen": first_gen, "stopped": max(stops.values()) - nan_at, "relaunched": done - nan_at,
                 "after_slowest_stop": done - max(stops.values()), "rest_rps": rest_rps, "fault_requests":
                 fault_requests, "rest_cpu": rest_cpu, "etcd_cpu": etcd_cpu}
