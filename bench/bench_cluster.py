@@ -16,12 +16,14 @@ Settings: cluster.lease_ttl_s = 3, shutdown.grace_s = 5, backoff 0, validation o
 is what is timed, not the policy's backoff). BENCH_CLUSTER_TRIALS (3).
 
 Scale (issue 26): N real node agents (:class:`ClusterAgent`, each with its own etcd client, watch
-and lease: what a daemon runs for [cluster]) in threads of one process, with stand-in jobs (a
-thread per node that "runs" between its join and its stop), against one real etcd, for each N in
+and lease: what a daemon runs for [cluster]) spread over BENCH_CLUSTER_PROCS worker processes
+(default: the CPU count; bench/cluster_scale_worker.py, node i in worker i mod P; 1: threads of this
+process, the old mode), with stand-in jobs (a thread per node that "runs" between its join and its
+stop), against one real etcd, for each N in
 BENCH_CLUSTER_SCALE (16,64,256; empty: none). One NaN on one node; figures: detection -> every
 node stopped, -> every node relaunched (and relaunched after the slowest stop), etcd requests a
-second at rest and per fault (counted by the clients), CPU at rest of the N agents (this process)
-and of etcd. The agents' default turn (0.2 s) and a lease TTL of 10 s (the default). ``python
+second at rest and per fault (counted by the clients), CPU at rest of the N agents (summed over
+their processes) and of etcd. The agents' default turn (0.2 s) and a lease TTL of 10 s (the default). ``python
 bench/bench_cluster.py scale 16 64`` runs only these rows; ``poll`` after the sizes adds the same
 with the watch off (every agent reads every key each turn: the old way) for comparison.
 """
