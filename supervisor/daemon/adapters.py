@@ -18,7 +18,8 @@ from ..job.osapi import OsApi, become_subreaper
 from ..job.consoleline import STDERR_LINE, shares_stderr
 from ..job.output import Consoles, ConsoleWriter, SinkFanout
 from ..job.prewarm import Prewarm
-from ..job.process import JobProcess, LaunchSpec, cgroup_oom_kills, classify_exit
+from ..job.exitcause import cgroup_oom_kills, classify_exit
+from ..job.process import JobProcess, LaunchSpec
 from .ports import Job
 
 log = structlog.get_logger("supervisor.daemon")
