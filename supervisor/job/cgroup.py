@@ -147,17 +147,24 @@ def sweep(parent: Path, prefix: str) -> None:
     except OSError:
         return
     for p in stale:
-        cg = JobCgroup(p)
-        pids = cg.pids()
+        pids = stop_and_remove(JobCgroup(p))
         if pids:
-            cg.signal(signal.SIGKILL)
             log.warning("cgroup_leftovers_stopped", cgroup=str(p), pids=pids,
                         message=f"{len(pids)} process(es) of an earlier attempt were still in {p}; "
                                 "killed before the next attempt starts")
-            deadline = time.monotonic() + SWEEP_WAIT_S
-            while cg.populated() and time.monotonic() < deadline:
-                time.sleep(0.01)  # SIGKILLed processes leave in milliseconds; rare (a crashed daemon)
-        cg.remove()  # still not empty (stuck in the kernel): the next sweep tries again
+
+
+def stop_and_remove(cg: JobCgroup) -> list[int]:
+    """SIGKILL what is left in ``cg``, wait for it to leave (bounded), remove the cgroup; the pids
+    that were in it. Still not empty (stuck in the kernel): the next sweep tries again."""
+    pids = cg.pids()
+    if pids:
+        cg.signal(signal.SIGKILL)
+        deadline = time.monotonic() + SWEEP_WAIT_S
+        while cg.populated() and time.monotonic() < deadline:
+            time.sleep(0.01)  # SIGKILLed processes leave in milliseconds; rare (a crashed daemon)
+    cg.remove()
+    return pids
 
 
 def sweep_empty(parent: Path, older_than_s: float = 60.0, now: float | None = None) -> int:

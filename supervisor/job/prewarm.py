@@ -30,8 +30,8 @@ from typing import Mapping, Sequence
 
 import structlog
 
-from .cgroup import JobCgroup
-from .process import LaunchSpec, popen_job
+from .cgroup import JobCgroup, stop_and_remove
+from .process import LaunchSpec, enter_cgroup, popen_job
 
 log = structlog.get_logger("supervisor.job.prewarm")
 
@@ -158,7 +158,7 @@ class Standby:
                 [plan_.python, *plan_.options, RUNNER, str(theirs.fileno()), conf], cwd=cwd, env=self.env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True, pass_fds=(theirs.fileno(),),
-                preexec_fn=(lambda: _enter(procs_fd)) if procs_fd >= 0 else None)
+                preexec_fn=(lambda: enter_cgroup(procs_fd)) if procs_fd >= 0 else None)
         except BaseException:
             ours.close()
             raise
@@ -245,14 +245,6 @@ class Standby:
             pass
         if self.cgroup is not None and self.cgroup.remove():
             self.cgroup = None
-
-
-def _enter(procs_fd: int) -> None:
-    """Between fork and exec: into the standby's cgroup (as process._enter_cgroup)."""
-    try:
-        os.write(procs_fd, b"0")
-    except OSError:
-        pass
 
 
 class Prewarm:
@@ -368,11 +360,7 @@ def _standby_cgroup(parent: Path | None, name: str) -> JobCgroup | None:
     path = parent / name
     try:
         if path.exists():
-            JobCgroup(path).signal(signal.SIGKILL)
-            deadline = time.monotonic() + 2.0
-            while JobCgroup(path).populated() and time.monotonic() < deadline:
-                time.sleep(0.01)  # SIGKILLed processes leave in milliseconds (a crashed daemon's)
-            JobCgroup(path).remove()
+            stop_and_remove(JobCgroup(path))  # a crashed daemon's standby
         path.mkdir(mode=0o755)
         return JobCgroup(path)
     except OSError:

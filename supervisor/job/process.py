@@ -49,7 +49,7 @@ def popen_job(spec: LaunchSpec, out_w: int, err_w: int, procs_fd: int) -> "subpr
     return subprocess.Popen(
         list(spec.argv), cwd=spec.cwd, env=dict(spec.env), stdin=subprocess.DEVNULL,
         stdout=out_w, stderr=err_w, start_new_session=True, close_fds=True,
-        preexec_fn=(lambda: _enter_cgroup(procs_fd)) if procs_fd >= 0 else None,
+        preexec_fn=(lambda: enter_cgroup(procs_fd)) if procs_fd >= 0 else None,
     )
 
 
@@ -324,7 +324,7 @@ def _job_cgroup(spec: LaunchSpec, parent: Path) -> JobCgroup | None:
 _unnamed = itertools.count()
 
 
-def _enter_cgroup(procs_fd: int) -> None:
+def enter_cgroup(procs_fd: int) -> None:
     """Between fork and exec, in the child: into the job's cgroup. Only a write to an fd opened
     before the fork (no allocation, no lock another thread may hold); a failure is seen by the
     parent, which then tracks the job without the cgroup."""
