@@ -69,6 +69,17 @@ def cold(cwd: Path, argv: list[str], env: dict[str, str]) -> tuple[int, str, str
     return cp.returncode, cp.stdout, cp.stderr
 
 
+def _with_standby(tmp_path: Path, env: dict[str, str]) -> tuple[Prewarm, list[str]]:
+    """A Prewarm holding one standby for ``show.py 0`` in ``tmp_path``, started with ``env``."""
+    (tmp_path / "show.py").write_text(SHOW)
+    argv = [PY, "show.py", "0"]
+    pw = Prewarm()
+    p = plan(argv)
+    assert isinstance(p, Plan)
+    pw._start(p, env, str(tmp_path), "", None, "unused")
+    return pw, argv
+
+
 @pytest.mark.parametrize("how", ["3", "0", "raise", "a message"])
 def test_a_script_in_the_standby_sees_what_a_cold_start_sees_and_exits_the_same(tmp_path, how):
     (tmp_path / "sub").mkdir()
@@ -123,12 +134,7 @@ def test_plain_python_jobs_are_planned_with_their_options():
 
 
 def test_a_changed_environment_variable_makes_the_attempt_cold_and_the_standby_goes(tmp_path):
-    (tmp_path / "show.py").write_text(SHOW)
-    argv = [PY, "show.py", "0"]
-    pw = Prewarm()
-    p = plan(argv)
-    assert isinstance(p, Plan)
-    pw._start(p, _env(TSUP_ATTEMPT="0"), str(tmp_path), "", None, "unused")
+    pw, argv = _with_standby(tmp_path, _env(TSUP_ATTEMPT="0"))
     sb = pw._standby
     assert sb is not None and "TSUP_ATTEMPT" not in sb.env  # never found as the running attempt's
     # The per-attempt variables may differ; any other may have been read at import time.
@@ -141,12 +147,8 @@ def test_a_changed_environment_variable_makes_the_attempt_cold_and_the_standby_g
 
 
 def test_a_standby_that_died_is_a_reason_not_an_error(tmp_path):
-    (tmp_path / "show.py").write_text(SHOW)
-    argv, env = [PY, "show.py", "0"], _env()
-    pw = Prewarm()
-    p = plan(argv)
-    assert isinstance(p, Plan)
-    pw._start(p, env, str(tmp_path), "", None, "unused")
+    env = _env()
+    pw, argv = _with_standby(tmp_path, env)
     assert pw._standby is not None
     pw._standby.popen.kill()
     pw._standby.popen.wait(10)
@@ -179,12 +181,8 @@ def test_a_reload_that_changes_the_job_discards_the_standby_one_that_does_not_ke
 
 
 def test_discard_kills_the_standby_and_the_next_launch_finds_none(tmp_path):
-    (tmp_path / "show.py").write_text(SHOW)
-    argv, env = [PY, "show.py", "0"], _env()
-    pw = Prewarm()
-    p = plan(argv)
-    assert isinstance(p, Plan)
-    pw._start(p, env, str(tmp_path), "", None, "unused")
+    env = _env()
+    pw, argv = _with_standby(tmp_path, env)
     sb = pw._standby
     assert sb is not None
     pw.discard()
