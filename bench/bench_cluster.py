@@ -159,6 +159,16 @@ def _cpu_s(pid: int | None = None) -> float:
 PROCS = max(1, int(os.environ.get("BENCH_CLUSTER_PROCS", "0") or 0) or (os.cpu_count() or 1))
 
 
+def _all_joined(launches: dict[int, dict[str, float]], n: int, timeout: float = 300.0) -> float:
+    """When the last of the ``n`` nodes launched generation 1 (wall clock); raises past ``timeout``."""
+    deadline = time.time() + timeout
+    while len(launches[1]) < n and time.time() < deadline:
+        time.sleep(0.05)
+    if len(launches[1]) < n:
+        raise RuntimeError(f"only {len(launches[1])} of {n} nodes joined generation 1")
+    return max(launches[1].values())
+
+
 def scale_trial(tmp: Path, n: int, watch: bool = True, rest_s: float = 10.0, procs: int = PROCS) -> dict[str, float]:
     """One scale trial: the N agents in ``procs`` worker processes (1: threads of this process)."""
     if procs > 1:
@@ -262,12 +272,7 @@ def _scale_trial_procs(tmp: Path, n: int, watch: bool, rest_s: float, procs: int
         t_start = time.time()
         for w in workers:
             w.send("go")
-        deadline = time.time() + 300
-        while len(launches[1]) < n and time.time() < deadline:
-            time.sleep(0.05)
-        if len(launches[1]) < n:
-            raise RuntimeError(f"only {len(launches[1])} of {n} nodes joined generation 1")
-        first_gen = max(launches[1].values()) - t_start
+        first_gen = _all_joined(launches, n) - t_start
         time.sleep(3.0)  # the joins' records settle
         epid = etcd.proc.pid  # type: ignore[union-attr]
         (c0, r0), e0, t0 = sample(), _cpu_s(epid), time.time()
@@ -350,12 +355,7 @@ def _scale_trial_one(tmp: Path, n: int, watch: bool = True, rest_s: float = 10.0
         jobs = [threading.Thread(target=job, args=(node,), daemon=True) for node in agents]
         for t in jobs:
             t.start()
-        deadline = time.time() + 300
-        while len(launches[1]) < n and time.time() < deadline:
-            time.sleep(0.05)
-        if len(launches[1]) < n:
-            raise RuntimeError(f"only {len(launches[1])} of {n} nodes joined generation 1")
-        first_gen = max(launches[1].values()) - t_start
+        first_gen = _all_joined(launches, n) - t_start
         time.sleep(3.0)  # the joins' records settle
         epid = etcd.proc.pid  # type: ignore[union-attr]
         c0, e0, r0, t0 = _cpu_s(), _cpu_s(epid), count.n, time.time()
