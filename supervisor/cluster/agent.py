@@ -39,7 +39,8 @@ log = structlog.get_logger("supervisor.cluster")
 
 POLL_S = 0.2  # a turn at least this often (timeouts, this node's record); the keys are read at each
 # only while the watch is not open: a remote failure then reaches this node within about this
-SETTLE_S = 0.02  # after a change, wait this long for the rest of its burst before a turn
+SETTLE_S = 0.02  # after a change, wait this long for the rest of its burst before a turn (not after an
+# urgent one: this node's own record, the plan, an end request, the leader key, a give-up: single writes)
 KEEPALIVE_EVERY = 0.25  # of the TTL: three tries fail before the fence (2/3 TTL) and the expiry
 
 
@@ -91,10 +92,13 @@ class ClusterAgent:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._end_thread: threading.Thread | None = None
-        self._wake = threading.Event()  # the watched copy or this node's record changed: a turn now
+        self._wake = threading.Event()  # the watched copy or this node's record changed: a turn soon
+        self._now = threading.Event()  # an urgent change (SETTLE_S): the turn without waiting for a burst to settle
         self._turn_s = 0.0  # how long the last turn took
+        self._end_prefix = f"{keys.prefix}/end/"
         # re-opened when silent for a TTL: an outage or refused credentials show within one, as polled
-        self.mirror = KeyMirror(client, keys.all, self._wake.set, idle_s=rules.lease_ttl_s) if watch else None
+        self.mirror = KeyMirror(client, keys.all, self._wake.set, idle_s=rules.lease_ttl_s, urgent=self._urgent,
+                                on_urgent=self._now.set) if watch else None
         self._seen: int | None = None  # the copy's version the view was last built from
 
     # ------------------------------------------------------------------ life
@@ -108,6 +112,7 @@ class ClusterAgent:
         """Stop the thread and leave the run: a node that gave up says so first (the others then
         give up too); the lease is revoked so the others see this node gone at once."""
         self._closing.set()
+        self._now.set()
         self._wake.set()
         with self._cond:
             self._cond.notify_all()
@@ -179,7 +184,8 @@ class ClusterAgent:
             self.me = self.me.but(phase=Phase.WAITING, gen=gen, steps=tuple(sorted(set(steps))), state=state)
             self._outcome = None
             self._cond.notify_all()
-            self._wake.set()  # publish "ready" now, not at the next tick
+            self._now.set()  # publish "ready" now, not at the next tick or after a burst settles
+            self._wake.set()
             while self._outcome is None and not self._closing.is_set():
                 self._cond.wait(timeout=1.0)
             outcome = self._outcome
@@ -223,8 +229,9 @@ class ClusterAgent:
                               "agent; it keeps going")
             self._turn_s = time.perf_counter() - began
             if self._wake.wait(self.poll_s):  # changes come in bursts (every node's record): one turn for a
-                self._closing.wait(min(max(SETTLE_S, 2 * self._turn_s), self.poll_s))  # burst; turns <= 1/3 of the time
-            self._wake.clear()
+                self._now.wait(min(max(SETTLE_S, 2 * self._turn_s), self.poll_s))  # burst; turns <= 1/3 of the time
+            self._wake.clear()  # (a change from here on wakes the next turn; one before is seen by this one)
+            self._now.clear()
 
     def _keys(self) -> tuple[int | None, list[KeyValue]]:
         """(the watched copy's version, or None when read from etcd now; every key); the version
@@ -276,13 +283,19 @@ class ClusterAgent:
         self._carry_out(cmds)
 
     def _believe(self, kvs: list[KeyValue], now: float) -> None:
-        view, ignored = self.trust.check(self.keys, kvs, View.parse(self.keys, ((kv.key, kv.value, kv.mod_revision)
-                                                                                for kv in kvs)), now)
+        node_p = self.keys.nodes  # the node records are read by the trust check (which believes them), once
+        raw = View.parse(self.keys, ((kv.key, kv.value, kv.mod_revision) for kv in kvs if not kv.key.startswith(node_p)))
+        view, ignored = self.trust.check(self.keys, kvs, raw, now)
         for why in ignored:
             self._emit("cluster_key_ignored", "warning", f"{why}; a stray or forged write (keep etcd behind TLS "
                        "client certificates or auth)")
         self.view = view
         self._report_mismatch(view)
+
+    def _urgent(self, key: str) -> bool:
+        """A single write this node acts on at once (SETTLE_S): the plan, an end request, the
+        leader key; not the keys every node writes at once (records, digests, finished, give-ups)."""
+        return key == self.keys.plan or key == self.keys.leader or key.startswith(self._end_prefix)
 
     def _keep_lease(self, now: float) -> None:
         if self.lease is not None and now >= self._keepalive_at:
@@ -356,6 +369,8 @@ class ClusterAgent:
                 self.me = self.me.but(phase=Phase.RUNNING, gen=cmd.plan.gen, steps=())
                 self._outcome = cmd
                 self._cond.notify_all()
+            self._now.set()  # the record says "running" at the next turn, at once
+            self._wake.set()
             self._emit("cluster_generation_joined", "info", f"joining generation {cmd.plan.gen} as rank {cmd.rank} "
                        f"of {len(cmd.plan.nodes)}: {cmd.plan.reason}", rank=cmd.rank, **_plan_data(cmd.plan))
         elif isinstance(cmd, GiveUp):

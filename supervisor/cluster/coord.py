@@ -204,23 +204,26 @@ class View:
         gave_up: dict[str, str] = {}
         digests: dict[str, dict[str, str]] = {}
         leader, plan, plan_rev = None, None, 0
+        # The names once, not per key: a view is rebuilt from every key after each change.
+        node_p, leader_k, plan_k = keys.nodes, keys.leader, keys.plan
+        end_p, finished_p, gave_up_p, digest_p = (f"{keys.prefix}/{d}/" for d in ("end", "finished", "gave_up", "digest"))
         for key, value, rev in kvs:
             try:
-                if key.startswith(keys.nodes):
-                    rec = NodeRecord.from_json(value)
+                if key.startswith(node_p):
+                    rec = _node_record(value)
                     nodes[rec.node_id] = rec
-                elif key == keys.leader:
+                elif key == leader_k:
                     leader = value
-                elif key == keys.plan:
+                elif key == plan_k:
                     plan, plan_rev = Plan.from_json(value), rev
-                elif key.startswith(f"{keys.prefix}/end/"):
+                elif key.startswith(end_p):
                     req = EndRequest.from_json(value)
                     ends[req.gen] = req
-                elif key.startswith(f"{keys.prefix}/finished/"):
+                elif key.startswith(finished_p):
                     finished[key.rsplit("/", 1)[1]] = int(value)
-                elif key.startswith(f"{keys.prefix}/gave_up/"):
+                elif key.startswith(gave_up_p):
                     gave_up[key.rsplit("/", 1)[1]] = value
-                elif key.startswith(f"{keys.prefix}/digest/"):
+                elif key.startswith(digest_p):
                     digests[key.rsplit("/", 1)[1]] = decode_digest(value)
             except (ValueError, KeyError, TypeError):
                 continue

@@ -41,13 +41,18 @@ OPENING = -1  # snapshot()'s version while a watch is being opened  # etcd refus
 
 class KeyMirror:
     """The keys under ``prefix`` as etcd's watch reports them; ``on_change`` is called (from the
-    mirror's thread) after each change is applied and when the stream opens or drops."""
+    mirror's thread) after each change is applied and when the stream opens or drops, and
+    ``on_urgent`` first when a changed key is one ``urgent`` names (the agent acts on those at
+    once rather than waiting for a burst of changes to settle)."""
 
-    def __init__(self, client: EtcdClient, prefix: str, on_change: Callable[[], None], idle_s: float = IDLE_S) -> None:
+    def __init__(self, client: EtcdClient, prefix: str, on_change: Callable[[], None], idle_s: float = IDLE_S, *,
+                 urgent: Callable[[str], bool] | None = None, on_urgent: Callable[[], None] | None = None) -> None:
         self.client = client
         self.idle_s = idle_s
         self.prefix = prefix
         self.on_change = on_change
+        self.urgent = urgent  # a change of such a key also calls on_urgent (before on_change)
+        self.on_urgent = on_urgent
         self._lock = threading.Lock()
         self._kvs: dict[str, KeyValue] = {}
         self._rev = 0  # the newest revision the copy holds: a watch resumes from the next one
@@ -177,4 +182,6 @@ class KeyMirror:
                         self._kvs[e.kv.key] = e.kv
                     self._rev = max(self._rev, e.kv.mod_revision)
                 self._version += 1
+            if self.on_urgent is not None and self.urgent is not None and any(self.urgent(e.kv.key) for e in events):
+                self.on_urgent()
             self.on_change()

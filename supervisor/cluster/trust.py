@@ -111,10 +111,13 @@ class Trust:
                                                                                       dict[str, int]]:
         nodes: dict[str, NodeRecord] = {}
         leases: dict[str, int] = {}
-        for kv in kvs:
-            if not kv.key.startswith(keys.nodes):
+        prefix = keys.nodes
+        cut = len(prefix)
+        seen_on = self.leases
+        for kv in kvs:  # every node's record after each change: kept to the few operations it needs
+            if not kv.key.startswith(prefix):
                 continue
-            name = kv.key[len(keys.nodes):]
+            name = kv.key[cut:]
             try:
                 rec = NodeRecord.from_json(kv.value)
             except (ValueError, KeyError, TypeError):
@@ -123,8 +126,13 @@ class Trust:
                 ignore(kv, f"a node record for {rec.node_id!r} " + ("without a lease (a daemon's record lives on its "
                        "lease)" if not kv.lease else "filed under another name"))
                 continue
-            nodes[name], leases[name] = rec, kv.lease
-            self.leases.setdefault(name, set()).add(kv.lease)
+            nodes[name] = rec
+            leases[name] = kv.lease
+            seen = seen_on.get(name)
+            if seen is None:
+                seen_on[name] = {kv.lease}
+            else:
+                seen.add(kv.lease)
         return nodes, leases
 
     def _leader(self, kv: KeyValue | None, leases: dict[str, int], now: float,
@@ -146,8 +154,9 @@ class Trust:
               ignore: _Ignore) -> tuple[dict[int, EndRequest], dict[int, int]]:
         ends: dict[int, EndRequest] = {}
         revs: dict[int, int] = {}
+        prefix = f"{keys.prefix}/end/"
         for kv in kvs:
-            if not kv.key.startswith(f"{keys.prefix}/end/"):
+            if not kv.key.startswith(prefix):
                 continue
             try:
                 req = EndRequest.from_json(kv.value)
@@ -176,8 +185,9 @@ class Trust:
     def _gave_up(self, keys: Keys, kvs: Sequence[KeyValue], plan: Plan | None, ignore: _Ignore) -> dict[str, str]:
         out: dict[str, str] = {}
         current = plan.gen if plan is not None else 0
+        prefix = f"{keys.prefix}/gave_up/"
         for kv in kvs:
-            if not kv.key.startswith(f"{keys.prefix}/gave_up/"):
+            if not kv.key.startswith(prefix):
                 continue
             node = kv.key.rsplit("/", 1)[1]
             known = self.gave_up.get(node)

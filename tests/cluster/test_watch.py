@@ -60,7 +60,9 @@ def test_the_copy_follows_changes_and_a_dropped_watch_misses_none(etcd: EtcdServ
     via = Tally([relay.endpoint], timeout_s=0.5)
     direct.put(prefix + "a", "1")
     direct.put(prefix + "b", "2")
-    mirror = KeyMirror(via, prefix, on_change=lambda: None, idle_s=60)
+    urgent: list[str] = []  # the agent acts at once on a change of such a key (here: c)
+    mirror = KeyMirror(via, prefix, on_change=lambda: None, idle_s=60, urgent=lambda key: key.endswith("/c"),
+                       on_urgent=lambda: urgent.append("c"))
     mirror.start()
     try:
         wait_for(lambda: keys_of(mirror) == {"a": "1", "b": "2"}, timeout=10, what="the first full read")
@@ -68,6 +70,7 @@ def test_the_copy_follows_changes_and_a_dropped_watch_misses_none(etcd: EtcdServ
         direct.put(prefix + "c", "3")
         direct.put("/elsewhere/" + uuid.uuid4().hex, "x")  # another prefix: not in the copy
         wait_for(lambda: keys_of(mirror) == {"a": "1", "b": "2", "c": "3"}, timeout=10, what="c through the watch")
+        wait_for(lambda: urgent == ["c"], timeout=10, what="c's change called on_urgent")
         # dropped: the changes made meanwhile arrive when it is re-opened from the last revision + 1
         relay.cut()
         wait_for(lambda: mirror.snapshot() is None, timeout=10, what="the drop noticed")
@@ -87,6 +90,7 @@ def test_the_copy_follows_changes_and_a_dropped_watch_misses_none(etcd: EtcdServ
         assert via.reads() == 2
         direct.put(prefix + "f", "6")
         wait_for(lambda: (keys_of(mirror) or {}).get("f") == "6", timeout=10, what="watching again")
+        assert urgent == ["c", "c"]  # c's second change (resumed); a, b, d, e, f are not urgent
     finally:
         mirror.close()
         relay.cut()
