@@ -285,3 +285,20 @@ def test_history_of_a_run_the_ledger_does_not_hold_is_an_error_naming_it(tmp_pat
     assert "no run 'nosuch-run'" in capsys.readouterr().err
     assert cli.main(["history", "--json", "--state-dir", str(sd), "--run", run_id]) == 0
     assert json.loads(capsys.readouterr().out)["run_id"] == run_id
+
+
+def test_history_json_is_what_the_helper_reads(tmp_path: Path):
+    """The suite reads `history --json` in-process (tests/conftest.py ``history``): it must be what
+    the command prints, for a real run with an attempt, events and a final state."""
+    from tests.conftest import history
+
+    sd = tmp_path / "st"
+    run = subprocess.run([*TSUP, "wrap", "--state-dir", str(sd), "--", sys.executable, "-c", "print('loss 1.5')"],
+                         capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    cp = subprocess.run([*TSUP, "history", "--json", "--state-dir", str(sd)], capture_output=True, text=True,
+                        timeout=60, cwd=str(ROOT))
+    assert cp.returncode == 0, cp.stderr
+    printed = json.loads(cp.stdout)
+    assert printed["attempts"] and printed["events"] and printed["state"] == "finished"
+    assert history(sd) == printed

@@ -38,8 +38,11 @@ def main() -> None:
                     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stubborn grandchild
                     while True:
                         time.sleep(3600)
-                with open(os.path.join(out, f"g{os.getpid()}"), "w") as f:
+                # Written aside, then renamed: the test globs g* and reads each (an empty file
+                # seen between the open and the write was a flaky ValueError under load).
+                with open(os.path.join(out, f"tmp{os.getpid()}"), "w") as f:
                     f.write(str(gpid))
+                os.replace(os.path.join(out, f"tmp{os.getpid()}"), os.path.join(out, f"g{os.getpid()}"))
                 while True:
                     time.sleep(3600)
             pids.append(pid)
