@@ -41,6 +41,8 @@ POLL_S = 0.2  # a turn at least this often (timeouts, this node's record); the k
 # only while the watch is not open: a remote failure then reaches this node within about this
 SETTLE_S = 0.02  # after a change, wait this long for the rest of its burst before a turn (not after an
 # urgent one: this node's own record, the plan, an end request, the leader key, a give-up: single writes)
+FOLLOW_VIEW_S = 1.0  # a follower rebuilds its view for other nodes' records at most this often (the
+# leader and an urgent change at once): with N nodes a fault writes 2 N records, each rebuild reads N
 KEEPALIVE_EVERY = 0.25  # of the TTL: three tries fail before the fence (2/3 TTL) and the expiry
 
 
@@ -98,8 +100,10 @@ class ClusterAgent:
         self._end_prefix = f"{keys.prefix}/end/"
         # re-opened when silent for a TTL: an outage or refused credentials show within one, as polled
         self.mirror = KeyMirror(client, keys.all, self._wake.set, idle_s=rules.lease_ttl_s, urgent=self._urgent,
-                                on_urgent=self._now.set) if watch else None
+                                on_urgent=self._on_urgent) if watch else None
         self._seen: int | None = None  # the copy's version the view was last built from
+        self._built_at = float("-inf")  # when (the clock) the view was last built
+        self._fresh = False  # an urgent key changed since: the next turn rebuilds the view, follower or not
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
@@ -247,8 +251,10 @@ class ClusterAgent:
         try:
             self._keep_lease(now)
             self._publish()
+            fresh, self._fresh = self._fresh, False  # taken before the copy: a later one comes to the next turn
             version, kvs = self._keys()
             if version == OPENING:
+                self._fresh = self._fresh or fresh
                 return
         except EtcdUnavailable as e:
             if self._reachable:
@@ -268,10 +274,15 @@ class ClusterAgent:
             if self.mirror is not None:
                 self.mirror.resync()  # its connection may be one etcd no longer serves
             self._emit("cluster_etcd_back", "info", "etcd answers again; this node is registered")
-        # The same keys make the same view, unless a leader key under suspicion is timing out.
-        if version is None or self._seen != version or self.trust.bad_leader_since is not None:
+        # The same keys make the same view, unless a leader key under suspicion is timing out. A
+        # follower acts only on the urgent keys (plan, end requests, leader key: those rebuild at
+        # once); the other nodes' records (every node writes its own twice a fault) only feed its
+        # status and launch-mismatch report, so it rebuilds for them at most every FOLLOW_VIEW_S.
+        following = self.view.leader is not None and self.view.leader != self.node_id
+        if (version is None or self.trust.bad_leader_since is not None
+                or (self._seen != version and (fresh or not following or now - self._built_at >= FOLLOW_VIEW_S))):
             self._believe(kvs, now)
-            self._seen = version
+            self._seen, self._built_at = version, now
         view = self.view
         with self._cond:
             if self.me.phase is Phase.STARTING and view.plan is not None and self.me.gen < view.plan.gen:
@@ -291,6 +302,11 @@ class ClusterAgent:
                        "client certificates or auth)")
         self.view = view
         self._report_mismatch(view)
+
+    def _on_urgent(self) -> None:
+        """From the mirror's thread: an urgent key changed (a turn now, and a fresh view)."""
+        self._fresh = True
+        self._now.set()
 
     def _urgent(self, key: str) -> bool:
         """A single write this node acts on at once (SETTLE_S): the plan, an end request, the

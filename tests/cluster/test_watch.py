@@ -1,7 +1,8 @@
 """The key watch against a real etcd: a change reaches the copy through the stream (no read), a
 dropped stream resumes from the last revision without missing a change, a compacted one reads
 everything once; two agents at rest send etcd nothing but lease keepalives, and a failure on one
-still stops the other through the watch."""
+still stops the other through the watch; a follower rebuilds its view at once for the plan, for
+the other nodes' records at most once a second."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from supervisor.cluster.agent import ClusterAgent
-from supervisor.cluster.coord import EndRequest, Keys, Phase, Rules
+from supervisor.cluster.coord import EndRequest, Keys, NodeRecord, Phase, Plan, Rules
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.mirror import KeyMirror
 from tests.cluster.etcdserver import EtcdServer
@@ -124,3 +125,44 @@ def test_agents_at_rest_send_only_keepalives_and_a_failure_still_reaches_them(et
     finally:
         for a in agents:
             a.close()
+
+
+def test_a_follower_rebuilds_its_view_for_records_once_a_second_and_for_the_plan_at_once(etcd: EtcdServer) -> None:
+    keys = Keys(f"/tsup/test-{uuid.uuid4().hex[:8]}")
+    direct = EtcdClient([etcd.endpoint])
+    lease = direct.grant(30).id
+    for n in ("a", "c"):  # a leads; c is another node
+        direct.put(keys.node(n), NodeRecord(n, "127.0.0.1", Phase.RUNNING, 1).to_json(), lease=lease)
+    direct.put(keys.leader, "a", lease=lease)
+    now = [0.0]  # the agent's clock; its turns are driven here, one at a time
+    b = ClusterAgent(EtcdClient([etcd.endpoint]), keys, "b", "127.0.0.1",
+                     Rules(nodes=3, min_nodes=3, wait_for_nodes_s=60.0, lease_ttl_s=10.0),
+                     on_stop=lambda r: None, on_event=lambda *a: None, clock=lambda: now[0])
+    mirror = b.mirror
+    assert mirror is not None
+
+    def copy_has(key: str) -> bool:
+        snap = mirror.snapshot()
+        return snap is not None and any(kv.key == key for kv in snap[1])
+
+    mirror.start()
+    try:
+        wait_for(lambda: copy_has(keys.leader), timeout=10, what="the first full read")
+        b._turn()
+        assert b.view.leader == "a" and set(b.view.nodes) >= {"a", "c"}
+        direct.put(keys.node("d"), NodeRecord("d", "127.0.0.1", Phase.RUNNING, 1).to_json(), lease=lease)
+        wait_for(lambda: copy_has(keys.node("d")), timeout=10, what="d's record in the copy")
+        now[0] = 0.5
+        b._turn()
+        assert "d" not in b.view.nodes  # another node's record: not yet, for a follower
+        now[0] = 1.0  # FOLLOW_VIEW_S after the last rebuild
+        b._turn()
+        assert "d" in b.view.nodes
+        direct.put(keys.node("e"), NodeRecord("e", "127.0.0.1", Phase.RUNNING, 1).to_json(), lease=lease)
+        direct.put(keys.plan, Plan(1, ("a", "c", "d"), None, "a", "127.0.0.1", "first", lease=lease).to_json())
+        wait_for(lambda: b._fresh, timeout=10, what="the plan's change marked urgent")
+        now[0] = 1.1
+        b._turn()
+        assert b.view.plan is not None and b.view.plan.gen == 1 and "e" in b.view.nodes  # all of it, at once
+    finally:
+        b.close()
