@@ -10,13 +10,11 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import structlog
 
-from ..checkpoints.cadence import interval_advice
 from ..core.causes import Cause
 from ..core.messages import EndAttempt, Resume
 from ..eventnames import EventName
 from ..events import AttemptContext, Detection, MetricRecord
 from ..core.goodput import Track, goodput_of, tracks_from_rows
-from ..core.resumecheck import CHECK_NAME as RESUME_CHECK
 from .effects import AttemptField
 from .ports import Concern, DaemonView, Notifier
 
@@ -209,6 +207,10 @@ class GoodputConcern(Concern):
             return self._interval
         self._interval_at = now
         d = self.daemon
+        # Imported at the first status, not at start: the checkpoint layouts it reads are not on
+        # the first launch's way (issue 25 build 1).
+        from ..checkpoints.cadence import interval_advice
+
         try:
             ckdir = d.cfg.checkpoints.dir
             advice = interval_advice(d.history, d.run_id, Path(ckdir) if ckdir else None)
@@ -271,6 +273,8 @@ class ValidationConcern(Concern):
         if verdict.passed:
             d.event("validation_passed", "info", f"post-reboot validation {verdict.summary}", checks=js["checks"])
             return
+        from ..core.resumecheck import CHECK_NAME as RESUME_CHECK
+
         if [c.name for c in verdict.checks] == [RESUME_CHECK]:
             # The job ignored the checkpoint (resume_ignored, said by ResumeWatchConcern): another
             # relaunch with the same arguments would ignore it again, so the job keeps running.

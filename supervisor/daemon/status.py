@@ -13,13 +13,14 @@ from ..config.model import Config
 from ..core.machine import JOB_UP, Machine, State
 from ..core.messages import detection_dict
 from ..events import MetricRecord
-from ..watch.logwatch import metric_dict
 
 log = structlog.get_logger("supervisor.daemon.runner")
 
 
 def metric_json(m: MetricRecord) -> dict[str, Any]:
     """``status --json`` last_metric: the watcher's shape plus how old it is."""
+    from ..watch.logwatch import metric_dict  # at the first status: the watchers are not on the first launch's way
+
     return {**metric_dict(m), "age_s": round(time.time() - m.at, 3)}
 
 

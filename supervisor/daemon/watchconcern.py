@@ -3,21 +3,80 @@ files it writes (tailed lines, metric files), watched for every attempt."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+import structlog
+
 from ..core.messages import Resume
-from ..events import AttemptContext, Detection, Monitor
+from ..events import AttemptContext, Detection, MetricRecord, Monitor
 from .concerns import close_each
 from .ports import Concern, DaemonView
 
-if TYPE_CHECKING:  # imported at start: none of the watchers is on the CLI's way
+if TYPE_CHECKING:  # imported once the first job is spawned: none of the watchers is on its way
     from ..config.model import Config
     from ..watch.heartbeat import HeartbeatMonitor
     from ..watch.logwatch import LogWatcher
     from ..watch.look import LookResult
     from ..watch.metricfiles import MetricFiles
     from ..watch.tail import FileTailer
+
+
+log = structlog.get_logger("supervisor.daemon.watch")
+
+
+class HeldLines:
+    """The log watcher's place on the job's output before it exists: the lines (and metric-file
+    records) that come meanwhile are held, then handed over in order when it is attached. The
+    first job is spawned before the watchers are built (their imports and regexes cost tens of
+    ms: issue 25 build 1); its pipes are read from the start, and no line misses a detector."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: list[tuple[str, Sequence[str] | None, Sequence[MetricRecord] | None]] = []
+        self._target: LogWatcher | None = None
+        self._dropping = False
+
+    def feed(self, source: str, lines: Sequence[str]) -> None:
+        target = self._target
+        if target is not None:  # attached: no lock on the pumps' way
+            target.feed(source, lines)
+            return
+        with self._lock:  # the pump threads feed; attach() runs on the main loop
+            if self._target is None:
+                if not self._dropping:
+                    self._held.append((source, list(lines), None))
+                return
+            self._target.feed(source, lines)
+
+    def feed_records(self, source: str, records: Sequence[MetricRecord]) -> None:
+        target = self._target
+        if target is not None:
+            target.feed_records(source, records)
+            return
+        with self._lock:
+            if self._target is None:
+                if not self._dropping:
+                    self._held.append((source, None, list(records)))
+                return
+            self._target.feed_records(source, records)
+
+    def attach(self, target: LogWatcher) -> None:
+        """From now on ``target`` gets everything, first what was held meanwhile."""
+        with self._lock:
+            held, self._held = self._held, []
+            for source, lines, records in held:
+                if lines is not None:
+                    target.feed(source, lines)
+                elif records is not None:
+                    target.feed_records(source, records)
+            self._target = target
+
+    def drop(self) -> None:
+        """The watchers could not be built: nothing will take the lines (job.log still has them)."""
+        with self._lock:
+            self._held, self._dropping = [], True
 
 
 class WatchConcern(Concern):
@@ -32,14 +91,47 @@ class WatchConcern(Concern):
         self.metric_files: MetricFiles | None = None
         self._roots_of: Config | None = None  # the config whose checkpoint dir the metric files last took
         self.daemon: DaemonView | None = None
+        self.lines = HeldLines()
+        self._built = False
+        self._reset: tuple[int, int | None] | None = None  # before_spawn's reset, for a log watcher built later
 
     def start(self, daemon: DaemonView) -> None:
+        """Only what must be there before the first spawn: the place on the job's output, and the
+        tailed files' baseline (what they hold before the job starts). The watchers themselves
+        are built right after the spawn (:meth:`build`)."""
+        self.daemon = daemon
+        cfg = daemon.cfg
+        daemon.fanout.add(self.lines)
+        if cfg.job.watch_files:
+            from ..watch.tail import FileTailer
+
+            self.tailer = FileTailer(list(cfg.job.watch_files), cfg.workdir(), self.lines)
+        if cfg.detectors.metric_files or cfg.job.watch_files:
+            self.metric_files = metric_files_monitor(cfg, daemon.state_dir, self.lines)
+
+    def build(self) -> None:
+        """The heartbeat monitor and the log watcher with its detectors, once (the first attempt's
+        monitors are asked for right after its spawn). A failure is said and the daemon goes on
+        without them (no detection from the job's output; job.log keeps every line)."""
+        if self._built:
+            return
+        self._built = True
+        d = self.daemon
+        assert d is not None
+        try:
+            self._build(d)
+        except Exception as e:
+            self.lines.drop()
+            self.heartbeat = self.logwatch = None
+            log.exception("watch_unavailable", error=repr(e),
+                          message="the log watcher could not be built; the job runs on without detection from "
+                                  "its output (job.log still has every line)")
+
+    def _build(self, daemon: DaemonView) -> None:
         from ..watch.hanggate import system_gate
         from ..watch.heartbeat import HeartbeatMonitor
         from ..watch.logwatch import LogWatcher
-        from ..watch.tail import FileTailer
 
-        self.daemon = daemon
         cfg = daemon.cfg
         concern = self
 
@@ -52,19 +144,19 @@ class WatchConcern(Concern):
 
         self.heartbeat = HeartbeatMonitor(cfg.heartbeat, metrics_sink=_ToLogWatch(), wall=daemon.clock.time,
                                           gate=system_gate(cfg.heartbeat, self._hang_suspected))
-        self.logwatch = LogWatcher(cfg.detectors, daemon.emit, daemon.on_metric, progress=self.heartbeat,
-                                   clock=daemon.clock.monotonic)
-        daemon.fanout.add(self.logwatch)
-        if cfg.job.watch_files:
-            self.tailer = FileTailer(list(cfg.job.watch_files), cfg.workdir(), self.logwatch)
-        if cfg.detectors.metric_files or cfg.job.watch_files:
-            self.metric_files = metric_files_monitor(cfg, daemon.state_dir, self.logwatch)
+        logwatch = LogWatcher(cfg.detectors, daemon.emit, daemon.on_metric, progress=self.heartbeat,
+                              clock=daemon.clock.monotonic)
+        if self._reset is not None:
+            logwatch.reset(*self._reset)
+        self.logwatch = logwatch
+        self.lines.attach(logwatch)
 
     def monitors(self) -> list[Monitor]:
+        self.build()
         return [m for m in (self.heartbeat, self.tailer, self.metric_files) if m is not None]
 
     def job_env(self) -> dict[str, str]:
-        from ..watch.heartbeat import client_env
+        from ..watch.config import client_env
 
         assert self.daemon is not None
         return client_env(self.daemon.cfg.heartbeat)
@@ -76,8 +168,9 @@ class WatchConcern(Concern):
             self.tailer.baseline()
         if self.metric_files is not None:
             self.metric_files.baseline()
+        self._reset = (attempt, resume.step if resume.checkpoint else None)
         if self.logwatch is not None:
-            self.logwatch.reset(attempt, resume.step if resume.checkpoint else None)
+            self.logwatch.reset(*self._reset)
 
     def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
         """metrics_blind names the text files this attempt writes (their metrics may be there)."""
@@ -162,7 +255,7 @@ class WatchConcern(Concern):
         close_each(self.heartbeat, self.tailer, self.metric_files)
 
 
-def metric_files_monitor(cfg: Config, state_dir: Path, logwatch: LogWatcher) -> MetricFiles:
+def metric_files_monitor(cfg: Config, state_dir: Path, logwatch: LogWatcher | HeldLines) -> MetricFiles:
     """The metric-file follower: the working dir and the checkpoint dir searched when
     ``[detectors] metric_files`` is on; event files named in ``[job] watch_files`` always (the
     line tailer skips them: they are binary)."""

@@ -22,7 +22,6 @@ import os
 import shutil
 import subprocess
 import sys
-from importlib import resources
 from pathlib import Path
 from typing import Sequence, TextIO
 
@@ -65,6 +64,8 @@ def unit_text(name: str, bin_path: str = DEFAULT_BIN, config_dir: str = DEFAULT_
     """A unit as shipped, with the command and config dir substituted."""
     if name not in UNITS:
         raise ValueError(f"unknown unit {name!r} (known: {', '.join(UNITS)})")
+    from importlib import resources  # here, not at import: the parser imports this module on every verb's way
+
     text = (resources.files("supervisor") / "ops" / "systemd" / name).read_text(encoding="utf-8")
     text = text.replace(DEFAULT_BIN, bin_path)
     return text.replace(DEFAULT_CONFIG_DIR + "/", config_dir.rstrip("/") + "/")
@@ -72,6 +73,8 @@ def unit_text(name: str, bin_path: str = DEFAULT_BIN, config_dir: str = DEFAULT_
 
 def monitoring_text(what: str) -> str:
     """The shipped alerting rules, their test file or the Grafana dashboard (see :data:`MONITORING`)."""
+    from importlib import resources
+
     return (resources.files("supervisor") / "ops" / "monitoring" / MONITORING[what]).read_text(encoding="utf-8")
 
 

@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING
 from ..lazyexports import lazy_exports
 
 if TYPE_CHECKING:  # the names for the type checker; at run time each is imported on first use
-    from .heartbeat import HeartbeatMonitor, client_env
+    from .config import client_env
+    from .heartbeat import HeartbeatMonitor
     from .logwatch import LogWatcher, metric_dict
     from .parsers import MetricParser
     from .stacks import dump_stacks, group_pids
     from .tail import FileTailer
 
 _WHERE = {
-    "HeartbeatMonitor": "heartbeat", "client_env": "heartbeat", "LogWatcher": "logwatch",
+    "HeartbeatMonitor": "heartbeat", "client_env": "config", "LogWatcher": "logwatch",
     "metric_dict": "logwatch", "MetricParser": "parsers", "dump_stacks": "stacks", "group_pids": "stacks",
     "FileTailer": "tail",
 }

@@ -106,6 +106,15 @@ class HeartbeatConfig:
         "timeout", min=0, min_exclusive=True))
 
 
+def client_env(cfg: HeartbeatConfig) -> dict[str, str]:
+    """Environment for the job: the client's write interval, kept well below the timeout (here,
+    beside its config: the first launch needs it before the heartbeat monitor is imported)."""
+    interval = cfg.client_interval_s
+    if cfg.timeout_s is not None:
+        interval = min(interval, cfg.timeout_s / 4)
+    return {"TSUP_HEARTBEAT_INTERVAL_S": f"{interval:g}"}
+
+
 @dataclass(frozen=True)
 class ParsersConfig:
     """``[detectors.parsers]``: how log lines become metric records."""

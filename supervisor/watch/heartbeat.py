@@ -52,7 +52,7 @@ import structlog
 from ..checkpoints.discovery import written_by_supervisor
 from ..events import AttemptContext, Cause, Detection, Emit, LineSink
 from ..redact import redact_line
-from .config import HeartbeatConfig
+from .config import HeartbeatConfig, client_env as client_env  # client_env: its old home
 from .hanggate import HangGate
 from .liveness import Cadence, OutputLiveness, Silence
 from .tail import FileTailer
@@ -73,14 +73,6 @@ class _Rank:
     state: str
     pid: int | None
     world_size: int | None
-
-
-def client_env(cfg: HeartbeatConfig) -> dict[str, str]:
-    """Environment for the job: the client's write interval, kept well below the timeout."""
-    interval = cfg.client_interval_s
-    if cfg.timeout_s is not None:
-        interval = min(interval, cfg.timeout_s / 4)
-    return {"TSUP_HEARTBEAT_INTERVAL_S": f"{interval:g}"}
 
 
 class HeartbeatMonitor:
