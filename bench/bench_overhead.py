@@ -3,7 +3,8 @@
 - **First launch first**: daemon exec -> job exec. ``wrap`` at the defaults (a fresh state dir each
   run, the job ``date +%s.%N``: its first act is its stamp, a millisecond after its exec) against
   the shell loop's (``bash -c 'until date +%s.%N; do :; done'``), interleaved, median of
-  BENCH_STARTUP_RUNS (7). Beside it, what importing the config model costs a fresh interpreter
+  BENCH_STARTUP_RUNS (7); beneath it, where ours spends it, from the timestamps of its JSON event
+  lines: to its first event, to ``daemon_started``, to ``gate_passed``, to the job's exec. Beside it, what importing the config model costs a fresh interpreter
   (``-X importtime``; 184 ms before the health/ and watch/ packages re-exported lazily).
 - **CPU budget**: the unmodified nanoGPT-style job (tests/trainer_scripts/nanogpt_train.py, the recovery
   suite's model, one ckpt.pt overwritten at each eval, BENCH_OVERHEAD_ITERS 1500 iterations,
@@ -19,6 +20,7 @@ Pyc files are written first (one unmeasured run of each), as an installed packag
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -48,16 +51,34 @@ def _env() -> dict[str, str]:
     return e
 
 
-def _exec_to_job(tmp: Path, arm: str, i: int) -> float:
-    """Seconds from our exec of the arm to the job's stamp of its own start."""
-    out = tmp / f"{arm}-{i}.out"
-    cmd = ([PY, "-m", "supervisor", "wrap", "--state-dir", str(tmp / f"sd-{i}"), "--", "date", "+%s.%N"]
-           if arm == "ours" else ["bash", "-c", "until date +%s.%N; do :; done"])
-    with open(out, "wb") as f:
+STAGES = ("first event", "daemon_started", "gate_passed", "job exec")
+STAGE_WHAT = {"first event": "exec -> its first event (interpreter, imports, config, state lock, ledger)",
+              "daemon_started": "-> daemon_started (run row, the concerns started)",
+              "gate_passed": "-> gate_passed (the pre-launch gate)",
+              "job exec": "-> job exec (attempt row, keeper, cgroup, spawn)"}
+
+
+def _exec_to_job(tmp: Path, arm: str, i: int) -> dict[str, float]:
+    """Seconds from our exec of the arm to the job's stamp of its own start ("job exec"); for
+    ours also to each of its STAGES, from the event timestamps of its JSON log lines."""
+    out, err = tmp / f"{arm}-{i}.out", tmp / f"{arm}-{i}.err"
+    cmd = ([PY, "-m", "supervisor", "--log-format", "json", "wrap", "--state-dir", str(tmp / f"sd-{i}"), "--",
+            "date", "+%s.%N"] if arm == "ours" else ["bash", "-c", "until date +%s.%N; do :; done"])
+    with open(out, "wb") as f, open(err, "wb") as e:
         t0 = time.time()
-        subprocess.run(cmd, cwd=tmp, stdout=f, stderr=subprocess.DEVNULL, env=_env(), timeout=120, check=True)
+        subprocess.run(cmd, cwd=tmp, stdout=f, stderr=e, env=_env(), timeout=120, check=True)
     stamp = [ln for ln in out.read_text().split() if re.fullmatch(r"\d+\.\d+", ln)][-1]
-    return float(stamp) - t0
+    at = {"job exec": float(stamp) - t0}
+    for line in err.read_text().splitlines():
+        try:
+            ev = json.loads(line)
+            ts = datetime.fromisoformat(ev["ts"].replace("Z", "+00:00")).timestamp() - t0
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # not one of our JSON lines
+        at.setdefault("first event", ts)
+        if ev.get("event") in STAGES:
+            at.setdefault(ev["event"], ts)
+    return at
 
 
 def _config_model_import_ms() -> float:
@@ -71,23 +92,35 @@ def _config_model_import_ms() -> float:
 
 def startup(tmp: Path) -> list[dict]:
     _exec_to_job(tmp, "ours", -1)  # writes the pyc files, as an installed package has them
-    ours, shell = [], []
+    ours: list[dict[str, float]] = []
+    shell: list[float] = []
     for i in range(RUNS):
         for arm in (("ours", "shell") if i % 2 == 0 else ("shell", "ours")):
-            (ours if arm == "ours" else shell).append(_exec_to_job(tmp, arm, i))
+            if arm == "ours":
+                ours.append(_exec_to_job(tmp, arm, i))
+            else:
+                shell.append(_exec_to_job(tmp, arm, i)["job exec"])
     imp = statistics.median(_config_model_import_ms() for _ in range(3))
-    mo, ms = statistics.median(ours), statistics.median(shell)
-    return [
+    execs = sorted(r["job exec"] for r in ours)
+    mo, ms = statistics.median(execs), statistics.median(shell)
+    rows = [
         {"name": f"daemon start -> job exec, ours at the defaults (wrap, fresh state dir; median of {RUNS}, "
-                 f"runs {', '.join(f'{x * 1000:.0f}' for x in sorted(ours))} ms)",
+                 f"runs {', '.join(f'{x * 1000:.0f}' for x in execs)} ms)",
          "value": round(mo * 1000, 1), "unit": "ms", "target": "report"},
         {"name": "start -> job exec, shell until loop (peer; same runs, interleaved)",
          "value": round(ms * 1000, 1), "unit": "ms", "target": "peer"},
         {"name": "ours - shell loop, start -> job exec (what the first launch pays for the supervisor)",
          "value": round((mo - ms) * 1000, 1), "unit": "ms", "target": "report (issue 25: 200-350 ms before)"},
-        {"name": "importing supervisor.config.model in a fresh interpreter (-X importtime, median of 3)",
-         "value": round(imp, 1), "unit": "ms", "target": "report (184 ms before the lazy packages)"},
     ]
+    prev = 0.0
+    for stage in STAGES:  # where ours spends it (medians of each stage's time since exec)
+        at = statistics.median(r[stage] for r in ours if stage in r)
+        rows.append({"name": f"  ours, {STAGE_WHAT[stage]}", "value": round((at - prev) * 1000, 1), "unit": "ms",
+                     "target": "report"})
+        prev = at
+    rows.append({"name": "importing supervisor.config.model in a fresh interpreter (-X importtime, median of 3)",
+                 "value": round(imp, 1), "unit": "ms", "target": "report (184 ms before the lazy packages)"})
+    return rows
 
 
 def _role(p: psutil.Process, root: int) -> str:
