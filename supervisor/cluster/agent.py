@@ -40,7 +40,7 @@ log = structlog.get_logger("supervisor.cluster")
 POLL_S = 0.2  # a turn at least this often (timeouts, this node's record); the keys are read at each
 # only while the watch is not open: a remote failure then reaches this node within about this
 SETTLE_S = 0.02  # after a change, wait this long for the rest of its burst before a turn (not after an
-# urgent one: this node's own record, the plan, an end request, the leader key, a give-up: single writes)
+# urgent one, a single write: this node's own record, the plan, an end request, the leader key)
 FOLLOW_VIEW_S = 1.0  # a follower rebuilds its view for other nodes' records at most this often (the
 # leader and an urgent change at once): with N nodes a fault writes 2 N records, each rebuild reads N
 KEEPALIVE_EVERY = 0.25  # of the TTL: three tries fail before the fence (2/3 TTL) and the expiry
@@ -248,15 +248,16 @@ class ClusterAgent:
 
     def _turn(self) -> None:
         now = self.clock()
+        fresh, self._fresh = self._fresh, False  # taken before the copy: a later one comes to the next turn
         try:
             self._keep_lease(now)
             self._publish()
-            fresh, self._fresh = self._fresh, False  # taken before the copy: a later one comes to the next turn
             version, kvs = self._keys()
             if version == OPENING:
                 self._fresh = self._fresh or fresh
                 return
         except EtcdUnavailable as e:
+            self._fresh = self._fresh or fresh
             if self._reachable:
                 self._reachable = False
                 self._emit("cluster_etcd_unreachable", "warning", f"etcd does not answer ({e}); local supervision "
