@@ -23,13 +23,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import structlog
 
-from ..core.causes import ACTIONS, Action
 
 from .config import CheckpointsConfig
 from .discovery import Candidate, Discovery, Layout, newest_complete, sort_newest_first
@@ -38,27 +36,16 @@ from .integrity import check_integrity, stat_changed, write_own_manifest
 from .layouts.registry import keeps_last_good
 from .loadtest import LoadTestResult, LoadTests, resolve_job_python, version_token
 from .manifest import read_manifest, record_metric, stat_record
-from .quarantine import (LastGoodKeeper, QuarantineRecord, last_good_disk_bytes, last_good_path, preserve_last_good,
-                         quarantine, restore_last_good)
-from .quicklist import (MetricsSeen, Readiness, RowBuilder, compare_config, current_config, is_corrupt,
-                        val_metric_for)
-from .selection import CheckpointBook, Choice, Mode, select_explained, worse_than_older
+from .quarantine import (LastGoodKeeper, QuarantineRecord, last_good_disk_bytes, last_good_path)
+from .quicklist import (MetricsSeen, Readiness, RowBuilder, compare_config, current_config, val_metric_for)
+from .selection import CheckpointBook, Choice
 from .keepfirst import SnapshotFirst
 from .snapshot import Headroom
-from .picklescan import unsafe_pickle
 from .structure import structure_problem
 from .verdicts import FILE_NAME as VERDICTS_FILE, VerdictStore
+from .resumechoice import choose_for_resume
 
 log = structlog.get_logger("supervisor.checkpoints")
-
-
-def _action_mode(action: object) -> Mode:
-    """The chooser's mode for an action (``ActionSpec.before_onset``); an unknown name restarts."""
-    try:
-        before_onset = ACTIONS[Action(str(action))].before_onset
-    except ValueError:
-        before_onset = False
-    return "rollback" if before_onset else "restart"
 
 
 class CheckpointService:
@@ -333,36 +320,6 @@ class CheckpointService:
                 return [f"load test failed: {done.error}"], step, False
             return [], step if step is not None or done is None else done.step, done is not None
 
-    def _overlap_choice(self) -> Choice | None:
-        """checkpoints.verify = "overlap": the newest checkpoint when its structural checks pass
-        and its load test has not run yet (it then runs beside the job's start-up); None to let
-        the full gate decide (nothing written, a structural failure, or already verified)."""
-        with self._lock:
-            target = newest_complete(self.scan())
-            if target is None:
-                return None
-            problems, step, verified = self.structural(target)
-            if problems or verified:
-                return None
-            unsafe = None if self.cfg.trust_pickles else unsafe_pickle(target.path)
-            if unsafe:
-                # Never handed to the job on its structural checks alone: the full gate below
-                # load-tests it first (weights_only=True, which refuses pickled code) and picks the
-                # next older good checkpoint if that fails. Not marked bad on the scan alone: the
-                # allowlist is torch's default one, and a job may allow more types itself
-                # (torch.serialization.add_safe_globals) that its own load accepts.
-                log.warning("checkpoint_refused_unsafe_pickle", path=str(target.path), reason=unsafe,
-                            next="not handed over before its load test; the full check runs before the launch")
-                self.last_refused = ((str(target.path), unsafe),)
-                return None
-            reason = (f"newest checkpoint (step {step if step is not None else '?'}): structural checks passed; "
-                      "its load test runs beside the job's start-up (checkpoints.verify = \"overlap\")")
-            self.last_quarantined = ()
-            log.info("checkpoint_chosen", path=str(target.path), step=step, mode="restart", reason=reason,
-                     next="the job is launched now; should the load test fail, it is stopped and relaunched "
-                          "from an older verified checkpoint")
-            return Choice(path=target.path, step=step, layout=str(target.layout), reason=reason, verify_pending=True)
-
     def verify_chosen(self, path: Path, layout: str, metrics_seen: MetricsSeen | None = None) -> Readiness:
         """The full readiness row (hash, load test) of a checkpoint chosen with its load test
         pending; a single overwritten file that passes is kept in last_good/ as a verified version."""
@@ -386,100 +343,8 @@ class CheckpointService:
     def choose_for_resume(self, action: object, onset_step: int | None,
                           metrics_seen: MetricsSeen | None = None, *, overlap: bool = False) -> Choice | None:
         """The checkpoint to relaunch from, verified now; corrupt or bad ones met on the way are
-        quarantined (moved, never deleted) and the next older one is tried. ``overlap``: a restart
-        may take the newest checkpoint on its structural checks alone (``Choice.verify_pending``);
-        a rollback always verifies first (its finite check decides between candidates)."""
-        mode = _action_mode(action)
-        self.last_refused = ()
-        if overlap and mode == "restart" and self.cfg.load_test:
-            early = self._overlap_choice()
-            if early is not None:
-                return early
-        with self._lock:
-            current = self._current_config()
-            limit = onset_step - self.cfg.margin_steps if mode == "rollback" and onset_step is not None else None
-            rows: list[Readiness] = []
-            quarantined: list[QuarantineRecord] = []
-            cands = self.scan()
-            worse = self._worse_val(cands, limit, metrics_seen) if mode == "rollback" else None
-            for cand in cands:
-                if limit is not None and cand.step is not None and cand.step >= limit:
-                    continue  # after the anomaly began: not a rollback target, no need to verify it
-                row = self.evaluate(cand, metrics_seen, current, finite=mode == "rollback")
-                if not row.ready and self.cfg.quarantine and is_corrupt(row):
-                    try:
-                        quarantined.append(quarantine(row.path, "; ".join(row.reasons), row.layout))
-                    except OSError as exc:
-                        log.error("checkpoint_quarantine_failed", path=str(row.path), error=str(exc),
-                                  next="marked bad instead; it stays where it is")
-                        self.book.mark_bad(row.path, "; ".join(row.reasons))
-                    continue
-                rows.append(row)
-                choice, _ = select_explained(rows, mode=mode, onset_step=onset_step,
-                                             margin_steps=self.cfg.margin_steps, bad=self.book.bad_paths(),
-                                             worse=worse)
-                if choice is not None:
-                    choice = self._finish_choice(choice)
-                    quarantined.extend(choice.quarantined)
-                    choice = replace(choice, quarantined=tuple(quarantined))
-                    self.last_quarantined = tuple(quarantined)
-                    log.info("checkpoint_chosen", path=str(choice.path), step=choice.step, mode=mode,
-                             reason=choice.reason, quarantined=[str(q.source) for q in quarantined],
-                             next="the job is relaunched from it")
-                    return choice
-            _, reason = select_explained(rows, mode=mode, onset_step=onset_step,
-                                         margin_steps=self.cfg.margin_steps, bad=self.book.bad_paths(), worse=worse)
-            log.warning("checkpoint_none_ready", mode=mode, onset_step=onset_step, reason=reason,
-                        quarantined=[str(q.source) for q in quarantined],
-                        next="the policy decides: a fresh start or give up")
-            self.last_quarantined = tuple(quarantined)
-            return None
-
-    def _worse_val(self, cands: list[Candidate], limit: int | None,
-                   metrics_seen: MetricsSeen | None) -> dict[Path, str] | None:
-        """``prefer = "best_val"``: the rollback candidates to pass over for a better recorded
-        validation metric further back, from the manifests and the log (no load test)."""
-        if self.cfg.prefer != "best_val":
-            return None
-        vals: list[tuple[Path, int | None, float | None]] = []
-        for c in cands:
-            if limit is not None and c.step is not None and c.step >= limit:
-                continue
-            manifest = self._manifest_of(c.path).manifest
-            vm = val_metric_for(c.step, self.cfg.val_metric, manifest.metrics if manifest else None, metrics_seen)
-            vals.append((c.path, c.step, vm.value if vm else None))
-        return worse_than_older(vals, tolerance=self.cfg.prefer_tolerance,
-                                higher_is_better=self.cfg.val_higher_is_better)
-
-    def _finish_choice(self, choice: Choice) -> Choice:
-        """Keep a copy of a single overwritten checkpoint; put a last_good copy back in place."""
-        if keeps_last_good(choice.layout) and self.cfg.preserve_last_good:
-            try:
-                preserve_last_good(choice.path, max_bytes=self.cfg.last_good_max_bytes, headroom=self.headroom)
-            except OSError as exc:
-                log.warning("checkpoint_preserve_failed", path=str(choice.path), error=str(exc),
-                            next="resuming anyway; a bad overwrite could destroy this state")
-        if choice.layout == str(Layout.LAST_GOOD):
-            original = self.dir / choice.path.name
-            if original.exists():
-                # The job overwrote it with something that did not pass (else it would have been
-                # chosen, being at least as new): move it aside so the good copy can go back. The
-                # structural check first: a truncated file is known bad in microseconds, without
-                # a load test on the restart path.
-                problem = structure_problem(original)
-                if problem is None:
-                    row = self.evaluate(Candidate(original, None, Layout.SINGLE, 0.0, 0))
-                    problem = None if row.ready else "; ".join(row.reasons)
-                if problem is not None:
-                    rec = quarantine(original, f"overwritten with a checkpoint that is not ready ({problem}); "
-                                     "the last good copy is restored", Layout.SINGLE)
-                    choice = replace(choice, quarantined=choice.quarantined + (rec,))
-            if not original.exists():
-                # The original was moved to quarantine/, so nothing is overwritten.
-                restore_last_good(choice.path, original)
-                self.load_tests.carry(choice.path, original)
-                return replace(choice, path=original, reason=choice.reason + " (restored from last_good/)")
-        return choice
+        quarantined (moved, never deleted) and the next older one is tried (resumechoice.py)."""
+        return choose_for_resume(self, action, onset_step, metrics_seen, overlap=overlap)
 
     def close(self) -> list[str]:
         """The supervisor is exiting: stop the load tests under way (never their verdict); the

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from supervisor.config.model import config_from_table
 from supervisor.config.doc import render
-from supervisor.checkpoints.service import _action_mode
+from supervisor.checkpoints.resumechoice import action_mode as _action_mode
 from supervisor.core import attempts
 from supervisor.core.causes import (ACTIONS, CAUSES, GATE_FAILURES, README_BEGIN, README_END, Action, Cause,
                                     GateCheck, StopStyle, gate_failure, readme_table)
