@@ -30,9 +30,9 @@ from ..core.causes import Cause, action_named
 from ..errors import GiveUp as RunGaveUp, SupervisorError
 from .coord import (Campaign, Command, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord, Phase, Plan,
                     RequestEnd, Rules, StopLocal, View, WritePlan)
-from .digest import encode as encode_digest, mismatch
-from .etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyValue, LeaseExpired, same
-from .mirror import OPENING, KeyMirror
+from .digest import Mismatch, encode as encode_digest, mismatch
+from .etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyRange, KeyValue, LeaseExpired, same
+from .mirror import OPENING, MirrorSet
 from .trust import GaveUpNote, Trust
 
 log = structlog.get_logger("supervisor.cluster")
@@ -40,9 +40,7 @@ log = structlog.get_logger("supervisor.cluster")
 POLL_S = 0.2  # a turn at least this often (timeouts, this node's record); the keys are read at each
 # only while the watch is not open: a remote failure then reaches this node within about this
 SETTLE_S = 0.02  # after a change, wait this long for the rest of its burst before a turn (not after an
-# urgent one, a single write: this node's own record, the plan, an end request, the leader key)
-FOLLOW_VIEW_S = 1.0  # a follower rebuilds its view for other nodes' records at most this often (the
-# leader and an urgent change at once): with N nodes a fault writes 2 N records, each rebuild reads N
+# urgent one, a single write: the plan, an end request, the leader key)
 KEEPALIVE_EVERY = 0.25  # of the TTL: three tries fail before the fence (2/3 TTL) and the expiry
 
 
@@ -88,6 +86,7 @@ class ClusterAgent:
         self._digest: Mapping[str, str] | None = None  # what this node would launch (published while waiting)
         self._digest_sent: Mapping[str, str] | None = None
         self._mismatch = ""  # the launch difference last reported
+        self._mismatch_sent: Mismatch | None = None  # the leader's P/mismatch as last written
         self._reachable = True
         self._cond = threading.Condition()
         self._outcome: Join | GiveUp | None = None
@@ -98,12 +97,16 @@ class ClusterAgent:
         self._now = threading.Event()  # an urgent change (SETTLE_S): the turn without waiting for a burst to settle
         self._turn_s = 0.0  # how long the last turn took
         self._end_prefix = f"{keys.prefix}/end/"
-        # re-opened when silent for a TTL: an outage or refused credentials show within one, as polled
-        self.mirror = KeyMirror(client, keys.all, self._wake.set, idle_s=rules.lease_ttl_s, urgent=self._urgent,
-                                on_urgent=self._on_urgent) if watch else None
+        # Every key until a leader is known and while leading; a follower watches only what it acts on
+        # (_FOLLOWED). Each watch is re-opened when silent for a TTL: an outage or refused credentials
+        # show within one, as polled.
+        p = keys.prefix
+        self._all = (KeyRange.under(keys.all),)
+        self._followed = (KeyRange(f"{p}/end/", f"{p}/nodes/".encode()), KeyRange.only(keys.plan))
+        self.mirror = MirrorSet(client, self._all, self._wake.set, idle_s=rules.lease_ttl_s, urgent=self._urgent,
+                                on_urgent=self._now.set) if watch else None
         self._seen: int | None = None  # the copy's version the view was last built from
-        self._built_at = float("-inf")  # when (the clock) the view was last built
-        self._fresh = False  # an urgent key changed since: the next turn rebuilds the view, follower or not
+        self._leader_rec: tuple[int, KeyValue] | None = None  # a follower's read of the leader's record, by leader key revision
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
@@ -216,6 +219,12 @@ class ClusterAgent:
 
     def status(self) -> dict[str, Any]:
         v, plan = self.view, self.plan
+        if self._following():  # the records are not watched here: read them now (`status` is asked by a person)
+            try:
+                kvs, _rev = self.client.get_prefix(self.keys.nodes)
+                v = replace(v, nodes=View.parse(self.keys, ((kv.key, kv.value, kv.mod_revision) for kv in kvs)).nodes)
+            except EtcdError:
+                pass  # the view's (the leader's record) and etcd_reachable say the rest
         return {"node_id": self.node_id, "leader": v.leader, "etcd_reachable": self._reachable,
                 "generation": plan.gen if plan else None, "rank": plan.rank(self.node_id) if plan and
                 self.node_id in plan.nodes else None,
@@ -237,27 +246,41 @@ class ClusterAgent:
             self._wake.clear()  # (a change from here on wakes the next turn; one before is seen by this one)
             self._now.clear()
 
+    def _following(self) -> bool:
+        return self.mirror is not None and self.mirror.ranges == self._followed
+
     def _keys(self) -> tuple[int | None, list[KeyValue]]:
-        """(the watched copy's version, or None when read from etcd now; every key); the version
-        is OPENING while the watch is being opened (no keys: the turn waits for it)."""
+        """(the watched copy's version, or None when read from etcd now; the keys); the version
+        is OPENING while the watch is being opened (no keys: the turn waits for it). A follower's
+        copy has no node records: the leader's is read once per leader key (the trust check
+        believes a leader key only on the lease of the record of the node it names)."""
         snap = self.mirror.snapshot() if self.mirror is not None else None
-        if snap is not None:
+        if snap is None:
+            kvs, _rev = self.client.get_prefix(self.keys.all)
+            return None, kvs
+        version, kvs = snap
+        if version == OPENING or not self._following():
             return snap
-        kvs, _rev = self.client.get_prefix(self.keys.all)
-        return None, kvs
+        lkv = next((kv for kv in kvs if kv.key == self.keys.leader), None)
+        if lkv is None:
+            return snap
+        known = self._leader_rec
+        if known is None or known[0] != lkv.mod_revision or known[1].lease != lkv.lease:
+            rec = self.client.get(self.keys.node(lkv.value))  # read again each turn while it does not match
+            if rec is None:
+                return snap
+            known = self._leader_rec = (lkv.mod_revision, rec)
+        return version, kvs + [known[1]]
 
     def _turn(self) -> None:
         now = self.clock()
-        fresh, self._fresh = self._fresh, False  # taken before the copy: a later one comes to the next turn
         try:
             self._keep_lease(now)
             self._publish()
             version, kvs = self._keys()
             if version == OPENING:
-                self._fresh = self._fresh or fresh
                 return
         except EtcdUnavailable as e:
-            self._fresh = self._fresh or fresh
             if self._reachable:
                 self._reachable = False
                 self._emit("cluster_etcd_unreachable", "warning", f"etcd does not answer ({e}); local supervision "
@@ -275,16 +298,21 @@ class ClusterAgent:
             if self.mirror is not None:
                 self.mirror.resync()  # its connection may be one etcd no longer serves
             self._emit("cluster_etcd_back", "info", "etcd answers again; this node is registered")
-        # The same keys make the same view, unless a leader key under suspicion is timing out. A
-        # follower acts only on the urgent keys (plan, end requests, leader key: those rebuild at
-        # once); the other nodes' records (every node writes its own twice a fault) only feed its
-        # status and launch-mismatch report, so it rebuilds for them at most every FOLLOW_VIEW_S.
-        following = self.view.leader is not None and self.view.leader != self.node_id
-        if (version is None or self.trust.bad_leader_since is not None
-                or (self._seen != version and (fresh or not following or now - self._built_at >= FOLLOW_VIEW_S))):
+        # The same keys make the same view, unless a leader key under suspicion is timing out.
+        if version is None or self.trust.bad_leader_since is not None or self._seen != version:
             self._believe(kvs, now)
-            self._seen, self._built_at = version, now
+            self._seen = version
         view = self.view
+        if self.mirror is not None:
+            # A follower watches only what it acts on: with N nodes a fault writes 2 N records (and
+            # digests), each sent to every watch. The leader (and every node until one is known)
+            # watches every key; a node that just became the leader reads them all before it acts.
+            following = view.leader is not None and view.leader != self.node_id
+            if following and not self._following():
+                self.mirror.follow(self._followed)
+            elif view.leader == self.node_id and self._following():
+                self.mirror.follow(self._all)
+                return
         with self._cond:
             if self.me.phase is Phase.STARTING and view.plan is not None and self.me.gen < view.plan.gen:
                 # Started into a run under way: the running generation is not ours (a plan names the
@@ -293,6 +321,7 @@ class ClusterAgent:
             me = self.me
             cmds = self.coord.step(view, me, now)
         self._carry_out(cmds)
+        self._share_mismatch(view)
 
     def _believe(self, kvs: list[KeyValue], now: float) -> None:
         node_p = self.keys.nodes  # the node records are read by the trust check (which believes them), once
@@ -304,15 +333,12 @@ class ClusterAgent:
         self.view = view
         self._report_mismatch(view)
 
-    def _on_urgent(self) -> None:
-        """From the mirror's thread: an urgent key changed (a turn now, and a fresh view)."""
-        self._fresh = True
-        self._now.set()
-
     def _urgent(self, key: str) -> bool:
         """A single write this node acts on at once (SETTLE_S): the plan, an end request, the
-        leader key; not the keys every node writes at once (records, digests, finished, give-ups)."""
-        return key == self.keys.plan or key == self.keys.leader or key.startswith(self._end_prefix)
+        leader key, the mismatch; not the keys every node writes at once (records, digests, finished,
+        give-ups)."""
+        return (key == self.keys.plan or key == self.keys.leader or key.startswith(self._end_prefix)
+                or key == self.keys.mismatch)
 
     def _keep_lease(self, now: float) -> None:
         if self.lease is not None and now >= self._keepalive_at:
@@ -395,17 +421,53 @@ class ClusterAgent:
                 self._outcome = cmd
                 self._cond.notify_all()
 
+    def _waiting_digests(self, view: View) -> dict[str, Mapping[str, str]]:
+        return {n: d for n, d in view.digests.items() if n in view.nodes and view.nodes[n].phase is Phase.WAITING}
+
+    def _share_mismatch(self, view: View) -> None:
+        """The leader writes what differs (P/mismatch, on its lease) for the followers, which do
+        not watch the digests; deleted once the launches agree."""
+        if view.leader != self.node_id or self._following():
+            return
+        waiting = self._waiting_digests(view)
+        differ = mismatch(waiting) if len(waiting) >= 2 else ""
+        note = Mismatch(differ, tuple(sorted(waiting))) if differ else None
+        if note == self._mismatch_sent:
+            return
+        try:
+            if note is not None:
+                self.client.put_if(self.keys.mismatch, note.to_json(), [same(self.keys.leader, "LEASE", self.lease or 0)],
+                                   lease=self.lease or 0)
+            else:
+                self.client.delete(self.keys.mismatch)
+        except EtcdError as e:
+            log.warning("cluster_command_failed", command="share_mismatch", error=str(e), message="retried at the next turn")
+            return
+        self._mismatch_sent = note
+
     def _report_mismatch(self, view: View) -> None:
         """Every waiting node says what differs between the waiting nodes' launches (the leader
-        plans no generation over it), once per difference."""
-        waiting = {n: d for n, d in view.digests.items() if n in view.nodes and view.nodes[n].phase is Phase.WAITING}
-        if self.node_id not in waiting or len(waiting) < 2:
-            return  # nothing to compare (the others left after a give-up say nothing of agreement)
-        differ = mismatch(waiting)
+        plans no generation over it), once per difference: from the digests where it watches
+        them, else from the leader's note naming it."""
+        if self._following():
+            note = view.mismatch
+            with self._cond:
+                waiting_here = self.me.phase is Phase.WAITING
+            if not waiting_here or note is None or self.node_id not in note.nodes:
+                differ, nodes = "", [self.node_id]
+            else:
+                differ, nodes = note.text, list(note.nodes)
+            if not differ and not self._mismatch:
+                return
+        else:
+            waiting = self._waiting_digests(view)
+            if self.node_id not in waiting or len(waiting) < 2:
+                return  # nothing to compare (the others left after a give-up say nothing of agreement)
+            differ, nodes = mismatch(waiting), sorted(waiting)
         if differ and differ != self._mismatch:
             self._emit("cluster_launch_mismatch", "error", f"{differ}; no generation starts until they agree (restart "
                        f"the odd node with the others' command, config, code and packages); after wait_for_nodes_s "
-                       f"({self.rules.wait_for_nodes_s:g} s) the run gives up", nodes=sorted(waiting))
+                       f"({self.rules.wait_for_nodes_s:g} s) the run gives up", nodes=nodes)
         elif not differ and self._mismatch:
             self._emit("cluster_launch_agreed", "info", "the waiting nodes' launches agree now")
         self._mismatch = differ

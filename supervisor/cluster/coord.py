@@ -15,6 +15,12 @@ Keys under the run's prefix ``P``::
                                  (trust.py: from a member of the current generation only)
     P/digest/<id> digest         on the node's lease while it waits: what it would launch (digest.py);
                                  the leader plans only nodes whose digests agree
+    P/mismatch    Mismatch       on the leader's lease while the waiting nodes' digests differ: what
+                                 differs, for the followers (which do not watch the digests)
+
+A follower watches only what it acts on (the plan, end requests, the leader key, the mismatch,
+give-ups); the node records and digests every node writes at each fault reach the leader alone,
+which watches every key (agent.py).
 
 A generation is one launch of the job on a set of nodes. Any node's failure (or the leader seeing
 a member's lease gone: ``node_lost``) ends it; every member stops its job and says so (``waiting``,
@@ -35,7 +41,7 @@ from enum import StrEnum
 from typing import Any, Iterable, Mapping
 
 from ..core.causes import ACTIONS, Action, action_named
-from .digest import decode as decode_digest, mismatch
+from .digest import Mismatch, decode as decode_digest, mismatch
 
 NODE_LOST = "node_lost"
 FENCE_AFTER = 2 / 3  # of the lease TTL without a keepalive: the job stops before the lease can expire
@@ -122,6 +128,13 @@ class Plan:
     give_up: str | None = None  # the run ends: why
     lives: tuple[str, ...] = ()  # each node's daemon life when the plan was made (same order as nodes)
     lease: int = 0  # the leader's lease when it wrote the plan: checked on reading (trust.py)
+    #: each member's record lease when the plan was made (same order as nodes): a follower, which
+    #: does not watch the records, checks a member's end request or give-up against it (trust.py)
+    leases: tuple[int, ...] = ()
+
+    def lease_of(self, node_id: str) -> int:
+        i = self.nodes.index(node_id) if node_id in self.nodes else len(self.leases)
+        return self.leases[i] if i < len(self.leases) else 0
 
     def life_of(self, node_id: str) -> str:
         i = self.nodes.index(node_id)
@@ -131,13 +144,15 @@ class Plan:
         return self.nodes.index(node_id)
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "nodes": list(self.nodes), "lives": list(self.lives)}, sort_keys=True)
+        return json.dumps({**asdict(self), "nodes": list(self.nodes), "lives": list(self.lives),
+                           "leases": list(self.leases)}, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "Plan":
         d = json.loads(text)
         return Plan(int(d["gen"]), tuple(d["nodes"]), d.get("step"), str(d["leader"]), str(d.get("master_addr", "")),
-                    str(d.get("reason", "")), d.get("give_up"), tuple(d.get("lives") or ()), int(d.get("lease") or 0))
+                    str(d.get("reason", "")), d.get("give_up"), tuple(d.get("lives") or ()), int(d.get("lease") or 0),
+                    tuple(int(x) for x in d.get("leases") or ()))
 
 
 @dataclass(frozen=True)
@@ -172,6 +187,10 @@ class Keys:
         return f"{self.prefix}/digest/{node_id}"
 
     @property
+    def mismatch(self) -> str:
+        return f"{self.prefix}/mismatch"
+
+    @property
     def all(self) -> str:
         return f"{self.prefix}/"
 
@@ -193,6 +212,8 @@ class View:
     leader_stale: bool = False  # the leader key failed the checks for a lease TTL: an election replaces it
     end_revs: Mapping[int, int] = field(default_factory=dict)  # generation -> its end key's mod revision
     floor_gen: int = 0  # the plan key's generation, believed or not: the next plan goes past it
+    node_leases: Mapping[str, int] = field(default_factory=dict)  # node -> its record's lease (believed records)
+    mismatch: Mismatch | None = None  # the leader's word on the waiting nodes' launches (believed only on its lease)
 
     @staticmethod
     def parse(keys: Keys, kvs: Iterable[tuple[str, str, int]]) -> "View":
@@ -203,9 +224,9 @@ class View:
         finished: dict[str, int] = {}
         gave_up: dict[str, str] = {}
         digests: dict[str, dict[str, str]] = {}
-        leader, plan, plan_rev = None, None, 0
+        leader, plan, plan_rev, differ = None, None, 0, None
         # The names once, not per key: a view is rebuilt from every key after each change.
-        node_p, leader_k, plan_k = keys.nodes, keys.leader, keys.plan
+        node_p, leader_k, plan_k, mismatch_k = keys.nodes, keys.leader, keys.plan, keys.mismatch
         end_p, finished_p, gave_up_p, digest_p = (f"{keys.prefix}/{d}/" for d in ("end", "finished", "gave_up", "digest"))
         for key, value, rev in kvs:
             try:
@@ -225,9 +246,11 @@ class View:
                     gave_up[key.rsplit("/", 1)[1]] = value
                 elif key.startswith(digest_p):
                     digests[key.rsplit("/", 1)[1]] = decode_digest(value)
+                elif key == mismatch_k:
+                    differ = Mismatch.from_json(value)
             except (ValueError, KeyError, TypeError):
                 continue
-        return View(nodes, leader, plan, plan_rev, ends, finished, gave_up, digests=digests)
+        return View(nodes, leader, plan, plan_rev, ends, finished, gave_up, digests=digests, mismatch=differ)
 
 
 # ---------------------------------------------------------------------- commands
@@ -444,8 +467,10 @@ class Coordinator:
         self.waiting_since = None
         addr = view.nodes[nodes[0]].addr if nodes and nodes[0] in view.nodes else ""
         lives = tuple(view.nodes[n].life for n in nodes if n in view.nodes)
+        leases = tuple(view.node_leases.get(n, 0) for n in nodes)
         gen = max(g, view.floor_gen) + 1  # past a plan not believed (a lost leader's last): never two of one number
-        return WritePlan(Plan(gen, nodes, step, self.node_id, addr, reason, give_up, lives), view.plan_rev)
+        return WritePlan(Plan(gen, nodes, step, self.node_id, addr, reason, give_up, lives, leases=leases),
+                         view.plan_rev)
 
 
 def as_dict(cmd: Any) -> dict[str, Any]:

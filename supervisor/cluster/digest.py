@@ -286,3 +286,20 @@ def mismatch(digests: Mapping[str, Mapping[str, str]], limit: int = 8) -> str:
 
 def _short(v: str, width: int) -> str:
     return v if len(v) <= width else v[: width - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """``P/mismatch``: what differs between the waiting nodes' launches (:func:`mismatch`), and
+    which nodes; the leader writes it on its lease, every waiting node named says it."""
+
+    text: str
+    nodes: tuple[str, ...]
+
+    def to_json(self) -> str:
+        return json.dumps({"text": self.text, "nodes": list(self.nodes)}, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "Mismatch":
+        d = json.loads(text)
+        return Mismatch(str(d["text"]), tuple(str(n) for n in d["nodes"]))

@@ -89,6 +89,26 @@ class KeyValue:
 
 
 @dataclass(frozen=True)
+class KeyRange:
+    """The keys from ``key`` up to (not including) ``end`` (raw bytes: a prefix's end need not
+    be UTF-8), what a range read or a watch covers."""
+
+    key: str
+    end: bytes
+
+    @staticmethod
+    def under(prefix: str) -> "KeyRange":
+        return KeyRange(prefix, _prefix_end_bytes(prefix))
+
+    @staticmethod
+    def only(key: str) -> "KeyRange":
+        return KeyRange(key, key.encode() + b"\0")
+
+    def body(self) -> dict[str, str]:
+        return {"key": _b64(self.key), "range_end": _b64(self.end)}
+
+
+@dataclass(frozen=True)
 class Lease:
     id: int
     ttl: int
@@ -105,13 +125,17 @@ def _unb64(s: str) -> str:
 
 
 def _prefix_end(prefix: str) -> str:
-    """The range end that covers every key starting with ``prefix`` (etcd's convention)."""
+    """The range end that covers every key starting with ``prefix`` (etcd's convention), base64."""
+    return _b64(_prefix_end_bytes(prefix))
+
+
+def _prefix_end_bytes(prefix: str) -> bytes:
     b = bytearray(prefix.encode())
     for i in range(len(b) - 1, -1, -1):
         if b[i] < 0xFF:
             b[i] += 1
-            return _b64(bytes(b[: i + 1]))
-    return _b64(b"\0")
+            return bytes(b[: i + 1])
+    return b"\0"
 
 
 def _token_rejected(status: int, out: dict[str, Any]) -> bool:
@@ -303,6 +327,10 @@ class EtcdClient:
         if min_mod_revision:
             body["min_mod_revision"] = str(min_mod_revision)
         return self._range(body)
+
+    def get_range(self, r: KeyRange) -> tuple[list[KeyValue], int]:
+        """Every key in ``r`` and the store's revision when read."""
+        return self._range(dict(r.body()))
 
     def _range(self, body: dict[str, Any]) -> tuple[list[KeyValue], int]:
         out = self._post("/v3/kv/range", body)

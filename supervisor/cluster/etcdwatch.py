@@ -11,8 +11,7 @@ import socket
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from .etcd import (EtcdAuthError, EtcdClient, EtcdError, EtcdRequestError, EtcdUnavailable, KeyValue, _b64, _kv,
-                   _prefix_end)
+from .etcd import EtcdAuthError, EtcdClient, EtcdError, EtcdRequestError, EtcdUnavailable, KeyRange, KeyValue, _kv
 
 
 class WatchIdle(EtcdUnavailable):
@@ -35,14 +34,15 @@ class WatchEvent:
     deleted: bool
 
 
-def open_watch(client: EtcdClient, prefix: str, start_revision: int, idle_s: float | None = None) -> "Watch":
-    """A stream of the changes under ``prefix`` from ``start_revision`` on, on one connection
+def open_watch(client: EtcdClient, keys: KeyRange | str, start_revision: int, idle_s: float | None = None) -> "Watch":
+    """A stream of the changes in ``keys`` (a range, or every key under a prefix) from ``start_revision`` on, on one connection
     to the first endpoint that answers. Raises :class:`WatchCompacted` when that revision is
     compacted, :class:`EtcdUnavailable` (or its auth/TLS subclasses) when no endpoint opens it,
     :class:`EtcdRequestError` when etcd refuses the watch itself. A read silent for ``idle_s``
     raises :class:`WatchIdle`."""
+    r = KeyRange.under(keys) if isinstance(keys, str) else keys
     conn, resp, endpoint = client.stream("/v3/watch", {"create_request": {
-        "key": _b64(prefix), "range_end": _prefix_end(prefix), "start_revision": str(start_revision)}}, idle_s)
+        **r.body(), "start_revision": str(start_revision)}}, idle_s)
     watch = Watch(conn, resp, endpoint)
     try:
         watch.next_message()  # etcd's "created" (or why not) comes first

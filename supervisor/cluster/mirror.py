@@ -28,7 +28,7 @@ from typing import Callable
 
 import structlog
 
-from .etcd import EtcdClient, EtcdError, EtcdRequestError, KeyValue
+from .etcd import EtcdClient, EtcdError, EtcdRequestError, KeyRange, KeyValue
 from .etcdwatch import Watch, WatchCompacted, WatchIdle, open_watch
 
 log = structlog.get_logger("supervisor.cluster")
@@ -40,16 +40,16 @@ OPENING = -1  # snapshot()'s version while a watch is being opened  # etcd refus
 
 
 class KeyMirror:
-    """The keys under ``prefix`` as etcd's watch reports them; ``on_change`` is called (from the
+    """The keys in ``keys`` (a range, or every key under a prefix) as etcd's watch reports them; ``on_change`` is called (from the
     mirror's thread) after each change is applied and when the stream opens or drops, and
     ``on_urgent`` first when a changed key is one ``urgent`` names (the agent acts on those at
     once rather than waiting for a burst of changes to settle)."""
 
-    def __init__(self, client: EtcdClient, prefix: str, on_change: Callable[[], None], idle_s: float = IDLE_S, *,
-                 urgent: Callable[[str], bool] | None = None, on_urgent: Callable[[], None] | None = None) -> None:
+    def __init__(self, client: EtcdClient, keys: KeyRange | str, on_change: Callable[[], None], idle_s: float = IDLE_S,
+                 *, urgent: Callable[[str], bool] | None = None, on_urgent: Callable[[], None] | None = None) -> None:
         self.client = client
         self.idle_s = idle_s
-        self.prefix = prefix
+        self.range = KeyRange.under(keys) if isinstance(keys, str) else keys
         self.on_change = on_change
         self.urgent = urgent  # a change of such a key also calls on_urgent (before on_change)
         self.on_urgent = on_urgent
@@ -157,13 +157,13 @@ class KeyMirror:
         with self._lock:
             synced, rev = self._synced, self._rev
         if not synced:  # the first time, or after a compaction: everything once
-            kvs, rev = self.client.get_prefix(self.prefix)
+            kvs, rev = self.client.get_range(self.range)
             with self._lock:
                 self._kvs = {kv.key: kv for kv in kvs}
                 self._rev, self._synced = rev, True
                 self._version += 1
         try:
-            return open_watch(self.client, self.prefix, rev + 1, idle_s=self.idle_s)
+            return open_watch(self.client, self.range, rev + 1, idle_s=self.idle_s)
         except WatchCompacted:
             with self._lock:
                 self._synced = False
@@ -185,3 +185,60 @@ class KeyMirror:
             if self.on_urgent is not None and self.urgent is not None and any(self.urgent(e.kv.key) for e in events):
                 self.on_urgent()
             self.on_change()
+
+
+class MirrorSet:
+    """Several ranges, each with its :class:`KeyMirror` (a watch each: etcd's gateway takes one
+    range per watch), seen as one copy; :meth:`follow` changes the ranges (a mirror for a range
+    kept goes on, a new one reads its keys first: until then the copy is being opened)."""
+
+    def __init__(self, client: EtcdClient, ranges: tuple[KeyRange, ...], on_change: Callable[[], None],
+                 idle_s: float = IDLE_S, *, urgent: Callable[[str], bool] | None = None,
+                 on_urgent: Callable[[], None] | None = None) -> None:
+        self._make = lambda r: KeyMirror(client, r, on_change, idle_s, urgent=urgent, on_urgent=on_urgent)
+        self.mirrors: dict[KeyRange, KeyMirror] = {r: self._make(r) for r in ranges}
+        self._base = 0  # added to the versions' sum: a changed set never repeats a version
+        self._last = 0
+        self._started = False
+
+    @property
+    def ranges(self) -> tuple[KeyRange, ...]:
+        return tuple(self.mirrors)
+
+    def start(self) -> None:
+        self._started = True
+        for m in self.mirrors.values():
+            m.start()
+
+    def close(self) -> None:
+        for m in self.mirrors.values():
+            m.close()
+
+    def resync(self) -> None:
+        for m in self.mirrors.values():
+            m.resync()
+
+    def follow(self, ranges: tuple[KeyRange, ...]) -> None:
+        """Watch ``ranges`` from now on (from the agent's thread, the only caller of snapshot)."""
+        if set(ranges) == set(self.mirrors):
+            return
+        gone = [m for r, m in self.mirrors.items() if r not in ranges]
+        new = {r: self._make(r) for r in ranges if r not in self.mirrors}
+        self.mirrors = {r: self.mirrors.get(r) or new[r] for r in ranges}
+        for m in gone:
+            m.close()
+        self._base = self._last + 1
+        if self._started:
+            for m in new.values():
+                m.start()
+
+    def snapshot(self) -> tuple[int, list[KeyValue]] | None:
+        """As :meth:`KeyMirror.snapshot`, over every range: None when any could not be opened
+        (the caller reads every key itself), OPENING while any is being opened."""
+        snaps = [m.snapshot() for m in self.mirrors.values()]
+        if any(s is None for s in snaps):
+            return None
+        if any(s[0] == OPENING for s in snaps if s is not None):
+            return OPENING, []
+        self._last = self._base + sum(s[0] for s in snaps if s is not None)
+        return self._last, [kv for s in snaps if s is not None for kv in s[1]]

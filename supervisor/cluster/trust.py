@@ -13,8 +13,11 @@ so a node acts only on keys that fit the run's own writes:
   inherit it); a node without one (just started) also believes a plan written before the
   current leader's election, which no one can check any more;
 * an end request counts only on the leader's lease, or from a member of that generation on the
-  lease of its record;
-* a give-up counts only from a member of the current generation, on a lease its record was seen on.
+  lease of its record (as seen, or as the believed plan names it: a follower does not watch the
+  records, the leader saw them when it planned);
+* a give-up counts only from a member of the current generation, on a lease its record was seen
+  on (or the plan names);
+* the leader's word on differing launches (``P/mismatch``) counts only on the leader's lease.
 
 Everything else is left out of the view, with one warning per key revision. These checks keep
 stray and naive writers out; a deliberate one who can read the leases must be kept out of etcd
@@ -103,9 +106,14 @@ class Trust:
         plan = self.plan
         ends, end_revs = self._ends(keys, kvs, plan, leader_lease, leases, ignore)
         gave_up = self._gave_up(keys, kvs, plan, ignore)
+        differ, mkv = raw.mismatch, by_key.get(keys.mismatch)
+        if mkv is not None and (not mkv.lease or mkv.lease != leader_lease):
+            differ = None
+            if leader is not None:
+                ignore(mkv, f"a launch mismatch note on lease {mkv.lease:x}, not the leader's ({leader_lease:x})")
         return replace(raw, nodes=nodes, leader=leader, plan=plan, plan_rev=pkv.mod_revision if pkv else 0,
                        ends=ends, gave_up=gave_up, leader_rev=lkv.mod_revision if lkv else 0, leader_stale=stale,
-                       end_revs=end_revs, floor_gen=floor), notes
+                       end_revs=end_revs, floor_gen=floor, node_leases=leases, mismatch=differ), notes
 
     def _nodes(self, keys: Keys, kvs: Sequence[KeyValue], ignore: _Ignore) -> tuple[dict[str, NodeRecord],
                                                                                       dict[str, int]]:
@@ -173,7 +181,7 @@ class Trust:
                 ends[req.gen] = known[1]
                 continue
             member = (plan is not None and plan.gen == req.gen and req.by in plan.nodes
-                      and leases.get(req.by) == req.lease)
+                      and req.lease in (leases.get(req.by), plan.lease_of(req.by)))
             if req.lease and (req.lease == leader_lease or member):
                 self.ends[req.gen] = (kv.mod_revision, req)
                 ends[req.gen] = req
@@ -198,7 +206,8 @@ class Trust:
             if plan is not None and plan.give_up:
                 continue  # the run has given up already: the nodes' own give-ups that follow add nothing
             member = node in plan.nodes if plan is not None else node in self.leases
-            if note.lease and note.lease in self.leases.get(node, ()) and member and current - 1 <= note.gen <= current:
+            seen = note.lease in self.leases.get(node, ()) or (plan is not None and note.lease == plan.lease_of(node))
+            if note.lease and seen and member and current - 1 <= note.gen <= current:
                 self.gave_up[node] = (kv.mod_revision, note.reason)
                 out[node] = note.reason
             else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from supervisor.core.causes import Action
 from supervisor.cluster.coord import EndRequest, Keys, NodeRecord, Phase, Plan, View
+from supervisor.cluster.digest import Mismatch
 from supervisor.cluster.etcd import KeyValue
 from supervisor.cluster.trust import GaveUpNote, Trust
 
@@ -136,3 +137,38 @@ def test_after_the_run_gave_up_the_nodes_own_give_ups_are_skipped_without_a_warn
     s.put(K.gave_up("n1"), GaveUpNote("the cluster gives up", 1, L1).to_json())
     v, notes = s.check(t)
     assert v.plan is not None and v.plan.give_up and v.gave_up == {} and notes == []
+
+
+def follower_store() -> Store:
+    """What a follower's copy holds: no node records but the leader's (read by the agent), a plan
+    naming each member's record lease."""
+    s = Store()
+    s.put(K.node("n1"), NodeRecord("n1", "10.0.0.1", Phase.RUNNING, 1).to_json(), L1)
+    s.put(K.leader, "n1", L1)
+    s.put(K.plan, Plan(1, ("n1", "n2", "n3"), None, "n1", "10.0.0.1", "first", lease=L1,
+                       leases=(L1, L2, L3)).to_json())
+    return s
+
+
+def test_a_follower_checks_a_members_end_request_and_give_up_against_the_leases_the_plan_names() -> None:
+    s, t = follower_store(), Trust(5.0)
+    s.put(K.end(1), EndRequest(1, "n2", "nan", "loss is nan", lease=0x99).to_json(), 0x99)  # not n2's lease
+    v, notes = s.check(t)
+    assert v.ends == {} and len(notes) == 1 and "n2" in notes[0]
+    s.put(K.end(1), EndRequest(1, "n2", "nan", "loss is nan", lease=L2).to_json(), L2)
+    v, notes = s.check(t)
+    assert v.ends[1].by == "n2" and notes == []
+    s.put(K.gave_up("n3"), GaveUpNote("restart budget spent", 1, L3).to_json())
+    s.put(K.gave_up("n4"), GaveUpNote("not a member", 1, L3).to_json())
+    v, notes = s.check(t)
+    assert v.gave_up == {"n3": "restart budget spent"} and len(notes) == 1 and "'n4'" in notes[0]
+
+
+def test_the_leaders_mismatch_note_counts_only_on_the_leaders_lease() -> None:
+    s, t = follower_store(), Trust(5.0)
+    s.put(K.mismatch, Mismatch("seeds.--seed differ: seeds.--seed (n1: 1; n2: 2)", ("n1", "n2")).to_json(), L2)
+    v, notes = s.check(t)
+    assert v.mismatch is None and len(notes) == 1 and "mismatch" in notes[0]
+    s.put(K.mismatch, Mismatch("seeds.--seed differ: seeds.--seed (n1: 1; n2: 2)", ("n1", "n2")).to_json(), L1)
+    v, notes = s.check(t)
+    assert v.mismatch is not None and v.mismatch.nodes == ("n1", "n2") and "n2: 2" in v.mismatch.text and notes == []

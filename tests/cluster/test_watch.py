@@ -11,12 +11,12 @@ import threading
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 from supervisor.cluster.agent import ClusterAgent
 from supervisor.cluster.coord import EndRequest, Keys, NodeRecord, Phase, Plan, Rules
 from supervisor.cluster.etcd import EtcdClient
-from supervisor.cluster.mirror import KeyMirror
+from supervisor.cluster.mirror import OPENING, KeyMirror
 from tests.cluster.etcdserver import EtcdServer
 from tests.cluster.proxy import Relay
 from tests.util import wait_for
@@ -110,8 +110,8 @@ def test_agents_at_rest_send_only_keepalives_and_a_failure_still_reaches_them(et
         with ThreadPoolExecutor(2) as pool:
             plans = [f.result(timeout=20) for f in [pool.submit(a.wait_for_generation, []) for a in agents]]
         assert {p.gen for p in plans} == {1}
-        wait_for(lambda: all(len(a.view.nodes) == 2 and all(r.phase is Phase.RUNNING for r in a.view.nodes.values())
-                             for a in agents), timeout=10, what="both running in every view")
+        wait_for(lambda: all({v["phase"] for v in a.status()["nodes"].values()} == {"running"} and
+                             len(a.status()["nodes"]) == 2 for a in agents), timeout=10, what="both running, as each says")
         before = [Counter(c.sent) for c in clients]
         wait_for(lambda: all(c.sent["/v3/lease/keepalive"] - b["/v3/lease/keepalive"] >= 3
                              for c, b in zip(clients, before)), timeout=20, what="three keepalives each")
@@ -127,7 +127,7 @@ def test_agents_at_rest_send_only_keepalives_and_a_failure_still_reaches_them(et
             a.close()
 
 
-def test_a_follower_rebuilds_its_view_for_records_once_a_second_and_for_the_plan_at_once(etcd: EtcdServer) -> None:
+def test_a_follower_watches_only_what_it_acts_on_and_reads_every_record_once_it_leads(etcd: EtcdServer) -> None:
     keys = Keys(f"/tsup/test-{uuid.uuid4().hex[:8]}")
     direct = EtcdClient([etcd.endpoint])
     lease = direct.grant(30).id
@@ -141,28 +141,32 @@ def test_a_follower_rebuilds_its_view_for_records_once_a_second_and_for_the_plan
     mirror = b.mirror
     assert mirror is not None
 
-    def copy_has(key: str) -> bool:
+    def copy() -> list[str] | None:
         snap = mirror.snapshot()
-        return snap is not None and any(kv.key == key for kv in snap[1])
+        return None if snap is None or snap[0] == OPENING else [kv.key for kv in snap[1]]
+
+    def turn_when(cond: Callable[[list[str]], bool], what: str) -> None:
+        wait_for(lambda: (k := copy()) is not None and cond(k), timeout=10, what=what)
+        b._turn()
 
     mirror.start()
     try:
-        wait_for(lambda: copy_has(keys.leader), timeout=10, what="the first full read")
-        b._turn()
-        assert b.view.leader == "a" and set(b.view.nodes) >= {"a", "c"}
+        turn_when(lambda k: keys.leader in k, "the first full read")  # every key until a leader is known
+        assert b.view.leader == "a" and set(b.view.nodes) >= {"a", "c"} and b._following()
+        turn_when(lambda k: keys.node("c") not in k, "the follower's ranges open")
+        assert b.view.leader == "a" and set(b.view.nodes) == {"a"}  # the leader's record, read for the trust check
         direct.put(keys.node("d"), NodeRecord("d", "127.0.0.1", Phase.RUNNING, 1).to_json(), lease=lease)
-        wait_for(lambda: copy_has(keys.node("d")), timeout=10, what="d's record in the copy")
-        now[0] = 0.5
-        b._turn()
-        assert "d" not in b.view.nodes  # another node's record: not yet, for a follower
-        now[0] = 1.0  # FOLLOW_VIEW_S after the last rebuild
-        b._turn()
-        assert "d" in b.view.nodes
-        direct.put(keys.node("e"), NodeRecord("e", "127.0.0.1", Phase.RUNNING, 1).to_json(), lease=lease)
         direct.put(keys.plan, Plan(1, ("a", "c", "d"), None, "a", "127.0.0.1", "first", lease=lease).to_json())
-        wait_for(lambda: b._fresh, timeout=10, what="the plan's change marked urgent")
-        now[0] = 1.1
-        b._turn()
-        assert b.view.plan is not None and b.view.plan.gen == 1 and "e" in b.view.nodes  # all of it, at once
+        turn_when(lambda k: keys.plan in k, "the plan through the watch")
+        assert b.view.plan is not None and b.view.plan.gen == 1 and "d" not in b.view.nodes
+        assert not any(k.startswith(keys.nodes) for k in copy() or [])  # no record reaches a follower's copy
+        assert set(b.status()["nodes"]) == {"a", "b", "c", "d"}  # `status` reads them
+        direct.delete(keys.leader)  # the leader is gone; b is elected (its key on its lease)
+        turn_when(lambda k: keys.leader not in k, "the leader key's deletion")
+        assert b.view.leader is None and direct.put(keys.leader, "b", lease=b.lease or 0)
+        turn_when(lambda k: keys.leader in k, "b's leader key")
+        assert b.view.leader == "b" and not b._following()  # leading: every key first, no step on the follower's copy
+        turn_when(lambda k: keys.node("d") in k, "every record read")
+        assert b.view.leader == "b" and set(b.view.nodes) >= {"a", "b", "c", "d"}
     finally:
         b.close()
