@@ -7,8 +7,6 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-import structlog
-
 from ..core.messages import Resume
 from ..events import AttemptContext, Detection, MetricRecord, Monitor
 from .concerns import close_each
@@ -21,9 +19,6 @@ if TYPE_CHECKING:  # imported once the first job is spawned: none of the watcher
     from ..watch.look import LookResult
     from ..watch.metricfiles import MetricFiles
     from ..watch.tail import FileTailer
-
-
-log = structlog.get_logger("supervisor.daemon.watch")
 
 
 class HeldLines:
@@ -123,9 +118,9 @@ class WatchConcern(Concern):
         except Exception as e:
             self.lines.drop()
             self.heartbeat = self.logwatch = None
-            log.exception("watch_unavailable", error=repr(e),
-                          message="the log watcher could not be built; the job runs on without detection from "
-                                  "its output (job.log still has every line)")
+            d.event("monitor_failed", "error", f"the log watcher and heartbeat monitor could not be built ({e!r}); "
+                    "the job runs on without detection from its output or heartbeats (job.log still has every "
+                    "line)", monitor="LogWatcher", error=repr(e))
 
     def _build(self, daemon: DaemonView) -> None:
         from ..watch.hanggate import system_gate

@@ -3,6 +3,9 @@ meanwhile is held and reaches the real detectors, in order, once the watcher is 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
+
+import pytest
 
 from supervisor.daemon.watchconcern import HeldLines
 from supervisor.events import Detection, MetricRecord
@@ -58,3 +61,23 @@ def test_lines_are_dropped_not_kept_once_the_watcher_cannot_be_built() -> None:
     w, metrics, _ = _watcher()
     held.attach(w)  # nothing held to hand over: job.log keeps the lines, memory does not
     assert metrics == []
+
+
+def test_a_log_watcher_that_cannot_be_built_is_said_and_the_daemon_supervises_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The one failure injected: the log watcher's constructor raises (a bug of ours after the spawn).
+    from supervisor.watch import logwatch
+
+    from ..fakes import daemon
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise RuntimeError("broken watcher")
+
+    monkeypatch.setattr(logwatch.LogWatcher, "__init__", broken)
+    d = daemon(tmp_path)
+    assert d.runner.job is not None, "the job was launched all the same"
+    failed = [e for e in d.ledger.events if e["event"] == "monitor_failed"]
+    assert failed and "broken watcher" in failed[0]["message"] and d.watch.logwatch is None
+    d.watch.lines.feed("stdout", ["iter 1: loss nan, time 10.00ms"])  # nothing takes it, nothing is kept
+    d.step()
+    assert d.runner.job is not None and "failure_detected" not in d.events()
