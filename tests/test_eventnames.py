@@ -171,7 +171,7 @@ def test_the_scan_sees_each_kind_of_emitter():
         found.setdefault(e.name, []).append(e.where)
     for name, where in [("daemon_started", "daemon/runner.py"), ("restart_requested", "core/machine.py"),
                         ("gave_up", "core/attempts.py"), ("cluster_leader", "cluster/agent.py"),
-                        ("metrics_blind", "watch/blind.py"), ("checkpoint_chosen", "checkpoints/service.py"),
+                        ("metrics_blind", "watch/blind.py"), ("checkpoint_chosen", "checkpoints/resumechoice.py"),
                         ("state_dir_unusable", "daemon/statelock.py"), ("restart_loop", "daemon/alerting.py"),
                         ("checkpoint_manifest_metric_not_written", "checkpoints/manifest.py"),
                         ("event_name_unknown", "daemon/recorder.py")]:
