@@ -30,8 +30,9 @@ from ..core.causes import Cause, action_named
 from ..errors import GiveUp as RunGaveUp, SupervisorError
 from .coord import (Campaign, Command, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord, Phase, Plan,
                     RequestEnd, Rules, StopLocal, View, WritePlan)
-from .digest import Mismatch, encode as encode_digest, mismatch
+from .digest import encode as encode_digest
 from .etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyRange, KeyValue, LeaseExpired, same
+from .launchreport import LaunchReport
 from .mirror import OPENING, MirrorSet
 from .trust import GaveUpNote, Trust
 
@@ -85,8 +86,7 @@ class ClusterAgent:
         self._published: NodeRecord | None = None
         self._digest: Mapping[str, str] | None = None  # what this node would launch (published while waiting)
         self._digest_sent: Mapping[str, str] | None = None
-        self._mismatch = ""  # the launch difference last reported
-        self._mismatch_sent: Mismatch | None = None  # the leader's P/mismatch as last written
+        self.launches = LaunchReport(client, keys, node_id, rules.wait_for_nodes_s, self._emit)  # differing launches
         self._reachable = True
         self._cond = threading.Condition()
         self._outcome: Join | GiveUp | None = None
@@ -321,7 +321,8 @@ class ClusterAgent:
             me = self.me
             cmds = self.coord.step(view, me, now)
         self._carry_out(cmds)
-        self._share_mismatch(view)
+        if view.leader == self.node_id and not self._following():
+            self.launches.share(view, self.lease or 0)
 
     def _believe(self, kvs: list[KeyValue], now: float) -> None:
         node_p = self.keys.nodes  # the node records are read by the trust check (which believes them), once
@@ -331,7 +332,9 @@ class ClusterAgent:
             self._emit("cluster_key_ignored", "warning", f"{why}; a stray or forged write (keep etcd behind TLS "
                        "client certificates or auth)")
         self.view = view
-        self._report_mismatch(view)
+        with self._cond:
+            waiting_here = self.me.phase is Phase.WAITING
+        self.launches.report(view, self._following(), waiting_here)
 
     def _urgent(self, key: str) -> bool:
         """A single write this node acts on at once (SETTLE_S): the plan, an end request, the
@@ -420,57 +423,6 @@ class ClusterAgent:
             with self._cond:
                 self._outcome = cmd
                 self._cond.notify_all()
-
-    def _waiting_digests(self, view: View) -> dict[str, Mapping[str, str]]:
-        return {n: d for n, d in view.digests.items() if n in view.nodes and view.nodes[n].phase is Phase.WAITING}
-
-    def _share_mismatch(self, view: View) -> None:
-        """The leader writes what differs (P/mismatch, on its lease) for the followers, which do
-        not watch the digests; deleted once the launches agree."""
-        if view.leader != self.node_id or self._following():
-            return
-        waiting = self._waiting_digests(view)
-        differ = mismatch(waiting) if len(waiting) >= 2 else ""
-        note = Mismatch(differ, tuple(sorted(waiting))) if differ else None
-        if note == self._mismatch_sent:
-            return
-        try:
-            if note is not None:
-                self.client.put_if(self.keys.mismatch, note.to_json(), [same(self.keys.leader, "LEASE", self.lease or 0)],
-                                   lease=self.lease or 0)
-            else:
-                self.client.delete(self.keys.mismatch)
-        except EtcdError as e:
-            log.warning("cluster_command_failed", command="share_mismatch", error=str(e), message="retried at the next turn")
-            return
-        self._mismatch_sent = note
-
-    def _report_mismatch(self, view: View) -> None:
-        """Every waiting node says what differs between the waiting nodes' launches (the leader
-        plans no generation over it), once per difference: from the digests where it watches
-        them, else from the leader's note naming it."""
-        if self._following():
-            note = view.mismatch
-            with self._cond:
-                waiting_here = self.me.phase is Phase.WAITING
-            if not waiting_here or note is None or self.node_id not in note.nodes:
-                differ, nodes = "", [self.node_id]
-            else:
-                differ, nodes = note.text, list(note.nodes)
-            if not differ and not self._mismatch:
-                return
-        else:
-            waiting = self._waiting_digests(view)
-            if self.node_id not in waiting or len(waiting) < 2:
-                return  # nothing to compare (the others left after a give-up say nothing of agreement)
-            differ, nodes = mismatch(waiting), sorted(waiting)
-        if differ and differ != self._mismatch:
-            self._emit("cluster_launch_mismatch", "error", f"{differ}; no generation starts until they agree (restart "
-                       f"the odd node with the others' command, config, code and packages); after wait_for_nodes_s "
-                       f"({self.rules.wait_for_nodes_s:g} s) the run gives up", nodes=nodes)
-        elif not differ and self._mismatch:
-            self._emit("cluster_launch_agreed", "info", "the waiting nodes' launches agree now")
-        self._mismatch = differ
 
     def _emit(self, event: str, level: str, message: str, **data: Any) -> None:
         self.on_event(event, level, message, data)
