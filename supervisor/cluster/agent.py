@@ -1,6 +1,7 @@
 """One node's link to the run's keys in etcd: a thread that keeps this node's lease and record,
-follows the keys (etcd's watch keeps a copy, :class:`~supervisor.cluster.mirror.KeyMirror`; the
-keys are read every turn while the watch is not open), hands the view to the pure
+follows the keys (etcd's watches keep a copy, :class:`~supervisor.cluster.mirror.MirrorSet`: every
+key on the leader, only the keys a follower acts on elsewhere; the keys are read every turn
+while a watch is not open), hands the view to the pure
 :class:`~supervisor.cluster.coord.Coordinator` and carries out what it says. A turn runs when the
 copy changes and every ``poll_s`` (the coordinator's timeouts, this node's own record); at rest it
 sends etcd nothing but the lease keepalives.

@@ -18,10 +18,6 @@ Keys under the run's prefix ``P``::
     P/mismatch    Mismatch       on the leader's lease while the waiting nodes' digests differ: what
                                  differs, for the followers (which do not watch the digests)
 
-A follower watches only what it acts on (the plan, end requests, the leader key, the mismatch,
-give-ups); the node records and digests every node writes at each fault reach the leader alone,
-which watches every key (agent.py).
-
 A generation is one launch of the job on a set of nodes. Any node's failure (or the leader seeing
 a member's lease gone: ``node_lost``) ends it; every member stops its job and says so (``waiting``,
 with the checkpoint steps it verified); the leader then writes the next plan: the nodes, each one's
