@@ -107,6 +107,9 @@ class ClusterAgent:
         self.mirror = MirrorSet(client, self._all, self._wake.set, idle_s=rules.lease_ttl_s, urgent=self._urgent,
                                 on_urgent=self._now.set) if watch else None
         self._seen: int | None = None  # the copy's version the view was last built from
+        self._records: Mapping[str, NodeRecord] | None = None  # a follower's last read of every record (status)
+        self._records_wanted = threading.Event()
+        self._records_read = threading.Event()
         self._leader_rec: tuple[int, KeyValue] | None = None  # a follower's read of the leader's record, by leader key revision
 
     # ------------------------------------------------------------------ life
@@ -218,14 +221,20 @@ class ClusterAgent:
             if self.me.state != state:
                 self.me = self.me.but(state=state)
 
-    def status(self) -> dict[str, Any]:
+    def status(self, wait_s: float = 0.0) -> dict[str, Any]:
+        """What `status` shows. A follower does not watch the node records: with ``wait_s`` (a
+        person's `status`) its thread reads them at once and this waits up to that long for the
+        read; without, the last read shows (no I/O here: the daemon's loop calls it each tick)."""
         v, plan = self.view, self.plan
-        if self._following():  # the records are not watched here: read them now (`status` is asked by a person)
-            try:
-                kvs, _rev = self.client.get_prefix(self.keys.nodes)
-                v = replace(v, nodes=View.parse(self.keys, ((kv.key, kv.value, kv.mod_revision) for kv in kvs)).nodes)
-            except EtcdError:
-                pass  # the view's (the leader's record) and etcd_reachable say the rest
+        if self._following():
+            if wait_s > 0:
+                self._records_read.clear()
+                self._records_wanted.set()
+                self._now.set()
+                self._wake.set()
+                self._records_read.wait(wait_s)
+            if self._records is not None:  # else the view's (the leader's record); etcd_reachable says the rest
+                v = replace(v, nodes=self._records)
         return {"node_id": self.node_id, "leader": v.leader, "etcd_reachable": self._reachable,
                 "generation": plan.gen if plan else None, "rank": plan.rank(self.node_id) if plan and
                 self.node_id in plan.nodes else None,
@@ -242,10 +251,23 @@ class ClusterAgent:
                 log.exception("cluster_agent_failed", error=repr(e), message="internal error in the cluster "
                               "agent; it keeps going")
             self._turn_s = time.perf_counter() - began
+            if self._records_wanted.is_set():
+                self._read_records()
             if self._wake.wait(self.poll_s):  # changes come in bursts (every node's record): one turn for a
                 self._now.wait(min(max(SETTLE_S, 2 * self._turn_s), self.poll_s))  # burst; turns <= 1/3 of the time
             self._wake.clear()  # (a change from here on wakes the next turn; one before is seen by this one)
             self._now.clear()
+
+    def _read_records(self) -> None:
+        """For `status` on a follower: every node record, read once (not watched: see _followed)."""
+        self._records_wanted.clear()
+        try:
+            kvs, _rev = self.client.get_prefix(self.keys.nodes)
+            self._records = View.parse(self.keys, ((kv.key, kv.value, kv.mod_revision) for kv in kvs)).nodes
+        except EtcdError:
+            pass  # the last read shows; etcd_reachable says why
+        finally:
+            self._records_read.set()
 
     def _following(self) -> bool:
         return self.mirror is not None and self.mirror.ranges == self._followed

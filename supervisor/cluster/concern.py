@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # the checkpoint service's imports only with a checkpoint dir
 log = structlog.get_logger("supervisor.cluster")
 
 SOURCE = "cluster:"  # the detection source of another node's failure: it is not requested again
+STATUS_READ_S = 1.0  # a person's `status` on a follower waits at most this for the node records (live_status)
 
 
 def _cause(name: str) -> Cause:
@@ -130,6 +131,11 @@ class ClusterConcern(Concern):
 
     def status(self) -> Mapping[str, Any]:
         return {"cluster": self.agent.status()} if self.agent is not None else {}
+
+    def live_status(self) -> Mapping[str, Any]:
+        # A person's `status`: a follower reads the node records it does not watch (its agent's
+        # thread does the read; this waits for it at most STATUS_READ_S, then shows the last read).
+        return {"cluster": self.agent.status(wait_s=STATUS_READ_S)} if self.agent is not None else {}
 
     def close(self) -> None:
         d, agent = self.daemon, self.agent

@@ -151,7 +151,7 @@ def test_etcd_paused_past_the_lease_ttl_keeps_healthy_jobs_running_and_books_not
             finally:
                 etcd.proc.send_signal(signal.SIGCONT)
             # Back: the leases may have expired at once; every node registers again within the grace.
-            wait_for(lambda: all(n.agent._reachable and n.agent.view.leader and len(n.agent.status()["nodes"]) == 2
+            wait_for(lambda: all(n.agent._reachable and n.agent.view.leader and len(n.agent.status(wait_s=2)["nodes"]) == 2
                                  and time.monotonic() - n.agent.coord.contact_since > rules.lease_ttl_s + 0.5
                                  for n in ns), timeout=20, what="both registered again, past the grace")
             assert all(n.stops == [] for n in ns)  # no fence, no node_lost: nothing booked
