@@ -79,8 +79,9 @@ def test_the_odd_node_restarted_with_the_others_launch_joins_and_the_generation_
             assert not f1.done()  # no generation over a difference
             # The follower watches no digests: the leader's note (P/mismatch, on its lease) tells it.
             follower = next(a for a in (n1, n2) if a.view.leader not in (None, a.node_id))
-            assert follower._following() and follower.view.mismatch is not None, follower.view
-            assert "seeds.--seed (n1: 1; n2: 2)" in follower.view.mismatch.text
+            note = wait_for(lambda: follower._following() and follower.view.mismatch, timeout=10,
+                            what="the leader's note in the follower's view")
+            assert "seeds.--seed (n1: 1; n2: 2)" in note.text and set(note.nodes) == {"n1", "n2"}
             n2.close()  # the odd daemon stops (its lease and digest go) and starts again with n1's launch
             n2 = make("n2")
             f2 = pool.submit(n2.wait_for_generation, [], digest={**seed1, "~names": '["n2"]'})
