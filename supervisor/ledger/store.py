@@ -295,7 +295,14 @@ class Ledger:
         return json.loads(row["config_json"]) if row and row["config_json"] else {}
 
     def latest_run_id(self) -> str | None:
-        row = self.db.execute("SELECT run_id FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
+        try:
+            row = self.db.execute("SELECT run_id FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
+        except sqlite3.OperationalError as e:
+            # A daemon creates the file, then its tables: a reader in between (`history` run at
+            # the daemon's start) finds a ledger with no run yet, not an error.
+            if "no such table" in str(e):
+                return None
+            raise
         return row["run_id"] if row else None
 
     # -- attempts -------------------------------------------------------------------------

@@ -9,6 +9,7 @@ or by the job to itself at a fixed step (tests/trainer_scripts/cb_*_train.py --s
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -59,7 +60,11 @@ def finish_all(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, 
         dumps = stacks_and_kill_tree(proc.pid)  # the ranks of torchrun live in sessions of their own
         out, err = proc.communicate(timeout=30)
         raise AssertionError(f"job did not finish in {timeout}s:\n{out[-3000:]}\n{err[-3000:]}\n{dumps}") from None
-    results = [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
+    # Found anywhere, not only at a line's start: two ranks share torchrun's stdout, and a rank's
+    # write of more than PIPE_BUF bytes (its buffered log lines) may be split by the other's
+    # RESULT line, which then follows half a line.
+    decoder = json.JSONDecoder()
+    results = [decoder.raw_decode(out, m.end())[0] for m in re.finditer(r"RESULT (?=\{)", out)]
     assert results, f"no RESULT line (rc={proc.returncode}):\n{out[-2000:]}\n{err[-3000:]}"
     return proc.returncode, results, err
 

@@ -258,3 +258,16 @@ def test_text_with_undecodable_bytes_keeps_its_row_and_shows_the_bytes(tmp_path:
     assert event["message"] == "resuming from /ck/step_100_\\xe9t\\xe9.pt" and event["data"] == {"path": f"/ck/{name}"}
     assert led.write_errors == 0
     led.close()
+
+
+def test_a_reader_between_the_files_creation_and_its_tables_sees_no_run_yet(tmp_path: Path) -> None:
+    # A daemon creates ledger.sqlite, then its tables: `history` at that moment (or a test
+    # polling it) reads an empty history, not "no such table: runs".
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "ledger.sqlite").touch(mode=0o600)
+    led = Ledger(tmp_path, readonly=True)
+    try:
+        assert led.latest_run_id() is None
+        assert led.history(None) == {"run_id": None, "attempts": [], "events": []}
+    finally:
+        led.close()
