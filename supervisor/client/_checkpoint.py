@@ -40,7 +40,7 @@ def _environment(seed: Any) -> dict[str, Any]:
     try:
         import torch  # already imported by the caller's torch.save (or its trainer); cheap here
     except ImportError:  # record_checkpoint of a checkpoint written without torch
-        torch = None  # type: ignore[assignment]
+        torch = None
 
     env: dict[str, Any] = {
         "python": sys.version.split()[0],

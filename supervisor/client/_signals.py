@@ -107,7 +107,7 @@ def agree(device: object, *flags: bool) -> tuple[bool, ...]:
         return flags
     import torch
 
-    t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=device)  # type: ignore[arg-type]
+    t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return tuple(bool(x) for x in t.tolist())
 

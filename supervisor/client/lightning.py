@@ -49,7 +49,7 @@ def _import_lightning() -> Any:
             return pl
         except ImportError:
             pass
-    import pytorch_lightning as pl  # type: ignore[no-redef]
+    import pytorch_lightning as pl
 
     return pl
 

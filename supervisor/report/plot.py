@@ -56,7 +56,7 @@ def render_loss_png(data: ReportData, path: Path) -> None:
             ax.set_yscale("log")
 
     for m in markers:
-        color = "crimson" if m.is_rollback else "darkorange"  # type: ignore[assignment]
+        color = "crimson" if m.is_rollback else "darkorange"
         if m.resume_step is not None:
             ax_step.axvline(m.resume_step, color=color, ls="--", lw=1)
             ax_step.annotate(m.label, xy=(m.resume_step, 1.0), xycoords=("data", "axes fraction"),
