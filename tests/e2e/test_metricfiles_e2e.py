@@ -53,46 +53,6 @@ def ts(ev: dict[str, str]) -> float:
 
 
 @slow
-@pytest.mark.parametrize("pkg,logger", [("lightning", "default")])  # the other two: the reader test below
-def test_lightning_at_defaults_nan_is_seen_in_its_logger_files_and_rolled_back(supervise, tmp_path: Path,
-                                                                               pkg: str, logger: str) -> None:
-    # NaN weights after the update of step 12: epoch=0-step=10.ckpt is the last good checkpoint.
-    d = supervise(wrap(tmp_path, "--checkpoint-dir", str(tmp_path / "ck"), *LIGHTNING_RESUME,
-                       config=workdir(tmp_path))
-                  + lightning_cmd(tmp_path, pkg, logger, "--max_steps", "40", "--log_every_n_steps", "1"),
-                  fault="nan@12")
-    assert d.wait(300) == 0, d.stderr()[-3000:]
-    a = attempts(tmp_path / "sd")
-    assert a[0]["cause"] == "nan" and a[0]["action"] == "rollback", a[0]
-    assert len(a) == 2 and a[1]["exit_code"] == 0, a  # no false NaN from the stopped attempt's last lines
-    [nan] = events(d, "failure_detected")
-    kind = "tb:" if logger == "default" else "file:"
-    assert nan["source"].startswith(f"{kind}{tmp_path / 'lightning_logs' / 'version_0'}"), nan
-    assert int(nan["onset_step"]) == 12, nan  # Lightning logs the loss of the 13th batch as step 12
-    assert ckpt_step(a[1]["checkpoint"]) == 10 and a[1]["argv"][-2:] == ["--ckpt_path", a[1]["checkpoint"]]
-    assert a[1]["resume_step"] == 10
-    # The stock checkpoint chosen passed the finite check, its callback state's inf kth_value
-    # notwithstanding (once every stock checkpoint failed it, and the rollback started from step 0).
-    tested = [e for e in events(d, "checkpoint_load_test") if e["path"] == a[1]["checkpoint"]
-              and e["check_finite"].lower() == "true"]
-    assert tested and all(e["passed"].lower() == "true" for e in tested), tested
-    chosen = [e for e in history(tmp_path / "sd")["events"] if e["event"] == "checkpoint_chosen"]
-    assert chosen, [e["event"] for e in history(tmp_path / "sd")["events"]]
-    [last] = (tmp_path / "ck").glob("epoch=*-step=40*.ckpt")
-    assert_finite_lightning(last)
-    callbacks = torch.load(last, map_location="cpu", weights_only=True)["callbacks"]
-    assert math.isinf(float(callbacks[next(iter(callbacks))].get("kth_value", math.inf)))
-    if logger == "default":
-        # Detection delay: from the writer's wall time of the NaN scalar to the daemon's detection.
-        [ev_file] = (tmp_path / "lightning_logs" / "version_0").glob("events.out.tfevents.*")
-        scalars, _ = read_file(str(ev_file))
-        written = min(s.wall_time for s in scalars if math.isnan(s.value))
-        delay = ts(nan) - written
-        print(f"detection delay (tensorboard, {pkg}): {delay:.2f} s")
-        assert 0 <= delay < 6.0, delay  # a 1 s poll; the rest is a loaded machine
-
-
-@slow
 @pytest.mark.parametrize("pkg,logger", [("pytorch_lightning", "default"), ("lightning", "csv")])
 def test_lightning_s_other_loggers_write_the_files_the_daemon_reads(tmp_path: Path, pkg: str, logger: str) -> None:
     # ``import pytorch_lightning`` or the CSVLogger change the job's side only: the daemon's side
@@ -135,21 +95,42 @@ class Sink:
 @slow
 def test_lightning_with_not_one_trainer_argument_changed_logs_every_50_steps_and_the_nan_is_still_caught(
         supervise, tmp_path: Path) -> None:
-    # log_every_n_steps at its default (50): the loss is written at steps 49, 99, ... The NaN from
-    # the update of step 60 shows at step 99; the onset is the step after the last finite value
-    # (50), so the rollback takes step 25, not step 50 (saved before the NaN, but after the onset).
+    # Lightning 2.x at its defaults: the Rich bar prints nothing per step into a pipe, the
+    # TensorBoard logger writes event files, log_every_n_steps is 50 (the loss is written at steps
+    # 49, 99, ...). The NaN from the update of step 60 shows at step 99; the onset is the step after
+    # the last finite value (50), so the rollback takes step 25, not step 50 (saved before the NaN,
+    # but after the onset). (Once a second run with log_every_n_steps=1 showed the same claims at
+    # onset 12; one run at the true defaults shows them all.)
     d = supervise(wrap(tmp_path, "--checkpoint-dir", str(tmp_path / "ck"), *LIGHTNING_RESUME,
                        config=workdir(tmp_path))
                   + lightning_cmd(tmp_path, "lightning", "default", "--max_steps", "125", "--every_n_steps", "25",
                                   "--step_s", "0.05"), fault="nan@60")
     assert d.wait(300) == 0, d.stderr()[-3000:]
     a = attempts(tmp_path / "sd")
-    assert a[0]["cause"] == "nan" and len(a) == 2 and a[1]["exit_code"] == 0, a
+    assert a[0]["cause"] == "nan" and a[0]["action"] == "rollback", a[0]
+    assert len(a) == 2 and a[1]["exit_code"] == 0, a  # no false NaN from the stopped attempt's last lines
     [nan] = events(d, "failure_detected")
     assert nan["step"] == "99" and nan["onset_step"] == "50", nan
-    assert ckpt_step(a[1]["checkpoint"]) == 25, a[1]
+    assert nan["source"].startswith(f"tb:{tmp_path / 'lightning_logs' / 'version_0'}"), nan
+    assert ckpt_step(a[1]["checkpoint"]) == 25 and a[1]["argv"][-2:] == ["--ckpt_path", a[1]["checkpoint"]], a[1]
+    assert a[1]["resume_step"] == 25
+    # The stock checkpoint chosen passed the finite check, its callback state's inf kth_value
+    # notwithstanding (once every stock checkpoint failed it, and the rollback started from step 0).
+    tested = [e for e in events(d, "checkpoint_load_test") if e["path"] == a[1]["checkpoint"]
+              and e["check_finite"].lower() == "true"]
+    assert tested and all(e["passed"].lower() == "true" for e in tested), tested
+    chosen = [e for e in history(tmp_path / "sd")["events"] if e["event"] == "checkpoint_chosen"]
+    assert chosen, [e["event"] for e in history(tmp_path / "sd")["events"]]
     [last] = (tmp_path / "ck").glob("epoch=*-step=125*.ckpt")
     assert_finite_lightning(last)
+    callbacks = torch.load(last, map_location="cpu", weights_only=True)["callbacks"]
+    assert math.isinf(float(callbacks[next(iter(callbacks))].get("kth_value", math.inf)))
+    # Detection delay: from the writer's wall time of the NaN scalar to the daemon's detection.
+    ev_files = sorted((tmp_path / "lightning_logs" / "version_0").glob("events.out.tfevents.*"))
+    written = min(s.wall_time for f in ev_files for s in read_file(str(f))[0] if math.isnan(s.value))
+    delay = ts(nan) - written
+    print(f"detection delay (tensorboard, lightning): {delay:.2f} s")
+    assert 0 <= delay < 6.0, delay  # a 1 s poll; the rest is a loaded machine
 
 
 @slow
