@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from supervisor.watch.config import HeartbeatConfig
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 TRIALS = int(os.environ.get("BENCH_HANG_TRIALS", "2"))
@@ -104,14 +106,21 @@ def false_alarms() -> tuple[int, int]:
 
 def run() -> list[dict]:
     rows = []
+    # Since issue 21 a silent job is looked at before it is called hung: its stacks are sampled
+    # over look_s (3 s by default) to tell a busy job from a hung one. The bound is the timeout +
+    # look_s + the samples (watch/hanggate.py); the delay beyond the timeout alone is shown beside.
+    look = HeartbeatConfig().look_s
     t = hang_delay(["--heartbeat-timeout", "5"], 3)
-    rows.append({"name": "hang detection delay beyond the timeout, unmodified nanoGPT-style job (no client), "
-                         "wrap --heartbeat-timeout 5 --max-restarts 0 (the run ends at the hang), max of 3", "value": round(max(d for d, _ in t), 3), "unit": "s",
+    rows.append({"name": f"hang detection delay beyond the timeout + the look (look_s {look:g} s, default), unmodified "
+                         "nanoGPT-style job (no client), wrap --heartbeat-timeout 5 --max-restarts 0 (the run ends at "
+                         "the hang), max of 3", "value": round(max(d for d, _ in t) - look, 3), "unit": "s",
                  "target": "<= 1"})
+    rows.append({"name": "same, beyond the timeout alone (the look included)", "value": round(max(d for d, _ in t), 3),
+                 "unit": "s", "target": "report"})
     t = hang_delay([], TRIALS)
-    rows.append({"name": f"hang detection delay beyond the learned timeout, same job at the defaults but --max-restarts 0 "
-                         f"(the run ends at the hang), max of {TRIALS}",
-                 "value": round(max(d for d, _ in t), 3), "unit": "s", "target": "<= 1"})
+    rows.append({"name": f"hang detection delay beyond the learned timeout + the look, same job at the defaults but "
+                         f"--max-restarts 0 (the run ends at the hang), max of {TRIALS}",
+                 "value": round(max(d for d, _ in t) - look, 3), "unit": "s", "target": "<= 1"})
     rows.append({"name": "last line -> hang detected at the defaults (learned: max(60 s floor, 5 x longest gap)), median",
                  "value": round(statistics.median(s for _, s in t), 1), "unit": "s", "target": "report"})
     hangs, evals = false_alarms()
