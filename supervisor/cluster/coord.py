@@ -467,8 +467,3 @@ class Coordinator:
         gen = max(g, view.floor_gen) + 1  # past a plan not believed (a lost leader's last): never two of one number
         return WritePlan(Plan(gen, nodes, step, self.node_id, addr, reason, give_up, lives, leases=leases),
                          view.plan_rev)
-
-
-def as_dict(cmd: Any) -> dict[str, Any]:
-    """A command for the ledger and the logs."""
-    return {"command": type(cmd).__name__, **asdict(cmd)}
