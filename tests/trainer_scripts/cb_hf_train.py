@@ -93,13 +93,6 @@ def main() -> None:
     stop_sig = getattr(signal, os.environ.get("TSUP_STOP_SIGNAL") or "SIGTERM")
     print("RESULT " + json.dumps({"global_step": trainer.state.global_step, "rank": rank,
                                   "stop_handler": repr(signal.getsignal(stop_sig))}), flush=True)
-    # Under torchrun: the process group the Trainer set up goes before the interpreter does; left
-    # to the interpreter's exit, gloo's threads were once torn down unjoined ("terminate called
-    # without an active exception", rank 0 aborted after its RESULT line on a busy machine).
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
