@@ -105,6 +105,13 @@ class Ledger:
             frozen = "&immutable=1" if _read_only_fs(state_dir) else ""
             self.db = self._checked(sqlite3.connect(f"file:{self.path}?mode=ro{frozen}", uri=True, timeout=self.BUSY_TIMEOUT_S),
                                     self._check_readable)
+            if self._not_made_yet(self.db):
+                # A daemon creates the file, then its tables: a reader in between (`history`, `logs`,
+                # `report` at the daemon's start) reads a ledger with no run yet, through every
+                # query, instead of "no such table" from whichever it makes first.
+                self.db.close()
+                self.db = sqlite3.connect(":memory:")
+                self.db.executescript(SCHEMA)
         else:
             try:
                 state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -147,7 +154,16 @@ class Ledger:
 
     def _check_readable(self, db: Any) -> None:
         self._check_version(db.execute("PRAGMA user_version").fetchone()[0])
-        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if tables and "runs" not in tables:
+            raise sqlite3.DatabaseError(f"an SQLite file with the tables {', '.join(sorted(tables))}, none of a ledger's")
+
+    @staticmethod
+    def _not_made_yet(db: Any) -> bool:
+        """The file exists and holds nothing yet: no schema version, not one table (a file with
+        other tables is no ledger, and its first query says so)."""
+        return (db.execute("PRAGMA user_version").fetchone()[0] == 0
+                and db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0)
 
     def _migrate(self, db: Any) -> None:
         version = db.execute("PRAGMA user_version").fetchone()[0]
@@ -295,14 +311,7 @@ class Ledger:
         return json.loads(row["config_json"]) if row and row["config_json"] else {}
 
     def latest_run_id(self) -> str | None:
-        try:
-            row = self.db.execute("SELECT run_id FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
-        except sqlite3.OperationalError as e:
-            # A daemon creates the file, then its tables: a reader in between (`history` run at
-            # the daemon's start) finds a ledger with no run yet, not an error.
-            if "no such table" in str(e):
-                return None
-            raise
+        row = self.db.execute("SELECT run_id FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
         return row["run_id"] if row else None
 
     # -- attempts -------------------------------------------------------------------------

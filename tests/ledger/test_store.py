@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from supervisor import strictjson
-from supervisor.ledger.store import Ledger
+from supervisor.ledger.store import Ledger, LedgerError
 
 T0 = 1_900_000_000.0
 
@@ -269,5 +270,22 @@ def test_a_reader_between_the_files_creation_and_its_tables_sees_no_run_yet(tmp_
     try:
         assert led.latest_run_id() is None
         assert led.history(None) == {"run_id": None, "attempts": [], "events": []}
+        # A named run, its attempts and metrics: not there yet either, no error.
+        assert led.history("20261204-000000-abcdef")["attempts"] == []
+        assert led.attempts("20261204-000000-abcdef") == [] and list(led.metrics("x")) == []
     finally:
         led.close()
+    # The reader kept nothing open on the file and wrote nothing into it: the daemon makes it next.
+    assert (tmp_path / "ledger.sqlite").stat().st_size == 0
+    made = Ledger(tmp_path)
+    made.close()
+
+
+def test_a_file_with_other_tables_is_no_ledger_and_says_so(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / "ledger.sqlite")
+    db.execute("CREATE TABLE notes (t TEXT)")
+    db.commit()
+    db.close()
+    with pytest.raises(LedgerError, match=r"cannot be read \(an SQLite file with the tables notes, none of a "
+                       r"ledger's\): it is corrupt or not a ledger"):
+        Ledger(tmp_path, readonly=True)
