@@ -25,7 +25,7 @@ from .discovery import LAST_GOOD_DIR, NOTE_SUFFIX, QUARANTINE_DIR, Layout
 from .layouts import registry
 from .manifest import fsync_dir, manifest_path, stat_record, write_json_atomic
 from ..ownpaths import own_dir_fd
-from .reflink import clone_file
+from .reflink import clone_file, copy_contents
 from .snapshot import DEFAULT_HEADROOM, Headroom, NotKeptError, copy_room_problem
 
 log = structlog.get_logger("supervisor.checkpoints")
@@ -175,7 +175,7 @@ def _keep(path: Path, size: int, dest: Path, shown: Path, link: bool, unchanged:
                 if problem:
                     raise NotKeptError(problem)
                 with open(path, "rb") as src, open(tmp, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 8 * 1024 * 1024)
+                    copy_contents(src.fileno(), dst.fileno())
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             shutil.copystat(path, tmp)

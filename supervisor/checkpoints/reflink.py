@@ -1,4 +1,5 @@
-"""A copy-on-write clone of one file (a reflink), where the filesystem supports it.
+"""A copy-on-write clone of one file (a reflink), where the filesystem supports it, and the
+kernel-side byte copy used where it does not.
 
 Hand-written because it is one ioctl: Linux's ``FICLONE`` makes ``dst`` share ``src``'s extents
 (btrfs, XFS with reflink=1, bcachefs, OCFS2; not ext4 or tmpfs), so keeping a verified version of
@@ -6,6 +7,12 @@ a single overwritten checkpoint costs no bytes until the job rewrites the file. 
 has no call for it (``shutil.copyfile`` may use ``copy_file_range``, which can clone on some
 filesystems but silently copies on the others, so it cannot say which happened), and no
 well-kept package is worth a dependency for one ioctl.
+
+The copy (:func:`copy_contents`) moves the bytes inside the kernel (``copy_file_range``, else
+``sendfile``): a checkpoint kept or quarantined passes through no buffer of the daemon's. Read
+through Python, each 8 MiB chunk was a fresh allocation that glibc's malloc then kept (its mmap
+threshold rises to the largest block freed): the daemon's own RSS went from 37 to 63 MiB with a
+job saving a 4 MB checkpoint every 2 s.
 """
 from __future__ import annotations
 
@@ -38,3 +45,46 @@ def clone_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> bool
     if not ok:
         os.unlink(dst)
     return ok
+
+
+_COPY_CHUNK = 64 * 1024 * 1024  # per system call; the kernel copies it without a user buffer
+_NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM})
+
+
+def copy_contents(src_fd: int, dst_fd: int) -> int:
+    """Every byte of ``src_fd`` from offset 0 to its end, written at ``dst_fd``'s position (a
+    fresh, empty file); the bytes copied. In the kernel where it can (``copy_file_range``, else
+    ``sendfile``), else through one reused 1 MiB buffer. Errors of the copy itself (a full disk)
+    are raised."""
+    off = 0
+    kernel = True
+    while kernel:
+        try:
+            n = os.copy_file_range(src_fd, dst_fd, _COPY_CHUNK, off)
+        except OSError as e:
+            if e.errno not in _NO_KERNEL_COPY:
+                raise
+            break  # e.g. across filesystems on a kernel before 5.3: sendfile copies there
+        if n == 0:
+            return off
+        off += n
+    while True:
+        try:
+            n = os.sendfile(dst_fd, src_fd, off, _COPY_CHUNK)
+        except OSError as e:
+            if e.errno not in _NO_KERNEL_COPY:
+                raise
+            break
+        if n == 0:
+            return off
+        off += n
+    buf = bytearray(1024 * 1024)
+    view = memoryview(buf)
+    while True:
+        n = os.preadv(src_fd, [buf], off)
+        if n == 0:
+            return off
+        done = 0
+        while done < n:
+            done += os.write(dst_fd, view[done:n])
+        off += n

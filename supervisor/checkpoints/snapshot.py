@@ -25,13 +25,12 @@ alone), and a size or mtime change of that inode during the copy (an in-place re
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from .discovery import LAST_GOOD_DIR
 from .hashing import StatKey
-from .reflink import clone_file
+from .reflink import clone_file, copy_contents
 from ..ownpaths import open_in, own_dir_fd
 
 
@@ -129,8 +128,7 @@ def _take(path: Path, tmp: Path, lg: int, link: bool, headroom: Headroom) -> Sna
                     raise NotKeptError(problem)
                 try:
                     with os.fdopen(open_in(lg, tmp.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), "wb") as dst:
-                        src.seek(0)
-                        shutil.copyfileobj(src, dst, 8 * 1024 * 1024)
+                        copy_contents(src.fileno(), dst.fileno())
                         dst.flush()
                         os.fsync(dst.fileno())
                 except OSError as exc:

@@ -2,13 +2,15 @@
 cap, and the disk it costs (issue 11). Through the real daemon: tests/e2e/test_recovery_e2e.py."""
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
 from supervisor.checkpoints.quarantine import last_good_disk_bytes, preserve_last_good
-from supervisor.checkpoints.reflink import clone_file
+from supervisor.checkpoints import reflink
+from supervisor.checkpoints.reflink import clone_file, copy_contents
 
 
 def _ckpt(folder: Path, data: bytes) -> Path:
@@ -31,6 +33,53 @@ def test_without_reflinks_the_clone_says_no_and_leaves_nothing_behind(tmp_path):
     assert not (tmp_path / "probe.clone").exists()
     with pytest.raises(FileNotFoundError):
         clone_file(tmp_path / "absent", tmp_path / "x")  # a real error is raised, not taken for "unsupported"
+
+
+def _copy(src: Path, dst: Path) -> int:
+    with open(src, "rb") as s, open(dst, "wb") as d:
+        return copy_contents(s.fileno(), d.fileno())
+
+
+@pytest.mark.parametrize("refused", [(), ("copy_file_range",), ("copy_file_range", "sendfile")],
+                         ids=["kernel", "sendfile", "buffer"])
+def test_the_copy_is_every_byte_whatever_the_kernel_refuses(tmp_path, monkeypatch, refused):
+    # Where copy_file_range is refused (across filesystems before Linux 5.3) sendfile copies, and
+    # where that is refused too, one reused buffer; from wherever the refusal came, never twice.
+    calls = {"copy_file_range": 0, "sendfile": 0}
+    for name in ("copy_file_range", "sendfile"):
+        real = getattr(os, name)
+
+        def fake(*a, _real=real, _name=name):
+            calls[_name] += 1
+            if _name in refused:
+                raise OSError(errno.EXDEV, "refused here")
+            return _real(*a)
+
+        monkeypatch.setattr(reflink.os, name, fake)
+    data = os.urandom(3 * 1024 * 1024 + 7)  # more than the fallback's buffer, not a multiple of it
+    src = tmp_path / "src.pt"
+    src.write_bytes(data)
+    assert _copy(src, tmp_path / "dst.pt") == len(data)
+    assert (tmp_path / "dst.pt").read_bytes() == data
+    assert calls["copy_file_range"] >= 1
+    assert (calls["sendfile"] >= 1) == ("copy_file_range" in refused)
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    assert _copy(empty, tmp_path / "empty.copy") == 0 and (tmp_path / "empty.copy").read_bytes() == b""
+
+
+def test_a_copy_that_cannot_be_written_is_an_error_not_a_short_file(tmp_path):
+    src = tmp_path / "src.pt"
+    src.write_bytes(b"x" * 10_000)
+    (tmp_path / "ro").write_bytes(b"")
+    with open(src, "rb") as s:
+        fd = os.open(tmp_path / "ro", os.O_RDONLY)  # not writable: every way of copying is refused
+        try:
+            with pytest.raises(OSError) as e:
+                copy_contents(s.fileno(), fd)
+            assert e.value.errno == errno.EBADF
+        finally:
+            os.close(fd)
 
 
 def test_a_copy_is_kept_where_nothing_cheaper_works_and_costs_its_size(tmp_path):

@@ -48,8 +48,9 @@ def test_no_copy_that_would_eat_the_room_the_job_needs(tmp_path: Path) -> None:
     p.write_bytes(b"x" * 4096)
     st = os.statvfs(tmp_path)
     free = st.f_bavail * st.f_frsize
-    # A headroom factor that asks for more than the filesystem has free: the rule refuses.
-    greedy = Headroom(factor=free / 4096 + 1, fraction=0.0)
+    # A headroom factor that asks for twice what the filesystem has free (other tests free
+    # space meanwhile): the rule refuses.
+    greedy = Headroom(factor=2 * free / 4096 + 1, fraction=0.0)
     problem = copy_room_problem(tmp_path, 4096, greedy)
     assert problem is not None and "no room for a copy" in problem and "last_good_headroom_factor" in problem
     assert copy_room_problem(tmp_path, 4096, Headroom(0, 0)) is None
@@ -81,16 +82,15 @@ def test_a_copy_that_fails_leaves_no_temp_file(tmp_path: Path, monkeypatch: pyte
 def test_an_in_place_rewrite_during_the_copy_is_no_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     p = tmp_path / "ckpt.pt"
     p.write_bytes(b"x" * 4096)
-    import shutil
+    from supervisor.checkpoints.reflink import copy_contents
 
-    real = shutil.copyfileobj
-
-    def copy_while_the_job_writes(src, dst, length=0):  # type: ignore[no-untyped-def]
-        real(src, dst, length)
+    def copy_while_the_job_writes(src_fd: int, dst_fd: int) -> int:
+        n = copy_contents(src_fd, dst_fd)
         with open(p, "ab") as f:  # the job appends to the same inode meanwhile
             f.write(b"more")
+        return n
 
-    monkeypatch.setattr("supervisor.checkpoints.snapshot.shutil.copyfileobj", copy_while_the_job_writes)
+    monkeypatch.setattr("supervisor.checkpoints.snapshot.copy_contents", copy_while_the_job_writes)
     with pytest.raises(ChangedWhileCopied):
         take_snapshot(p, link=False, headroom=Headroom(0, 0))
     assert [x.name for x in (tmp_path / "last_good").iterdir()] == []
