@@ -34,28 +34,25 @@ class HeldLines:
         self._dropping = False
 
     def feed(self, source: str, lines: Sequence[str]) -> None:
-        target = self._target
-        if target is not None:  # attached: no lock on the pumps' way
-            target.feed(source, lines)
-            return
-        with self._lock:  # the pump threads feed; attach() runs on the main loop
-            if self._target is None:
-                if not self._dropping:
-                    self._held.append((source, list(lines), None))
-                return
-            self._target.feed(source, lines)
+        self._pass(source, lines, None)
 
     def feed_records(self, source: str, records: Sequence[MetricRecord]) -> None:
-        target = self._target
-        if target is not None:
+        self._pass(source, None, records)
+
+    def _pass(self, source: str, lines: Sequence[str] | None, records: Sequence[MetricRecord] | None) -> None:
+        target = self._target  # attached: no lock on the pumps' way
+        if target is None:
+            with self._lock:  # the pump threads feed; attach() runs on the main loop
+                target = self._target
+                if target is None:  # held, in order; attach() hands them over before anything newer
+                    if not self._dropping:
+                        self._held.append((source, None if lines is None else list(lines),
+                                           None if records is None else list(records)))
+                    return
+        if lines is not None:
+            target.feed(source, lines)
+        elif records is not None:
             target.feed_records(source, records)
-            return
-        with self._lock:
-            if self._target is None:
-                if not self._dropping:
-                    self._held.append((source, None, list(records)))
-                return
-            self._target.feed_records(source, records)
 
     def attach(self, target: LogWatcher) -> None:
         """From now on ``target`` gets everything, first what was held meanwhile."""
