@@ -150,7 +150,7 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
         return
     from tests.helpers import schedule
 
-    costs = schedule.read_costs(ROOT / "tests" / "cpu_seconds.tsv")
+    costs = schedule.read_costs(ROOT / "tests" / "durations.tsv")
     tests = [schedule.Test(it.nodeid, schedule.guess(it.nodeid, {m.name for m in it.iter_markers()}, costs))
              for it in items]
     items[:] = [items[i] for i in schedule.arrange(tests, workers)]

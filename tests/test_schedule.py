@@ -50,9 +50,11 @@ def test_one_worker_or_too_few_tests_keep_the_collection_order() -> None:
 
 def test_costs_come_from_the_recorded_file_else_from_the_marks(tmp_path: Path) -> None:
     f = tmp_path / "cpu.tsv"
-    f.write_text("12.5\ttests/a.py::t\nnot a number\ttests/b.py::t\n0.30\t1.2\tgw0\t1\t2\ttests/c.py::t\n")
+    # A full TSUP_TEST_CPU line is its wall seconds (how long it holds a worker: c.py mostly
+    # waits), a two-column line its CPU seconds.
+    f.write_text("12.5\ttests/a.py::t\nnot a number\ttests/b.py::t\n0.30\t41.2\tgw0\t1\t2\ttests/c.py::t\n")
     costs = read_costs(f)
-    assert costs == {"tests/a.py::t": 12.5, "tests/c.py::t": 0.3}
+    assert costs == {"tests/a.py::t": 12.5, "tests/c.py::t": 41.2}
     assert guess("tests/a.py::t", {"slow"}, costs) == 12.5
     assert guess("tests/new.py::t", {"slow"}, costs) == GUESS_SLOW_S and guess("tests/new.py::t", set(), costs) == GUESS_S
     assert read_costs(tmp_path / "missing.tsv") == {}

@@ -9,8 +9,13 @@ of the heavy modules, those first (the longest first), the light tests after the
 takes, from the end). A module with a heavy test moves whole: its module-scoped fixtures (a trained
 run, a built wheel) are set up once, on one worker.
 
-The cost of a test is its CPU seconds from the last recorded run (``tests/cpu_seconds.tsv``, the
-``TSUP_TEST_CPU`` output's first and last columns); a test not in it is guessed from its marks.
+The cost of a test is how long it keeps its worker busy: its wall seconds in the last recorded run
+(``tests/durations.tsv``, a ``TSUP_TEST_CPU`` output: ``cpu wall worker start end nodeid``), its
+CPU seconds where a line has only ``cpu nodeid``; a test not in it is guessed from its marks. Wall,
+not CPU: a test that mostly waits (the real slurm test: 47 s of requeue, 0.7 CPU-s) was ordered
+as light, last in its slice, and ran alone for the run's last 30 s while the other workers had
+finished. With more workers than cores the CPU is shared by whatever runs; what the slices must
+balance is how long each worker is occupied.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-HEAVY_S = 2.0  # a module with a test costing this much CPU is placed as a whole, first in its slice
+HEAVY_S = 2.0  # a module with a test this long is placed as a whole, first in its slice
 GUESS_SLOW_S = 10.0  # a new test marked slow or systemd, until the file knows it
 GUESS_S = 0.2  # a new test without those marks
 
@@ -26,12 +31,13 @@ GUESS_S = 0.2  # a new test without those marks
 @dataclass(frozen=True)
 class Test:
     nodeid: str
-    cost: float  # CPU seconds, recorded or guessed
+    cost: float  # seconds the test keeps a worker busy, recorded or guessed
 
 
 def read_costs(path: Path) -> dict[str, float]:
-    """``cpu<TAB>...<TAB>nodeid`` lines (a TSUP_TEST_CPU file, or its first and last columns);
-    a missing file or a bad line is no cost known, never an error: this only orders the run."""
+    """``cpu<TAB>wall<TAB>...<TAB>nodeid`` lines (a TSUP_TEST_CPU file): the wall seconds;
+    ``cpu<TAB>nodeid`` lines: the CPU seconds. A missing file or a bad line is no cost known,
+    never an error: this only orders the run."""
     costs: dict[str, float] = {}
     try:
         text = path.read_text()
@@ -40,7 +46,7 @@ def read_costs(path: Path) -> dict[str, float]:
     for line in text.splitlines():
         parts = line.split("\t")
         try:
-            costs[parts[-1]] = float(parts[0])
+            costs[parts[-1]] = float(parts[1] if len(parts) > 2 else parts[0])
         except (ValueError, IndexError):
             continue
     return costs
