@@ -13,11 +13,13 @@ wins. When checkpoints exist but nothing can hand one to the job, one loud warni
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from ..checkpoints.appearing import Appeared, scan
 from ..checkpoints.finddir import FoundDir, command_argv, dir_from_command
 from ..core.messages import EndAttempt, Resume
 from ..events import AttemptContext
@@ -30,7 +32,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("supervisor.daemon")
 
-SCAN_EVERY_S = 5.0  # a bounded walk of the working tree (a few hundred stats) on the main loop
+# A bounded walk of the working tree (up to appearing.MAX_ENTRIES stats), on a thread of its own:
+# on the loop, each stat waited out a GIL switch interval while the output thread parsed a burst,
+# and one scan held the loop (and every control reply behind it) for 60-330 ms.
+SCAN_EVERY_S = 5.0
 UNHANDED_EVERY_S = 5.0
 FIX = "--resume-arg=--resume={checkpoint}"
 
@@ -55,6 +60,8 @@ class CheckpointDiscoveryConcern(Concern):
         self._scanned_at = float("-inf")
         self._unhanded_at = float("-inf")
         self._warned = False
+        self._pool: ThreadPoolExecutor | None = None
+        self._scanning: Future[Appeared | None] | None = None
 
     # ------------------------------------------------------------------ start
     def start(self, daemon: DaemonView) -> None:
@@ -129,15 +136,31 @@ class CheckpointDiscoveryConcern(Concern):
         if (self.found is not None and not d.cfg.checkpoints.dir) or (
                 self.inferred is not None and not d.cfg.job.resume_args):
             self._apply()  # a reload of a config file without them
-        if self._dir() is None and d.has_job and now - self._scanned_at >= SCAN_EVERY_S:
+        if self._scanning is not None and self._scanning.done():
+            done, self._scanning = self._scanning, None
+            if self._dir() is None and self.roots:  # else a scan at the attempt's end found it meanwhile
+                try:
+                    hit = done.result()
+                except Exception as e:  # said once; the scan is not tried again (every 5 s it would say it again)
+                    self._given_up(e)
+                else:
+                    self._took(hit)
+        if (self._dir() is None and self.roots and d.has_job and self._scanning is None
+                and now - self._scanned_at >= SCAN_EVERY_S):
             self._scanned_at = now
-            self._scan()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-scan")
+            self._scanning = self._pool.submit(scan, list(self.roots), since=self.since, skip=[d.state_dir])
         if not self._warned and self._dir() is not None and now - self._unhanded_at >= UNHANDED_EVERY_S:
             self._unhanded_at = now
             self._check_unhanded()
 
     def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
         self._attempt_wall = wall
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)  # a scan in flight ends on its own
 
     def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
         # The job may have saved and died within one scan interval: look before the relaunch chooses.
@@ -149,8 +172,6 @@ class CheckpointDiscoveryConcern(Concern):
     def _moved(self) -> None:
         """A dir found by a scan, and this attempt saved elsewhere (Lightning starts a new
         version_N/ at every run, its checkpoints inside): follow the job to its new folder."""
-        from ..checkpoints.appearing import scan
-
         d = self.daemon
         assert d is not None and self.found is not None
         try:
@@ -172,8 +193,7 @@ class CheckpointDiscoveryConcern(Concern):
         return self.configured or (self.found.path if self.found else None)
 
     def _scan(self) -> None:
-        from ..checkpoints.appearing import scan
-
+        """A scan at once (the attempt ended: the relaunch is about to choose)."""
         d = self.daemon
         assert d is not None
         if not self.roots:
@@ -183,6 +203,9 @@ class CheckpointDiscoveryConcern(Concern):
         except Exception as e:  # said once; the scan is not tried again (every 5 s it would say it again)
             self._given_up(e)
             return
+        self._took(hit)
+
+    def _took(self, hit: Appeared | None) -> None:
         if hit is None:
             return
         root = self.roots[0]

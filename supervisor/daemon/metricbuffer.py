@@ -19,7 +19,7 @@ from ..events import MetricRecord
 # Records kept per loop turn (about 10 ms of work on one core): a burst of 100 000 kept in one
 # go held the loop (and every control reply waiting on it) for seconds on a loaded machine; the
 # rest waits for the next turn, which comes at once while the buffer is not empty.
-METRIC_CHUNK = 2000
+METRIC_CHUNK = 500
 BUFFER_RECORDS = 100_000
 HISTORY_RECORDS = 50_000  # what concerns read back (validation baselines, the launch's history)
 DROPPED_NOTICE_S = 5.0  # while a burst lasts, the dropped count is said at most this often

@@ -2,7 +2,7 @@
 
 Process groups, sessions and the subreaper find what the job starts as long as it stays in the
 job's group, or carries the attempt's TSUP_RUN_ID/TSUP_ATTEMPT (see
-:meth:`~supervisor.job.process.JobProcess._adopt_orphans`). A process that leaves the session
+:meth:`~supervisor.job.process.JobProcess._walk_now`). A process that leaves the session
 *and* scrubs its environment escapes them. A cgroup does not let it: every process the job
 starts is born in the job's cgroup and stays there whatever it does, so a stop is "every pid in
 ``cgroup.procs``" and the final blow is ``cgroup.kill`` (Linux 5.14+; a SIGKILL to each pid

@@ -23,6 +23,7 @@ from .cgroup import JobCgroup
 from .catchup import OutputLag
 from .keeper import stderr_log_path
 from .output import Consoles, KeeperLink, SinkFanout
+from .treewalk import TreeWalker, walk
 
 log = structlog.get_logger("supervisor.job.process")
 
@@ -143,20 +144,20 @@ class JobProcess:
         self.status: int | None = None
         self.exited_at: float | None = None
         self._tree_at = float("-inf")
+        self._walker = TreeWalker(osapi)
 
     # -- observation ----------------------------------------------------------------------
     def refresh_tree(self, now: float) -> None:
         """Remember every descendant we can see (with its start time), so that processes that
         leave the group (setsid) are still found and stopped, and a reused pid never is.
-        A /proc walk costs milliseconds: twice a second is enough."""
+        Twice a second: the cgroup (one read) here, the /proc walks on a thread (treewalk.py)."""
         if now - self._tree_at < 0.5:
             return
         self._tree_at = now
-        if self.status is None:
-            for ref in self.osapi.descendants(self.pid):
-                self.known.setdefault(ref.pid, ref)
         self._adopt_cgroup()
-        self._adopt_orphans()
+        leader = self.pid if self.status is None else None
+        for ref in self._walker.poll(leader, self._marker(), frozenset(self.known)):
+            self.known.setdefault(ref.pid, ref)
 
     def _adopt_cgroup(self) -> None:
         """Everyone in the job's cgroup is the job's, whatever session or environment it has."""
@@ -168,23 +169,17 @@ class JobProcess:
                 if ref is not None:
                     self.known[pid] = ref
 
-    def _adopt_orphans(self) -> None:
-        """A grandchild that double-forks is re-parented to the daemon (the subreaper) before a
-        walk of the leader's tree can see it: the daemon's own children that carry this
-        attempt's TSUP_RUN_ID and TSUP_ATTEMPT in their environment are the job's too."""
-        marker = [f"{k}={self.spec.env[k]}".encode() for k in ("TSUP_RUN_ID", "TSUP_ATTEMPT") if k in self.spec.env]
-        if len(marker) < 2:
-            return
-        for ref in self.osapi.descendants(os.getpid()):
-            if ref.pid in self.known or ref.pid == self.pid:
-                continue
-            try:
-                with open(f"/proc/{ref.pid}/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-            except OSError:
-                continue
-            if all(m in env for m in marker):
-                self.known[ref.pid] = ref
+    def _marker(self) -> tuple[bytes, ...]:
+        return tuple(f"{k}={self.spec.env[k]}".encode() for k in ("TSUP_RUN_ID", "TSUP_ATTEMPT") if k in self.spec.env)
+
+    def _walk_now(self) -> None:
+        """The walk of :meth:`refresh_tree`, at once: a stop acts on the tree as it is. A
+        grandchild that double-forks is re-parented to the daemon (the subreaper) before a walk
+        of the leader's tree can see it: the daemon's own children that carry this attempt's
+        TSUP_RUN_ID and TSUP_ATTEMPT in their environment are the job's too."""
+        leader = self.pid if self.status is None else None
+        for ref in walk(self.osapi, leader, self._marker(), frozenset(self.known)):
+            self.known.setdefault(ref.pid, ref)
 
     def pids(self) -> list[int]:
         self._adopt_cgroup()
@@ -213,7 +208,7 @@ class JobProcess:
 
     def signal_group(self, sig: int) -> None:
         self._adopt_cgroup()  # known, so that they are reaped once dead
-        self._adopt_orphans()
+        self._walk_now()
         # Each process gets the signal once: the group and the cgroup overlap, and a signal that
         # arrives twice is acted on twice when the first was already handled (two emergency
         # checkpoints for one SIGUSR1 request).
@@ -294,6 +289,7 @@ class JobProcess:
         self._reads = (-1, -1)
 
     def close(self) -> None:
+        self._walker.close()
         self.link.join(2.0)
         if self.link.ended:
             self._close_reads()  # every writer is gone: no keeper will be needed again

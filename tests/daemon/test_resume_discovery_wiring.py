@@ -11,6 +11,7 @@ from supervisor.core.machine import State
 from supervisor.daemon.checkpointconcern import CheckpointConcern
 from supervisor.daemon.ckptdiscovery import CheckpointDiscoveryConcern
 from supervisor.daemon.resumewatch import ResumeWatchConcern
+from tests.util import wait_for
 from tests.helpers import ckpt_factory as F
 
 from ..fakes import config, daemon, step_line
@@ -117,8 +118,12 @@ def test_a_scanned_dir_follows_the_job_to_the_folder_its_next_attempt_saves_in(t
     v0, v1 = (tmp_path / "lightning_logs" / f"version_{i}" / "checkpoints" for i in (0, 1))
     os.utime(F.LAYOUT_CASES[F.Layout.LIGHTNING](v0, 5), None)
     d.clock.advance(6.0)
-    d.step()
-    assert d.runner.cfg.checkpoint_dir() == v0
+
+    def found() -> bool:  # the scan runs on its own thread; a later turn takes its result
+        d.step()
+        return d.runner.cfg.checkpoint_dir() == v0
+
+    wait_for(found, 30, what="the periodic scan finds version_0/checkpoints")
     d.lines(step_line(6, 2.0))
     d.launcher.job.exits(1)
     d.step(2)
