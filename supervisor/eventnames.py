@@ -121,6 +121,7 @@ class EventName(StrEnum):
     JOB_CGROUP_NOT_ENTERED = "job_cgroup_not_entered"
     JOB_CGROUP_UNAVAILABLE = "job_cgroup_unavailable"
     JOB_STDERR_LOG_UNAVAILABLE = "job_stderr_log_unavailable"
+    JOB_TREE_WALK_FAILED = "job_tree_walk_failed"
     PREWARM_OUTCOME = "prewarm_outcome"
     PREWARM_STANDBY_FAILED = "prewarm_standby_failed"
     MONITOR_FAILED = "monitor_failed"

@@ -93,16 +93,29 @@ class OsApi:
             return None
 
     def descendants(self, pid: int) -> list[ProcRef]:
-        try:
-            kids = psutil.Process(pid).children(recursive=True)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            return []
-        out = []
-        for k in kids:
-            try:
-                out.append(ProcRef(k.pid, k.create_time()))
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
+        return self.descendants_of((pid,))[pid]
+
+    def descendants_of(self, roots: tuple[int, ...]) -> dict[int, list[ProcRef]]:
+        """Each root's descendants, from one pass over /proc. psutil's ``children(recursive=True)``
+        builds a parent map of the whole host per call (one read per process); two roots asked
+        every half second doubled a cost that grows with the host, so the map is built once here
+        (psutil keeps its own map private), and psutil gives the start times of the few found."""
+        kids: dict[int, list[int]] = {}
+        for pid in psutil.pids():
+            ppid = _parent(pid)
+            if ppid is not None:
+                kids.setdefault(ppid, []).append(pid)
+        out: dict[int, list[ProcRef]] = {}
+        for root in roots:
+            found: list[ProcRef] = []
+            todo = list(kids.get(root, ()))
+            while todo:
+                pid = todo.pop()
+                ref = self.proc_ref(pid)
+                if ref is not None:
+                    found.append(ref)
+                    todo.extend(kids.get(pid, ()))
+            out[root] = found
         return out
 
     def reap(self, pid: int) -> int | None:
@@ -112,6 +125,16 @@ class OsApi:
         except ChildProcessError:
             return None
         return status if got == pid else None
+
+
+def _parent(pid: int) -> int | None:
+    """The parent pid from ``/proc/<pid>/stat`` (the field after the state; the command name
+    before them may hold spaces and parentheses, so split after its last ``)``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 PR_SET_CHILD_SUBREAPER = 36

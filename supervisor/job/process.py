@@ -150,11 +150,15 @@ class JobProcess:
     def refresh_tree(self, now: float) -> None:
         """Remember every descendant we can see (with its start time), so that processes that
         leave the group (setsid) are still found and stopped, and a reused pid never is.
-        Twice a second: the cgroup (one read) here, the /proc walks on a thread (treewalk.py)."""
+        Twice a second: the cgroup's members (one read), or without a cgroup the /proc walk on a
+        thread (treewalk.py): it costs a read per host process, and everything the job starts is
+        born in its cgroup. A stop walks at once either way (:meth:`_walk_now`)."""
         if now - self._tree_at < 0.5:
             return
         self._tree_at = now
-        self._adopt_cgroup()
+        if self.cgroup is not None:
+            self._adopt_cgroup()
+            return
         leader = self.pid if self.status is None else None
         for ref in self._walker.poll(leader, self._marker(), frozenset(self.known)):
             self.known.setdefault(ref.pid, ref)

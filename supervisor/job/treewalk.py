@@ -7,6 +7,8 @@ of a refresh (the leader's tree, the daemon's orphans) over ~70 host processes h
 and every control reply waiting on it, for 150-340 ms. The walk now runs on one worker thread and
 the loop takes its result at a later refresh (one walk in flight at a time, so a result is at most
 about a refresh interval old, as before). The stop path still walks at once: it acts on the tree.
+Where the job has a cgroup of its own, its members are read from ``cgroup.procs`` instead and the
+periodic walk is not needed (process.py).
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from .osapi import OsApi, ProcRef
 log = structlog.get_logger("supervisor.job.treewalk")
 
 
-def orphans(osapi: OsApi, marker: Iterable[bytes], skip: Iterable[int]) -> list[ProcRef]:
-    """The daemon's own descendants (re-parented to it, the subreaper) whose environment carries
-    every ``marker`` (``TSUP_RUN_ID=...``, ``TSUP_ATTEMPT=...``), except the pids in ``skip``."""
+def orphans(refs: Iterable[ProcRef], marker: Iterable[bytes], skip: Iterable[int]) -> list[ProcRef]:
+    """Of the daemon's own descendants ``refs`` (re-parented to it, the subreaper), those whose
+    environment carries every ``marker`` (``TSUP_RUN_ID=...``, ``TSUP_ATTEMPT=...``), except the
+    pids in ``skip``."""
     want = list(marker)
     known = set(skip)
     found = []
-    for ref in osapi.descendants(os.getpid()):
+    for ref in refs:
         if ref.pid in known:
             continue
         try:
@@ -43,10 +46,16 @@ def orphans(osapi: OsApi, marker: Iterable[bytes], skip: Iterable[int]) -> list[
 
 def walk(osapi: OsApi, leader: int | None, marker: tuple[bytes, ...], skip: frozenset[int]) -> list[ProcRef]:
     """Every process of the job that a walk can see: the leader's descendants (while it runs:
-    ``leader`` None once it exited) and, with a full ``marker``, the orphans that carry it."""
-    refs = osapi.descendants(leader) if leader is not None else []
+    ``leader`` None once it exited) and, with a full ``marker``, the orphans that carry it (one
+    pass over /proc for both)."""
+    me = os.getpid()
+    roots = tuple(r for r in (leader, me if len(marker) == 2 else None) if r is not None)
+    if not roots:
+        return []
+    trees = osapi.descendants_of(roots)
+    refs = list(trees[leader]) if leader is not None else []
     if len(marker) == 2:
-        refs += orphans(osapi, marker, skip | {r.pid for r in refs})
+        refs += orphans(trees[me], marker, skip | {r.pid for r in refs})
     return refs
 
 

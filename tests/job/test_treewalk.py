@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from supervisor.job.osapi import OsApi, ProcRef
@@ -50,6 +51,12 @@ def test_walk_finds_the_leaders_descendants_and_not_the_leader(tree) -> None:  #
     assert {r.pid for r in found} == kids
     assert all(r.alive() for r in found)  # with their start times: a reused pid is not taken for them
     assert walk(OsApi(), None, (), frozenset()) == []  # the leader exited: no tree to walk
+    # One pass answers several roots: the leader's and the child's trees (the child's holds the
+    # grandchild alone); a pid with no children has none.
+    [child] = [k for k in kids if psutil.Process(k).ppid() == leader]
+    trees = OsApi().descendants_of((leader, child, max(kids) + 10**6))
+    assert {r.pid for r in trees[leader]} == kids and {r.pid for r in trees[child]} == kids - {child}
+    assert trees[max(kids) + 10**6] == []
 
 
 def test_walk_takes_orphans_with_the_attempts_marker_only(tmp_path: Path) -> None:
@@ -74,9 +81,9 @@ def test_the_walker_runs_off_the_callers_thread_and_hands_the_result_to_a_later_
     seen: list[str] = []
 
     class Watched(OsApi):
-        def descendants(self, pid: int) -> list[ProcRef]:
+        def descendants_of(self, roots: tuple[int, ...]) -> dict[int, list[ProcRef]]:
             seen.append(threading.current_thread().name)
-            return super().descendants(pid)
+            return super().descendants_of(roots)
 
     walker = TreeWalker(Watched())
     try:
@@ -93,11 +100,11 @@ def test_a_walk_that_fails_is_said_and_the_next_one_runs(tree, capsys) -> None: 
     calls: list[int] = []
 
     class FailsOnce(OsApi):
-        def descendants(self, pid: int) -> list[ProcRef]:
-            calls.append(pid)
+        def descendants_of(self, roots: tuple[int, ...]) -> dict[int, list[ProcRef]]:
+            calls.append(len(roots))
             if len(calls) == 1:
                 raise RuntimeError("proc went away")
-            return super().descendants(pid)
+            return super().descendants_of(roots)
 
     walker = TreeWalker(FailsOnce())
     try:
