@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from typing import Callable
 
 # _IOW(0x94, 9, int) from <linux/fs.h>: the same number on every Linux architecture we run on.
 FICLONE = 0x40049409
@@ -51,40 +52,38 @@ _COPY_CHUNK = 64 * 1024 * 1024  # per system call; the kernel copies it without 
 _NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM})
 
 
+def _in_kernel(copy: Callable[[int], int], off: int) -> tuple[int, bool]:
+    """``copy(offset)`` until it copies nothing (the end: True) or the kernel refuses this way
+    (False); the offset reached either way. Other errors (a full disk) are raised."""
+    while True:
+        try:
+            n = copy(off)
+        except OSError as e:
+            if e.errno not in _NO_KERNEL_COPY:
+                raise
+            return off, False
+        if n == 0:
+            return off, True
+        off += n
+
+
 def copy_contents(src_fd: int, dst_fd: int) -> int:
     """Every byte of ``src_fd`` from offset 0 to its end, written at ``dst_fd``'s position (a
     fresh, empty file); the bytes copied. In the kernel where it can (``copy_file_range``, else
     ``sendfile``), else through one reused 1 MiB buffer. Errors of the copy itself (a full disk)
     are raised."""
-    off = 0
-    kernel = True
-    while kernel:
-        try:
-            n = os.copy_file_range(src_fd, dst_fd, _COPY_CHUNK, off)
-        except OSError as e:
-            if e.errno not in _NO_KERNEL_COPY:
-                raise
-            break  # e.g. across filesystems on a kernel before 5.3: sendfile copies there
-        if n == 0:
-            return off
-        off += n
-    while True:
-        try:
-            n = os.sendfile(dst_fd, src_fd, off, _COPY_CHUNK)
-        except OSError as e:
-            if e.errno not in _NO_KERNEL_COPY:
-                raise
-            break
-        if n == 0:
-            return off
-        off += n
+    off, done = _in_kernel(lambda at: os.copy_file_range(src_fd, dst_fd, _COPY_CHUNK, at), 0)
+    if not done:  # e.g. across filesystems on a kernel before 5.3: sendfile copies there
+        off, done = _in_kernel(lambda at: os.sendfile(dst_fd, src_fd, at, _COPY_CHUNK), off)
+    if done:
+        return off
     buf = bytearray(1024 * 1024)
     view = memoryview(buf)
     while True:
         n = os.preadv(src_fd, [buf], off)
         if n == 0:
             return off
-        done = 0
-        while done < n:
-            done += os.write(dst_fd, view[done:n])
+        written = 0
+        while written < n:
+            written += os.write(dst_fd, view[written:n])
         off += n
