@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import structlog
 
@@ -139,12 +139,7 @@ class CheckpointDiscoveryConcern(Concern):
         if self._scanning is not None and self._scanning.done():
             done, self._scanning = self._scanning, None
             if self._dir() is None and self.roots:  # else a scan at the attempt's end found it meanwhile
-                try:
-                    hit = done.result()
-                except Exception as e:  # said once; the scan is not tried again (every 5 s it would say it again)
-                    self._given_up(e)
-                else:
-                    self._took(hit)
+                self._took(done.result)
         if (self._dir() is None and self.roots and d.has_job and self._scanning is None
                 and now - self._scanned_at >= SCAN_EVERY_S):
             self._scanned_at = now
@@ -196,16 +191,16 @@ class CheckpointDiscoveryConcern(Concern):
         """A scan at once (the attempt ended: the relaunch is about to choose)."""
         d = self.daemon
         assert d is not None
-        if not self.roots:
-            return
+        if self.roots:
+            self._took(lambda: scan(self.roots, since=self.since, skip=[d.state_dir]))
+
+    def _took(self, outcome: Callable[[], Appeared | None]) -> None:
+        """A scan's outcome (the scan itself, or a finished one's result) applied."""
         try:
-            hit = scan(self.roots, since=self.since, skip=[d.state_dir])
+            hit = outcome()
         except Exception as e:  # said once; the scan is not tried again (every 5 s it would say it again)
             self._given_up(e)
             return
-        self._took(hit)
-
-    def _took(self, hit: Appeared | None) -> None:
         if hit is None:
             return
         root = self.roots[0]

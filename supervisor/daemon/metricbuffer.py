@@ -16,9 +16,10 @@ from collections import deque
 
 from ..events import MetricRecord
 
-# Records kept per loop turn (about 10 ms of work on one core): a burst of 100 000 kept in one
-# go held the loop (and every control reply waiting on it) for seconds on a loaded machine; the
-# rest waits for the next turn, which comes at once while the buffer is not empty.
+# Records kept per loop turn: a burst of 100 000 kept in one go held the loop (and every control
+# reply waiting on it) for seconds on a loaded machine; the rest waits for the next turn, which
+# comes at once while the buffer is not empty. Under a 300 000-line flood on 2 cores, 2000 a turn
+# put the median control reply at 56 ms, 500 at 17-22 ms, with the same catch-up time.
 METRIC_CHUNK = 500
 BUFFER_RECORDS = 100_000
 HISTORY_RECORDS = 50_000  # what concerns read back (validation baselines, the launch's history)

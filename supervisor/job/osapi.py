@@ -92,9 +92,6 @@ class OsApi:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return None
 
-    def descendants(self, pid: int) -> list[ProcRef]:
-        return self.descendants_of((pid,))[pid]
-
     def descendants_of(self, roots: tuple[int, ...]) -> dict[int, list[ProcRef]]:
         """Each root's descendants, from one pass over /proc. psutil's ``children(recursive=True)``
         builds a parent map of the whole host per call (one read per process); two roots asked

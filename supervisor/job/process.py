@@ -159,8 +159,7 @@ class JobProcess:
         if self.cgroup is not None:
             self._adopt_cgroup()
             return
-        leader = self.pid if self.status is None else None
-        for ref in self._walker.poll(leader, self._marker(), frozenset(self.known)):
+        for ref in self._walker.poll(*self._walk_args()):
             self.known.setdefault(ref.pid, ref)
 
     def _adopt_cgroup(self) -> None:
@@ -173,16 +172,18 @@ class JobProcess:
                 if ref is not None:
                     self.known[pid] = ref
 
-    def _marker(self) -> tuple[bytes, ...]:
-        return tuple(f"{k}={self.spec.env[k]}".encode() for k in ("TSUP_RUN_ID", "TSUP_ATTEMPT") if k in self.spec.env)
+    def _walk_args(self) -> tuple[int | None, tuple[bytes, ...], frozenset[int]]:
+        """What a walk needs (treewalk.walk): the leader while it runs, the attempt's marker,
+        the pids already known."""
+        marker = tuple(f"{k}={self.spec.env[k]}".encode() for k in ("TSUP_RUN_ID", "TSUP_ATTEMPT") if k in self.spec.env)
+        return (self.pid if self.status is None else None), marker, frozenset(self.known)
 
     def _walk_now(self) -> None:
         """The walk of :meth:`refresh_tree`, at once: a stop acts on the tree as it is. A
         grandchild that double-forks is re-parented to the daemon (the subreaper) before a walk
         of the leader's tree can see it: the daemon's own children that carry this attempt's
         TSUP_RUN_ID and TSUP_ATTEMPT in their environment are the job's too."""
-        leader = self.pid if self.status is None else None
-        for ref in walk(self.osapi, leader, self._marker(), frozenset(self.known)):
+        for ref in walk(self.osapi, *self._walk_args()):
             self.known.setdefault(ref.pid, ref)
 
     def pids(self) -> list[int]:
