@@ -276,6 +276,7 @@ def _request_s(sd: Path, verb: str) -> float:
 def test_metric_flood_is_kept_or_counted_and_control_answers(daemons, tmp_path):
     import json
     import sqlite3
+    from contextlib import closing
 
     n = 300_000
     sd, done = tmp_path / "sd", tmp_path / "done"
@@ -283,30 +284,33 @@ def test_metric_flood_is_kept_or_counted_and_control_answers(daemons, tmp_path):
              f"sys.stdout.flush()\nopen({str(done)!r},'w').write('1')\ntime.sleep(600)\n")
     d = daemons(wrap(sd) + [PY, "-c", flood])
     wait_for(lambda: (sd / "control.sock").exists(), 30, what="socket")
-    latencies = []
-    while not done.exists():
-        latencies.append(_request_s(sd, "reload"))
-        time.sleep(0.05)
-    print("reload latencies under the flood:", sorted(latencies)[-3:])
+    from supervisor.ops.control import request
 
     def accounted() -> bool:
         # status over the socket from this process (what `status --json` prints): a CLI process
         # per look cost more CPU than the loop's booking it waits for
-        from supervisor.ops.control import request
-
         st = request(sd, "status", timeout=30.0)
-        kept = sqlite3.connect(sd / "ledger.sqlite").execute("SELECT count(*) FROM metrics").fetchone()[0]
+        with closing(sqlite3.connect(sd / "ledger.sqlite")) as db:
+            kept = db.execute("SELECT count(*) FROM metrics").fetchone()[0]
         return kept + st["metrics_dropped"] == n
 
-    # Every record is now booked (the parsers wait for the loop, the job waits for neither): ~20 s
-    # of the loop's work for 300k records here, more on a loaded machine.
-    wait_for(accounted, 180, interval=0.5, what="every metric line kept or counted")
+    # Replies are timed while the loop books the burst, not only while the job writes it: the
+    # job is done in well under a second (one or two requests, whose "median" was then the
+    # worst), the loop's work goes on for ~20 s here and more on a loaded machine.
+    latencies: list[float] = []
+
+    def answered_then_booked() -> bool:
+        latencies.append(_request_s(sd, "reload"))
+        return done.exists() and accounted()
+
+    wait_for(answered_then_booked, 180, interval=0.05, what="every metric line kept or counted")
+    print("reload latencies under the flood (n, worst 3):", len(latencies), sorted(latencies)[-3:])
     st = json.loads(_cli("status", "--state-dir", str(sd), "--json").stdout)
     if st["metrics_dropped"]:
         wait_for(lambda: "metrics_dropped" in d.stderr(), 10, what="the drop said")
     d.signal(signal.SIGTERM)
     assert d.wait(30) == 143
-    # The speed is measured in the bench (bench_core control: worst 56 ms here); this guards that
+    # The speed is measured in the bench (bench_core control, the same catch-up); this guards that
     # every request is answered and the loop is not held behind the burst (before the chunked
     # drain and the short GIL switch interval, single replies took 3 s on a loaded CI machine).
     # Bounds a loaded 2-core machine keeps (a median of 0.73 s was seen with the suite and two
