@@ -92,6 +92,8 @@ def _is_logger(node: ast.expr) -> bool:
         return node.id in LOGGERS
     if isinstance(node, ast.Attribute):
         return node.attr in LOGGERS
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args:
+        return node.func.id in LOGGERS  # a logger made at first use: _log().warning(...)
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get_logger"
 
 
@@ -146,6 +148,7 @@ def _say(self, where: int, event: str, level: str) -> None: ...
 def f(q, daemon, ledger, run_id, name):
     log.warning("form_log", path="p")
     structlog.get_logger("y").info("form_chained")
+    _log().error("form_made_at_first_use")
     daemon.event("form_daemon", "info", "a message")
     daemon.event(EventName.GAVE_UP, "error", "members count as their string")
     daemon.event(EventName.NO_SUCH_MEMBER, "error", "named as unknown")
@@ -160,7 +163,7 @@ def f(q, daemon, ledger, run_id, name):
 """
     # Scanned with the package, whose defs (daemon.event, the ledger's event, Record) it calls.
     found = [e.name for e in scan([("pkg/mod.py", ast.parse(src))], defs=_trees())]
-    assert sorted(found) == sorted(["form_log", "form_chained", "form_daemon", "gave_up", "EventName.NO_SUCH_MEMBER",
+    assert sorted(found) == sorted(["form_log", "form_chained", "form_made_at_first_use", "form_daemon", "gave_up", "EventName.NO_SUCH_MEMBER",
                                     "form_keyword", "form_dataclass", "form_helper", "form_callback", "form_queued"])
 
 
@@ -174,7 +177,7 @@ def test_the_scan_sees_each_kind_of_emitter():
                         ("metrics_blind", "watch/blind.py"), ("checkpoint_chosen", "checkpoints/resumechoice.py"),
                         ("state_dir_unusable", "daemon/statelock.py"), ("restart_loop", "daemon/alerting.py"),
                         ("checkpoint_manifest_metric_not_written", "checkpoints/manifest.py"),
-                        ("event_name_unknown", "daemon/recorder.py")]:
+                        ("event_name_unknown", "daemon/recorder.py"), ("ledger_write_failed", "ledger/writeguard.py")]:
         assert any(where in w for w in found.get(name, [])), (name, found.get(name))
 
 

@@ -46,6 +46,7 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     notifier = Notifier(enabled=cfg.systemd.notify, watchdog_enabled=cfg.systemd.watchdog,
                         extend_min_s=cfg.systemd.stop_extend_s)
     ledger = Ledger(state_dir)
+    ledger.checkpoint_in_background()  # the WAL's fsyncs off the main loop (ledger/walcheckpoint.py)
     checkpoints = CheckpointConcern()
     health = HealthConcern(newest_checkpoint_bytes=checkpoints.newest_bytes)
     goodput = GoodputConcern()

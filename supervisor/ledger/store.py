@@ -24,6 +24,7 @@ from .connection import LockedConnection
 from .history import history_of, repeat_of
 from .runstates import FINAL_STATES, IN_PROGRESS
 from .schema import LEDGER_FILE, MIGRATIONS, SCHEMA, SCHEMA_VERSION
+from .walcheckpoint import WalCheckpointer
 from .writeguard import WriteHealth, guarded
 from .. import strictjson
 
@@ -88,6 +89,8 @@ class Ledger:
     # How long a statement waits for another process's lock (an sqlite3 shell, a backup) before
     # the ledger says the file is locked; a class attribute so a test can wait less.
     BUSY_TIMEOUT_S = 10.0
+    # How often the daemon's checkpoint thread looks at the WAL (walcheckpoint.py); a test waits less.
+    CHECKPOINT_INTERVAL_S = 1.0
 
     def __init__(self, state_dir: Path, *, readonly: bool = False, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
@@ -97,6 +100,7 @@ class Ledger:
         self.clock = clock
         self.health = WriteHealth(self.path, monotonic)  # what @guarded writes do on a failure
         self._ident: tuple[int, int] | None = None
+        self._checkpointer: WalCheckpointer | None = None
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(f"no ledger at {self.path}: no run has used this state dir")
@@ -207,7 +211,32 @@ class Ledger:
         return (f"the ledger {self.path} cannot be read ({e}): it is corrupt or not a ledger. Move it aside "
                 "(the run's history is in it) and start again, or use another state dir")
 
+    def checkpoint_in_background(self) -> None:
+        """The daemon's ledger: WAL checkpoints on a thread of their own (walcheckpoint.py), not
+        inside whichever write of the main loop crosses SQLite's threshold."""
+        if not isinstance(self.db, LockedConnection) or self._checkpointer is not None:
+            return
+        self._checkpointer = WalCheckpointer(self.path, lambda: self._ident, self._checkpoints_fall_back,
+                                             interval_s=self.CHECKPOINT_INTERVAL_S)
+        self.db.execute("PRAGMA wal_autocheckpoint=0")
+        self._checkpointer.start()
+
+    def _checkpoints_fall_back(self) -> None:
+        self._checkpointer = None
+        try:
+            self.db.execute("PRAGMA wal_autocheckpoint=1000")  # SQLite's default
+        except sqlite3.Error:
+            pass  # the writes fail too: their guard says so
+
+    def _tune(self) -> None:
+        """The writer's connection settings that a retake's new connection needs again."""
+        self.db.execute("PRAGMA journal_mode=WAL")
+        if self._checkpointer is not None:
+            self.db.execute("PRAGMA wal_autocheckpoint=0")
+
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.stop()  # its connection first: the writer's close is then the last
         self.db.close()
 
     def retake(self, run_id: str, name: str, config_json: Mapping[str, Any]) -> str:
@@ -226,7 +255,7 @@ class Ledger:
         try:
             moved = self._new_file()
             self.db.move_to(self._connect(), copy=True)
-            self.db.execute("PRAGMA journal_mode=WAL")
+            self._tune()
             return f"the ledger was copied from the daemon's open handle on the deleted one, nothing lost{moved}"
         except sqlite3.Error as e:
             copy_error = e
@@ -238,6 +267,7 @@ class Ledger:
             moved = self._new_file()
             self.db.move_to(self._connect(), copy=False)
             self._migrate(self.db)
+            self._tune()
             self.db.execute("INSERT INTO runs(run_id, name, created_at, state, config_json) VALUES (?,?,?,?,?)",
                             (run_id, name, self.clock(), IN_PROGRESS, _json(config_json)))
         except sqlite3.Error as e:
