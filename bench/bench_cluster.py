@@ -309,7 +309,8 @@ def _scale_trial_procs(tmp: Path, n: int, watch: bool, rest_s: float, procs: int
 
 def _scale_trial_one(tmp: Path, n: int, watch: bool = True, rest_s: float = 10.0) -> dict[str, float]:
     from supervisor.cluster.agent import ClusterAgent
-    from supervisor.cluster.coord import Keys, Rules
+    from supervisor.cluster.coord import Rules
+    from supervisor.cluster.runkeys import Keys
     from tests.cluster.etcdserver import EtcdServer
 
     etcd = EtcdServer(tmp / "etcd")

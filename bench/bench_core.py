@@ -517,7 +517,7 @@ time.sleep(600)
 def _reply_s(state_dir: Path, verb: str) -> float:
     """One control request through the client the CLI uses (what `transformer-supervisor reload`
     does); its reply time."""
-    from supervisor.ops.control import request
+    from supervisor.ops.controlclient import request
 
     t = time.monotonic()
     request(state_dir, verb, timeout=30)

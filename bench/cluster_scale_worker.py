@@ -41,7 +41,8 @@ def say(obj: dict[str, object]) -> None:
 def main(spec: dict) -> None:  # type: ignore[type-arg]
     from bench_cluster import _Counting
     from supervisor.cluster.agent import ClusterAgent
-    from supervisor.cluster.coord import Keys, Rules
+    from supervisor.cluster.coord import Rules
+    from supervisor.cluster.runkeys import Keys
 
     n = int(spec["n"])
     rules = Rules(nodes=n, min_nodes=n, wait_for_nodes_s=60.0, lease_ttl_s=10.0)

@@ -172,7 +172,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 # -- client verbs -----------------------------------------------------------------------------
 
 def _control(args: argparse.Namespace, verb: str, payload: dict[str, Any] | None = None) -> tuple[int, Any]:
-    from ..ops.control import ControlError, DaemonNotRunning, request
+    from ..ops.control import ControlError, DaemonNotRunning
+    from ..ops.controlclient import request
 
     sd = _state_dir(args)
     try:
@@ -186,7 +187,8 @@ def _control(args: argparse.Namespace, verb: str, payload: dict[str, Any] | None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from ..ops.control import ControlError, DaemonNotRunning, request
+    from ..ops.control import ControlError, DaemonNotRunning
+    from ..ops.controlclient import request
 
     sd = _state_dir(args)
     try:

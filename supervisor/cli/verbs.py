@@ -19,7 +19,7 @@ from .. import strictjson
 # -- stop / restart / checkpoint-now / reload -------------------------------------------------
 
 def _request(sd: Path, verb: str, payload: Mapping[str, Any] | None = None, timeout: float = 30.0) -> Any:
-    from ..ops.control import request
+    from ..ops.controlclient import request
 
     return request(sd, verb, payload or {}, timeout=timeout)
 

@@ -15,6 +15,9 @@ job must stop.
 
 When etcd cannot be reached, local supervision goes on and nothing is decided blind; the lease is
 re-granted and the node re-registered when etcd answers again.
+
+What a turn reads: :mod:`supervisor.cluster.agentreads`; this node's lease and record:
+:mod:`supervisor.cluster.agentlease`.
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ import structlog
 
 from ..core.causes import Cause, action_named
 from ..errors import GiveUp as RunGaveUp, SupervisorError
-from .coord import (Campaign, Command, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord, Phase, Plan,
-                    RequestEnd, Rules, StopLocal, View, WritePlan)
-from .digest import encode as encode_digest
-from .etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyRange, KeyValue, LeaseExpired, same
+from .agentlease import AgentLease
+from .agentreads import AgentReads
+from .coord import Campaign, Command, Coordinator, GiveUp, Join, RequestEnd, Rules, StopLocal, WritePlan
+from .etcd import EtcdClient, same
+from .etcdtypes import EtcdError, EtcdUnavailable, KeyRange, KeyValue
 from .launchreport import LaunchReport
 from .mirror import OPENING, MirrorSet
+from .runkeys import EndRequest, Keys, NodeRecord, Phase, Plan, View
 from .trust import GaveUpNote, Trust
 
 log = structlog.get_logger("supervisor.cluster")
@@ -43,7 +48,6 @@ POLL_S = 0.2  # a turn at least this often (timeouts, this node's record); the k
 # only while the watch is not open: a remote failure then reaches this node within about this
 SETTLE_S = 0.02  # after a change, wait this long for the rest of its burst before a turn (not after an
 # urgent one, a single write: the plan, an end request, the leader key)
-KEEPALIVE_EVERY = 0.25  # of the TTL: three tries fail before the fence (2/3 TTL) and the expiry
 
 
 class ClusterGaveUp(RunGaveUp):
@@ -63,7 +67,7 @@ class ClusterClosed(SupervisorError):
 EventSink = Callable[[str, str, str, Mapping[str, Any]], None]
 
 
-class ClusterAgent:
+class ClusterAgent(AgentReads, AgentLease):
     def __init__(self, client: EtcdClient, keys: Keys, node_id: str, addr: str, rules: Rules, *,
                  on_stop: Callable[[EndRequest], None], on_event: EventSink,
                  clock: Callable[[], float] = time.monotonic, poll_s: float = POLL_S, watch: bool = True) -> None:
@@ -258,43 +262,6 @@ class ClusterAgent:
             self._wake.clear()  # (a change from here on wakes the next turn; one before is seen by this one)
             self._now.clear()
 
-    def _read_records(self) -> None:
-        """For `status` on a follower: every node record, read once (not watched: see _followed)."""
-        self._records_wanted.clear()
-        try:
-            kvs, _rev = self.client.get_prefix(self.keys.nodes)
-            self._records = View.parse(self.keys, ((kv.key, kv.value, kv.mod_revision) for kv in kvs)).nodes
-        except EtcdError:
-            pass  # the last read shows; etcd_reachable says why
-        finally:
-            self._records_read.set()
-
-    def _following(self) -> bool:
-        return self.mirror is not None and self.mirror.ranges == self._followed
-
-    def _keys(self) -> tuple[int | None, list[KeyValue]]:
-        """(the watched copy's version, or None when read from etcd now; the keys); the version
-        is OPENING while the watch is being opened (no keys: the turn waits for it). A follower's
-        copy has no node records: the leader's is read once per leader key (the trust check
-        believes a leader key only on the lease of the record of the node it names)."""
-        snap = self.mirror.snapshot() if self.mirror is not None else None
-        if snap is None:
-            kvs, _rev = self.client.get_prefix(self.keys.all)
-            return None, kvs
-        version, kvs = snap
-        if version == OPENING or not self._following():
-            return snap
-        lkv = next((kv for kv in kvs if kv.key == self.keys.leader), None)
-        if lkv is None:
-            return snap
-        known = self._leader_rec
-        if known is None or known[0] != lkv.mod_revision or known[1].lease != lkv.lease:
-            rec = self.client.get(self.keys.node(lkv.value))  # read again each turn while it does not match
-            if rec is None:
-                return snap
-            known = self._leader_rec = (lkv.mod_revision, rec)
-        return version, kvs + [known[1]]
-
     def _turn(self) -> None:
         now = self.clock()
         try:
@@ -358,45 +325,6 @@ class ClusterAgent:
         with self._cond:
             waiting_here = self.me.phase is Phase.WAITING
         self.launches.report(view, self._following(), waiting_here)
-
-    def _urgent(self, key: str) -> bool:
-        """A single write this node acts on at once (SETTLE_S): the plan, an end request, the
-        leader key, the mismatch; not the keys every node writes at once (records, digests, finished,
-        give-ups)."""
-        return (key == self.keys.plan or key == self.keys.leader or key.startswith(self._end_prefix)
-                or key == self.keys.mismatch)
-
-    def _keep_lease(self, now: float) -> None:
-        if self.lease is not None and now >= self._keepalive_at:
-            try:
-                self.client.keepalive(self.lease)
-            except LeaseExpired:
-                self._emit("cluster_lease_lost", "warning", "this node's lease expired (etcd was out of reach "
-                           "longer than its TTL); registering again")
-                self.lease, self._published = None, None
-            else:
-                self.last_ok = now
-                self._keepalive_at = now + KEEPALIVE_EVERY * self.rules.lease_ttl_s
-        if self.lease is None:
-            self.lease = self.client.grant(max(1, round(self.rules.lease_ttl_s))).id
-            self.last_ok = now
-            self._keepalive_at = now + KEEPALIVE_EVERY * self.rules.lease_ttl_s
-            self._published = None
-
-    def _publish(self) -> None:
-        with self._cond:
-            me, digest = self.me, self._digest
-        waiting = me.phase is Phase.WAITING and digest is not None
-        if waiting and (self._published is None or digest != self._digest_sent):  # before the record says ready
-            self.client.put(self.keys.digest(self.node_id), encode_digest(digest or {}), lease=self.lease or 0)
-            self._digest_sent = digest
-        elif not waiting and self._digest_sent is not None:  # only a barrier needs it: none at rest
-            self.client.delete(self.keys.digest(self.node_id))
-            self._digest_sent = None
-        if me != self._published:
-            assert self.lease is not None
-            self.client.put(self.keys.node(self.node_id), me.to_json(), lease=self.lease)
-            self._published = me
 
     def _carry_out(self, cmds: list[Command]) -> None:
         for cmd in cmds:

@@ -30,9 +30,10 @@ from ..events import Detection, MetricRecord
 from ..daemon.ports import Concern, DaemonView
 from .agent import ClusterAgent, ClusterGaveUp
 from .config import ClusterConfig
-from .coord import EndRequest, Keys, Plan, Rules
+from .coord import Rules
 from .etcd import EtcdClient
 from .launchprobe import launch_digest_or_none
+from .runkeys import EndRequest, Keys, Plan
 
 if TYPE_CHECKING:  # the checkpoint service's imports only with a checkpoint dir (see the concern's adopt)
     from ..checkpoints.discovery import Candidate

@@ -13,24 +13,23 @@ raises :class:`EtcdUnavailable` when no endpoint answers, so callers can keep su
 locally and retry (its subclasses :class:`EtcdAuthError` and :class:`EtcdTlsError` when etcd
 refuses this node's credentials); :class:`LeaseExpired` when a keepalive finds the lease gone.
 TLS (server verification, client certificates) and user/password tokens: see
-:mod:`supervisor.cluster.credentials` and :class:`EtcdClient`.
+:mod:`supervisor.cluster.credentials` and :class:`EtcdClient`. The errors and the key types:
+:mod:`supervisor.cluster.etcdtypes`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import http.client
 import json
 import ssl
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..errors import SupervisorError
 from .credentials import CredentialsError, PasswordAuth
+from .etcdtypes import (EtcdAuthError, EtcdError, EtcdRequestError, EtcdTlsError, EtcdUnavailable, KeyRange, KeyValue,
+                        Lease, LeaseExpired, _b64, _kv, _prefix_end)
 
 AUTH_RETRY_S = 5.0  # after etcd refused the password, ask again only this much later
 _PERMISSION_DENIED = 7  # the gRPC codes etcd's gateway puts in an error body
@@ -38,116 +37,11 @@ _FAILED_PRECONDITION = 9
 _UNAUTHENTICATED = 16
 
 
-class EtcdError(SupervisorError):
-    """Raised for an etcd request that failed; the subclasses say how."""
-
-    code = "etcd"
-
-
-class EtcdUnavailable(EtcdError):
-    """Raised when no etcd endpoint answered (refused, timed out, 5xx); retry later."""
-
-    code = "etcd_unavailable"
-
-
-class EtcdAuthError(EtcdUnavailable):
-    """Raised when etcd refuses this client's credentials (a wrong password, no permission on the
-    key, auth wanted but not configured). An outage for the caller: the node cannot keep its lease,
-    so local supervision goes on and the fence applies; every call tries again (a fixed password
-    file heals it)."""
-
-    code = "etcd_auth"
-
-
-class EtcdTlsError(EtcdUnavailable):
-    """Raised when no endpoint completed a TLS handshake (etcd's certificate not trusted, or
-    this node's client certificate refused)."""
-
-    code = "etcd_tls"
-
-
-class EtcdRequestError(EtcdError):
-    """Raised when etcd refused a request (4xx or an error body): a bug or a bad config."""
-
-    code = "etcd_request"
-
-
-class LeaseExpired(EtcdError):
-    """Raised when a lease is gone (expired or revoked): its keys are deleted; grant a new one."""
-
-    code = "lease_expired"
-
-
-@dataclass(frozen=True)
-class KeyValue:
-    key: str
-    value: str
-    create_revision: int
-    mod_revision: int
-    version: int
-    lease: int
-
-
-@dataclass(frozen=True)
-class KeyRange:
-    """The keys from ``key`` up to (not including) ``end`` (raw bytes: a prefix's end need not
-    be UTF-8), what a range read or a watch covers."""
-
-    key: str
-    end: bytes
-
-    @staticmethod
-    def under(prefix: str) -> "KeyRange":
-        return KeyRange(prefix, _prefix_end_bytes(prefix))
-
-    @staticmethod
-    def only(key: str) -> "KeyRange":
-        return KeyRange(key, key.encode() + b"\0")
-
-    def body(self) -> dict[str, str]:
-        return {"key": _b64(self.key), "range_end": _b64(self.end)}
-
-
-@dataclass(frozen=True)
-class Lease:
-    id: int
-    ttl: int
-
-
-def _b64(s: str | bytes) -> str:
-    return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
-
-
-def _unb64(s: str) -> str:
-    # binascii directly: base64.b64decode's argument checks cost more than the decoding, and a
-    # watch decodes a key and a value for every change every node sees (N x N with N nodes).
-    return binascii.a2b_base64(s).decode(errors="replace")
-
-
-def _prefix_end(prefix: str) -> str:
-    """The range end that covers every key starting with ``prefix`` (etcd's convention), base64."""
-    return _b64(_prefix_end_bytes(prefix))
-
-
-def _prefix_end_bytes(prefix: str) -> bytes:
-    b = bytearray(prefix.encode())
-    for i in range(len(b) - 1, -1, -1):
-        if b[i] < 0xFF:
-            b[i] += 1
-            return bytes(b[: i + 1])
-    return b"\0"
-
-
 def _token_rejected(status: int, out: dict[str, Any]) -> bool:
     """etcd says the token is invalid or expired (or from before an auth change): get a new one."""
     msg = str(out.get("message") or out.get("error") or "")
     return (status == 401 or out.get("code") == _UNAUTHENTICATED or "invalid auth token" in msg
             or "revision of auth store is old" in msg)
-
-
-def _kv(d: dict[str, Any]) -> KeyValue:
-    return KeyValue(_unb64(d["key"]), _unb64(d.get("value", "")), int(d.get("create_revision", 0)),
-                    int(d.get("mod_revision", 0)), int(d.get("version", 0)), int(d.get("lease", 0)))
 
 
 def same(key: str, target: str, value: int) -> dict[str, Any]:

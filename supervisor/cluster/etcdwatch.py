@@ -11,7 +11,8 @@ import socket
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from .etcd import EtcdAuthError, EtcdClient, EtcdError, EtcdRequestError, EtcdUnavailable, KeyRange, KeyValue, _kv
+from .etcd import EtcdClient
+from .etcdtypes import EtcdAuthError, EtcdError, EtcdRequestError, EtcdUnavailable, KeyRange, KeyValue, _kv
 
 
 class WatchIdle(EtcdUnavailable):

@@ -11,9 +11,10 @@ from typing import Callable, Mapping
 
 import structlog
 
-from .coord import Keys, Phase, View
 from .digest import Mismatch, mismatch
-from .etcd import EtcdClient, EtcdError, same
+from .etcd import EtcdClient, same
+from .etcdtypes import EtcdError
+from .runkeys import Keys, Phase, View
 
 log = structlog.get_logger("supervisor.cluster")
 

@@ -28,7 +28,8 @@ from typing import Callable
 
 import structlog
 
-from .etcd import EtcdClient, EtcdError, EtcdRequestError, KeyRange, KeyValue
+from .etcd import EtcdClient
+from .etcdtypes import EtcdError, EtcdRequestError, KeyRange, KeyValue
 from .etcdwatch import Watch, WatchCompacted, WatchIdle, open_watch
 
 log = structlog.get_logger("supervisor.cluster")
@@ -67,8 +68,12 @@ class KeyMirror:
         self.refused = ""  # why etcd refused the watch (the agent polls meanwhile); said once in the log
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="cluster-watch", daemon=True)
-        self._thread.start()
+        # Named only once started: close() on the daemon's thread may run while the agent's
+        # thread starts a mirror it follows now, and joining a thread not yet started raises.
+        # A mirror started after close() ends at once (_run looks at _closing first).
+        thread = threading.Thread(target=self._run, name="cluster-watch", daemon=True)
+        thread.start()
+        self._thread = thread
 
     def close(self) -> None:
         self._closing.set()
@@ -211,6 +216,7 @@ class MirrorSet:
             m.start()
 
     def close(self) -> None:
+        self._started = False  # a follow() on the agent's thread meanwhile starts no new mirror
         for m in self.mirrors.values():
             m.close()
 

@@ -30,8 +30,8 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Sequence
 
-from .coord import EndRequest, Keys, NodeRecord, Plan, View
-from .etcd import KeyValue
+from .etcdtypes import KeyValue
+from .runkeys import EndRequest, Keys, NodeRecord, Plan, View
 
 _Ignore = Callable[[KeyValue, str], None]  # check()'s ignore(kv, why): one warning per key revision
 MAX_WARNED = 4096  # remembered (key, revision) warnings: a flood of forged keys must not grow memory

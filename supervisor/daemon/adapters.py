@@ -16,7 +16,8 @@ from ..job import torchelastic
 from ..job.cgroup import own_cgroup, sweep_empty
 from ..job.osapi import OsApi, become_subreaper
 from ..job.consoleline import STDERR_LINE, shares_stderr
-from ..job.output import Consoles, ConsoleWriter, SinkFanout
+from ..job.console import Consoles, ConsoleWriter
+from ..job.output import SinkFanout
 from ..job.prewarm import Prewarm
 from ..job.exitcause import cgroup_oom_kills, classify_exit
 from ..job.process import JobProcess, LaunchSpec

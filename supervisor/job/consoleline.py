@@ -3,7 +3,7 @@
 The job's stderr is passed through to our stderr, where structlog writes the daemon's event
 lines too (and on a terminal the job's stdout shares the screen with both). Without care an
 event line lands in the middle of a job's line: ``epoch 3: 45%|####    event=hang_suspected ...
-| 450/1000``. So every write of a sharing :class:`~supervisor.job.output.ConsoleWriter` holds
+| 450/1000``. So every write of a sharing :class:`~supervisor.job.console.ConsoleWriter` holds
 :class:`SharedLine` and records whether it left the job's line open; an event line written
 while it is open starts with a newline (the job's line ends where it was, the event stands on a
 line of its own, the job's next bytes go on below). A newline first, rather than holding the

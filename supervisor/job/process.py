@@ -22,7 +22,8 @@ from .osapi import OsApi, ProcRef
 from .cgroup import JobCgroup
 from .catchup import OutputLag
 from .keeper import stderr_log_path
-from .output import Consoles, KeeperLink, SinkFanout
+from .console import Consoles
+from .output import KeeperLink, SinkFanout
 from .treewalk import TreeWalker, walk
 
 log = structlog.get_logger("supervisor.job.process")

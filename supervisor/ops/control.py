@@ -1,5 +1,6 @@
 """The control socket: how ``transformer-supervisor status|restart|stop|checkpoint-now`` and
-``systemctl reload`` talk to the running daemon.
+``systemctl reload`` talk to the running daemon. This module: the protocol, its errors and the
+server; the client's end (:func:`~.controlclient.request`) is :mod:`.controlclient`.
 
 Protocol: a Unix stream socket ``<state dir>/control.sock`` (mode 0600). One request per
 connection: one line of JSON ``{"verb": "status", "args": {...}}`` terminated by ``\\n``, at most
@@ -69,7 +70,7 @@ Handler = Callable[[str, Mapping[str, Any]], Any]
 class ControlError(SupervisorError):
     """An error reply with any ``code`` (a stable short name such as ``busy`` or
     ``no_checkpoint``): raised by the server for a malformed request, by a handler to refuse one,
-    and by :func:`request` when the daemon replied with an error. The message says what happened
+    and by :func:`~.controlclient.request` when the daemon replied with an error. The message says what happened
     and what to do. (Handlers may raise any :class:`~supervisor.errors.SupervisorError`: its
     ``code`` becomes the reply's.)"""
 
@@ -82,7 +83,7 @@ class ControlError(SupervisorError):
 
 
 class DaemonNotRunning(ControlError):
-    """Raised by :func:`request` when no daemon listens on the state dir's control socket."""
+    """Raised by :func:`~.controlclient.request` when no daemon listens on the state dir's control socket."""
 
     def __init__(self, message: str) -> None:
         super().__init__("not_running", message)
@@ -100,7 +101,7 @@ def socket_path(state_dir: str | os.PathLike[str]) -> Path:
 
 
 @contextlib.contextmanager
-def _address(path: Path) -> Iterator[str]:
+def unix_address(path: Path) -> Iterator[str]:
     """A bindable/connectable address for ``path``, valid inside the ``with``: sun_path holds at
     most 107 bytes, so a long state dir is reached through /proc/self/fd/N of a descriptor of the
     directory, held open until the block ends."""
@@ -195,7 +196,7 @@ class ControlServer:
         # The umask makes the file 0600 from the start (umask is process-wide, so it is held for
         # the bind only); the chmod below is what guarantees it. Clients cannot connect before
         # listen(), so the mode is final before anyone can talk to us.
-        with _address(self.path) as addr:
+        with unix_address(self.path) as addr:
             old = os.umask(0o177)
             try:
                 sock.bind(addr)
@@ -222,7 +223,7 @@ class ControlServer:
             raise SocketInUse(f"{self.path} exists and is not a socket; remove it if it is not needed")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         probe.settimeout(1.0)
-        with _address(self.path) as addr:
+        with unix_address(self.path) as addr:
             try:
                 probe.connect(addr)
             except OSError as e:
@@ -367,89 +368,3 @@ class ControlServer:
             log.exception("control_handler_failed", verb=verb, error=str(e),
                           next="replied with an internal error; the daemon keeps running")
             return _reply_error("internal", f"{verb} failed inside the daemon: {e}")
-
-
-# How long a client keeps retrying while the daemon's listen backlog is full (EAGAIN on connect)
-# before it says so; many clients at once is normal, a daemon that accepts nothing is not.
-CONNECT_RETRY_S = 5.0
-
-
-def _connect(sock: socket.socket, addr: str, deadline: float) -> None:
-    """Connect, retrying a full listen backlog (a unix socket's connect then fails with EAGAIN
-    instead of waiting) with a short back-off until ``deadline``; then a clear ControlError."""
-    pause = 0.01
-    while True:
-        try:
-            sock.connect(addr)
-            return
-        except BlockingIOError:
-            if time.monotonic() + pause > deadline:
-                raise ControlError("busy", "the daemon's control socket is not accepting connections "
-                                   "(its queue is full); try again shortly") from None
-            time.sleep(pause)  # back-off between connect attempts, not a wait for a condition
-            pause = min(pause * 2, 0.2)
-
-
-# How long a client retries a "busy" reply (every connection slot taken). Each slot is freed
-# within the server's whole-request deadline (READ_TIMEOUT_S), so clients that trickle or stall
-# hold status/stop off for at most about that long, not for as long as they like.
-BUSY_RETRY_S = 2 * READ_TIMEOUT_S
-
-
-def request(state_dir: str | os.PathLike[str], verb: str, args: Mapping[str, Any] | None = None,
-            timeout: float = 30.0) -> Any:
-    """Send one request to the daemon of ``state_dir`` and return its result.
-
-    Raises :class:`DaemonNotRunning` when nothing listens there, :class:`ControlError` for an
-    error reply (its ``code`` and ``message`` come from the daemon). A ``busy`` reply is retried
-    with a short back-off for up to BUSY_RETRY_S (within ``timeout``) before it is raised."""
-    deadline = time.monotonic() + min(timeout, BUSY_RETRY_S)
-    pause = 0.05
-    while True:
-        try:
-            return _request_once(state_dir, verb, args, timeout)
-        except ControlError as e:
-            if e.code != "busy" or time.monotonic() + pause > deadline:
-                raise
-        time.sleep(pause)  # back-off between attempts, not a wait for a condition
-        pause = min(pause * 2, 0.5)
-
-
-def _request_once(state_dir: str | os.PathLike[str], verb: str, args: Mapping[str, Any] | None,
-                  timeout: float) -> Any:
-    path = socket_path(state_dir)
-    if not path.exists():
-        raise DaemonNotRunning(f"no daemon is running for state dir {Path(state_dir)} (no control socket {path})")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.settimeout(timeout)
-    with _address(path) as addr:
-        try:
-            try:
-                _connect(sock, addr, deadline=time.monotonic() + min(timeout, CONNECT_RETRY_S))
-            except (ConnectionRefusedError, FileNotFoundError):
-                raise DaemonNotRunning(f"no daemon is running for state dir {Path(state_dir)} "
-                                       f"(stale control socket {path})") from None
-            except PermissionError:
-                raise ControlError("forbidden", f"permission denied on {path}: run as the daemon's user or root") from None
-            sock.sendall((strictjson.dumps({"verb": verb, "args": dict(args or {})}) + "\n").encode())
-            buf = bytearray()
-            while True:
-                try:
-                    chunk = sock.recv(65536)
-                except (TimeoutError, socket.timeout):
-                    raise ControlError("timeout", f"the daemon did not answer {verb!r} within {timeout:g} s") from None
-                if not chunk:
-                    break
-                buf += chunk
-        finally:
-            sock.close()
-    try:
-        reply = json.loads(bytes(buf).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ControlError("bad_reply", f"the daemon sent an unreadable reply to {verb!r}: {bytes(buf)[:200]!r}") from None
-    if not isinstance(reply, dict) or "ok" not in reply:
-        raise ControlError("bad_reply", f"unexpected reply shape: {reply!r:.200}")
-    if reply["ok"]:
-        return reply.get("result")
-    err = reply.get("error") or {}
-    raise ControlError(str(err.get("code", "error")), str(err.get("message", "the daemon refused the request")))

@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 import structlog
 
 from ..events import AttemptContext, Emit, LineSink
-from ..job.output import TRUNCATED_MARKER, LineSplitter
+from ..job.linesplit import TRUNCATED_MARKER, LineSplitter
 
 log = structlog.get_logger("supervisor.watch")
 

@@ -11,8 +11,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 
 from supervisor.cluster.agent import ClusterAgent, ClusterGaveUp
-from supervisor.cluster.coord import NODE_LOST, EndRequest, Keys, Plan, Rules
+from supervisor.cluster.coord import NODE_LOST, Rules
 from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.runkeys import EndRequest, Keys, Plan
 from tests.cluster.etcdserver import EtcdServer
 from tests.util import wait_for
 

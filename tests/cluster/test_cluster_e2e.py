@@ -28,7 +28,8 @@ def _status(state_dir: Path, phases: set[str] | None = {"running"}, cli: bool = 
     """The cluster block of a node's `status --json` once it lists every node (in ``phases``).
     Asked over the control socket from this process (what `status --json` prints): polled back to
     back, a CLI process per call spent a core; ``cli``: through the command itself."""
-    from supervisor.ops.control import ControlError, DaemonNotRunning, request
+    from supervisor.ops.control import ControlError, DaemonNotRunning
+    from supervisor.ops.controlclient import request
 
     if cli:
         r = subprocess.run([sys.executable, "-m", "supervisor", "status", "--json", "--state-dir", str(state_dir)],

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from supervisor.core.causes import ActionSpec, Action, forget_action, new_action, register_action
-from supervisor.cluster.coord import (NODE_LOST, Campaign, Coordinator, EndRequest, GiveUp, Join, Keys, NodeRecord,
-                                      Phase, Plan, RequestEnd, Rules, StopLocal, View, WritePlan, choose_step)
+from supervisor.cluster.coord import (NODE_LOST, Campaign, Coordinator, GiveUp, Join, RequestEnd, Rules, StopLocal,
+                                      WritePlan, choose_step)
+from supervisor.cluster.runkeys import EndRequest, Keys, NodeRecord, Phase, Plan, View
 
 RULES = Rules(nodes=3, min_nodes=2, wait_for_nodes_s=30.0, lease_ttl_s=5.0)
 

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from supervisor.cluster import digest
-from supervisor.cluster.coord import Coordinator, NodeRecord, Phase, Rules, View, WritePlan
+from supervisor.cluster.coord import Coordinator, Rules, WritePlan
 from supervisor.cluster.digest import (LaunchFacts, build, differences, mask_names, mismatch, normalize_argv, seeds,
                                       select)
 from supervisor.cluster.launchprobe import code_version, launch_digest, package_versions
+from supervisor.cluster.runkeys import NodeRecord, Phase, View
 from supervisor.config.model import ConfigError, config_from_table
 from supervisor.job.launch import config_json
 from supervisor.config.model import Config
@@ -102,7 +103,7 @@ def test_a_digest_in_etcd_that_is_not_one_is_skipped_not_fatal() -> None:
     assert digest.decode(digest.encode({"a": "1"})) == {"a": "1"}
     with pytest.raises(ValueError):
         digest.decode("[1, 2]")
-    from supervisor.cluster.coord import Keys
+    from supervisor.cluster.runkeys import Keys
 
     keys = Keys("/p")
     v = View.parse(keys, [("/p/digest/n1", "[1]", 1), ("/p/digest/n2", '{"code": "x"}', 2)])

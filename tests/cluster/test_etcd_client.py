@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from supervisor.cluster.etcd import EtcdClient, EtcdUnavailable, LeaseExpired
+from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.etcdtypes import EtcdUnavailable, LeaseExpired
 from tests.cluster.etcdserver import EtcdServer, free_port
 from tests.util import wait_for
 

@@ -16,9 +16,11 @@ from typing import Iterator
 import pytest
 
 from supervisor.cluster.agent import ClusterAgent
-from supervisor.cluster.coord import EndRequest, Keys, Rules
+from supervisor.cluster.coord import Rules
 from supervisor.cluster.credentials import PasswordAuth, tls_context
-from supervisor.cluster.etcd import AUTH_RETRY_S, EtcdAuthError, EtcdClient, EtcdTlsError
+from supervisor.cluster.etcd import AUTH_RETRY_S, EtcdClient
+from supervisor.cluster.etcdtypes import EtcdAuthError, EtcdTlsError
+from supervisor.cluster.runkeys import EndRequest, Keys
 from supervisor.config.model import ConfigError, config_from_table
 from tests.cluster.etcdserver import EtcdServer, Unavailable
 from tests.cluster.security import Ca, Pki, change_password, enable_auth

@@ -10,8 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from supervisor.cluster.agent import ClusterAgent
-from supervisor.cluster.coord import Keys, Plan, Rules, WritePlan
+from supervisor.cluster.coord import Rules, WritePlan
 from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.runkeys import Keys, Plan
 from tests.cluster.etcdserver import EtcdServer
 from tests.cluster.test_agent import Node, barrier, nodes
 from tests.util import wait_for

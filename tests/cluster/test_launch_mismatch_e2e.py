@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.cluster.agent import ClusterAgent
-from supervisor.cluster.coord import Keys, Plan, Rules
+from supervisor.cluster.coord import Rules
 from supervisor.cluster.etcd import EtcdClient
+from supervisor.cluster.runkeys import Keys, Plan
 from tests.cluster.daemons import launches, node_config, start
 from tests.cluster.etcdserver import EtcdServer
 from tests.cluster.test_cluster_e2e import _prefix
@@ -78,7 +79,9 @@ def test_the_odd_node_restarted_with_the_others_launch_joins_and_the_generation_
                 assert "seeds.--seed (n1: 1; n2: 2)" in told[0], told
             assert not f1.done()  # no generation over a difference
             # The follower watches no digests: the leader's note (P/mismatch, on its lease) tells it.
-            follower = next(a for a in (n1, n2) if a.view.leader not in (None, a.node_id))
+            # Polled: under load a node's view may not have named the leader yet at this instant.
+            follower = wait_for(lambda: next((a for a in (n1, n2) if a.view.leader not in (None, a.node_id)), None),
+                                timeout=10, what="a follower whose view names the leader")
             note = wait_for(lambda: follower._following() and follower.view.mismatch, timeout=10,
                             what="the leader's note in the follower's view")
             assert "seeds.--seed (n1: 1; n2: 2)" in note.text and set(note.nodes) == {"n1", "n2"}

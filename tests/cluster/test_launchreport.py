@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.cluster.coord import Keys, View
 from supervisor.cluster.digest import Mismatch
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.launchreport import LaunchReport
+from supervisor.cluster.runkeys import Keys, View
 
 TEXT = "seeds.--seed differ: seeds.--seed (n1: 1; n2: 2)"
 

@@ -4,9 +4,9 @@ The same attacks against a real etcd and real agents: test_forged_keys.py."""
 from __future__ import annotations
 
 from supervisor.core.causes import Action
-from supervisor.cluster.coord import EndRequest, Keys, NodeRecord, Phase, Plan, View
 from supervisor.cluster.digest import Mismatch
-from supervisor.cluster.etcd import KeyValue
+from supervisor.cluster.etcdtypes import KeyValue
+from supervisor.cluster.runkeys import EndRequest, Keys, NodeRecord, Phase, Plan, View
 from supervisor.cluster.trust import GaveUpNote, Trust
 
 K = Keys("/tsup/run")

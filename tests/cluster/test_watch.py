@@ -14,9 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from supervisor.cluster.agent import ClusterAgent
-from supervisor.cluster.coord import EndRequest, Keys, NodeRecord, Phase, Plan, Rules
+from supervisor.cluster.coord import Rules
 from supervisor.cluster.etcd import EtcdClient
 from supervisor.cluster.mirror import OPENING, KeyMirror
+from supervisor.cluster.runkeys import EndRequest, Keys, NodeRecord, Phase, Plan
 from tests.cluster.etcdserver import EtcdServer
 from tests.cluster.proxy import Relay
 from tests.util import wait_for

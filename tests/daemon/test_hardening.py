@@ -266,7 +266,7 @@ def test_full_disk_ledger_errors_are_reported_once_and_supervision_stop_sigterm_
 
 def _request_s(sd: Path, verb: str) -> float:
     """One control request through the client the CLI uses; its reply time."""
-    from supervisor.ops.control import request
+    from supervisor.ops.controlclient import request
 
     t = time.monotonic()
     request(sd, verb, timeout=30)
@@ -284,7 +284,7 @@ def test_metric_flood_is_kept_or_counted_and_control_answers(daemons, tmp_path):
              f"sys.stdout.flush()\nopen({str(done)!r},'w').write('1')\ntime.sleep(600)\n")
     d = daemons(wrap(sd) + [PY, "-c", flood])
     wait_for(lambda: (sd / "control.sock").exists(), 30, what="socket")
-    from supervisor.ops.control import request
+    from supervisor.ops.controlclient import request
 
     def accounted() -> bool:
         # status over the socket from this process (what `status --json` prints): a CLI process

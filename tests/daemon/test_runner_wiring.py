@@ -17,7 +17,8 @@ from supervisor.errors import Conflict, SupervisorError, UnknownVerb
 from supervisor.health.config import GpuConfig
 from supervisor.health.gate import run_gate
 from supervisor.health.gpufake import FakeBackend
-from supervisor.ops.control import ControlError, ControlServer, request
+from supervisor.ops.control import ControlError, ControlServer
+from supervisor.ops.controlclient import request
 
 from ..fakes import config, daemon, step_line
 

@@ -32,7 +32,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.ops.control import ControlError, DaemonNotRunning, request
+from supervisor.ops.control import ControlError, DaemonNotRunning
+from supervisor.ops.controlclient import request
 from tests.conftest import ROOT, history
 from tests.util import wait_for
 

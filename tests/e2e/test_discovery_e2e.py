@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.ops.control import DaemonNotRunning, ControlError, request
+from supervisor.ops.control import DaemonNotRunning, ControlError
+from supervisor.ops.controlclient import request
 from tests.conftest import history
 from tests.e2e.test_trainers_e2e import assert_finite_safetensors, attempts, events, hf_cmd, supervise  # noqa: F401 (the fixture)
 from tests.util import wait_for

@@ -109,7 +109,8 @@ def _status(sd: Path) -> dict:
     """The running daemon's status over its control socket (what ``status --json`` prints), {}
     while it does not answer. Asked from this process: polled back to back, a CLI process per
     call spent a core."""
-    from supervisor.ops.control import ControlError, DaemonNotRunning, request
+    from supervisor.ops.control import ControlError, DaemonNotRunning
+    from supervisor.ops.controlclient import request
 
     try:
         return request(sd, "status", timeout=10.0)  # type: ignore[no-any-return]

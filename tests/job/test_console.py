@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Callable
 
 from supervisor.job.osapi import OsApi
-from supervisor.job.output import Console, Consoles, ConsoleWriter, SinkFanout
+from supervisor.job.console import Console, Consoles, ConsoleWriter
+from supervisor.job.output import SinkFanout
 from supervisor.job.process import JobProcess, LaunchSpec
 from tests.util import wait_for
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import signal
 
-from supervisor.job.output import MAX_LINE, TRUNCATED_MARKER, LineSplitter
+from supervisor.job.linesplit import MAX_LINE, TRUNCATED_MARKER, LineSplitter
 from supervisor.job.shutdown import Mode, Phase, Shutdown, ShutdownPlan
 
 

@@ -14,7 +14,8 @@ from structlog.testing import capture_logs
 from supervisor.job.consoleline import EventStream, SharedLine
 from supervisor.job.keeper import stderr_log_path
 from supervisor.job.osapi import OsApi
-from supervisor.job.output import Consoles, ConsoleWriter, SinkFanout
+from supervisor.job.console import Consoles, ConsoleWriter
+from supervisor.job.output import SinkFanout
 from supervisor.job.process import JobProcess, LaunchSpec
 from tests.util import wait_for
 

@@ -14,9 +14,10 @@ from typing import Any, Mapping
 
 import pytest
 
-from supervisor.ops import control
+from supervisor.ops import control, controlclient
 from supervisor.ops.control import (ControlError, ControlServer, DaemonNotRunning, SocketInUse,
-                                    parse_request, peer_allowed, request, socket_path)
+                                    parse_request, peer_allowed, socket_path)
+from supervisor.ops.controlclient import request
 from tests.util import wait_for
 
 
@@ -267,7 +268,7 @@ def test_parse_request_drops_null_args():
 def test_requests_being_answered_keep_their_slots_and_the_next_gets_busy(tmp_path: Path, monkeypatch):
     # Two complete requests whose handler is still running hold both slots: they never give way,
     # so a third connection is refused busy; once they are answered the slots come back.
-    monkeypatch.setattr(control, "BUSY_RETRY_S", 0.3)  # the client retries busy this long, then says so
+    monkeypatch.setattr(controlclient, "BUSY_RETRY_S", 0.3)  # the client retries busy this long, then says so
     release = threading.Event()
 
     def handler(verb: str, args: Mapping[str, Any]) -> Any:
@@ -361,7 +362,7 @@ def test_huge_integer_is_a_bad_request_not_a_thread_traceback(server, capsys):
 def test_full_listen_backlog_is_retried_then_reported_clearly(tmp_path: Path, monkeypatch):
     # A "daemon" that listens but never accepts: once its backlog is full, connect() on a unix
     # socket fails with EAGAIN at once; the client retries for a while, then says so.
-    monkeypatch.setattr(control, "CONNECT_RETRY_S", 0.3)
+    monkeypatch.setattr(controlclient, "CONNECT_RETRY_S", 0.3)
     path = socket_path(tmp_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

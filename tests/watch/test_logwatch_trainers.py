@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from supervisor.events import Cause, Detection, MetricRecord
-from supervisor.job.output import LineSplitter
+from supervisor.job.linesplit import LineSplitter
 from supervisor.watch.config import DetectorsConfig
 from supervisor.watch.logwatch import LogWatcher
 
