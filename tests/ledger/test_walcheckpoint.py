@@ -36,12 +36,19 @@ def _wal(sd: Path) -> int:
     return wal.stat().st_size if wal.exists() else 0
 
 
-def test_the_writer_never_checkpoints_and_a_round_copies_the_wal_into_the_file(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(Ledger, "CHECKPOINT_INTERVAL_S", 3600.0)  # no round of the thread's own here
-    sd = tmp_path / "sd"
+def _daemons_ledger(sd: Path, monkeypatch, interval_s: float) -> tuple[Ledger, str]:
+    """A ledger as the daemon opens it: a run, checkpoints on the thread every ``interval_s``
+    (3600: none of the thread's own; the test calls ``round``)."""
+    monkeypatch.setattr(Ledger, "CHECKPOINT_INTERVAL_S", interval_s)
     led = Ledger(sd)
     run, _ = led.open_run("job", {})
     led.checkpoint_in_background()
+    return led, run
+
+
+def test_the_writer_never_checkpoints_and_a_round_copies_the_wal_into_the_file(tmp_path: Path, monkeypatch) -> None:
+    sd = tmp_path / "sd"
+    led, run = _daemons_ledger(sd, monkeypatch, 3600.0)
     assert _autocheckpoint(led) == 0
     before = (sd / LEDGER_FILE).stat().st_size
     _write(led, run)
@@ -63,11 +70,8 @@ def test_the_writer_never_checkpoints_and_a_round_copies_the_wal_into_the_file(t
 
 
 def test_the_thread_keeps_the_file_up_to_date_while_the_daemon_writes(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(Ledger, "CHECKPOINT_INTERVAL_S", 0.05)
     sd = tmp_path / "sd"
-    led = Ledger(sd)
-    run, _ = led.open_run("job", {})
-    led.checkpoint_in_background()
+    led, run = _daemons_ledger(sd, monkeypatch, 0.05)
     before = (sd / LEDGER_FILE).stat().st_size
     _write(led, run)
     wait_for(lambda: (sd / LEDGER_FILE).stat().st_size > before, 30, what="the thread's checkpoint")
@@ -78,11 +82,8 @@ def test_the_thread_keeps_the_file_up_to_date_while_the_daemon_writes(tmp_path: 
 
 
 def test_a_deleted_ledger_is_never_created_by_a_round_and_its_retake_is_followed(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(Ledger, "CHECKPOINT_INTERVAL_S", 3600.0)
     sd = tmp_path / "sd"
-    led = Ledger(sd)
-    run, _ = led.open_run("job", {})
-    led.checkpoint_in_background()
+    led, run = _daemons_ledger(sd, monkeypatch, 3600.0)
     checkpointer = led._checkpointer
     assert checkpointer is not None
     _write(led, run, 4000)
