@@ -218,7 +218,7 @@ class Ledger:
             return
         self._checkpointer = WalCheckpointer(self.path, lambda: self._ident, self._checkpoints_fall_back,
                                              interval_s=self.CHECKPOINT_INTERVAL_S)
-        self.db.execute("PRAGMA wal_autocheckpoint=0")
+        self._leave_checkpoints_to_thread()
         self._checkpointer.start()
 
     def _checkpoints_fall_back(self) -> None:
@@ -228,9 +228,9 @@ class Ledger:
         except sqlite3.Error:
             pass  # the writes fail too: their guard says so
 
-    def _tune(self) -> None:
-        """The writer's connection settings that a retake's new connection needs again."""
-        self.db.execute("PRAGMA journal_mode=WAL")
+    def _leave_checkpoints_to_thread(self) -> None:
+        """The writer's connection checkpoints nothing while the thread does (a per-connection
+        setting: a retake's new connection needs it again)."""
         if self._checkpointer is not None:
             self.db.execute("PRAGMA wal_autocheckpoint=0")
 
@@ -255,7 +255,8 @@ class Ledger:
         try:
             moved = self._new_file()
             self.db.move_to(self._connect(), copy=True)
-            self._tune()
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self._leave_checkpoints_to_thread()
             return f"the ledger was copied from the daemon's open handle on the deleted one, nothing lost{moved}"
         except sqlite3.Error as e:
             copy_error = e
@@ -266,8 +267,8 @@ class Ledger:
                 leftover.unlink(missing_ok=True)
             moved = self._new_file()
             self.db.move_to(self._connect(), copy=False)
-            self._migrate(self.db)
-            self._tune()
+            self._migrate(self.db)  # WAL mode included
+            self._leave_checkpoints_to_thread()
             self.db.execute("INSERT INTO runs(run_id, name, created_at, state, config_json) VALUES (?,?,?,?,?)",
                             (run_id, name, self.clock(), IN_PROGRESS, _json(config_json)))
         except sqlite3.Error as e:

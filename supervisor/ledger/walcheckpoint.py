@@ -25,15 +25,10 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from ..ownpaths import file_identity
-
-
-def _log() -> Any:
-    import structlog  # at first use: the ledger module is imported by CLI commands that never log
-
-    return structlog.get_logger("supervisor.ledger.store")
+from .writeguard import logger
 
 GIVE_UP_AFTER = 60  # failed rounds in a row (~a minute) before the writer checkpoints again
 
@@ -93,7 +88,7 @@ class WalCheckpointer:
 
     def _give_up(self, why: str) -> None:
         self.fallback()
-        _log().warning("ledger_checkpoint_fallback", path=str(self.path), reason=why,
+        logger().warning("ledger_checkpoint_fallback", path=str(self.path), reason=why,
                        next="the daemon's own ledger writes checkpoint the WAL again (SQLite's default); "
                             "supervision continues")
 

@@ -18,7 +18,8 @@ from typing import Any, Callable, Concatenate, ParamSpec, Protocol, TypeVar
 RECOVERED_AFTER_S = 30.0
 
 
-def _log() -> Any:
+def logger() -> Any:
+    """The ledger's logger (its write failures, its checkpoint thread), made at first use."""
     import structlog
 
     return structlog.get_logger("supervisor.ledger.store")
@@ -46,7 +47,7 @@ class WriteHealth:
             if self.failing is not None:
                 return
             self.failing = str(e)
-        _log().error("ledger_write_failed", error=str(e), path=str(self.path),
+        logger().error("ledger_write_failed", error=str(e), path=str(self.path),
                      message=f"the ledger {self.path} cannot be written ({e}): supervision continues, "
                              "records are dropped and counted until it can (said once per episode; "
                              "status shows ledger_write_errors)")
@@ -65,7 +66,7 @@ class WriteHealth:
             lost, error = self.lost_in_episode, self.failing
             self.failing = None
             self.lost_in_episode = 0
-        _log().warning("ledger_write_recovered", lost=lost, path=str(self.path),
+        logger().warning("ledger_write_recovered", lost=lost, path=str(self.path),
                        message=f"the ledger can be written again; {lost} record(s) were lost while it could not "
                                f"({error})")
 
