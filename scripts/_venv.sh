@@ -11,7 +11,7 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.tsup-stamp" 2>/dev/null)" != 
     # torch is pinned to 2.13.0 through constraints.txt: a bare `torch` would pull a CUDA build.
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$ROOT/constraints.txt" \
         -e "$ROOT[train,report,diagnostics,trainers,dev]" 2>&1 | grep -v "is ignored: it is neither" >&2 || true
-    "$VENV/bin/python" -c "import supervisor, torch, psutil, structlog, watchdog, pynvml, transformers, accelerate, pytorch_lightning, lightning, rich, tensorboard" \
+    "$VENV/bin/python" -c "import supervisor, torch, psutil, structlog, watchdog, pynvml, transformers, accelerate, pytorch_lightning, lightning, rich, tensorboard, mlflow, sqlalchemy, loguru" \
         || { echo "venv setup failed" >&2; exit 1; }
     echo "$stamp_want" > "$VENV/.tsup-stamp"
 fi
