@@ -32,23 +32,32 @@ class LogsError(Exception):
     """Why there is nothing to show (said on stderr, exit 1)."""
 
 
-def job_log_path(state_dir: Path, config: str | None) -> Path:
-    """The job log the daemon for this state dir writes."""
+def job_log_path(state_dir: Path, config: str | None, problems: list[str] | None = None) -> Path:
+    """The job log the daemon for this state dir writes. A ledger that cannot be read (a
+    garbled page) leaves the state dir's own job.log, and its error is added to ``problems``."""
     if config:
         from ..config.model import load_config
 
         cfg = load_config(config, need_command=False)
         return cfg.log_file() if cfg.job.log_file else state_dir / "job.log"
-    return _recorded_log_path(state_dir) or state_dir / "job.log"
+    from ..ledger.store import LedgerError
+
+    try:
+        return _recorded_log_path(state_dir) or state_dir / "job.log"
+    except LedgerError as e:
+        if problems is not None:
+            problems.append(e.message)
+        return state_dir / "job.log"
 
 
 def _recorded_log_path(state_dir: Path) -> Path | None:
-    """``[job] log_file`` of the newest run in the ledger; None when it names none (or no ledger)."""
-    from ..ledger.store import Ledger, LedgerError
+    """``[job] log_file`` of the newest run in the ledger; None when it names none (or no ledger
+    at all). LedgerError when the ledger is there but cannot be read."""
+    from ..ledger.store import Ledger
 
     try:
         led = Ledger(state_dir, readonly=True)
-    except (FileNotFoundError, LedgerError):
+    except FileNotFoundError:
         return None
     try:
         run_id = led.latest_run_id()
@@ -157,7 +166,11 @@ def follow(path: Path, f: BinaryIO, pos: int, out: BinaryIO, alive: Callable[[],
 
 
 def cmd_logs(args: argparse.Namespace, state_dir: Path) -> int:
-    path = job_log_path(state_dir, getattr(args, "config", None))
+    problems: list[str] = []
+    path = job_log_path(state_dir, getattr(args, "config", None), problems)
+    for problem in problems:  # the log is still shown: it does not depend on the ledger
+        print(f"transformer-supervisor: {problem}; showing {path}, the state dir's job log (a [job] log_file "
+              "the run set elsewhere is not known without the ledger: pass --config PATH)", file=sys.stderr)
     if args.stderr:
         path = Path(stderr_log_path(str(path)))
     alive = lambda: daemon_alive(state_dir)  # noqa: E731

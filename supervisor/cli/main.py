@@ -234,19 +234,29 @@ def cmd_history(args: argparse.Namespace) -> int:
         return 1
     try:
         h = led.history(args.run)
+    except LedgerError as e:  # not even the run's id could be read (a garbled page of `runs`)
+        print(f"transformer-supervisor: {e}", file=sys.stderr)
+        return 1
     finally:
         led.close()
-    if args.run and h.get("state") is None and not h.get("attempts"):  # every run row has a state
+    unreadable = h.get("unreadable") or {}
+    if args.run and h.get("state") is None and not h.get("attempts") and not unreadable:  # every run has a state
         print(f"transformer-supervisor: no run {args.run!r} in the ledger of {sd} "
               "(`history` without --run shows the newest run)", file=sys.stderr)
         return 1
     if args.json:
         print(strictjson.dumps(h, indent=2, default=str))
-        return EXIT_OK
-    from .render import render_history
+    else:
+        from .render import render_history
 
-    print(render_history(h))
-    return EXIT_OK
+        print(render_history(h))
+    # What could be read is shown above; what could not is said here, and the exit is 1: the
+    # history is not whole.
+    for part, error in unreadable.items():
+        what = {"run": "the run's state, exit and reason"}.get(part, f"the run's {part}")
+        print(f"transformer-supervisor: history: {what} could not be read and are left out: {error}",
+              file=sys.stderr)
+    return 1 if unreadable else EXIT_OK
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

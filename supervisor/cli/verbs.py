@@ -240,6 +240,8 @@ def recorded_job(sd: Path) -> tuple[list[str], Path | None, str | None, str | No
     try:
         run_id = led.latest_run_id()
         table = led.run_config(run_id) if run_id else {}
+    except LedgerError:  # a garbled page: as if nothing were recorded ("no command known")
+        return None
     finally:
         led.close()
     job = table.get("job") if isinstance(table, dict) else None
@@ -345,12 +347,18 @@ def last_run_status(sd: Path, config: str | None = None) -> dict[str, Any] | Non
 
     if not (sd / "ledger.sqlite").exists():
         return None
+    problems: list[str] = []
+    log = job_log_path(sd, config, problems)
     try:
         led = Ledger(sd, readonly=True)
-    except (FileNotFoundError, LedgerError):
+    except FileNotFoundError:
         return None
+    except LedgerError as e:
+        return _unreadable_run(e.message, log)
     try:
         h = led.history()
+    except LedgerError as e:
+        return _unreadable_run(e.message, log)
     finally:
         led.close()
     if h.get("run_id") is None:
@@ -378,8 +386,18 @@ def last_run_status(sd: Path, config: str | None = None) -> dict[str, Any] | Non
         "heartbeats": {},
         "gpus": None,
         "goodput": None,
-        "log_tail": log_tail(job_log_path(sd, config)),
+        "log_tail": log_tail(log),
+        **({"ledger_error": "; ".join((h.get("unreadable") or {}).values())} if h.get("unreadable") else {}),
     }
+
+
+def _unreadable_run(error: str, log: Path) -> dict[str, Any]:
+    """``status`` of a state dir whose ledger cannot be read: what the ledger would have said is
+    unknown, the job's log (kept apart from the ledger) is still shown, and the error is named."""
+    return {"state": "unknown", "daemon": False, "run_id": None, "name": None, "attempt": None, "pids": [],
+            "restarts_by_cause": {}, "exit_code": None, "reason": None, "ended_at": None, "checkpoint": None,
+            "last_metric": None, "heartbeats": {}, "gpus": None, "goodput": None, "log_tail": log_tail(log),
+            "ledger_error": error}
 
 
 def render_last_run(st: Mapping[str, Any]) -> str:
@@ -392,10 +410,15 @@ def render_last_run(st: Mapping[str, Any]) -> str:
     rows = [("state", f"{st.get('state')}" + (f" (exit {code})" if code is not None else "")),
             ("reason", st.get("reason") or "-"),
             ("ended", ended_text(st.get("ended_at"))),
-            ("attempts", f"{(st.get('attempt') or 0) + 1}"
+            ("attempts", ("unknown" if st.get("attempt") is None and st.get("ledger_error") else
+                          f"{(st.get('attempt') or 0) + 1}")
              + (f", restarts {', '.join(f'{k} {v}' for k, v in sorted(restarts.items()))}" if restarts else "")),
-            ("resumed from", st.get("checkpoint") or "(nothing: a fresh start)")]
-    lines = [f"no daemon is running: the last run ({st.get('name')}, {st.get('run_id')}) has ended"]
+            ("resumed from", st.get("checkpoint")
+             or ("unknown" if st.get("ledger_error") else "(nothing: a fresh start)"))]
+    lines = [f"no daemon is running: the last run ({st.get('name')}, {st.get('run_id')}) has ended"
+             if st.get("run_id") else "no daemon is running, and the ledger does not say which run was last"]
+    if st.get("ledger_error"):
+        lines.append(f"  the ledger could not be read, so what follows is partial: {st['ledger_error']}")
     lines.extend(f"  {label:<12}  {value}" for label, value in rows)
     tail = st.get("log_tail") or []
     if tail:

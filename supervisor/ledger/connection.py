@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 _INT64 = range(-(2**63), 2**63)
 
@@ -98,3 +98,32 @@ class _Fetched:
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._rows)
+
+
+class CheckedReads:
+    """A read-only connection whose queries fetch their rows at once and turn an SQLite error
+    (a page garbled on disk, the file locked past the busy wait) into ``translate(e)``: the CLI's
+    readers catch one error kind that says what is wrong and what to do."""
+
+    def __init__(self, conn: sqlite3.Connection, translate: Callable[[sqlite3.Error], Exception]) -> None:
+        self._conn = conn
+        self._translate = translate
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Fetched:
+        try:
+            cur = self._conn.execute(sql, params)
+            # Fetched here: a garbled page deep in a table raises while rows are read, not at execute.
+            return _Fetched(cur.fetchall() if cur.description else [], cur)
+        except sqlite3.Error as e:
+            raise self._translate(e) from None
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @property
+    def row_factory(self) -> Any:
+        return self._conn.row_factory
+
+    @row_factory.setter
+    def row_factory(self, v: Any) -> None:
+        self._conn.row_factory = v

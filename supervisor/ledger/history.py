@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import sqlite3
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+from .errors import LedgerError
 
 
 def iso(ts: float | None) -> str | None:
@@ -30,10 +32,45 @@ def repeat_of(r: sqlite3.Row) -> tuple[Any, bool]:
 
 def history_of(db: Any, run_id: str | None) -> dict[str, Any]:
     """Run ``run_id`` of the ledger connection ``db``: the run, its attempts oldest first, its
-    events in the order they were written. A ledger without runs gives an empty history."""
+    events in the order they were written. A ledger without runs gives an empty history.
+
+    Each part is read on its own: a part the ledger cannot give (a garbled page: LedgerError) is
+    left empty and named in ``unreadable`` (its error), and the other parts are still given."""
     if run_id is None:
         return {"run_id": None, "attempts": [], "events": []}
-    run = db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
+    unreadable: dict[str, str] = {}
+    run = _part(unreadable, "run", lambda: db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone())
+    attempts = _part(unreadable, "attempts", lambda: _attempts(db, run_id)) or []
+    events = _part(unreadable, "events", lambda: [
+        {"at": iso(e["at"]), "attempt": e["attempt"], "event": e["event"], "level": e["level"],
+         "message": e["message"], "data": _load(e["data_json"])}
+        for e in db.execute("SELECT * FROM events WHERE run_id=? ORDER BY id", (run_id,))]) or []
+    h = {
+        "run_id": run_id,
+        "name": run["name"] if run else None,
+        "state": run["state"] if run else None,
+        "exit_code": run["exit_code"] if run else None,
+        "reason": run["reason"] if run else None,
+        "attempts": attempts,
+        "events": events,
+    }
+    if unreadable:
+        h["unreadable"] = unreadable
+    return h
+
+
+T = TypeVar("T")
+
+
+def _part(unreadable: dict[str, str], name: str, read: Callable[[], T]) -> T | None:
+    try:
+        return read()
+    except LedgerError as e:
+        unreadable[name] = e.message
+        return None
+
+
+def _attempts(db: Any, run_id: str) -> list[dict[str, Any]]:
     attempts = []
     for r in db.execute("SELECT * FROM attempts WHERE run_id=? ORDER BY attempt", (run_id,)):
         detection = _load(r["detection_json"])
@@ -65,15 +102,4 @@ def history_of(db: Any, run_id: str | None) -> dict[str, Any]:
             "counted": bool(r["counted"]),
             "repeat": repeat_of(r)[0],
         })
-    events = [{"at": iso(e["at"]), "attempt": e["attempt"], "event": e["event"], "level": e["level"],
-               "message": e["message"], "data": _load(e["data_json"])}
-              for e in db.execute("SELECT * FROM events WHERE run_id=? ORDER BY id", (run_id,))]
-    return {
-        "run_id": run_id,
-        "name": run["name"] if run else None,
-        "state": run["state"] if run else None,
-        "exit_code": run["exit_code"] if run else None,
-        "reason": run["reason"] if run else None,
-        "attempts": attempts,
-        "events": events,
-    }
+    return attempts

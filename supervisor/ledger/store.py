@@ -18,21 +18,18 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from ..events import bounded_argv
-from ..errors import SupervisorError
 from ..ownpaths import file_identity, open_in
-from .connection import LockedConnection
+from .connection import CheckedReads, LockedConnection
+from .errors import LedgerError
 from .history import history_of, repeat_of
 from .runstates import FINAL_STATES, IN_PROGRESS
 from .schema import LEDGER_FILE, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from .walcheckpoint import WalCheckpointer
 from .writeguard import WriteHealth, guarded
 from .. import strictjson
+from ..redact import redact_data, redact_text
 
-class LedgerError(SupervisorError):
-    """The ledger file cannot be used: corrupt, not a ledger, or written by a newer version."""
-
-    code = "ledger"
-
+__all__ = ["AttemptRow", "Ledger", "LedgerError"]
 
 
 def _numbers_json(rows: list[tuple[Any, ...]]) -> str:
@@ -116,6 +113,9 @@ class Ledger:
                 self.db.close()
                 self.db = sqlite3.connect(":memory:")
                 self.db.executescript(SCHEMA)
+            # A page garbled after the open shows at the query that reads it: said as a
+            # LedgerError naming the file and what to do, never a bare sqlite3 traceback.
+            self.db = CheckedReads(self.db, lambda e: LedgerError(self._unusable(e)))
         else:
             try:
                 state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -404,7 +404,8 @@ class Ledger:
               data: Mapping[str, Any] | None = None) -> None:
         self.db.execute("INSERT INTO events(run_id, attempt, at, event, level, message, data_json) "
                         "VALUES (?,?,?,?,?,?,?)",
-                        (run_id, attempt, self.clock(), event, level, message, _json(data)))
+                        (run_id, attempt, self.clock(), event, level, None if message is None else redact_text(message),
+                         _json(redact_data(data))))  # the gate: a row may leave the node (history, reports)
 
     @guarded
     def metrics_batch(self, run_id: str, attempt: int, rows: list[tuple[float, Any, Any, Any, Any, Any]]) -> None:
@@ -444,4 +445,4 @@ class Ledger:
     # -- history (SPEC shape) -------------------------------------------------------------
     def history(self, run_id: str | None = None) -> dict[str, Any]:
         """The run ``run_id`` (the newest when None) as ``history --json`` gives it (SPEC)."""
-        return history_of(self.db, run_id or self.latest_run_id())
+        return redact_data(history_of(self.db, run_id or self.latest_run_id()))  # rows an older daemon wrote too
