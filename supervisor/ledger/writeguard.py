@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Concatenate, ParamSpec, Protocol, TypeVar
 
+from .errors import LedgerError
+
 # A nearly full disk lets small writes through between failures: one success does not end the
 # episode (that would say "recovered" and "failed" again for every few records).
 RECOVERED_AFTER_S = 30.0
@@ -88,7 +90,7 @@ def guarded(fn: Callable[Concatenate[G, P], R]) -> Callable[Concatenate[G, P], R
     def write(self: G, /, *a: P.args, **kw: P.kwargs) -> R | None:
         try:
             result = fn(self, *a, **kw)
-        except (sqlite3.Error, OSError) as e:
+        except (sqlite3.Error, OSError, LedgerError) as e:  # LedgerError: a read-only ledger's refusal
             self.health.failed(e)
             return None
         self.health.succeeded()
