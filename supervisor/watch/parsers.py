@@ -22,8 +22,9 @@ Formats recognised (``fmt`` of the record); ``tests/corpus/`` holds captured rea
 - ``lightning``: PyTorch Lightning's TQDM bar with metrics in its postfix,
   ``Epoch 0:  40%|████      | 4/10 [00:00<00:00, 9.57it/s, v_num=0, train_loss=4.170]`` -> loss
   (``loss=`` / ``train_loss=`` / ``*_step=``), ``val_loss``; ``step=None`` and
-  ``extra={"epoch", "batch", "total"}``: the bar counts batches of the current epoch, and the global
-  step is not derivable from it (gradient accumulation, ``limit_train_batches``, resumed epochs).
+  ``extra={"epoch", "batch", "total"}``: the bar counts batches of the current epoch; the log watcher
+  makes that the global step, ``epoch x total + batch`` (:mod:`.epochsteps`; with gradient accumulation
+  that counts batches, not optimizer steps: the job's metric files carry the optimizer step).
   Lightning pads values, so NaN is printed ``nan.0`` (and inf ``inf.0``). A bar with another
   description (or none) and a loss in its postfix (a hand-written loop's ``tqdm(range(300),
   desc="train")`` + ``set_postfix(loss=...)``) is ``tqdm``, same shape, but with the bar's counter
@@ -93,6 +94,7 @@ from .formats import (
 )
 from .generic import parse_generic
 from .records import LOSS_FIELDS, canonical_key, make_record, parse_number
+from .structlines import json_message
 
 # Substrings at least one of which every built-in metric line contains, except in the files for which
 # MetricParser.wants_all_lines is True (CSV data rows, llm.c's main.log: metric lines only, no keyword).
@@ -207,6 +209,11 @@ class MetricParser:
                     return rec
         # The generic "step N key value ..." form last: the user's own pattern for a line beats a guess.
         if self.auto:
+            if line.startswith("{"):
+                # A structured log line (loguru serialize=True, structlog JSON) with no metric key: its
+                # message is an ordinary log line (one level; json_message never returns a JSON text).
+                msg = json_message(line)
+                return self.parse(msg, source) if msg is not None else None
             if "tep" in line or "STEP" in line:
                 rec = parse_kv(line, source, rank)
                 if rec is not None:
