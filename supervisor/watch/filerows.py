@@ -1,10 +1,12 @@
 """One followed metric file's state, and its CSV rows and JSONL lines -> records (for
 :mod:`.metricfiles`, which reads the bytes; TensorBoard files go through :mod:`.tbevents`).
 
-CSV: the first line is the header; a file whose header names no loss-like column is dropped.
-After a rewrite (Lightning's ``CSVLogger`` adds a column) the rows already consumed are skipped
-by count (``skip_rows``). JSONL: each line a JSON object; one with a loss-like key is a record; a
-file whose first ``JSONL_PROBE_LINES`` lines hold none is dropped (a dataset, not metrics).
+CSV: the first line is the header; a file whose header names no loss-like column is dropped
+(until it changes: :mod:`.fileread` looks again). After a rewrite (Lightning's ``CSVLogger`` adds
+a column) the rows already consumed are skipped by count (``skip_rows``). JSONL: each line a JSON
+object; one with a loss-like key is a record; a file whose first ``JSONL_PROBE_LINES`` lines hold
+none is dropped (a dataset, not metrics; looked at again when it changes). Lines come from a
+:class:`~.readbounds.BoundedLines`: an over-long one arrives as an empty line.
 """
 
 from __future__ import annotations
@@ -14,13 +16,10 @@ import io
 import json
 from dataclasses import dataclass, field
 
-import structlog
-
 from ..events import MetricRecord
+from .readbounds import BoundedLines
 from .records import canonical_key, make_record, parse_number, record_from_mapping
 from .tbevents import TBReader
-
-log = structlog.get_logger("supervisor.watch")
 
 JSONL_PROBE_LINES = 50
 
@@ -34,7 +33,7 @@ class FileState:
     ident: tuple[int, int]
     offset: int
     tb: TBReader | None = None
-    partial: bytes = b""
+    lines: BoundedLines = field(default_factory=BoundedLines)  # csv, jsonl: the unfinished line
     header: tuple[str, ...] | None = None  # csv: column names
     header_raw: bytes = b""  # csv: the header line as written, to notice a rewrite
     rows: int = 0  # csv: data rows consumed since offset 0
@@ -43,8 +42,9 @@ class FileState:
     metric_lines: int = 0
     records: int = 0
     last_step: int | None = None
-    dropped: str | None = None
-    warned: set[str] = field(default_factory=set)
+    dropped: str | None = None  # why it is not followed now (looked at again when it changes)
+    dropped_seen: tuple[int, int] = (0, 0)  # size, mtime_ns when dropped
+    dropped_head: bytes = b""  # csv: the header that had no loss-like column
 
 
 def set_header(f: FileState, raw: bytes) -> bool:
@@ -61,8 +61,7 @@ def csv_records(f: FileState, lines: list[bytes]) -> list[MetricRecord]:
     for raw in lines:
         if f.header is None:
             if not set_header(f, raw):
-                f.dropped = "no loss-like column in its header"
-                log.info("metric_file_ignored", path=f.path, why=f.dropped, next="not followed")
+                f.dropped, f.dropped_head = "no loss-like column in its header", raw
                 return out
             continue
         f.rows += 1
@@ -104,8 +103,7 @@ def jsonl_records(f: FileState, lines: list[bytes], source: str) -> list[MetricR
             if f.metric_lines == 0:
                 f.probed += 1
                 if f.probed >= JSONL_PROBE_LINES:
-                    f.dropped = f"no loss-like key in its first {JSONL_PROBE_LINES} lines"
-                    log.info("metric_file_ignored", path=f.path, why=f.dropped, next="not followed")
+                    f.dropped = f"no loss-like key in {JSONL_PROBE_LINES} lines"
                     return out
             continue
         f.metric_lines += 1

@@ -20,6 +20,11 @@ What is read:
 - ``*.jsonl`` whose lines are JSON objects with a loss-like key; a file whose first
   ``JSONL_PROBE_LINES`` lines have none is not a metrics file and is dropped.
 
+No file is dropped for good: a dropped file (a CSV header with no loss column, a JSONL with no
+metric line) is looked at again when its size or mtime changes (:mod:`.fileread`). Links to files
+out of the roots are not followed (``metric_file_link_refused``, once per link): what drives a
+stop or a rollback is the job's own tree, as for checkpoint discovery.
+
 Files that exist at the baseline (taken before the run's first launch) are history: read from
 their end (an old NaN must not be replayed). Files first seen later are read from their start,
 unless their mtime is older than the baseline (a slow scan's late find of an old file).
@@ -28,8 +33,10 @@ Bounded cost: the walk is limited to ``depth`` levels below each root and ``max_
 directories per pass (logged once when capped), and skips ``.git``, hidden directories,
 virtual environments (a ``pyvenv.cfg`` inside), ``site-packages``, ``node_modules``,
 ``__pycache__``, ``quarantine`` and the paths in ``exclude`` (the state dir, whose client metric
-files the heartbeat monitor already reads). A file that fails to parse is reported once; nothing
-raises into the caller.
+files the heartbeat monitor already reads). Per file: ``READ_BUDGET`` bytes a pass, an unfinished
+line of at most ``MAX_RECORD_LINE`` bytes, one TensorBoard record, a bounded resync CRC rate
+(:mod:`.readbounds`, :mod:`.tbevents`). A file that fails to parse is reported, rate-limited
+(:mod:`.quiet`); nothing raises into the caller.
 """
 
 from __future__ import annotations
@@ -46,13 +53,16 @@ import structlog
 
 from ..events import AttemptContext, Emit, MetricRecord
 from .dirwake import DirWake
-from .filerows import JSONL_PROBE_LINES, FileState, csv_records, jsonl_records, set_header
-from .tbevents import TBReader, group
+from .fileread import FileReader, source_of
+from .filerows import JSONL_PROBE_LINES, FileState
+from .quiet import QuietLog
+from .readbounds import READ_CHUNK, inside
+from .tbevents import TBReader
 
 log = structlog.get_logger("supervisor.watch")
 
 SKIP_DIRS = frozenset({"site-packages", "node_modules", "__pycache__", "quarantine", "dist-packages"})
-READ_BUDGET = 8 << 20  # bytes per file per pass: a huge backlog is read over several passes
+READ_BUDGET = READ_CHUNK  # bytes per file per pass: a huge backlog is read over several passes
 
 
 class RecordSink(Protocol):
@@ -98,6 +108,8 @@ class MetricFiles:
         self._sink_failed = False
         self.scans = 0
         self.capped = False
+        self._reader = FileReader(QuietLog(log))
+        self._links_out: set[str] = set()  # links out of the tree seen by the last walk (said once each)
         self._mute = False  # a pass that reads without delivering (baseline of a later attempt)
         for r in roots:
             self.add_root(r)
@@ -223,10 +235,12 @@ class MetricFiles:
                 if self._dirwake is not None:
                     self._dirwake.watch(os.path.dirname(path))
                 if history:
-                    self._take_history(f)
+                    self._reader.take_history(f, st)
                 else:
                     log.info("metric_file_followed", path=path, kind=kind,
                              next="its metrics go to the detectors as the job writes them")
+            elif self._reader.changed_since_dropped(f, st):
+                self._reader.reexamine(f, st)
             if f.dropped is None:
                 more |= self._read(f, st.st_size)
         for path in [p for p in self._files if p not in found]:
@@ -246,6 +260,7 @@ class MetricFiles:
 
     def _walk(self) -> dict[str, tuple[str, os.stat_result]]:
         found: dict[str, tuple[str, os.stat_result]] = {}
+        links_out: set[str] = set()
         dirs = 0
         capped = False
         # Breadth first: with the cap, the shallow dirs where loggers write (lightning_logs/,
@@ -273,10 +288,19 @@ class MetricFiles:
                             queue.append((e.path, level + 1))
                         continue
                     kind = kind_of(name)
-                    if kind is not None and e.is_file():
-                        found[e.path] = (kind, e.stat())
+                    if kind is None or not e.is_file():
+                        continue
+                    if e.is_symlink() and not inside(e.path, self._roots):
+                        links_out.add(e.path)  # the job's tree only: a link out drives no detection
+                        continue
+                    found[e.path] = (kind, e.stat())
                 except OSError:
                     continue
+        for path in sorted(links_out - self._links_out):
+            log.warning("metric_file_link_refused", path=path, target=os.path.realpath(path),
+                        next="not read: a link out of the job's directories; name the file in [job] "
+                             "watch_files to read it")
+        self._links_out = links_out
         for pattern in self.globs:
             for path in globlib.glob(pattern):
                 if kind_of(os.path.basename(path)) == "tb" and path not in found:
@@ -294,94 +318,20 @@ class MetricFiles:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _take_history(self, f: FileState) -> None:
-        """A file that existed before the run: start at its end, but keep a CSV's header (later
-        rows need it) and its row count (a rewrite must not replay them)."""
-        if f.kind != "csv":
-            return
-        try:
-            with open(f.path, "rb") as fh:
-                data = fh.read(f.offset)
-        except OSError:
-            return
-        end = data.rfind(b"\n") + 1
-        f.offset = end
-        lines = data[:end].splitlines()
-        if lines:
-            set_header(f, lines[0] + b"\n")
-            f.rows = max(0, len(lines) - 1)
-
     def _read(self, f: FileState, size: int) -> bool:
-        if size < f.offset:
-            log.info("metric_file_truncated", path=f.path, offset=f.offset, size=size,
-                     next="reading it again from the start; rows already delivered are skipped")
-            self._restart(f)
-        elif f.kind == "csv" and f.header_raw and size > f.offset and not self._header_same(f):
-            self._restart(f)  # rewritten with a wider header: same rows again, then new ones
-        if size <= f.offset:
-            return False
-        try:
-            with open(f.path, "rb") as fh:
-                fh.seek(f.offset)
-                data = fh.read(READ_BUDGET)
-        except OSError:
-            return False
-        f.offset += len(data)
-        try:
-            records = self._parse(f, data)
-        except Exception as exc:  # noqa: BLE001 (bad content of one file must not stop the others)
-            self._warn(f, "metric_file_unreadable", repr(exc), "its later content is still read")
-            records = []
+        records, more = self._reader.read(f, size)
         if records and not self._mute:
             f.records += len(records)
             steps = [r.step for r in records if r.step is not None]
             if steps:
                 f.last_step = steps[-1]
-            source = ("tb:" if f.kind == "tb" else "file:") + f.path
             try:
-                self.sink.feed_records(source, records)
+                self.sink.feed_records(source_of(f), records)
             except Exception as exc:  # noqa: BLE001
                 if not self._sink_failed:
                     self._sink_failed = True
                     log.exception("metric_files_sink_failed", error=repr(exc), next="records keep being read")
-        return len(data) >= READ_BUDGET
-
-    def _restart(self, f: FileState) -> None:
-        f.skip_rows = f.rows
-        f.rows = 0
-        f.offset = 0
-        f.partial = b""
-        f.header = None
-        f.header_raw = b""
-        if f.tb is not None:
-            f.tb = TBReader()
-
-    def _header_same(self, f: FileState) -> bool:
-        try:
-            with open(f.path, "rb") as fh:
-                return fh.read(len(f.header_raw)) == f.header_raw
-        except OSError:
-            return True
-
-    def _parse(self, f: FileState, data: bytes) -> list[MetricRecord]:
-        source = ("tb:" if f.kind == "tb" else "file:") + f.path
-        if f.kind == "tb":
-            assert f.tb is not None
-            before = f.tb.corrupt
-            recs = group(f.tb.read(data), source)
-            if f.tb.corrupt > before:
-                self._warn(f, "metric_file_corrupt_record", f.tb.last_error or "", "the next records are read")
-            return recs
-        buf = f.partial + data
-        end = buf.rfind(b"\n") + 1
-        f.partial = buf[end:]
-        lines = buf[:end].splitlines(keepends=True)
-        return csv_records(f, lines) if f.kind == "csv" else jsonl_records(f, lines, source)
-
-    def _warn(self, f: FileState, event: str, error: str, next_: str) -> None:
-        if event not in f.warned:  # once per file and kind of problem
-            f.warned.add(event)
-            log.warning(event, path=f.path, error=error, next=next_)
+        return more
 
 
 __all__ = ["JSONL_PROBE_LINES", "MetricFiles", "RecordSink", "kind_of"]

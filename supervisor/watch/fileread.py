@@ -1,0 +1,176 @@
+"""Reading one followed metric file (for :mod:`.metricfiles`, which finds them and delivers the
+records): what a file grew since the last read -> records, with its bounds and its second looks.
+
+- Bounded: at most ``READ_CHUNK`` bytes per read (a backlog takes several passes); an unfinished
+  CSV/JSONL line holds at most ``MAX_RECORD_LINE`` bytes (a file that grows without a newline costs
+  no more: the over-long line is skipped, said once per file and kind of problem, rate-limited);
+  an event file holds at most one record and resyncs at a bounded CRC rate (:mod:`.tbevents`).
+- Only the regular file the walk judged is read (:func:`.readbounds.open_followed`).
+- No file is dropped for good: a CSV whose header names no loss-like column, or a JSONL whose
+  probe lines hold no metric, is looked at again when it changes (size or mtime). A CSV whose
+  first line changed is read again from its start (Lightning's ``CSVLogger`` first flushing only
+  ``lr``/``epoch``, then rewriting the file with ``train_loss``), rows already delivered skipped;
+  a JSONL is probed again from where it was left (or from its start when it shrank).
+"""
+
+from __future__ import annotations
+
+import os
+
+import structlog
+
+from ..events import MetricRecord
+from .filerows import FileState, csv_records, jsonl_records, set_header
+from .quiet import QuietLog
+from .readbounds import MAX_RECORD_LINE, READ_CHUNK, open_followed, scan_lines
+from .tbevents import RESYNC_CHECKS_PER_S, TBReader, group
+
+log = structlog.get_logger("supervisor.watch")
+
+
+def source_of(f: FileState) -> str:
+    return ("tb:" if f.kind == "tb" else "file:") + f.path
+
+
+class FileReader:
+    """Reads followed files; its warnings go through one :class:`QuietLog` (the monitor's thread
+    alone calls it)."""
+
+    def __init__(self, quiet: QuietLog | None = None) -> None:
+        self.quiet = quiet or QuietLog(log)
+
+    # -- a file from before the run ----------------------------------------------------------------
+
+    def take_history(self, f: FileState, st: os.stat_result) -> None:
+        """A file that existed before the run: start at its end, but keep a CSV's header (later
+        rows need it) and its row count (a rewrite must not replay them). Read in bounded chunks."""
+        if f.kind != "csv":
+            return
+        fh = open_followed(f.path, f.ident)
+        if fh is None:
+            return
+        with fh:
+            first, lines, end = scan_lines(fh, f.offset)
+        f.offset = end
+        if lines:
+            f.rows = lines - 1
+            if not set_header(f, first):
+                self._dropped(f, st, first)
+
+    # -- what it grew ------------------------------------------------------------------------------
+
+    def read(self, f: FileState, size: int) -> tuple[list[MetricRecord], bool]:
+        """The records of what ``f`` grew (up to ``READ_CHUNK``), and whether data was left unread."""
+        if size < f.offset:
+            self.quiet.say("info", "metric_file_truncated", f.path, offset=f.offset, size=size,
+                           next="reading it again from the start; rows already delivered are skipped")
+            restart(f)
+        elif f.kind == "csv" and f.header_raw and size > f.offset and not _head_is(f, f.header_raw):
+            restart(f)  # rewritten with a wider header: same rows again, then new ones
+        records: list[MetricRecord] = []
+        if f.tb is not None and f.tb.throttled:
+            records = self._parse(f, b"")  # the resync goes on where its CRC budget ran out
+            if f.tb.throttled:
+                return records, False  # nothing more is read (held) until the budget refills
+        if size <= f.offset:
+            return records, False
+        fh = open_followed(f.path, f.ident)
+        if fh is None:
+            return records, False
+        with fh:
+            try:
+                fh.seek(f.offset)
+                data = fh.read(READ_CHUNK)
+            except OSError:
+                return records, False
+        f.offset += len(data)
+        records += self._parse(f, data)
+        if f.dropped is not None:
+            try:
+                st = os.stat(f.path)
+            except OSError:
+                return records, False
+            f.offset = max(f.offset, st.st_size) if f.kind == "jsonl" else f.offset
+            self._dropped(f, st, f.dropped_head)
+            return records, False
+        return records, len(data) >= READ_CHUNK
+
+    def _parse(self, f: FileState, data: bytes) -> list[MetricRecord]:
+        try:
+            if f.tb is not None:
+                before = f.tb.corrupt
+                recs = group(f.tb.read(data), source_of(f))
+                if f.tb.corrupt > before:
+                    self._warn(f, "metric_file_corrupt_record", f.tb.last_error or "",
+                               "the next records are read (a lost framing is looked for at most "
+                               f"{RESYNC_CHECKS_PER_S} CRCs a second)")
+                return recs
+            skipped = f.lines.skipped
+            lines = f.lines.push(data)
+            if f.lines.skipped > skipped:
+                self._warn(f, "metric_file_line_skipped", f"a line longer than {MAX_RECORD_LINE} bytes",
+                           "skipped to its newline; the next lines are read")
+            return csv_records(f, lines) if f.kind == "csv" else jsonl_records(f, lines, source_of(f))
+        except Exception as exc:  # noqa: BLE001 (bad content of one file must not stop the others)
+            self._warn(f, "metric_file_unreadable", repr(exc), "its later content is still read")
+            return []
+
+    # -- dropped, and looked at again --------------------------------------------------------------
+
+    def _dropped(self, f: FileState, st: os.stat_result, head: bytes) -> None:
+        f.dropped = f.dropped or "no loss-like column in its header"
+        f.dropped_seen = (st.st_size, st.st_mtime_ns)
+        f.dropped_head = head
+        self.quiet.say("info", "metric_file_ignored", f.path, why=f.dropped,
+                       next="not read while it stays so; looked at again when it changes")
+
+    def changed_since_dropped(self, f: FileState, st: os.stat_result) -> bool:
+        return f.dropped is not None and (st.st_size, st.st_mtime_ns) != f.dropped_seen
+
+    def reexamine(self, f: FileState, st: os.stat_result) -> None:
+        """A dropped file changed: follow it again if it may now hold metrics."""
+        f.dropped_seen = (st.st_size, st.st_mtime_ns)
+        if f.kind == "csv":
+            if st.st_size >= f.offset and _head_is(f, f.dropped_head):
+                return  # rows appended under the same header: still no loss column
+            delivered = f.skip_rows  # a file that stopped matching: its rows before that stay skipped
+            restart(f)
+            f.skip_rows = max(delivered, f.skip_rows)
+        elif st.st_size < f.offset:
+            restart(f)
+        else:
+            f.probed = 0  # the lines written since are probed afresh
+        f.dropped = None
+        self.quiet.say("info", "metric_file_reexamined", f.path, kind=f.kind,
+                       next="its new content is read; followed if it names a loss")
+
+    def _warn(self, f: FileState, event: str, error: str, next_: str) -> None:
+        self.quiet.say("warning", event, f.path, error=error, next=next_)
+
+
+def restart(f: FileState) -> None:
+    """Read ``f`` again from its start; the rows delivered since offset 0 are skipped."""
+    f.skip_rows = f.rows
+    f.rows = 0
+    f.offset = 0
+    f.lines.reset()
+    f.header = None
+    f.header_raw = b""
+    f.probed = 0
+    if f.tb is not None:
+        f.tb = TBReader()
+
+
+def _head_is(f: FileState, head: bytes) -> bool:
+    """Whether ``f`` starts with ``head`` now (an unreadable file: as if it did)."""
+    fh = open_followed(f.path, f.ident)
+    if fh is None:
+        return True
+    with fh:
+        try:
+            return fh.read(len(head)) == head
+        except OSError:
+            return True
+
+
+__all__ = ["FileReader", "restart", "source_of"]
