@@ -41,7 +41,7 @@ from .recovery import close_previous_life
 from .reload import reload_config
 from .requests import RUNNER_VERBS, answer, ask, install_signal_handlers, machine_request
 from .recorder import EventRecorder
-from .status import StatusCache, status_dict
+from .status import StatusCache, booting_status, status_dict
 from ..events import Detection, MetricRecord
 from ..job.output import SinkFanout
 
@@ -81,7 +81,7 @@ class Runner:
         fanout.add(self.activity)
         self.starter = AttemptStarter(ports, self.concerns, self.monitors, self.snapshots, self.activity,
                                       self.state_dir, on_eof=lambda src: self.q.put(("eof", src)))
-        self.status_cache = StatusCache(self.status, self.concerns.live_statuses)
+        self.status_cache = StatusCache(self.status, self.concerns.live_statuses, lambda: booting_status(self))
         self.recorder = EventRecorder(self.ledger, self.concerns, lambda: (self.run_id, self.attempt))
 
     # ================================================================== what concerns see

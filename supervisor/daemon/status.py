@@ -13,6 +13,7 @@ from ..config.model import Config
 from ..core.machine import JOB_UP, Machine, State
 from ..core.messages import detection_dict
 from ..events import MetricRecord
+from .ports import DaemonView
 
 log = structlog.get_logger("supervisor.daemon.runner")
 
@@ -46,6 +47,8 @@ def status_dict(m: Machine, *, run_id: str, cfg: Config, state_dir: Path, pids: 
         "checkpoint": m.resume.checkpoint,
         "goodput": None,
         "last_anomaly": detection_dict(m.last_anomaly) if m.last_anomaly else None,
+        # A job that exited 0: what was watched, its weights, the verdict (supervisor.core.runend).
+        "end": dict(m.end) if m.end is not None else None,
         "remedies": m.remedies.as_status(),  # the value the launches get (the scale too)
         "max_restarts": cfg.policy.max_restarts,
         "state_dir": str(state_dir),
@@ -64,15 +67,20 @@ class StatusCache:
     control threads never touch the machine, and a warning the journal already shows is in the
     next answer too."""
 
-    def __init__(self, build: Callable[[], dict[str, Any]], live: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(self, build: Callable[[], dict[str, Any]], live: Callable[[], Mapping[str, Any]],
+                 booting: Callable[[], dict[str, Any] | None] = lambda: None) -> None:
         self.build = build  # on the main loop only
         self.live = live
+        self.booting = booting  # the answer while the daemon starts, None once it has (see answer)
         self.snapshot: dict[str, Any] = {}  # empty until the first refresh
 
     def answer(self) -> dict[str, Any]:
-        """From a control thread."""
+        """From a control thread. While the daemon starts, the control socket is up before the
+        concerns after it: building the full answer then met their unset state (an assertion,
+        replied as ``internal`` with no message), so the start's own answer is given instead."""
         if not self.snapshot:
-            return self.build()
+            early = self.booting()
+            return early if early is not None else self.build()
         return {**self.snapshot, **self.live()}
 
     def refresh(self) -> dict[str, Any]:
@@ -90,3 +98,17 @@ class StatusCache:
         except Exception as e:
             log.warning("status_refresh_failed", error=repr(e),
                         message="could not refresh the status after a change; the next tick retries")
+
+
+def booting_status(d: DaemonView) -> dict[str, Any] | None:
+    """``status`` while the daemon starts (its concerns starting; the machine has not booted, so
+    no attempt yet): SPEC's fields, with what is known so far, and ``phase`` saying why there is
+    no more. None once the machine has booted."""
+    if d.attempt >= 0:  # the machine's Boot launches attempt 0 (or the next one of a continued run)
+        return None
+    cfg, state_dir = d.cfg, d.state_dir
+    return {"state": State.STARTING.value, "phase": "daemon_starting", "run_id": d.run_id or None,
+            "name": cfg.job.name, "attempt": 0, "pids": [], "restarts_by_cause": {}, "last_metric": None,
+            "heartbeats": {}, "gpus": None, "checkpoint": None, "goodput": None, "last_anomaly": None,
+            "max_restarts": cfg.policy.max_restarts, "state_dir": str(state_dir), "daemon_pid": os.getpid(),
+            "message": "the daemon is starting (its monitors and the checkpoint store); the job is launched next"}
