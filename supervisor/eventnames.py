@@ -199,6 +199,7 @@ class EventName(StrEnum):
     # --- operations (ops/): control socket, metrics endpoint, sd_notify, notifications
     CONTROL_HANDLER_FAILED = "control_handler_failed"
     CONTROL_PEER_REFUSED = "control_peer_refused"
+    CONTROL_PEER_REFUSED_SUPPRESSED = "control_peer_refused_suppressed"
     CONTROL_SOCKET_LISTENING = "control_socket_listening"
     CONTROL_SOCKET_STALE_REMOVED = "control_socket_stale_removed"
     METRICS_LISTENING = "metrics_listening"
@@ -211,6 +212,7 @@ class EventName(StrEnum):
     NOTIFY_QUEUE_RECOVERED = "notify_queue_recovered"
     NOTIFY_READY = "notify_ready"
     NOTIFY_RECOVERED = "notify_recovered"
+    NOTIFY_REDIRECT_REFUSED = "notify_redirect_refused"
     SD_NOTIFY_FAILED = "sd_notify_failed"
     # --- multi-node runs (cluster/)
     CLUSTER_AGENT_FAILED = "cluster_agent_failed"

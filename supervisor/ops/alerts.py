@@ -5,19 +5,22 @@ never blocks: the rate limit, then a bounded queue per sink; a full queue drops 
 Each sink (the command, the webhook) has a worker thread of its own, so a dead webhook never
 delays the hook command, and neither ever delays supervision. A send that fails is tried
 ``retries`` more times with backoff; a sink's failures are logged once per episode (the first
-failure, then its recovery), with what happens next. ``close`` waits a bounded time for what is
-still being sent: the give-up notice goes out before the daemon exits.
+failure, then its recovery), with what happens next. Each try has one total deadline
+(:mod:`.delivery`: a webhook that trickles its reply, a hook that never exits, end on time).
+The give-up notice goes first among those waiting and is never the one a full queue drops.
+``close`` waits a bounded time for what is still being sent (a try of an earlier notice yields to
+a waiting give-up notice halfway), then cuts the try still running: a hook command still running
+at the daemon's exit is killed with its process group, never left behind.
 
 Not the systemd notification protocol: that is :mod:`supervisor.ops.notify`.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import queue
-import signal
-import subprocess
 import threading
 import time
 from typing import Callable
@@ -25,45 +28,57 @@ from typing import Callable
 import structlog
 
 from ..redact import redact_url
-from .alertmsg import Alert, Masker, RateLimit
+from .alertmsg import GAVE_UP, Alert, Masker, RateLimit
 from .config import NotifyConfig
+from .delivery import PermanentError, Redirected, Try, post_webhook, run_hook
 
 log = structlog.get_logger("supervisor.ops.alerts")
 
 QUEUE_SIZE = 32
 BACKOFF_FIRST_S = 1.0
+#: At exit, how long past the close a try of an earlier notice may hold up a waiting give-up
+#: notice before it is cut (as a share of ``shutdown_wait_s``): the give-up notice is the last word.
+YIELD_SHARE = 0.5
+#: At exit, how long a sink's thread gets to end once its try was cut (the hook reaped).
+CUT_JOIN_S = 1.0
 
-
-class PermanentError(Exception):
-    """A failure another try would repeat (a 4xx answer, a hook command that does not exist)."""
+__all__ = ["Alerter", "PermanentError", "Sink"]
 
 
 class Sink:
     """One way of telling (``command`` or ``webhook``): its queue, its thread, its failure episode."""
 
-    def __init__(self, name: str, send: Callable[[bytes, dict[str, str], float], None], cfg: NotifyConfig,
+    def __init__(self, name: str, send: Callable[[bytes, dict[str, str], Try], None], cfg: NotifyConfig,
                  masker: Masker) -> None:
         self.name = name
         self.send = send
         self.cfg = cfg
         self.masker = masker
-        self.q: queue.Queue[Alert] = queue.Queue(maxsize=QUEUE_SIZE)
+        # The give-up notice first among those waiting: a backlog must not hold up the last word.
+        # Unbounded as a queue; put() keeps the bound for every other notice.
+        self.q: queue.PriorityQueue[tuple[int, int, Alert]] = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self.current: tuple[Alert, Try] | None = None  # the try running now (close may cut it)
         self.deadline: float | None = None  # set by close: nothing is tried past it
         self.closing = threading.Event()
         self.busy = False
+        self.finals_waiting = 0  # give-up notices queued (they go first; at exit the others yield to them)
         self.failing = 0  # failed notifications in the current episode (0: working)
         self.sent = self.failed = self.dropped = 0
         self._dropping = False
         self.thread = threading.Thread(target=self._run, name=f"notify-{name}", daemon=True)
 
     def put(self, alert: Alert) -> None:
-        try:
-            self.q.put_nowait(alert)
+        final = alert.event == GAVE_UP
+        if final or self.q.qsize() < QUEUE_SIZE:  # gave_up happens once: it is never the one dropped
+            if final:
+                self.finals_waiting += 1
+            self.q.put_nowait((0 if final else 1, next(self._seq), alert))
             if self._dropping:
                 self._dropping = False
                 log.info("notify_queue_recovered", sink=self.name, dropped=self.dropped,
                          next="notifications are queued again")
-        except queue.Full:
+        else:
             self.dropped += 1
             if not self._dropping:  # once per episode: a restart loop must not flood the log either
                 self._dropping = True
@@ -77,11 +92,13 @@ class Sink:
     def _run(self) -> None:
         while True:
             try:
-                alert = self.q.get(timeout=0.1)
+                prio, _seq, alert = self.q.get(timeout=0.1)
             except queue.Empty:
                 if self.closing.is_set():
                     return
                 continue
+            if prio == 0:
+                self.finals_waiting -= 1
             self.busy = True
             try:
                 self._deliver(alert)
@@ -90,6 +107,26 @@ class Sink:
                               next="this notification is lost; later ones are still sent")
             finally:
                 self.busy = False
+
+    def yield_at(self, at: float) -> None:
+        """At exit: a give-up notice is waiting behind a try of an earlier notice, which gets until
+        ``at`` (monotonic) before it is cut, so the give-up notice has the rest of the wait."""
+        current = self.current
+        if current is None or not self.finals_waiting or current[0].event == GAVE_UP:
+            return
+        timer = threading.Timer(max(0.0, at - time.monotonic()), current[1].cut,
+                                args=("cut at the daemon's exit so that the give-up notice could go out",))
+        timer.daemon = True
+        timer.start()
+
+    def cut_current(self) -> bool:
+        """At exit, past the wait: cut the try still running (a hook is killed with its process
+        group, a webhook's socket shut down). True when there was one."""
+        current = self.current
+        if current is None:
+            return False
+        current[1].cut("cut at the daemon's exit ([notify] shutdown_wait_s)")
+        return True
 
     def _left(self) -> float:
         return float("inf") if self.deadline is None else self.deadline - time.monotonic()
@@ -104,18 +141,31 @@ class Sink:
             if timeout <= 0:
                 error = error or "no time left before the daemon exits"
                 break
+            attempt = Try(timeout)
+            self.current = (alert, attempt)
             try:
-                self.send(body, env, timeout)
+                self.send(body, env, attempt)
+            except Redirected as e:
+                error = self.masker.text(str(e))
+                log.warning("notify_redirect_refused", sink=self.name, notify_event=alert.event, status=e.status,
+                            to_host=e.to_host, message=f"the webhook answered HTTP {e.status} (a redirect)",
+                            next="this notice was not delivered; set webhook_url to the address the redirect "
+                                 "names (redirects are never followed)")
+                break
             except PermanentError as e:
                 error = self.masker.text(str(e))
                 break
             except Exception as e:
                 error = self.masker.text(f"{type(e).__name__}: {e}")
+                if self.deadline is not None and (attempt.cut_reason is not None or self.finals_waiting):
+                    break  # at the daemon's exit: no second try past a cut, nor before the give-up notice
                 if tries <= self.cfg.retries:
-                    # The backoff, cut short by the exit deadline (the worker's own thread waits, not the loop).
-                    time.sleep(max(0.0, min(delay, self._left())))
+                    # The backoff on the worker's own thread, cut short by the exit (close sets closing).
+                    self.closing.wait(max(0.0, min(delay, self._left())))
                     delay *= 2
                 continue
+            finally:
+                self.current = None
             self.sent += 1
             if self.failing:
                 log.info("notify_recovered", sink=self.name, notify_event=alert.event, failed=self.failing,
@@ -170,60 +220,34 @@ class Alerter:
 
     def close(self, wait_s: float) -> None:
         """Wait at most ``wait_s`` for what is queued or being sent, then leave it."""
-        deadline = time.monotonic() + wait_s
+        now = time.monotonic()
+        deadline = now + wait_s
         for s in self.sinks:
             s.deadline = deadline
             s.closing.set()
+            s.yield_at(now + wait_s * YIELD_SHARE)
         for s in self.sinks:
             s.thread.join(timeout=max(0.0, deadline - time.monotonic()))
         left = {s.name: s.pending() for s in self.sinks if s.thread.is_alive()}
+        # A hook still running now would outlive the daemon with whatever it started: killed with
+        # its process group (a webhook try: its socket shut), then its thread gets a moment to reap it.
+        cut = [s.name for s in self.sinks if s.thread.is_alive() and s.cut_current()]
+        for s in self.sinks:
+            if s.name in cut:
+                s.thread.join(timeout=CUT_JOIN_S)
         if left:
-            log.warning("notify_abandoned", pending=left,
+            log.warning("notify_abandoned", pending=left, cut=cut,
                         message=f"notifications still unsent after {wait_s:g} s ([notify] shutdown_wait_s)",
-                        next="the daemon exits without them")
+                        next="the daemon exits without them" + ("; the try still running was cut (a hook "
+                                                                "command killed with its process group)" if cut else ""))
 
     def counts(self) -> dict[str, dict[str, int]]:
         return {s.name: {"sent": s.sent, "failed": s.failed, "dropped": s.dropped} for s in self.sinks}
 
     # ------------------------------------------------------------------ the two ways to send
-    def _run_command(self, body: bytes, env: dict[str, str], timeout: float) -> None:
-        """Exec the hook (never a shell: no quoting of event text can run anything) in a session
-        of its own, so a hook that hangs is killed with whatever it started."""
-        try:
-            proc = subprocess.Popen(list(self.cfg.command), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, env={**os.environ, **env}, close_fds=True,
-                                    start_new_session=True)
-        except OSError as e:  # not found, not executable: another try would fail the same way
-            raise PermanentError(f"cannot run {self.cfg.command[0]}: {e.strerror or e}") from e
-        try:
-            _out, err = proc.communicate(body, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            proc.communicate()
-            raise TimeoutError(f"the hook command ran past {timeout:.3g} s and was killed") from None
-        if proc.returncode != 0:
-            tail = err.decode(errors="replace").strip()[-300:]
-            raise RuntimeError(f"the hook command exited {proc.returncode}" + (f": {tail}" if tail else ""))
+    def _run_command(self, body: bytes, env: dict[str, str], attempt: Try) -> None:
+        run_hook(self.cfg.command, body, {**os.environ, **env}, attempt)
 
-    def _post(self, body: bytes, _env: dict[str, str], timeout: float) -> None:
-        """POST the JSON. urllib from the stdlib: one small POST does not justify a dependency
-        (requests/httpx) in the daemon, and it honours the usual *_proxy variables."""
-        import urllib.error
-        import urllib.request
-
+    def _post(self, body: bytes, _env: dict[str, str], attempt: Try) -> None:
         assert self.cfg.webhook_url
-        req = urllib.request.Request(self.cfg.webhook_url, data=body, method="POST", headers={
-            "Content-Type": "application/json", "User-Agent": "transformer-supervisor"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                resp.read(4096)
-        except urllib.error.HTTPError as e:
-            # 4xx (a revoked hook, a bad URL) would fail again; 408/429 and 5xx may pass later.
-            if 400 <= e.code < 500 and e.code not in (408, 429):
-                raise PermanentError(f"the webhook answered HTTP {e.code} {e.reason}") from None
-            raise RuntimeError(f"the webhook answered HTTP {e.code} {e.reason}") from None
-        except urllib.error.URLError as e:
-            raise ConnectionError(f"cannot reach the webhook: {e.reason}") from None
+        post_webhook(self.cfg.webhook_url, body, attempt)

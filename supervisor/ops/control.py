@@ -44,6 +44,7 @@ import structlog
 from ..errors import SupervisorError
 from .. import strictjson
 from .controlslots import ConnectionSlots, Slot
+from .repeats import Repeats
 
 log = structlog.get_logger("supervisor.ops")
 
@@ -53,6 +54,8 @@ READ_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 16
 MAX_PER_UID = 8  # one user's flood leaves room for root's CLI (and the other way round)
 FINISH_S = 0.2  # the whole polite close (drain after the reply), per connection
+#: A refused peer uid is logged once per episode; the episode ends after this long without a refusal.
+REFUSED_QUIET_S = 10.0
 
 # The verbs and the arguments each accepts (name -> type). Checked here so the handler only sees
 # well-formed requests.
@@ -188,6 +191,7 @@ class ControlServer:
         self._closing = threading.Event()
         self._uid = os.geteuid()
         self._inode: int | None = None
+        self._refused = Repeats(REFUSED_QUIET_S, self._refused_episode_ended)
 
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -237,9 +241,17 @@ class ControlServer:
         raise SocketInUse(f"another daemon is already running for state dir {self.path.parent} "
                           f"(its control socket {self.path} answers); stop it first or use another state dir")
 
+    def _refused_episode_ended(self, uid: object, suppressed: int, seconds: float) -> None:
+        log.warning("control_peer_refused_suppressed", uid=uid, daemon_uid=self._uid, suppressed=suppressed,
+                    seconds=round(seconds, 1),
+                    message=f"{suppressed} more connection(s) of uid {uid} were refused over {seconds:.1f} s "
+                            "and not logged one by one",
+                    next="each was refused with a forbidden reply; the next refusal of this uid is logged again")
+
     def close(self) -> None:
         """Stop accepting, remove the socket file (only if it is still ours)."""
         self._closing.set()
+        self._refused.close()
         sock, self._sock = self._sock, None
         if sock is not None:
             try:
@@ -302,8 +314,10 @@ class ControlServer:
         conn.settimeout(self.read_timeout_s)
         uid = slot.uid
         if not peer_allowed(uid, self._uid):
-            log.warning("control_peer_refused", uid=uid, daemon_uid=self._uid,
-                        next="request ignored; run the CLI as the daemon's user or root")
+            if self._refused.note(uid):  # a flooding peer must not flood the journal too
+                log.warning("control_peer_refused", uid=uid, daemon_uid=self._uid,
+                            next="request ignored; run the CLI as the daemon's user or root (further "
+                                 f"refusals of this uid are counted until {REFUSED_QUIET_S:g} s pass without one)")
             reply = _reply_error("forbidden", f"uid {uid} may not control this daemon "
                                  f"(only uid {self._uid} or root)")
         else:

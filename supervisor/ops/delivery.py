@@ -1,0 +1,191 @@
+"""One try of one notice: the ``[notify]`` hook command run, or the webhook POSTed, under one
+total deadline, and cut short from another thread when the daemon exits.
+
+Why a total deadline: urllib's ``timeout`` bounds each socket operation, so a webhook that
+trickles a byte a second held its sender for the whole run, and every later notice (the give-up
+one too) waited behind it. Here a :class:`Try` has one deadline for connect, send and reply
+together; when it passes, the try's socket is shut down (its blocked read returns at once) or the
+hook's process group is killed. The sink's exit uses the same cut for a try still running then.
+
+Redirects are refused, not followed: urllib turns a POST answered 301/302/303 into an empty GET
+to wherever ``Location`` points (another host, maybe) and counts it as sent. A redirect is a
+:class:`Redirected` error naming the status; the notice was not delivered.
+"""
+from __future__ import annotations
+
+import http.client
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Callable
+
+from .. import childio
+
+#: The bytes of a webhook's reply body that are read (the reply is not used: the status is).
+REPLY_BYTES = 4096
+#: The bytes of the hook command's stderr kept for the failure message (the rest is counted).
+HOOK_STDERR_BYTES = 4096
+
+
+class PermanentError(Exception):
+    """A failure another try would repeat (a 4xx answer, a hook command that does not exist)."""
+
+
+class Redirected(PermanentError):
+    """The webhook answered a redirect: refused, since following it would not deliver the POST."""
+
+    def __init__(self, status: int, to_host: str) -> None:
+        super().__init__(f"the webhook answered HTTP {status} (a redirect{' to ' + to_host if to_host else ''}); "
+                         "redirects are not followed, since they turn the POST into an empty GET")
+        self.status = status
+        self.to_host = to_host
+
+
+class Try:
+    """One try's deadline, and the way another thread cuts it short (``cut``): the try registers
+    what undoes it (``on_cut``: shut its socket, kill its hook) while it runs."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.cut_reason: str | None = None
+        self._undo: Callable[[], None] | None = None
+        self._lock = threading.Lock()
+
+    def left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def on_cut(self, undo: Callable[[], None] | None) -> None:
+        """Call ``undo`` when the try is cut (at once if it was cut already); None: nothing to undo
+        now. ``undo`` runs under the lock, so once ``on_cut(None)`` returns it never runs again
+        (what it would shut may be closed then, and its descriptor number reused)."""
+        with self._lock:
+            self._undo = undo
+            if undo is not None and self.cut_reason is not None:
+                undo()
+
+    def cut(self, reason: str) -> None:
+        with self._lock:
+            if self.cut_reason is not None:
+                return
+            self.cut_reason = reason
+            if self._undo is not None:
+                self._undo()
+
+
+def run_hook(command: tuple[str, ...], body: bytes, env: dict[str, str], t: Try) -> None:
+    """Exec the hook (never a shell: no quoting of event text can run anything) in a session of
+    its own, the event JSON on its stdin; its stdout is discarded and its stderr read to a
+    bounded tail. Past the try's deadline, or cut, it is killed with whatever it started."""
+    try:
+        proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, env=env, close_fds=True, start_new_session=True)
+    except OSError as e:  # not found, not executable: another try would fail the same way
+        raise PermanentError(f"cannot run {command[0]}: {e.strerror or e}") from e
+    t.on_cut(lambda: childio.kill_group(proc))
+    try:
+        res = childio.drain(proc, timeout_s=t.left(), stdin=body, keep=HOOK_STDERR_BYTES)
+    finally:
+        t.on_cut(None)
+    if res.timed_out or t.cut_reason is not None:
+        childio.kill_group(proc)
+        raise TimeoutError(t.cut_reason or f"the hook command ran past {t.timeout_s:.3g} s and was killed "
+                           "with its process group")
+    if res.returncode != 0:
+        tail = res.stderr_tail()
+        raise RuntimeError(f"the hook command exited {res.returncode}" + (f": {tail}" if tail else ""))
+
+
+def post_webhook(url: str, body: bytes, t: Try) -> None:
+    """POST the JSON with the stdlib's urllib (one small POST does not justify requests/httpx in
+    the daemon, and it honours the usual ``*_proxy`` variables), redirects refused, all of it
+    (connect, TLS, proxy tunnel, send, reply) within the try's deadline."""
+    timer = threading.Timer(t.left(), t.cut, args=(f"the webhook did not answer in full within {t.timeout_s:.3g} s "
+                                                   "(connect, send and reply together)",))
+    timer.daemon = True
+    timer.start()
+    req = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json", "User-Agent": "transformer-supervisor"})
+    handles: list[socket.socket] = []
+    opener = urllib.request.build_opener(_NoRedirect(), _Http(t, handles), _Https(t, handles))
+    try:
+        with opener.open(req, timeout=max(t.left(), 0.001)) as resp:
+            resp.read(REPLY_BYTES)
+    except urllib.error.HTTPError as e:
+        if 300 <= e.code < 400:
+            raise Redirected(e.code, urllib.parse.urlsplit(e.headers.get("Location") or "").hostname or "") from None
+        # 4xx (a revoked hook, a bad URL) would fail again; 408/429 and 5xx may pass later.
+        if 400 <= e.code < 500 and e.code not in (408, 429):
+            raise PermanentError(f"the webhook answered HTTP {e.code} {e.reason}") from None
+        raise RuntimeError(f"the webhook answered HTTP {e.code} {e.reason}") from None
+    except (OSError, http.client.HTTPException) as e:
+        if t.cut_reason is not None:
+            raise TimeoutError(t.cut_reason) from None
+        reason = e.reason if isinstance(e, urllib.error.URLError) else f"{type(e).__name__}: {e}"
+        raise ConnectionError(f"cannot reach the webhook: {reason}") from None
+    finally:
+        timer.cancel()
+        t.on_cut(None)
+        for h in handles:
+            h.close()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *_args: Any, **_kw: Any) -> None:
+        return None  # urllib then raises the 3xx as an HTTPError: refused above
+
+
+def _guarded(t: Try, handles: list[socket.socket]) -> Callable[..., socket.socket]:
+    """``socket.create_connection`` for http.client, bounded by the try and registered for its cut:
+    a dup of the socket (closed by the caller once the try is over) is shut down, which ends a
+    blocked read on the original, TLS-wrapped or not."""
+
+    def create(address: Any, timeout: Any = None, source_address: Any = None, **kw: Any) -> socket.socket:
+        sock = socket.create_connection(address, max(t.left(), 0.001), source_address, **kw)
+        handle = sock.dup()
+        handles.append(handle)
+
+        def shut() -> None:
+            try:
+                handle.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        t.on_cut(shut)
+        return sock
+
+    return create
+
+
+class _Http(urllib.request.HTTPHandler):
+    def __init__(self, t: Try, handles: list[socket.socket]) -> None:
+        super().__init__()
+        self.t = t
+        self.handles = handles
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._conn, req)
+
+    def _conn(self, host: str, **kw: Any) -> http.client.HTTPConnection:
+        conn = http.client.HTTPConnection(host, **kw)
+        conn._create_connection = _guarded(self.t, self.handles)  # type: ignore[attr-defined]  # its socket factory
+        return conn
+
+
+class _Https(urllib.request.HTTPSHandler):
+    def __init__(self, t: Try, handles: list[socket.socket]) -> None:
+        super().__init__()
+        self.t = t
+        self.handles = handles
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._conn, req, context=self._context)  # type: ignore[attr-defined]
+
+    def _conn(self, host: str, **kw: Any) -> http.client.HTTPSConnection:
+        conn = http.client.HTTPSConnection(host, **kw)
+        conn._create_connection = _guarded(self.t, self.handles)  # type: ignore[attr-defined]
+        return conn
