@@ -12,7 +12,10 @@ be ``N/M`` or ``[N/M]`` (``iter 60/300``), a bare figure with a unit between sep
 (``12.3 ms``), a bare counter ``58/300`` (the step when no key names one) and clock values
 (``eta: 0:03:12``, skipped). One word that is
 not a field makes the line prose: None. The step comes from ``step`` / ``iter`` / ``iteration`` /
-``it`` / ``global_step``; ``epoch`` goes to ``extra``. A record needs a loss-like value (``loss``,
+``it`` / ``global_step`` (an explicit ``step`` / ``global_step`` beats an ``iter`` before it;
+``batch N/M`` and ``batch_idx`` count too); ``epoch`` goes to ``extra``, and a counter that may restart
+every epoch (``iter``, ``it``, ``batch``, a bare ``N/M``) beside an epoch goes to ``extra["epoch_counter"]``:
+:mod:`.epochsteps` turns it into the global step. A record needs a loss-like value (``loss``,
 ``train_loss``, ``lm loss``, ``train loss``, ``val_loss``, ``eval_loss``, ``train/loss``,
 ``loss_step``, ``grad_norm`` ...): a NaN is a value in a metric, never a word in prose.
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import re
 
 from ..events import MetricRecord
+from .epochsteps import COUNTER_KEY
 from .records import NUM, canonical_key, make_record, parse_number
 
 # asctime (ISO or HF's 12/03/2026 21:06:25), optionally bracketed, with optional ms and zone.
@@ -55,7 +59,9 @@ _CLOCK_SEQ = re.compile(r"[A-Za-z_][\w./\-]*(?:\s*[=:]\s*|\s+)\d+:\d\d(?::\d\d)?
 # (quadratic in its length); each part is stripped instead.
 _SPLIT = re.compile(r"\||;|,(?=\s*[A-Za-z_\[(])")
 
-_STEP_KEYS = frozenset({"step", "iter", "iteration", "it", "global_step", "global step", "steps", "iters"})
+_STEP_KEYS = frozenset({"step", "iter", "iteration", "it", "global_step", "global step", "steps", "iters", "batch_idx"})
+# Counters that may restart every epoch (an explicit step / global_step is the run's): see .epochsteps.
+_LOCAL_COUNTERS = frozenset({"iter", "iteration", "it", "iters", "batch", "batch_idx"})
 # Loss spellings of hand-written loops beyond the shared KEYS table (normalised: lower case, "_").
 _LOSSES = {"training_loss": "loss", "avg_loss": "loss", "mean_loss": "loss", "total_loss": "loss",
            "train_loss": "loss", "loss": "loss", "lm_loss": "loss",
@@ -129,14 +135,21 @@ def parse_generic(line: str, source: str = "", rank: int | None = None) -> Metri
             pos = c.end()
     values: dict[str, object] = {}
     extra: dict[str, float] = {}
+    local: bool | None = None  # the step came from a counter that may restart every epoch
     for key, raw, total in fields:
         num = parse_number(raw)
         if num is None:
             return None
         name = field_name(key)
+        k = key.lower()
+        if name is None and k == "batch" and total:
+            name = "step"  # "batch 50/100": a position (a batch size has no total)
         if name == "step":
-            if "step" not in values and num == num and abs(num) != float("inf"):
-                values["step"] = int(num)
+            is_local = k in _LOCAL_COUNTERS
+            # The first step key, except that an explicit step / global_step beats an iter before it.
+            if ("step" not in values or (local and not is_local)) and num == num and abs(num) != float("inf"):
+                values["step"], local = int(num), is_local
+                extra.pop("total", None)
                 if total:
                     extra["total"] = float(total)
         elif name == "epoch":
@@ -147,4 +160,7 @@ def parse_generic(line: str, source: str = "", rank: int | None = None) -> Metri
             extra[key] = num
     if "step" not in values and counter is not None:
         values["step"], extra["total"] = counter[0], float(counter[1])
+        local = True
+    if local and "epoch" in extra:
+        extra[COUNTER_KEY] = float(values["step"])  # type: ignore[arg-type]  # epochsteps makes it global
     return make_record(values, "generic", source, rank, extra)

@@ -19,6 +19,7 @@ import structlog
 from ..events import Cause, Detection, Emit, MetricRecord, MetricSink
 from .config import DetectorsConfig
 from .detectors import Detector, build_detectors
+from .epochsteps import EpochSteps
 from .blind import BlindWatch, Notice
 from .parsers import METRIC_KEYWORDS, MetricParser
 from .sources import SourceBook
@@ -54,6 +55,8 @@ class LogWatcher:
     while the dict goes to stdout, so the position can trail the dict by the bar's refresh
     interval (0.1 s): an onset read from it is early, never late, which is the safe side for a
     rollback. Progress records feed liveness and step tracking only; they are not metrics.
+    A counter that restarts every epoch (``epoch 1 | iter 50``, Lightning's ``Epoch 1: 50/100``)
+    becomes the global step before anything judges the record (:mod:`.epochsteps`).
     """
 
     name = "logwatch"
@@ -93,6 +96,7 @@ class LogWatcher:
         self._bar_total: float | None = None  # that bar's total: other bars (evaluate()) are not it
         self._resume_step: int | None = None  # the attempt's (reset)
         self._loop_bar_total: float | None = None  # a loop's tqdm bar's total on a fresh start (kept across attempts)
+        self._epochs = EpochSteps()  # epoch-local counters -> global steps (learned across attempts)
         self._last_detection: Detection | None = None
         self._detections = 0
         self._lines = 0
@@ -277,6 +281,8 @@ class LogWatcher:
             mask |= self._metric_mask
             if rec.fmt == "tqdm" and rec.step is not None:
                 rec = self._loop_bar_step(rec)
+            elif "epoch" in rec.extra:
+                rec = self._epochs.globalize(source, rec)  # "epoch 1 | iter 50": step 150, not 50
             if client:
                 rec = dataclasses.replace(rec, fmt="client")
             elif rec.step is None and self._bar_seen and self._last_step is not None:
@@ -347,6 +353,7 @@ class LogWatcher:
             self._resume_step = resume_step
             self._bar_seen = False
             self._bar_total = None
+            self._epochs.reset(resume_step)
             self._fired.clear()
             for d in self._detectors:
                 d.reset(resume_step)

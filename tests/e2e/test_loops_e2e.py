@@ -69,3 +69,28 @@ def test_tqdm_loop_nan_onset_is_the_bar_position_and_the_rollback_keeps_the_good
     assert len(a) == 2 and a[1]["exit_code"] == 0, a
     assert a[1]["checkpoint"] == str(out / "ckpt_50.pt"), a[1]
     assert_finite_torch(out / "ckpt_200.pt")
+
+
+@slow
+def test_an_iteration_counted_inside_the_epoch_is_read_as_the_global_step(supervise, tmp_path: Path) -> None:
+    # The loop prints "epoch 1 | iter 50 | train_loss=..." at step 150 (100 iterations an epoch,
+    # `iter` back at 1 every epoch, a print every 10). The weights are NaN after step 150, first
+    # printed at step 160: the onset is 151 (not 51), the rollback takes step_140.pt (not step_40.pt),
+    # and the resumed attempt's first steps (150, 160 as printed "iter 50", "iter 60") validate
+    # against the resume step 140 instead of reading as a job that started over.
+    out = tmp_path / "out"
+    d = supervise(loop_flags(tmp_path, out, window=20) + [PY, str(JOBS / "loop_logging_train.py"), "--out_dir", str(out),
+                                               "--steps", "200", "--save_every", "20", "--log_every", "10",
+                                               "--steps_per_epoch", "100", "--epoch_local", "--step_time", "0.005"],
+                  fault="nan@150")
+    assert d.wait(240) == 0, d.stderr()[-3000:]
+    a = attempts(tmp_path / "sd")
+    assert a[0]["cause"] == "nan" and a[0]["action"] == "rollback", a[0]
+    [nan] = events(d, "failure_detected")
+    assert int(nan["step"]) == 160 and int(nan["onset_step"]) == 151, nan
+    assert len(a) == 2 and a[1]["exit_code"] == 0, a
+    assert a[1]["checkpoint"] == str(out / "step_140.pt") and a[1]["resume_step"] == 140, a[1]
+    v = a[1]["validation"]
+    assert v and v["verdict"] == "pass" and v["records"] == 2, v
+    assert not events(d, "resume_ignored")
+    assert_finite_torch(out / "step_200.pt")

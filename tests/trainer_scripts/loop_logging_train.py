@@ -5,7 +5,9 @@ hand-written scripts do:
 
 (on stderr, logging's default stream), a checkpoint ``step_<N>.pt`` (model, optimizer, step N =
 optimizer steps done) every ``--save_every`` steps into ``--out_dir``, written to a temp name and
-renamed. ``--resume_from PATH`` continues from one. Faults from FAULT / FAULT_MARKER (_faults.py).
+renamed. ``--resume_from PATH`` continues from one. ``--epoch_local`` prints the iteration inside
+the epoch instead, as many loops do (``epoch 1 | iter 50 | ...`` at step 150; ``iter`` restarts at
+1 every ``--steps_per_epoch`` steps). Faults from FAULT / FAULT_MARKER (_faults.py).
 Nothing here knows about any supervisor.
 
     python loop_logging_train.py --out_dir out [--steps 300 --save_every 20 --log_every 10] [--resume_from P]
@@ -38,6 +40,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--step_time", type=float, default=0.02, help="seconds of (simulated) data loading per step")
     ap.add_argument("--resume_from", default="")
+    ap.add_argument("--epoch_local", action="store_true", help="print the iteration of the epoch, no total")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.makedirs(a.out_dir, exist_ok=True)
@@ -64,7 +67,10 @@ def main() -> None:
         opt.step()
         done += 1
         time.sleep(a.step_time)
-        if done % a.log_every == 0:
+        if done % a.log_every == 0 and a.epoch_local:
+            log.info("epoch %d | iter %d | train_loss=%.4f | lr=%g", (done - 1) // a.steps_per_epoch,
+                     (done - 1) % a.steps_per_epoch + 1, loss.item(), opt.param_groups[0]["lr"])
+        elif done % a.log_every == 0:
             log.info("epoch %d | iter %d/%d | train_loss=%.4f | lr=%g", (done - 1) // a.steps_per_epoch, done,
                      a.steps, loss.item(), opt.param_groups[0]["lr"])
         fault.inject(done, list(model.parameters()))
