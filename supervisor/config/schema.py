@@ -127,6 +127,27 @@ def _check_range(value: float, md: Mapping[str, Any], path: str, problems: list[
     return True
 
 
+# The longest duration any `*_s` key takes. Past it a setting is a mistake, not a plan (`grace_s =
+# inf` left a job that ignores SIGTERM running for ever), and a wait that long cannot even be
+# handed to a lock or a thread (CPython refuses timeouts past about 292 years: OverflowError).
+MAX_DURATION_S = 366 * 86400.0
+
+
+def _duration_ok(value: float, md: Mapping[str, Any], path: str, problems: list[Problem]) -> bool:
+    """A `*_s` key: a finite number of seconds within its range (its own max, else a year)."""
+    hi = md.get("max")
+    hi = MAX_DURATION_S if hi is None else min(float(hi), MAX_DURATION_S)
+    if value == value and value <= hi:  # NaN fails the first test; -inf is left to the key's own min
+        return True
+    lo = md.get("min")
+    frm = "" if lo is None else f"{'above' if md.get('min_exclusive') else 'from'} {lo:g} "
+    problems.append(Problem(path, f"expected a number of seconds {frm}up to {hi:.0f}"
+                            + (" (366 days)" if hi == MAX_DURATION_S else "") + f", got {_show(value)}"
+                            + (": an endless wait is never carried out (omit the key for its default)"
+                               if value == float("inf") else "")))
+    return False
+
+
 def _convert(tp: Any, value: Any, path: str, md: Mapping[str, Any], problems: list[Problem]) -> Any:
     """Convert one TOML value to ``tp``; on a problem, record it and return MISSING."""
     inner, optional = _unwrap_optional(tp)
@@ -148,6 +169,8 @@ def _convert(tp: Any, value: Any, path: str, md: Mapping[str, Any], problems: li
             desc = "a non-negative integer" if lo == 0 else ("a positive integer" if lo == 1 else "an integer")
             problems.append(Problem(path, f"expected {desc}, got {_show(value)}"))
             return MISSING
+        if path.endswith("_s") and not _duration_ok(float(value), md, path, problems):
+            return MISSING
         return value if _check_range(value, md, path, problems, "integer") else MISSING
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -155,6 +178,8 @@ def _convert(tp: Any, value: Any, path: str, md: Mapping[str, Any], problems: li
             desc = "a non-negative number" if lo == 0 and not md.get("min_exclusive") else (
                 "a positive number" if lo == 0 else "a number")
             problems.append(Problem(path, f"expected {desc}, got {_show(value)}"))
+            return MISSING
+        if path.endswith("_s") and not _duration_ok(float(value), md, path, problems):
             return MISSING
         if value != value:  # NaN is never a sensible setting
             problems.append(Problem(path, "expected a number, got nan"))

@@ -148,7 +148,7 @@ def test_check_config_and_run_exit_2_listing_all_problems(tmp_path):
     ('job = 3\n', "job: expected a table, got 3"),
     ('[job]\ncommand = ["x"]\nenv = { A = ["b"] }\n', "job.env.A: expected a string"),
     ('[job]\ncommand = ["x"]\n[log]\nformat = "xml"\n', "log.format: expected one of"),
-    ('[job]\ncommand = ["x"]\n[shutdown]\ncheckpoint_timeout_s = nan\n', "expected a number, got nan"),
+    ('[job]\ncommand = ["x"]\n[shutdown]\ncheckpoint_timeout_s = nan\n', "expected a number of seconds from 0 up to 31622400 (366 days), got nan"),
 ])
 def test_more_bad_configs(tmp_path, text, needle):
     p = tmp_path / "c.toml"
