@@ -17,6 +17,7 @@ from .eventnames import EventName as E
 
 MESSAGE_IDS: Mapping[E, str] = MappingProxyType({
     # --- core
+    E.CHECKPOINT_NONFINITE_AT_END: "e9598248d30f523c888ece5b390d3b1c",
     E.DAEMON_EXITING: "91094c82fa0b541d8762180e9d26eefd",
     E.DETECTION_NOTED: "35363edfd08b5173b518cad6eb61cbc0",
     E.DETECTION_WARNED: "9ef31a1006c954168dadf0f7a0ebf72f",
@@ -29,6 +30,7 @@ MESSAGE_IDS: Mapping[E, str] = MappingProxyType({
     E.REMEDIES_APPLIED: "402cba11de5a51948456eea4aba1973d",
     E.RESTART_REQUESTED: "b6d17a0e20f05603bf386605586fd953",
     E.RESTART_SCHEDULED: "fd3bc15f8aea5132aa95b5a167131465",
+    E.RUN_UNWATCHED: "650cff3e55ce5520962b40efb0d08903",
     E.SIGNAL_RECEIVED: "7f812f00c8f15e869cc9375c04acb282",
     E.STOP_REQUESTED: "a8c95e55dded56048b4824fcff017cc0",
     # --- daemon

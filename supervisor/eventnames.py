@@ -19,6 +19,7 @@ class EventName(StrEnum):
     """An event name of the log, the ledger (``history``) and the journal (``TSUP_EVENT``)."""
 
     # --- the state machine (core/): launches, detections, decisions, the end
+    CHECKPOINT_NONFINITE_AT_END = "checkpoint_nonfinite_at_end"
     DAEMON_EXITING = "daemon_exiting"
     DETECTION_NOTED = "detection_noted"
     DETECTION_WARNED = "detection_warned"
@@ -31,6 +32,7 @@ class EventName(StrEnum):
     REMEDIES_APPLIED = "remedies_applied"
     RESTART_REQUESTED = "restart_requested"
     RESTART_SCHEDULED = "restart_scheduled"
+    RUN_UNWATCHED = "run_unwatched"
     SIGNAL_RECEIVED = "signal_received"
     STOP_REQUESTED = "stop_requested"
     # --- the daemon (daemon/): its life, concerns, the state dir, reloads, resume, validation

@@ -29,6 +29,7 @@ SAID_AS_IS: Mapping[str, str] = {
     E.STACKS_DUMPED: "   ", E.REMEDIES_APPLIED: "   ", E.VALIDATION_STARTED: "   ",
     E.VALIDATION_PASSED: "ok ", E.VALIDATION_FAILED: "!! ", E.CHECKPOINT_MARKED_BAD: "xx ",
     E.GAVE_UP: "XX ", E.DAEMON_EXITING: "== ", E.DETECTION_WARNED: "   (warning only) ",
+    E.RUN_UNWATCHED: "!! ", E.CHECKPOINT_NONFINITE_AT_END: "XX ",
     E.MONITOR_FAILED: "!! internal: ", E.RUNNER_HANDLER_FAILED: "!! internal: ",
     E.RUNNER_TICK_FAILED: "!! internal: ", E.CONCERN_FAILED: "!! internal: ",
 }

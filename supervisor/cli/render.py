@@ -164,6 +164,10 @@ def status_table(result: Mapping[str, Any]) -> str:
     elif "last_metric" in result:
         rows.append(("last step", "(no metric seen yet)"))
     metric_source_rows(result, rows, shown)
+    shown.add("end")
+    end = result.get("end")
+    if isinstance(end, Mapping):  # a job that exited 0: what was watched, its weights (core/runend.py)
+        rows.append(("end", f"{end.get('verdict')}: {end.get('reason')}"))
     shown.add("output_lag")
     lag = result.get("output_lag")
     if isinstance(lag, Mapping) and (lag.get("seconds") or lag.get("unparsed_bytes")):

@@ -6,7 +6,7 @@
       PREPARING --gate failed / no progress--> GAVE_UP;   LAUNCHING --spawn failed--> GAVE_UP
       PREPARING or LAUNCHING --StopRequested--> STOPPED
 
-      STARTING or RUNNING --JobExited 0 (group gone)--> FINISHED
+      STARTING or RUNNING --JobExited 0 (group gone), EndChecked--> FINISHED (GAVE_UP: NaN weights)
                           --Detected (not warn) / restart / stop--> STOPPING --StopFinished--+
                           --JobExited (a failure)-------------------------------------------+--> (decide):
             give up --> GAVE_UP;  stop requested --> STOPPED;  relaunch --> BACKOFF, or HELD when the
@@ -40,10 +40,11 @@ from ..errors import Conflict, GiveUp, IllegalMove
 from ..events import Detection
 from . import attempts
 from .attempts import Pending, shutdown_plan
+from .runend import end_verdict
 from .policy import Decision, Failure, PastAttempt, RemediesInForce, RepeatKey, decide
 from .causes import ACTIONS, CAUSES, Action, Cause, Hold, StopStyle, gate_failure
-from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, Activity, ArmTimer, Boot, CheckpointRequested, Command,
-                       ConditionCleared, Detected,
+from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, Activity, ArmTimer, Boot, CheckEnd, CheckpointRequested,
+                       Command, ConditionCleared, Detected, EndChecked,
                        EndAttempt, EscalateStop, Event, ExitInfo, Finish, FirstMetric, JobExited, Launch,
                        PrepareLaunch, Prepared, Record, RecordDetection, Reply, RestartRequested, Resume, ShutdownPlan,
                        ShutdownResult, SignalJob, Spawned, SpawnFailed, StateChanged, StopFinished, StopJob,
@@ -110,13 +111,14 @@ class Machine:
         self.stop_signal: str | None = None
         self.exit_code: int | None = None
         self.exit_reason = ""
+        self.end: Mapping[str, Any] | None = None  # the verdict on a job that exited 0 (status "end")
         self._out: list[Command] = []
         self._handlers: Mapping[type, Callable[[Any], None]] = {
             Boot: self._boot, Prepared: self._prepared, Spawned: self._spawned, SpawnFailed: self._spawn_failed,
             FirstMetric: self._first_metric, Detected: self._detected, JobExited: self._job_exited,
             StopFinished: self._stop_finished, TimerFired: self._timer, StopRequested: self._stop_requested,
             RestartRequested: self._restart_requested, CheckpointRequested: self._checkpoint_requested,
-            ConditionCleared: self._cleared,
+            ConditionCleared: self._cleared, EndChecked: self._end_checked,
         }
 
     def handle(self, event: Event) -> list[Command]:
@@ -322,8 +324,7 @@ class Machine:
             self.restarts_by_cause[cause.value] += 1
         if self.pending.exit_after:
             if cause is None and not self.stop_requests and info.exit_code == 0:
-                self._finish(State.FINISHED, EXIT_OK, f"the job finished successfully after {ran:.1f} s "
-                                                      f"(attempt {self.attempt})")
+                self._do(CheckEnd(self.attempt, ran))  # EndChecked says how it finished (core/runend.py)
             else:
                 self._finish(State.STOPPED, attempts.stopped_code(self.stop_signal),
                              "stopped on request after a graceful stop of the job"
@@ -365,15 +366,29 @@ class Machine:
         if self.state is State.BACKOFF:
             self._launch()
 
+    def _end_checked(self, ev: EndChecked) -> None:
+        """What was watched and the newest checkpoint's weights: the words of the end, its exit code."""
+        if self.exit_code is not None:
+            return
+        v = end_verdict(ev.facts, attempt=self.attempt, ran_s=ev.asked.ran_s, wall=ev.wall)
+        self.end = data = v.to_json(ev.facts)
+        if not ev.facts.sources:
+            self._record("run_unwatched", "warning", v.reason, **data)
+        if v.gave_up:
+            self._record("checkpoint_nonfinite_at_end", "error", v.reason, **data)
+            self._give_up(v.reason, Cause.NAN)
+        else:
+            self._finish(State.FINISHED, EXIT_OK, v.reason, verdict=v.verdict.value)
+
     def _give_up(self, reason: str, cause: Cause) -> None:
         self._move(State.GAVE_UP, cause.value)
         self._do(attempts.gave_up(reason, cause, self.state_dir))
         self._finish(State.GAVE_UP, EXIT_GAVE_UP, reason)
 
-    def _finish(self, state: State, code: int, reason: str) -> None:
+    def _finish(self, state: State, code: int, reason: str, **data: Any) -> None:
         self._move(state, reason)
         if state is not State.GAVE_UP:
-            self._record("daemon_exiting", "info", reason, exit_code=code)
+            self._record("daemon_exiting", "info", reason, exit_code=code, **data)
         self.exit_reason, self.exit_code = reason, code
         self._do(Finish(state.value, code, reason))
 

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Protocol, Sequence
 from ..events import Detection
 from .policy import Decision, PastAttempt, RepeatKey
 from .causes import Action, Cause, GateCheck
+from .runend import EndFacts
 
 EXIT_OK = 0
 EXIT_GAVE_UP = 3
@@ -210,8 +211,17 @@ class ConditionCleared:
     summary: str
 
 
+@dataclass(frozen=True)
+class EndChecked:
+    """The answer to :class:`CheckEnd`: what was watched, the newest checkpoint's weights."""
+
+    facts: EndFacts
+    wall: float
+    asked: CheckEnd  # its run time is the attempt's (the check's own seconds are not the job's)
+
+
 Event = (Boot | Prepared | Spawned | SpawnFailed | FirstMetric | Detected | JobExited | StopFinished | TimerFired
-         | StopRequested | RestartRequested | CheckpointRequested | ConditionCleared)
+         | StopRequested | RestartRequested | CheckpointRequested | ConditionCleared | EndChecked)
 
 
 # ----------------------------------------------------------------------------- commands
@@ -316,6 +326,15 @@ class EndAttempt:
 
 
 @dataclass(frozen=True)
+class CheckEnd:
+    """The job exited 0 with no failure seen: gather what was watched and check the newest
+    checkpoint's weights; answer with :class:`EndChecked` (supervisor.core.runend)."""
+
+    attempt: int
+    ran_s: float
+
+
+@dataclass(frozen=True)
 class Finish:
     """The daemon exits with ``code``."""
 
@@ -332,7 +351,7 @@ class Reply:
 
 
 Command = (PrepareLaunch | Launch | StopJob | EscalateStop | SignalJob | ArmTimer | Record | StateChanged
-           | RecordDetection | EndAttempt | Finish | Reply)
+           | RecordDetection | EndAttempt | CheckEnd | Finish | Reply)
 
 
 # ----------------------------------------------------------------------------- JSON shapes

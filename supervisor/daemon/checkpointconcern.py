@@ -8,7 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
@@ -16,6 +16,7 @@ import structlog
 
 from ..config.model import Config
 from ..core.messages import EndAttempt, Resume
+from ..core.runend import EndFacts
 from ..events import Action, AttemptContext, Cause, Detection, MetricRecord
 from .effects import AttemptField
 from .ports import Concern, DaemonView
@@ -335,6 +336,14 @@ class CheckpointConcern(Concern):
                               f"the save {path} could not be kept in last_good/: {why}; the job's save "
                               "stands, and a bad overwrite of it falls back to the last kept version",
                               ledger_only=True, path=path, reason=why)
+
+    def end_facts(self, facts: EndFacts, keepalive: Callable[[], object]) -> EndFacts:
+        """The newest checkpoint's weights checked finite (the rollback's check), the job being gone."""
+        if self.svc is None:
+            return facts  # no checkpoint dir known: the facts say so
+        from .endweights import check_newest_weights
+
+        return replace(facts, weights=check_newest_weights(self.svc, keepalive))
 
     def close(self) -> None:
         if self.svc is None or self.daemon is None:

@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import structlog
 
 from ..core.messages import EndAttempt, Resume
+from ..core.runend import EndFacts
 from ..events import AttemptContext, MetricRecord, Monitor
 from .ports import Concern, DaemonView
 
@@ -65,6 +66,17 @@ class ConcernSet:
 
     def close(self) -> None:
         self._guarded("close", lambda c: c.close())
+
+    def end_facts(self, keepalive: Callable[[], object]) -> EndFacts:
+        """Each concern's part of the end; one that fails leaves its part as "not looked at"."""
+        facts = EndFacts()
+        for c in self.items:
+            try:
+                facts = c.end_facts(facts, keepalive)
+            except Exception as e:
+                log.exception("concern_failed", concern=c.name, hook="end_facts", error=repr(e),
+                              message=f"{c.name} failed in end_facts; the end is said without its part")
+        return facts
 
     def job_env(self) -> dict[str, str]:
         env: dict[str, str] = {}

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Se
 
 from ..core.machine import State
 from ..core.messages import EndAttempt, ExitInfo, GateResult, Resume
+from ..core.runend import EndFacts
 from ..core.policy import Decision
 from ..events import Action, AttemptContext, Detection, MetricRecord, Monitor
 from .effects import AttemptField
@@ -305,6 +306,12 @@ class Concern:
     def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None: ...
 
     def tick(self, now: float) -> None: ...
+
+    def end_facts(self, facts: EndFacts, keepalive: Callable[[], object]) -> EndFacts:
+        """The job exited 0: ``facts`` with this concern's part of the end filled in (what it
+        watched, what it checked; supervisor.core.runend). On the main loop, which waits for it:
+        call ``keepalive`` (the systemd watchdog) at least every few seconds of a long check."""
+        return facts
 
     def on_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
         """Every daemon event as recorded (log, journal, ledger), from any thread: keep it short."""

@@ -25,7 +25,7 @@ from ..config.model import Config
 from ..core.machine import JOB_UP, Machine, State
 from ..core.messages import (EXIT_GAVE_UP, Activity, ArmTimer, Boot, Command, Detected, EndAttempt,
                             EscalateStop, Event, Finish, FirstMetric, JobExited, Launch, PrepareLaunch, Prepared,
-                            Record, RecordDetection, Reply, SignalJob, Spawned, SpawnFailed,
+                            Record, RecordDetection, Reply, SignalJob, Spawned, SpawnFailed, CheckEnd, EndChecked,
                             StateChanged, StopJob, StopRequested, TimerFired, detection_dict)
 from ..job.launch import config_json, drop_heartbeat_dir_if_empty, prepare_launch
 from . import attemptrows
@@ -300,6 +300,8 @@ class Runner:
             self.timer_at = self.clock.monotonic() + cmd.delay_s  # from a fresh clock: bookkeeping takes time
         elif isinstance(cmd, EndAttempt):
             self._end_attempt(cmd)
+        elif isinstance(cmd, CheckEnd):  # the end's facts, on the loop (the watchdog fed meanwhile)
+            self._feed(EndChecked(self.concerns.end_facts(self.ports.notifier.watchdog), self.clock.time(), cmd))
         elif isinstance(cmd, Finish):
             self.preparing = self.timer_at = None
             self.ledger.end_run(self.run_id, cmd.state, cmd.code, cmd.reason)

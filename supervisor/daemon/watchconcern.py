@@ -4,10 +4,12 @@ files it writes (tailed lines, metric files), watched for every attempt."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..core.messages import Resume
+from ..core.messages import EndAttempt, Resume
+from ..core.runend import EndFacts, SourceSeen
 from ..events import AttemptContext, Detection, MetricRecord, Monitor
 from .concerns import close_each
 from .ports import Concern, DaemonView
@@ -165,15 +167,25 @@ class WatchConcern(Concern):
             self.logwatch.reset(*self._reset)
 
     def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
-        """metrics_blind names the text files this attempt writes (their metrics may be there)."""
+        """metrics_blind names the files this attempt writes (its metrics may be there), never the
+        supervisor's own output (told apart by file identity: supervisor.watch.candidates)."""
         d = self.daemon
         if self.logwatch is None or d is None:
             return
-        from ..watch.blind import written_files
+        from ..watch.candidates import Written, own_output, written_files
 
-        cfg = d.cfg
-        exclude = [d.state_dir, cfg.log_file()]
-        self.logwatch.blind.find_written = lambda: written_files(cfg.workdir(), wall - 1.0, exclude)
+        def find() -> list[Written]:
+            cfg = d.cfg  # read when the notice is due: a checkpoint dir found meanwhile is searched too
+            own = own_output(d.state_dir, [cfg.log_file()])
+            ckpt = cfg.checkpoint_dir()
+            roots = [Path(cfg.workdir())] + ([ckpt] if ckpt is not None else [])
+            return written_files(roots, wall - 1.0, own, skip_dirs=[d.state_dir])
+
+        self.logwatch.blind.find_written = find
+
+    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
+        if self.logwatch is not None:  # no run time passes for metrics_blind between attempts, nor after
+            self.logwatch.blind.ended()
 
     def job_hung(self, attempt: int, pids: Sequence[int]) -> None:
         """Before a hung job is killed: every process's Python stack, into the state dir."""
@@ -210,6 +222,17 @@ class WatchConcern(Concern):
             self.daemon.event(notice.event, notice.level, notice.message, **notice.data)
             # `status` read right after the console line must show it, not a snapshot from before.
             self.daemon.refresh_status_cache()
+
+    def end_facts(self, facts: EndFacts, keepalive: Callable[[], object]) -> EndFacts:
+        """The metric sources seen in this daemon's life: the log watcher's book, which every source
+        (output lines, metric files, the client's reports) feeds, each record noted there."""
+        d = self.daemon
+        if self.logwatch is None or d is None:
+            return facts  # no watcher: nothing was seen
+        mono, wall = d.clock.monotonic(), d.clock.time()
+        return replace(facts, sources=tuple(SourceSeen(s.source, s.formats, s.records, s.last_step,
+                                                       wall - max(0.0, mono - s.at))
+                                            for s in self.logwatch.sources.states()))
 
     def _hang_suspected(self, det: Detection, look: LookResult, busy_for_s: float) -> None:
         """A silent job the look found busy (the heartbeat monitor's poll, on the main loop)."""

@@ -47,6 +47,7 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..core.machine import State
+from ..core.runend import Verdict
 from ..events import Cause
 from .config import MetricsConfig
 
@@ -55,6 +56,7 @@ log = structlog.get_logger("supervisor.ops")
 PREFIX = "tsup_"
 # Known states always appear (0 or 1) so a dashboard's "state == gave_up" query never has holes.
 STATES = tuple(s.value for s in State)  # derived: a new state cannot be missing here
+END_VERDICTS = tuple(v.value for v in Verdict)  # likewise: every verdict on a job's exit 0
 #: /healthz turns 503 when the newest status snapshot is older than this (the main loop publishes
 #: one every 0.25 s; WatchdogSec=60 is the same bound under systemd)
 HEALTH_STALE_S = 60.0
@@ -153,6 +155,14 @@ class _StatusCollector(Collector):
                                   "1 while the daemon parses no training step from the job's output")
         blind.add_metric([], 1.0 if isinstance(status.get("metrics_blind"), Mapping) else 0.0)
         yield blind
+        end = status.get("end")
+        if isinstance(end, Mapping):  # the job exited 0: how it finished (watched, unwatched, NaN weights)
+            verdict = GaugeMetricFamily(PREFIX + "end_verdict", "1 for the verdict on the job's exit 0 (what was "
+                                        "watched, the newest checkpoint's weights), 0 for the others",
+                                        labels=["verdict"])
+            for name in END_VERDICTS + ((str(end.get("verdict")),) if end.get("verdict") not in END_VERDICTS else ()):
+                verdict.add_metric([name], 1.0 if name == end.get("verdict") else 0.0)
+            yield verdict
         yield from gauge("goodput_ratio", "Fraction of wall time spent on useful training (0-1)",
                          status.get("goodput"))
         yield from _interval_metrics(status.get("checkpoint_interval"))

@@ -3,12 +3,14 @@
 A job whose output no parser understands used to be watched in silence: no NaN, no spike, no
 step progress, while the user believed the run protected. :class:`BlindWatch` counts an attempt's
 non-empty output lines until a training step is parsed; when ``[detectors] blind_after_lines``
-lines or ``blind_after_s`` seconds of output (from the attempt's first line to its latest) go by
-without one, :meth:`BlindWatch.check` hands out one ``metrics_blind`` notice *per run* (a restart
-loop must not repeat it), carrying sample lines (secrets redacted), the formats tried and a
-ready-to-paste fix: a ``--metric-regex`` guessed from a sample line that has a number after a
-loss-like word (:func:`guess_regex`), else a template. When a step is parsed later, one
-``metrics_seen`` notice says so and the blind flag in ``status`` clears.
+lines, or ``blind_after_s`` seconds of the attempt's run time (from its start, whatever it printed:
+a job that prints a banner and then trains in silence is blind too), go by without one,
+:meth:`BlindWatch.check` hands out one ``metrics_blind`` notice *per run* (a restart loop must not
+repeat it), carrying sample lines (secrets redacted), the formats tried and a ready-to-paste fix:
+a ``--metric-regex`` guessed from a sample line that has a number after a loss-like word
+(:func:`guess_regex`), else a template, and the files the attempt writes (where its metrics may
+be: supervisor.watch.candidates, never the supervisor's own output). When a step is parsed
+later, one ``metrics_seen`` notice says so and the blind flag in ``status`` clears.
 
 Counting costs nothing once the attempt has yielded a step (the common case): ``lines`` returns
 at once. Notices are taken on the daemon's main loop (``check``), never raised into a reader thread.
@@ -16,16 +18,15 @@ at once. Notices are taken on the daemon's main loop (``check``), never raised i
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..redact import redact_line
+from .candidates import Written
 from .parsers import MetricParser
 
 #: What the built-in parsers recognise (see :mod:`supervisor.watch.parsers`), named in the notice.
@@ -90,20 +91,28 @@ class Notice:
     data: Mapping[str, Any] = field(default_factory=dict)
 
 
-def fix_lines(regex: str | None, *, user_regexes: int, written: Sequence[str] = ()) -> list[str]:
+def fix_lines(regex: str | None, *, user_regexes: int, written: Sequence[Written] = (),
+              printed: bool = True) -> list[str]:
     """The ways out, most direct first, each ready to paste."""
     rx = regex or TEMPLATE_REGEX
     how = "guessed from the sample line above" if regex else "a template: adapt it to your line"
     toml_rx = f"'{rx}'" if "'" not in rx else repr(rx)
-    out = [f"wrap --metric-regex {shlex.quote(rx)}   ({how}; named groups step, loss, grad_norm, lr, ...)",
-           f"or in the config: [detectors.parsers] regexes = [{toml_rx}]"]
+    out = ([f"wrap --metric-regex {shlex.quote(rx)}   ({how}; named groups step, loss, grad_norm, lr, ...)",
+            f"or in the config: [detectors.parsers] regexes = [{toml_rx}]"] if printed
+           else ["print a line per logged step (e.g. 'step 10 loss 2.31'): the built-in parsers read it"])
     if user_regexes:
         out.append(f"(the {user_regexes} regex(es) already configured matched no line)")
-    if written:  # files the attempt wrote: its metrics may be there rather than on stdout
-        out.append(f"the job writes {', '.join(written[:3])}: if its metrics are there, "
-                   f"wrap --watch-file {shlex.quote(written[0])} ([job] watch_files)")
-    else:
+    # Files the attempt wrote (never the supervisor's own output): its metrics may be there.
+    text = [w.name for w in written if w.kind == "text"]
+    if text:
+        out.append(f"the job writes {', '.join(text[:3])}: if its metrics are there, "
+                   f"wrap --watch-file {shlex.quote(text[0])} ([job] watch_files)")
+    elif not written:
         out.append("if the job writes its metrics to a file: wrap --watch-file 'logs/*.log' ([job] watch_files)")
+    other = [f"{w.name} ({'a metric store' if w.kind == 'store' else 'a format no parser here reads'})"
+             for w in written if w.kind != "text"]
+    if other:
+        out.append(f"it also writes {', '.join(other[:3])}: metrics kept only there are not watched")
     out.append("or report them from the script with supervisor.client (README: the client library)")
     return out
 
@@ -112,16 +121,18 @@ class BlindWatch:
     """The blind bound for one run; ``lines``/``stepped`` under the log watcher's lock (reader
     threads), ``check``/``status`` on the main loop."""
 
-    def __init__(self, after_lines: int, after_s: float, *, user_regexes: Sequence[str] = ()) -> None:
+    def __init__(self, after_lines: int, after_s: float, *, user_regexes: Sequence[str] = (),
+                 started_at: float | None = None) -> None:
         self.after_lines = after_lines
         self.after_s = after_s
+        self._started_at = started_at  # the attempt's start (the watcher's clock); None: none running
         self.user_regexes = tuple(user_regexes)
         self._lock = threading.Lock()
         self._announced = False  # metrics_blind said once per run
         self._blind: dict[str, Any] | None = None  # status while blind
         self._seen_pending: tuple[str, str, int | None] | None = None
-        # Set by the watch concern: the text files the current attempt wrote (for --watch-file).
-        self.find_written: Callable[[], Sequence[str]] | None = None
+        # Set by the watch concern: the files the current attempt wrote (for --watch-file).
+        self.find_written: Callable[[], Sequence[Written]] | None = None
         self._attempt_reset()
 
     def _attempt_reset(self) -> None:
@@ -137,10 +148,17 @@ class BlindWatch:
     def enabled(self) -> bool:
         return self.after_lines > 0 or self.after_s > 0
 
-    def reset(self) -> None:
-        """A new attempt: its own count from its own first line (the per-run notice stays said)."""
+    def reset(self, now: float | None = None) -> None:
+        """A new attempt, started at ``now``: its own count and its own run time (the per-run
+        notice stays said)."""
         with self._lock:
             self._attempt_reset()
+            self._started_at = now
+
+    def ended(self) -> None:
+        """The attempt is over: no run time passes until the next one starts."""
+        with self._lock:
+            self._started_at = None
 
     def lines(self, lines: Sequence[str], now: float) -> None:
         """A batch of output lines (any source) before the attempt's first step."""
@@ -188,35 +206,42 @@ class BlindWatch:
                               + (f" (step {step})" if step is not None else "")
                               + "; NaN, spikes and step progress are watched again", {
                                   "source": source, "format": fmt, "step": step})
-            if self._stepped or self._blind is not None or not self.enabled or self._first_at is None:
+            if self._stepped or self._blind is not None or not self.enabled:
                 return None
-            span = (self._last_at or self._first_at) - self._first_at
+            # The attempt's run time: from its start (the first line where no start is known).
+            start = self._started_at if self._started_at is not None else self._first_at
+            span = max(0.0, now - start) if start is not None else 0.0
             by_lines = self.after_lines > 0 and self._lines >= self.after_lines
-            by_time = self.after_s > 0 and span >= self.after_s
+            by_time = self.after_s > 0 and start is not None and span >= self.after_s
             if not (by_lines or by_time):
                 return None
             samples = self._samples()
             regex = next((rx for s in reversed(self._lossy) if (rx := guess_regex(s)) is not None), None)
             tried = list(BUILTIN_FORMATS) + ([f"{len(self.user_regexes)} regex(es) of [detectors.parsers]"]
                                              if self.user_regexes else [])
-            fixes = fix_lines(regex, user_regexes=len(self.user_regexes), written=self._written())
+            written = self._written()
+            fixes = fix_lines(regex, user_regexes=len(self.user_regexes), written=written, printed=bool(self._lines))
             self._blind = {"lines": self._lines, "seconds": round(span, 1), "samples": samples,
-                           "formats_tried": tried, "regex": regex, "fix": fixes[0]}
+                           "formats_tried": tried, "regex": regex, "fix": fixes[0],
+                           "written": [w.name for w in written[:SAMPLES]]}
             if self._announced:
                 return None  # once per run: a restart loop of a blind job must not repeat it
             self._announced = True
             bound = " or ".join(([f"{self.after_lines} lines"] if self.after_lines > 0 else [])
                                 + ([f"{self.after_s:g} s"] if self.after_s > 0 else []))
-            message = (f"metrics blind: no training step parsed from {self._lines} lines of the job's output in "
-                       f"{span:.1f} s (bound: {bound}, [detectors] blind_after_lines / blind_after_s); NaN, loss "
-                       "spikes and step progress are NOT being watched. Formats tried: " + ", ".join(tried)
-                       + ". Sample lines:\n" + "\n".join(f"  | {s}" for s in samples)
+            seen = (f"from {self._lines} lines of the job's output" if self._lines
+                    else "and the job printed nothing")
+            message = (f"metrics blind: no training step parsed {seen} in {span:.1f} s of run time, and no metric "
+                       f"file yielded one (bound: {bound}, [detectors] blind_after_lines / blind_after_s); NaN, "
+                       "loss spikes and step progress are NOT being watched. Formats tried: " + ", ".join(tried)
+                       + (". Sample lines:\n" + "\n".join(f"  | {s}" for s in samples) if samples else ".")
                        + "\nFix:\n" + "\n".join(f"  {f}" for f in fixes))
             # The samples and the fix are in the message (SPEC); the data keeps what a tool reads.
             return Notice("metrics_blind", "warning", message, {
-                "lines": self._lines, "seconds": round(span, 1), "bound": bound, "regex": regex})
+                "lines": self._lines, "seconds": round(span, 1), "bound": bound, "regex": regex,
+                "written": [w.name for w in written[:SAMPLES]]})
 
-    def _written(self) -> Sequence[str]:
+    def _written(self) -> Sequence[Written]:
         try:
             return self.find_written() if self.find_written is not None else ()
         except Exception:  # noqa: BLE001  (a hint; the notice goes out without it)
@@ -234,38 +259,3 @@ class BlindWatch:
         """``status``'s ``metrics_blind``: None while steps are seen (or not yet judged)."""
         with self._lock:
             return None if self._blind is None else dict(self._blind)
-
-
-#: What a job's own log or metric file is called; at most this many entries are looked at.
-TEXT_SUFFIXES = (".log", ".txt", ".out", ".jsonl", ".json", ".csv")
-MAX_WALK = 500
-
-
-def written_files(root: Path, since: float, exclude: Sequence[Path] = (), depth: int = 3) -> list[str]:
-    """Text files under ``root`` (at most ``depth`` levels) modified at or after wall time
-    ``since``, newest first, relative to ``root``: where the job may write its metrics."""
-    found: list[tuple[float, str]] = []
-    skip = {str(p.resolve()) for p in exclude}
-    todo: list[tuple[Path, int]] = [(root, 0)]
-    seen = 0
-    while todo and seen < MAX_WALK:
-        folder, level = todo.pop()
-        try:
-            entries = list(os.scandir(folder))
-        except OSError:
-            continue
-        for e in entries:
-            seen += 1
-            if seen > MAX_WALK or e.name.startswith(".") or e.path in skip:
-                continue
-            try:
-                if e.is_dir(follow_symlinks=False):
-                    if level + 1 < depth and str(Path(e.path).resolve()) not in skip:
-                        todo.append((Path(e.path), level + 1))
-                elif e.name.endswith(TEXT_SUFFIXES) and str(Path(e.path).resolve()) not in skip:
-                    mtime = e.stat().st_mtime
-                    if mtime >= since:
-                        found.append((mtime, os.path.relpath(e.path, root)))
-            except OSError:
-                continue
-    return [name for _, name in sorted(found, reverse=True)]

@@ -225,8 +225,9 @@ class DetectorsConfig:
         "metrics_blind (a warning, once per run, with sample lines and a ready-to-paste --metric-regex) when an "
         "attempt printed this many non-empty lines and no training step was parsed from them (0: off)", min=0))
     blind_after_s: float = field(default=120.0, metadata=meta(
-        "or when this many seconds passed between the attempt's first and latest output line without a parsed "
-        "step, whichever comes first (0: off)", min=0))
+        "or when the attempt has run this many seconds (from its start, whatever it printed, nothing at all "
+        "included) without a training step or metric record from any source, whichever comes first (0: off)",
+        min=0))
     metric_files: bool = field(default=True, metadata=meta(
         "find and follow the metric files the job writes under its working dir and output dirs: TensorBoard "
         "event files, metrics.csv (Lightning's CSVLogger), *.jsonl with a loss key; files older than the run "

@@ -6,7 +6,7 @@ CSV: the first line is the header; a file whose header names no loss-like column
 a column) the rows already consumed are skipped by count (``skip_rows``). JSONL: each line a JSON
 object; one with a loss-like key is a record; a file whose first ``JSONL_PROBE_LINES`` lines hold
 none is dropped (a dataset, not metrics; looked at again when it changes). Lines come from a
-:class:`~.readbounds.BoundedLines`: an over-long one arrives as an empty line.
+:class:`~.readbounds.BoundedLines` (without their newline): an over-long one arrives empty.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def set_header(f: FileState, raw: bytes) -> bool:
     names = tuple(n.strip() for n in raw.decode("utf-8", "replace").strip().split(","))
     if not any(canonical_key(n)[0] in ("loss", "val_loss", "grad_norm") for n in names):
         return False
-    f.header, f.header_raw = names, raw
+    f.header, f.header_raw = names, raw + b"\n"  # as written: a wider header is no longer a prefix
     return True
 
 
@@ -61,7 +61,7 @@ def csv_records(f: FileState, lines: list[bytes]) -> list[MetricRecord]:
     for raw in lines:
         if f.header is None:
             if not set_header(f, raw):
-                f.dropped, f.dropped_head = "no loss-like column in its header", raw
+                f.dropped, f.dropped_head = "no loss-like column in its header", raw + b"\n"
                 return out
             continue
         f.rows += 1

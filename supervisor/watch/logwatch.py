@@ -106,7 +106,8 @@ class LogWatcher:
         self._fired: set[Cause] = set()
         # What each source yielded (status: metric_sources), and the blind bound (metrics_blind).
         self.sources = SourceBook(clock)
-        self.blind = BlindWatch(cfg.blind_after_lines, cfg.blind_after_s, user_regexes=cfg.parsers.regexes)
+        self.blind = BlindWatch(cfg.blind_after_lines, cfg.blind_after_s, user_regexes=cfg.parsers.regexes,
+                                started_at=clock())
 
     def set_progress(self, progress: ProgressSink | None) -> None:
         """Attach the stall-timeout sink after construction (the HeartbeatMonitor takes this
@@ -357,7 +358,7 @@ class LogWatcher:
             self._fired.clear()
             for d in self._detectors:
                 d.reset(resume_step)
-        self.blind.reset()
+        self.blind.reset(self._clock())  # the attempt's run time counts from here (metrics_blind)
 
     def last_metric(self) -> MetricRecord | None:
         return self._last

@@ -5,7 +5,8 @@ judged, and the "inside the tree" test for links.
 - :class:`BoundedLines`: bytes -> complete lines, none longer than ``max_line`` held. A file that
   grows without a newline (a 2 GB sparse ``*.jsonl``) costs at most ``max_line`` bytes of memory
   however long it gets: past the cap the line is skipped to its newline, delivered as one empty
-  line (it still counts as a line: a CSV's row count stays right) and counted in ``skipped``.
+  line (it still counts as a line: a CSV's row count stays right) and counted in ``skipped``
+  (once, when the cap is passed: a line never ended is said at once).
   Unlike :class:`supervisor.job.linesplit.LineSplitter` (pipes and tailed logs, for people and
   text rules) no head is delivered: half a JSON object or half a CSV row is no record.
 - :func:`open_followed`: opens without blocking (a FIFO put in the file's place must not hang the
@@ -26,13 +27,14 @@ from typing import BinaryIO, Iterable
 #: The longest line of a metric file kept: a metrics line is a few hundred bytes (a few KB with
 #: hundreds of keys); a longer one is no metrics line, and what a reader holds of it is bounded.
 MAX_RECORD_LINE = 1 << 20
-#: Bytes read from a file per read call: a huge backlog is read in several passes.
-READ_CHUNK = 8 << 20
+#: Bytes read from a file per read call: a huge backlog is read in several passes. What one
+#: chunk becomes (lines, records) is several times its size: 1 MiB keeps that to tens of MB.
+READ_CHUNK = 1 << 20
 
 
 class BoundedLines:
-    """Bytes -> complete lines (each with its ``\\n``), holding at most ``max_line`` bytes of an
-    unfinished one. Not thread-safe: one reader thread owns it."""
+    """Bytes -> complete lines (without their ``\\n``; a ``\\r`` before it is kept), holding at
+    most ``max_line`` bytes of an unfinished one. Not thread-safe: one reader thread owns it."""
 
     def __init__(self, max_line: int = MAX_RECORD_LINE) -> None:
         self.max_line = max_line
@@ -52,28 +54,36 @@ class BoundedLines:
         if not end:  # no line ends here: hold (or keep skipping) the unfinished one
             if not self._dropping:
                 if len(self._tail) + len(data) > self.max_line:
-                    self._tail, self._dropping = b"", True
+                    self._start_skipping()
                 else:
                     self._tail += data
             return []
         first = data.find(b"\n") + 1
-        if self._dropping or len(self._tail) + first - 1 > self.max_line:
-            head = [b"\n"]  # the over-long line, skipped; one line still
-            self.skipped += 1
+        if self._dropping:
+            head = b""  # the end of the over-long line: one (empty) line still
+        elif len(self._tail) + first - 1 > self.max_line:
+            head = self._skip()
         else:
-            head = [self._tail + data[:first]]
+            head = self._tail + data[:first - 1]
         # Split at "\n" only (a "\r" inside a CSV cell or a JSON string is no line end here).
-        lines = head + ([x + b"\n" for x in data[first:end - 1].split(b"\n")] if end > first else [])
+        lines = [head] + (data[first:end - 1].split(b"\n") if end > first else [])
         if len(lines) > 1 and end - first > self.max_line:
-            lines = [x if len(x) <= self.max_line + 1 else self._skip() for x in lines]
+            lines = [lines[0]] + [x if len(x) <= self.max_line else self._skip() for x in lines[1:]]
         rest = data[end:]
-        self._dropping = len(rest) > self.max_line
-        self._tail = b"" if self._dropping else rest
+        self._tail, self._dropping = rest, False
+        if len(rest) > self.max_line:
+            self._start_skipping()
         return lines
+
+    def _start_skipping(self) -> None:
+        """The unfinished line passed the cap: counted now (a file that never ends it is said
+        at once), skipped to its newline."""
+        self._tail, self._dropping = b"", True
+        self.skipped += 1
 
     def _skip(self) -> bytes:
         self.skipped += 1
-        return b"\n"
+        return b""
 
 
 def open_followed(path: str, ident: tuple[int, int]) -> BinaryIO | None:
@@ -102,9 +112,9 @@ def inside(path: str, roots: Iterable[str]) -> bool:
 
 
 def scan_lines(fh: BinaryIO, end: int, max_line: int = MAX_RECORD_LINE) -> tuple[bytes, int, int]:
-    """Of the first ``end`` bytes of ``fh``: the first line (with its ``\\n``; empty when it is
-    longer than ``max_line`` or unfinished), the number of complete lines, and the offset just past
-    the last newline. Reads ``READ_CHUNK`` at a time."""
+    """Of the first ``end`` bytes of ``fh``: the first line (without its ``\\n``; empty when it
+    is longer than ``max_line`` or unfinished), the number of complete lines, and the offset just
+    past the last newline. Reads ``READ_CHUNK`` at a time."""
     fh.seek(0)
     first, lines, last_end, pos = b"", 0, 0, 0
     lines_of = BoundedLines(max_line)
@@ -113,9 +123,9 @@ def scan_lines(fh: BinaryIO, end: int, max_line: int = MAX_RECORD_LINE) -> tuple
         if not data:
             break
         if not lines:
-            got = lines_of.push(data)
-            if got:
-                first = got[0] if got[0] != b"\n" else b""
+            nl = data.find(b"\n")
+            got = lines_of.push(data if nl < 0 else data[:nl + 1])
+            first = got[0] if got else first
         n = data.count(b"\n")
         if n:
             last_end = pos + data.rfind(b"\n") + 1

@@ -10,8 +10,8 @@ import pytest
 from supervisor.config.model import config_from_table
 from supervisor.core.causes import CAUSES, Action, Cause, GateCheck, StopStyle
 from supervisor.core.machine import MOVES, Machine, State
-from supervisor.core.messages import (ArmTimer, Boot, CheckpointRequested, Detected, EndAttempt, EscalateStop,
-                                      ExitInfo, Finish, FirstMetric, JobExited, Launch, Mode, PrepareLaunch,
+from supervisor.core.messages import (ArmTimer, Boot, CheckEnd, CheckpointRequested, Detected, EndAttempt,
+                                      EndChecked, EscalateStop, ExitInfo, Finish, FirstMetric, JobExited, Launch, Mode, PrepareLaunch,
                                       Prepared, Record, RecordDetection, Reply, RestartRequested, Resume,
                                       ShutdownResult, SignalJob, Spawned, SpawnFailed, StopFinished, StopJob,
                                       StopRequested, TimerFired)
@@ -19,6 +19,7 @@ from supervisor.errors import Conflict, GiveUp
 from supervisor.events import Detection
 from supervisor.health.gate import GateVerdict
 from supervisor.core.policy import PastAttempt
+from supervisor.core.runend import EndFacts, SourceSeen, WeightsCheck
 
 T0 = 100.0  # monotonic
 W0 = 1_700_000_000.0  # wall
@@ -213,17 +214,58 @@ def test_an_unstartable_job_closes_its_attempt_and_gives_up():
     assert not end.spawned and end.action is Action.GIVE_UP and s.m.state is State.GAVE_UP
 
 
+WATCHED = EndFacts(sources=(SourceSeen("stdout", ("kv",), 12, 40, W0 + 50),),
+                   weights=WeightsCheck("/ck/step_40.pt", True))
+
+
 def test_a_clean_exit_finishes_and_leftovers_are_stopped_first():
     s = Script()
     s.running()
     out = s.exited(0)
+    ask = one(out, CheckEnd)  # the end's facts first: nothing is said finished before them
+    assert not of(out, Finish) and ask.attempt == 0
+    out = s(EndChecked(WATCHED, W0 + 60, ask))
     assert one(out, Finish).state == "finished" and one(out, Finish).code == 0
     s = Script()
     s.running()
     out = s.exited(0, group_alive=True)
     stop = one(out, StopJob)
     assert stop.leftovers and "job_leftovers" in records(out) and s.m.state is State.STOPPING
-    assert one(s.stopped(code=0, sig=None), Finish).state == "finished"  # the leader's exit 0 counts
+    ask = one(s.stopped(code=0, sig=None), CheckEnd)  # the leader's exit 0 counts
+    assert one(s(EndChecked(WATCHED, W0 + 60, ask)), Finish).state == "finished"
+
+
+def test_the_end_says_what_was_watched_and_unwatched_or_nan_weights_are_not_called_a_success():
+    s = Script()
+    s.running()
+    ask = one(s.exited(0), CheckEnd)
+    out = s(EndChecked(WATCHED, W0 + 60, ask))
+    exiting = [c for c in of(out, Record) if c.event == "daemon_exiting"][0]
+    assert exiting.message.startswith("finished: the job exited 0") and "stdout (kv, 12 records)" in exiting.message
+    assert "last step 40, 10.0 s before the end" in exiting.message and "weights finite" in exiting.message
+    assert s.m.end is not None and s.m.end["verdict"] == "watched" and s.m.end["last_step"] == 40
+    # Nothing seen, no checkpoint: "finished, unwatched", exit 0 as the job's; no claim of a check.
+    s = Script()
+    s.running()
+    ask = one(s.exited(0), CheckEnd)
+    out = s(EndChecked(EndFacts(), W0 + 60, ask))
+    fin = one(out, Finish)
+    assert fin.code == 0 and fin.state == "finished" and fin.reason.startswith("finished, unwatched: ")
+    assert "weights not checked: no checkpoint dir known" in fin.reason and "finite:" not in fin.reason
+    assert records(out)[:1] == ["run_unwatched"] and s.m.end["verdict"] == "unwatched"
+    # NaN weights at the end: said as such, and a give-up (exit 3: a human must look).
+    s = Script()
+    s.running()
+    ask = one(s.exited(0), CheckEnd)
+    nan = WeightsCheck("/ck/step_40.pt", False, ("0.weight", "0.bias", "2.weight"))
+    out = s(EndChecked(EndFacts(weights=nan), W0 + 60, ask))
+    fin = one(out, Finish)
+    assert fin.code == 3 and fin.state == "gave_up" and s.m.state is State.GAVE_UP
+    assert fin.reason.startswith("finished with non-finite weights in /ck/step_40.pt: 3 tensor(s) hold NaN/Inf")
+    assert "finished, unwatched" in fin.reason
+    assert ["run_unwatched", "checkpoint_nonfinite_at_end", "gave_up"] == [
+        e for e in records(out) if e in ("run_unwatched", "checkpoint_nonfinite_at_end", "gave_up")]
+    assert s.m.end["verdict"] == "nonfinite_weights" and s.m.end["weights"]["nonfinite"][0] == "0.weight"
 
 
 def test_crashes_restart_until_the_budget_is_spent():

@@ -87,9 +87,33 @@ def test_a_concern_failing_in_a_hook_is_reported_and_the_others_still_get_it(hoo
 def test_every_hook_of_a_concern_has_its_typed_method_on_the_set() -> None:
     """A hook added to Concern and not to the set would never be called."""
     hooks = {n for n, v in vars(Concern).items() if callable(v) and not n.startswith("_")}
-    not_dispatched = {"start", "monitors", "job_env", "status", "live_status", "snapshot"}  # gathered, not broadcast
+    # gathered, not broadcast
+    not_dispatched = {"start", "monitors", "job_env", "status", "live_status", "snapshot", "end_facts"}
     assert hooks - not_dispatched == set(HOOKS)
-    assert all(callable(getattr(ConcernSet, h, None)) for h in HOOKS)
+    assert all(callable(getattr(ConcernSet, h, None)) for h in set(HOOKS) | {"end_facts"})
+
+
+def test_the_ends_facts_are_each_concerns_part_and_one_that_fails_leaves_its_part_unsaid() -> None:
+    from dataclasses import replace
+
+    from supervisor.core.runend import EndFacts, SourceSeen, WeightsCheck
+
+    class Sees(Recording):
+        def end_facts(self, facts: EndFacts, keepalive: Callable[[], object]) -> EndFacts:
+            keepalive()
+            return replace(facts, sources=(SourceSeen("stdout", ("kv",), 3, 9, 1.0),))
+
+    class Breaks(Recording):
+        def end_facts(self, facts: EndFacts, keepalive: Callable[[], object]) -> EndFacts:
+            raise RuntimeError("no disk")
+
+    pinged: list[int] = []
+    with capture_logs() as logs:
+        facts = ConcernSet([Sees("watch"), Breaks("checkpoints")]).end_facts(lambda: pinged.append(1))
+    assert [s.source for s in facts.sources] == ["stdout"] and pinged == [1]
+    assert facts.weights == WeightsCheck(None, None, note="no checkpoint dir known: no weights checked")
+    (failed,) = [e for e in logs if e["event"] == "concern_failed"]
+    assert failed["concern"] == "checkpoints" and failed["hook"] == "end_facts"
 
 
 def test_a_concern_failing_to_start_leaves_only_the_started_ones_to_close() -> None:

@@ -89,17 +89,30 @@ def test_unknown_format_is_blind_after_the_line_bound_once_per_run_with_a_workin
     assert lw.status()["metrics_blind"] is None and lw.blind_notice(clock.t) is None
 
 
-def test_blind_by_seconds_of_output_since_the_attempts_first_line():
+def test_blind_by_seconds_of_run_time_whatever_it_printed_nothing_included():
     clock = Clock()
     lw, _ = _watcher(clock, blind_after_lines=0, blind_after_s=120)
     lw.reset(0, None)
     lw.feed("stdout", ["loading the model"])
-    clock.t += 500  # silence is not output: a long load is no reason to call it blind
+    clock.t += 119
     assert lw.blind_notice(clock.t) is None
-    lw.feed("stdout", ["model loaded"])  # the first line was 500 s ago
+    clock.t += 1  # a banner, then silence: 120 s of run time without a step is blind
     n = lw.blind_notice(clock.t)
-    assert n is not None and n.data["seconds"] == 500.0 and n.data["regex"] is None
-    assert "a template" in n.message  # no loss-like number in any line
+    assert n is not None and n.data["seconds"] == 120.0 and n.data["regex"] is None and n.data["lines"] == 1
+    assert "a template" in n.message and "120.0 s of run time" in n.message  # no loss-like number in any line
+    # A job that prints nothing at all is blind too, and told how to be read.
+    silent, _ = _watcher(clock, blind_after_lines=200, blind_after_s=120)
+    silent.reset(0, None)
+    clock.t += 120
+    n = silent.blind_notice(clock.t)
+    assert n is not None and "the job printed nothing in 120.0 s" in n.message and n.data["lines"] == 0
+    assert "Sample lines" not in n.message and "print a line per logged step" in n.message
+    # No run time passes once the attempt ended (between attempts, after the last one).
+    idle, _ = _watcher(clock, blind_after_lines=0, blind_after_s=120)
+    idle.reset(0, None)
+    idle.blind.ended()
+    clock.t += 1000
+    assert idle.blind_notice(clock.t) is None
 
 
 def test_a_job_whose_steps_parse_is_never_blind_and_zero_disables():
@@ -150,26 +163,34 @@ def test_blind_watch_alone_counts_only_until_a_step():
     assert bw.check(2.0) is None and bw.status() is None
 
 
-def test_the_fix_names_the_text_files_the_attempt_wrote(tmp_path):
+def test_the_fix_names_the_files_the_attempt_wrote_never_the_supervisors_own(tmp_path):
     import os
 
-    from supervisor.watch.blind import written_files
+    from supervisor.watch.candidates import own_output, written_files
 
     (tmp_path / "logs").mkdir()
     (tmp_path / "old.log").write_text("x")
     os.utime(tmp_path / "old.log", (1000, 1000))  # before the attempt: not its output
     (tmp_path / "logs" / "train.log").write_text("iter 1 ...")
-    (tmp_path / "model.bin").write_bytes(b"\0")
+    (tmp_path / "model.bin").write_bytes(b"\0")  # a checkpoint: never where metrics are
+    (tmp_path / "losses.dat").write_bytes(b"\0" * 8)  # a private format
     (tmp_path / "sd").mkdir()
     (tmp_path / "sd" / "job.log").write_text("excluded: the supervisor's own copy")
+    os.link(tmp_path / "sd" / "job.log", tmp_path / "job-copy.log")  # the same file by another name
+    console = tmp_path / "console.log"  # where the daemon's own stdout is redirected
     since = (tmp_path / "logs" / "train.log").stat().st_mtime - 1
-    assert written_files(tmp_path, since, [tmp_path / "sd"]) == ["logs/train.log"]
+    with open(console, "w") as out:
+        own = own_output(tmp_path / "sd", fds=[out.fileno()])
+    found = written_files([tmp_path], since, own, skip_dirs=[tmp_path / "sd"])
+    assert sorted((w.name, w.kind) for w in found) == [("logs/train.log", "text"), ("losses.dat", "other")]
     bw = BlindWatch(2, 0)
-    bw.find_written = lambda: written_files(tmp_path, since, [tmp_path / "sd"])
+    bw.find_written = lambda: written_files([tmp_path], since, own, skip_dirs=[tmp_path / "sd"])
     bw.lines(["a 1", "b 2"], 0.0)
     n = bw.check(0.0)
     assert n is not None and "the job writes logs/train.log" in n.message
     assert "wrap --watch-file logs/train.log" in n.message
+    assert "losses.dat (a format no parser here reads)" in n.message
+    assert "console.log" not in n.message and "job-copy.log" not in n.message and "job.log" not in n.message
 
 
 def test_a_sample_cut_inside_a_url_password_still_masks_it():

@@ -1,0 +1,134 @@
+"""The end of a run that the job itself ended with exit 0: what was watched, and the verdict.
+
+A job's exit 0 says the job is done, not that it trained well. Before the daemon says
+"finished" it gathers :class:`EndFacts` (the runner asks each concern: the metric sources the
+log watcher saw, the finite check of the newest checkpoint) and :func:`end_verdict` turns them
+into the words and the exit code:
+
+- ``watched``: at least one metric source yielded a record; exit 0.
+- ``unwatched``: no training metric was ever seen (NaN, spikes and progress went unwatched);
+  "finished, unwatched", the job's exit 0 unchanged.
+- ``nonfinite_weights``: the newest checkpoint holds NaN/Inf tensors; "finished with non-finite
+  weights in <checkpoint>", ended as a give-up (exit 3: a fault that needs a human, SPEC), since
+  anything resumed or deployed from it carries the NaN, and a relaunch would only run the
+  finished job again.
+
+Every sentence says what was checked; a check that did not happen is said as not done, and why.
+Pure: the facts arrive in the :class:`~supervisor.core.messages.EndChecked` event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+#: Sources and tensor names said in the message (the data keeps what a tool reads).
+SAID = 5
+
+
+class Verdict(StrEnum):
+    WATCHED = "watched"
+    UNWATCHED = "unwatched"
+    NONFINITE_WEIGHTS = "nonfinite_weights"
+
+
+@dataclass(frozen=True)
+class SourceSeen:
+    """One metric source of the run (``stdout``, ``file:<path>``, ``tb:<path>``, ...), as the log
+    watcher's book has it: :class:`supervisor.watch.sources.SourceBook`, the one list every
+    metric source feeds."""
+
+    source: str
+    formats: tuple[str, ...]
+    records: int
+    last_step: int | None
+    at_wall: float  # unix time of its last record
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "formats": list(self.formats), "records": self.records,
+                "last_step": self.last_step, "at": round(self.at_wall, 3)}
+
+
+@dataclass(frozen=True)
+class WeightsCheck:
+    """The finite check of the newest checkpoint at the end (the check a rollback target gets).
+    ``finite`` None: not checked, ``note`` says why (no checkpoint, the load test failed, ...)."""
+
+    checkpoint: str | None
+    finite: bool | None
+    nonfinite: tuple[str, ...] = ()  # tensor names (the load test names at most 20)
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"checkpoint": self.checkpoint, "finite": self.finite, "nonfinite": list(self.nonfinite),
+                "note": self.note or None}
+
+
+@dataclass(frozen=True)
+class EndFacts:
+    """What the concerns found at the end (each fills its part; the defaults say "not looked at")."""
+
+    sources: tuple[SourceSeen, ...] = ()
+    weights: WeightsCheck = WeightsCheck(None, None, note="no checkpoint dir known: no weights checked")
+
+
+@dataclass(frozen=True)
+class EndVerdict:
+    verdict: Verdict
+    gave_up: bool  # end as a give-up (exit 3)
+    reason: str  # the run's reason: console, status, history, journal
+    watched: str  # what was watched, one sentence (said in every end)
+
+    def to_json(self, facts: EndFacts) -> dict[str, Any]:
+        """``status``'s ``end`` and the events' data."""
+        last = _last_step(facts)
+        return {"verdict": self.verdict.value, "reason": self.reason, "watched": self.watched,
+                "sources": [s.to_json() for s in facts.sources],
+                "last_step": last.last_step if last else None, "last_step_at": round(last.at_wall, 3) if last else None,
+                "weights": facts.weights.to_json()}
+
+
+def _last_step(facts: EndFacts) -> SourceSeen | None:
+    stepped = [s for s in facts.sources if s.last_step is not None]
+    return max(stepped, key=lambda s: s.at_wall) if stepped else None
+
+
+def watched_text(facts: EndFacts, wall: float) -> str:
+    """``watched: stdout (hf, 120 records), tb:/x (tensorboard, 12 records); last step 1000, 3.2 s
+    before the end``, or what it means that nothing was seen."""
+    if not facts.sources:
+        return ("watched: no metric source yielded a training step or metric in this daemon's life (NaN, loss "
+                "spikes and step progress were NOT watched)")
+    parts = [f"{s.source} ({', '.join(s.formats)}, {s.records} record{'s' if s.records != 1 else ''})"
+             for s in facts.sources[:SAID]]
+    more = f" and {len(facts.sources) - SAID} more" if len(facts.sources) > SAID else ""
+    last = _last_step(facts)
+    step = (f"; last step {last.last_step}, {max(0.0, wall - last.at_wall):.1f} s before the end" if last
+            else "; no record named a step")
+    return f"watched: {', '.join(parts)}{more}{step}"
+
+
+def weights_text(w: WeightsCheck) -> str:
+    if w.finite is None:
+        return f"weights not checked: {w.note}"
+    if w.finite:
+        return f"weights finite: every tensor of the newest checkpoint {w.checkpoint} checked"
+    names = ", ".join(w.nonfinite[:SAID]) + (", ..." if len(w.nonfinite) > SAID else "")
+    return f"{len(w.nonfinite)}{'+' if len(w.nonfinite) >= 20 else ''} tensor(s) hold NaN/Inf ({names})"
+
+
+def end_verdict(facts: EndFacts, *, attempt: int, ran_s: float, wall: float) -> EndVerdict:
+    """The verdict on a job that exited 0 with no failure seen."""
+    watched = watched_text(facts, wall)
+    ran = f"the job exited 0 after {ran_s:.1f} s (attempt {attempt})"
+    weights = weights_text(facts.weights)
+    if facts.weights.finite is False:
+        unwatched = "finished, unwatched; " if not facts.sources else ""
+        reason = (f"finished with non-finite weights in {facts.weights.checkpoint}: {weights}; {unwatched}{ran}; "
+                  f"{watched}. Nothing resumed or deployed from it would be sound: a human must look")
+        return EndVerdict(Verdict.NONFINITE_WEIGHTS, True, reason, watched)
+    if not facts.sources:
+        return EndVerdict(Verdict.UNWATCHED, False, f"finished, unwatched: {ran}, but no training metric was ever "
+                          f"seen; {watched}; {weights}", watched)
+    return EndVerdict(Verdict.WATCHED, False, f"finished: {ran}; {watched}; {weights}", watched)
