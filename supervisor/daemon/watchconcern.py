@@ -286,6 +286,13 @@ def metric_files_monitor(cfg: Config, state_dir: Path, logwatch: LogWatcher | He
         ckpt = cfg.checkpoint_dir()
         if ckpt is not None:
             roots.append(ckpt)
+    from ..job.keeper import stderr_log_path
+    from ..watch.parsers import MetricParser
+
     globs = [g if os.path.isabs(g) else os.path.join(str(cwd), g) for g in cfg.job.watch_files]
+    log_file = cfg.log_file()  # the job's output copy: read from the job's pipes already, never again
     return MetricFiles(roots, logwatch, depth=dc.metric_files_depth, max_dirs=dc.metric_files_max_dirs,
-                       poll_interval_s=dc.metric_files_poll_s, globs=globs, exclude=[Path(state_dir)])
+                       poll_interval_s=dc.metric_files_poll_s, globs=globs, exclude=[Path(state_dir)],
+                       own_files=[log_file, Path(stderr_log_path(str(log_file)))],
+                       parser=MetricParser(dc.parsers.regexes, auto=dc.parsers.auto,
+                                           max_line_chars=dc.parsers.max_line_chars))

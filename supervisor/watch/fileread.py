@@ -21,6 +21,8 @@ import structlog
 
 from ..events import MetricRecord
 from .filerows import FileState, csv_records, jsonl_records, set_header
+from .mlflowstore import StoreUnreadable, file_store_key, file_store_records
+from .parsers import MetricParser
 from .quiet import QuietLog
 from .readbounds import MAX_RECORD_LINE, READ_CHUNK, open_followed, scan_lines
 from .tbevents import RESYNC_CHECKS_PER_S, TBReader, group
@@ -28,22 +30,37 @@ from .tbevents import RESYNC_CHECKS_PER_S, TBReader, group
 log = structlog.get_logger("supervisor.watch")
 
 
+#: The source prefix of each kind (status ``metric_sources``, a detection's ``source``): ``log:`` a
+#: text log the job writes, ``mlflow:`` an MLflow store, ``tb:`` an event file, ``file:`` CSV/JSONL.
+_PREFIX = {"tb": "tb:", "log": "log:", "mlflow": "mlflow:", "mlflow_db": "mlflow:"}
+#: Substrings one of which every metric line a parser reads holds (the log watcher's prefilter:
+#: the parsers' METRIC_KEYWORDS); the other lines of a text log are not parsed at all.
+_LOG_KEYWORDS = (b"oss", b"{", b"%|")
+
+
 def source_of(f: FileState) -> str:
-    return ("tb:" if f.kind == "tb" else "file:") + f.path
+    return _PREFIX.get(f.kind, "file:") + f.path
 
 
 class FileReader:
     """Reads followed files; its warnings go through one :class:`QuietLog` (the monitor's thread
     alone calls it)."""
 
-    def __init__(self, quiet: QuietLog | None = None) -> None:
+    def __init__(self, quiet: QuietLog | None = None, parser: MetricParser | None = None) -> None:
         self.quiet = quiet or QuietLog(log)
+        self.parser = parser or MetricParser()  # text logs' lines: every trainer format, then the generic one
 
     # -- a file from before the run ----------------------------------------------------------------
 
     def take_history(self, f: FileState, st: os.stat_result) -> None:
         """A file that existed before the run: start at its end, but keep a CSV's header (later
         rows need it) and its row count (a rewrite must not replay them). Read in bounded chunks."""
+        if f.db is not None:
+            try:
+                f.db.skip_history()  # the runs before this one (or the ended attempt) are history
+            except StoreUnreadable as exc:
+                self._warn(f, "metric_file_unreadable", str(exc), "tried again at each pass")
+            return
         if f.kind != "csv":
             return
         fh = open_followed(f.path, f.ident)
@@ -61,6 +78,8 @@ class FileReader:
 
     def read(self, f: FileState, size: int) -> tuple[list[MetricRecord], bool]:
         """The records of what ``f`` grew (up to ``READ_CHUNK``), and whether data was left unread."""
+        if f.db is not None:
+            return self._read_db(f)
         if size < f.offset:
             self.quiet.say("info", "metric_file_truncated", f.path, offset=f.offset, size=size,
                            next="reading it again from the start; rows already delivered are skipped")
@@ -110,10 +129,35 @@ class FileReader:
             if f.lines.skipped > skipped:
                 self._warn(f, "metric_file_line_skipped", f"a line longer than {MAX_RECORD_LINE} bytes",
                            "skipped to its newline; the next lines are read")
+            if f.kind == "log":
+                return self._log_records(f, lines)
+            if f.kind == "mlflow":
+                return file_store_records(file_store_key(f.path), lines, source_of(f))
             return csv_records(f, lines) if f.kind == "csv" else jsonl_records(f, lines, source_of(f))
         except Exception as exc:  # noqa: BLE001 (bad content of one file must not stop the others)
             self._warn(f, "metric_file_unreadable", repr(exc), "its later content is still read")
             return []
+
+    def _log_records(self, f: FileState, lines: list[bytes]) -> list[MetricRecord]:
+        """A text log's metric lines through the line parsers (the same as the job's output)."""
+        out: list[MetricRecord] = []
+        source = source_of(f)
+        for raw in lines:
+            if not any(k in raw for k in _LOG_KEYWORDS):
+                continue
+            rec = self.parser.parse(raw.decode("utf-8", "replace").rstrip("\r\n"), source)
+            if rec is not None and rec.fmt != "progress":  # a bar's position is no metric
+                out.append(rec)
+        return out
+
+    def _read_db(self, f: FileState) -> tuple[list[MetricRecord], bool]:
+        assert f.db is not None
+        try:
+            records, more = f.db.read(source_of(f))
+        except StoreUnreadable as exc:
+            self._warn(f, "metric_file_unreadable", str(exc), "tried again at each pass")
+            return [], False
+        return records, more
 
     # -- dropped, and looked at again --------------------------------------------------------------
 

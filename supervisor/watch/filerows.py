@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..events import MetricRecord
+from .mlflowstore import MlflowDb
 from .readbounds import BoundedLines
 from .records import canonical_key, make_record, parse_number, record_from_mapping
 from .tbevents import TBReader
@@ -45,6 +46,7 @@ class FileState:
     dropped: str | None = None  # why it is not followed now (looked at again when it changes)
     dropped_seen: tuple[int, int] = (0, 0)  # size, mtime_ns when dropped
     dropped_head: bytes = b""  # csv: the header that had no loss-like column
+    db: MlflowDb | None = None  # mlflow_db: the store's reader (rows past its last rowid)
 
 
 def set_header(f: FileState, raw: bytes) -> bool:

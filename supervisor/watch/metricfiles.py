@@ -53,7 +53,10 @@ import structlog
 
 from ..events import AttemptContext, Emit, MetricRecord
 from .dirwake import DirWake
+from .candidates import file_id, own_output
 from .fileread import FileReader, source_of
+from .mlflowstore import MlflowDb, is_db, is_file_store_metric
+from .parsers import MetricParser
 from .filerows import JSONL_PROBE_LINES, FileState
 from .quiet import QuietLog
 from .readbounds import READ_CHUNK, inside
@@ -61,6 +64,11 @@ from .tbevents import TBReader
 
 log = structlog.get_logger("supervisor.watch")
 
+#: Text logs a job writes beside (or instead of) its output: read with the line parsers.
+LOG_SUFFIXES = (".log", ".txt")
+#: MLflow's file store keeps a key's values 3 levels below the run's folder (mlruns/<exp>/<run>/
+#: metrics/<key>, and a key with "/" one level per part): so many levels more inside an mlruns tree.
+MLRUNS_EXTRA_DEPTH = 4
 SKIP_DIRS = frozenset({"site-packages", "node_modules", "__pycache__", "quarantine", "dist-packages"})
 READ_BUDGET = READ_CHUNK  # bytes per file per pass: a huge backlog is read over several passes
 
@@ -69,14 +77,21 @@ class RecordSink(Protocol):
     def feed_records(self, source: str, records: Sequence[MetricRecord]) -> None: ...
 
 
-def kind_of(name: str) -> str | None:
-    """``tb``, ``csv``, ``jsonl`` or None, from a file name."""
+def kind_of(name: str, path: str = "") -> str | None:
+    """``tb``, ``csv``, ``jsonl``, ``log`` (a text log: ``*.log``, ``*.txt``), ``mlflow_db`` (MLflow's
+    SQLite store), ``mlflow`` (a metric file of MLflow's file store, judged by ``path``) or None."""
     if name.startswith("events.out.tfevents."):
         return "tb"
     if name.endswith(".csv") and "metrics" in name:
         return "csv"
     if name.endswith(".jsonl"):
         return "jsonl"
+    if is_db(name):
+        return "mlflow_db"
+    if path and is_file_store_metric(path):
+        return "mlflow"
+    if name.endswith(LOG_SUFFIXES):
+        return "log"
     return None
 
 
@@ -87,6 +102,7 @@ class MetricFiles:
 
     def __init__(self, roots: Sequence[Path], sink: RecordSink, *, depth: int = 4, max_dirs: int = 2000,
                  poll_interval_s: float = 1.0, globs: Sequence[str] = (), exclude: Sequence[Path] = (),
+                 own_files: Sequence[Path] = (), parser: MetricParser | None = None,
                  use_inotify: bool = True) -> None:
         self.sink = sink
         self.depth = depth
@@ -108,7 +124,10 @@ class MetricFiles:
         self._sink_failed = False
         self.scans = 0
         self.capped = False
-        self._reader = FileReader(QuietLog(log))
+        self._reader = FileReader(QuietLog(log), parser)
+        # The supervisor's own output (the job's log copy where [job] log_file puts it, the daemon's
+        # stdout/stderr redirected into the tree): never read back as the job's metrics.
+        self.own_files = tuple(own_files)
         self._links_out: set[str] = set()  # links out of the tree seen by the last walk (said once each)
         self._mute = False  # a pass that reads without delivering (baseline of a later attempt)
         for r in roots:
@@ -230,7 +249,8 @@ class MetricFiles:
                 f = None
             if f is None:
                 history = first or (self._baseline_wall is not None and st.st_mtime < self._baseline_wall - 1.0)
-                f = FileState(path, kind, ident, st.st_size if history else 0, tb=TBReader() if kind == "tb" else None)
+                f = FileState(path, kind, ident, st.st_size if history else 0, tb=TBReader() if kind == "tb" else None,
+                              db=MlflowDb(path) if kind == "mlflow_db" else None)
                 self._files[path] = f
                 if self._dirwake is not None:
                     self._dirwake.watch(os.path.dirname(path))
@@ -266,6 +286,8 @@ class MetricFiles:
         # Breadth first: with the cap, the shallow dirs where loggers write (lightning_logs/,
         # runs/, out/) are searched before the depths of a dataset tree.
         queue: deque[tuple[str, int]] = deque((r, 0) for r in self._roots)
+        own = own_output(None, self.own_files)
+        tailed = {p for pattern in self.globs for p in globlib.glob(pattern)}  # the line tailer's
         while queue:
             d, level = queue.popleft()
             if dirs >= self.max_dirs:
@@ -283,17 +305,23 @@ class MetricFiles:
                 name = e.name
                 try:
                     if e.is_dir(follow_symlinks=False):
-                        if (level < self.depth and not name.startswith(".") and name not in SKIP_DIRS
+                        depth = self.depth + MLRUNS_EXTRA_DEPTH if _in_mlruns(d, name) else self.depth
+                        if (level < depth and not name.startswith(".") and name not in SKIP_DIRS
                                 and e.path not in self.exclude):
                             queue.append((e.path, level + 1))
                         continue
-                    kind = kind_of(name)
+                    kind = kind_of(name, e.path)
                     if kind is None or not e.is_file():
                         continue
+                    if kind == "log" and e.path in tailed:
+                        continue  # named in [job] watch_files: the tailer reads its lines
                     if e.is_symlink() and not inside(e.path, self._roots):
                         links_out.add(e.path)  # the job's tree only: a link out drives no detection
                         continue
-                    found[e.path] = (kind, e.stat())
+                    st = e.stat()
+                    if file_id(st) in own:
+                        continue
+                    found[e.path] = (kind, st)
                 except OSError:
                     continue
         for path in sorted(links_out - self._links_out):
@@ -332,6 +360,10 @@ class MetricFiles:
                     self._sink_failed = True
                     log.exception("metric_files_sink_failed", error=repr(exc), next="records keep being read")
         return more
+
+
+def _in_mlruns(parent: str, name: str) -> bool:
+    return name == "mlruns" or f"{os.sep}mlruns{os.sep}" in parent + os.sep
 
 
 __all__ = ["JSONL_PROBE_LINES", "MetricFiles", "RecordSink", "kind_of"]

@@ -23,7 +23,7 @@ from _faults import Fault  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out_dir", default="out")
-    ap.add_argument("--sink", choices=["jsonl", "tb"], default="jsonl")
+    ap.add_argument("--sink", choices=["jsonl", "tb", "logfile", "loguru", "mlflow"], default="jsonl")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--step_s", type=float, default=0.1)
     args = ap.parse_args()
@@ -39,6 +39,23 @@ def main() -> None:
 
         writer = SummaryWriter(os.path.join(args.out_dir, "tb"))
     jsonl = open(os.path.join(args.out_dir, "metrics.jsonl"), "a") if args.sink == "jsonl" else None
+    report = None
+    if args.sink == "logfile":
+        import logging
+
+        logging.basicConfig(filename=os.path.join(args.out_dir, "train.log"), level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        report = logging.getLogger("train").info
+    elif args.sink == "loguru":
+        from loguru import logger
+
+        logger.remove()
+        logger.add(os.path.join(args.out_dir, "train.log"), serialize=True)
+        report = logger.info
+    elif args.sink == "mlflow":
+        import mlflow
+
+        mlflow.start_run()
     print(f"training {args.steps} steps; metrics in {args.out_dir}")
     for step in range(1, args.steps + 1):
         x = torch.randn(16, 8)
@@ -52,6 +69,10 @@ def main() -> None:
         if jsonl is not None:
             jsonl.write(json.dumps({"step": step, "loss": loss.item(), "lr": 0.05}) + "\n")
             jsonl.flush()
+        if report is not None:
+            report(f"step {step} loss={loss.item():.4f} lr=0.05")
+        if args.sink == "mlflow":
+            mlflow.log_metric("train_loss", loss.item(), step=step)
         fault.inject(step, list(model.parameters()))
         time.sleep(args.step_s)
     print("done")

@@ -1,0 +1,35 @@
+"""Jobs that print nothing per step and write their metrics where only a search finds them, under
+the real daemon with NO metric config (issue 35): a loop logging through a ``logging.FileHandler``
+to ``out/train.log``, one through loguru's JSON lines into the same file, and one reporting only
+to MLflow at its defaults (MLflow 3: ``./mlflow.db``, read with the stdlib). Each NaN is seen in
+that file or store, rolled back, and the run finishes on its second attempt.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_metricfiles_e2e import workdir
+from tests.e2e.test_trainers_e2e import JOBS, PY, attempts, events, supervise, wrap  # noqa: F401 (fixture)
+
+slow = pytest.mark.slow
+
+
+@slow
+@pytest.mark.parametrize("sink,source", [("logfile", "log:"), ("loguru", "log:"), ("mlflow", "mlflow:")])
+def test_a_quiet_job_s_nan_in_its_own_log_file_or_mlflow_store_is_rolled_back(supervise, tmp_path: Path,
+                                                                              sink: str, source: str) -> None:
+    out = tmp_path / "out"
+    d = supervise(wrap(tmp_path, config=workdir(tmp_path))
+                  + [PY, str(JOBS / "filelog_train.py"), "--out_dir", str(out), "--sink", sink, "--steps", "40"],
+                  fault="nan@15")
+    assert d.wait(240) == 0, d.stderr()[-3000:]
+    a = attempts(tmp_path / "sd")
+    assert a[0]["cause"] == "nan" and a[0]["action"] == "rollback", a[0]
+    assert len(a) == 2 and a[1]["exit_code"] == 0, a
+    [nan] = events(d, "failure_detected")
+    assert nan["source"].startswith(source), nan
+    assert int(nan["step"]) == 16, nan  # the first step computed with the poisoned weights
+    found = [e for e in events(d, "metric_file_followed") if e["path"].endswith(("train.log", "mlflow.db"))]
+    assert found, "the source found should be said"
