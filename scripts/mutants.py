@@ -164,6 +164,15 @@ MUTATIONS: tuple[Mutation, ...] = (
              "if torchelastic.ENV not in env:", "if False:", ("tests/job/test_torchelastic.py",)),
     Mutation("torchrun's failing rank never matched", "supervisor/job/torchelastic.py",
              "if parts and parts[0] == text and parts[2] == stamp:", "if False:", ("tests/job/test_torchelastic.py",)),
+    # Issue 34 part 5: the scan once passed any non-zip file not starting with \x80 (protocol 0/1).
+    Mutation("pickle scan skips files without a PROTO opcode (protocol 0/1 handed over unread)",
+             "supervisor/checkpoints/picklescan.py", "            else:\n                f.seek(0)\n",
+             "            elif head.startswith(b\"\\x80\"):\n                f.seek(0)\n",
+             ("tests/checkpoints/test_picklescan_formats.py", "tests/e2e/test_unsafe_pickle_e2e.py")),
+    Mutation("pickle scan passes what it cannot read", "supervisor/checkpoints/picklescan.py",
+             "    except (Unreadable, tarfile.TarError, struct.error) as exc:\n        return (",
+             "    except (Unreadable, tarfile.TarError, struct.error) as exc:\n        return None and (",
+             ("tests/checkpoints/test_picklescan_formats.py",)),
 )
 
 

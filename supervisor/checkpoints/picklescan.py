@@ -1,27 +1,34 @@
-"""A static check of a checkpoint's pickle stream: which callables would unpickling it import?
+"""A static check of a checkpoint's pickle streams: which callables would unpickling them import?
 
 Run before ``checkpoints.verify = "overlap"`` hands the newest checkpoint to the job, whose load
-test has not finished yet: a stream that names anything outside the tensor-rebuild allowlist (the
-globals ``torch.load(weights_only=True)`` accepts) is never handed over. The stream is walked with
-:func:`pickletools.genops` (opcodes only; nothing is imported or executed), so the daemon still never
-imports torch. For a ``torch.save`` zip file every ``*.pkl`` member (``<name>/data.pkl``) is scanned;
-a legacy (non-zip) torch file is a sequence of pickles and each is scanned; a folder's pickle-like
-files (``*.pt``, ``*.pth``, ``*.bin``, ``*.pkl``, ``*.ckpt``) are scanned one level down.
+test has not finished yet: only what this scan read whole and found inside the tensor-rebuild
+allowlist (the globals ``torch.load(weights_only=True)`` accepts) is handed over. The streams are
+walked with :func:`pickletools.genops` (:mod:`.picklestream`: opcodes only, nothing imported or
+executed, within a bound), so the daemon still never imports torch. Formats are told apart as
+``torch.load`` tells them: a zip (every ``*.pkl`` member), else a tar (torch < 0.4: every pickle of
+its ``storages``, ``tensors`` and ``pickle`` members), else pickles of any protocol (a legacy torch
+file: its five pickles, the magic number first, then raw storage bytes; any other file: every
+stream to the end). What none of these reads whole (a file cut short, an unknown format, a file
+past the bound or changed while read) is not called checked, so not handed over either; a whole
+safetensors file that is no pickle passes. A folder's pickle-like files (``*.pt``, ``*.pth``,
+``*.bin``, ``*.pkl``, ``*.ckpt``) are scanned one level down.
 
 Why this and not picklescan or fickling: both are *denylist* scanners (they flag known-dangerous
 imports such as ``os.system`` and pass the rest), while the job's ``weights_only`` load is an
 *allowlist*; a denylist passes a callable it has not heard of. An allowlist walk is fail-closed,
-about sixty lines, and needs no new dependency (fickling also pulls in its own decompiler).
+small, and needs no new dependency (fickling also pulls in its own decompiler).
 """
 from __future__ import annotations
 
-import pickletools
+import struct
+import tarfile
 import zipfile
 from pathlib import Path
-from typing import IO, Iterator
+from typing import Callable
 
 from .layouts import registry
-from .structure import ZIP_MAGIC
+from .picklestream import BoundedReader, Budget, Stream, Unreadable, read_stream
+from .structure import ZIP_MAGIC, structure_problem
 
 # torch.load(weights_only=True)'s own allowlist, by name (torch/_weights_only_unpickler.py).
 _ALLOWED_EXACT = frozenset({
@@ -42,7 +49,13 @@ _TORCH_DTYPES = frozenset({
     "long", "int", "short", "cfloat", "cdouble", "chalf",
 })
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
-MAX_FILES = 64  # a folder with more pickle files is scanned in part: the load test still runs
+MAX_FILES = 1024  # a folder with more pickle files is not called checked (its load test decides)
+MAX_TAR_MEMBERS = 64  # torch's tar has three (storages, tensors, pickle)
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER, a legacy file's first pickle
+# The legacy tar format's storage types (torch.<Kind>Storage) and their element sizes in bytes.
+_ELEMENT_SIZE = {"Double": 8, "Float": 4, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1,
+                 "Byte": 1, "Bool": 1, "ComplexDouble": 16, "ComplexFloat": 8, "QUInt8": 1, "QInt8": 1,
+                 "QInt32": 4, "QUInt4x2": 1, "QUInt2x4": 1}
 
 
 def allowed(module: str, name: str) -> bool:
@@ -57,42 +70,6 @@ def allowed(module: str, name: str) -> bool:
     return module == "torch.storage" and name in ("UntypedStorage", "TypedStorage")
 
 
-def _stream_globals(f: IO[bytes]) -> Iterator[str | None]:
-    """Every ``module.name`` the stream imports; None for a STACK_GLOBAL whose operands cannot be
-    told statically (itself a refusal). Stops at the end of the data or a malformed opcode."""
-    while True:
-        strings: list[object] = []  # the string operands pushed, newest last (for STACK_GLOBAL)
-        memo: dict[object, object] = {}
-        seen_any = False
-        try:
-            for op, arg, _pos in pickletools.genops(f):
-                seen_any = True
-                if op.name in ("GLOBAL", "INST"):
-                    yield str(arg).replace(" ", ".", 1)
-                elif op.name == "STACK_GLOBAL":
-                    if len(strings) >= 2 and isinstance(strings[-2], str) and isinstance(strings[-1], str):
-                        yield f"{strings[-2]}.{strings[-1]}"
-                    else:
-                        yield None
-                elif op.name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING",
-                                 "BINSTRING", "SHORT_BINSTRING"):
-                    strings.append(arg)
-                elif op.name in ("PUT", "BINPUT", "LONG_BINPUT"):
-                    memo[arg] = strings[-1] if strings else None
-                elif op.name in ("PROTO", "FRAME"):
-                    continue  # framing, not on the stack (a frame may fall between a name's two parts)
-                elif op.name == "MEMOIZE":
-                    memo[len(memo)] = strings[-1] if strings else None
-                elif op.name in ("GET", "BINGET", "LONG_BINGET"):
-                    strings.append(memo.get(arg))
-                else:
-                    strings.append(object())  # something else on the stack: not a name operand
-        except (ValueError, EOFError, UnicodeDecodeError, OverflowError):
-            return  # not (or no more) a pickle: the structural checks and the load test judge that
-        if not seen_any:
-            return
-
-
 # HF's rng_state*.pth: the numpy data types the Trainer itself allow-lists to load them with
 # weights_only=True (trainer_pt_utils.safe_globals), as the load test does: containers, no code.
 RNG_PREFIX = "rng_state"
@@ -104,55 +81,185 @@ def numpy_data(module: str, name: str) -> bool:
     return (module == "numpy" and name in ("ndarray", "dtype")) or (module == "numpy.dtypes" and name.endswith("DType"))
 
 
-def _scan_stream(f: IO[bytes], where: str, rng: bool = False) -> str | None:
-    for g in _stream_globals(f):
+class _Refused(Exception):
+    """A stream imports something outside the allowlist (the message says what)."""
+
+
+def _checker(where: str, rng: bool) -> Callable[[str | None], None]:
+    """Judges each import as the walk meets it: a loader runs a REDUCE before it reads on, so a
+    stream that breaks off later is refused for what it imported before."""
+    def check(g: str | None) -> None:
         if g is None:
-            return f"{where}: the pickle imports a callable whose name is computed (STACK_GLOBAL)"
+            raise _Refused(f"{where}: the pickle imports a callable whose name is only known at load time "
+                           "(STACK_GLOBAL on computed operands, or a copyreg extension code)")
         module, _, name = g.rpartition(".")
         if not allowed(module, name) and not (rng and numpy_data(module, name)):
-            return f"{where}: the pickle references {g}, outside the tensor-rebuild allowlist"
+            raise _Refused(f"{where}: the pickle references {g}, outside the tensor-rebuild allowlist")
+    return check
+
+
+def _one(r: BoundedReader, check: Callable[[str | None], None], what: str) -> Stream:
+    s = read_stream(r, check)
+    if s is None:
+        raise Unreadable(f"it ends before {what}")
+    return s
+
+
+def _count(r: BoundedReader, check: Callable[[str | None], None], what: str) -> int:
+    s = _one(r, check, what)
+    if s.value is None or s.value < 0:
+        raise Unreadable(f"{what} is not a plain count")
+    return s.value
+
+
+def _raw(r: BoundedReader, n: int) -> bytes:
+    data = r.read(n)
+    if len(data) != n:
+        raise Unreadable("it ends inside a legacy torch record")
+    return data
+
+
+def _scan_pickles(r: BoundedReader, check: Callable[[str | None], None]) -> None:
+    """torch.load's path for what is neither zip nor tar (every pickle protocol): a legacy torch
+    file (five pickles, then raw storage bytes) or a plain pickle file (each stream to the end)."""
+    first = read_stream(r, check)
+    if first is None:
+        raise Unreadable("an empty file")
+    if first.value == LEGACY_MAGIC:
+        for what in ("its protocol version", "its sys_info", "its data", "its storage keys"):
+            _one(r, check, what)
+        return  # then the storages' bytes, which torch reads as data and never unpickles
+    while read_stream(r, check) is not None:
+        pass
+
+
+def _scan_tar(path: Path, budget: Budget, check: Callable[[str | None], None]) -> None:
+    """torch < 0.4's tar format (torch.load still reads it, with weights_only=False only):
+    ``storages`` (a count, then per storage a pickle naming its type and that many raw
+    elements, then the views), ``tensors`` (a count, then per tensor a pickle and raw sizes),
+    ``pickle`` (the data). Every pickle is walked; the raw parts are skipped by their lengths."""
+    with tarfile.open(path, mode="r:", format=tarfile.PAX_FORMAT) as tar:
+        members: dict[str, tarfile.TarInfo] = {}
+        for _ in range(MAX_TAR_MEMBERS + 1):
+            m = tar.next()
+            if m is None:
+                break
+            members[m.name] = m  # tar.extract takes the last of a name, as this does
+        else:
+            raise Unreadable(f"a tar file of more than {MAX_TAR_MEMBERS} members")
+        missing = [n for n in ("storages", "tensors", "pickle") if n not in members or not members[n].isfile()]
+        if missing:
+            raise Unreadable(f"a tar file without the legacy torch member(s) {', '.join(missing)}")
+
+        def member(name: str) -> BoundedReader:
+            f = tar.extractfile(members[name])
+            assert f is not None  # a regular file (isfile above)
+            return BoundedReader(f, budget)
+
+        r = member("storages")
+        for _ in range(_count(r, check, "the storage count")):
+            types = _one(r, check, "a storage's type").imports
+            kind = types[0].rpartition(".")[2].removesuffix("Storage") if len(types) == 1 and types[0] else ""
+            if kind not in _ELEMENT_SIZE:
+                raise Unreadable(f"a storage of an unknown type ({', '.join(map(str, types)) or 'none'})")
+            (numel,) = struct.unpack("<q", _raw(r, 8))
+            r.skip(numel * _ELEMENT_SIZE[kind])
+        _one(r, check, "the storage views")
+        r = member("tensors")
+        for _ in range(_count(r, check, "the tensor count")):
+            _one(r, check, "a tensor's key")
+            (ndim,) = struct.unpack("<i", _raw(r, 4))
+            if not 0 <= ndim <= 64:
+                raise Unreadable(f"a tensor of {ndim} dimensions")
+            _raw(r, 4 + 16 * ndim + 8)
+        _one(member("pickle"), check, "its data")
+
+
+def _scan_zip(path: Path, budget: Budget, check_for: Callable[[str], Callable[[str | None], None]]) -> None:
+    """torch.save's zip: each ``*.pkl`` member (``<name>/data.pkl``; the tensors' bytes are
+    members of their own, never unpickled)."""
+    try:
+        z = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+        raise Unreadable(f"a zip file that cannot be read ({exc})") from None
+    with z:
+        pkls = [i for i in z.infolist() if i.filename.endswith(".pkl")]
+        if not pkls:
+            raise Unreadable("a zip file with no pickle in it (no data.pkl)")
+        for info in pkls:
+            with z.open(info) as f:
+                _one(BoundedReader(f, budget), check_for(info.filename), "its pickle")
+
+
+def _is_tar(path: Path) -> bool:
+    """As torch.load decides, after the zip check: a file tarfile opens is read as a tar."""
+    try:
+        with tarfile.open(path, mode="r:", format=tarfile.PAX_FORMAT):
+            return True
+    except (tarfile.TarError, ValueError, EOFError):
+        return False
+
+
+def _identity(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _scan_file(path: Path, budget: Budget) -> str | None:
+    rng = path.name.startswith(RNG_PREFIX)
+    before = _identity(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+            if head.startswith(ZIP_MAGIC):
+                _scan_zip(path, budget, lambda member: _checker(f"{path.name}:{member}", rng))
+            elif _is_tar(path):
+                _scan_tar(path, budget, _checker(path.name, rng))
+            else:
+                f.seek(0)
+                try:
+                    _scan_pickles(BoundedReader(f, budget), _checker(path.name, rng))
+                except Unreadable:
+                    if path.suffix != ".safetensors" or structure_problem(path) is not None:
+                        raise
+                    # A whole safetensors file (a JSON header, then raw tensors) that is no
+                    # pickle: nothing in it is code. What a pickle walk met first was judged.
+    except _Refused as exc:
+        return str(exc)
+    except (Unreadable, tarfile.TarError, struct.error) as exc:
+        return (f"{path.name}: cannot be read as a pickle, a torch zip or a legacy torch file ({exc}), so it is "
+                "not called checked")
+    if _identity(path) != before:
+        return f"{path.name}: changed while it was checked"
     return None
 
 
-def _scan_file(path: Path) -> str | None:
-    rng = path.name.startswith(RNG_PREFIX)
-    with open(path, "rb") as f:
-        head = f.read(4)
-        if head.startswith(ZIP_MAGIC):
-            try:
-                with zipfile.ZipFile(path) as z:
-                    for info in z.infolist():
-                        if info.filename.endswith(".pkl"):
-                            with z.open(info) as member:
-                                why = _scan_stream(member, f"{path.name}:{info.filename}", rng)
-                                if why:
-                                    return why
-            except (zipfile.BadZipFile, OSError):
-                return None  # a broken container is the structural check's finding
-            return None
-        if not head.startswith(b"\x80"):
-            return None  # not a pickle (safetensors, text, ...)
-        f.seek(0)
-        return _scan_stream(f, path.name, rng)
-
-
-def unsafe_pickle(path: Path) -> str | None:
-    """Why unpickling ``path`` could run code outside the tensor-rebuild allowlist, or None."""
+def unsafe_pickle(path: Path, budget: Budget | None = None) -> str | None:
+    """Why ``path`` is not handed over on its structural checks alone, or None: unpickling it
+    could run code outside the tensor-rebuild allowlist, or it cannot be read and so was not
+    checked (a format the scan does not know, a stream cut short, a file past the scan's bound
+    or changed while it was read). One :class:`Budget` for the whole checkpoint (the default
+    bound unless one is given)."""
+    budget = budget or Budget()
     try:
         if path.is_file():
-            return _scan_file(path)
-        if path.is_dir():
-            # What the resume never reads is never handed over either: the layouts' skip list
-            # (HF's training_args.bin, a pickle of the TrainingArguments class) is skipped, as
-            # the load test skips it.
-            files = [p for p in sorted(path.iterdir()) if p.is_file() and p.suffix in PICKLE_SUFFIXES]
-            files += [p for d in sorted(path.iterdir()) if d.is_dir() and not d.is_symlink()
-                      for p in sorted(d.iterdir()) if p.is_file() and p.suffix in PICKLE_SUFFIXES]
-            files = [p for p in files if p.name not in registry.NEVER]
-            for p in files[:MAX_FILES]:
-                why = _scan_file(p)
-                if why:
-                    return why
-    except OSError:
-        return None  # unreadable now: the load test reports it
+            return _scan_file(path, budget)
+        if not path.is_dir():
+            return f"{path.name}: neither a regular file nor a folder, so it is not called checked"
+        # What the resume never reads is never handed over either: the layouts' skip list
+        # (HF's training_args.bin, a pickle of the TrainingArguments class) is skipped, as
+        # the load test skips it.
+        files = [p for p in sorted(path.iterdir()) if p.is_file() and p.suffix in PICKLE_SUFFIXES]
+        files += [p for d in sorted(path.iterdir()) if d.is_dir() and not d.is_symlink()
+                  for p in sorted(d.iterdir()) if p.is_file() and p.suffix in PICKLE_SUFFIXES]
+        files = [p for p in files if p.name not in registry.NEVER]
+        if len(files) > MAX_FILES:
+            return (f"{path.name}: {len(files)} pickle files, more than the scan reads ({MAX_FILES}), "
+                    "so it is not called checked")
+        for p in files:
+            why = _scan_file(p, budget)
+            if why:
+                return why
+    except OSError as exc:
+        return f"{path.name}: cannot be read now ({exc.strerror or exc}), so it is not called checked"
     return None

@@ -26,10 +26,10 @@ class _Payload:
         return os.system, (f"touch {self.marker}",)
 
 
-def _malicious(path: Path, marker: Path, *, zip_format: bool = True) -> Path:
+def _malicious(path: Path, marker: Path, *, zip_format: bool = True, protocol: int = 2) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": {"w": torch.zeros(2)}, "x": _Payload(marker)}, path,
-               _use_new_zipfile_serialization=zip_format)
+               _use_new_zipfile_serialization=zip_format, pickle_protocol=protocol)
     return path
 
 

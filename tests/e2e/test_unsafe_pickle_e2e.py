@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.checkpoints.test_picklescan import _malicious
 from tests.conftest import history
 from tests.helpers.ckpt_factory import old_mtime, torch_file
@@ -15,12 +17,17 @@ RECORD = ("import os, sys, json; open(sys.argv[1], 'w').write(json.dumps("
           "[os.environ.get('TSUP_RESUME_FROM', ''), sys.argv]))")
 
 
-def test_an_unsafe_newest_checkpoint_is_never_named_to_the_job(daemons, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fmt", ["zip_protocol2", "legacy_protocol1"])
+def test_an_unsafe_newest_checkpoint_is_never_named_to_the_job(daemons, tmp_path: Path, fmt: str) -> None:
+    """legacy_protocol1 (issue 34 part 5): torch.save(pickle_protocol=1, legacy format) starts
+    with no PROTO opcode (no \\x80); the scan once passed any such file unread."""
     import json
 
     sd, ck, out, marker = tmp_path / "sd", tmp_path / "ck", tmp_path / "resumed", tmp_path / "ran"
     torch_file(ck / "step_10.pt", 10)
-    old_mtime(_malicious(ck / "step_20.pt", marker))
+    legacy = fmt == "legacy_protocol1"
+    old_mtime(_malicious(ck / "step_20.pt", marker, zip_format=not legacy, protocol=1 if legacy else 2))
+    assert legacy == (not (ck / "step_20.pt").read_bytes().startswith((b"PK", b"\x80")))
     d = daemons(["wrap", "--state-dir", str(sd), "--backoff", "0", "--checkpoint-dir", str(ck), "--"]
                 + [PY, "-c", RECORD, str(out)])
     assert d.wait(90) == 0, d.stderr()[-3000:]
@@ -29,7 +36,7 @@ def test_an_unsafe_newest_checkpoint_is_never_named_to_the_job(daemons, tmp_path
     h = history(sd)
     assert [Path(a["checkpoint"]).name for a in h["attempts"]] == ["step_10.pt"]
     refused = [e for e in h["events"] if e["event"] == "checkpoint_refused_unsafe_pickle"]
-    assert refused and "system" in refused[0]["message"], h["events"]
+    assert refused and "posix.system" in refused[0]["message"] and "allowlist" in refused[0]["message"], h["events"]
     assert not marker.exists(), "the malicious pickle was never loaded"
     kept = (ck / "step_20.pt").exists() or (ck / "quarantine" / "step_20.pt").exists()
     assert kept, "never deleted"

@@ -1,0 +1,132 @@
+"""Issue 34 part 5, only checked bytes are handed over: the pickle scan reads every pickle protocol
+(0-5) and every torch format (zip, legacy raw, legacy tar), each with a payload that is proven
+to run when loaded carelessly, and refuses what it cannot read; its memory and CPU are bounded."""
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.checkpoints import picklescan
+from supervisor.checkpoints.picklescan import unsafe_pickle
+from supervisor.checkpoints.picklestream import MAX_PICKLE_BYTES, Budget
+
+HELPER = Path(__file__).resolve().parent.parent / "helpers" / "hostile_pickles.py"
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The files, written by real torch.save / pickle in a subprocess of the venv's Python."""
+    out = tmp_path_factory.mktemp("hostile")
+    subprocess.run([sys.executable, str(HELPER), str(out)], check=True, timeout=300)
+    return out, json.loads((out / "index.json").read_text())
+
+
+def test_every_protocol_and_format_with_a_payload_is_refused_without_running_it(made: tuple[Path, dict[str, Any]]) -> None:
+    out, index = made
+    assert len(index) == 22, sorted(index)
+    assert all(v["ran"] for v in index.values()), "each fixture runs its payload under a careless load: " + str(
+        [k for k, v in index.items() if not v["ran"]])
+    for name in sorted(index):
+        why = unsafe_pickle(out / name)
+        assert why is not None and "posix.system" in why and "allowlist" in why, (name, why)
+    for p in ("torch_zip_p1.pt", "torch_legacy_p1.pt", "torch_legacy_p0.pt", "torch_tar.tar", "plain_p0.pkl"):
+        assert p in index  # the cases the issue names, by name
+    assert not [v["marker"] for v in index.values() if Path(v["marker"]).exists()], "the scan never executes"
+
+
+def test_the_same_formats_without_a_payload_pass(made: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = made
+    good = sorted(out.glob("good_*"))
+    assert len(good) == 18, [p.name for p in good]
+    assert {p.name: unsafe_pickle(p) for p in good} == {p.name: None for p in good}
+
+
+def test_what_cannot_be_read_is_not_called_checked(made: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    out, _ = made
+    legacy = (out / "good_torch_legacy_p1.pt").read_bytes()
+    cases = {
+        "cut.pt": legacy[:60],  # inside the data pickle: torch.load would run what came before
+        "empty.pt": b"",
+        "text.pt": b"hello, not a checkpoint\n",
+        "zeros.pt": bytes(4096),
+        "zip_without_pickle.pt": _zip_without_pickle(tmp_path),
+        "trailing.pkl": (out / "good_plain_p1.pkl").read_bytes() + b"\xff garbage",
+    }
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        why = unsafe_pickle(tmp_path / name)
+        assert why is not None and why.startswith(name) and "not called checked" in why, (name, why)
+    # A whole safetensors file is no pickle and holds no code: it passes.
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    (tmp_path / "m.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    assert unsafe_pickle(tmp_path / "m.safetensors") is None
+
+
+def _zip_without_pickle(tmp_path: Path) -> bytes:
+    import zipfile
+
+    p = tmp_path / "z.zip"
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("archive/data/0", bytes(8))
+    return p.read_bytes()
+
+
+def test_a_folder_holding_one_hostile_file_is_refused(made: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    out, _ = made
+    folder = tmp_path / "checkpoint-10"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "optimizer.pt").write_bytes((out / "good_torch_zip_p2.pt").read_bytes())
+    assert unsafe_pickle(folder) is None
+    (folder / "sub" / "scheduler.pt").write_bytes((out / "torch_legacy_p1.pt").read_bytes())
+    why = unsafe_pickle(folder)
+    assert why is not None and why.startswith("scheduler.pt") and "posix.system" in why, why
+
+
+def test_a_huge_pickle_is_refused_within_the_bound(tmp_path: Path) -> None:
+    """A BINBYTES8 claiming 100x the byte bound (a sparse file, as large as it claims) is refused
+    before any memory is taken for it; a stream of opcodes 100x past an op bound stops at it."""
+    huge = tmp_path / "huge.pkl"
+    n = 100 * MAX_PICKLE_BYTES
+    with open(huge, "wb") as f:
+        f.write(b"\x80\x04\x8e" + n.to_bytes(8, "little"))
+        f.truncate(11 + n + 1)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.monotonic()
+    why = unsafe_pickle(huge)
+    assert why is not None and "MiB of pickle data" in why and "not called checked" in why, why
+    assert time.monotonic() - t0 < 5.0
+    grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kb < 64 * 1024, f"peak RSS grew by {grown_kb} kB for a {n >> 30} GiB claim"
+
+    ops = tmp_path / "ops.pkl"
+    ops.write_bytes(b"\x80\x02" + b"N" * 5_000_000 + b".")
+    t0 = time.monotonic()
+    why = unsafe_pickle(ops, Budget(max_ops=50_000))
+    assert why is not None and "more than 50,000 pickle opcodes" in why, why
+    assert time.monotonic() - t0 < 5.0
+    ops.write_bytes(b"\x80\x02" + b"N" * 49_000 + b".")
+    assert unsafe_pickle(ops, Budget(max_ops=50_000)) is None, "within the bound the same kind of stream passes"
+
+
+def test_a_file_that_changes_while_it_is_checked_is_refused(made: tuple[Path, dict[str, Any]], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    out, _ = made
+    p = tmp_path / "state.pkl"
+    p.write_bytes((out / "good_plain_p2.pkl").read_bytes())
+    real = picklescan._scan_pickles
+
+    def scan_then_rewrite(*args: Any) -> None:
+        real(*args)
+        with open(p, "ab") as f:  # the writer appends while the scan is on the file
+            f.write(b"more")
+
+    monkeypatch.setattr(picklescan, "_scan_pickles", scan_then_rewrite)
+    why = unsafe_pickle(p)
+    assert why is not None and "changed while it was checked" in why, why
