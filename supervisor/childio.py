@@ -67,11 +67,21 @@ class _Tail:
         return bytes(self.buf)
 
 
-def drain(proc: subprocess.Popen[Any], *, timeout_s: float, stdin: bytes = b"", keep: int = KEEP_BYTES) -> Drained:
+class _Head(_Tail):
+    """The first ``keep`` bytes written to it (a report read top down: a stack dump); the rest counted."""
+
+    def add(self, chunk: bytes) -> None:
+        room = self.keep - len(self.buf)
+        self.buf += chunk[:max(0, room)]
+        self.dropped += max(0, len(chunk) - max(0, room))
+
+
+def drain(proc: subprocess.Popen[Any], *, timeout_s: float, stdin: bytes = b"", keep: int = KEEP_BYTES,
+          stdout_head: bool = False) -> Drained:
     """Write ``stdin`` (then close it), read stdout/stderr (whichever are pipes) to tails of
-    ``keep`` bytes, and reap ``proc``, all within ``timeout_s``. Never raises for the child's
-    doing (a closed stdin, a child gone); on the deadline the child is left running for the caller
-    to kill (``timed_out``)."""
+    ``keep`` bytes (stdout's head instead with ``stdout_head``), and reap ``proc``, all within
+    ``timeout_s``. Never raises for the child's doing (a closed stdin, a child gone); on the
+    deadline the child is left running for the caller to kill (``timed_out``)."""
     deadline = time.monotonic() + timeout_s
     tails: dict[int, _Tail] = {}
     sel = selectors.DefaultSelector()
@@ -80,7 +90,7 @@ def drain(proc: subprocess.Popen[Any], *, timeout_s: float, stdin: bytes = b"", 
         for f in (proc.stdout, proc.stderr):
             if f is not None:
                 os.set_blocking(f.fileno(), False)
-                tails[f.fileno()] = _Tail(keep)
+                tails[f.fileno()] = _Head(keep) if stdout_head and f is proc.stdout else _Tail(keep)
                 sel.register(f, selectors.EVENT_READ)
         if proc.stdin is not None:
             if pending:
@@ -156,3 +166,16 @@ def kill_group(proc: subprocess.Popen[Any]) -> None:
         proc.wait(timeout=5.0)
     except subprocess.TimeoutExpired:
         pass  # in uninterruptible sleep: the kernel reaps it later; nothing more we can do
+
+
+def run(argv: list[str], *, timeout_s: float, keep: int = KEEP_BYTES, stdin: bytes = b"",
+        stdout_head: bool = False, **popen: Any) -> Drained:
+    """Start ``argv`` in a session of its own with piped stdout/stderr, :func:`drain` it, and kill
+    its process group if it outlives ``timeout_s`` (``timed_out`` then). Raises OSError when it
+    cannot start. The bounded ``subprocess.run(capture_output=True, timeout=...)``."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True, **popen)
+    res = drain(proc, timeout_s=timeout_s, stdin=stdin, keep=keep, stdout_head=stdout_head)
+    if res.timed_out:
+        kill_group(proc)
+    return res

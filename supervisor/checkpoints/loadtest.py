@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import structlog
 
+from .. import childio
 from ..errors import SupervisorError
 from .hashing import StatKey
 from .layouts import registry
@@ -32,6 +33,9 @@ log = structlog.get_logger("supervisor.checkpoints")
 
 _SCRIPT = Path(__file__).with_name("_loadtest_script.py")
 _MARKER = "TSUP_LOADTEST_RESULT "
+#: The bytes kept of each of a load test's streams: the result line (printed last) and the last
+#: error lines; what a load prints beyond that is read and counted, never kept.
+OUTPUT_TAIL_BYTES = 256 * 1024
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
 
 
@@ -114,7 +118,7 @@ def _shebang_python(script: Path) -> str | None:
 
 
 def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: Path | None = None,
-                  started: Callable[[subprocess.Popen[str]], None] | None = None) -> LoadTestResult:
+                  started: Callable[[subprocess.Popen[bytes]], None] | None = None) -> LoadTestResult:
     """Load ``req.path`` in a subprocess; a timeout, crash or garbled output is a failed test.
     ``started`` gets the process (its own session) once it runs: the owner may stop it."""
     payload = request_payload(req)
@@ -123,20 +127,21 @@ def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: P
     env.setdefault("CUDA_VISIBLE_DEVICES", "")  # a load test must not grab a GPU the job needs
     env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env,
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
                                 start_new_session=True)
     except OSError as exc:
         return LoadTestResult(False, 0.0, f"cannot start the load test with {python}: {exc.strerror or exc}")
     if started is not None:
         started(proc)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        proc.communicate()
+    # Both pipes to bounded tails (childio): a checkpoint's load that prints without end costs
+    # the daemon OUTPUT_TAIL_BYTES a stream, and the result line is printed last.
+    res = childio.drain(proc, timeout_s=timeout_s, keep=OUTPUT_TAIL_BYTES)
+    if res.timed_out:
+        childio.kill_group(proc)
         log.warning("checkpoint_load_test_timeout", path=str(req.path), timeout_s=timeout_s,
                     next="the checkpoint is not ready; raise checkpoints.load_timeout_s if it is just large")
         return LoadTestResult(False, float(timeout_s), f"load test timed out after {timeout_s:g} s")
+    out, err = res.stdout.decode(errors="replace"), res.stderr.decode(errors="replace")
     for line in reversed(out.splitlines()):
         if line.startswith(_MARKER):
             try:
@@ -147,7 +152,8 @@ def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: P
                 return result_of(data)
             break
     tail = (err.strip().splitlines() or ["no output"])[-1][:300]
-    how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+    code = res.returncode or 0
+    how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
     return LoadTestResult(False, 0.0, f"load test process failed ({how}): {tail}")
 
 

@@ -10,9 +10,10 @@ import os
 import platform
 import re
 import socket
-import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+from .. import childio
 
 _NICE = r"""
 import os
@@ -60,29 +61,31 @@ print(json.dumps(out))
 def python_probe(python: str, timeout: float = 20.0, nice: bool = True) -> dict[str, Any]:
     """``nice``: below the job in CPU priority (it runs beside the job's start-up); not where it
     runs while no job does and a launch waits for it (a multi-node launch barrier)."""
+    # The job's Python runs its site hooks: what they print is read to bounded tails (childio).
     try:
-        cp = subprocess.run([python, "-c", (_NICE if nice else "") + _PROBE], capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, start_new_session=True)
-    except (OSError, subprocess.TimeoutExpired) as e:
+        cp = childio.run([python, "-c", (_NICE if nice else "") + _PROBE], timeout_s=timeout,
+                         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    except OSError as e:
         return {"error": f"could not run {python}: {e}"}
+    if cp.timed_out:
+        return {"error": f"could not run {python}: no answer within {timeout:g} s"}
     if cp.returncode != 0:
-        return {"error": f"{python} failed: {cp.stderr.strip()[-300:]}"}
+        return {"error": f"{python} failed: {cp.stderr_tail()}"}
     try:
-        return json.loads(cp.stdout.strip().splitlines()[-1])
+        return json.loads(cp.stdout.decode(errors="replace").strip().splitlines()[-1])
     except (ValueError, IndexError):
         return {"error": f"unexpected output from {python}"}
 
 
 def git_info(cwd: Path) -> dict[str, Any]:
     try:
-        head = subprocess.run(["git", "-C", str(cwd), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
+        head = childio.run(["git", "-C", str(cwd), "rev-parse", "HEAD"], timeout_s=10)
         if head.returncode != 0:
             return {}
-        dirty = subprocess.run(["git", "-C", str(cwd), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
-        return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
-    except (OSError, subprocess.TimeoutExpired):
+        # A checkout with a million changed files: only whether there is one matters (a tail of it).
+        dirty = childio.run(["git", "-C", str(cwd), "status", "--porcelain", "--untracked-files=no"], timeout_s=10)
+        return {"commit": head.stdout.decode(errors="replace").strip(), "dirty": bool(dirty.stdout.strip())}
+    except OSError:
         return {}
 
 

@@ -25,8 +25,9 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import psutil
 
+from .. import childio
 from .busy import Look, ProcSample, Verdict, judge, stack_signature, without_locals
-from .stacks import find_py_spy
+from .stacks import DUMP_BYTES, find_py_spy
 
 SAMPLE_EVERY_S = 0.5
 
@@ -92,25 +93,27 @@ class SystemProbe:
     def stacks(self, pids: Sequence[int], timeout_s: float) -> dict[int, Stack]:
         if self.py_spy is None:
             return {pid: Stack("", "py-spy is not installed") for pid in pids}
-        running: dict[int, subprocess.Popen[str]] = {}
+        running: dict[int, subprocess.Popen[bytes]] = {}
         out: dict[int, Stack] = {}
         for pid in pids:
             try:
                 argv = [self.py_spy, "dump", "--nonblocking", "--locals", "--pid", str(pid)]
-                running[pid] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                running[pid] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                start_new_session=True)
             except OSError as exc:
                 out[pid] = Stack("", f"py-spy could not run: {exc}")
         deadline = time.monotonic() + timeout_s
         for pid, proc in running.items():
-            try:
-                text, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
+            # Read to bounded heads/tails (childio): a dump with every local of every thread is large.
+            res = childio.drain(proc, timeout_s=max(0.1, deadline - time.monotonic()), keep=DUMP_BYTES,
+                                stdout_head=True)
+            if res.timed_out:
+                childio.kill_group(proc)
                 out[pid] = Stack("", f"py-spy did not answer within {timeout_s:g} s")
                 continue
-            first_err = (err.strip().splitlines() or [""])[0]
-            out[pid] = Stack(text, None if proc.returncode == 0 else f"py-spy exited {proc.returncode}: {first_err}")
+            text = res.stdout.decode(errors="replace")
+            first_err = (res.stderr_tail(2000).splitlines() or [""])[0]
+            out[pid] = Stack(text, None if res.returncode == 0 else f"py-spy exited {res.returncode}: {first_err}")
         return out
 
 

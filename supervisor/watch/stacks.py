@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,17 @@ from typing import Iterable
 import psutil
 import structlog
 
+from .. import childio
+
 log = structlog.get_logger("supervisor.watch")
+
+
+#: The bytes kept of one process's dump (its head: the threads in the order py-spy prints them).
+DUMP_BYTES = 4 << 20
+
+
+def _dump(cmd: list[str], timeout_s: float) -> childio.Drained:
+    return childio.run(cmd, timeout_s=timeout_s, keep=DUMP_BYTES, stdout_head=True)
 
 
 def find_py_spy() -> str | None:
@@ -69,16 +78,18 @@ def dump_stacks(pids: Iterable[int], out_dir: Path, *, native: bool = False, tim
             f.write(f"\n===== pid {pid}: {' '.join(cmd)}\n")
             f.flush()
             try:
-                res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-                if res.returncode != 0 and "suspend" in res.stderr:  # stopped: read it without ptrace
-                    f.write(f"# the blocking dump failed ({res.stderr.strip().splitlines()[0]}); read with --nonblocking\n")
-                    res = subprocess.run(cmd + ["--nonblocking"], capture_output=True, text=True, timeout=timeout_s,
-                                         check=False)
-                f.write(res.stdout)
+                res = _dump(cmd, timeout_s)
+                if res.returncode != 0 and "suspend" in (err := res.stderr_tail(2000)):  # stopped: no ptrace
+                    f.write(f"# the blocking dump failed ({(err.splitlines() or [''])[0]}); read with --nonblocking\n")
+                    res = _dump(cmd + ["--nonblocking"], timeout_s)
+                if res.timed_out:
+                    f.write(f"# py-spy did not finish within {timeout_s:g} s; skipped\n")
+                    continue
+                f.write(res.stdout.decode(errors="replace"))
+                if res.dropped:
+                    f.write(f"\n# ... {res.dropped} more bytes of this dump not kept (the first {DUMP_BYTES} are)\n")
                 if res.returncode != 0:
-                    f.write(f"# py-spy exited {res.returncode}: {res.stderr.strip()}\n")
-            except subprocess.TimeoutExpired:
-                f.write(f"# py-spy did not finish within {timeout_s:g} s; skipped\n")
+                    f.write(f"# py-spy exited {res.returncode}: {res.stderr_tail(2000)}\n")
             except OSError as exc:
                 f.write(f"# py-spy could not run: {exc}\n")
     log.info("stacks_dumped", path=str(path), pids=pids, seconds=round(time.monotonic() - started, 2),
