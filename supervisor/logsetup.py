@@ -12,7 +12,9 @@ them); JSON on request. In every format:
 - ``log.exception(...)`` and ``exc_info=`` keep the traceback: the ``exception`` key holds it
   (logfmt escapes its newlines as ``\\n``; the console prints it below the line; the journal
   entry carries it in its MESSAGE and in ``TSUP_EXCEPTION``);
-- values whose key names a secret are masked before any renderer sees them.
+- every value passes the one redaction gate (:func:`supervisor.redact.redact_data`) after the
+  traceback is formatted and before the journal sender or any renderer sees it: a secret-named
+  key's value, and secrets inside any text (a sample line, an env dict, a traceback), are masked.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import structlog
 from . import strictjson
 from .narration import ConsoleRenderer
 from .job.consoleline import event_stream
-from .job.process import is_secret
+from .redact import redact_data
 
 Processor = Callable[[Any, str, MutableMapping[str, Any]], Any]
 _extra: list[Processor] = []
@@ -39,9 +41,14 @@ EXCEPTION_KEY = "exception"
 
 
 def mask_secrets(_logger: Any, _name: str, ed: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    for k in list(ed):
-        if k != "event" and is_secret(k):
-            ed[k] = "<redacted>"
+    """The redaction gate for log and journal lines: every value as :func:`redact_data` shows it
+    (the event's name is ours, never a secret)."""
+    event = ed.get("event")
+    masked = redact_data({k: v for k, v in ed.items() if k != "event"})
+    ed.clear()
+    if event is not None:
+        ed["event"] = event
+    ed.update(masked)
     return ed
 
 
@@ -124,8 +131,7 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
             fmt = "console"
         else:
             fmt = "logfmt"
-    pre: list[Any] = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, mask_secrets,
-                      drop_none]
+    pre: list[Any] = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, drop_none]
     renderer: Any
     if fmt == "console":
         pre.insert(0, structlog.processors.TimeStamper(fmt="%H:%M:%S", key=TIMESTAMP_KEY))
@@ -143,7 +149,8 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
         renderer = render_logfmt
     quiet_library_logs()
     structlog.configure(
-        processors=[*pre, *_extra, renderer],
+        # The gate last before the journal sender and the renderer: it sees the formatted traceback too.
+        processors=[*pre, mask_secrets, *_extra, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         # One write per line, through the console line it shares with the job's stderr
         # (job/consoleline.py): an event never lands inside a job's line.

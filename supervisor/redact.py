@@ -1,52 +1,143 @@
-"""The one place that decides what of a shown value is a secret (issue 24 build 4).
+"""The one place that decides what of a shown value is a secret (issue 24 build 4), and the gate
+every text leaving the daemon passes (issue 34): log and journal lines (``logsetup``), ledger
+event rows and ``history`` (``ledger``), ``status`` replies (``ops.control``), notifications and
+webhook bodies (``ops.alertmsg``), reports (through ``history``). Masking at those sinks, not at
+each producer, is what makes a new producer safe: a sample line, a remedy's env or a reload's diff
+is masked whatever event carries it.
 
-Names first: an env var or key whose name contains TOKEN, KEY, SECRET, PASSWORD, PASSWD or
-CREDENTIAL has its value masked whole. Then credentials *inside* values, whatever the name:
-the password of a URL's userinfo (``postgres://u:PASS@h/db`` keeps the user and host), the value
-of an argv flag named like a secret (``--password=x``, ``--hf-token x``), and bearer tokens.
-Used wherever argv, env or lines are shown or stored: history, the ledger, logs, reload events,
-sample lines. Pure (no I/O), so the core may use it.
+Names: an env var or key whose name contains TOKEN, KEY, SECRET, PASSWORD, PASSWD or CREDENTIAL
+has its value masked whole (:func:`is_secret`; ``TOKENIZERS_PARALLELISM`` too, a small price). A
+number is masked only under a name one of whose *words* is such a marker (:func:`names_secret`:
+``password: 12345678`` goes, ``tokens: 12345678``, ``tokens_per_sec=4500`` and ``max_tokens 512``
+stay). In text, a secret-named key's value is masked in every syntax a Python job prints: ``k=v``,
+``k: v``, ``'k': 'v'``, ``"k": "v"``, ``Namespace(k='v')``, ``--k v``, ``--k=v``. Then credentials
+*inside* values, whatever the name: a URL's password (``postgres://u:PASS@h/db`` keeps the user and
+host), ``Authorization:`` values, ``Bearer``/``Basic`` credentials, known token shapes (``hf_``,
+``sk-``, ``ghp_``, ``AKIA``, Slack's ``xox``, JWTs) and the values the daemon was told are secret
+(:func:`learn_secrets`: the job's env, the remedies' env and the daemon's own, by name).
 
 What is shown is also bounded (a 25 MB argv once made a 131 MB ledger and a 26 MB log line): a
 value (an argument, an env name or value) at :data:`MAX_VALUE_CHARS`, a line at
-:data:`MAX_LINE_CHARS`, a whole argv or env at :data:`MAX_TOTAL_CHARS`, each cut said in place
-(``…(+N chars)``, ``…(+N more args)``, ``…(+N more variables)``). The cut comes first, so the
-masking regexes see bounded text; a URL password split by the cut (no ``@`` left) is masked too.
+:data:`MAX_LINE_CHARS`, a whole argv or env at :data:`MAX_TOTAL_CHARS`, any one text at a sink at
+:data:`MAX_TEXT_CHARS`, each cut said in place (``…(+N chars)``, ``…(+N more args)``, ``…(+N more
+variables)``). The cut comes first, so the masking regexes see bounded text; a URL password split
+by the cut (no ``@`` left) is masked too. Every regex is linear in its input (possessive and
+atomic parts where a word could be re-scanned): a megabyte of hostile text takes milliseconds.
 Masks may make the kept part a little longer than its bound (``<redacted>`` for a shorter value).
 The webhook URL (its path carries the token) is shown as scheme and host only (:func:`redact_url`).
+Pure but for the learned values (a tuple swapped whole under a lock), so the core may use it.
 """
 from __future__ import annotations
 
 import re
-from typing import Mapping, Sequence
+import threading
+from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
-__all__ = ["MAX_LINE_CHARS", "MAX_TOTAL_CHARS", "MAX_VALUE_CHARS", "REDACTED", "SECRET_MARKERS", "cut",
-           "is_secret", "redact_argv", "redact_env", "redact_line", "redact_url", "redact_value"]
+__all__ = ["MAX_LINE_CHARS", "MAX_TEXT_CHARS", "MAX_TOTAL_CHARS", "MAX_VALUE_CHARS", "MIN_SECRET_LEN", "REDACTED",
+           "SECRET_MARKERS", "cut", "env_secrets", "is_secret", "learn_secrets", "masks_key", "names_secret",
+           "redact_argv", "redact_data", "redact_env", "redact_line", "redact_text", "redact_url", "redact_value"]
 
 MAX_VALUE_CHARS = 1024  # one argument, env name or env value as shown / stored
 MAX_LINE_CHARS = 4096  # one free-text line (the parsers read no more of a line either)
 MAX_TOTAL_CHARS = 16384  # a whole argv, a whole env
+MAX_TEXT_CHARS = 1 << 20  # any one text at a sink (a message, a traceback, a data string)
+MIN_SECRET_LEN = 4  # a shorter learned "secret" ("1", "yes") would cut ordinary words out of every text
+MAX_KNOWN = 64  # learned secret values kept: each costs one scan of every text
 
 REDACTED = "<redacted>"
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+# A name's words that make it a secret's name (numbers included); "tokens", "keys" count things.
+_SECRET_WORDS = frozenset({"token", "key", "secret", "secrets", "password", "passwd", "passphrase", "credential",
+                           "credentials", "apikey"})
+_SECRET_WORD_ENDINGS = ("token", "secret", "password", "passwd", "apikey", "credential", "credentials")
+_WORD_SPLIT_RE = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+# Values never taken for a learned secret, whatever their variable's name.
+# An exception's name says what went wrong, not what it holds (KeyError, TokenExpiredError).
+_EXCEPTION_ENDINGS = ("Error", "Exception", "Warning", "Interrupt")
+_NOT_SECRETS = frozenset({"true", "false", "none", "null", "unset", "yes", "no", "on", "off"})
 
-# scheme://user:password@host -- only the password goes; a user alone (git@host) is no secret.
-_URL_USERINFO_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)([^\s@/]+)(@)")
+# ://user:password@ -- only the password goes; a user alone (git@host) is no secret. Anchored at
+# "://" (not at the scheme), so a long run of letters is never scanned again from each of them.
+_URL_USERINFO_RE = re.compile(r"(://[^\s:/@]*+:)([^\s@/]++)(@)")
 # The same cut off before its "@" by a bound: at the very end of the kept text.
-_URL_USERINFO_TAIL_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)([^\s@/]+)\Z")
-_BEARER_RE = re.compile(r"(?i)\b(bearer\s+)[\w.~+/-]+=*")
+_URL_USERINFO_TAIL_RE = re.compile(r"(://[^\s:/@]*+:)([^\s@/]++)\Z")
+_BEARER_RE = re.compile(r"(?i)\b(bearer\s+)[\w.~+/-]++=*")
+# "Basic" alone is a common word: only a base64-looking credential after it (a digit, + / or =).
+_BASIC_RE = re.compile(r"\b(Basic\s+)(?=[A-Za-z0-9+/]{0,200}+[0-9+/=])[A-Za-z0-9+/]{8,}+=*")
+_AUTH_RE = re.compile(r"(?i)\b((?:proxy-)?authorization['\"]?\s*[=:]\s*['\"]?)"
+                      r"((?:bearer|basic|token|digest|negotiate|apikey)\s+)?[^\s'\",;]++")
+_TOKEN_SHAPES_RE = re.compile(
+    r"\b(?:hf_[A-Za-z0-9]{16,}+|sk-[A-Za-z0-9_-]{20,}+|gh[pousr]_[A-Za-z0-9]{20,}+|github_pat_\w{20,}+"
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}\b|xox[abprs]-[A-Za-z0-9-]{10,}+"
+    r"|eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+)")
 _SECRET_FLAG_RE = re.compile(r"^(--?[\w-]*(?:token|key|secret|password|passwd|credential)[\w-]*)(=)(.+)$",
                              re.IGNORECASE)
-_SECRET_ASSIGN_RE = re.compile(r"(?i)\b(\w*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)\w*)(\s*[=:]\s*|\s+)"
-                               r"(['\"]?)([^\s'\",;|]+)")
+# name, then what joins it to its value (a dict key's closing quote, "=" or ":", or spaces), then
+# the value: quoted (up to its closing quote, at most 512 chars) or bare. The name is atomic: on a
+# long word of markers ("keykeykey...") it is tried once per word, not once per marker.
+_SECRET_ASSIGN_RE = re.compile(
+    r"(?i)\b(?P<name>(?>\w*?(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|PASSPHRASE)\w*+))"
+    r"(?P<sep>['\"]?\s*[=:]\s*|\s+)(?P<q>['\"]?)"
+    r"(?P<v>(?<=')[^'\n]{1,512}+(?=')|(?<=\")[^\"\n]{1,512}+(?=\")|[^\s'\",;|)}\]{\[]++)")
 _NUMBER_RE = re.compile(r"[-+]?\d[\d.,]*(?:e[-+]?\d+)?%?", re.IGNORECASE)
+# After a name with only spaces between, a value is taken for a secret only if it looks like one
+# (a digit or a symbol): "my password hunter2" goes, "the token expired" stays.
+_LOOKS_SECRET_RE = re.compile(r"[0-9_/+=@:-]")
+
+_known: tuple[str, ...] = ()
+_known_lock = threading.Lock()
 
 
 def is_secret(name: str) -> bool:
     """Whether a name (env var, flag, key) says its value is a secret."""
     up = name.upper()
     return any(m in up for m in SECRET_MARKERS)
+
+
+def names_secret(name: str) -> bool:
+    """Whether one of the *words* of ``name`` names a secret (``HF_TOKEN``, ``apiKey``,
+    ``db-password``): the stricter test, under which a number is masked too (``max_tokens``,
+    ``num_keys`` and ``TOKENIZERS_PARALLELISM`` count or configure things)."""
+    for word in _WORD_SPLIT_RE.split(name):
+        w = word.lower().rstrip("0123456789")
+        if w in _SECRET_WORDS or (w and w.endswith(_SECRET_WORD_ENDINGS)):
+            return True
+    return False
+
+
+def masks_key(key: str, value: Any) -> bool:
+    """Whether a mapping's ``value`` under ``key`` is shown as :data:`REDACTED`: a text under a
+    secret-looking name, anything (numbers, lists) under a secret-named one; an empty one stays."""
+    if value is None or value == "":
+        return False
+    return names_secret(key) or (isinstance(value, str) and is_secret(key))
+
+
+def env_secrets(*envs: Mapping[str, str]) -> list[str]:
+    """The values to cut out of every text: secret-named variables' values, and the password of a
+    URL inside any value (``DATABASE_URL=postgres://u:PASS@h/db``)."""
+    out: list[str] = []
+    for env in envs:
+        for k, v in env.items():
+            if names_secret(k):
+                out.append(v)
+            if "://" in v:
+                out.extend(m.group(2) for m in _URL_USERINFO_RE.finditer(v[:MAX_VALUE_CHARS]))
+    return out
+
+
+def learn_secrets(values: Iterable[str | None]) -> None:
+    """Cut these values out of every text from now on (process-wide; a value once learned stays,
+    so a secret dropped by a reload is still masked in what is said about it). At most
+    :data:`MAX_KNOWN`, longest first (a secret that contains another is cut out whole)."""
+    global _known
+    new = {v for v in values if v and MIN_SECRET_LEN <= len(v) <= MAX_LINE_CHARS
+           and v.strip().lower() not in _NOT_SECRETS and v != REDACTED}
+    with _known_lock:
+        if new <= set(_known):
+            return
+        _known = tuple(sorted(new | set(_known), key=lambda s: (-len(s), s))[:MAX_KNOWN])
 
 
 def cut(text: str, limit: int) -> tuple[str, str]:
@@ -61,14 +152,27 @@ def _mask_tail(kept: str) -> str:
     return _URL_USERINFO_TAIL_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", kept)
 
 
-def _values(value: str) -> str:
-    value = _URL_USERINFO_RE.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(3)}", value)
-    return _BEARER_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
+def _values(value: str, also: Sequence[str] = ()) -> str:
+    """Credentials inside a value, whatever its name: learned secrets, URL passwords,
+    authorization values, bearer/basic credentials, token shapes."""
+    for secret in (*also, *_known):
+        if secret in value:
+            value = value.replace(secret, REDACTED)
+    if "://" in value:
+        value = _URL_USERINFO_RE.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(3)}", value)
+    low = value.lower()
+    if "authorization" in low:
+        value = _AUTH_RE.sub(lambda m: f"{m.group(1)}{m.group(2) or ''}{REDACTED}", value)
+    if "bearer" in low:
+        value = _BEARER_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
+    if "Basic" in value:
+        value = _BASIC_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
+    return _TOKEN_SHAPES_RE.sub(REDACTED, value)
 
 
 def redact_value(value: str, limit: int = MAX_VALUE_CHARS) -> str:
-    """``value`` cut at ``limit`` with credentials inside it masked: URL passwords and bearer
-    tokens."""
+    """``value`` cut at ``limit`` with credentials inside it masked: learned secrets, URL
+    passwords, authorization values, bearer tokens and token shapes."""
     kept, more = cut(value, limit)
     kept = _values(kept)
     return (_mask_tail(kept) + more) if more else kept
@@ -137,21 +241,63 @@ def _redact_arg(arg: str, after_secret_flag: bool) -> tuple[str, bool]:
 
 
 def _mask_assign(m: re.Match[str]) -> str:
-    name, sep, value = m.group(1), m.group(2), m.group(4)
+    name, sep, value = m["name"], m["sep"], m["v"]
+    if value == REDACTED or name.endswith(_EXCEPTION_ENDINGS):  # "KeyError: 'step'" is a traceback's
+        return m.group(0)
     if _NUMBER_RE.fullmatch(value):
-        return m.group(0)
-    # "hf_token abc" and "--api-key abc" name a secret; prose such as "tokenizer loaded" or
-    # "secret_sauce on" does not: with only a space between, the name must end with the marker.
-    if not sep.strip() and not name.upper().rstrip("0123456789_").endswith(SECRET_MARKERS):
-        return m.group(0)
-    return f"{name}{sep}{m.group(3)}{REDACTED}"
+        if not names_secret(name):  # tokens=12345678, max_tokens 512: counts, not secrets
+            return m.group(0)
+    elif not sep.strip():
+        # "hf_token abc", "--api-key abc" and "my password hunter2" name a secret; prose such as
+        # "tokenizer loaded" or "the token expired" does not: with only spaces between, the name
+        # must end with the marker and the value look like a secret (or follow a flag's dash).
+        flag = m.start() > 0 and m.string[m.start() - 1] == "-"
+        ends = name.upper().rstrip("0123456789_").endswith(SECRET_MARKERS)
+        if not (flag or (ends and _LOOKS_SECRET_RE.search(value.rstrip(".!?")))):
+            return m.group(0)
+    return f"{name}{sep}{m['q']}{REDACTED}"
+
+
+def _mask(text: str, also: Sequence[str] = ()) -> str:
+    up = text.upper()
+    if any(mark in up for mark in (*SECRET_MARKERS, "PASSPHRASE")):
+        text = _SECRET_ASSIGN_RE.sub(_mask_assign, text)
+    return _values(text, also)
 
 
 def redact_line(line: str, limit: int = MAX_LINE_CHARS) -> str:
     """A free-text line (a log sample, a shell command, an error's evidence) cut at ``limit``,
-    with secret-named values, URL passwords and bearer tokens masked. A number is no secret:
-    ``tokens_per_sec=4500`` stays."""
+    with secret-named values, URL passwords, authorization values, token shapes and learned
+    secrets masked. A number is no secret unless its name says so: ``tokens_per_sec=4500``
+    stays, ``password: 12345678`` goes."""
     kept, more = cut(line, limit)
-    kept = _SECRET_ASSIGN_RE.sub(_mask_assign, kept)
-    kept = _values(kept)
+    kept = _mask(kept)
     return (_mask_tail(kept) + more) if more else kept
+
+
+def redact_text(text: str, also: Sequence[str] = ()) -> str:
+    """The gate for one text at a sink: :func:`redact_line` at :data:`MAX_TEXT_CHARS`, and the
+    values in ``also`` cut out too (a sink's own secrets: the webhook URL)."""
+    if len(text) < MIN_SECRET_LEN:  # no secret, learned or shaped, fits in fewer
+        return text
+    kept, more = cut(text, MAX_TEXT_CHARS)
+    kept = _mask(kept, also)
+    return (_mask_tail(kept) + more) if more else kept
+
+
+def redact_data(v: Any, also: Sequence[str] = ()) -> Any:
+    """Anything JSON-shaped (an event's data, a status reply, a history) as it may leave the
+    node: values under secret names masked (:func:`masks_key`), every text through
+    :func:`redact_text`; other objects as they are unless their text holds a secret."""
+    if isinstance(v, str):
+        return redact_text(v, also)
+    if v is None or isinstance(v, (bool, int, float)):
+        return v
+    if isinstance(v, Mapping):
+        return {k: (REDACTED if masks_key(str(k), x) else redact_data(x, also)) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set, frozenset)):
+        items = [redact_data(x, also) for x in v]
+        return tuple(items) if isinstance(v, tuple) else items
+    shown = str(v)
+    masked = redact_text(shown, also)
+    return v if masked == shown else masked

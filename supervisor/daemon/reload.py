@@ -13,6 +13,7 @@ from typing import Any, Callable
 from ..config import schema as configschema
 from ..config.model import Config, ConfigError, load_config
 from ..job.process import is_secret
+from .knownsecrets import teach_gate
 
 # Config sections whose objects are built once at daemon start: a reload records them, a
 # daemon restart applies them.
@@ -53,6 +54,7 @@ def reload_config(current: Config, config_path: Path | None, state_dir: Path,
         event("reload_rejected", "error", f"reload of {config_path} rejected, keeping the running config: "
               + "; ".join(problems), problems=problems)
         return None, {"reloaded": False, "problems": problems}
+    teach_gate(new)  # before the diff is recorded: a secret the new config brings is masked in it
     changed = configschema.diff(current, new)
     if new.state_dir().resolve() != state_dir:
         changed.pop("state.dir", None)

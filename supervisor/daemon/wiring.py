@@ -17,6 +17,7 @@ from .checkpointconcern import CheckpointConcern
 from .healthconcern import HealthConcern
 from .ckptdiscovery import CheckpointDiscoveryConcern
 from .alerting import NotifyConcern
+from .knownsecrets import teach_gate
 from .precursors import PrecursorConcern
 from .resumewatch import ResumeWatchConcern
 from .concerns import GoodputConcern, OpsConcern, ValidationConcern
@@ -32,6 +33,7 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     """The daemon for ``cfg``: the job's stdout goes to our stdout and its stderr to our stderr
     (or both to ``passthrough`` when one is given: the demo's console or /dev/null) besides its
     log file; ``extra`` concerns plug in after the standard ones (the demo's narration)."""
+    teach_gate(cfg)  # before the first event: every sink masks the job's and our env's secrets
     state_dir = cfg.state_dir().resolve()
     # Before anything opens the ledger or the socket: a refused second daemon touches nothing.
     lock = StateLock.acquire(state_dir)

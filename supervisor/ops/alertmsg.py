@@ -1,10 +1,10 @@
 """What a notification says, with its secrets masked, and when one may go out (the rate limit).
 
 No threads, sockets or processes here: :mod:`supervisor.ops.alerts` sends what this builds.
-A payload never carries a secret: values of keys that look secret (TOKEN, KEY, SECRET,
-PASSWORD, ...) become ``"<redacted>"`` wherever they sit, and the known secret values
-(the job's env and ours under such names, the webhook URL) are cut out of every string. What a
-name or a value says is a secret, and how a URL is shown, is :mod:`supervisor.redact`'s call.
+A payload never carries a secret: it passes the one redaction gate (:mod:`supervisor.redact`):
+values of keys that look secret (TOKEN, KEY, SECRET, PASSWORD, ...) become ``"<redacted>"`` wherever
+they sit, secrets inside every string are masked, and the known secret values (the job's env and
+ours under such names, the webhook URL) are cut out of every string.
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..eventnames import EventName
-from ..redact import REDACTED, is_secret
+from ..redact import MIN_SECRET_LEN, REDACTED, env_secrets, learn_secrets, masks_key, redact_text
 from ..strictjson import finite
 
-# Shorter "secrets" ("1", "yes") would cut ordinary words out of every message.
-MIN_SECRET_LEN = 4
 GAVE_UP = EventName.GAVE_UP
 RESTART_LOOP = EventName.RESTART_LOOP
 
@@ -31,16 +29,14 @@ class Masker:
 
     @classmethod
     def of(cls, *envs: Mapping[str, str], extra: Iterable[str | None] = ()) -> "Masker":
-        values = {v for env in envs for k, v in env.items() if is_secret(k)}
+        values = set(env_secrets(*envs))
         values.update(v for v in extra if v)
+        learn_secrets(values)  # every sink masks them from now on, not only this one
         # Longest first: a secret that contains another is cut out whole.
         return cls(tuple(sorted((v for v in values if len(v) >= MIN_SECRET_LEN), key=len, reverse=True)))
 
     def text(self, s: str) -> str:
-        for secret in self.secrets:
-            if secret in s:
-                s = s.replace(secret, REDACTED)
-        return s
+        return redact_text(s, self.secrets)
 
     def value(self, v: Any) -> Any:
         """``v`` made strict JSON (non-finite numbers as strings) with every secret masked."""
@@ -51,7 +47,7 @@ class Masker:
         if isinstance(v, float):
             return finite(v)  # one spelling of NaN everywhere the project writes JSON
         if isinstance(v, Mapping):
-            return {str(k): (REDACTED if is_secret(str(k)) and v2 not in (None, "") else self.value(v2))
+            return {str(k): (REDACTED if masks_key(str(k), v2) else self.value(v2))
                     for k, v2 in v.items()}
         if isinstance(v, (list, tuple, set, frozenset)):
             return [self.value(x) for x in v]

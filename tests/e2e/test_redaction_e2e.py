@@ -1,0 +1,122 @@
+"""Secrets never leave the node, through the real daemon and the real CLI (issue 34): the cases
+an adversarial review found. A blind job's sample lines (dict and JSON forms, an Authorization
+header, a numeric password, the job's and the daemon's env values printed bare) reach none of the
+journal/console lines, the ledger file, ``status --json``, ``history --json``, the notify command,
+the webhook or the report. A remedy's env (a key, a URL password) is masked in
+``remedies_applied`` and ``restart_scheduled``, and a URL password changed by a reload in the
+``config_reloaded`` diff."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT, history
+from tests.ops.notifyhelp import Webhook, hook_command
+from tests.util import wait_for
+
+PY = sys.executable
+
+BLIND_JOB = """\
+import os, sys, time
+print("config: {'wandb_api_key': 'wk0a1b2c3d4e5f', 'lr': 0.1}", flush=True)
+print('{"hf_token": "hfx9y8z7w6v5", "step": 5}', flush=True)
+print("headers: Authorization: Bearer bearertok.abc123", flush=True)
+print("password: 918273645", flush=True)
+print("connected with", os.environ["JOB_SECRET_TOKEN"], "as", os.environ["DAEMON_SERVICE_TOKEN"], flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+"""
+BLIND_SECRETS = ("wk0a1b2c3d4e5f", "hfx9y8z7w6v5", "bearertok.abc123", "918273645", "jobenvsecret-2468",
+                 "daemonsecret-1357")
+
+
+def _cli(*args: str) -> str:
+    cp = subprocess.run([PY, "-m", "supervisor", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    return cp.stdout
+
+
+def _ledger_bytes(sd: Path) -> str:
+    return b"".join(p.read_bytes() for p in sd.iterdir() if p.name.startswith("ledger.sqlite")).decode(errors="replace")
+
+
+def _leaks(secrets: tuple[str, ...], **texts: str) -> dict[str, list[str]]:
+    return {where: found for where, text in texts.items() if (found := [s for s in secrets if s in text])}
+
+
+def test_a_blind_jobs_sample_lines_reach_no_sink_unmasked(daemons, tmp_path: Path) -> None:
+    job, go, sd = tmp_path / "job.py", tmp_path / "go", tmp_path / "sd"
+    job.write_text(BLIND_JOB)
+    hook = Webhook()
+    cmd, out = hook_command(tmp_path)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[job]\ncommand = {json.dumps([PY, str(job), str(go)])}\n"
+                   'env = { JOB_SECRET_TOKEN = "jobenvsecret-2468" }\n'
+                   f'[state]\ndir = "{sd}"\n[detectors]\nblind_after_lines = 5\nblind_after_s = 0\n'
+                   f"[notify]\ncommand = {json.dumps(cmd)}\nwebhook_url = {json.dumps(hook.url)}\n"
+                   'events = ["metrics_blind"]\n')
+    try:
+        d = daemons(["run", "--config", str(cfg)], env={"DAEMON_SERVICE_TOKEN": "daemonsecret-1357"})
+        wait_for(lambda: "event=metrics_blind" in d.stderr(), 30, 0.05, "metrics_blind on the console")
+        status = _cli("status", "--json", "--state-dir", str(sd))
+        wait_for(lambda: hook.received and out.exists() and Path(str(out) + ".env").exists(), 20,
+                 what="the webhook and the hook command told")
+        body = json.dumps(hook.bodies())
+    finally:
+        hook.close()
+    go.touch()
+    assert d.wait(30) == 0, d.stderr()[-3000:]
+    hist = _cli("history", "--json", "--state-dir", str(sd))
+    report = Path(_cli("report", "--state-dir", str(sd), "--out", str(tmp_path / "rep")).split()[1]).read_text()
+    assert not _leaks(BLIND_SECRETS, journal=d.stderr(), ledger=_ledger_bytes(sd), status=status, history=hist,
+                      hook_stdin=out.read_text(), hook_env=Path(str(out) + ".env").read_text(), webhook=body,
+                      report=report)
+    # What was masked is still said: the samples are there, with their secrets replaced.
+    [ev] = [e for e in json.loads(hist)["events"] if e["event"] == "metrics_blind"]
+    samples = json.loads(status)["metrics_blind"]["samples"]
+    assert samples == ["config: {'wandb_api_key': '<redacted>', 'lr': 0.1}", '{"hf_token": "<redacted>", "step": 5}',
+                       "headers: Authorization: Bearer <redacted>", "password: <redacted>",
+                       "connected with <redacted> as <redacted>"], samples
+    assert all(f"  | {s}" in ev["message"] for s in samples), ev["message"]
+
+
+REMEDY_JOB = """\
+import os, sys, time
+if "WANDB_API_KEY" not in os.environ:  # crashes until the remedy's env comes
+    sys.exit(1)
+open(sys.argv[1], "w").write("up")
+time.sleep(600)
+"""
+REMEDY_SECRETS = ("remedykey-97531", "remedyurlpw-8642", "oldurlpw-1357", "newurlpw-7531")
+
+
+def _remedy_config(path: Path, job: Path, ready: Path, sd: Path, db_password: str) -> None:
+    path.write_text(f"[job]\ncommand = {json.dumps([PY, str(job), str(ready)])}\n"
+                    f'env = {{ DATABASE_URL = "postgres://trainer:{db_password}@db:5432/x" }}\n'
+                    f'[state]\ndir = "{sd}"\n[policy]\nbackoff_initial_s = 0.2\nbackoff_jitter = 0\n'
+                    '[on.crash]\nremedies = [{ env = { WANDB_API_KEY = "remedykey-97531", '
+                    'RESULTS_URL = "https://up:remedyurlpw-8642@results.example/x" } }]\n')
+
+
+def test_a_remedys_env_and_a_reloaded_url_password_are_masked(daemons, tmp_path: Path) -> None:
+    job, ready, sd, cfg = tmp_path / "job.py", tmp_path / "ready", tmp_path / "sd", tmp_path / "c.toml"
+    job.write_text(REMEDY_JOB)
+    _remedy_config(cfg, job, ready, sd, "oldurlpw-1357")
+    d = daemons(["run", "--config", str(cfg)])
+    wait_for(ready.exists, 60, 0.05, "the attempt with the remedy's env up")
+    _remedy_config(cfg, job, ready, sd, "newurlpw-7531")
+    _cli("reload", "--state-dir", str(sd))
+    wait_for(lambda: [e for e in history(sd)["events"] if e["event"] == "config_reloaded"], 20, 0.05,
+             "config_reloaded in the ledger")
+    d.signal(signal.SIGTERM)
+    assert d.wait(30) == 143
+    hist = _cli("history", "--json", "--state-dir", str(sd))
+    assert not _leaks(REMEDY_SECRETS, journal=d.stderr(), ledger=_ledger_bytes(sd), history=hist)
+    events = {e["event"]: e for e in json.loads(hist)["events"]}
+    assert {"remedies_applied", "restart_scheduled", "config_reloaded"} <= set(events), sorted(events)
+    shown = json.dumps([events[n] for n in ("remedies_applied", "restart_scheduled", "config_reloaded")])
+    assert "<redacted>" in shown and "results.example" in shown  # masked, not dropped: the host stays
+    assert "job.env" in json.dumps(events["config_reloaded"]["data"]["changed"])

@@ -1,0 +1,49 @@
+"""Secret-bearing lines in every form a Python job prints, each with the secret it holds, for
+the redaction-gate tests (issue 34): none of these secrets may reach any sink. And lines that
+only look alike (metric counts, prose, tracebacks) that every sink must keep as they are."""
+from __future__ import annotations
+
+#: (line, secret): the secret is a unique string, so finding it anywhere is a leak.
+SECRET_LINES: tuple[tuple[str, str], ...] = (
+    ("config: {'wandb_api_key': 'wk0a1b2c3d4e5f', 'lr': 0.1}", "wk0a1b2c3d4e5f"),
+    ('{"hf_token": "hfx9y8z7w6v5", "step": 5}', "hfx9y8z7w6v5"),
+    ("headers: Authorization: Bearer bearertok.abc123", "bearertok.abc123"),
+    ("password: 918273645", "918273645"),
+    ("Namespace(lr=0.1, hf_token='nsTok_5566aa', seed=1)", "nsTok_5566aa"),
+    ("run --api-key apik3y-0099 --max-tokens 512", "apik3y-0099"),
+    ("argv: --db-password=dbpw-7788 --lr=3e-4", "dbpw-7788"),
+    ("DATABASE_URL=postgres://trainer:urlpw-4455@db:5432/x", "urlpw-4455"),
+    ("curl -H 'Authorization: Basic dXNlcjpiYXNpY3B3'", "dXNlcjpiYXNpY3B3"),
+    ("hub login with hf_AbCdEfGhIjKlMnOpQrStUvWx ok", "hf_AbCdEfGhIjKlMnOpQrStUvWx"),
+    ("client = OpenAI(sk-proj-Zz9Yy8Xx7Ww6Vv5Uu4Tt3S)", "sk-proj-Zz9Yy8Xx7Ww6Vv5Uu4Tt3S"),
+    ("cloning with ghp_0123456789abcdefghijABCDEFGHIJ", "ghp_0123456789abcdefghijABCDEFGHIJ"),
+    ("s3 client AKIAIOSFODNN7EXAMPL1 us-east-1", "AKIAIOSFODNN7EXAMPL1"),
+    ("jwt=eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJqb2IifQ.c2lnbmF0dXJlMTIz", "eyJzdWIiOiJqb2IifQ"),
+    ('export AWS_SECRET_ACCESS_KEY="awsSecret/Key+123"', "awsSecret/Key+123"),
+    ("secret_key : 'skv-value-99'", "skv-value-99"),
+    ("X-Api-Key: xapikey-3141", "xapikey-3141"),
+    ("slack xoxb-1234-5678-abcdefghij", "xoxb-1234-5678-abcdefghij"),
+    ("{'password': 'two words pw'}", "two words pw"),
+    ("client_secret=cs00aa11bb, retry=3", "cs00aa11bb"),
+    ("my password hunter2isit", "hunter2isit"),
+    ("opts = {'api_key': 4815162342}", "4815162342"),
+)
+
+#: Lines no sink may change: numbers under names that count things, prose, a traceback's last line.
+KEPT_LINES: tuple[str, ...] = (
+    "step=100 loss: 2.31 tokens: 12345678 tokens_per_sec=4500 max_tokens 512 lr=3e-4",
+    "{'num_tokens': 2048, 'keys': 3, 'loss': 1.5}",
+    "tokenizer loaded from gpt2; the token budget is spent",
+    "KeyError: 'missing'",
+    "epoch 3: 45%|####    | 450/1000 [00:10<00:12]",
+    "basic setup done, see https://example.com/docs",
+)
+
+
+def secrets() -> list[str]:
+    return [s for _line, s in SECRET_LINES]
+
+
+def leaks(text: str) -> list[str]:
+    """The corpus secrets found in ``text`` (empty: none leaked)."""
+    return [s for s in secrets() if s in text]

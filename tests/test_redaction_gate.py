@@ -1,0 +1,156 @@
+"""The one redaction gate (issue 34), sink by sink: every secret of tests/secretcorpus.py given
+raw to a sink (no producer masked it) is masked in what the sink writes: log lines in each format,
+ledger rows (the file's bytes) and ``history``, a ``status`` reply over the real control socket,
+the notify command's stdin and env and the webhook's body, and the report (rows an older daemon
+wrote unmasked). Lines that only look alike pass every sink unchanged. The daemon runs are in
+tests/e2e/test_redaction_e2e.py."""
+from __future__ import annotations
+
+import io
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from supervisor import logsetup
+from supervisor.ledger.store import Ledger
+from supervisor.ops.alertmsg import Alert, Masker
+from supervisor.ops.alerts import Alerter
+from supervisor.ops.config import NotifyConfig
+from supervisor.ops.control import ControlServer
+from supervisor.ops.controlclient import request
+from supervisor.redact import REDACTED, learn_secrets, redact_data, redact_text
+from supervisor.report.collect import write_run_report
+from tests.ops.notifyhelp import Webhook, hook_command
+from tests.secretcorpus import KEPT_LINES, SECRET_LINES, leaks
+from tests.util import wait_for
+
+LINES = [line for line, _secret in SECRET_LINES]
+#: A secret with no name and no shape: only the learned values catch it (the job's env, ours).
+LEARNED = "plainvalue-8675309"
+
+
+def _payload() -> dict[str, Any]:
+    """What a producer hands a sink: the corpus as sample lines, an env dict and a learned value."""
+    return {"samples": LINES, "kept": list(KEPT_LINES), "env": {"WANDB_API_KEY": "wk0a1b2c3d4e5f", "LR": "0.1"},
+            "note": f"the job printed {LEARNED} alone", "api_key": 4815162342, "tokens_per_sec": 4500}
+
+
+def _check(text: str, shows_data: bool = True) -> None:
+    assert not leaks(text) and LEARNED not in text and "4815162342" not in text, leaks(text)
+    assert not shows_data or ("tokens_per_sec" in text and "4500" in text)  # a count is no secret
+
+
+@pytest.fixture(autouse=True)
+def learned() -> None:
+    learn_secrets([LEARNED])
+
+
+def test_each_corpus_line_is_masked_and_the_look_alikes_are_kept() -> None:
+    for line, secret in SECRET_LINES:
+        shown = redact_text(line)
+        assert secret not in shown and REDACTED in shown, line
+    assert [redact_text(line) for line in KEPT_LINES] == list(KEPT_LINES)
+    data = redact_data(_payload())
+    assert data["env"] == {"WANDB_API_KEY": REDACTED, "LR": "0.1"} and data["kept"] == list(KEPT_LINES)
+    assert data["api_key"] == REDACTED and data["tokens_per_sec"] == 4500
+
+
+@pytest.mark.parametrize("fmt", ["logfmt", "json", "console"])
+def test_log_lines_in_every_format(fmt: str) -> None:
+    out = io.StringIO()
+    logsetup.configure(fmt, "info", out)
+    try:
+        log = structlog.get_logger("t")
+        log.warning("metrics_blind", message="samples:\n" + "\n".join(LINES), **_payload())
+        try:
+            raise RuntimeError(f"could not log in with {LINES[0]}")
+        except RuntimeError:
+            log.exception("runner_tick_failed", error=LINES[2])  # the traceback passes the gate too
+    finally:
+        structlog.reset_defaults()
+    _check(out.getvalue(), shows_data=fmt != "console")  # the console tells the message, not every key
+    assert "could not log in with config" in out.getvalue()
+
+
+def test_ledger_rows_and_history(tmp_path: Path) -> None:
+    led = Ledger(tmp_path)
+    try:
+        run_id, _ = led.open_run("job", {})
+        led.event(run_id, 0, "metrics_blind", "warning", "samples: " + " | ".join(LINES), _payload())
+        h = led.history(run_id)
+    finally:
+        led.close()
+    stored = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("ledger.sqlite"))
+    _check(stored.decode(errors="replace"))
+    _check(json.dumps(h))
+    assert h["events"][-1]["data"]["kept"] == list(KEPT_LINES)
+
+
+def test_history_and_the_report_mask_rows_an_older_daemon_wrote_unmasked(tmp_path: Path) -> None:
+    led = Ledger(tmp_path)
+    try:
+        run_id, _ = led.open_run("job", {})
+    finally:
+        led.close()
+    db = sqlite3.connect(tmp_path / "ledger.sqlite")
+    with db:
+        db.execute("INSERT INTO events(run_id, attempt, at, event, level, message, data_json) VALUES (?,?,?,?,?,?,?)",
+                   (run_id, 0, time.time(), "metrics_blind", "warning", "\n".join(LINES), json.dumps(_payload())))
+    db.close()
+    led = Ledger(tmp_path, readonly=True)
+    try:
+        h = led.history(run_id)
+    finally:
+        led.close()
+    assert not leaks(json.dumps(h)) and h["events"][-1]["data"]["env"]["WANDB_API_KEY"] == REDACTED
+    html, _png = write_run_report(tmp_path, tmp_path / "report", run_id)
+    page = html.read_text()
+    assert "metrics_blind" in page and not leaks(page)
+
+
+def test_a_status_reply_over_the_control_socket(tmp_path: Path) -> None:
+    server = ControlServer(tmp_path, lambda verb, args: {"metrics_blind": _payload()})
+    server.start()
+    try:
+        got = request(tmp_path, "status", {})
+    finally:
+        server.close()
+    _check(json.dumps(got))
+    assert got["metrics_blind"]["kept"] == list(KEPT_LINES)
+
+
+def test_the_notify_command_stdin_and_env_and_the_webhook_body(tmp_path: Path) -> None:
+    hook = Webhook()
+    cmd, out = hook_command(tmp_path)
+    a = Alerter(NotifyConfig(command=tuple(cmd), webhook_url=hook.url), Masker.of(extra=[hook.url]))
+    a.start()
+    try:
+        a.submit(Alert("metrics_blind", "warning", "samples: " + " | ".join(LINES), "job", "r1", "host", 0,
+                       time.time(), _payload()))
+        wait_for(lambda: hook.received and out.exists(), 10, what="webhook and hook command")
+        body = json.dumps(hook.bodies()[0])
+    finally:
+        a.close(5.0)
+        hook.close()
+    _check(body)
+    _check(out.read_text())
+    env = Path(str(out) + ".env").read_text()
+    assert not leaks(env) and LEARNED not in env and "TSUP_NOTIFY_MESSAGE" in env
+
+
+def test_a_megabyte_of_hostile_text_is_masked_in_linear_time() -> None:
+    hostile = ["key" * 350_000, "a://b:" * 200_000, "password='" * 100_000, "a." * 500_000, "Basic " * 170_000,
+               "authorization:" * 70_000, "token x1 " * 110_000, "eyJaaaaaaaaa." * 80_000, "\n".join(LINES) * 1000]
+    for text in hostile:
+        t0 = time.monotonic()
+        shown = redact_text(text)
+        # ~0.2 s at most on an idle core; quadratic work would take minutes.
+        assert time.monotonic() - t0 < 5.0, text[:20]
+        assert not leaks(shown)
+    big = redact_text("x" * (3 << 20))
+    assert big.endswith(f"…(+{(3 << 20) - (1 << 20)} chars)") and len(big) < (1 << 20) + 50
