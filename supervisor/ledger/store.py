@@ -40,8 +40,8 @@ def _numbers_json(rows: list[tuple[Any, ...]]) -> str:
     return text.replace("-Infinity", "-1e999").replace("Infinity", "1e999")
 
 
-def _json(v: Any) -> str | None:
-    return None if v is None else strictjson.dumps(v, default=str, sort_keys=True)
+def _json(v: Any) -> str | None:  # through the redaction gate: a row may leave the node (history, reports)
+    return None if v is None else strictjson.dumps(redact_data(v), default=str, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -358,7 +358,7 @@ class Ledger:
             "INSERT INTO attempts(run_id, attempt, argv_json, cwd, env_json, snapshot_json, started_at, "
             "checkpoint, resume_step, remedies_json, gate_json) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (run_id, attempt, json.dumps(bounded_argv(argv)), cwd, json.dumps(dict(env), sort_keys=True), _json(snapshot),
-             self.clock(), checkpoint, resume_step, strictjson.dumps(remedies, default=str), _json(gate)))
+             self.clock(), checkpoint, resume_step, _json(list(remedies)) or "[]", _json(gate)))
 
     @guarded
     def set_attempt_process(self, run_id: str, attempt: int, pid: int, pgid: int, ctime: float) -> None:
@@ -405,7 +405,7 @@ class Ledger:
         self.db.execute("INSERT INTO events(run_id, attempt, at, event, level, message, data_json) "
                         "VALUES (?,?,?,?,?,?,?)",
                         (run_id, attempt, self.clock(), event, level, None if message is None else redact_text(message),
-                         _json(redact_data(data))))  # the gate: a row may leave the node (history, reports)
+                         _json(data)))
 
     @guarded
     def metrics_batch(self, run_id: str, attempt: int, rows: list[tuple[float, Any, Any, Any, Any, Any]]) -> None:

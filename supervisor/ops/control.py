@@ -43,6 +43,7 @@ import structlog
 
 from ..errors import SupervisorError
 from .. import strictjson
+from ..redact import redact_data, redact_text
 from .controlslots import ConnectionSlots, Slot
 from .repeats import Repeats
 
@@ -119,11 +120,12 @@ def unix_address(path: Path) -> Iterator[str]:
 
 
 def _reply_ok(result: Any) -> bytes:
-    return (strictjson.dumps({"ok": True, "result": result}, default=str) + "\n").encode()
+    # The redaction gate: a reply (status, a verb's result) may be pasted anywhere.
+    return (strictjson.dumps({"ok": True, "result": redact_data(result)}, default=str) + "\n").encode()
 
 
 def _reply_error(code: str, message: str) -> bytes:
-    return (strictjson.dumps({"ok": False, "error": {"code": code, "message": message}}) + "\n").encode()
+    return (strictjson.dumps({"ok": False, "error": {"code": code, "message": redact_text(message)}}) + "\n").encode()
 
 
 def parse_request(data: bytes) -> tuple[str, dict[str, Any]]:
