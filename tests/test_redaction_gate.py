@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import sqlite3
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from supervisor.ops.alerts import Alerter
 from supervisor.ops.config import NotifyConfig
 from supervisor.ops.control import ControlServer
 from supervisor.ops.controlclient import request
+from supervisor.ops.journal import JournalProcessor, JournalSender
 from supervisor.redact import REDACTED, learn_secrets, redact_data, redact_text
 from supervisor.report.collect import write_run_report
 from tests.ops.notifyhelp import Webhook, hook_command
@@ -75,6 +77,24 @@ def test_log_lines_in_every_format(fmt: str) -> None:
         structlog.reset_defaults()
     _check(out.getvalue(), shows_data=fmt != "console")  # the console tells the message, not every key
     assert "could not log in with config" in out.getvalue()
+
+
+def test_native_journal_entries(tmp_path: Path) -> None:
+    """Under systemd each event is a native journal entry, sent by a processor after the gate."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "journal.socket"))
+    sock.settimeout(10.0)
+    logsetup.add_processor(JournalProcessor(sender=JournalSender(str(tmp_path / "journal.socket"))))
+    try:
+        logsetup.configure("logfmt", "info", io.StringIO())
+        structlog.get_logger("t").warning("metrics_blind", message=" | ".join(LINES[:8]), **_payload())
+        entry = sock.recv(1 << 20).decode(errors="replace")
+    finally:
+        logsetup._extra.clear()
+        structlog.reset_defaults()
+        sock.close()
+    assert "TSUP_EVENT=metrics_blind" in entry and "TSUP_TOKENS_PER_SEC=4500" in entry, entry
+    assert not leaks(entry) and LEARNED not in entry and "4815162342" not in entry
 
 
 def test_ledger_rows_and_history(tmp_path: Path) -> None:
