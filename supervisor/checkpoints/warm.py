@@ -37,6 +37,9 @@ log = structlog.get_logger("supervisor.checkpoints")
 _SCRIPT = Path(__file__).with_name("_loadtest_script.py")
 MARKER = b"TSUP_LOADTEST_RESULT "
 MAX_CRASHES = 2
+#: The longest stdout line kept while looking for the result line (a reply is a few KiB): what a
+#: load prints without a newline past this is dropped, so it costs no more than this.
+LINE_BYTES = 1 << 20
 IDLE_S = 300.0
 
 
@@ -162,6 +165,8 @@ class WarmVerifier:
                 if not chunk:
                     return None  # it died (or was killed by a cancel)
                 self._buf += chunk
+                if len(self._buf) > LINE_BYTES and b"\n" not in self._buf:
+                    self._buf = b""  # a line too long to be a reply: dropped, not kept growing
 
     def _died(self) -> None:
         self._stop()

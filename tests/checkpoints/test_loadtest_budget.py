@@ -45,3 +45,26 @@ def test_a_load_test_crashing_after_100_mb_of_stderr_says_its_last_line_in_a_bou
     res, peak = run(tmp_path, loud_python(tmp_path, "stderr", "\nRuntimeError: unpickling failed\n", 1))
     assert not res.passed and res.error == "load test process failed (exit status 1): RuntimeError: unpickling failed"
     assert peak < 8 * OUTPUT_TAIL_BYTES, peak
+
+
+def test_the_warm_verifier_drops_a_100_mb_line_without_a_newline_and_still_reads_the_reply(tmp_path: Path):
+    """The warm process's stdout is read line by line for the reply: a load that prints 100 MB
+    without a newline (100x LINE_BYTES) costs at most LINE_BYTES, and the reply after it is read."""
+    from supervisor.checkpoints.warm import LINE_BYTES, WarmVerifier
+
+    exe = tmp_path / "warm-python"
+    reply = "\nTSUP_LOADTEST_RESULT " + json.dumps({"passed": True, "step": 7}) + "\n"
+    exe.write_text(f"#!{sys.executable}\nimport sys\nsys.stdin.readline()\nout = sys.stdout.buffer\n"
+                   f"block = b'.' * (1 << 20)\nfor _ in range({100 * LINE_BYTES >> 20}):\n    out.write(block)\n"
+                   f"out.write({reply.encode()!r})\nout.flush()\nsys.stdin.readline()\n")
+    exe.chmod(0o755)
+    warm = WarmVerifier(str(exe), None)
+    tracemalloc.start()
+    try:
+        got = warm.request('{"path": "x"}', 120)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        warm.close()
+    assert got is not None and got.data == {"passed": True, "step": 7}, got
+    assert peak < 4 * LINE_BYTES, peak
