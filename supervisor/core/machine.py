@@ -372,10 +372,10 @@ class Machine:
             return
         v = end_verdict(ev.facts, attempt=self.attempt, ran_s=ev.asked.ran_s, wall=ev.wall)
         self.end = data = v.to_json(ev.facts)
-        if not ev.facts.sources:
-            self._record("run_unwatched", "warning", v.reason, **data)
-        if v.gave_up:
-            self._record("checkpoint_nonfinite_at_end", "error", v.reason, **data)
+        if v.unwatched:
+            self._record("run_unwatched", "warning", v.unwatched, **data)
+        if v.nonfinite:
+            self._record("checkpoint_nonfinite_at_end", "error", v.nonfinite, **data)
             self._give_up(v.reason, Cause.NAN)
         else:
             self._finish(State.FINISHED, EXIT_OK, v.reason, verdict=v.verdict.value)

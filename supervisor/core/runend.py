@@ -79,6 +79,8 @@ class EndVerdict:
     gave_up: bool  # end as a give-up (exit 3)
     reason: str  # the run's reason: console, status, history, journal
     watched: str  # what was watched, one sentence (said in every end)
+    unwatched: str | None = None  # run_unwatched's message, when nothing was seen
+    nonfinite: str | None = None  # checkpoint_nonfinite_at_end's message, when the weights are NaN/Inf
 
     def to_json(self, facts: EndFacts) -> dict[str, Any]:
         """``status``'s ``end`` and the events' data."""
@@ -123,12 +125,14 @@ def end_verdict(facts: EndFacts, *, attempt: int, ran_s: float, wall: float) -> 
     watched = watched_text(facts, wall)
     ran = f"the job exited 0 after {ran_s:.1f} s (attempt {attempt})"
     weights = weights_text(facts.weights)
+    unwatched = (f"finished, unwatched: {ran}, but no training metric was ever seen; {watched}"
+                 if not facts.sources else None)
     if facts.weights.finite is False:
-        unwatched = "finished, unwatched; " if not facts.sources else ""
-        reason = (f"finished with non-finite weights in {facts.weights.checkpoint}: {weights}; {unwatched}{ran}; "
-                  f"{watched}. Nothing resumed or deployed from it would be sound: a human must look")
-        return EndVerdict(Verdict.NONFINITE_WEIGHTS, True, reason, watched)
-    if not facts.sources:
-        return EndVerdict(Verdict.UNWATCHED, False, f"finished, unwatched: {ran}, but no training metric was ever "
-                          f"seen; {watched}; {weights}", watched)
+        nan = f"finished with non-finite weights in {facts.weights.checkpoint}: {weights}"
+        reason = (f"{nan}; {'finished, unwatched; ' if unwatched else ''}{ran}; {watched}. Nothing resumed or "
+                  "deployed from it would be sound: a human must look")
+        return EndVerdict(Verdict.NONFINITE_WEIGHTS, True, reason, watched, unwatched,
+                          f"{nan}; the run ends as a give-up (exit 3): a human must look")
+    if unwatched:
+        return EndVerdict(Verdict.UNWATCHED, False, f"{unwatched}; {weights}", watched, unwatched)
     return EndVerdict(Verdict.WATCHED, False, f"finished: {ran}; {watched}; {weights}", watched)

@@ -229,7 +229,7 @@ class BlindWatch:
             self._announced = True
             bound = " or ".join(([f"{self.after_lines} lines"] if self.after_lines > 0 else [])
                                 + ([f"{self.after_s:g} s"] if self.after_s > 0 else []))
-            seen = (f"from {self._lines} lines of the job's output" if self._lines
+            seen = (f"from {self._lines} line{'s' if self._lines != 1 else ''} of the job's output" if self._lines
                     else "and the job printed nothing")
             message = (f"metrics blind: no training step parsed {seen} in {span:.1f} s of run time, and no metric "
                        f"file yielded one (bound: {bound}, [detectors] blind_after_lines / blind_after_s); NaN, "

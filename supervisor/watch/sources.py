@@ -5,6 +5,10 @@ the client's metric files), the formats it yielded, how many records, its last s
 supervisor actually understands, and which one is stale. The log watcher calls :meth:`SourceBook.note`
 under its own lock, for lines it parsed (``feed``) and for records read from metric files
 (``feed_records``) alike; :meth:`SourceBook.snapshot` may be called from any thread.
+
+It is the one list of the metric sources seen: the end of a run says from it what was watched
+(supervisor.core.runend: "finished, unwatched" when it is empty). A new kind of source is seen
+there by feeding its records to the log watcher, nothing else.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def test_wrap_on_a_terminal_narrates_like_the_demo(tmp_path: Path):
     decision = next(l.strip() for l in lines[det + 2:det + 4] if l.strip().startswith("decision: "))
     assert "rollback" in decision, console
     assert any(">> attempt 1 launched" in l for l in lines[det:]), console
-    assert "== the job finished successfully" in console, console
+    assert "== finished: the job exited 0 after" in console, console  # with what was watched (core/runend.py)
     # Every other event compactly, never structlog's dev renderer or a Python list repr.
     assert not any("event=" in l or "['" in l for l in lines), console
     # The job's lines are whole, each on a line of its own.
