@@ -22,7 +22,9 @@ attempt wrote, so nothing is lost or attributed to the wrong attempt.
 
 Bounded memory: a line longer than ``max_line_bytes`` (64 KiB) is cut, its head is delivered with
 a ``[line truncated]`` marker and the rest is skipped up to the next newline; binary garbage is
-decoded with replacement characters. Nothing in here raises into the caller.
+decoded with replacement characters. A file truncated or rotated over and over is said at most
+once per file per :data:`~.quiet.REPEAT_AFTER_S` (:mod:`.quiet`). Nothing in here raises into the
+caller.
 
 ``history_at_start=False`` (the client's metric files in a heartbeat folder made for the attempt):
 nothing there is history, so files the first scan finds are read from their beginning too (a job
@@ -43,6 +45,7 @@ import structlog
 
 from ..events import AttemptContext, Emit, LineSink
 from ..job.linesplit import TRUNCATED_MARKER, LineSplitter
+from .quiet import QuietLog
 
 log = structlog.get_logger("supervisor.watch")
 
@@ -109,6 +112,7 @@ class FileTailer:
         self._bytes = 0
         self._truncated_lines = 0
         self._scans = 0
+        self._quiet = QuietLog(log)  # a log truncated or rotated every few seconds: said once per window
 
     # -- Monitor --------------------------------------------------------------------------
 
@@ -228,16 +232,16 @@ class FileTailer:
                 more |= self._read(f)
                 del self._files[ident]
                 self._retired.append((now + self.retire_grace_s, f))
-                log.info("tail_file_gone", path=f.path, grace_s=self.retire_grace_s,
-                         next="reading what is still written to it for the grace period; "
-                              "following its successor when one appears")
+                self._quiet.say("info", "tail_file_gone", f.path, grace_s=self.retire_grace_s,
+                                next="reading what is still written to it for the grace period; "
+                                     "following its successor when one appears")
                 continue
             path, st = seen
             if path != f.path:
                 f.path = path
             if st.st_size < f.offset:
-                log.info("tail_file_truncated", path=path, offset=f.offset, size=st.st_size,
-                         next="reading it again from the start")
+                self._quiet.say("info", "tail_file_truncated", path, offset=f.offset, size=st.st_size,
+                                next="reading it again from the start")
                 self._flush_partial(f)
                 f.offset = 0
             if st.st_size > f.offset:

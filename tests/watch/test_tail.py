@@ -236,3 +236,24 @@ def test_no_fd_leak(tmp_path: Path) -> None:
     wait_for(lambda: len(sink.lines()) == 5, 5)
     t.close()
     assert len(os.listdir("/proc/self/fd")) <= before
+
+
+def test_a_log_truncated_over_and_over_is_said_once_per_window(tmp_path: Path) -> None:
+    from structlog.testing import capture_logs
+
+    sink = Sink()
+    f = tmp_path / "rank0.log"
+    f.write_text("")
+    t = FileTailer(["rank*.log"], tmp_path, sink, use_inotify=False)
+    try:
+        with capture_logs() as logs:
+            t.baseline()
+            for i in range(20):  # a logger that truncates its file at every step (copytruncate-like)
+                f.write_text(f"step {i} with a line long enough to be cut back\n")
+                t.scan_now()
+                f.write_text(f"s{i}\n")
+                t.scan_now()
+    finally:
+        t.close()
+    assert [e["event"] for e in logs].count("tail_file_truncated") == 1
+    assert "s19" in sink.lines()  # every truncation still read from the start
