@@ -51,6 +51,7 @@ class EventName(StrEnum):
     JOB_ISOLATION = "job_isolation"
     LEDGER_CHECKPOINT_FALLBACK = "ledger_checkpoint_fallback"
     LEDGER_METRICS_FAILED = "ledger_metrics_failed"
+    LEDGER_WRITE_DELAYED = "ledger_write_delayed"
     LEDGER_WRITE_FAILED = "ledger_write_failed"
     LEDGER_WRITE_RECOVERED = "ledger_write_recovered"
     METRICS_DROPPED = "metrics_dropped"

@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator, Mapping
 from ..events import bounded_argv
 from ..ownpaths import file_identity, open_in
 from .connection import CheckedReads, LockedConnection
-from .errors import LedgerError
+from .deferred import WRITE_WAIT_S, DeferredWrites
+from .errors import LedgerError, corrupt, unusable
 from .history import history_of, repeat_of
 from .runstates import FINAL_STATES, IN_PROGRESS
 from .schema import LEDGER_FILE, MIGRATIONS, SCHEMA, SCHEMA_VERSION
@@ -98,6 +99,8 @@ class Ledger:
         self.health = WriteHealth(self.path, monotonic)  # what @guarded writes do on a failure
         self._ident: tuple[int, int] | None = None
         self._checkpointer: WalCheckpointer | None = None
+        self.deferred: DeferredWrites | None = None  # the writer's writes that wait for a lock
+        self._brief = False
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(f"no ledger at {self.path}: no run has used this state dir")
@@ -115,7 +118,7 @@ class Ledger:
                 self.db.executescript(SCHEMA)
             # A page garbled after the open shows at the query that reads it: said as a
             # LedgerError naming the file and what to do, never a bare sqlite3 traceback.
-            self.db = CheckedReads(self.db, lambda e: LedgerError(self._unusable(e)))
+            self.db = CheckedReads(self.db, lambda e: LedgerError(unusable(self.path, e)))
         else:
             try:
                 state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -129,6 +132,8 @@ class Ledger:
             # statement is serialized by LockedConnection.
             self.db = self._checked(LockedConnection(self._connect()), self._migrate)
             self._ident = file_identity(self.path)  # the file we hold open (see retake)
+            self.deferred = DeferredWrites(self.health, clock)
+            self.clock = self.deferred.now  # a write replayed after a lock keeps the time it was made at
         self.db.row_factory = sqlite3.Row
 
     @property
@@ -147,10 +152,10 @@ class Ledger:
             setup(db)
         except sqlite3.OperationalError as e:
             db.close()
-            raise LedgerError(self._unusable(e)) from None
+            raise LedgerError(unusable(self.path, e)) from None
         except sqlite3.DatabaseError as e:
             db.close()
-            raise LedgerError(self._corrupt(e)) from None
+            raise LedgerError(corrupt(self.path, e)) from None
         except LedgerError:
             db.close()
             raise
@@ -193,24 +198,6 @@ class Ledger:
                               f"version {version}, this one knows up to {SCHEMA_VERSION}); upgrade, or use "
                               "another state dir")
 
-    def _unusable(self, e: Exception) -> str:
-        """An OperationalError says what stops us (lock, permissions, read-only), not that the file is bad."""
-        text = str(e).lower()
-        if "locked" in text or "busy" in text:
-            return (f"the ledger {self.path} is locked by another process ({e}): another daemon or a tool "
-                    "(an sqlite3 shell, a backup) holds it. Stop that process and start again, or use another state dir")
-        if "full" in text:  # SQLITE_FULL: "database or disk is full"; the file is fine, the disk is not
-            return (f"the ledger {self.path} cannot be written: the disk holding it is full ({e}). Free space on "
-                    "that filesystem and start again, or use another state dir; the ledger is left as it was")
-        if "readonly" in text or "read-only" in text or "unable to open" in text or "permission" in text:
-            return (f"the ledger {self.path} cannot be opened for writing ({e}): the state dir or the ledger is "
-                    "read-only. Make it writable by the daemon (permissions, a read-only mount), or use another state dir")
-        return self._corrupt(e)
-
-    def _corrupt(self, e: Exception) -> str:
-        return (f"the ledger {self.path} cannot be read ({e}): it is corrupt or not a ledger. Move it aside "
-                "(the run's history is in it) and start again, or use another state dir")
-
     def checkpoint_in_background(self) -> None:
         """The daemon's ledger: WAL checkpoints on a thread of their own (walcheckpoint.py), not
         inside whichever write of the main loop crosses SQLite's threshold."""
@@ -218,7 +205,7 @@ class Ledger:
             return
         self._checkpointer = WalCheckpointer(self.path, lambda: self._ident, self._checkpoints_fall_back,
                                              interval_s=self.CHECKPOINT_INTERVAL_S)
-        self._leave_checkpoints_to_thread()
+        self._tune_writer()
         self._checkpointer.start()
 
     def _checkpoints_fall_back(self) -> None:
@@ -228,13 +215,18 @@ class Ledger:
         except sqlite3.Error:
             pass  # the writes fail too: their guard says so
 
-    def _leave_checkpoints_to_thread(self) -> None:
-        """The writer's connection checkpoints nothing while the thread does (a per-connection
-        setting: a retake's new connection needs it again)."""
+    def _tune_writer(self) -> None:
+        """The writer's connection checkpoints nothing while the thread does, and once the run is
+        open waits at most WRITE_WAIT_S for another process's lock (deferred.py keeps the write):
+        per-connection settings, so a retake's new connection needs them again."""
         if self._checkpointer is not None:
             self.db.execute("PRAGMA wal_autocheckpoint=0")
+        if self._brief:
+            self.db.execute(f"PRAGMA busy_timeout={int(WRITE_WAIT_S * 1000)}")
 
     def close(self) -> None:
+        if self.deferred is not None:
+            self.deferred.close()  # what waits for a lock goes in now, or is counted as lost
         if self._checkpointer is not None:
             self._checkpointer.stop()  # its connection first: the writer's close is then the last
         self.db.close()
@@ -256,7 +248,7 @@ class Ledger:
             moved = self._new_file()
             self.db.move_to(self._connect(), copy=True)
             self.db.execute("PRAGMA journal_mode=WAL")
-            self._leave_checkpoints_to_thread()
+            self._tune_writer()
             return f"the ledger was copied from the daemon's open handle on the deleted one, nothing lost{moved}"
         except sqlite3.Error as e:
             copy_error = e
@@ -268,11 +260,11 @@ class Ledger:
             moved = self._new_file()
             self.db.move_to(self._connect(), copy=False)
             self._migrate(self.db)  # WAL mode included
-            self._leave_checkpoints_to_thread()
+            self._tune_writer()
             self.db.execute("INSERT INTO runs(run_id, name, created_at, state, config_json) VALUES (?,?,?,?,?)",
                             (run_id, name, self.clock(), IN_PROGRESS, _json(config_json)))
         except sqlite3.Error as e:
-            raise LedgerError(self._unusable(e)) from None
+            raise LedgerError(unusable(self.path, e)) from None
         except OSError as e:
             raise LedgerError(f"cannot create the ledger {self.path} again: {e.strerror or e}") from None
         return (f"the old ledger could not be copied ({copy_error}): a fresh ledger continues run {run_id}; "
@@ -320,16 +312,19 @@ class Ledger:
             if row is not None and row["state"] not in FINAL_STATES:
                 self.db.execute("UPDATE runs SET state=?, ended_at=NULL, exit_code=NULL, reason=NULL, "
                                 "config_json=? WHERE run_id=?", (IN_PROGRESS, _json(config_json), row["run_id"]))
-                return row["run_id"], True
-            now = self.clock()
-            run_id = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + "-" + uuid.uuid4().hex[:6]
-            self.db.execute("INSERT INTO runs(run_id, name, created_at, state, config_json) VALUES (?,?,?,?,?)",
-                            (run_id, name, now, IN_PROGRESS, _json(config_json)))
+                run_id, continued = row["run_id"], True
+            else:
+                now = self.clock()
+                run_id, continued = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + "-" + uuid.uuid4().hex[:6], False
+                self.db.execute("INSERT INTO runs(run_id, name, created_at, state, config_json) VALUES (?,?,?,?,?)",
+                                (run_id, name, now, IN_PROGRESS, _json(config_json)))
+            self._brief = True  # the run is open (a lock at the start was waited for): writes now wait briefly
+            self._tune_writer()
         except sqlite3.OperationalError as e:
-            raise LedgerError(self._unusable(e)) from None
+            raise LedgerError(unusable(self.path, e)) from None
         except sqlite3.DatabaseError as e:
-            raise LedgerError(self._corrupt(e)) from None
-        return run_id, False
+            raise LedgerError(corrupt(self.path, e)) from None
+        return run_id, continued
 
     @guarded
     def end_run(self, run_id: str, state: str, exit_code: int, reason: str) -> None:

@@ -73,8 +73,26 @@ class WriteHealth:
                                f"({error})")
 
 
+def is_busy(e: BaseException) -> bool:
+    """Another connection holds the write lock (SQLITE_BUSY or SQLITE_LOCKED, extended codes too)."""
+    return isinstance(e, sqlite3.OperationalError) and (getattr(e, "sqlite_errorcode", 0) & 0xFF) in (5, 6)
+
+
+class Keeper(Protocol):
+    """Where a write that met another process's lock waits (deferred.DeferredWrites)."""
+
+    @property
+    def waiting(self) -> int: ...
+
+    def keep(self, write: Callable[[], object], error: BaseException | None) -> None: ...
+
+
 class Guarded(Protocol):
     health: WriteHealth
+
+    @property
+    def deferred(self) -> Keeper | None:
+        """The writer's keeper; None for a read-only ledger."""
 
 
 G = TypeVar("G", bound=Guarded)
@@ -88,10 +106,17 @@ def guarded(fn: Callable[Concatenate[G, P], R]) -> Callable[Concatenate[G, P], R
 
     @functools.wraps(fn)
     def write(self: G, /, *a: P.args, **kw: P.kwargs) -> R | None:
+        keeper = self.deferred
+        if keeper is not None and keeper.waiting:  # behind the writes waiting for a lock, in order
+            keeper.keep(lambda: fn(self, *a, **kw), None)
+            return None
         try:
             result = fn(self, *a, **kw)
         except (sqlite3.Error, OSError, LedgerError) as e:  # LedgerError: a read-only ledger's refusal
-            self.health.failed(e)
+            if keeper is not None and is_busy(e):
+                keeper.keep(lambda: fn(self, *a, **kw), e)  # another process holds the lock: later, not lost
+            else:
+                self.health.failed(e)
             return None
         self.health.succeeded()
         return result
