@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, MutableMapping, TextIO
 import structlog
 
 from . import strictjson
-from .narration import ConsoleRenderer
+from .narration import ConsoleRenderer, said_at_default
 from .job.consoleline import event_stream
 from .redact import redact_data
 
@@ -117,6 +117,13 @@ def quiet_library_logs() -> None:
             logging.getLogger(name).addFilter(_DropBenignWatchdogRace())
 
 
+def console_quiet(_logger: Any, _name: str, ed: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Drops what a terminal at the default level does not say (:func:`narration.said_at_default`)."""
+    if not said_at_default(ed):
+        raise structlog.DropEvent
+    return ed
+
+
 def add_processor(proc: Processor) -> None:
     """Insert an extra processor before rendering (the journal sender uses this)."""
     _extra.append(proc)
@@ -147,10 +154,13 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
             pre.insert(0, structlog.processors.TimeStamper(fmt="iso", utc=True, key=TIMESTAMP_KEY))
         pre.append(format_tracebacks)
         renderer = render_logfmt
+    # A terminal at the default level says the narration, warnings and a few events; the rest
+    # (state changes, gate passes) stays in the ledger and the journal (the sender is in _extra).
+    post: list[Any] = [console_quiet] if fmt == "console" and level == "info" else []
     quiet_library_logs()
     structlog.configure(
         # The gate last before the journal sender and the renderer: it sees the formatted traceback too.
-        processors=[*pre, mask_secrets, *_extra, renderer],
+        processors=[*pre, mask_secrets, *_extra, *post, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         # One write per line, through the console line it shares with the job's stderr
         # (job/consoleline.py): an event never lands inside a job's line.

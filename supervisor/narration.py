@@ -9,7 +9,8 @@ happens next, checkpoint verifications, launches, validation, give-up) into the 
        decision: rolling back to the checkpoint before step 111 in 1.0 s
     >> attempt 2 launched, resuming from step 100 (step_000100.pt)
 
-``console_text`` also says every other event, compactly (its message, or its fields); ``stamp``
+``console_text`` also says every other event, compactly (at the default level a terminal says
+only the narrated ones, warnings and :data:`CONSOLE_KEPT`: :func:`said_at_default`) (its message, or its fields); ``stamp``
 puts the time in front and indents continuation lines under the first. :class:`ConsoleRenderer`
 is the structlog renderer ``logsetup`` uses for ``--log-format console``.
 """
@@ -17,6 +18,7 @@ is the structlog renderer ``logsetup`` uses for ``--log-format console``.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -24,7 +26,7 @@ from .eventnames import EventName as E
 
 #: events whose own message is the narration, with the prefix that marks their kind
 SAID_AS_IS: Mapping[str, str] = {
-    E.RESTART_SCHEDULED: "   ", E.SHUTDOWN_SIGNAL_SENT: "   ", E.SHUTDOWN_ESCALATED: "   ",
+    E.RESTART_SCHEDULED: "   ", E.SHUTDOWN_ESCALATED: "   ",
     E.SHUTDOWN_CHECKPOINT_REQUESTED: "   ", E.SHUTDOWN_CHECKPOINT_SEEN: "   ", E.JOB_LEFTOVERS: "   ",
     E.STACKS_DUMPED: "   ", E.REMEDIES_APPLIED: "   ", E.VALIDATION_STARTED: "   ",
     E.VALIDATION_PASSED: "ok ", E.VALIDATION_FAILED: "!! ", E.CHECKPOINT_MARKED_BAD: "xx ",
@@ -59,11 +61,11 @@ def narrate(ed: Mapping[str, Any]) -> str | None:
         return f">> attempt {ed.get('attempt')} launched, {where}"
     if ev == E.FAILURE_DETECTED:
         out = f"!! detected {ed.get('cause')}" + (f" at step {ed['step']}" if ed.get("step") is not None else "")
-        out += f" (seen in {ed.get('source')})"
+        began = ed.get("onset_step") is not None and ed.get("onset_step") != ed.get("step")
+        out += f" (began at step {ed['onset_step']}; seen in {ed.get('source')})" if began \
+            else f" (seen in {ed.get('source')})"
         if ed.get("evidence"):
             out += f"\n   evidence: {str(ed['evidence'])[:EVIDENCE_CHARS]}"
-        if ed.get("onset_step") is not None and ed.get("onset_step") != ed.get("step"):
-            out += f"\n   the anomaly began at step {ed['onset_step']}"
         # The machine's message ends with what happens next ("...: <summary>; <what next>").
         return out + f"\n   decision: {msg.split('; ', 1)[-1]}"
     if ev in SAID_AS_IS:  # a module's own line without a message is said by the runner's twin
@@ -76,6 +78,52 @@ def narrate(ed: Mapping[str, Any]) -> str | None:
     if ev == E.CHECKPOINT_NONE_READY and "no checkpoints found" not in str(ed.get("reason")):
         return f"!! no ready checkpoint: {ed.get('reason')}"  # (none at all: "from scratch" says it)
     return None
+
+
+#: info events a terminal shows at the default level although no sentence narrates them: what the
+#: user did or must know once (the rest, state changes, gate passes, files followed, stay in the
+#: ledger, the journal and ``--log-level debug``: a restart is 5 lines on a terminal, not 40)
+CONSOLE_KEPT = frozenset({E.DAEMON_STARTED, E.CONFIG_RELOADED, E.STOP_REQUESTED, E.RESTART_REQUESTED,
+                          E.SIGNAL_RECEIVED})
+
+
+#: warnings a narrated event says again, better: the log watcher's own line of a detection (the
+#: runner's failure_detected is the sentence with the evidence and the decision)
+SAID_BY_TWIN = frozenset({E.ANOMALY_DETECTED})
+
+
+def said_at_default(ed: Mapping[str, Any]) -> bool:
+    """Whether a terminal at the default level (info) says the event: the narrated ones, every
+    warning and error not said by a twin (:data:`SAID_BY_TWIN`), and :data:`CONSOLE_KEPT`."""
+    if ed.get("event") in SAID_BY_TWIN:
+        return False
+    if str(ed.get("level") or "info") != "info":
+        return True
+    return ed.get("event") in CONSOLE_KEPT or narrate(ed) is not None
+
+
+# What the job controls (evidence, a line, a file name) must not steer the user's terminal: an
+# escape sequence (a cursor move, a colour, a title) is dropped, any other control byte shown as
+# an escape, so a "\r" in a job's line cannot overwrite our sentence and a "\n" cannot forge one.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?")
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f]")
+#: values printed as they are: our own tracebacks, formatted below the sentence
+_MULTILINE = frozenset({"exception", "stack"})
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, str):
+        text = _ESCAPES.sub("", v)
+        if "\r" in text:  # a redrawn line (a progress bar): what a terminal would show of it
+            text = "\n".join(next((seg for seg in reversed(line.split("\r")) if seg), "")
+                              for line in text.split("\n"))
+        return _CONTROLS.sub(lambda m: repr(m.group())[1:-1], text) if _CONTROLS.search(text) else text
+    return v
+
+
+def terminal_safe(ed: Mapping[str, Any]) -> dict[str, Any]:
+    """The event with every string value fit for a terminal (:data:`_ESCAPES`, :data:`_CONTROLS`)."""
+    return {k: (v if k in _MULTILINE else _clean(v)) for k, v in ed.items()}
 
 
 def _value(v: Any) -> str:
@@ -122,4 +170,4 @@ class ConsoleRenderer:
         self.ts_key = ts_key
 
     def __call__(self, _logger: Any, _name: str, ed: Mapping[str, Any]) -> str:
-        return stamp(str(ed.get(self.ts_key, "")), console_text(ed))
+        return stamp(str(ed.get(self.ts_key, "")), console_text(terminal_safe(ed)))

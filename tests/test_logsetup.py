@@ -72,7 +72,7 @@ def test_one_timestamp_key_everywhere(configured, monkeypatch):
     rec = json.loads(out.getvalue())
     assert logsetup.TIMESTAMP_KEY == "ts" and "ts" in rec and "timestamp" not in rec and "attempt" not in rec
     out = configured("console")
-    structlog.get_logger("t").info("hello")
+    structlog.get_logger("t").warning("hello")  # (an info event no sentence narrates is not said on a terminal)
     assert re.match(r"\[\d\d:\d\d:\d\d\] ", out.getvalue()) and "timestamp" not in out.getvalue()
     out = configured("logfmt")
     structlog.get_logger("t").info("hello")
@@ -87,5 +87,22 @@ def test_one_timestamp_key_everywhere(configured, monkeypatch):
 def test_secrets_are_masked_in_every_format(configured):
     for fmt in ("logfmt", "json", "console"):
         out = configured(fmt)
-        structlog.get_logger("t").info("env", hf_token="hf_abc123")
+        structlog.get_logger("t").warning("env", hf_token="hf_abc123")
         assert "hf_abc123" not in out.getvalue() and "redacted" in out.getvalue(), fmt
+
+
+def test_a_terminal_at_the_default_level_says_the_narration_and_warnings_only(configured):
+    out = configured("console")
+    log = structlog.get_logger("t")
+    log.info("state_changed", old="running", new="stopping", why="nan")
+    log.info("gate_passed", summary="gate passed")
+    log.info("job_started", attempt=1)
+    log.info("daemon_started", message="supervising run r1")
+    log.warning("gpu_blind", message="GPU health is unavailable")
+    said = out.getvalue()
+    assert "state running" not in said and "gate_passed" not in said
+    assert ">> attempt 1 launched" in said and "daemon_started" in said and "gpu_blind" in said
+    out = io.StringIO()
+    logsetup.configure("console", "debug", out)
+    structlog.get_logger("t").info("state_changed", old="running", new="stopping", why="nan")
+    assert "state running -> stopping" in out.getvalue()

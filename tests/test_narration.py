@@ -17,8 +17,8 @@ def test_detection_says_evidence_onset_and_decision():
     text = narrate({"event": "failure_detected", "cause": "nan", "step": 120, "onset_step": 111,
                     "source": "stdout", "evidence": "step 120 loss nan",
                     "message": "attempt 0 failing: nan at step 120: loss is nan; rollback to step 100 in 1.0 s"})
-    assert text == ("!! detected nan at step 120 (seen in stdout)\n   evidence: step 120 loss nan\n"
-                    "   the anomaly began at step 111\n   decision: rollback to step 100 in 1.0 s")
+    assert text == ("!! detected nan at step 120 (began at step 111; seen in stdout)\n"
+                    "   evidence: step 120 loss nan\n   decision: rollback to step 100 in 1.0 s")
 
 
 def test_detection_without_step_or_evidence():

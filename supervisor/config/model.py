@@ -93,6 +93,11 @@ class JobConfig:
         "interpreter of the job's Python, options, env and cwd imports what the running attempt imported "
         "(installed modules only) and runs the next attempt's exact argv; any doubt (torchrun, a shell, a "
         "changed env variable or interpreter, no standby ready) starts cold, the reason in history"))
+    tty: str = field(default="auto", metadata=meta(
+        "auto: where the supervisor's own stdout/stderr is a terminal (wrap or run in a shell), the job's "
+        "stream gets a terminal too (a pty), so its live progress bars (Rich, tqdm) show while every byte "
+        "is still read; always: a pty even into a pipe or the journal; never: pipes",
+        choices=("auto", "always", "never")))
 
 
 @dataclass(frozen=True)

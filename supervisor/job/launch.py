@@ -16,6 +16,7 @@ from ..core.messages import Launch, Prepared, PrepareLaunch, jsonable
 from ..ownpaths import own_dir_fd, own_subdir_fd
 from .envsnapshot import snapshot, world_from_launch
 from . import torchelastic
+from .jobtty import wants_tty
 from ..core.policy import merge_args, scale_args
 from ..events import MetricRecord
 from ..redact import redact_argv
@@ -150,7 +151,7 @@ def launch_spec(cfg: Config, launch: Launch, *, run_id: str, state_dir: Path,
         ef.unlink(missing_ok=True)  # an earlier run's attempt of the same number left it
         added[torchelastic.ENV] = env[torchelastic.ENV] = str(ef)
     return LaunchSpec(tuple(argv), str(cfg.workdir()), env, added, cgroup=cfg.job.cgroup,
-                      prewarm=cfg.job.prewarm)  # a shell job: cold, and history says why
+                      prewarm=cfg.job.prewarm, tty=(wants_tty(cfg.job.tty, 1), wants_tty(cfg.job.tty, 2)))  # a shell job: cold, and history says why
 
 
 def remedies_record(launch: Launch) -> list[dict[str, Any]]:

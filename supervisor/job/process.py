@@ -21,6 +21,7 @@ from ..redact import SECRET_MARKERS, is_secret, redact_env  # noqa: F401
 from .osapi import OsApi, ProcRef
 from .cgroup import JobCgroup
 from .catchup import OutputLag
+from .jobtty import open_pty
 from .keeper import stderr_log_path
 from .console import Consoles
 from .output import KeeperLink, SinkFanout
@@ -39,6 +40,7 @@ class LaunchSpec:
     added_env: Mapping[str, str]  # what we added on top of the daemon's (for the ledger)
     cgroup: bool = True  # in a cgroup of its own where one can be made ([job] cgroup)
     prewarm: bool = False  # started in a standby interpreter when one is ready ([job] prewarm)
+    tty: tuple[bool, bool] = (False, False)  # stdout, stderr on a pty of their own ([job] tty; jobtty.py)
 
 
 # How an attempt's leader is started: (spec, stdout write end, stderr write end, cgroup.procs fd
@@ -82,10 +84,13 @@ class JobProcess:
                             message=f"cannot open {err_log_path} ({e}); the job's stderr is still in "
                                     f"{log_path}, but `logs --stderr` cannot show it alone")
                 err_log_path = ""
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        for fd in (out_w, err_w):
-            _widen(fd)
+        out_r, out_w = open_pty(1) if spec.tty[0] else _pipe()
+        try:
+            err_r, err_w = open_pty(2) if spec.tty[1] else _pipe()
+        except BaseException:
+            os.close(out_r)
+            os.close(out_w)
+            raise
         # The daemon keeps its own duplicates of the read ends (closed in close()): a keeper
         # killed with -9 then leaves the pipes with a reader, so the job's next print never meets
         # EPIPE, and a new keeper is started on them (respawn_keeper). The other way out, the job
@@ -358,6 +363,12 @@ def start_keeper(out_r: int, err_r: int, sock: int, log_fd: int, log_path: str,
 
 F_SETPIPE_SZ = 1031
 MAX_KEEPER_RESPAWNS = 5  # per attempt
+
+
+def _pipe() -> tuple[int, int]:
+    r, w = os.pipe()
+    _widen(w)
+    return r, w
 
 
 def _widen(pipe_fd: int) -> None:
