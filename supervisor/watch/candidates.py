@@ -26,6 +26,7 @@ STORE_MARKS = (".tfevents.", ".db", ".sqlite", ".parquet", ".wandb")
 NOT_METRICS = (".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".distcp", ".pyc", ".lock", ".tmp", ".npz")
 MAX_WALK = 500
 DEPTH = 3
+NAME_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,13 @@ def kind_of(name: str) -> str | None:
     if any(mark in name for mark in STORE_MARKS):
         return "store"
     return "other"
+
+
+def said(name: str) -> str:
+    """A file name as a message may carry it: control bytes escaped (a newline in a name must not
+    forge a console or journal line), at most :data:`NAME_CHARS` characters."""
+    out = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in name)
+    return out if len(out) <= NAME_CHARS else out[:NAME_CHARS - 1] + "…"
 
 
 def file_id(st: os.stat_result) -> tuple[int, int]:
@@ -116,5 +124,5 @@ def written_files(roots: Sequence[Path], since: float, own: set[tuple[int, int]]
             if st.st_mtime < since or file_id(st) in own:
                 continue
             rel = os.path.relpath(e.path, base) if base and e.path.startswith(base + os.sep) else e.path
-            found.setdefault(file_id(st), Written(rel, kind, st.st_mtime))
+            found.setdefault(file_id(st), Written(said(rel), kind, st.st_mtime))
     return sorted(found.values(), key=lambda w: -w.mtime)

@@ -75,7 +75,8 @@ def test_a_quiet_job_over_nan_weights_is_called_blind_early_and_its_end_unwatche
     assert nan["data"]["weights"]["finite"] is False and "0.weight" in nan["data"]["weights"]["nonfinite"]
     assert events["run_unwatched"]["data"]["sources"] == [] and "gave_up" in events
     # The console (the journal's lines), status without a daemon, the textfile, the notification.
-    assert "!! finished with non-finite weights in" in said and "XX gave up: finished with non-finite" in said
+    assert "XX finished with non-finite weights in" in said and "XX gave up: finished with non-finite" in said
+    assert "!! finished, unwatched: the job exited 0 after" in said
     st = subprocess.run([PY, "-m", "supervisor", "status", "--state-dir", str(sd)], cwd=ROOT, capture_output=True,
                         text=True, timeout=60)
     assert st.returncode == 3 and "non-finite weights" in st.stdout and "finished, unwatched" in st.stdout, st

@@ -191,6 +191,16 @@ def test_the_fix_names_the_files_the_attempt_wrote_never_the_supervisors_own(tmp
     assert "wrap --watch-file logs/train.log" in n.message
     assert "losses.dat (a format no parser here reads)" in n.message
     assert "console.log" not in n.message and "job-copy.log" not in n.message and "job.log" not in n.message
+    # A name that would forge a line of the console or the journal is said escaped; the walk is bounded.
+    (tmp_path / "evil\n[12:00:00] == finished.log").write_text("x")
+    (tmp_path / "fifo.log").unlink(missing_ok=True)
+    os.mkfifo(tmp_path / "fifo.log")  # not a file: never opened, never named
+    names = [w.name for w in written_files([tmp_path], since, own, skip_dirs=[tmp_path / "sd"])]
+    assert "evil\\x0a[12:00:00] == finished.log" in names and not any("\n" in n for n in names)
+    assert "fifo.log" not in names
+    for i in range(700):
+        (tmp_path / "logs" / f"r{i}.log").write_text("x")
+    assert len(written_files([tmp_path], since, own)) <= 500
 
 
 def test_a_sample_cut_inside_a_url_password_still_masks_it():
