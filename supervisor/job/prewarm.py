@@ -8,8 +8,10 @@ cgroup, importing what the running attempt imports, then waiting. At the next la
 the attempt's argv, environment, working directory and output pipes and runs the job as
 ``__main__``; its imports are done. Any doubt and the attempt starts cold, the reason recorded
 (:class:`Outcome`): not a plain Python job, no standby yet, the interpreter, options, working
-directory or an environment variable other than the per-attempt TSUP_* ones changed, the standby
-died, refused or did not answer in time.
+directory or an environment variable other than the per-attempt TSUP_* ones changed, a file the
+standby imported or a ``.pth`` file or installed distribution on its path changed since (``code
+changed (<module>)``: an upgrade or hot-fix is never run stale), the standby died, refused or did
+not answer in time.
 
 The ledger records the job's exact command either way; the standby is what runs it.
 """
@@ -218,6 +220,8 @@ class Standby:
         self.kill()
         if text.startswith("refuse "):
             return f"the standby refused: {text[7:]}"
+        if text.startswith("stale "):
+            return text[6:]  # "code changed (<module>)": what it imported is not what a cold start reads
         return "the standby exited before it answered"
 
     def enter(self, procs_fd: int) -> bool:

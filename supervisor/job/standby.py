@@ -22,6 +22,11 @@ top-level package lives under this interpreter's standard library or site-packag
 found in the job's own directory or working directory (user code may do anything at import
 time; a same-named module there would shadow the installed one). The supervisor's own package is
 never preloaded: its client reads the attempt's TSUP_* variables.
+
+Never stale: what the standby imported is compared at the hand-over with what is on disk now
+(``codeseen.py``, loaded by path: file identities, ``.pth`` files, installed distributions); a
+package upgraded or edited since, and it answers ``stale code changed (<module>)``: the attempt
+starts cold and says why.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ import sys
 import sysconfig
 import traceback
 
+TYPE_CHECKING = False  # typing itself is not imported: the standby's imports are the job's
+if TYPE_CHECKING:
+    from .codeseen import CodeSeen
+
 HEAD = struct.Struct("!I")  # the request's JSON length
 MAX_REQUEST = 64 << 20
 FOLLOW_POLL_S = 0.2  # how often the growing module list of the running attempt is read again
@@ -49,6 +58,22 @@ NEVER = ("__main__", "supervisor")  # top-level names never preloaded
 
 class Refused(Exception):
     """Why this standby cannot run the request: the daemon starts the attempt cold instead."""
+
+
+class Stale(Refused):
+    """What this standby imported changed on disk: the reason is the attempt's, as it is."""
+
+
+def load_codeseen() -> "CodeSeen":
+    """A :class:`CodeSeen` of ``codeseen.py`` in this folder, loaded by path and never put in
+    sys.modules: this folder is not on the job's path, and the job's sys.modules holds only what
+    it imports itself."""
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "codeseen.py")
+    spec = importlib.util.spec_from_file_location("_tsup_standby_codeseen", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.CodeSeen()
 
 
 # -- the module list ------------------------------------------------------------------------
@@ -189,7 +214,7 @@ def main_path(req: dict) -> tuple[str, str]:
     return kind, target
 
 
-def prepare(req: dict, fds: list[int], orig_nice: int | None) -> tuple[str, str]:
+def prepare(req: dict, fds: list[int], orig_nice: int | None, seen: CodeSeen | None = None) -> tuple[str, str]:
     """Everything that can still refuse (before the reply): after it, only the job can fail."""
     if len(fds) != 2:
         raise Refused(f"expected the job's stdout and stderr, got {len(fds)} fds")
@@ -198,6 +223,9 @@ def prepare(req: dict, fds: list[int], orig_nice: int | None) -> tuple[str, str]
         raise Refused(f"{target} is not a plain file (a folder or an archive runs its __main__)")
     if cuda_initialised():
         raise Refused("a preloaded module initialised CUDA")
+    changed = seen.changed() if seen is not None else None
+    if changed:
+        raise Stale(changed)
     restore_priority(orig_nice)
     try:
         os.chdir(req["cwd"])
@@ -310,7 +338,7 @@ def _print_exception(e: BaseException) -> None:
 
 
 # -- the standby's life --------------------------------------------------------------------
-def wait_and_preload(sock: socket.socket, follow: str, allowed: Allowed) -> None:
+def wait_and_preload(sock: socket.socket, follow: str, allowed: Allowed, seen: CodeSeen | None = None) -> None:
     """Import the running attempt's modules as its list grows, until the request arrives."""
     offset, pending = 0, b""
     while True:
@@ -328,7 +356,8 @@ def wait_and_preload(sock: socket.socket, follow: str, allowed: Allowed) -> None
         for raw in lines:
             if select.select([sock], [], [], 0)[0]:
                 return  # the request first: what is left the job imports itself
-            preload(raw.decode("utf-8", "replace").strip(), allowed)
+            if preload(raw.decode("utf-8", "replace").strip(), allowed) and seen is not None:
+                seen.note()  # the new modules' files, as they were when read
         if select.select([sock], [], [], FOLLOW_POLL_S)[0]:
             return
 
@@ -339,17 +368,18 @@ def main(args: list[str]) -> int:
     here = os.path.dirname(os.path.realpath(__file__))
     if sys.path and os.path.realpath(sys.path[0] or ".") == here:
         del sys.path[0]  # our own folder is not the job's: nothing may be imported from it
+    seen = load_codeseen()  # what is imported already (site, its .pth files) and sys.path
     orig_nice = lower_priority() if conf.get("nice", True) else None
     if conf.get("follow"):
-        wait_and_preload(sock, conf["follow"], Allowed(install_roots(), conf.get("exclude") or []))
+        wait_and_preload(sock, conf["follow"], Allowed(install_roots(), conf.get("exclude") or []), seen)
     try:
         req, fds = read_request(sock)
     except (EOFError, OSError, ValueError):
         return 0  # the daemon went away or gave up on us: nothing ran, nothing to say
     try:
-        kind, target = prepare(req, fds, orig_nice)
+        kind, target = prepare(req, fds, orig_nice, seen)
     except Refused as e:
-        sock.sendall(f"refuse {e}\n".encode())
+        sock.sendall(f"{'stale' if isinstance(e, Stale) else 'refuse'} {e}\n".encode())
         return 0
     sock.sendall(b"ok\n")
     sock.close()

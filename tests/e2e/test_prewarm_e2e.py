@@ -123,3 +123,62 @@ def test_a_doubt_makes_the_attempt_cold_with_the_reason_in_history(daemons, tmp_
     assert d.wait(60) == 0, d.stderr()[-3000:]
     [row] = history(sd2)["attempts"]
     assert row["prewarm"] == "cold: not a plain Python job (sh is not a Python interpreter)"
+
+
+# An installed package of the job's own venv: it says its version and which process imported it.
+PACKAGE = """
+import os
+VERSION = {version}
+open(os.path.join({out!r}, f"imported-v{version}-{{os.getpid()}}"), "w").close()
+"""
+# Attempt 0 idles once the standby for attempt 1 (another process) has imported the package;
+# each attempt records the version it runs.
+USES_PACKAGE = """
+import json, os, signal, sys, time
+import tsupdemo
+out, attempt = sys.argv[1], os.environ["TSUP_ATTEMPT"]
+json.dump({"version": tsupdemo.VERSION, "pid": os.getpid()}, open(os.path.join(out, f"attempt-{attempt}.json"), "w"))
+print("step 1: loss 1.0", flush=True)
+if attempt == "0":
+    mine = f"imported-v1-{os.getpid()}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not [f for f in os.listdir(out) if f.startswith("imported-v1-") and f != mine]:
+        time.sleep(0.02)
+    open(os.path.join(out, "ready"), "w").close()
+    signal.pause()  # until the operator's restart stops it
+"""
+
+
+def test_a_package_upgraded_before_a_restart_starts_the_attempt_cold_with_the_new_code(daemons, tmp_path):
+    """Issue 34 part 6: the standby imported version 1 of an installed package; the operator
+    upgrades it (the file replaced) and restarts: the attempt starts cold and runs version 2, and
+    history says why."""
+    import os
+    import subprocess
+
+    from tests.util import wait_for
+    from tests.watch.test_watch_e2e import _cli
+
+    sd, out, venv = tmp_path / "sd", tmp_path / "out", tmp_path / "venv"
+    out.mkdir()
+    subprocess.run([PY, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    vpy = str(venv / "bin" / "python")
+    site = Path(subprocess.run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+    (site / "tsupdemo.py").write_text(PACKAGE.format(version=1, out=str(out)))
+    (out / "job.py").write_text(USES_PACKAGE)
+    d = daemons(_wrap(sd, out) + [vpy, "job.py", str(out)])
+    wait_for(lambda: (out / "ready").exists() or d.proc.poll() is not None, 90, what="the standby to import v1")
+    standby_v1 = [f for f in os.listdir(out) if f.startswith("imported-v1-")
+                  and f != f"imported-v1-{json.loads((out / 'attempt-0.json').read_text())['pid']}"]
+    assert standby_v1, (sorted(os.listdir(out)), d.stderr()[-3000:])
+    new = site / "tsupdemo.py.new"
+    new.write_text(PACKAGE.format(version=2, out=str(out)))
+    new.replace(site / "tsupdemo.py")  # as pip installs a file: a new inode in its place
+    cp = _cli("restart", "--reason", "hot-fix of tsupdemo", "--state-dir", str(sd))
+    assert cp.returncode == 0, cp.stderr
+    assert d.wait(60) == 0, d.stderr()[-3000:]
+    assert json.loads((out / "attempt-1.json").read_text())["version"] == 2
+    rows = history(sd)["attempts"]
+    assert [r["cause"] for r in rows] == ["manual", None], rows
+    assert rows[1]["prewarm"] == "cold: code changed (tsupdemo)", rows[1]

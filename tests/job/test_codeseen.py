@@ -1,0 +1,96 @@
+"""Issue 34 part 6: what a standby imported is compared at the hand-over with what is on disk
+(stat calls only, bounded): an edited or replaced module, a new or changed .pth file, a
+distribution installed or removed are each a change, named; nothing changed is none."""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from supervisor.job import codeseen
+from supervisor.job.codeseen import CodeSeen
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A folder on sys.path holding one module, imported."""
+    folder = tmp_path / "site-packages"
+    folder.mkdir()
+    (folder / "tsup_seen_demo.py").write_text("VERSION = 1\n")
+    monkeypatch.syspath_prepend(str(folder))
+    importlib.invalidate_caches()
+    monkeypatch.delitem(sys.modules, "tsup_seen_demo", raising=False)
+    importlib.import_module("tsup_seen_demo")
+    yield folder
+    sys.modules.pop("tsup_seen_demo", None)
+
+
+def test_nothing_changed_is_no_change_and_an_edited_module_is_named(site: Path) -> None:
+    seen = CodeSeen()
+    assert seen.changed() is None
+    assert str(site / "tsup_seen_demo.py") in seen.files
+    st = os.stat(site / "tsup_seen_demo.py")
+    (site / "tsup_seen_demo.py").write_text("VERSION = 2\n")  # same size: the mtime (and ctime) tell
+    os.utime(site / "tsup_seen_demo.py", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert seen.changed() == "code changed (tsup_seen_demo)"
+
+
+def test_a_replaced_or_removed_module_is_a_change(site: Path) -> None:
+    seen = CodeSeen()
+    f = site / "tsup_seen_demo.py"
+    st = os.stat(f)
+    tmp = site / "new.tmp"
+    tmp.write_text("VERSION = 1\n")
+    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime: only the inode differs
+    tmp.replace(f)
+    assert seen.changed() == "code changed (tsup_seen_demo)"
+    seen = CodeSeen()
+    f.unlink()
+    assert seen.changed() == "code changed (tsup_seen_demo)"
+
+
+@pytest.mark.parametrize("change", ["new_pth", "edited_pth", "dist_added", "dist_removed"])
+def test_pth_files_and_installed_distributions_on_the_path_are_compared(site: Path, change: str) -> None:
+    (site / "old.pth").write_text("# nothing\n")
+    (site / "tsup_seen_demo-1.0.dist-info").mkdir()
+    seen = CodeSeen()
+    if change == "new_pth":
+        (site / "hotfix.pth").write_text("import os\n")
+        want = f"code changed (hotfix.pth in {site})"
+    elif change == "edited_pth":
+        (site / "old.pth").write_text("/somewhere/else\n")
+        want = f"code changed (old.pth in {site})"
+    elif change == "dist_added":
+        (site / "tsup_seen_demo-2.0.dist-info").mkdir()
+        want = f"code changed (tsup_seen_demo-2.0.dist-info in {site})"
+    else:
+        (site / "tsup_seen_demo-1.0.dist-info").rmdir()
+        want = f"code changed (tsup_seen_demo-1.0.dist-info in {site})"
+    assert seen.changed() == want
+
+
+def test_the_comparison_is_cheap_and_bounded(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch  # noqa: F401  (a real job's imports: about 2,000 modules)
+
+    seen = CodeSeen()
+    assert len(seen.files) > 1000
+    t0 = time.monotonic()
+    assert seen.changed() is None
+    assert time.monotonic() - t0 < 2.0, "stat calls only"
+    # Past the bound the standby does not guess: it says so, and the attempt starts cold.
+    monkeypatch.setattr(codeseen, "MAX_CODE_FILES", 100)
+    assert CodeSeen().changed() == "more than 100 module files to compare"
+    monkeypatch.setattr(codeseen, "MAX_CODE_FILES", 20_000)
+    # A folder 100x past the listing bound: read up to it, the folder's own identity for the rest.
+    monkeypatch.setattr(codeseen, "MAX_DIR_ENTRIES", 50)
+    for i in range(5000):
+        (site / f"m{i}.txt").touch()
+    seen = CodeSeen()
+    assert len([k for k in seen.paths if k.startswith(str(site))]) <= 51
+    os.utime(site, ns=(0, 1))  # what adding or removing an entry does to the folder
+    assert seen.changed() == f"code changed ({site.name} in {site.parent})"
