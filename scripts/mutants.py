@@ -173,6 +173,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    except (Unreadable, tarfile.TarError, struct.error) as exc:\n        return (",
              "    except (Unreadable, tarfile.TarError, struct.error) as exc:\n        return None and (",
              ("tests/checkpoints/test_picklescan_formats.py",)),
+    Mutation("a standby runs stale code (imports never compared at the hand-over)", "supervisor/job/standby.py",
+             "changed = seen.changed() if seen is not None else None", "changed = None",
+             ("tests/e2e/test_prewarm_e2e.py",)),
 )
 
 
