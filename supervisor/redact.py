@@ -55,6 +55,8 @@ _WORD_SPLIT_RE = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 # Values never taken for a learned secret, whatever their variable's name.
 # An exception's name says what went wrong, not what it holds (KeyError, TokenExpiredError).
 _EXCEPTION_ENDINGS = ("Error", "Exception", "Warning", "Interrupt")
+_PLURALS = ("KEYS", "TOKENS")
+_WHERE_WORDS = frozenset({"file", "path", "dir", "env", "name"})
 _NOT_SECRETS = frozenset({"true", "false", "none", "null", "unset", "yes", "no", "on", "off"})
 
 # ://user:password@ -- only the password goes; a user alone (git@host) is no secret. Anchored at
@@ -95,10 +97,19 @@ def is_secret(name: str) -> bool:
     return any(m in up for m in SECRET_MARKERS)
 
 
+def _names_where(name: str) -> bool:
+    """Whether ``name`` names where a secret is, not the secret (``key_file``, ``HF_TOKEN_PATH``,
+    ``password_env``): a path or a variable's name is no secret."""
+    words = [w for w in _WORD_SPLIT_RE.split(name) if w]
+    return bool(words) and words[-1].lower() in _WHERE_WORDS
+
+
 def names_secret(name: str) -> bool:
     """Whether one of the *words* of ``name`` names a secret (``HF_TOKEN``, ``apiKey``,
     ``db-password``): the stricter test, under which a number is masked too (``max_tokens``,
     ``num_keys`` and ``TOKENIZERS_PARALLELISM`` count or configure things)."""
+    if _names_where(name):
+        return False
     for word in _WORD_SPLIT_RE.split(name):
         w = word.lower().rstrip("0123456789")
         if w in _SECRET_WORDS or (w and w.endswith(_SECRET_WORD_ENDINGS)):
@@ -106,12 +117,19 @@ def names_secret(name: str) -> bool:
     return False
 
 
+def _text_secret_name(name: str) -> bool:
+    """Whether a text under ``name`` is masked: :func:`is_secret`, but for plurals ("known keys: job,
+    state", "tokens: 512k") and exceptions ("KeyError: 'step'"), which list, count or explain."""
+    return (is_secret(name) and not name.upper().rstrip("0123456789_").endswith(_PLURALS)
+            and not name.endswith(_EXCEPTION_ENDINGS) and not _names_where(name))
+
+
 def masks_key(key: str, value: Any) -> bool:
     """Whether a mapping's ``value`` under ``key`` is shown as :data:`REDACTED`: a text under a
     secret-looking name, anything (numbers, lists) under a secret-named one; an empty one stays."""
     if value is None or value == "":
         return False
-    return names_secret(key) or (isinstance(value, str) and is_secret(key))
+    return names_secret(key) or (isinstance(value, str) and _text_secret_name(key))
 
 
 def env_secrets(*envs: Mapping[str, str]) -> list[str]:
@@ -242,11 +260,13 @@ def _redact_arg(arg: str, after_secret_flag: bool) -> tuple[str, bool]:
 
 def _mask_assign(m: re.Match[str]) -> str:
     name, sep, value = m["name"], m["sep"], m["v"]
-    if value == REDACTED or name.endswith(_EXCEPTION_ENDINGS):  # "KeyError: 'step'" is a traceback's
+    if value == REDACTED:
         return m.group(0)
     if _NUMBER_RE.fullmatch(value):
         if not names_secret(name):  # tokens=12345678, max_tokens 512: counts, not secrets
             return m.group(0)
+    elif not _text_secret_name(name):
+        return m.group(0)
     elif not sep.strip():
         # "hf_token abc", "--api-key abc" and "my password hunter2" name a secret; prose such as
         # "tokenizer loaded" or "the token expired" does not: with only spaces between, the name

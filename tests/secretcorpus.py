@@ -35,6 +35,8 @@ KEPT_LINES: tuple[str, ...] = (
     "{'num_tokens': 2048, 'keys': 3, 'loss': 1.5}",
     "tokenizer loaded from gpt2; the token budget is spent",
     "KeyError: 'missing'",
+    "checkpoint refused: missing top-level keys: model, optimizer (known keys: step)",
+    "etcd: reading key_file=/etc/tls/client.pem and password_file /etc/etcd/pw",
     "epoch 3: 45%|####    | 450/1000 [00:10<00:12]",
     "basic setup done, see https://example.com/docs",
 )
