@@ -25,7 +25,7 @@ from supervisor.ops.config import NotifyConfig
 from supervisor.ops.control import ControlServer
 from supervisor.ops.controlclient import request
 from supervisor.ops.journal import JournalProcessor, JournalSender
-from supervisor.redact import REDACTED, learn_secrets, redact_data, redact_text
+from supervisor.redact import REDACTED, env_secrets, learn_secrets, redact_data, redact_text
 from supervisor.report.collect import write_run_report
 from tests.ops.notifyhelp import Webhook, hook_command
 from tests.secretcorpus import KEPT_LINES, SECRET_LINES, leaks
@@ -174,3 +174,13 @@ def test_a_megabyte_of_hostile_text_is_masked_in_linear_time() -> None:
         assert not leaks(shown)
     big = redact_text("x" * (3 << 20))
     assert big.endswith(f"…(+{(3 << 20) - (1 << 20)} chars)") and len(big) < (1 << 20) + 50
+
+
+def test_what_is_learned_from_an_env_is_its_secrets_only() -> None:
+    env = {"HF_TOKEN": "hf_learned_1", "TOKENIZERS_PARALLELISM": "false", "KEY_FILE": "/etc/k.pem",
+           "DB": "postgres://u:dbpw-learned@h/db", "MAX_TOKENS": "512", "API_KEY": "yes"}
+    assert env_secrets(env) == ["hf_learned_1", "dbpw-learned", "yes"]
+    learn_secrets(env_secrets(env))
+    # "yes" is no secret to cut out of every text, a path no secret at all, a count neither.
+    shown = redact_text("hf_learned_1 dbpw-learned yes /etc/k.pem false 512")
+    assert shown == f"{REDACTED} {REDACTED} yes /etc/k.pem false 512"
