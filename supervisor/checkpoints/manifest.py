@@ -9,15 +9,20 @@ manifest that is missing or malformed comes back with a reason the quicklist can
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 from .. import strictjson
 
 MANIFEST_SUFFIX = ".manifest.json"
+#: The largest manifest read: one is a few hundred bytes (a few KiB with a folder's per-file
+#: digests); a bigger file beside a checkpoint is not one of ours, and is not read into memory.
+MAX_MANIFEST_BYTES = 1 << 20
 FORMAT = "tsup-checkpoint-manifest/1"
 
 
@@ -132,6 +137,23 @@ def parse_manifest(path: Path, data: Any) -> tuple[Manifest | None, str | None]:
     ), None
 
 
+def read_capped(path: Path, limit: int) -> bytes | None:
+    """A small file the job controls, whole, or None when it is larger than ``limit`` (at most
+    ``limit`` + 1 bytes are read). Opened without blocking and only when it is a regular file: a
+    FIFO or a device put in its place raises OSError instead of hanging the reader."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        chunks, got = [], 0
+        while got <= limit and (chunk := os.read(fd, limit + 1 - got)):
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    return None if got > limit else b"".join(chunks)
+
+
 def read_manifest(checkpoint: Path, fallback_dir: Path | None = None) -> ManifestRead:
     """The manifest of ``checkpoint`` (beside it, else in ``fallback_dir``); never raises."""
     candidates = [manifest_path(checkpoint)]
@@ -139,13 +161,15 @@ def read_manifest(checkpoint: Path, fallback_dir: Path | None = None) -> Manifes
         candidates.append(fallback_manifest_path(fallback_dir, checkpoint))
     for mp in candidates:
         try:
-            text = mp.read_text()
+            raw = read_capped(mp, MAX_MANIFEST_BYTES)
         except FileNotFoundError:
             continue
         except OSError as exc:
             return ManifestRead(None, f"manifest {mp.name} unreadable: {exc.strerror or exc}", True)
+        if raw is None:
+            return ManifestRead(None, f"manifest {mp.name} is larger than {MAX_MANIFEST_BYTES} bytes: not read", True)
         try:
-            data = json.loads(text)
+            data = json.loads(raw)
         except ValueError as exc:
             return ManifestRead(None, f"manifest {mp.name} is not valid JSON ({exc})", True)
         m, problem = parse_manifest(mp, data)

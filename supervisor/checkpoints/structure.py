@@ -15,6 +15,8 @@ import zipfile
 from pathlib import Path
 
 ZIP_MAGIC = b"PK\x03\x04"
+#: The safetensors library refuses a header over 100 MB (its MAX_HEADER_SIZE); so do we, before reading it.
+MAX_SAFETENSORS_HEADER = 100_000_000
 
 
 def structure_problem(path: Path) -> str | None:
@@ -54,6 +56,8 @@ def _safetensors_problem(path: Path, head: bytes) -> str | None:
     if len(head) < 8:
         return f"truncated: a safetensors file of {size} bytes has no header"
     (n,) = struct.unpack("<Q", head)
+    if n > MAX_SAFETENSORS_HEADER:  # the format's own limit: a bigger one is never read into memory
+        return f"the safetensors header claims {n} bytes, more than the format allows ({MAX_SAFETENSORS_HEADER})"
     if 8 + n > size:
         return f"truncated: the safetensors header ({n} bytes) runs past the end of the file ({size} bytes)"
     with open(path, "rb") as f:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ..manifest import read_capped
 from .spec import Found, Layout, LayoutSpec, LoadKind
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -15,9 +16,11 @@ _DIR = re.compile(r"^iter_(\d+)$")
 def latest(checkpoint_dir: Path) -> int | None:
     """The iteration Megatron's tracker file names."""
     try:
-        text = (checkpoint_dir / TRACKER).read_text().strip()
+        # An iteration number or "release": a few bytes (a bigger file is not Megatron's tracker).
+        raw = read_capped(checkpoint_dir / TRACKER, 64)
     except OSError:
         return None
+    text = (raw or b"").decode("ascii", "replace").strip()
     return int(text) if text.isdigit() else None
 
 
