@@ -256,3 +256,20 @@ def test_textfile_leaves_out_process_and_platform_series_the_listener_keeps(tmp_
                 or l.startswith(("# HELP process_", "# HELP python_"))], text
     served = m.render().decode()
     assert "process_start_time_seconds" in served and "python_info" in served
+
+
+def test_the_verdict_on_a_jobs_exit_0_is_exported_once_it_ended_and_rendered_in_status():
+    from supervisor.cli.render import status_table
+
+    m = Metrics()
+    m.update(STATUS)  # running: no verdict yet, no series
+    assert not any(k[0] == "tsup_end_verdict" for k in samples(m.render().decode()))
+    end = {"verdict": "unwatched", "reason": "finished, unwatched: the job exited 0 after 9.0 s (attempt 0), but "
+           "no training metric was ever seen", "sources": [], "last_step": None, "weights": {"finite": None}}
+    m.update({**STATUS, "state": "finished", "end": end})
+    s = samples(m.render().decode())
+    assert s[("tsup_end_verdict", (("verdict", "unwatched"),))] == 1.0
+    assert s[("tsup_end_verdict", (("verdict", "watched"),))] == 0.0
+    assert s[("tsup_end_verdict", (("verdict", "nonfinite_weights"),))] == 0.0
+    rows = [line.split(None, 1) for line in status_table({**STATUS, "end": end}).split("\n")]
+    assert ["end", "unwatched: " + end["reason"]] in rows
