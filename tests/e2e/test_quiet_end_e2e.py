@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 from datetime import datetime
-from pathlib import Path
 
 from tests.conftest import ROOT, history
 
