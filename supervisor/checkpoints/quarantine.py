@@ -23,7 +23,7 @@ import structlog
 
 from .discovery import LAST_GOOD_DIR, NOTE_SUFFIX, QUARANTINE_DIR, Layout
 from .layouts import registry
-from .manifest import fsync_dir, manifest_path, stat_record, write_json_atomic
+from .manifest import MAX_MANIFEST_BYTES, fsync_dir, manifest_path, read_capped, stat_record, write_json_atomic
 from ..ownpaths import own_dir_fd
 from .reflink import clone_file, copy_contents
 from .snapshot import DEFAULT_HEADROOM, Headroom, NotKeptError, copy_room_problem
@@ -187,12 +187,10 @@ def _keep(path: Path, size: int, dest: Path, shown: Path, link: bool, unchanged:
         finally:
             if not done:
                 tmp.unlink(missing_ok=True)  # a failed copy never leaves its temp file behind
-    mp = manifest_path(path)
-    if mp.exists():
-        data = json.loads(mp.read_text())
-        if isinstance(data, dict):
-            data["copied_from"] = str(path)
-            write_json_atomic(manifest_path(dest), data)
+    data = _manifest_data(manifest_path(path))
+    if data is not None:
+        data["copied_from"] = str(path)
+        write_json_atomic(manifest_path(dest), data)
     fsync_dir(dest.parent)
     log.info("checkpoint_preserved_last_good", path=str(path), copy=str(shown), how=how,
              disk_bytes=size if how == "copy" and not path.is_dir() else 0,
@@ -284,8 +282,19 @@ def restore_last_good(copy: Path, original: Path) -> None:
     tmp = original.with_name(f".{original.name}.restore.tmp")
     shutil.copy2(copy, tmp)
     os.replace(tmp, original)
-    mp = manifest_path(copy)
-    if mp.exists():
-        write_json_atomic(manifest_path(original), json.loads(mp.read_text()))
+    data = _manifest_data(manifest_path(copy))
+    if data is not None:
+        write_json_atomic(manifest_path(original), data)
     log.info("checkpoint_restored_last_good", copy=str(copy), to=str(original),
              next="the job resumes from its usual path")
+
+
+def _manifest_data(mp: Path) -> dict[str, Any] | None:
+    """A manifest's JSON object to carry along with a copy, or None: absent, over
+    MAX_MANIFEST_BYTES, not a regular file, or not a JSON object (the copy goes without it)."""
+    try:
+        raw = read_capped(mp, MAX_MANIFEST_BYTES)
+        data = json.loads(raw) if raw is not None else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -59,3 +59,21 @@ def test_a_safetensors_header_claiming_10_gb_is_refused_before_any_read(tmp_path
     got, used = peak(lambda: structure_problem(p))
     assert got is not None and "more than the format allows" in got, got
     assert used < 1 << 20, used
+
+
+def test_a_kept_copy_goes_without_a_manifest_of_100_mib_or_one_that_is_not_json(tmp_path: Path) -> None:
+    """preserve_last_good carries the manifest along: one past the bound, or garbage, is left
+    behind (the copy is still kept) instead of being read whole or raising."""
+    from supervisor.checkpoints.quarantine import preserve_last_good
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    p = ck / "ckpt.pt"
+    p.write_bytes(b"a" * 1000)
+    sparse(manifest_path(p), 100 * MAX_MANIFEST_BYTES, b"{")
+    kept, used = peak(lambda: preserve_last_good(p))
+    assert kept is not None and kept.read_bytes() == p.read_bytes()
+    assert not manifest_path(kept).exists() and used < 3 * MAX_MANIFEST_BYTES, used
+    manifest_path(p).write_text("not json")
+    kept = preserve_last_good(p)
+    assert kept is not None and not manifest_path(kept).exists()
