@@ -37,6 +37,8 @@ def check_newest_weights(svc: CheckpointService, keepalive: Callable[[], object]
     if newest is None:
         return WeightsCheck(None, None, note=f"no complete checkpoint in {svc.dir}")
     path = str(newest.path)
+    if not svc.cfg.load_test:  # as a rollback's: no load test, no finite check
+        return WeightsCheck(path, None, note=f"{path}: [checkpoints] load_test = false (no load test, no finite check)")
     done: Future[LoadTestResult] = Future()
 
     def run() -> None:

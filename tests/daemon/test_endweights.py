@@ -31,6 +31,11 @@ def test_the_newest_checkpoint_is_checked_finite_with_the_jobs_python_and_the_wa
     (tmp_path / "ck" / "step_20.pt").unlink()
     assert check_newest_weights(svc, lambda: None) == WeightsCheck(str(tmp_path / "ck" / "step_10.pt"), True)
     svc.close()
+    off = CheckpointService(CheckpointsConfig(settle_s=30.0, load_test=False), tmp_path / "ck", tmp_path / "state",
+                            sys.executable, ["python", "train.py"], tmp_path)
+    w = check_newest_weights(off, lambda: None)  # as a rollback's check: none without load tests
+    assert w.finite is None and "load_test = false" in w.note
+    off.close()
 
 
 def test_a_check_that_could_not_judge_is_said_as_not_done():
