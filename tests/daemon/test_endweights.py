@@ -50,3 +50,35 @@ def test_a_check_that_could_not_judge_is_said_as_not_done():
                     ran_s=60.0, wall=104.0)
     assert v.verdict is Verdict.WATCHED and not v.gave_up and "weights not checked: /c/step_5: finite check not" \
         in v.reason and "finite:" not in v.reason and "last step 30, 4.0 s before the end" in v.reason
+
+
+def test_the_end_events_reach_the_journal_with_their_verdict_and_weights_as_fields():
+    """What the recorder logs for the end (the machine's records) as journald gets it."""
+    from pathlib import Path as P
+
+    from supervisor.config.model import config_from_table
+    from supervisor.core.machine import Machine
+    from supervisor.core.messages import (Boot, CheckEnd, EndChecked, ExitInfo, JobExited, Prepared, Record, Resume,
+                                          Spawned)
+    from supervisor.eventids import MESSAGE_IDS
+    from supervisor.eventnames import EventName
+    from supervisor.ops.journal import entry_fields
+
+    m = Machine(config_from_table({"job": {"command": ["python", "t.py"]}}), P("/state"))
+    m.handle(Boot())
+    m.handle(Prepared(resume=Resume(None, None, "fresh")))
+    m.handle(Spawned(10, 10, ["python", "t.py"], 0.0))
+    (ask,) = [c for c in m.handle(JobExited(ExitInfo(0, None, None, "exited 0"), False, 9.0, 109.0))
+              if isinstance(c, CheckEnd)]
+    nan = WeightsCheck("/ck/step_9.pt", False, ("w",))
+    records = [c for c in m.handle(EndChecked(EndFacts(weights=nan), 110.0, ask)) if isinstance(c, Record)]
+    by = {r.event: r for r in records}
+    for name, verdict in ((EventName.RUN_UNWATCHED, "nonfinite_weights"),
+                          (EventName.CHECKPOINT_NONFINITE_AT_END, "nonfinite_weights")):
+        r = by[name]
+        f = entry_fields({"event": r.event, "level": r.level, **r.data}, r.message)
+        assert f["MESSAGE_ID"] == MESSAGE_IDS[name] and f["TSUP_VERDICT"] == verdict
+        assert '"finite": false' in f["TSUP_WEIGHTS"] and f["TSUP_SOURCES"] == "[]"
+    assert by[EventName.CHECKPOINT_NONFINITE_AT_END].message.startswith(
+        "finished with non-finite weights in /ck/step_9.pt: 1 tensor(s) hold NaN/Inf (w)")
+    assert by[EventName.RUN_UNWATCHED].message.startswith("finished, unwatched: the job exited 0 after 9.0 s")
