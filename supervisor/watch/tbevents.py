@@ -186,8 +186,20 @@ RESYNC_CHECKS_PER_S = 20_000
 # Where a header can start: the 8 length bytes (little endian) of a length <= _MAX_RECORD end in
 # a byte <= 4 and four zeros; found at C speed, so only those offsets cost a CRC.
 _CANDIDATE = re.compile(rb"[\x00-\x04]\x00\x00\x00\x00")
-_NONZERO = re.compile(rb"[^\x00]")
 _ZEROS = bytes(_HEADER)
+_ZERO_BLOCKS = (bytes(1 << 16), bytes(1 << 12))
+
+
+def _zeros_end(buf: bytes, p: int) -> int:
+    """The first offset at or after ``p`` whose byte is not zero (``len(buf)`` if none): blocks
+    compared with memcmp, ~10 GB/s (a regex or ``lstrip`` walks the bytes at ~200 MB/s)."""
+    n = len(buf)
+    for zeros in _ZERO_BLOCKS:
+        step = len(zeros)
+        while p + step <= n and buf[p:p + step] == zeros:
+            p += step
+    rest = buf[p:p + len(_ZERO_BLOCKS[-1])]
+    return p + len(rest) - len(rest.lstrip(b"\x00"))
 
 
 class TBReader:
@@ -295,10 +307,10 @@ class TBReader:
             if buf[p:p + _HEADER] == _ZEROS:
                 # A run of zeros (a sparse or preallocated file): no header starts inside it,
                 # since the masked CRC of a zero length is not zero. Go to its end at C speed.
-                nz = _NONZERO.search(buf, p)
-                if nz is None:
+                nz = _zeros_end(buf, p)
+                if nz == len(buf):
                     break
-                p = max(p + 1, nz.start() - _HEADER + 1)
+                p = max(p + 1, nz - _HEADER + 1)
                 continue
             if not self._spend():
                 return p, False
