@@ -20,6 +20,9 @@ from .control import READ_TIMEOUT_S, ControlError, DaemonNotRunning, unix_addres
 # How long a client keeps retrying while the daemon's listen backlog is full (EAGAIN on connect)
 # before it says so; many clients at once is normal, a daemon that accepts nothing is not.
 CONNECT_RETRY_S = 5.0
+#: The largest reply read: a status is a few KiB (tens with many checkpoints); whatever answers
+#: on the socket, the CLI never holds more than this of it.
+MAX_REPLY = 16 << 20
 
 
 def _connect(sock: socket.socket, addr: str, deadline: float) -> None:
@@ -89,6 +92,9 @@ def _request_once(state_dir: str | os.PathLike[str], verb: str, args: Mapping[st
                 if not chunk:
                     break
                 buf += chunk
+                if len(buf) > MAX_REPLY:
+                    raise ControlError("bad_reply", f"the reply to {verb!r} is larger than {MAX_REPLY} bytes; "
+                                       "not read further (is it the daemon that answers on this socket?)")
         finally:
             sock.close()
     try:

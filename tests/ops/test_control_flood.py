@@ -68,3 +68,43 @@ def test_an_episode_ends_after_its_quiet_window_and_the_next_refusal_is_said_aga
         assert r.note("a") is True  # its episode ended: a new one, said at once
     finally:
         r.close()
+
+
+def test_the_cli_reads_at_most_max_reply_of_an_endless_answer(tmp_path: Path, monkeypatch):
+    """Whatever answers on control.sock (here a thread that streams 100x the bound, patched to
+    64 KiB so the test stays light), the client stops at MAX_REPLY with a bad_reply error."""
+    import tracemalloc
+
+    import pytest
+
+    from supervisor.ops import controlclient
+    from supervisor.ops.control import ControlError
+
+    monkeypatch.setattr(controlclient, "MAX_REPLY", 64 << 10)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(socket_path(tmp_path)))
+    listener.listen(1)
+
+    def flood() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            try:
+                for _ in range(100):
+                    conn.sendall(b"x" * (64 << 10))
+            except OSError:
+                pass  # the client stopped reading and closed: what the test wants
+
+    t = threading.Thread(target=flood, daemon=True)
+    t.start()
+    tracemalloc.start()
+    try:
+        with pytest.raises(ControlError) as e:
+            controlclient.request(tmp_path, "status", timeout=30)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        listener.close()
+    t.join(10)
+    assert e.value.code == "bad_reply" and "larger than 65536 bytes" in e.value.message
+    assert peak < 8 * (64 << 10), peak
