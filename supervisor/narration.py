@@ -58,6 +58,9 @@ def narrate(ed: Mapping[str, Any]) -> str | None:
     if ev == E.JOB_STARTED:
         ck = ed.get("checkpoint")
         where = f"resuming from step {ed.get('resume_step')} ({_name(ck)})" if ck else "from scratch"
+        if ck and ed.get("handed") == "none":  # nothing is known to carry it to the job: claim no resume
+            where = (f"checkpoint step {ed.get('resume_step')} ({_name(ck)}) in TSUP_RESUME_FROM only "
+                     "(no resume flag known: it may start from scratch)")
         return f">> attempt {ed.get('attempt')} launched, {where}"
     if ev == E.FAILURE_DETECTED:
         out = f"!! detected {ed.get('cause')}" + (f" at step {ed['step']}" if ed.get("step") is not None else "")

@@ -42,6 +42,7 @@ from . import attempts
 from .attempts import Pending, shutdown_plan
 from .runend import end_verdict
 from .policy import Decision, Failure, PastAttempt, RemediesInForce, RepeatKey, decide
+from .resumecheck import handover
 from .causes import ACTIONS, CAUSES, Action, Cause, Hold, StopStyle, gate_failure
 from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, Activity, ArmTimer, Boot, CheckEnd, CheckpointRequested,
                        Command, ConditionCleared, Detected, EndChecked,
@@ -214,12 +215,11 @@ class Machine:
                                                     self.diagnostics)
         self.pid, self.pgid = ev.pid, ev.pgid
         self.attempt_started = ev.now
-        resume_txt = (f"resuming from {self.resume.checkpoint} (step {self.resume.step})"
-                      if self.resume.checkpoint else "fresh start (no checkpoint)")
+        handed, resume_txt = handover(self.resume, bool(self.cfg.job.resume_args))
         self._record("job_started", "info",
                      f"attempt {self.attempt} started (pid {ev.pid}, restarts so far {self.counted_restarts}/"
                      f"{self.cfg.policy.max_restarts}); {resume_txt}", pid=ev.pid, argv=bounded_argv(ev.argv),
-                     checkpoint=self.resume.checkpoint, resume_step=self.resume.step)
+                     checkpoint=self.resume.checkpoint, resume_step=self.resume.step, handed=handed)
         self.pending = Pending()
 
     def _spawn_failed(self, ev: SpawnFailed) -> None:

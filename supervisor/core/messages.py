@@ -87,6 +87,9 @@ class Resume:
     checkpoint: str | None
     step: int | None
     reason: str
+    # The job is known to take the checkpoint: a resume flag carries it, or it reads
+    # TSUP_RESUME_FROM. False: it is only in that variable, and no message may say "resuming".
+    handed: bool = True
 
 
 FRESH_START = Resume(None, None, "fresh start")

@@ -46,3 +46,17 @@ def resume_ignored(resume_step: int | None, first_step: int | None,
     if first_step < resume_step / 2 and resume_step - first_step >= MIN_GAP:
         return ResumeIgnored(resume_step, first_step, checkpoint)
     return None
+
+
+def handover(resume: Any, flagged: bool) -> tuple[str | None, str]:
+    """How a launch hands ``resume`` (core.messages.Resume) to the job, and the clause that says
+    so: ``"flag"`` (the resume args carry it, configured or inferred), ``"env"`` (TSUP_RESUME_FROM,
+    which the job reads), ``"none"`` (only in TSUP_RESUME_FROM, and nothing says the job reads it:
+    no message may then say "resuming"), None (a fresh start)."""
+    if not resume.checkpoint:
+        return None, "fresh start (no checkpoint)"
+    if flagged or resume.handed:
+        return ("flag" if flagged else "env"), f"resuming from {resume.checkpoint} (step {resume.step})"
+    return "none", (f"checkpoint {resume.checkpoint} (step {resume.step}) is in TSUP_RESUME_FROM only: no resume flag "
+                    "is known for this job and it does not seem to read that variable, so it starts from scratch "
+                    "unless it does (set --resume-arg / job.resume_args)")

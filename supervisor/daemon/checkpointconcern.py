@@ -95,6 +95,7 @@ class CheckpointConcern(Concern):
     def __init__(self) -> None:
         self.svc: CheckpointService | None = None  # once started, when a checkpoint dir is configured
         self.daemon: DaemonView | None = None
+        self.takes_checkpoint: Callable[[], bool] = lambda: True  # the discovery's answer (ckptdiscovery.py)
         self._newest_at_launch: VersionKey | None = None
         # Between the main loop and the preparation thread, only frozen messages: the ends to book,
         # and the choice whose load test runs beside the start (each way one queue).
@@ -165,7 +166,13 @@ class CheckpointConcern(Concern):
 
     def choose(self, action: Action, onset_step: int | None, explicit: str | None,
                metrics: Sequence[MetricRecord]) -> Resume:
-        """On the preparation thread: verify, quarantine, choose (seconds)."""
+        """On the preparation thread: verify, quarantine, choose (seconds); whether the job is
+        known to take the choice (``takes_checkpoint``, set by the checkpoint discovery)."""
+        resume = self._choose(action, onset_step, explicit, metrics)
+        return replace(resume, handed=False) if resume.checkpoint and not self.takes_checkpoint() else resume
+
+    def _choose(self, action: Action, onset_step: int | None, explicit: str | None,
+                metrics: Sequence[MetricRecord]) -> Resume:
         if explicit:
             return Resume(explicit, None, "the operator's choice (restart --from)")
         if self.svc is None:
@@ -337,7 +344,7 @@ class CheckpointConcern(Concern):
                               "stands, and a bad overwrite of it falls back to the last kept version",
                               ledger_only=True, path=path, reason=why)
 
-    def end_facts(self, facts: EndFacts, keepalive: Callable[[], object]) -> EndFacts:
+    def end_facts(self, facts: EndFacts, keepalive: Callable[[], bool]) -> EndFacts:
         """The newest checkpoint's weights checked finite (the rollback's check), the job being gone."""
         if self.svc is None:
             return facts  # no checkpoint dir known: the facts say so

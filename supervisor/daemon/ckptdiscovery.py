@@ -13,6 +13,7 @@ wins. When checkpoints exist but nothing can hand one to the job, one loud warni
 from __future__ import annotations
 
 import dataclasses
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -48,6 +49,7 @@ class CheckpointDiscoveryConcern(Concern):
 
     def __init__(self, checkpoints: CheckpointConcern) -> None:
         self.checkpoints = checkpoints  # adopt(cfg) opens its service on a found dir
+        checkpoints.takes_checkpoint = self.hands_checkpoint  # each choice says whether it reaches the job
         self.daemon: DaemonView | None = None
         self.found: FoundDir | None = None  # a dir not from the config (from the command or a scan)
         self.configured: Path | None = None
@@ -84,9 +86,10 @@ class CheckpointDiscoveryConcern(Concern):
         self.since = daemon.clock.time() - 1.0  # mtimes have coarse resolution on some filesystems
         argv = command_argv(cfg.job.command, cfg.job.shell)
         workdir = cfg.workdir()
-        self.reads_env = reads_resume_env(argv, workdir)
+        env = {**(os.environ if cfg.job.inherit_env else {}), **cfg.job.env}  # the job's PYTHONPATH, where a `python -m` module is looked for
+        self.reads_env = reads_resume_env(argv, workdir, env)
         if not cfg.job.resume_args:
-            self.inferred = infer_resume(argv, workdir)
+            self.inferred = infer_resume(argv, workdir, env)
             if self.inferred is not None:
                 daemon.event("resume_inferred", "info", f"resume: {self.inferred.why}",
                              args=list(self.inferred.args), trainer=self.inferred.trainer)
@@ -232,11 +235,19 @@ class CheckpointDiscoveryConcern(Concern):
                 "[job] resume_args = [\"--resume\", \"{checkpoint}\"]) with your script's own flag",
                 checkpoint=str(newest.path), fix=FIX)
 
-    def _client_seen(self) -> bool:
+    def hands_checkpoint(self) -> bool:
+        """The job is known to take a checkpoint handed to it: resume args (configured or
+        inferred), or it reads TSUP_RESUME_FROM (its source, or a client heartbeat of this attempt
+        or the one before: a relaunch's choice is made before its job runs)."""
+        d = self.daemon
+        return (d is None or bool(d.cfg.job.resume_args) or self.reads_env or self._client_seen()
+                or (d.attempt > 0 and self._client_seen(d.attempt - 1)))
+
+    def _client_seen(self, attempt: int | None = None) -> bool:
         d = self.daemon
         assert d is not None
         try:
-            return any(heartbeat_dir(d.state_dir, max(d.attempt, 0)).iterdir())
+            return any(heartbeat_dir(d.state_dir, max(d.attempt if attempt is None else attempt, 0)).iterdir())
         except OSError:
             return False
 

@@ -241,7 +241,9 @@ class ValidationConcern(Concern):
         assert d is not None
         self.validator = None
         vc = d.cfg.validation
-        if not (resume.checkpoint and vc.enabled):
+        # A checkpoint the job is not known to take (only in TSUP_RESUME_FROM; resume_unavailable
+        # said so) is no resume to validate: its verdict would blame the job for what it never got.
+        if not (resume.checkpoint and resume.handed and vc.enabled):
             return
         from ..core.validation import Baseline, Validator
 

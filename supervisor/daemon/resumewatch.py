@@ -29,7 +29,9 @@ class ResumeWatchConcern(Concern):
 
     def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
         self._attempt = ctx.attempt
-        self._resume = resume if resume.checkpoint and resume.step is not None else None
+        # A job handed nothing (no resume flag, and it does not read TSUP_RESUME_FROM: the resume
+        # discovery said resume_unavailable) is never blamed for ignoring what it never got.
+        self._resume = resume if resume.checkpoint and resume.step is not None and resume.handed else None
 
     def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None:
         resume = self._resume

@@ -1,7 +1,7 @@
 """How to hand a checkpoint to a job whose config does not say (no ``job.resume_args``).
 
 Two trainers have a resume flag everyone uses, so it is inferred (explicit ``resume_args``
-always win):
+always win), from a script's source or a ``python -m`` module's alike:
 
 - the HF Trainer: ``--resume_from_checkpoint {checkpoint}``. A script counts as an HF Trainer
   script when its argv has ``--output_dir`` (TrainingArguments' one required field) and its source
@@ -20,9 +20,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..checkpoints.finddir import has_flag, read_source, script_of
+from .modulesource import module_of, module_source
 
 _HF_MARKERS = re.compile(r"\b(TrainingArguments|HfArgumentParser|Seq2SeqTrainingArguments|SFTConfig|SFTTrainer)\b"
                          r"|\bTrainer\(")
@@ -40,7 +41,13 @@ class InferredResume:
     why: str
 
 
-def _script(argv: Sequence[str], workdir: Path) -> tuple[Path | None, str]:
+def _script(argv: Sequence[str], workdir: Path, env: Mapping[str, str] | None) -> tuple[Path | None, str]:
+    """The job's script and its source: a ``*.py`` word, or the module of ``python -m`` found as
+    ``-m`` finds the job's own code (modulesource.py); a module is a script for what is read here."""
+    module = module_of(argv)
+    if module is not None:
+        p = module_source(module, workdir, env)
+        return (p, read_source(p)) if p is not None else (None, "")
     i = script_of(argv)
     if i is None:
         return None, ""
@@ -49,9 +56,10 @@ def _script(argv: Sequence[str], workdir: Path) -> tuple[Path | None, str]:
     return p, read_source(p)
 
 
-def infer_resume(argv: Sequence[str], workdir: Path) -> InferredResume | None:
-    """The resume args for ``argv``'s trainer when it is one whose flag is known, else None."""
-    script, src = _script(argv, workdir)
+def infer_resume(argv: Sequence[str], workdir: Path, env: Mapping[str, str] | None = None) -> InferredResume | None:
+    """The resume args for ``argv``'s trainer when it is one whose flag is known, else None.
+    ``env``: the job's environment (its PYTHONPATH, for a module); this process's when None."""
+    script, src = _script(argv, workdir, env)
     if script is None or not src:
         return None
     if has_flag(argv, "--output_dir") and _HF_MARKERS.search(src):
@@ -65,7 +73,7 @@ def infer_resume(argv: Sequence[str], workdir: Path) -> InferredResume | None:
     return None
 
 
-def reads_resume_env(argv: Sequence[str], workdir: Path) -> bool:
+def reads_resume_env(argv: Sequence[str], workdir: Path, env: Mapping[str, str] | None = None) -> bool:
     """The job's script reads TSUP_RESUME_FROM itself (directly or through supervisor.client)."""
-    _, src = _script(argv, workdir)
+    _, src = _script(argv, workdir, env)
     return bool(_CLIENT.search(src))
