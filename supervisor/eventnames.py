@@ -173,6 +173,8 @@ class EventName(StrEnum):
     METRIC_FILES_SINK_FAILED = "metric_files_sink_failed"
     METRICS_BLIND = "metrics_blind"
     METRICS_SEEN = "metrics_seen"
+    EVAL_NONFINITE = "eval_nonfinite"
+    NAN_MENTIONED = "nan_mentioned"
     OUTPUT_LIVENESS_OFF = "output_liveness_off"
     OUTPUT_LIVENESS_ON = "output_liveness_on"
     STEP_TIMEOUT_LEARNED = "step_timeout_learned"

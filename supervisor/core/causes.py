@@ -206,7 +206,8 @@ def _registry(specs: Sequence[CauseSpec]) -> Mapping[Cause, CauseSpec]:
 CAUSES: Mapping[Cause, CauseSpec] = _registry([
     CauseSpec(Cause.CRASH, Action.RESTART, "a non-zero exit or a killing signal, nothing more specific seen"),
     CauseSpec(Cause.OOM, Action.RESTART, "CUDA or host out of memory (a log line, or the kernel OOM killer)"),
-    CauseSpec(Cause.NAN, Action.ROLLBACK, "a non-finite loss, grad norm or eval loss", rollback_at_once=True),
+    CauseSpec(Cause.NAN, Action.ROLLBACK, "a non-finite training loss or grad norm value (a word in prose or a NaN only in an eval metric is a "
+              "warning)", rollback_at_once=True),
     CauseSpec(Cause.LOSS_SPIKE, Action.ROLLBACK, "a persistent jump of the loss above its robust baseline",
               rollback_at_once=True),
     CauseSpec(Cause.HANG, Action.RESTART, "no heartbeat, step or output line for the timeout (or no first step)",

@@ -184,6 +184,8 @@ class WatchConcern(Concern):
         self.logwatch.blind.find_written = find
 
     def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
+        """The attempt's last NaN warnings (its output is read to the end by now), before the next."""
+        self._nan_notices()
         if self.logwatch is not None:  # no run time passes for metrics_blind between attempts, nor after
             self.logwatch.blind.ended()
 
@@ -222,6 +224,14 @@ class WatchConcern(Concern):
             self.daemon.event(notice.event, notice.level, notice.message, **notice.data)
             # `status` read right after the console line must show it, not a snapshot from before.
             self.daemon.refresh_status_cache()
+        self._nan_notices()
+
+    def _nan_notices(self) -> None:
+        """``nan_mentioned`` and ``eval_nonfinite``: warnings, never a stop (watch/nannotes.py)."""
+        if self.logwatch is None or self.daemon is None:
+            return
+        for n in self.logwatch.take_notices():
+            self.daemon.event(n.event, n.level, n.message, **n.data)
 
     def end_facts(self, facts: EndFacts, keepalive: Callable[[], object]) -> EndFacts:
         """The metric sources seen in this daemon's life: the log watcher's book, which every source

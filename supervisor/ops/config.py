@@ -58,7 +58,7 @@ class SystemdConfig:
 #: is not a daemon event but derived from several ``restart_scheduled`` in a short window.
 NOTIFY_DEFAULT_EVENTS: tuple[str, ...] = tuple(e.value for e in (
     EventName.GAVE_UP, EventName.VALIDATION_FAILED, EventName.RESTART_LOOP, EventName.METRICS_BLIND,
-    EventName.RUN_UNWATCHED))
+    EventName.EVAL_NONFINITE, EventName.RUN_UNWATCHED))
 
 
 def _check_webhook(value: str) -> str | None:

@@ -132,20 +132,28 @@ class ParsersConfig:
 
 @dataclass(frozen=True)
 class NanDetectorConfig:
-    """``[detectors.nan]``: non-finite loss / grad norm, and the textual signs of it."""
+    """``[detectors.nan]``: a non-finite metric *value* (a parsed field, a metric file, the client).
+    A word in prose is never one: a line that speaks of NaN is a warning (``nan_mentioned``), a NaN
+    only in an eval metric too (``eval_nonfinite``), unless named here (``fields``, ``patterns``)."""
 
     enabled: bool = field(default=True, metadata=meta("detect NaN/Inf loss or grad norm"))
     consecutive: int = field(default=1, metadata=meta(
         "non-finite records in a row before it fires (raise for fp16 with a dynamic loss scaler)",
         min=1))
-    fields: tuple[str, ...] = field(default=("loss", "grad_norm", "val_loss"), metadata=meta(
-        "which metric fields must stay finite",
+    fields: tuple[str, ...] = field(default=("loss", "grad_norm"), metadata=meta(
+        "which metric fields must stay finite: a non-finite value in one is a nan detection (Megatron's "
+        '"number of nan iterations" above 0 too). A non-finite eval metric (val_loss, eval_loss, eval/..., '
+        "validation/..., test_loss) while the training loss is finite is eval_nonfinite, a warning (notified "
+        'by default), not a rollback; add "val_loss" here to roll back on a non-finite eval loss',
         check=lambda t: next((f"unknown field {x!r} (known: loss, grad_norm, val_loss)"
                               for x in t if x not in ("loss", "grad_norm", "val_loss")), None)))
     text: bool = field(default=True, metadata=meta(
-        'also fire on textual signs ("Loss is NaN", Megatron "number of nan iterations: N" with N > 0)'))
+        'warn (nan_mentioned, once per run, with the line) on a line that speaks of NaN/inf without a '
+        'non-finite value in a metric field ("0 NaN detected", "Loss is NaN? False", AMP\'s "Detected inf in '
+        'grads"); never a stop: a rollback needs a value'))
     patterns: tuple[str, ...] = field(default=(), metadata=meta(
-        "extra regexes whose match on a line means NaN", check=_check_plain_regexes))
+        "regexes whose match on a line means NaN (a nan detection: rolled back); the only way a line of "
+        "text stops a job", check=_check_plain_regexes))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,11 @@ Classification choices (SPEC causes):
   carry ``suggested_action=give_up``.
 - ``checkpoint_load_error``: missing / unexpected keys, size mismatch, PytorchStreamReader
   failures, unexpected EOF, weights-only load failures, unpickling and safetensors header errors.
-- ``nan``: non-finite loss / grad norm / val loss in ``consecutive`` records, plus textual signs.
+- ``nan``: a non-finite *value* in ``[detectors.nan] fields`` (training loss and grad norm by
+  default; ``val_loss`` when named there) or Megatron's NaN-iteration count above 0, in
+  ``consecutive`` records, plus the user's ``patterns``. A line that only speaks of NaN ("0 NaN
+  detected", AMP's "inf in grads") and a NaN only in an eval metric are warnings
+  (:mod:`.nannotes`: ``nan_mentioned``, ``eval_nonfinite``), never a detection.
 - ``loss_spike``: see :class:`LossSpikeDetector`.
 """
 
@@ -39,8 +43,9 @@ from ..events import Action, Cause, Detection, MetricRecord
 from ..health.xid import classify_xid
 from ..redact import redact_line
 from .config import DetectorsConfig, LossSpikeConfig, NanDetectorConfig, TextDetectorConfig
-from .textrules import (CKPT_KEYWORDS, CKPT_RULES, GPU_RULES, NAN_TEXT_KEYWORDS, NAN_TEXT_RULES,
-                        NCCL_KEYWORDS, NCCL_RULES, OOM_KEYWORDS, OOM_RULES, XID_LINE, TextRule)
+from .nannotes import NAN_ITERATIONS, NanNotes
+from .textrules import (CKPT_KEYWORDS, CKPT_RULES, GPU_RULES, NCCL_KEYWORDS, NCCL_RULES, OOM_KEYWORDS, OOM_RULES,
+                        XID_LINE, TextRule)
 
 
 def truncate(text: str, limit: int) -> str:
@@ -133,9 +138,10 @@ class NanDetector:
     ``onset_step`` is where the poison may have begun: the step after the stream's last finite
     record when that is earlier than the first non-finite record (a job that logs every 10 steps
     and prints NaN at step 50 may have diverged at step 41, and a checkpoint saved at step 45 is
-    suspect), else the first non-finite record's step. The textual
-    signs of NaN (Megatron's nan-iteration count, "Loss is NaN", ...) are a separate
-    :class:`TextDetector` with cause ``nan``; the log watcher keeps one ``nan`` per attempt.
+    suspect), else the first non-finite record's step. Megatron's ``number of nan iterations`` above 0
+    counts as a non-finite value (its loss average leaves the NaN iterations out). The user's
+    ``patterns`` are a separate :class:`TextDetector` with cause ``nan``; the log watcher keeps one
+    ``nan`` per attempt. Lines that only speak of NaN are :class:`~.nannotes.NanNotes`' warnings.
     """
 
     cause = Cause.NAN
@@ -165,6 +171,8 @@ class NanDetector:
             if v is not None and v - v != 0:  # nan - nan and inf - inf are nan: not finite
                 bad = (f, v)
                 break
+        if bad is None and rec.extra.get(NAN_ITERATIONS, 0) > 0:
+            bad = (NAN_ITERATIONS, rec.extra[NAN_ITERATIONS])
         key = (source, rec.rank)
         if bad is None:
             if rec.step is not None:
@@ -188,8 +196,9 @@ class NanDetector:
         if ok is not None and onset is not None and ok + 1 < onset:
             onset = ok + 1
         where = f" at step {at}" if at is not None else ""
+        said = f"Megatron counted {value:g} nan iterations" if name == NAN_ITERATIONS else f"{name} is {value}"
         return Detection(
-            cause=Cause.NAN, summary=f"{name} is {value}{where}"
+            cause=Cause.NAN, summary=f"{said}{where}"
             + (f" ({count} records in a row since step {onset})" if count > 1 else ""),
             source=source, step=at, onset_step=onset,
             value=value, evidence=truncate(line, self.evidence_chars),
@@ -327,10 +336,9 @@ def build_detectors(cfg: DetectorsConfig) -> list[Detector]:
     out: list[Detector] = []
     if cfg.nan.enabled:
         out.append(NanDetector(cfg.nan, ev))
-        if cfg.nan.text or cfg.nan.patterns:
-            out.append(TextDetector(Cause.NAN, NAN_TEXT_RULES if cfg.nan.text else [],
-                                    NAN_TEXT_KEYWORDS if cfg.nan.text else (),
-                                    TextDetectorConfig(patterns=cfg.nan.patterns), ev))
+        if cfg.nan.patterns:  # the user's lines that mean NaN: the only text that stops a job
+            out.append(TextDetector(Cause.NAN, [], (), TextDetectorConfig(patterns=cfg.nan.patterns), ev))
+        out.append(NanNotes(text=cfg.nan.text, eval_fields_judged="val_loss" in cfg.nan.fields, evidence_chars=ev))
     if cfg.loss_spike.enabled:
         out.append(LossSpikeDetector(cfg.loss_spike, ev))
     if cfg.oom.enabled:

@@ -10,8 +10,10 @@ fields, separated by ``|``, ``,``, ``;`` or spaces: ``key=value``, ``key: value`
 (a key may be two words when the second is ``loss`` / ``norm`` / ``rate``: ``lm loss``), a value may
 be ``N/M`` or ``[N/M]`` (``iter 60/300``), a bare figure with a unit between separators
 (``12.3 ms``), a bare counter ``58/300`` (the step when no key names one) and clock values
-(``eta: 0:03:12``, skipped). One word that is
-not a field makes the line prose: None. The step comes from ``step`` / ``iter`` / ``iteration`` /
+(``eta: 0:03:12``, skipped). Tokens with no word in them are noise and skipped wherever they
+stand: symbols, emoji, invalid UTF-8 (``\ufffd``), figures (``12.3 ms``) and units with a ``/`` or a
+non-ASCII letter (``3.1 µs/tok ✓``), so ``step 25 loss nan µs/tok`` is the NaN it says. One word
+that is not a field makes the line prose: None. The step comes from ``step`` / ``iter`` / ``iteration`` /
 ``it`` / ``global_step`` (an explicit ``step`` / ``global_step`` beats an ``iter`` before it;
 ``batch N/M`` and ``batch_idx`` count too); ``epoch`` goes to ``extra``, and a counter that may restart
 every epoch (``iter``, ``it``, ``batch``, a bare ``N/M``) beside an epoch goes to ``extra["epoch_counter"]``:
@@ -48,8 +50,19 @@ _UNIT = r"(?:[A-Za-z%]+(?:/[A-Za-z]+)?)?"
 _KEY = r"([A-Za-z_][\w./\-]*(?:\s(?:loss|norm|rate))?)"
 # One field, and a run of fields separated by spaces (the part between two separators).
 _PAIR = re.compile(rf"{_KEY}(?:\s*[=:]\s*|\s+){_VAL}{_UNIT}")
-_SEQ = re.compile(rf"{_KEY}(?:\s*[=:]\s*|\s+){_VAL}{_UNIT}:?(?:\s+|$)")  # "Epoch 3: val_loss=2.1"
+# A field may end right before a non-ASCII character ("loss nan✓"): that token is noise (below).
+_SEQ = re.compile(rf"{_KEY}(?:\s*[=:]\s*|\s+){_VAL}{_UNIT}:?(?:\s+|$|(?=[^\x00-\x7f]))")  # "Epoch 3: val_loss=2.1"
 _ANON = re.compile(rf"\(?({NUM})\s*{_UNIT}\)?")
+# A token with no word in it (symbols, emoji, U+FFFD from invalid UTF-8, figures, "µs/tok"): what is
+# left of it after dropping every character but ASCII letters and "/" is empty or a chain of units.
+_NOISE_TOKEN = re.compile(r"\S+(?:\s+|$)")
+# "12.3 ms" among fields; digits only: a bare "nan" is a word (a wrapped line's tail), not noise.
+_FIGURE_SEQ = re.compile(r"\(?[-+]?(?:\d[\d,]*(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+)\s*"
+                         rf"{_UNIT}\)?(?:\s+|$|(?=[^\x00-\x7f]))")
+_NOISE_WORD = re.compile(
+    r"(?i)(?:(?:[mun]?s|min|h|ms|k?b|[kmgtp]i?b|[kmgtp]?flops?|mfu|toks?|tokens?|samples?|seqs?|its?|steps?|iters?|"
+    r"gpus?|batch|batches|imgs?|images?)(?:/|$))*")
+_NON_WORD = re.compile(r"[^A-Za-z/]+")
 _COUNTER = re.compile(r"\[?\s*(\d+)\s*/\s*(\d+)\s*\]?")
 _COUNTER_SEQ = re.compile(r"\[?(\d+)/(\d+)\]?(?:\s+|$)")
 # "eta: 0:03:12", "time 00:01:02.5": a clock value, no metric; skipped so the line is not prose.
@@ -95,6 +108,16 @@ def field_name(key: str) -> str | None:
     return _LOSSES.get(k) or _LOSSES.get(k.rsplit("/", 1)[-1] if k.startswith(("train/", "training/")) else "")
 
 
+def is_noise(token: str) -> bool:
+    """True for a token that carries no word: ``✓``, ``🚀``, ``\ufffd``, ``(12.3)``, and a unit with a
+    ``/`` or a non-ASCII letter (``µs/tok``, ``it/s``). A bare ASCII unit is not (``took 30 s`` stays
+    prose: a line of words that happens to hold figures)."""
+    letters = _NON_WORD.sub("", token)
+    if not letters.strip("/"):
+        return True
+    return ("/" in token or not token.isascii()) and _NOISE_WORD.fullmatch(letters) is not None
+
+
 def parse_generic(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
     if "{" in line:
         return None  # dicts are HF's or JSON's: their parsers decided (a train summary is no step)
@@ -131,7 +154,9 @@ def parse_generic(line: str, source: str = "", rank: int | None = None) -> Metri
                 continue
             c = _CLOCK_SEQ.match(part, pos)
             if c is None:
-                return None  # a word that is no field: prose
+                c = _FIGURE_SEQ.match(part, pos) or _NOISE_TOKEN.match(part, pos)
+                if c is None or not (c.re is _FIGURE_SEQ or is_noise(c.group().strip())):
+                    return None  # a word that is no field: prose
             pos = c.end()
     values: dict[str, object] = {}
     extra: dict[str, float] = {}

@@ -21,6 +21,7 @@ from .config import DetectorsConfig
 from .detectors import Detector, build_detectors
 from .epochsteps import EpochSteps
 from .blind import BlindWatch, Notice
+from .nannotes import NanNotes
 from .parsers import METRIC_KEYWORDS, MetricParser
 from .sources import SourceBook
 
@@ -84,6 +85,9 @@ class LogWatcher:
         self._scan_all = "" in masks
         masks.pop("", None)
         self._keywords = tuple(sorted(masks.items()))
+        # The NaN warnings (nan_mentioned, eval_nonfinite): their notices wait here for the main loop.
+        self._noters = [d for d in self._detectors if isinstance(d, NanNotes)]
+        self._notices: list[Notice] = []
         # Detectors that judge metric records (run on every parsed record).
         self._metric_mask = sum(2 << i for i, d in enumerate(self._detectors) if d.wants_metrics)
         # User regexes are matched over the whole batch at once (MULTILINE), then per hit line.
@@ -122,6 +126,7 @@ class LogWatcher:
         try:
             with self._lock:
                 records, detections, steps = self._process(source, lines)
+                self._collect_notices()
         except Exception as exc:  # a sink must never raise into the reader thread
             self._failed("logwatch_failed", exc, "this batch is skipped; later batches are still processed")
             return
@@ -138,6 +143,7 @@ class LogWatcher:
         try:
             with self._lock:
                 kept, detections, steps, walls = self._process_records(source, records)
+                self._collect_notices()
         except Exception as exc:  # a sink must never raise into the reader thread
             self._failed("logwatch_failed", exc, "these records are skipped; later ones are still processed")
             return
@@ -338,6 +344,20 @@ class LogWatcher:
         the blind bound (a record is what ends blindness)."""
         self.sources.note(source, rec.fmt, rec.step)
         self.blind.stepped(source, rec.fmt, rec.step)
+
+    def _collect_notices(self) -> None:
+        for n in self._noters:
+            if n.pending:
+                self._notices.extend(n.take())
+        if len(self._notices) > 64:  # nobody takes them (no main loop): keep the first, bounded
+            del self._notices[64:]
+
+    def take_notices(self) -> list[Notice]:
+        """The ``nan_mentioned`` / ``eval_nonfinite`` warnings seen since the last call, oldest first
+        (the main loop logs them: :meth:`WatchConcern.tick`)."""
+        with self._lock:
+            out, self._notices = self._notices, []
+        return out
 
     def blind_notice(self, now: float) -> Notice | None:
         """The ``metrics_blind`` / ``metrics_seen`` notice due now (the main loop logs it)."""

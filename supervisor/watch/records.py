@@ -31,7 +31,7 @@ KEYS: Mapping[str, str] = {
     "tokens_per_sec": "tokens_per_sec", "tokens_per_second": "tokens_per_sec", "tps": "tokens_per_sec",
     "tok/s": "tokens_per_sec", "throughput": "tokens_per_sec",
     "val_loss": "val_loss", "eval_loss": "val_loss", "validation_loss": "val_loss", "val/loss": "val_loss",
-    "eval/loss": "val_loss",
+    "eval/loss": "val_loss", "validation/loss": "val_loss", "valid/loss": "val_loss",
     "rank": "rank",
 }
 LOSS_FIELDS = ("loss", "val_loss", "grad_norm")

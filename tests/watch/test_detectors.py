@@ -124,18 +124,34 @@ def test_nan_consecutive_and_grad_norm() -> None:
     assert (d.step, d.onset_step, d.details["field"]) == (8, 6, "grad_norm")
 
 
+def test_megatron_nan_iterations_above_zero_is_a_value_and_a_detection() -> None:
+    line = (" iteration      500/  500000 | lm loss: 7.1E+00 | grad norm: 2.0 | number of skipped iterations:   0 | "
+            "number of nan iterations:   3 |")
+    w, c = watcher()
+    w.feed("stderr", ["some noise", line, "more noise"])
+    [d] = c.detections
+    assert d.cause is Cause.NAN and d.step == 500 and d.evidence == line.rstrip()
+    assert d.summary.startswith("Megatron counted 3 nan iterations at step 500"), d.summary
+    assert w.take_notices() == []  # a value, not a mention
+
+
 @pytest.mark.parametrize("line", [
-    " iteration      500/  500000 | lm loss: 7.1E+00 | grad norm: 2.0 | number of skipped iterations:   0 | "
-    "number of nan iterations:   3 |",
     "RuntimeError: Loss is NaN, stopping training",
     "ValueError: loss is nan at step 12",
     "RuntimeError: The total norm of order 2.0 for gradients from `parameters` is non-finite, so it cannot be clipped.",
 ])
-def test_textual_nan_signs(line: str) -> None:
+def test_textual_nan_signs_are_a_warning_once_per_run_never_a_detection(line: str) -> None:
+    # A word is not a value: the job's own exit (a crash) or its metrics decide, the line is said once.
     w, c = watcher()
-    w.feed("stderr", ["some noise", line, "more noise"])
-    assert [d.cause for d in c.detections] == [Cause.NAN]
-    assert c.detections[0].evidence == line.rstrip()
+    w.reset(0, None)
+    w.feed("stderr", ["step 11 | loss 2.0", line, "more noise"])
+    assert c.detections == []
+    [n] = w.take_notices()
+    assert n.event == "nan_mentioned" and n.level == "warning" and n.data["line"] == line and n.data["step"] == 11
+    assert "not stopped" in n.message and "[detectors.nan] patterns" in n.message
+    w.reset(1, 11)  # the next attempt prints it again at the same step: nothing more is said
+    w.feed("stderr", ["step 11 | loss 2.0", line])
+    assert c.detections == [] and w.take_notices() == []
 
 
 def test_megatron_zero_nan_iterations_is_healthy() -> None:

@@ -100,15 +100,19 @@ def test_a_logging_prefix_is_dropped_but_a_leading_metric_is_not_taken_for_a_log
 
 # ------------------------------------------------------------------------- NaN from prose
 
-REAL_NAN_SIGNS = [
+REAL_NAN_SIGNS = [  # non-finite values in metric fields
+    "train loss = nan",
+    " iteration      500/  500000 | lm loss: 7.1E+00 | number of nan iterations:   3 |",
+    "2026-12-03 21:06:25,513 INFO trainer: epoch 0 | iter 60/300 | train_loss=nan | lr=0.05",
+    "step 25 loss nan µs/tok",
+    "step 25 | loss nan | 3.1 µs/tok ✓",
+]
+NAN_MENTIONS = [  # words about NaN, no value: a warning (nan_mentioned), never a detection
     "RuntimeError: Loss is NaN, stopping training",
     "ValueError: loss is nan at step 12",
-    "train loss = nan",
     "WARNING: NaN loss detected at step 58, skipping batch",
     "Detected NaN in the gradients",
     "Skipped batch 12 for NaN loss",
-    " iteration      500/  500000 | lm loss: 7.1E+00 | number of nan iterations:   3 |",
-    "2026-12-03 21:06:25,513 INFO trainer: epoch 0 | iter 60/300 | train_loss=nan | lr=0.05",
 ]
 PROSE_NAN = [
     "skipping NaN loss check",
@@ -136,6 +140,14 @@ def test_nan_named_in_prose_does_not_fire(line: str) -> None:
     w, dets, _ = watch()
     w.feed("stdout", ["step 1 | loss 2.0", line, "noise"])
     assert dets == [], (line, dets)
+
+
+@pytest.mark.parametrize("line", NAN_MENTIONS)
+def test_nan_mentioned_in_words_is_a_warning_not_a_detection(line: str) -> None:
+    w, dets, _ = watch()
+    w.feed("stdout", ["step 1 | loss 2.0", line, "noise"])
+    assert dets == [], (line, dets)
+    assert [n.event for n in w.take_notices()] == ["nan_mentioned"]
 
 
 # ------------------------------------------------------------------------- onsets

@@ -1,0 +1,144 @@
+"""The NaN warnings that never stop a job: ``nan_mentioned`` and ``eval_nonfinite``.
+
+A NaN is a *value* in a metric (a parsed field, a metric file, the client); only
+:class:`~supervisor.watch.detectors.NanDetector` turns one into a detection (rollback). Two
+things look like one and are not:
+
+- A line that speaks of NaN/inf without a non-finite value in it: a sanity counter ("0 NaN
+  detected in the last 50 steps"), a question ("loss is NaN? False"), AMP's loss scaler
+  ("Detected inf in grads, reducing loss scale"), or a trainer's own message before it exits
+  ("Loss is nan, stopping training": the exit is then a crash). Such a line at the same step after
+  a restart looked like a deterministic failure and gave up on healthy runs. Now: ``nan_mentioned``,
+  a warning once per run with the line (redacted, bounded), so a human can turn it into a rule
+  (``[detectors.nan] patterns``) where it does mean a divergence.
+- A non-finite value only in an eval metric (``val_loss``, ``eval_loss``, ``eval/...``,
+  ``validation/...``, ``test_loss``) while the training loss is finite: an empty or broken
+  validation loader, not a diverged model. Rolling back cannot fix it, and the same NaN at the same
+  step after the rollback gave up at step 50 of 300. Now: ``eval_nonfinite``, a warning (notified by
+  default) once per attempt and metric, unless ``[detectors.nan] fields`` names ``val_loss`` (then
+  the NanDetector rolls back on it).
+
+:class:`NanNotes` has the detector shape (the log watcher routes lines and records to it by
+keyword like any detector) but never returns a detection: its notices are taken by the log
+watcher and logged on the daemon's main loop.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Mapping
+
+from ..events import Cause, Detection, MetricRecord
+from ..redact import redact_line
+from .blind import Notice
+from .textrules import NAN_TEXT_KEYWORDS, NAN_TEXT_RULES
+
+#: Megatron-LM's count of iterations with a NaN loss in the logging interval (an ``extra`` field of
+#: its iteration line): a value > 0 is a non-finite training value, judged by the NanDetector.
+NAN_ITERATIONS = "number of nan iterations"
+
+# An eval metric's key, anywhere in a path: val_loss, eval/accuracy, validation/loss, test_loss,
+# metrics/val_ppl. (val_loss itself is a record field: the parsers map eval_loss, val/loss, ... to it.)
+_EVAL_KEY = re.compile(r"(?i)(?:^|[/.])(?:val|valid|validation|eval|evaluation|test)(?:[/_.\- ]|$)")
+
+
+def is_eval_key(key: str) -> bool:
+    """True for the name of an evaluation metric (``eval/accuracy``, ``test_loss``, ``val_ppl``)."""
+    return _EVAL_KEY.search(key) is not None
+
+
+def _bad(v: float | None) -> bool:
+    return v is not None and v - v != 0  # nan - nan and inf - inf are nan: not finite
+
+
+def has_nonfinite_value(rec: MetricRecord) -> bool:
+    """The record holds a non-finite value (or Megatron's NaN-iteration count above 0)."""
+    if _bad(rec.loss) or _bad(rec.grad_norm) or _bad(rec.val_loss) or rec.extra.get(NAN_ITERATIONS, 0) > 0:
+        return True
+    return any(_bad(v) for v in rec.extra.values())
+
+
+class NanNotes:
+    """``nan_mentioned`` (once per run) and ``eval_nonfinite`` (once per attempt and metric)."""
+
+    cause = Cause.NAN
+    wants_metrics = True
+
+    def __init__(self, *, text: bool, eval_fields_judged: bool, evidence_chars: int) -> None:
+        self.text = text
+        # val_loss named in [detectors.nan] fields: the NanDetector rolls back on it, no warning here.
+        self.eval_fields_judged = eval_fields_judged
+        self.keywords: tuple[str, ...] = NAN_TEXT_KEYWORDS if text else ()
+        self.evidence_chars = evidence_chars
+        self.mentioned = False  # once per run: never cleared by reset
+        self.eval_said: set[str] = set()
+        self.last_train: tuple[int | None, float] | None = None  # (step, loss) of the last finite training loss
+        self.pending: list[Notice] = []
+
+    def reset(self, resume_step: int | None) -> None:
+        self.eval_said.clear()
+
+    def take(self) -> list[Notice]:
+        out, self.pending = self.pending, []
+        return out
+
+    def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None:
+        if rec is not None:
+            if rec.loss is not None and math.isfinite(rec.loss) and not rec.extra.get("eval"):
+                self.last_train = (rec.step if rec.step is not None else step, rec.loss)
+            self._eval(source, line, rec, step)
+            if has_nonfinite_value(rec):
+                return None  # a value: the NanDetector's (or the eval warning's), not a mention
+        if self.text and not self.mentioned:
+            self._mention(source, line, step)
+        return None
+
+    def _eval(self, source: str, line: str, rec: MetricRecord, step: int | None) -> None:
+        if _bad(rec.loss) or _bad(rec.grad_norm) or rec.extra.get(NAN_ITERATIONS, 0) > 0:
+            return  # the training values are not finite: that is the NanDetector's rollback
+        bad: dict[str, float] = {}
+        if rec.val_loss is not None and _bad(rec.val_loss) and not self.eval_fields_judged:
+            bad["val_loss"] = rec.val_loss
+        for key, v in rec.extra.items():
+            if _bad(v) and is_eval_key(key):
+                bad[key] = v
+        new = {k: v for k, v in bad.items() if k not in self.eval_said}
+        if not new:
+            return
+        self.eval_said.update(new)
+        at = rec.step if rec.step is not None else step
+        self.pending.append(Notice("eval_nonfinite", "warning", eval_message(new, at, self.last_train), {
+            "fields": {k: str(v) for k, v in new.items()}, "step": at, "source": source,
+            "line": redact_line(line.rstrip(), limit=self.evidence_chars),
+            "train_loss": None if self.last_train is None else self.last_train[1],
+            "next": "not rolled back; the run goes on"}))
+
+    def _mention(self, source: str, line: str, step: int | None) -> None:
+        for rule in NAN_TEXT_RULES:
+            if not any(a in line for a in rule.anchors):
+                continue
+            m = rule.pattern.search(line)
+            if m is None or (rule.unless is not None and rule.unless(line, m)):
+                continue
+            self.mentioned = True
+            where = f" at step {step}" if step is not None else ""
+            self.pending.append(Notice("nan_mentioned", "warning", (
+                f"a line of the job's output speaks of NaN/inf{where} ({rule.summary}), but no metric value in it "
+                "is non-finite: the job is not stopped (a rollback needs a non-finite value in a metric: a parsed "
+                "field, a metric file, the client). Said once per run. If this line does mean the run diverged, "
+                "name it in [detectors.nan] patterns to roll back on it"),
+                {"line": redact_line(line.rstrip(), limit=self.evidence_chars), "source": source, "step": step,
+                 "rule": rule.summary, "next": "watching goes on; this warning is not repeated in this run"}))
+            return
+
+
+def eval_message(bad: Mapping[str, float], step: int | None, last_train: tuple[int | None, float] | None) -> str:
+    """``eval_nonfinite``'s message: what is not finite, that training is, and what happens next."""
+    what = ", ".join(f"{k} is {v}" for k, v in bad.items())
+    where = f" at step {step}" if step is not None else ""
+    train = (f"the training loss is finite ({last_train[1]:.4g} at step {last_train[0]})" if last_train is not None
+             else "no training loss is non-finite")
+    return (f"{what}{where}, an evaluation metric, while {train}: the evaluation looks broken (an empty or "
+            "failing validation loader, a division by zero in the metric), not the model. Not rolled back: the "
+            "run goes on. To roll back on a non-finite eval loss, add \"val_loss\" to [detectors.nan] fields")

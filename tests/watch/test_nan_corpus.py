@@ -1,0 +1,149 @@
+"""A NaN is a value, never a word (issue 34 part 2), and an eval metric is not the training loss
+(issue 35 part 5): the corpora of tests/corpus/nan/ through the real LogWatcher and detectors.
+
+- ``prose.txt``: lines that speak of NaN/inf on a healthy run (zero-NaN counters, questions, AMP's
+  loss scaler, skipping, recovering, torch anomaly mode, invalid UTF-8): never a detection, at most
+  one ``nan_mentioned`` warning per run, also when the same line comes back at the same step after
+  a restart.
+- ``values.txt``: a non-finite value in a metric field with noise around it (a unit, a symbol, an
+  emoji, invalid UTF-8, a second metric): always one ``nan`` detection at its step.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from supervisor.events import Cause, Detection, MetricRecord
+from supervisor.watch.config import DetectorsConfig, NanDetectorConfig
+from supervisor.watch.logwatch import LogWatcher
+from supervisor.watch.nannotes import is_eval_key
+
+CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "nan"
+
+
+def lines_of(name: str) -> list[str]:
+    """The corpus lines, decoded as the daemon decodes a job's output (UTF-8, invalid bytes replaced)."""
+    raw = (CORPUS / name).read_bytes().split(b"\n")
+    out = [r.decode("utf-8", "replace") for r in raw]
+    return [x for x in out if x and not x.startswith("#")]
+
+
+PROSE = lines_of("prose.txt")
+VALUES = lines_of("values.txt")
+
+
+def watch(cfg: DetectorsConfig | None = None) -> tuple[LogWatcher, list[Detection], list[MetricRecord]]:
+    dets: list[Detection] = []
+    recs: list[MetricRecord] = []
+    w = LogWatcher(cfg or DetectorsConfig(), dets.append, recs.append)
+    w.reset(0, None)
+    return w, dets, recs
+
+
+def test_the_corpora_are_there_and_hold_invalid_utf8() -> None:
+    assert len(PROSE) >= 40 and len(VALUES) >= 18
+    assert any("\ufffd" in x for x in PROSE) and any("\ufffd" in x for x in VALUES)
+
+
+@pytest.mark.parametrize("line", PROSE)
+def test_benign_prose_never_stops_a_job(line: str) -> None:
+    w, dets, recs = watch()
+    w.feed("stdout", ["step 24 | loss 2.10", line, "step 26 | loss 2.08"])
+    assert dets == [], (line, dets)
+    assert all(math.isfinite(r.loss) for r in recs if r.loss is not None), recs
+    notices = w.take_notices()
+    assert [n.event for n in notices] in ([], ["nan_mentioned"]), notices
+
+
+def test_the_whole_prose_corpus_twice_at_the_same_steps_is_one_warning_and_no_detection() -> None:
+    # Two attempts of a healthy run that prints every benign line at the same steps: the second is
+    # what used to read as a deterministic NaN and gave up. No detection, one warning in all.
+    w, dets, _ = watch()
+    said = []
+    for attempt in range(2):
+        w.reset(attempt, None if attempt == 0 else 20)
+        for i, line in enumerate(PROSE):
+            w.feed("stderr", [f"step {20 + i} | loss {2.0 - i / 1000:.4f}", line])
+        said += w.take_notices()
+    assert dets == []
+    [n] = said
+    assert n.event == "nan_mentioned" and n.data["line"] == PROSE[0] and n.data["step"] == 20
+
+
+@pytest.mark.parametrize("line", VALUES)
+def test_a_nan_value_with_noise_after_it_always_stops(line: str) -> None:
+    w, dets, _ = watch()
+    w.feed("stdout", ["step 24 | loss 2.10", line])
+    assert [d.cause for d in dets] == [Cause.NAN], line
+    assert dets[0].step == 25, dets[0]
+    assert w.take_notices() == []  # a value: no "mentioned" warning beside the detection
+
+
+def test_a_mention_longer_than_the_evidence_bound_is_cut_and_masked() -> None:
+    w, dets, _ = watch()
+    line = "Loss is NaN? False; HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123 " + "x" * 5000
+    w.feed("stdout", ["step 1 | loss 2.0", line])
+    [n] = w.take_notices()
+    assert dets == [] and len(str(n.data["line"])) <= 300
+    assert "hf_abcdefghijklmnopqrstuvwxyz0123" not in str(n.data["line"]) + n.message
+
+
+# ------------------------------------------------------------------ eval metrics (issue 35 part 5)
+
+EVAL_LINES = [
+    ("step 50 | val_loss nan", "val_loss"),
+    ("{'eval_loss': 'nan', 'eval_runtime': '0.0036', 'epoch': '0.6667'}", "val_loss"),
+    ('{"step": 50, "loss": 2.1, "eval/accuracy": NaN}', "eval/accuracy"),  # judged beside a loss-like value
+    ('{"step": 50, "validation/loss": NaN}', "val_loss"),
+    ("step 50 | loss 2.1 | test_loss inf", "test_loss"),
+    ("step 50: val loss nan", "val_loss"),
+]
+
+
+@pytest.mark.parametrize("line,field", EVAL_LINES)
+def test_a_nonfinite_eval_metric_with_a_finite_training_loss_is_a_warning_not_a_rollback(line: str,
+                                                                                         field: str) -> None:
+    w, dets, _ = watch()
+    w.feed("stdout", ["step 49 | loss 2.10", line, "step 51 | loss 2.09"])
+    assert dets == [], (line, dets)
+    [n] = w.take_notices()
+    assert n.event == "eval_nonfinite" and n.level == "warning" and field in n.data["fields"], n
+    assert "Not rolled back" in n.message and re.search(r"training loss is finite \(2.1 at step (49|50)\)", n.message)
+    assert '"val_loss" to [detectors.nan] fields' in n.message
+
+
+def test_eval_nonfinite_is_said_once_per_attempt_and_metric() -> None:
+    w, dets, _ = watch()
+    for s in range(10, 310, 10):  # every eval of a 300-step run: val_loss nan (an empty validation loader)
+        w.feed("stdout", [f"step {s} | loss {3 - s / 1000:.3f}", f"step {s} | val_loss nan"])
+    assert dets == [] and [n.event for n in w.take_notices()] == ["eval_nonfinite"]
+    w.reset(1, 300)
+    w.feed("stdout", ["step 310 | loss 2.6", "step 310 | val_loss nan"])
+    assert [n.event for n in w.take_notices()] == ["eval_nonfinite"]
+
+
+def test_naming_val_loss_in_the_fields_makes_it_a_rollback() -> None:
+    w, dets, _ = watch(DetectorsConfig(nan=NanDetectorConfig(fields=("loss", "grad_norm", "val_loss"))))
+    w.feed("stdout", ["step 49 | loss 2.10", "step 50 | val_loss nan"])
+    [d] = dets
+    assert d.cause is Cause.NAN and d.step == 50 and d.details["field"] == "val_loss"
+    assert w.take_notices() == []
+
+
+def test_a_nan_training_loss_beside_a_nan_eval_loss_is_the_training_rollback() -> None:
+    w, dets, _ = watch()
+    w.feed("stdout", ["step 249: train loss 2.0, val loss 2.1", "step 250: train loss nan, val loss nan"])
+    assert [(d.cause, d.step, d.details["field"]) for d in dets] == [(Cause.NAN, 250, "loss")]
+    assert w.take_notices() == []
+
+
+@pytest.mark.parametrize("key,is_eval", [
+    ("eval/accuracy", True), ("validation/loss", True), ("test_loss", True), ("val_ppl", True),
+    ("metrics/val_loss", True), ("eval_runtime", True), ("train/loss", False), ("interval", False),
+    ("lr", False), ("valuation", False), ("testing_loss", False), ("contest", False),
+])
+def test_eval_keys(key: str, is_eval: bool) -> None:
+    assert is_eval_key(key) is is_eval
