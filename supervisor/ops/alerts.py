@@ -61,8 +61,9 @@ class Sink:
         self.current: tuple[Alert, Try] | None = None  # the try running now (close may cut it)
         self.deadline: float | None = None  # set by close: nothing is tried past it
         self.closing = threading.Event()
-        self.busy = False
+        self.unfinished = 0  # queued or being sent: counted from put to the end of its delivery
         self.finals_waiting = 0  # give-up notices queued (they go first; at exit the others yield to them)
+        self._count_lock = threading.Lock()  # put() runs on any thread, the decrements on the worker
         self.failing = 0  # failed notifications in the current episode (0: working)
         self.sent = self.failed = self.dropped = 0
         self._dropping = False
@@ -71,8 +72,9 @@ class Sink:
     def put(self, alert: Alert) -> None:
         final = alert.event == GAVE_UP
         if final or self.q.qsize() < QUEUE_SIZE:  # gave_up happens once: it is never the one dropped
-            if final:
-                self.finals_waiting += 1
+            with self._count_lock:
+                self.unfinished += 1
+                self.finals_waiting += final
             self.q.put_nowait((0 if final else 1, next(self._seq), alert))
             if self._dropping:
                 self._dropping = False
@@ -87,7 +89,12 @@ class Sink:
                             next="dropping new ones (counted) until the queue has room")
 
     def pending(self) -> int:
-        return self.q.qsize() + (1 if self.busy else 0)
+        return self.unfinished
+
+    @property
+    def busy(self) -> bool:
+        """A try is under way now."""
+        return self.current is not None
 
     def _run(self) -> None:
         while True:
@@ -98,15 +105,16 @@ class Sink:
                     return
                 continue
             if prio == 0:
-                self.finals_waiting -= 1
-            self.busy = True
+                with self._count_lock:
+                    self.finals_waiting -= 1
             try:
                 self._deliver(alert)
             except Exception as e:  # a bug here must not end the thread: later notices still go out
                 log.exception("notify_internal_error", sink=self.name, error=repr(e),
                               next="this notification is lost; later ones are still sent")
             finally:
-                self.busy = False
+                with self._count_lock:
+                    self.unfinished -= 1
 
     def yield_at(self, at: float) -> None:
         """At exit: a give-up notice is waiting behind a try of an earlier notice, which gets until
