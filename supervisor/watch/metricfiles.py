@@ -29,8 +29,9 @@ Files that exist at the baseline (taken before the run's first launch) are histo
 their end (an old NaN must not be replayed). Files first seen later are read from their start,
 unless their mtime is older than the baseline (a slow scan's late find of an old file).
 
-Bounded cost: the walk is limited to ``depth`` levels below each root and ``max_dirs``
-directories per pass (logged once when capped), and skips ``.git``, hidden directories,
+Bounded cost: the walk is limited to ``depth`` levels below each root, ``max_dirs``
+directories, ``MAX_ENTRIES`` directory entries and ``MAX_FILES`` files per pass (logged once when
+capped), and skips ``.git``, hidden directories,
 virtual environments (a ``pyvenv.cfg`` inside), ``site-packages``, ``node_modules``,
 ``__pycache__``, ``quarantine`` and the paths in ``exclude`` (the state dir, whose client metric
 files the heartbeat monitor already reads). Per file: ``READ_BUDGET`` bytes a pass, an unfinished
@@ -42,6 +43,7 @@ line of at most ``MAX_RECORD_LINE`` bytes, one TensorBoard record, a bounded res
 from __future__ import annotations
 
 import glob as globlib
+import itertools
 import os
 import threading
 import time
@@ -71,6 +73,10 @@ LOG_SUFFIXES = (".log", ".txt")
 MLRUNS_EXTRA_DEPTH = 4
 SKIP_DIRS = frozenset({"site-packages", "node_modules", "__pycache__", "quarantine", "dist-packages"})
 READ_BUDGET = READ_CHUNK  # bytes per file per pass: a huge backlog is read over several passes
+#: Files followed at most, and directory entries looked at per walk: a job that writes 100,000
+#: files costs a bounded walk (a stat each) and bounded state, not one per file each second.
+MAX_FILES = 1000
+MAX_ENTRIES = 50_000
 
 
 class RecordSink(Protocol):
@@ -103,10 +109,12 @@ class MetricFiles:
     def __init__(self, roots: Sequence[Path], sink: RecordSink, *, depth: int = 4, max_dirs: int = 2000,
                  poll_interval_s: float = 1.0, globs: Sequence[str] = (), exclude: Sequence[Path] = (),
                  own_files: Sequence[Path] = (), parser: MetricParser | None = None,
-                 use_inotify: bool = True) -> None:
+                 use_inotify: bool = True, max_files: int = MAX_FILES, max_entries: int = MAX_ENTRIES) -> None:
         self.sink = sink
         self.depth = depth
         self.max_dirs = max_dirs
+        self.max_files = max_files
+        self.max_entries = max_entries
         self.poll_interval_s = poll_interval_s
         self.globs = tuple(globs)  # explicit [job] watch_files patterns: their event files are read here
         self.exclude = {os.path.realpath(p) for p in exclude}
@@ -281,8 +289,8 @@ class MetricFiles:
     def _walk(self) -> dict[str, tuple[str, os.stat_result]]:
         found: dict[str, tuple[str, os.stat_result]] = {}
         links_out: set[str] = set()
-        dirs = 0
-        capped = False
+        dirs = seen = 0
+        capped = ""
         # Breadth first: with the cap, the shallow dirs where loggers write (lightning_logs/,
         # runs/, out/) are searched before the depths of a dataset tree.
         queue: deque[tuple[str, int]] = deque((r, 0) for r in self._roots)
@@ -291,17 +299,26 @@ class MetricFiles:
         while queue:
             d, level = queue.popleft()
             if dirs >= self.max_dirs:
-                capped = True
+                capped = f"{self.max_dirs} directories"
                 break
             dirs += 1
+            if level > 0 and os.path.lexists(os.path.join(d, "pyvenv.cfg")):
+                continue  # a virtual environment
             try:
                 with os.scandir(d) as it:
-                    entries = list(it)
+                    # A folder of 100,000 files is looked at up to the entry budget, not listed whole.
+                    entries = list(itertools.islice(it, max(0, self.max_entries - seen)))
             except OSError:
                 continue
-            if level > 0 and any(e.name == "pyvenv.cfg" for e in entries):
-                continue  # a virtual environment
+            seen += len(entries)
+            if seen >= self.max_entries:
+                capped = f"{self.max_entries} directory entries"
+                queue.clear()
             for e in entries:
+                if len(found) >= self.max_files:
+                    capped = f"{self.max_files} metric files"
+                    queue.clear()
+                    break
                 name = e.name
                 try:
                     if e.is_dir(follow_symlinks=False):
@@ -336,11 +353,11 @@ class MetricFiles:
                         found[path] = ("tb", os.stat(path))
                     except OSError:
                         pass
-        self.capped = capped
+        self.capped = bool(capped)
         if capped and not self._capped_logged:
             self._capped_logged = True
-            log.warning("metric_files_scan_capped", max_dirs=self.max_dirs, roots=self._roots,
-                        next="directories past the cap are not searched; raise [detectors] metric_files_max_dirs "
+            log.warning("metric_files_scan_capped", cap=capped, max_dirs=self.max_dirs, roots=self._roots,
+                        next="what is past the cap is not searched; raise [detectors] metric_files_max_dirs, "
                              "or name the files in [job] watch_files")
         return found
 

@@ -310,3 +310,23 @@ def test_quiet_log_says_the_first_then_how_many_were_held_back() -> None:
         q.say("warning", "metric_file_unreadable", "/a", error="x")
     assert said == [True, False, False, False, False] and q.held_back == 4
     assert [(e["path"], e.get("held_back")) for e in logs] == [("/a", None), ("/b", None), ("/a", 4)]
+
+
+# -- many files ----------------------------------------------------------------------------------
+
+def test_a_tree_of_10000_jsonl_files_is_walked_within_its_file_and_entry_caps(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(10_000):  # 100x past each cap below
+        (data / f"shard{i:05d}.jsonl").touch()
+    w = Watch([tmp_path], use_inotify=False, max_files=100, max_entries=100 + 2)
+    with capture_logs() as logs:
+        w.mf.baseline()
+        (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": NaN}\n')
+        for _ in range(3):
+            w.mf.scan_now()
+    assert len(w.mf._files) <= 100 and w.mf.status()["capped"] is True
+    capped = [e for e in logs if e["event"] == "metric_files_scan_capped"]
+    assert len(capped) == 1 and capped[0]["cap"] in ("100 metric files", "102 directory entries"), capped
+    # Breadth first: the file beside the data folder is still followed, and its NaN judged.
+    assert [r.step for r in w.records] == [1, 2] and w.detections[0].cause is Cause.NAN
