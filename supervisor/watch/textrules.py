@@ -110,6 +110,8 @@ CKPT_RULES = rules_for(Cause.CHECKPOINT_LOAD_ERROR, [
     ("valid checkpoint", r"Can't find a valid checkpoint at", "HF Trainer found no weights in the checkpoint folder"),
 ])
 
+# Lines that speak of NaN/inf: never a detection (a NaN is a value in a metric, never a word), only
+# the nan_mentioned warning (watch/nannotes.py); the NanDetector judges Megatron's count as a value.
 NAN_TEXT_RULES = rules_for(Cause.NAN, [
     ("nan iterations", r"number of nan iterations:\s*([1-9]\d*)", "Megatron reports nan iterations"),
     (("oss is", "oss became", "oss was", "oss ="), r"\b[Ll]oss (?:is|became|was|=) (?:NaN|nan|NAN|inf|Inf|-inf)\b",
