@@ -12,6 +12,7 @@ per run (when the notice is due).
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 from dataclasses import dataclass
@@ -101,7 +102,10 @@ def written_files(roots: Sequence[Path], since: float, own: set[tuple[int, int]]
     while todo and seen < MAX_WALK:
         folder, level = todo.pop()
         try:
-            entries = list(os.scandir(folder))
+            # Only what the walk's bound lets through is taken from the listing: a folder of
+            # 1,000,000 files costs MAX_WALK entries, not a list of all of them.
+            with os.scandir(folder) as it:
+                entries = list(itertools.islice(it, MAX_WALK - seen + 1))
         except OSError:
             continue
         for e in entries:
