@@ -67,7 +67,7 @@ class ConcernSet:
     def close(self) -> None:
         self._guarded("close", lambda c: c.close())
 
-    def end_facts(self, keepalive: Callable[[], object]) -> EndFacts:
+    def end_facts(self, keepalive: Callable[[], bool]) -> EndFacts:
         """Each concern's part of the end; one that fails leaves its part as "not looked at"."""
         facts = EndFacts()
         for c in self.items:

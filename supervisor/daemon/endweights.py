@@ -26,9 +26,11 @@ KEEPALIVE_S = 1.0
 _NOT_JUDGED = ("finite check skipped", "finite check not done")
 
 
-def check_newest_weights(svc: CheckpointService, keepalive: Callable[[], object]) -> WeightsCheck:
+def check_newest_weights(svc: CheckpointService, keepalive: Callable[[], bool]) -> WeightsCheck:
     """Find the newest complete checkpoint and check that every tensor is finite; bounded by
-    ``[checkpoints] load_timeout_s`` (the load test's own timeout), ``keepalive`` called meanwhile."""
+    ``[checkpoints] load_timeout_s`` (the load test's own timeout), ``keepalive`` called meanwhile:
+    when it says stop (SIGTERM came), the check is given up and said as not done (the load test
+    itself is stopped with the others at the daemon's exit)."""
     from ..checkpoints.discovery import newest_complete
     from ..checkpoints.loadtest import LoadTestCancelled
 
@@ -49,7 +51,8 @@ def check_newest_weights(svc: CheckpointService, keepalive: Callable[[], object]
 
     threading.Thread(target=run, name="checkpoint-verify-end", daemon=True).start()
     while True:
-        keepalive()
+        if not keepalive():
+            return WeightsCheck(path, None, note="the supervisor was asked to stop before the check ended")
         try:
             res = done.result(timeout=KEEPALIVE_S)
             break

@@ -307,10 +307,11 @@ class Concern:
 
     def tick(self, now: float) -> None: ...
 
-    def end_facts(self, facts: EndFacts, keepalive: Callable[[], object]) -> EndFacts:
+    def end_facts(self, facts: EndFacts, keepalive: Callable[[], bool]) -> EndFacts:
         """The job exited 0: ``facts`` with this concern's part of the end filled in (what it
         watched, what it checked; supervisor.core.runend). On the main loop, which waits for it:
-        call ``keepalive`` (the systemd watchdog) at least every few seconds of a long check."""
+        call ``keepalive`` (systemd's watchdog) at least every few seconds of a long check, and
+        give up the check (said as not done) once it returns False (a stop was asked for)."""
         return facts
 
     def on_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:

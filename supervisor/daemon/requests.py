@@ -9,10 +9,13 @@ import queue
 import signal
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..core.messages import CheckpointRequested, Event, RestartRequested, StopRequested
 from ..errors import NotAnswered, UnknownVerb
+
+if TYPE_CHECKING:
+    from .ports import Notifier
 
 VERBS = ("status", "restart", "stop", "checkpoint-now", "reload")
 RUNNER_VERBS = frozenset({"status", "reload"})  # answered by the runner, not the machine
@@ -26,6 +29,25 @@ def install_signal_handlers(q: queue.SimpleQueue[tuple[Any, ...]]) -> None:
         return
     for sig in SIGNALS:
         signal.signal(sig, lambda s, _f: q.put(("signal", s)))
+
+
+def go_on(q: queue.SimpleQueue[tuple[Any, ...]], notifier: Notifier) -> Callable[[], bool]:
+    """For a wait on the main loop (the checks at the end of a run): each call feeds systemd's
+    watchdog and says whether to go on waiting: False once SIGTERM or SIGINT came (they stay
+    queued, in order, for the loop): a stop is never held up by a check."""
+    def keep() -> bool:
+        notifier.watchdog()
+        seen: list[tuple[Any, ...]] = []
+        while True:
+            try:
+                seen.append(q.get_nowait())
+            except queue.Empty:
+                break
+        for item in seen:
+            q.put(item)
+        return not any(item[0] == "signal" and item[1] in (signal.SIGTERM, signal.SIGINT) for item in seen)
+
+    return keep
 
 
 def ask(q: queue.SimpleQueue[tuple[Any, ...]], verb: str, args: Mapping[str, Any], timeout: float) -> Any:

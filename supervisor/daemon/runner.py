@@ -39,7 +39,7 @@ from .monitors import AttemptMonitors
 from .ports import Concern, HistoryReader, Job, Ports, RunView
 from .recovery import close_previous_life
 from .reload import reload_config
-from .requests import RUNNER_VERBS, answer, ask, install_signal_handlers, machine_request
+from .requests import RUNNER_VERBS, answer, ask, go_on, install_signal_handlers, machine_request
 from .recorder import EventRecorder
 from .status import StatusCache, booting_status, status_dict
 from ..events import Detection, MetricRecord
@@ -300,8 +300,8 @@ class Runner:
             self.timer_at = self.clock.monotonic() + cmd.delay_s  # from a fresh clock: bookkeeping takes time
         elif isinstance(cmd, EndAttempt):
             self._end_attempt(cmd)
-        elif isinstance(cmd, CheckEnd):  # the end's facts, on the loop (the watchdog fed meanwhile)
-            self._feed(EndChecked(self.concerns.end_facts(self.ports.notifier.watchdog), self.clock.time(), cmd))
+        elif isinstance(cmd, CheckEnd):  # the end's facts, on the loop (the watchdog fed, a stop heard)
+            self._feed(EndChecked(self.concerns.end_facts(go_on(self.q, self.ports.notifier)), self.clock.time(), cmd))
         elif isinstance(cmd, Finish):
             self.preparing = self.timer_at = None
             self.ledger.end_run(self.run_id, cmd.state, cmd.code, cmd.reason)

@@ -233,7 +233,7 @@ class WatchConcern(Concern):
         for n in self.logwatch.take_notices():
             self.daemon.event(n.event, n.level, n.message, **n.data)
 
-    def end_facts(self, facts: EndFacts, keepalive: Callable[[], object]) -> EndFacts:
+    def end_facts(self, facts: EndFacts, keepalive: Callable[[], bool]) -> EndFacts:
         """The metric sources seen in this daemon's life: the log watcher's book, which every source
         (output lines, metric files, the client's reports) feeds, each record noted there."""
         d = self.daemon

@@ -20,20 +20,25 @@ def test_the_newest_checkpoint_is_checked_finite_with_the_jobs_python_and_the_wa
     svc = CheckpointService(CheckpointsConfig(settle_s=30.0), tmp_path / "ck", tmp_path / "state", sys.executable,
                             ["python", "train.py"], tmp_path)
     pinged: list[int] = []
-    assert check_newest_weights(svc, lambda: pinged.append(1)) == WeightsCheck(
+    assert check_newest_weights(svc, lambda: not pinged.append(1)) == WeightsCheck(
         None, None, note=f"no complete checkpoint in {tmp_path / 'ck'}")
     torch.save({"w": torch.ones(3), "b": torch.zeros(2)}, tmp_path / "ck" / "step_10.pt")
     bad = {"w": torch.full((3,), float("nan")), "b": torch.zeros(2), "v": torch.tensor([float("inf")])}
     torch.save(bad, tmp_path / "ck" / "step_20.pt")  # just written: the job is gone, so settled
-    got = check_newest_weights(svc, lambda: pinged.append(1))
+    got = check_newest_weights(svc, lambda: not pinged.append(1))
     assert got.checkpoint == str(tmp_path / "ck" / "step_20.pt") and got.finite is False
     assert sorted(got.nonfinite) == ["v", "w"] and pinged
+    # A stop asked for during the check: given up at once, said as not done (never "finite").
+    torch.save(bad, tmp_path / "ck" / "step_30.pt")
+    stopped = check_newest_weights(svc, lambda: False)
+    assert stopped.finite is None and stopped.note == "the supervisor was asked to stop before the check ended"
+    (tmp_path / "ck" / "step_30.pt").unlink()
     (tmp_path / "ck" / "step_20.pt").unlink()
-    assert check_newest_weights(svc, lambda: None) == WeightsCheck(str(tmp_path / "ck" / "step_10.pt"), True)
+    assert check_newest_weights(svc, lambda: True) == WeightsCheck(str(tmp_path / "ck" / "step_10.pt"), True)
     svc.close()
     off = CheckpointService(CheckpointsConfig(settle_s=30.0, load_test=False), tmp_path / "ck", tmp_path / "state",
                             sys.executable, ["python", "train.py"], tmp_path)
-    w = check_newest_weights(off, lambda: None)  # as a rollback's check: none without load tests
+    w = check_newest_weights(off, lambda: True)  # as a rollback's check: none without load tests
     assert w.finite is None and "load_test = false" in w.note
     off.close()
 
@@ -82,3 +87,28 @@ def test_the_end_events_reach_the_journal_with_their_verdict_and_weights_as_fiel
     assert by[EventName.CHECKPOINT_NONFINITE_AT_END].message.startswith(
         "finished with non-finite weights in /ck/step_9.pt: 1 tensor(s) hold NaN/Inf (w)")
     assert by[EventName.RUN_UNWATCHED].message.startswith("finished, unwatched: the job exited 0 after 9.0 s")
+
+
+def test_the_wait_feeds_the_watchdog_and_stops_for_a_stop_signal_left_queued_in_order():
+    import queue
+    import signal
+
+    from supervisor.daemon.requests import go_on
+
+    class Watchdog:
+        fed = 0
+
+        def watchdog(self) -> bool:
+            self.fed += 1
+            return True
+
+    q: queue.SimpleQueue = queue.SimpleQueue()
+    dog = Watchdog()
+    keep = go_on(q, dog)  # type: ignore[arg-type]
+    q.put(("wake",))
+    q.put(("signal", signal.SIGHUP))
+    assert keep() and dog.fed == 1
+    q.put(("signal", signal.SIGTERM))
+    assert not keep() and dog.fed == 2
+    left = [q.get_nowait() for _ in range(3)]
+    assert left == [("wake",), ("signal", signal.SIGHUP), ("signal", signal.SIGTERM)] and q.empty()
