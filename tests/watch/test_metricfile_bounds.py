@@ -330,3 +330,16 @@ def test_a_tree_of_10000_jsonl_files_is_walked_within_its_file_and_entry_caps(tm
     assert len(capped) == 1 and capped[0]["cap"] in ("100 metric files", "102 directory entries"), capped
     # Breadth first: the file beside the data folder is still followed, and its NaN judged.
     assert [r.step for r in w.records] == [1, 2] and w.detections[0].cause is Cause.NAN
+
+
+def test_quiet_log_forgets_the_files_said_least_recently_past_its_key_cap() -> None:
+    now = [0.0]
+    with capture_logs() as logs:
+        q = QuietLog(__import__("structlog").get_logger("t"), repeat_after_s=60, per_hour=10**6,
+                     clock=lambda: now[0], max_keys=100)
+        for i in range(10_000):  # a job that makes a new file each step: 100x past the cap
+            now[0] += 1.0
+            q.say("info", "metric_file_truncated", f"/run/step{i}.jsonl")
+        assert len(q._last) == 100
+        q.say("info", "metric_file_truncated", "/run/step9999.jsonl")  # said a second ago: held
+    assert len(logs) == 10_000 and q.held_back == 1
