@@ -204,7 +204,7 @@ def _registry(specs: Sequence[CauseSpec]) -> Mapping[Cause, CauseSpec]:
 
 
 CAUSES: Mapping[Cause, CauseSpec] = _registry([
-    CauseSpec(Cause.CRASH, Action.RESTART, "a non-zero exit or a killing signal, nothing more specific seen"),
+    CauseSpec(Cause.CRASH, Action.RESTART, "a non-zero exit, a killing signal or a CUDA error in the log (said with its message), nothing more specific seen"),
     CauseSpec(Cause.OOM, Action.RESTART, "CUDA or host out of memory (a log line, or the kernel OOM killer)"),
     CauseSpec(Cause.NAN, Action.ROLLBACK, "a non-finite training loss or grad norm value (a word in prose or a NaN only in an eval metric is a "
               "warning)", rollback_at_once=True),

@@ -14,13 +14,16 @@ Classification choices (SPEC causes):
 - ``oom``: CUDA/HIP out of memory, ``torch.OutOfMemoryError``, ``CUBLAS_STATUS_ALLOC_FAILED``,
   ``cudaErrorMemoryAllocation``, host ``MemoryError`` and ``std::bad_alloc``.
 - ``nccl_timeout``: NCCL watchdog collective timeouts, ProcessGroupNCCL errors, aborted
-  communicators, NCCL error codes, and the CUDA driver errors that usually accompany a peer
-  dying or a transient device fault mid-collective (``illegal memory access``, ``unspecified
-  launch failure``). A restart from the last checkpoint is the right first answer to those; if
-  they repeat, the policy's crash-loop guard gives up.
-- ``gpu_fault``: ``NVRM: Xid`` lines, uncorrectable ECC errors and "GPU is lost" seen in the
-  log. Xids that mean the node needs a human (48 DBE, 79 fell off the bus, 64/92/94/95 ECC)
-  carry ``suggested_action=give_up``.
+  communicators, NCCL error codes. A restart from the last checkpoint is the right first answer
+  to those; if they repeat, the policy's crash-loop guard gives up.
+- ``crash`` (from the log, before the exit says it): a CUDA error (``CUDA error: ...``: an illegal
+  memory access, a device-side assert, an unspecified launch failure, a ``CUBLAS_STATUS_...``,
+  ``cuDNN error: ...``), with the CUDA message as its summary; also when NCCL's watchdog reports
+  it. Its out-of-memory forms stay ``oom``, its driver forms ``gpu_fault``
+  (``textrules.CUDA_NOT_CRASH``); the corpus of real messages is ``tests/corpus/gpu_errors/``.
+- ``gpu_fault``: ``NVRM: Xid`` lines, uncorrectable ECC errors, "GPU is lost" and the driver's
+  "CUDA error: unknown error" / "device not ready" seen in the log. Xids that mean the node needs
+  a human (48 DBE, 79 fell off the bus, 64/92/94/95 ECC) carry ``suggested_action=give_up``.
 - ``checkpoint_load_error``: missing / unexpected keys, size mismatch, PytorchStreamReader
   failures, unexpected EOF, weights-only load failures, unpickling and safetensors header errors.
 - ``nan``: a non-finite *value* in ``[detectors.nan] fields`` (training loss and grad norm by
@@ -44,8 +47,8 @@ from ..health.xid import classify_xid
 from ..redact import redact_line
 from .config import DetectorsConfig, LossSpikeConfig, NanDetectorConfig, TextDetectorConfig
 from .nannotes import NAN_ITERATIONS, NanNotes
-from .textrules import (CKPT_KEYWORDS, CKPT_RULES, GPU_RULES, NCCL_KEYWORDS, NCCL_RULES, OOM_KEYWORDS, OOM_RULES,
-                        XID_LINE, TextRule)
+from .textrules import (CKPT_KEYWORDS, CKPT_RULES, CUDA_ANCHORS, CUDA_ERROR, GPU_RULES, NCCL_KEYWORDS, NCCL_RULES,
+                        OOM_KEYWORDS, OOM_RULES, XID_LINE, TextRule)
 
 
 def truncate(text: str, limit: int) -> str:
@@ -109,12 +112,19 @@ class TextDetector:
 
 
 class NcclDetector(TextDetector):
-    """NCCL / driver timeouts (``nccl_timeout``) plus Xid / ECC lines (``gpu_fault``)."""
+    """The GPU and collective lines: NCCL / driver timeouts (``nccl_timeout``), Xid / ECC / driver
+    lines (``gpu_fault``) and CUDA errors (``crash``, with the CUDA message)."""
 
     def __init__(self, cfg: TextDetectorConfig, evidence_chars: int) -> None:
         super().__init__(Cause.NCCL_TIMEOUT, NCCL_RULES + GPU_RULES, NCCL_KEYWORDS, cfg, evidence_chars)
 
     def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None:
+        if Cause.CRASH not in self.fired and any(a in line for a in CUDA_ANCHORS):
+            m = CUDA_ERROR.search(line)
+            # First: NCCL's watchdog reports a rank's CUDA error inside its own words ("Process group
+            # watchdog thread terminated with exception: CUDA error: ..."): the CUDA error is the cause.
+            if m is not None:
+                return self._cuda_crash(m, source, line, step)
         if "Xid" in line and Cause.GPU_FAULT not in self.fired:
             m = XID_LINE.search(line)
             if m:
@@ -130,6 +140,15 @@ class NcclDetector(TextDetector):
                     suggested_action=Action.GIVE_UP if fatal else None,
                     details={"xid": xid, "device": m.group(1)})
         return super().observe(source, line, rec, step)
+
+    def _cuda_crash(self, m: re.Match[str], source: str, line: str, step: int | None) -> Detection:
+        self.fired.add(Cause.CRASH)
+        text = m.group(0).rstrip()
+        message = text if text.startswith(("CUDA error", "cuDNN error")) else f"CUDA error: {text}"
+        message = truncate(message, self.evidence_chars)
+        return Detection(cause=Cause.CRASH, summary=message + (f" (last step {step})" if step is not None else ""),
+                         source=source, step=step, onset_step=step, evidence=truncate(line, self.evidence_chars),
+                         details={"cuda_error": message, "pattern": CUDA_ERROR.pattern})
 
 
 class NanDetector:

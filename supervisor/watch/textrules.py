@@ -58,7 +58,7 @@ def nan_prose(line: str, m: re.Match[str]) -> bool:
 
 
 OOM_RULES = rules_for(Cause.OOM, [
-    ("out of memory", r"(?:CUDA|HIP|XPU|MPS) out of memory", "GPU out of memory"),
+    ("out of memory", r"(?:CUDA|HIP|XPU|MPS)(?: error:)? out of memory", "GPU out of memory"),
     ("OutOfMemoryError", r"OutOfMemoryError", "GPU out of memory"),
     (("ALLOC_FAILED", "cudaErrorMemoryAllocation"),
      r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation", "GPU allocation failed"),
@@ -82,14 +82,31 @@ NCCL_RULES = rules_for(Cause.NCCL_TIMEOUT, [
     ("DistBackendError", r"DistBackendError", "distributed backend error"),
     (("ocket", "Connection reset"),
      r"(?:Socket|socket) [Tt]imeout|^(?>.*?Connection reset by peer).*(?:gloo|nccl|c10d)", "collective socket timeout"),
-    ("illegal memory access", r"an illegal memory access was encountered", "CUDA illegal memory access"),
-    ("unspecified launch failure", r"unspecified launch failure", "CUDA unspecified launch failure"),
 ])
 
 GPU_RULES = rules_for(Cause.GPU_FAULT, [
     ("uncorrectable ECC", r"uncorrectable ECC error", "uncorrectable ECC error"),
     (("GPU is lost", "off the bus"), r"GPU is lost|fallen off the bus", "GPU lost"),
+    # The driver's own failures, as CUDA reports them: the device, not the job's code (Xid in dmesg).
+    (("CUDA error: unknown error", "CUDA error: device not ready"), r"CUDA error: (?:unknown error|device not ready)",
+     "the CUDA driver failed (a GPU fault: look for an Xid in dmesg)"),
 ])
+
+# A CUDA error is the job's crash, said with the CUDA message (issue 35 part 8: "an illegal memory
+# access was encountered" was filed as nccl_timeout). Its forms that mean something more specific
+# keep their causes: out of memory and the ALLOC_FAILED statuses are oom (OOM_RULES); the driver's
+# unknown error, device not ready, GPU is lost and ECC forms are gpu_fault (GPU_RULES); the NCCL
+# rules see an NCCL error first on its own line. Bounded: the message is cut at 200 characters.
+CUDA_NOT_CRASH = ("out of memory", "unknown error", "device not ready", "GPU is lost", "uncorrectable ECC",
+                  "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+_NOT_CRASH = "|".join(re.escape(x) for x in CUDA_NOT_CRASH)
+CUDA_ERROR = re.compile(
+    rf"CUDA error: (?!{_NOT_CRASH})(?P<cuda>[^\r\n]{{1,200}})"
+    r"|cuDNN error: (?P<cudnn>CUDNN_STATUS_(?!ALLOC_FAILED)[A-Z_]{1,40})"
+    r"|(?P<cublas>CUBLAS_STATUS_(?!ALLOC_FAILED)[A-Z_]{1,40})"
+    r"|(?P<bare>an illegal memory access was encountered|unspecified launch failure|device-side assert triggered)")
+CUDA_ANCHORS = ("CUDA error", "cuDNN error", "CUBLAS_STATUS", "illegal memory access", "unspecified launch failure",
+                "device-side assert")
 XID_LINE = re.compile(r"NVRM: Xid \(([^)]{0,200})\): (\d+)")  # bounded: a crafted line of "NVRM: Xid (" stays linear
 
 CKPT_RULES = rules_for(Cause.CHECKPOINT_LOAD_ERROR, [
@@ -129,6 +146,6 @@ NAN_TEXT_RULES = rules_for(Cause.NAN, [
 NAN_TEXT_KEYWORDS = ("nan", "NaN", "oss", "-finite", "etected")
 OOM_KEYWORDS = ("emory", "ALLOC", "_alloc")
 NCCL_KEYWORDS = ("NCCL", "nccl", "ommunicator", "Watchdog", "DistBackend", "ocket", "onnection reset", "emory", "launch", "ECC",
-                 "GPU is lost", "off the bus", "Xid")
+                 "GPU is lost", "off the bus", "Xid", *CUDA_ANCHORS)
 CKPT_KEYWORDS = ("state_dict", "mismatch", "Stream", "EOF", "npickl", "Weights only", "afetensor", "deserializ",
                  "valid checkpoint")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from supervisor.watch.parsers import MetricParser
-from supervisor.watch.textrules import CKPT_RULES, GPU_RULES, NAN_TEXT_RULES, NCCL_RULES, OOM_RULES, XID_LINE
+from supervisor.watch.textrules import CKPT_RULES, CUDA_ERROR, GPU_RULES, NAN_TEXT_RULES, NCCL_RULES, OOM_RULES, XID_LINE
 
 Build = Callable[[int], str]
 
@@ -39,10 +39,11 @@ CRAFTED: dict[str, list[Build]] = {
     "csv": [_rep("loss", ",loss", ",1 2")],
     "text rules": [_rep("", "ProcessGroupNCCL"), _rep("", "NCCL error "), _rep("", "Connection reset by peer"),
                    _rep("", "NVRM: Xid ("), _rep("", "nan "), _rep("", "size mismatch for "),
-                   _rep("", "Detected NaN "), _rep("", "loss is nan ")],
+                   _rep("", "Detected NaN "), _rep("", "loss is nan "), _rep("", "CUDA error: "),
+                   _rep("", "CUBLAS_STATUS_"), _rep("", "cuDNN error: CUDNN_STATUS_")],
 }
 
-_RULES = [r.pattern for r in (*OOM_RULES, *NCCL_RULES, *GPU_RULES, *CKPT_RULES, *NAN_TEXT_RULES)]
+_RULES = [r.pattern for r in (*OOM_RULES, *NCCL_RULES, *GPU_RULES, *CKPT_RULES, *NAN_TEXT_RULES)] + [CUDA_ERROR]
 
 
 def parse_all(parser: MetricParser, line: str) -> None:

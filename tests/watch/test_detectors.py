@@ -174,8 +174,8 @@ TEXT_CASES = [
     (Cause.NCCL_TIMEOUT, "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
                          "ProcessGroupNCCL.cpp:1970, unhandled system error, NCCL version 2.20.5"),
     (Cause.NCCL_TIMEOUT, "NCCL communicator was aborted on rank 3."),
-    (Cause.NCCL_TIMEOUT, "RuntimeError: CUDA error: an illegal memory access was encountered"),
-    (Cause.NCCL_TIMEOUT, "RuntimeError: CUDA error: unspecified launch failure"),
+    (Cause.CRASH, "RuntimeError: CUDA error: an illegal memory access was encountered"),  # a crash, not NCCL's
+    (Cause.CRASH, "RuntimeError: CUDA error: unspecified launch failure"),
     (Cause.GPU_FAULT, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."),
     (Cause.GPU_FAULT, "RuntimeError: CUDA error: uncorrectable ECC error encountered"),
     (Cause.CHECKPOINT_LOAD_ERROR, 'RuntimeError: Error(s) in loading state_dict for GPT: Missing key(s) in '
