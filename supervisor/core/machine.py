@@ -324,7 +324,7 @@ class Machine:
             self.restarts_by_cause[cause.value] += 1
         if self.pending.exit_after:
             if cause is None and not self.stop_requests and info.exit_code == 0:
-                self._do(CheckEnd(self.attempt, ran))  # EndChecked says how it finished (core/runend.py)
+                self._do(CheckEnd(self.attempt, ran, wall))  # EndChecked says how it finished (core/runend.py)
             else:
                 self._finish(State.STOPPED, attempts.stopped_code(self.stop_signal),
                              "stopped on request after a graceful stop of the job"
@@ -370,7 +370,7 @@ class Machine:
         """What was watched and the newest checkpoint's weights: the words of the end, its exit code."""
         if self.exit_code is not None:
             return
-        v = end_verdict(ev.facts, attempt=self.attempt, ran_s=ev.asked.ran_s, wall=ev.wall)
+        v = end_verdict(ev.facts, attempt=self.attempt, ran_s=ev.asked.ran_s, wall=ev.asked.wall)
         self.end = data = v.to_json(ev.facts)
         if v.unwatched:
             self._record("run_unwatched", "warning", v.unwatched, **data)

@@ -219,8 +219,7 @@ class EndChecked:
     """The answer to :class:`CheckEnd`: what was watched, the newest checkpoint's weights."""
 
     facts: EndFacts
-    wall: float
-    asked: CheckEnd  # its run time is the attempt's (the check's own seconds are not the job's)
+    asked: CheckEnd  # its run time and end are the attempt's (the check's own seconds are not the job's)
 
 
 Event = (Boot | Prepared | Spawned | SpawnFailed | FirstMetric | Detected | JobExited | StopFinished | TimerFired
@@ -335,6 +334,7 @@ class CheckEnd:
 
     attempt: int
     ran_s: float
+    wall: float  # when the job ended: the last step is said as seconds before it
 
 
 @dataclass(frozen=True)

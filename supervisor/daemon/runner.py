@@ -301,7 +301,7 @@ class Runner:
         elif isinstance(cmd, EndAttempt):
             self._end_attempt(cmd)
         elif isinstance(cmd, CheckEnd):  # the end's facts, on the loop (the watchdog fed, a stop heard)
-            self._feed(EndChecked(self.concerns.end_facts(go_on(self.q, self.ports.notifier)), self.clock.time(), cmd))
+            self._feed(EndChecked(self.concerns.end_facts(go_on(self.q, self.ports.notifier)), cmd))
         elif isinstance(cmd, Finish):
             self.preparing = self.timer_at = None
             self.ledger.end_run(self.run_id, cmd.state, cmd.code, cmd.reason)

@@ -214,7 +214,7 @@ def test_an_unstartable_job_closes_its_attempt_and_gives_up():
     assert not end.spawned and end.action is Action.GIVE_UP and s.m.state is State.GAVE_UP
 
 
-WATCHED = EndFacts(sources=(SourceSeen("stdout", ("kv",), 12, 40, W0 + 50),),
+WATCHED = EndFacts(sources=(SourceSeen("stdout", ("kv",), 12, 40, W0 + T0 + 20),),  # 10 s before the exit
                    weights=WeightsCheck("/ck/step_40.pt", True))
 
 
@@ -224,7 +224,7 @@ def test_a_clean_exit_finishes_and_leftovers_are_stopped_first():
     out = s.exited(0)
     ask = one(out, CheckEnd)  # the end's facts first: nothing is said finished before them
     assert not of(out, Finish) and ask.attempt == 0
-    out = s(EndChecked(WATCHED, W0 + 60, ask))
+    out = s(EndChecked(WATCHED, ask))
     assert one(out, Finish).state == "finished" and one(out, Finish).code == 0
     s = Script()
     s.running()
@@ -232,14 +232,14 @@ def test_a_clean_exit_finishes_and_leftovers_are_stopped_first():
     stop = one(out, StopJob)
     assert stop.leftovers and "job_leftovers" in records(out) and s.m.state is State.STOPPING
     ask = one(s.stopped(code=0, sig=None), CheckEnd)  # the leader's exit 0 counts
-    assert one(s(EndChecked(WATCHED, W0 + 60, ask)), Finish).state == "finished"
+    assert one(s(EndChecked(WATCHED, ask)), Finish).state == "finished"
 
 
 def test_the_end_says_what_was_watched_and_unwatched_or_nan_weights_are_not_called_a_success():
     s = Script()
     s.running()
     ask = one(s.exited(0), CheckEnd)
-    out = s(EndChecked(WATCHED, W0 + 60, ask))
+    out = s(EndChecked(WATCHED, ask))
     exiting = [c for c in of(out, Record) if c.event == "daemon_exiting"][0]
     assert exiting.message.startswith("finished: the job exited 0") and "stdout (kv, 12 records)" in exiting.message
     assert "last step 40, 10.0 s before the end" in exiting.message and "weights finite" in exiting.message
@@ -248,7 +248,7 @@ def test_the_end_says_what_was_watched_and_unwatched_or_nan_weights_are_not_call
     s = Script()
     s.running()
     ask = one(s.exited(0), CheckEnd)
-    out = s(EndChecked(EndFacts(), W0 + 60, ask))
+    out = s(EndChecked(EndFacts(), ask))
     fin = one(out, Finish)
     assert fin.code == 0 and fin.state == "finished" and fin.reason.startswith("finished, unwatched: ")
     assert "weights not checked: no checkpoint dir known" in fin.reason and "finite:" not in fin.reason
@@ -258,7 +258,7 @@ def test_the_end_says_what_was_watched_and_unwatched_or_nan_weights_are_not_call
     s.running()
     ask = one(s.exited(0), CheckEnd)
     nan = WeightsCheck("/ck/step_40.pt", False, ("0.weight", "0.bias", "2.weight"))
-    out = s(EndChecked(EndFacts(weights=nan), W0 + 60, ask))
+    out = s(EndChecked(EndFacts(weights=nan), ask))
     fin = one(out, Finish)
     assert fin.code == 3 and fin.state == "gave_up" and s.m.state is State.GAVE_UP
     assert fin.reason.startswith("finished with non-finite weights in /ck/step_40.pt: 3 tensor(s) hold NaN/Inf")

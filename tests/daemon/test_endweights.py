@@ -76,7 +76,7 @@ def test_the_end_events_reach_the_journal_with_their_verdict_and_weights_as_fiel
     (ask,) = [c for c in m.handle(JobExited(ExitInfo(0, None, None, "exited 0"), False, 9.0, 109.0))
               if isinstance(c, CheckEnd)]
     nan = WeightsCheck("/ck/step_9.pt", False, ("w",))
-    records = [c for c in m.handle(EndChecked(EndFacts(weights=nan), 110.0, ask)) if isinstance(c, Record)]
+    records = [c for c in m.handle(EndChecked(EndFacts(weights=nan), ask)) if isinstance(c, Record)]
     by = {r.event: r for r in records}
     for name, verdict in ((EventName.RUN_UNWATCHED, "nonfinite_weights"),
                           (EventName.CHECKPOINT_NONFINITE_AT_END, "nonfinite_weights")):
