@@ -15,7 +15,7 @@ things look like one and are not:
   ``validation/...``, ``test_loss``) while the training loss is finite: an empty or broken
   validation loader, not a diverged model. Rolling back cannot fix it, and the same NaN at the same
   step after the rollback gave up at step 50 of 300. Now: ``eval_nonfinite``, a warning (notified by
-  default) once per attempt and metric, unless ``[detectors.nan] fields`` names ``val_loss`` (then
+  default) once per attempt and metric (at most 8 an attempt), unless ``[detectors.nan] fields`` names ``val_loss`` (then
   the NanDetector rolls back on it).
 
 :class:`NanNotes` has the detector shape (the log watcher routes lines and records to it by
@@ -40,6 +40,11 @@ NAN_ITERATIONS = "number of nan iterations"
 
 # An eval metric's key, anywhere in a path: val_loss, eval/accuracy, validation/loss, test_loss,
 # metrics/val_ppl. (val_loss itself is a record field: the parsers map eval_loss, val/loss, ... to it.)
+#: eval_nonfinite notices per attempt, and metrics named in one: a job printing ever new eval keys
+#: with NaN must not flood the ledger and the pager (the count is said in the last one).
+MAX_EVAL_NOTICES = 8
+MAX_EVAL_FIELDS = 8
+
 _EVAL_KEY = re.compile(r"(?i)(?:^|[/.])(?:val|valid|validation|eval|evaluation|test)(?:[/_.\- ]|$)")
 
 
@@ -73,11 +78,13 @@ class NanNotes:
         self.evidence_chars = evidence_chars
         self.mentioned = False  # once per run: never cleared by reset
         self.eval_said: set[str] = set()
+        self.eval_notices = 0
         self.last_train: tuple[int | None, float] | None = None  # (step, loss) of the last finite training loss
         self.pending: list[Notice] = []
 
     def reset(self, resume_step: int | None) -> None:
         self.eval_said.clear()
+        self.eval_notices = 0
 
     def take(self) -> list[Notice]:
         out, self.pending = self.pending, []
@@ -104,15 +111,19 @@ class NanNotes:
             if _bad(v) and is_eval_key(key):
                 bad[key] = v
         new = {k: v for k, v in bad.items() if k not in self.eval_said}
-        if not new:
+        if not new or self.eval_notices >= MAX_EVAL_NOTICES:
             return
+        new = dict(list(new.items())[:MAX_EVAL_FIELDS])
         self.eval_said.update(new)
+        self.eval_notices += 1
         at = rec.step if rec.step is not None else step
         self.pending.append(Notice("eval_nonfinite", "warning", eval_message(new, at, self.last_train), {
             "fields": {k: str(v) for k, v in new.items()}, "step": at, "source": source,
             "line": redact_line(line.rstrip(), limit=self.evidence_chars),
             "train_loss": None if self.last_train is None else self.last_train[1],
-            "next": "not rolled back; the run goes on"}))
+            "next": "not rolled back; the run goes on" + (
+                f" (the last eval_nonfinite of this attempt: at most {MAX_EVAL_NOTICES})"
+                if self.eval_notices >= MAX_EVAL_NOTICES else "")}))
 
     def _mention(self, source: str, line: str, step: int | None) -> None:
         for rule in NAN_TEXT_RULES:

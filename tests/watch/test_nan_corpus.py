@@ -84,7 +84,7 @@ def test_a_nan_value_with_noise_after_it_always_stops(line: str) -> None:
 
 def test_a_mention_longer_than_the_evidence_bound_is_cut_and_masked() -> None:
     w, dets, _ = watch()
-    line = "Loss is NaN? False; HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123 " + "x" * 5000
+    line = "Loss is NaN? False; HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123 " + "x" * 1_000_000
     w.feed("stdout", ["step 1 | loss 2.0", line])
     [n] = w.take_notices()
     assert dets == [] and len(str(n.data["line"])) <= 300
@@ -147,3 +147,15 @@ def test_a_nan_training_loss_beside_a_nan_eval_loss_is_the_training_rollback() -
 ])
 def test_eval_keys(key: str, is_eval: bool) -> None:
     assert is_eval_key(key) is is_eval
+
+
+def test_ever_new_nan_eval_keys_are_said_a_bounded_number_of_times() -> None:
+    from supervisor.watch.nannotes import MAX_EVAL_FIELDS, MAX_EVAL_NOTICES
+
+    w, dets, _ = watch()
+    keys = ", ".join(f'"eval/m{i}": NaN' for i in range(40))
+    w.feed("stdout", [f'{{"step": {s}, "loss": 2.0, {keys.replace("/m", f"/s{s}m")}}}' for s in range(1, 1001)])
+    notices = w.take_notices()
+    assert dets == [] and len(notices) == MAX_EVAL_NOTICES
+    assert all(len(n.data["fields"]) == MAX_EVAL_FIELDS for n in notices)
+    assert "at most" in notices[-1].data["next"] and "at most" not in notices[0].data["next"]
