@@ -3,6 +3,7 @@ real LogWatcher, after a few training steps, and is filed under the cause its fi
 CUDA error is a `crash` whose summary is the CUDA message (it was `nccl_timeout`)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,23 @@ def test_a_cuda_error_is_never_an_nccl_timeout() -> None:
     found = detections(["RuntimeError: CUDA error: an illegal memory access was encountered"])
     assert [d.cause for d in found] == [Cause.CRASH]
     assert found[0].summary == "CUDA error: an illegal memory access was encountered (last step 42)"
+
+
+# A job that meets a CUDA error: a few steps, the error as PyTorch prints it, then it hangs on
+# (as a rank often does after one) until the daemon stops it.
+CUDA_JOB = ("import sys, time\nfor i in range(3):\n    print(f'iter {i}: loss 2.5000, time 12.34ms, mfu 1.20%', flush=True)\n"
+            "print('RuntimeError: CUDA error: an illegal memory access was encountered', file=sys.stderr, flush=True)\n"
+            "time.sleep(120)\n")
+
+
+def test_a_cuda_error_through_the_daemon_is_a_crash_with_its_message(daemons, tmp_path: Path) -> None:
+    from tests.conftest import history
+
+    sd = tmp_path / "sd"
+    d = daemons(["wrap", "--state-dir", str(sd), "--max-restarts", "0", "--grace", "5", "--", sys.executable, "-c",
+                 CUDA_JOB])
+    assert d.wait(90) == 3, d.stderr()[-3000:]  # the one allowed attempt spent: gave up
+    [a] = history(sd)["attempts"]
+    assert a["cause"] == "crash", a
+    assert a["detection"]["summary"].startswith("CUDA error: an illegal memory access was encountered"), a["detection"]
+    assert "CUDA error: an illegal memory access was encountered" in (a["summary"] or ""), a["summary"]
