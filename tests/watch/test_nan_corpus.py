@@ -159,3 +159,15 @@ def test_ever_new_nan_eval_keys_are_said_a_bounded_number_of_times() -> None:
     assert dets == [] and len(notices) == MAX_EVAL_NOTICES
     assert all(len(n.data["fields"]) == MAX_EVAL_FIELDS for n in notices)
     assert "at most" in notices[-1].data["next"] and "at most" not in notices[0].data["next"]
+
+
+def test_a_nonfinite_eval_scalar_in_a_metric_file_is_the_same_warning() -> None:
+    # TensorBoard / CSV / JSONL records (metricfiles.py) take the same path as parsed lines.
+    w, dets, _ = watch()
+    w.feed_records("tb:/run/events.out.tfevents.1", [MetricRecord(step=49, loss=2.1),
+                                                      MetricRecord(step=50, val_loss=math.nan)])
+    assert dets == []
+    [n] = w.take_notices()
+    assert n.event == "eval_nonfinite" and n.data["step"] == 50 and n.data["source"] == "tb:/run/events.out.tfevents.1"
+    w.feed_records("tb:/run/events.out.tfevents.1", [MetricRecord(step=60, loss=math.inf)])
+    assert [(d.cause, d.step) for d in dets] == [(Cause.NAN, 60)]  # the training loss: a rollback
