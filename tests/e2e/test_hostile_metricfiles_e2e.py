@@ -116,7 +116,7 @@ def test_hostile_metric_files_cost_bounded_memory_status_answers_and_a_link_out_
 
 LIGHTNING_CSV_JOB = r'''
 import csv, math, os, sys, time
-out, marker = sys.argv[1:3]
+out, marker, go = sys.argv[1:4]
 faulty = not os.path.exists(marker)
 open(marker, "a").close()
 os.makedirs(out, exist_ok=True)
@@ -132,7 +132,9 @@ def save():  # as Lightning's CSV logger: the whole file rewritten, the header o
 
 save()
 print("first flush: lr and epoch only", flush=True)
-time.sleep(1.5)  # the daemon sees (and drops) the file without a loss column
+deadline = time.monotonic() + 120
+while faulty and not os.path.exists(go) and time.monotonic() < deadline:
+    time.sleep(0.05)  # until the test saw the daemon drop the file without a loss column
 for step in range(1, 13):
     loss = math.nan if faulty and step >= 8 else 2.0 / step
     rows.append({"epoch": 0, "train_loss": loss, "step": step})
@@ -148,8 +150,12 @@ def test_a_csv_first_flushed_without_a_loss_column_is_read_when_rewritten_and_it
     job = tmp_path / "csv_job.py"
     job.write_text(LIGHTNING_CSV_JOB)
     out = tmp_path / "lightning_logs" / "version_0"
+    go = tmp_path / "go"
     d = supervise(wrap(tmp_path, config=f'[job]\nworkdir = "{tmp_path}"\n')
-                  + [sys.executable, str(job), str(out), str(tmp_path / "faulted")])
+                  + [sys.executable, str(job), str(out), str(tmp_path / "faulted"), str(go)])
+    wait_for(lambda: any(e["path"] == str(out / "metrics.csv") for e in events(d, "metric_file_ignored")),
+             120, 0.05, "the file without a loss column dropped")
+    go.touch()
     assert d.wait(120) == 0, d.stderr()[-3000:]
     a = attempts(tmp_path / "sd")
     assert a[0]["cause"] == "nan" and len(a) == 2 and a[1]["exit_code"] == 0, a  # was: "finished successfully"
