@@ -59,9 +59,11 @@ _NOISE_TOKEN = re.compile(r"\S+(?:\s+|$)")
 # "12.3 ms" among fields; digits only: a bare "nan" is a word (a wrapped line's tail), not noise.
 _FIGURE_SEQ = re.compile(r"\(?[-+]?(?:\d[\d,]*(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+)\s*"
                          rf"{_UNIT}\)?(?:\s+|$|(?=[^\x00-\x7f]))")
-_NOISE_WORD = re.compile(
-    r"(?i)(?:(?:[mun]?s|min|h|ms|k?b|[kmgtp]i?b|[kmgtp]?flops?|mfu|toks?|tokens?|samples?|seqs?|its?|steps?|iters?|"
-    r"gpus?|batch|batches|imgs?|images?)(?:/|$))*")
+# A set, not a regex alternation: "(?:(?:ms|[mun]?s)/)*" on "ms/ms/.../x" backtracked exponentially.
+_UNIT_WORDS = frozenset(
+    "s ms us ns min h b kb mb gb tb pb kib mib gib tib flop flops kflops mflops gflops tflops pflops mfu tok toks "
+    "token tokens sample samples seq seqs it its step steps iter iters gpu gpus batch batches img imgs image "
+    "images".split())
 _NON_WORD = re.compile(r"[^A-Za-z/]+")
 _COUNTER = re.compile(r"\[?\s*(\d+)\s*/\s*(\d+)\s*\]?")
 _COUNTER_SEQ = re.compile(r"\[?(\d+)/(\d+)\]?(?:\s+|$)")
@@ -115,7 +117,8 @@ def is_noise(token: str) -> bool:
     letters = _NON_WORD.sub("", token)
     if not letters.strip("/"):
         return True
-    return ("/" in token or not token.isascii()) and _NOISE_WORD.fullmatch(letters) is not None
+    return ("/" in token or not token.isascii()) and all(not w or w.lower() in _UNIT_WORDS
+                                                         for w in letters.split("/"))
 
 
 def parse_generic(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:

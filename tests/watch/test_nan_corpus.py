@@ -171,3 +171,16 @@ def test_a_nonfinite_eval_scalar_in_a_metric_file_is_the_same_warning() -> None:
     assert n.event == "eval_nonfinite" and n.data["step"] == 50 and n.data["source"] == "tb:/run/events.out.tfevents.1"
     w.feed_records("tb:/run/events.out.tfevents.1", [MetricRecord(step=60, loss=math.inf)])
     assert [(d.cause, d.step) for d in dets] == [(Cause.NAN, 60)]  # the training loss: a rollback
+
+
+def test_a_crafted_unit_chain_costs_linear_time() -> None:
+    # "(?:(?:ms|[mun]?s)/)*" backtracked exponentially on "ms/ms/.../x" (3 s at 22 parts); the unit
+    # words are a set now. 5,000 parts, past the 4,096-character line cap: far below a second.
+    import time
+
+    from supervisor.watch.generic import is_noise, parse_generic
+
+    t = time.perf_counter()
+    assert not is_noise("µ" + "ms/" * 5000 + "x") and is_noise("µ" + "ms/" * 5000)
+    assert parse_generic("step 1 loss nan µ" + "ms/" * 5000 + "x") is None
+    assert time.perf_counter() - t < 1.0
