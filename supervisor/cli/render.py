@@ -181,6 +181,12 @@ def status_table(result: Mapping[str, Any]) -> str:
     if isinstance(hb, Mapping):
         rows.append(("heartbeats", "  ".join(f"rank{k} {age_text(v)} ago" for k, v in sorted(hb.items(), key=lambda kv: str(kv[0]).zfill(6)))
                      or "(none yet)"))
+    shown.add("hang_timeout")
+    ht = result.get("hang_timeout")
+    if isinstance(ht, Mapping) and ht.get("timeout_from"):
+        silent = f", silent {age_text(ht['silent_s'])}" if ht.get("silent_s") is not None else ""
+        limit = f"{num_text(ht['timeout_s'])} s" if ht.get("timeout_s") is not None else "none"
+        rows.append(("hang timeout", f"{limit} ({ht.get('signal')}{silent}): {ht.get('timeout_from')}"))
     shown.add("gpus")
     gpus = result.get("gpus")
     if isinstance(gpus, (list, tuple)):

@@ -266,6 +266,9 @@ class WatchConcern(Concern):
             out["metric_files"] = self.metric_files.status()  # the roots searched, the files followed
         if self.heartbeat is not None:
             out["heartbeats"] = {str(k): round(v, 3) for k, v in self.heartbeat.heartbeats().items()}
+            # The hang timeout in force and where it came from (initial, provisional, learned from the
+            # output or a metric file, configured): a sparse logger's 15 min wait shows here.
+            out["hang_timeout"] = self.heartbeat.timeout_in_force()
         return out
 
     def _follow_checkpoint_dir(self, cfg: Config) -> None:

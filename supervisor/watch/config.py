@@ -70,6 +70,11 @@ class HeartbeatConfig:
         min=0, min_exclusive=True))
     learn_after: int = field(default=20, metadata=meta(
         "heartbeat intervals to observe before the learned timeout takes over", min=1))
+    step_learn_after: int = field(default=3, metadata=meta(
+        "intervals between new training steps (printed, or in the job's metric files) before the timeout "
+        "learned from them takes over; from the first interval until then it is provisional, with twice "
+        "the margin (a job that logs every 50 steps is judged on its own cadence, not after 1,000 steps)",
+        min=1))
     learn_factor: float = field(default=5.0, metadata=meta(
         "learned timeout = longest observed interval x this factor", min=1))
     learn_floor_s: float = field(default=60.0, metadata=meta(
@@ -82,8 +87,10 @@ class HeartbeatConfig:
     output_liveness: bool = field(default=True, metadata=meta(
         "a job without heartbeats that has printed parsed training steps is hung when it prints no new "
         "step and no line for timeout_s, else the timeout learned from its step rhythm (initial_timeout_s "
-        "until learn_after steps, then max(learn_floor_s, longest gap x learn_factor)); a job whose steps "
-        "cannot be parsed is judged only with an explicit timeout_s"))
+        "until the first step interval, or the first step far enough in to time it; then provisional, "
+        "max(learn_floor_s, longest gap x learn_factor x 2), until step_learn_after intervals, then "
+        "max(learn_floor_s, longest gap x learn_factor)); a job whose steps cannot be parsed is judged only "
+        "with an explicit timeout_s"))
     output_stall_timeout_s: float | None = field(default=None, metadata=meta(
         "hang when the job prints no line at all for this long (for jobs without the client)",
         min=0, min_exclusive=True))

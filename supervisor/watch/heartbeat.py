@@ -123,7 +123,7 @@ class HeartbeatMonitor:
         self._last_check = -math.inf
         self._last_output = None
         self._last_metric = None
-        self._output.start(ctx.started_monotonic)
+        self._output.start(ctx.started_monotonic, ctx.resume_step)
         self._gate.start(ctx)
         if self._metrics_sink is not None:
             glob = str(Path(ctx.heartbeat_dir) / METRICS_GLOB)
@@ -154,10 +154,11 @@ class HeartbeatMonitor:
         if line is not None:
             self._output.line(now, line)
 
-    def note_step(self, now: float, step: int | None) -> None:
-        """A new training step was printed (``step`` None: a metric line that names no step)."""
+    def note_step(self, now: float, step: int | None, origin: str = "", lag: float = 0.0) -> None:
+        """A new training step was printed (``step`` None: a metric line that names no step), seen in
+        ``origin``, read ``lag`` seconds after it was written (a metric file)."""
         self._last_metric = now
-        self._output.step(now, step)
+        self._output.step(now, step, origin, lag)
 
     def poll(self, now: float) -> None:
         if self._ctx is None:
@@ -389,6 +390,15 @@ class HeartbeatMonitor:
         """{rank: seconds since its last heartbeat} as of the last poll (``status --json``)."""
         return {r.rank: round(max(0.0, self._last_now - r.changed_mono), 3) for r in sorted(
             self._ranks.values(), key=lambda r: r.rank)}
+
+    def timeout_in_force(self) -> dict[str, object]:
+        """``status``'s ``hang_timeout``: the timeout that judges the job now and where it came from."""
+        if self._seen_heartbeats or not self.cfg.output_liveness:
+            limit, how = self._cadence.timeout()
+            return {"signal": "heartbeats", "timeout_s": round(limit, 3), "timeout_source": how,
+                    "timeout_from": self._cadence.basis()}
+        out = self._output.status(self._last_now)
+        return {k: out[k] for k in ("signal", "timeout_s", "timeout_source", "timeout_from", "silent_s")}
 
     def status(self) -> Mapping[str, object]:
         limit, how = self.timeout()

@@ -38,7 +38,7 @@ class ProgressSink(Protocol):
 
     def note_output(self, now: float, line: str | None = None) -> None: ...
 
-    def note_step(self, now: float, step: int | None) -> None: ...
+    def note_step(self, now: float, step: int | None, origin: str = "", lag: float = 0.0) -> None: ...
 
 
 class LogWatcher:
@@ -130,7 +130,7 @@ class LogWatcher:
         except Exception as exc:  # a sink must never raise into the reader thread
             self._failed("logwatch_failed", exc, "this batch is skipped; later batches are still processed")
             return
-        self._deliver(detections, records, steps, lines[-1])
+        self._deliver(detections, records, steps, lines[-1], origin=origin_of(source, False))
 
     def feed_records(self, source: str, records: Sequence[MetricRecord]) -> None:
         """Records read from a file the job writes (:mod:`.metricfiles`: TensorBoard, CSV, JSONL),
@@ -147,7 +147,7 @@ class LogWatcher:
         except Exception as exc:  # a sink must never raise into the reader thread
             self._failed("logwatch_failed", exc, "these records are skipped; later ones are still processed")
             return
-        self._deliver(detections, kept, steps, None, walls)
+        self._deliver(detections, kept, steps, None, walls, origin_of(source, True))
 
     def _process_records(self, source: str, records: Sequence[MetricRecord]
                          ) -> tuple[list[MetricRecord], list[Detection], list[int | None], list[float]]:
@@ -181,7 +181,8 @@ class LogWatcher:
         return list(records), detections, steps, walls
 
     def _deliver(self, detections: Sequence[Detection], records: Sequence[MetricRecord],
-                 steps: Sequence[int | None], last_line: str | None, walls: Sequence[float] | None = None) -> None:
+                 steps: Sequence[int | None], last_line: str | None, walls: Sequence[float] | None = None,
+                 origin: str = "") -> None:
         # Detections first: a failing metric callback must not delay or swallow an anomaly.
         for det in detections:
             log.warning("anomaly_detected", cause=det.cause.value, summary=det.summary, source=det.source,
@@ -197,14 +198,15 @@ class LogWatcher:
                 self._progress.note_output(now, last_line)
                 if walls is None:
                     for step in steps:
-                        self._progress.note_step(now, step)
+                        self._progress.note_step(now, step, origin)
                 else:
                     # Steps read from a file arrive in bursts (one per read); their own wall times,
-                    # moved onto our clock, give liveness the job's real step rhythm.
+                    # moved onto our clock, give liveness the job's real step rhythm (and how late
+                    # the file shows them: a writer that flushes every 2 min).
                     wall, at = time.time(), float("-inf")
                     for step, w in zip(steps, walls):
                         at = max(at, min(now, now - (wall - w)))
-                        self._progress.note_step(at, step)
+                        self._progress.note_step(at, step, origin, now - at)
             for rec in records:
                 self._on_metric(rec)
         except Exception as exc:  # noqa: BLE001
@@ -400,6 +402,16 @@ class LogWatcher:
             "metric_sources": self.sources.snapshot(),
             "metrics_blind": self.blind.status(),
         }
+
+
+def origin_of(source: str, from_file: bool) -> str:
+    """Where a step was seen, for people: ``output (stdout)``, ``metric file /x/events...``."""
+    path = source.partition(":")[2] if source.startswith(("file:", "tb:")) else source
+    if CLIENT_METRICS_MARKER in source:
+        return f"client metrics {path}"
+    if from_file:
+        return f"metric file {path}"
+    return f"output ({source})" if source in ("stdout", "stderr") else f"log file {path}"
 
 
 def record_evidence(source: str, rec: MetricRecord) -> str:

@@ -20,8 +20,11 @@ import torch
 from supervisor.events import MetricRecord
 from supervisor.watch.metricfiles import MetricFiles
 from supervisor.watch.tbevents import read_file
+from supervisor.ops.control import ControlError, DaemonNotRunning
+from supervisor.ops.controlclient import request
 from tests.conftest import history
 from tests.e2e.test_trainers_e2e import JOBS, PY, attempts, events, supervise, wrap  # noqa: F401 (fixture)
+from tests.util import wait_for
 
 slow = pytest.mark.slow
 
@@ -147,6 +150,42 @@ def test_lightning_at_defaults_hang_is_detected_from_the_step_rhythm_of_its_file
     [learned] = events(d, "step_timeout_learned")[:1]
     assert 3.0 <= float(learned["timeout_s"]) < 60, learned
     assert ckpt_step(a[1]["checkpoint"]) == 30 or ckpt_step(a[1]["checkpoint"]) == 25, a[1]
+
+
+@slow
+def test_lightning_at_its_defaults_hung_at_step_60_is_caught_within_5_minutes_at_the_daemons_defaults(
+        supervise, tmp_path: Path) -> None:
+    # Lightning at its defaults (the Rich bar prints nothing per step into a pipe, the TensorBoard
+    # logger writes a scalar every 50 steps) and the daemon at its defaults: before the hang at step 60
+    # the daemon has seen one step, 49, and no interval; the 15 min initial timeout would hold. The
+    # first logged step times the rhythm instead (how long the job took from its last start-up line
+    # to step 49): provisional, max(60 s floor, that time x 5 x 2), shown in status as it holds.
+    sd = tmp_path / "sd"
+    d = supervise(wrap(tmp_path, "--checkpoint-dir", str(tmp_path / "ck"), *LIGHTNING_RESUME,
+                       config=workdir(tmp_path))
+                  + lightning_cmd(tmp_path, "lightning", "default", "--max_steps", "70", "--step_s", "0.02"),
+                  fault="hang@60")
+
+    def provisional() -> dict | None:
+        try:
+            ht = request(sd, "status", timeout=5.0).get("hang_timeout") or {}
+        except (ControlError, DaemonNotRunning, OSError):
+            return None
+        return ht if "first step (49" in str(ht.get("timeout_from")) else None
+
+    ht = wait_for(provisional, timeout=240, interval=0.5, what="status naming the first step's timeout")
+    assert ht["signal"] == "steps" and ht["timeout_source"] == "learned" and 60 <= ht["timeout_s"] < 240, ht
+    assert "metric file " + str(tmp_path / "lightning_logs" / "version_0") in ht["timeout_from"], ht
+    assert d.wait(420) == 0, d.stderr()[-3000:]
+    a = attempts(sd)
+    assert a[0]["cause"] == "hang" and len(a) == 2 and a[1]["exit_code"] == 0, a
+    [hang] = events(d, "hang_detected")
+    assert hang["timeout_source"] == "learned" and hang["last_step"] == "49", hang
+    hung_at = (tmp_path / "fault_done").stat().st_mtime  # the fault marks its marker as it blocks
+    delay = ts(hang) - hung_at
+    print(f"hang at step 60 -> detection: {delay:.1f} s (timeout {hang['timeout_s']} s)")
+    assert 50 < delay < 300, delay
+    assert ckpt_step(a[1]["checkpoint"]) == 55, a[1]  # Lightning runs checkpoint callbacks last: 60 was not saved
 
 
 @slow

@@ -22,7 +22,7 @@ class Steps:
     def note_output(self, now: float, line: str | None = None) -> None:
         self.lines += 1
 
-    def note_step(self, now: float, step: int | None) -> None:
+    def note_step(self, now: float, step: int | None, origin: str = "", lag: float = 0.0) -> None:
         self.steps.append(step)
 
 

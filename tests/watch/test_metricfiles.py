@@ -38,7 +38,7 @@ class Progress:
     def note_output(self, now: float, line: str | None = None) -> None:
         self.outputs += 1
 
-    def note_step(self, now: float, step: int | None) -> None:
+    def note_step(self, now: float, step: int | None, origin: str = "", lag: float = 0.0) -> None:
         self.steps.append(step)
         self.times.append(now)
 
