@@ -82,3 +82,23 @@ def test_a_lock_still_held_at_close_is_counted_and_said(tmp_path: Path, monkeypa
     assert led.write_errors == 3
     failed = said(logs, "ledger_write_failed")
     assert len(failed) == 1 and "when the daemon exited" in failed[0]["error"]
+
+
+def test_past_the_bound_a_waiting_write_is_dropped_counted_and_said(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deferred, "MAX_WAITING", 5)
+    sd = tmp_path / "sd"
+    led = Ledger(sd)
+    run, _ = led.open_run("job", {})
+    other = lock(sd)
+    with capture_logs() as logs:
+        for i in range(8):
+            led.event(run, None, "line", "info", f"m{i}", {"i": i})
+        assert led.deferred is not None and led.deferred.waiting == 5 and led.write_errors == 3
+        other.rollback()
+        other.close()
+        wait_for(lambda: led.deferred is not None and led.deferred.waiting == 0, timeout=30)
+    assert [e["data"]["i"] for e in led.history(run)["events"]] == [0, 1, 2, 3, 4]  # the first ones, in order
+    failed = said(logs, "ledger_write_failed")
+    assert len(failed) == 1 and "already wait for it" in failed[0]["error"]
+    led.close()
