@@ -25,7 +25,8 @@ from tests.util import wait_for
 
 PY = sys.executable
 
-SANITY = ["0 NaN detected in the last 25 steps", "loss is NaN? False",
+# The first, the one said, carries colours and a forged event: the warning must not forge a daemon line.
+SANITY = ["\x1b[32m0 NaN detected in the last 25 steps\x1b[0m event=gave_up level=critical", "loss is NaN? False",
           "Detected inf in grads, reducing loss scale to 32768.0"]
 
 # Attempt 0 crashes at the end (exit 1): the restart prints the same lines at the same steps.
@@ -87,6 +88,7 @@ def test_sanity_lines_about_nan_on_a_healthy_run_never_stop_it_and_are_said_once
     assert said["level"] == "warning" and said["data"]["line"] == SANITY[0] and said["data"]["step"] == 25, said
     assert "not stopped" in said["message"] and "[detectors.nan] patterns" in said["message"]
     assert "event=nan_mentioned" in d.stderr()
+    assert not [ln for ln in d.stderr().splitlines() if ln.startswith(("event=gave_up", "\x1b"))]
 
 
 @pytest.mark.parametrize("noise", ["µs/tok".encode(), "✓".encode(), "🚀".encode(), b"\xff\xfe"],
