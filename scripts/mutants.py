@@ -185,6 +185,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("a standby runs stale code (imports never compared at the hand-over)", "supervisor/job/standby.py",
              "changed = seen.changed() if seen is not None else None", "changed = None",
              ("tests/e2e/test_prewarm_e2e.py",)),
+    Mutation("a ledger write under another process's lock waits the full busy timeout", "supervisor/ledger/store.py",
+             'self.db.execute(f"PRAGMA busy_timeout={int(WRITE_WAIT_S * 1000)}")', "pass",
+             ("tests/ledger/test_deferred.py", "tests/daemon/test_ledger_locked.py")),
+    Mutation("a CUDA error filed as nccl_timeout again", "supervisor/watch/detectors.py",
+             "if Cause.CRASH not in self.fired and any(a in line for a in CUDA_ANCHORS):", "if False:",
+             ("tests/watch/test_gpu_error_corpus.py", "tests/watch/test_detectors.py")),
 )
 
 

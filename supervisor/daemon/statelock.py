@@ -345,6 +345,8 @@ class StateLockConcern(Concern):
         led = self.ledger
         return {"state_dir_lost": self.gave_up or self.reported, "state_dir_retaken": self.retaken,
                 "ledger_write_errors": led.write_errors if led is not None else 0,
+                # writes waiting for another process's lock on the ledger (ledger/deferred.py)
+                "ledger_writes_waiting": led.deferred.waiting if led is not None and led.deferred is not None else 0,
                 "ledger_failing": led.failing if led is not None else None}
 
     def close(self) -> None:
