@@ -19,22 +19,24 @@ from typing import Mapping, Sequence
 _MODULE_FLAGS = ("-m", "--module")
 
 
-def module_of(argv: Sequence[str]) -> str | None:
-    """The module ``argv`` runs with ``python -m NAME`` (or ``-mNAME``, torchrun's ``-m``/
-    ``--module``), or None when a script (a ``*.py`` word) comes first or there is none."""
+def modules_of(argv: Sequence[str]) -> list[str]:
+    """The modules ``argv`` names with ``-m NAME`` (or ``-mNAME``, torchrun's and accelerate's
+    ``-m``/``--module``) before its first script (a ``*.py`` word: what follows is its own
+    arguments), in order: ``python -m torch.distributed.run -m pkg.train`` names the launcher,
+    then the job's module."""
+    out = []
     for i, a in enumerate(argv):
         if a.endswith(".py") and not a.startswith("-") and "=" not in a:
-            return None  # a script: what follows is its own arguments
-        if a in _MODULE_FLAGS and i + 1 < len(argv):
-            return _valid(argv[i + 1])
-        if a.startswith("-m") and not a.startswith("--") and len(a) > 2 and i > 0:
-            return _valid(a[2:])
-    return None
+            break
+        name = argv[i + 1] if a in _MODULE_FLAGS and i + 1 < len(argv) else (
+            a[2:] if a.startswith("-m") and not a.startswith("--") and len(a) > 2 and i > 0 else None)
+        if name is not None and _valid(name):
+            out.append(name)
+    return out
 
 
-def _valid(name: str) -> str | None:
-    parts = name.split(".")
-    return name if all(p.isidentifier() for p in parts) else None
+def _valid(name: str) -> bool:
+    return all(p.isidentifier() for p in name.split("."))
 
 
 def module_source(name: str, workdir: Path, env: Mapping[str, str] | None = None) -> Path | None:

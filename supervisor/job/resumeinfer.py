@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..checkpoints.finddir import has_flag, read_source, script_of
-from .modulesource import module_of, module_source
+from .modulesource import module_source, modules_of
 
 _HF_MARKERS = re.compile(r"\b(TrainingArguments|HfArgumentParser|Seq2SeqTrainingArguments|SFTConfig|SFTTrainer)\b"
                          r"|\bTrainer\(")
@@ -42,12 +42,13 @@ class InferredResume:
 
 
 def _script(argv: Sequence[str], workdir: Path, env: Mapping[str, str] | None) -> tuple[Path | None, str]:
-    """The job's script and its source: a ``*.py`` word, or the module of ``python -m`` found as
-    ``-m`` finds the job's own code (modulesource.py); a module is a script for what is read here."""
-    module = module_of(argv)
-    if module is not None:
+    """The job's script and its source: the first module of ``-m`` found as ``-m`` finds the job's
+    own code (modulesource.py: a launcher such as ``torch.distributed.run`` is not the job's, and is
+    passed over), else a ``*.py`` word; a module is a script for what is read here."""
+    for module in modules_of(argv):
         p = module_source(module, workdir, env)
-        return (p, read_source(p)) if p is not None else (None, "")
+        if p is not None:
+            return p, read_source(p)
     i = script_of(argv)
     if i is None:
         return None, ""
