@@ -39,7 +39,7 @@ CRAFTED: dict[str, list[Build]] = {
     "csv": [_rep("loss", ",loss", ",1 2")],
     "text rules": [_rep("", "ProcessGroupNCCL"), _rep("", "NCCL error "), _rep("", "Connection reset by peer"),
                    _rep("", "NVRM: Xid ("), _rep("", "nan "), _rep("", "size mismatch for "),
-                   _rep("", "Detected NaN "), _rep("", "loss is nan "), _rep("", "CUDA error: "),
+                   _rep("", "Detected NaN "), _rep("", "loss is nan "), _rep("", "CUDA error: "), _rep("", "Cuda failure 2 "),
                    _rep("", "CUBLAS_STATUS_"), _rep("", "cuDNN error: CUDNN_STATUS_")],
 }
 
