@@ -45,6 +45,7 @@ from ..events import MetricRecord
 COUNTER_KEY = "epoch_counter"  # extra: the counter as printed (set by the parser, kept here)
 CONVERTED_KEY = "step_from_epoch"  # extra: 1.0 when the step was computed here
 MAX_SOURCES = 64
+MAX_STEP = 2**53  # a step past this (a crafted epoch of 1e15) is no step: JSON and SQLite keep it exactly
 
 
 @dataclass
@@ -104,6 +105,8 @@ class EpochSteps:
         else:
             return rec
         step = self._step(c, epoch, counter)
+        if step is not None and step > MAX_STEP:
+            step = None
         if step == rec.step:
             return rec
         flag = {CONVERTED_KEY: 1.0} if step is not None else {}

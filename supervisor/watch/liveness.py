@@ -142,6 +142,7 @@ class OutputLiveness:
         self._started = 0.0
         self._start_step = 0
         self._last_line_at: float | None = None
+        self._prev_line_at: float | None = None  # the batch of lines before the last one (the first step's timing)
         self._last_line: str | None = None
         self._last_step_at: float | None = None
         self._last_step: int | None = None
@@ -149,7 +150,7 @@ class OutputLiveness:
     def start(self, now: float, start_step: int | None = None) -> None:
         self._started = now
         self._start_step = start_step or 0
-        self._last_line_at = None
+        self._last_line_at = self._prev_line_at = None
         self._last_line = None
         self._last_step_at = None
         self._last_step = None
@@ -165,6 +166,8 @@ class OutputLiveness:
             self.steps.add(silence.silent_s)
 
     def line(self, now: float, text: str) -> None:
+        if self._last_line_at is not None and now > self._last_line_at:
+            self._prev_line_at = self._last_line_at
         self._last_line_at = now
         self._last_line = text
         self.run_has_output = True
@@ -177,9 +180,11 @@ class OutputLiveness:
             self.max_lag = max(self.max_lag, min(lag, self.cfg.initial_timeout_s))
         elif step is not None and step - self._start_step >= FIRST_STEP_MIN:
             # The attempt's first step, far enough in to time the steps before it: from the last
-            # start-up line before it (a line read after it, from a file read late, does not count).
-            since = self._last_line_at if self._last_line_at is not None and self._last_line_at <= now else None
-            self.first = (now - (self._started if since is None else max(since, self._started)), step, origin)
+            # start-up line before it (not the step's own line, read in the same batch; not a line
+            # read after it, when the step comes late from a file), else from the launch.
+            since = max((t for t in (self._last_line_at, self._prev_line_at) if t is not None and t < now),
+                        default=self._started)
+            self.first = (now - max(since, self._started), step, origin)
         self._last_step_at = now
         if step is not None:
             self._last_step = step

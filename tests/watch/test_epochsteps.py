@@ -130,3 +130,10 @@ def test_sources_are_bounded() -> None:
     assert len(es._by) == MAX_SOURCES
     odd = MetricRecord(step=5, loss=1.0, fmt="generic", extra={"epoch": 0.5, "epoch_counter": 5.0})
     assert es.globalize("x", odd) is odd  # a fractional epoch (HF's) is no epoch index
+
+
+def test_a_crafted_epoch_makes_no_giant_step() -> None:
+    w, _, recs = watch()
+    w.feed("stdout", [f"epoch {e} | iter {i}/100 | loss 2.0" for e in (0, 1) for i in (10, 90)])
+    w.feed("stdout", ["epoch 100000000000000000 | iter 5/100 | loss 2.0", "epoch 1e300 | iter 5/100 | loss 2.0"])
+    assert [r.step for r in recs] == [10, 90, 110, 190, None, None]

@@ -56,6 +56,13 @@ def test_the_first_logged_step_times_the_rhythm_before_any_interval() -> None:
     slow.start(0.0)
     slow.step(300.0, 49)
     assert slow.timeout() == (900.0, "learned")
+    # A first step printed as a line is not timed from its own line but from the lines before it.
+    printed = OutputLiveness(DEFAULTS)
+    printed.start(0.0)
+    printed.line(5.0, "model loaded")
+    printed.line(35.0, "step 50 | loss 2.0")
+    printed.step(35.0, 50, "output (stdout)")
+    assert printed.first is not None and printed.first[0] == 30.0 and printed.timeout() == (300.0, "learned")
     # A resumed attempt times the steps since its resume step only.
     resumed = OutputLiveness(DEFAULTS)
     resumed.start(0.0, start_step=45)
