@@ -2,8 +2,8 @@
 evaluation is not a hang, a SIGSTOPped rank is.
 
 The job (tests/trainer_scripts/ddp_eval_train.py) prints ``step N: loss X`` from every rank, as a plain
-script does; the daemon learns the timeout from that rhythm (``learn_after`` 20 intervals, then
-``max(learn_floor_s, 5 x longest gap)``). At the defaults the case of issue 21 is a 70 s silent
+script does; the daemon learns the timeout from that rhythm (``step_learn_after`` 3 intervals, then
+``max(learn_floor_s, 5 x longest gap)``; twice the margin before). At the defaults the case of issue 21 is a 70 s silent
 eval against the 60 s floor, looked at for ``look_s`` 3 s at 60 s, so the verdict comes while the
 eval still runs. Here the same mechanism is scaled down through config: ``learn_floor_s = 5``
 (the steps come every ~0.06 s, so the learned timeout is the floor) and a 15 s eval, longer than
