@@ -125,11 +125,10 @@ def _text_secret_name(name: str) -> bool:
 
 
 def masks_key(key: str, value: Any) -> bool:
-    """Whether a mapping's ``value`` under ``key`` is shown as :data:`REDACTED`: a text under a
-    secret-looking name, anything (numbers, lists) under a secret-named one; an empty one stays."""
-    if value is None or value == "":
-        return False
-    return names_secret(key) or (isinstance(value, str) and _text_secret_name(key))
+    """Whether a mapping's ``value`` under ``key`` is shown as :data:`REDACTED`: anything (a text,
+    a number, a list) under a secret-named key (:func:`names_secret`: ``{"tokenizers": "0.15"}``,
+    a package's version, stays); an empty one stays."""
+    return value is not None and value != "" and names_secret(key)
 
 
 def env_secrets(*envs: Mapping[str, str]) -> list[str]:

@@ -60,6 +60,9 @@ def test_each_corpus_line_is_masked_and_the_look_alikes_are_kept() -> None:
     data = redact_data(_payload())
     assert data["env"] == {"WANDB_API_KEY": REDACTED, "LR": "0.1"} and data["kept"] == list(KEPT_LINES)
     assert data["api_key"] == REDACTED and data["tokens_per_sec"] == 4500
+    # Keys that count, configure or locate are no secrets' names: a package's version stays.
+    kept = {"tokenizers": "0.15.0", "TOKENIZERS_PARALLELISM": "false", "keys": ["model"], "key_file": "/etc/k.pem"}
+    assert redact_data(kept) == kept
 
 
 @pytest.mark.parametrize("fmt", ["logfmt", "json", "console"])
