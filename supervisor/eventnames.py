@@ -199,6 +199,9 @@ class EventName(StrEnum):
     GPU_ON_BLIND_CALLBACK_FAILED = "gpu_on_blind_callback_failed"
     HOST_DETECTION = "host_detection"
     HOST_MEMORY_LOW = "host_memory_low"
+    GPU_DEVICE_UNKNOWN = "gpu_device_unknown"
+    GPU_EVENTS_STALE = "gpu_events_stale"
+    GPU_XID_FOREIGN = "gpu_xid_foreign"
     HOST_MONITOR_ERROR = "host_monitor_error"
     STORAGE_PROBE_CLEANUP_FAILED = "storage_probe_cleanup_failed"
     # --- operations (ops/): control socket, metrics endpoint, sd_notify, notifications

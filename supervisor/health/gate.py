@@ -5,7 +5,10 @@ Checks, in order, collecting every reason (the first one is the root cause):
 1. GPU sight: the backend initialises. Blind -> the verdict is ``unavailable``: it passes with a
    warning, or fails when ``gpu.require = true``.
 2. All expected GPUs present (``gpu.expected_devices``, else as many as seen at the first gate).
-3. None lost, none with retired pages / remapped rows pending (those need a GPU reset first).
+3. None lost, none with retired pages / remapped rows pending, none whose driver recovery action
+   (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, r570+) asks for a reset or a reboot (those need it first).
+   A device NVML refuses to read (NO_PERMISSION on a MIG parent or a denied handle, NOT_SUPPORTED,
+   UNKNOWN) is "unknown": a warning naming it, never a crash; the other devices are checked as usual.
 4. The previous attempt's GPU memory released: every device below ``gpu.release_threshold`` of its
    memory and no pid of the previous attempt still holding any, waiting up to
    ``gpu.release_timeout_s`` (polling; ``clock``/``sleep`` injectable for tests).
@@ -25,7 +28,7 @@ import structlog
 
 from ..core.causes import GateCheck
 from .config import GpuConfig
-from .gpu import GpuBackend, GpuBlindError, GpuLostError
+from .gpu import NEEDS_RESET, RECOVERY_ACTIONS, GpuBackend, GpuBlindError, GpuDeviceError, GpuLostError
 from .host import ProbeResult, StorageBaseline, probe_storage
 
 log = structlog.get_logger("supervisor.health")
@@ -93,9 +96,14 @@ def run_gate(backend: GpuBackend, cfg: GpuConfig, previous_pids: Collection[int]
         if expected is not None and count < expected:
             failures.append((GateCheck.GPU_COUNT,
                              f"only {count} of {expected} expected GPUs are visible: drain or reset this node"))
-        lost = _device_problems(backend, count, failures)
+        unknown: dict[int, str] = {}
+        lost = _device_problems(backend, count, failures, unknown)
         if not lost:
-            ok, waited, mem = _wait_for_release(backend, cfg, count, frozenset(previous_pids), clock, sleep)
+            ok, waited, mem = _wait_for_release(backend, cfg, count, frozenset(previous_pids), clock, sleep, unknown)
+            if unknown:
+                details["unknown_devices"] = {str(i): why for i, why in sorted(unknown.items())}
+                warnings += [f"GPU {i} cannot be read ({why}): its health and memory are unknown; "
+                             "launching on the GPUs that can be checked" for i, why in sorted(unknown.items())]
             details["memory"] = mem
             if not ok:
                 failures.append((GateCheck.GPU_MEMORY, _release_reason(mem, cfg, waited)))
@@ -109,16 +117,25 @@ def run_gate(backend: GpuBackend, cfg: GpuConfig, previous_pids: Collection[int]
                        unavailable, tuple(c for c, _ in failures))
 
 
-def _device_problems(backend: GpuBackend, count: int, failures: list[tuple[GateCheck, str]]) -> bool:
-    """Appends a GPU_REPAIR failure per lost GPU or GPU needing a reset; True when one is lost."""
+def _device_problems(backend: GpuBackend, count: int, failures: list[tuple[GateCheck, str]],
+                     unknown: dict[int, str]) -> bool:
+    """Appends a GPU_REPAIR failure per lost GPU or GPU needing a reset, notes in ``unknown`` the
+    devices NVML refuses to read; True when one is lost."""
     lost = False
     for i in range(count):
         try:
             pending = backend.pending_repair(i)
+            recovery = backend.recovery_action(i)
         except GpuLostError:
             lost = True
             failures.append((GateCheck.GPU_REPAIR, f"GPU {i} is lost (fell off the bus): drain or reset this node"))
             continue
+        except GpuDeviceError as exc:
+            unknown[i] = str(exc)
+            continue
+        if recovery in NEEDS_RESET:
+            failures.append((GateCheck.GPU_REPAIR, f"GPU {i}'s driver asks for a {RECOVERY_ACTIONS[recovery]} "
+                                                   "(GPU recovery action): drain or reset this node"))
         if pending.needs_reset:
             what = ", ".join(name for name, flag in (
                 ("retired pages pending", pending.retired_pages_pending),
@@ -129,7 +146,7 @@ def _device_problems(backend: GpuBackend, count: int, failures: list[tuple[GateC
 
 
 def _wait_for_release(backend: GpuBackend, cfg: GpuConfig, count: int, previous: frozenset[int],
-                      clock: Callable[[], float], sleep: Callable[[float], None]
+                      clock: Callable[[], float], sleep: Callable[[float], None], unknown: dict[int, str]
                       ) -> tuple[bool, float, list[dict[str, object]]]:
     start = clock()
     logged = False
@@ -137,8 +154,14 @@ def _wait_for_release(backend: GpuBackend, cfg: GpuConfig, count: int, previous:
         mem: list[dict[str, object]] = []
         busy = False
         for i in range(count):
-            m = backend.memory(i)
-            holders = sorted(p for p in backend.processes(i) if p in previous)
+            if i in unknown:
+                continue
+            try:
+                m = backend.memory(i)
+                holders = sorted(p for p in backend.processes(i) if p in previous)
+            except GpuDeviceError as exc:  # this device alone: unknown, never a crash of the gate
+                unknown[i] = str(exc)
+                continue
             frac = m.used / m.total if m.total else 0.0
             held = frac >= cfg.release_threshold or bool(holders)
             busy = busy or held
@@ -166,6 +189,18 @@ def _release_reason(mem: list[dict[str, object]], cfg: GpuConfig, waited: float)
             f"threshold {cfg.release_threshold:.0%}): " + ", ".join(parts))
 
 
+def _gate_broken(cfg: GpuConfig, exc: BaseException) -> GateVerdict:
+    """The verdict when the GPU check itself failed (an NVML error nothing above expected): GPU
+    health is unavailable for this launch, said as such; a failure only with ``gpu.require``."""
+    msg = f"GPU check failed unexpectedly ({exc!r}): GPU health unavailable for this launch"
+    log.warning("gpu_device_unknown", error=repr(exc), next="launching without GPU checks" if not cfg.require
+                else "gpu.require = true: refusing the launch")
+    if cfg.require:
+        return GateVerdict(False, (msg + " (gpu.require = true)",), 0.0, {"gpu_unavailable": repr(exc)}, (),
+                           True, (GateCheck.GPU_SIGHT,))
+    return GateVerdict(True, (), 0.0, {"gpu_unavailable": repr(exc)}, (msg + "; launching without GPU checks",), True)
+
+
 class LaunchGate:
     """Remembers what the first gate saw (device count, checkpoint mount) for the later ones.
 
@@ -186,9 +221,12 @@ class LaunchGate:
     def check(self, previous_pids: Collection[int] = ()) -> GateVerdict:
         if self._ckpt is not None and self.baseline is None and self._ckpt.is_dir():
             self.baseline = StorageBaseline.record(self._ckpt)
-        verdict = run_gate(self._backend, self._cfg, previous_pids, self._clock, sleep=self._sleep,
-                           checkpoint_dir=self._ckpt, storage_baseline=self.baseline,
-                           expected_devices=self._first_count)
+        try:
+            verdict = run_gate(self._backend, self._cfg, previous_pids, self._clock, sleep=self._sleep,
+                               checkpoint_dir=self._ckpt, storage_baseline=self.baseline,
+                               expected_devices=self._first_count)
+        except Exception as exc:  # noqa: BLE001 - an NVML surprise is the GPU check's, never the checkpoint's
+            verdict = _gate_broken(self._cfg, exc)
         count = verdict.details.get("device_count")
         if self._first_count is None and isinstance(count, int):
             self._first_count = count

@@ -46,6 +46,31 @@ class GpuLostError(SupervisorError, RuntimeError):
         self.index = index
 
 
+class GpuDeviceError(SupervisorError, RuntimeError):
+    """Raised by a per-device query whose answer is needed (the device handle, its memory) when
+    NVML refuses it for that device alone: ``kind`` is ``no_permission`` (a device cgroup denies
+    the handle, a MIG parent's memory inside a container), ``not_supported``, or ``unknown``
+    (NVML_ERROR_UNKNOWN and other errors: a dying GPU often answers so). The other devices are
+    still read; the device is shown as unknown (the monitor calls it lost after a few polls of
+    ``unknown``), never as fine, and it is never a crash of the gate or the monitor.
+    """
+
+    code = "gpu_device_unknown"
+
+    def __init__(self, index: int, kind: str, message: str = "") -> None:
+        super().__init__(message or f"GPU {index}: NVML answered {kind}")
+        self.index = index
+        self.kind = kind
+
+
+# NVML's GPU recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, driver r570+): what the device
+# needs before it can be used again. Those in NEEDS_RESET refuse a relaunch onto the GPU (the gate).
+RECOVERY_ACTIONS: Mapping[int, str] = {
+    0: "none", 1: "GPU reset", 2: "node reboot", 3: "drain peer-to-peer traffic", 4: "drain and reset",
+    5: "recover the IMEX domain", 6: "bus reset", 7: "system reboot"}
+NEEDS_RESET = frozenset({1, 2, 4, 6, 7})
+
+
 class GpuEventKind(StrEnum):
     XID = "xid"
     ECC_DBE = "ecc_double_bit"
@@ -90,13 +115,18 @@ class GpuEvent:
     index: int
     code: int | None = None
     at: float = field(default_factory=time.time)
+    # the MIG slice the event belongs to (NVML's gpuInstanceId/computeInstanceId; None: the whole GPU)
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 class GpuBackend(Protocol):
     """What the monitor and the gate need from the GPU driver. Per-device calls take the index.
 
     ``init`` raises :class:`GpuBlindError`; per-device calls raise :class:`GpuLostError` for a lost
-    GPU and return ``None`` for an unsupported query. ``wait_events`` blocks up to ``timeout_s``
+    GPU, :class:`GpuDeviceError` when the device's handle or memory cannot be read, and return
+    ``None`` for an unsupported optional query. ``recovery_action`` is the driver's GPU recovery
+    action field (r570+; None where the driver has none). ``wait_events`` blocks up to ``timeout_s``
     (call it from a thread of its own) and returns the events seen, possibly none.
     """
 
@@ -113,4 +143,5 @@ class GpuBackend(Protocol):
     def throttle_reasons(self, index: int) -> int | None: ...
     def ecc_uncorrected_volatile(self, index: int) -> int | None: ...
     def pending_repair(self, index: int) -> PendingRepair: ...
+    def recovery_action(self, index: int) -> int | None: ...
     def wait_events(self, timeout_s: float) -> Sequence[GpuEvent]: ...

@@ -16,7 +16,15 @@ Timeline JSON::
                   [4, {"ecc_dbe": {"device": 2}}],
                   [5, {"lost": {"device": 3}}],
                   [6, {"processes": {"device": 0, "pids": {"job": 1073741824}}}],
-                  [7, {"pending": {"device": 4, "retired_pages": true, "remap": false}}]]}
+                  [7, {"pending": {"device": 4, "retired_pages": true, "remap": false}}],
+                  [8, {"deny": {"device": 5, "query": "memory", "error": "no_permission"}}],
+                  [9, {"recovery": {"device": 6, "action": 1}}],
+                  [10, {"xid": {"device": 7, "code": 43, "gi": 1, "ci": 0}}]]}
+
+``deny`` makes NVML refuse a device's ``memory`` (a MIG parent in a container), its ``handle``
+(every query: a device cgroup) or ``all`` with ``no_permission``, ``not_supported`` or ``unknown``
+(a dying GPU), as :class:`~.nvml.NvmlBackend` reports them (:class:`~.gpu.GpuDeviceError`);
+``"error": null`` lifts it. ``recovery`` sets the driver's GPU recovery action field.
 
 ``t`` counts from :meth:`FakeBackend.init`. In ``processes`` the pid ``"job"`` stands for the pid
 given to :meth:`FakeBackend.bind_job` (the monitor binds the job's pid when an attempt starts).
@@ -30,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .gpu import (GiB, DeviceInfo, GpuBlindError, GpuEvent, GpuEventKind, GpuLostError, MemoryInfo,
-                  PendingRepair)
+from .gpu import (GiB, DeviceInfo, GpuBlindError, GpuDeviceError, GpuEvent, GpuEventKind, GpuLostError,
+                  MemoryInfo, PendingRepair)
 
 
 @dataclass
@@ -46,6 +54,8 @@ class _FakeDevice:
     pending: PendingRepair = field(default_factory=PendingRepair)
     utilization: int = 0
     temperature: int = 40
+    denied: dict[str, str] = field(default_factory=dict)  # query ("memory", "handle") -> error kind
+    recovery: int | None = None
 
 
 class FakeBackend:
@@ -120,7 +130,16 @@ class FakeBackend:
                 end = float(a["to_frac"]) * dev.total if "to_frac" in a else float(a["to_bytes"])
                 dev.used, dev.ramp = start, (at, start, at + float(a.get("over_s", 1.0)), end)
             elif kind == "xid" and dev:
-                self._events.append(GpuEvent(GpuEventKind.XID, dev.info.index, int(a["code"])))
+                self._events.append(GpuEvent(GpuEventKind.XID, dev.info.index, int(a["code"]),
+                                             gpu_instance=a.get("gi"), compute_instance=a.get("ci")))
+            elif kind == "deny" and dev:
+                query = str(a.get("query", "handle"))
+                if a.get("error") is None:
+                    dev.denied.pop(query, None)
+                else:
+                    dev.denied[query] = str(a["error"])
+            elif kind == "recovery" and dev:
+                dev.recovery = int(a.get("action", 0))
             elif kind == "ecc_dbe" and dev:
                 dev.ecc_uncorrected += int(a.get("count", 1))
                 self._events.append(GpuEvent(GpuEventKind.ECC_DBE, dev.info.index))
@@ -147,7 +166,7 @@ class FakeBackend:
             return u1
         return u0 + (u1 - u0) * max(0.0, t - t0) / (t1 - t0) if t1 > t0 else u1
 
-    def _dev(self, index: int) -> tuple[_FakeDevice, float]:
+    def _dev(self, index: int, query: str = "") -> tuple[_FakeDevice, float]:
         t = self._advance()
         self.calls += 1
         if self._init_error is not None:
@@ -155,6 +174,10 @@ class FakeBackend:
         dev = self._devices[index]
         if dev.lost:
             raise GpuLostError(index)
+        for q in ("handle", "all", query):
+            kind = dev.denied.get(q) if q else None
+            if kind is not None:
+                raise GpuDeviceError(index, kind, f"GPU {index}: NVML answered {kind} for its {q} (fake)")
         return dev, t
 
     # --- the backend interface
@@ -181,7 +204,7 @@ class FakeBackend:
         return self._cuda
 
     def memory(self, index: int) -> MemoryInfo:
-        dev, t = self._dev(index)
+        dev, t = self._dev(index, "memory")
         return MemoryInfo(int(self._used_at(dev, t)), dev.total)
 
     def processes(self, index: int) -> Mapping[int, int]:
@@ -208,6 +231,9 @@ class FakeBackend:
 
     def pending_repair(self, index: int) -> PendingRepair:
         return self._dev(index)[0].pending
+
+    def recovery_action(self, index: int) -> int | None:
+        return self._dev(index)[0].recovery
 
     def wait_events(self, timeout_s: float) -> Sequence[GpuEvent]:
         deadline = time.monotonic() + timeout_s

@@ -29,9 +29,9 @@ import structlog
 
 from ..events import Action, AttemptContext, Cause, Detection, Emit
 from .config import GpuConfig
-from .gpu import DeviceInfo, GpuBackend, GpuBlindError, GpuEvent, GpuEventKind, GpuLostError
+from .gpu import DeviceInfo, GpuBackend, GpuBlindError, GpuDeviceError, GpuEvent, GpuEventKind, GpuLostError
 from .gpureading import DeviceReading, job_tree_pids, linear_slope, read_device
-from .xid import NODE_ADVICE, classify_xid
+from .xid import NODE_ADVICE, XidLevel, classify_xid
 
 log = structlog.get_logger("supervisor.health")
 
@@ -39,6 +39,10 @@ log = structlog.get_logger("supervisor.health")
 # ourselves blind rather than keep showing stale numbers.
 _FAILURES_BEFORE_BLIND = 3
 _TREND_SAMPLES = 30
+# Consecutive polls one device answers NVML_ERROR_UNKNOWN (the others read fine) before it is called
+# lost: a GPU that died often answers so rather than GPU_IS_LOST.
+_UNKNOWN_POLLS_LOST = 3
+_DRAIN_MAX = 10_000  # stale events dropped at an attempt's start, at most (NVML hands one per wait)
 
 
 class GpuMonitor:
@@ -76,6 +80,9 @@ class GpuMonitor:
         self._lost_reported: set[int] = set()
         self._ecc_base: dict[int, int] = {}
         self._ecc_reported: set[int] = set()
+        self._unknown_polls: dict[int, int] = {}
+        self._unknown_said: set[tuple[int, str]] = set()
+        self._job_pids: frozenset[int] = frozenset()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.polls = 0
@@ -92,6 +99,8 @@ class GpuMonitor:
                 bind(ctx.pid if ctx else None)
             self._start_count = len(self._infos)
             self._next_poll = 0.0
+            if self._cfg.events:
+                self._safely(self._drain_stale, "events")
         if self._threaded:
             self._stop.clear()
             self._threads = [threading.Thread(target=self._poll_loop, name="tsup-gpu-poll", daemon=True)]
@@ -168,6 +177,21 @@ class GpuMonitor:
                     "device_count": len(self._infos), "devices": devices}
 
     # ----------------------------------------------------------------- internals
+    def _drain_stale(self) -> None:
+        """Drop the events queued before this attempt: an Xid raised while the last attempt crashed
+        or was stopped belongs to it, not to the fresh job (NVML's event set outlives attempts)."""
+        stale: list[GpuEvent] = []
+        while len(stale) < _DRAIN_MAX:
+            got = self._backend.wait_events(0.0)
+            if not got:
+                break
+            stale.extend(got)
+        if stale:
+            log.info("gpu_events_stale", count=len(stale),
+                     events=[f"{e.kind.value}{'' if e.code is None else ' ' + str(e.code)} on GPU {e.index}"
+                             for e in stale[:8]],
+                     next="raised before this attempt started: recorded here, not acted on")
+
     def _reset_attempt_state(self) -> None:
         self._above.clear()
         self._memory_reported.clear()
@@ -177,6 +201,7 @@ class GpuMonitor:
         self._ecc_reported.clear()
         self._faults.clear()
         self._readings.clear()
+        self._unknown_polls.clear()
 
     def _ensure_init(self) -> bool:
         if self._initialized and self._blind_reason is None:
@@ -188,7 +213,7 @@ class GpuMonitor:
             for i in range(count):
                 try:
                     infos[i] = self._backend.device_info(i)
-                except GpuLostError:
+                except (GpuLostError, GpuDeviceError):  # shown as lost / unknown by the polls
                     infos[i] = DeviceInfo(i, "?", "?", "?")
             self._driver = self._backend.driver_version()
             self._cuda = self._backend.cuda_driver_version()
@@ -251,6 +276,7 @@ class GpuMonitor:
         readings = {i: read_device(self._backend, i, pids, self._infos.get(i)) for i in range(count)}
         with self._lock:
             self.polls += 1
+            self._job_pids = pids
             self._readings = readings
             for i in range(count, self._start_count):
                 if i not in self._lost_reported:
@@ -261,6 +287,10 @@ class GpuMonitor:
                 if r.lost:
                     self._report_lost(i, f"GPU {i} is lost (fell off the bus)")
                     continue
+                if r.unknown is not None:
+                    self._check_unknown(r)
+                    continue
+                self._unknown_polls.pop(i, None)
                 self._check_memory(now, r)
                 self._check_ecc(r)
 
@@ -295,6 +325,25 @@ class GpuMonitor:
                      "slope_bytes_per_s": slope, "seconds_to_exhaustion": eta,
                      "job_memory_bytes": r.job_bytes}))
 
+    def _check_unknown(self, r: DeviceReading) -> None:
+        """A device NVML cannot read (the others still are): said once per device and kind; an
+        UNKNOWN answer that persists is a lost GPU; a refusal (permission, MIG parent, device
+        cgroup) stays "unknown": never a crash, never "fine", never a stop."""
+        kind = r.unknown_kind or "unknown"
+        if (r.index, kind) not in self._unknown_said:
+            self._unknown_said.add((r.index, kind))
+            log.warning("gpu_device_unknown", device=r.index, uuid=self._uuid(r.index), kind=kind, reason=r.unknown,
+                        next=("called lost if it persists" if kind == "unknown" else
+                              "this GPU is shown as unknown; the other GPUs are watched as before"))
+        if f"unknown_{kind}" not in self._faults.get(r.index, []):
+            self._fault(r.index, f"unknown_{kind}")
+        if kind != "unknown":
+            return
+        n = self._unknown_polls[r.index] = self._unknown_polls.get(r.index, 0) + 1
+        if n >= _UNKNOWN_POLLS_LOST:
+            self._report_lost(r.index, f"GPU {r.index} answers NVML_ERROR_UNKNOWN ({n} polls in a row) "
+                                       "while the other GPUs read fine: treated as lost", evidence=str(r.unknown))
+
     def _check_ecc(self, r: DeviceReading) -> None:
         if r.ecc_uncorrected is None:
             return
@@ -313,7 +362,7 @@ class GpuMonitor:
             details={"kind": "ecc_double_bit", "device": index, "uuid": self._uuid(index),
                      "advice": "reset the GPU (drain or reset this node)"}))
 
-    def _report_lost(self, index: int, summary: str) -> None:
+    def _report_lost(self, index: int, summary: str, evidence: str = "NVML_ERROR_GPU_IS_LOST") -> None:
         if index in self._lost_reported:
             return
         self._lost_reported.add(index)
@@ -321,7 +370,7 @@ class GpuMonitor:
         self._fault(index, "lost")
         self._send(Detection(
             cause=Cause.GPU_FAULT, source="nvml", summary=f"{summary}: {NODE_ADVICE}",
-            evidence="NVML_ERROR_GPU_IS_LOST", suggested_action=action,
+            evidence=evidence, suggested_action=action,
             details={"kind": "gpu_lost", "device": index, "uuid": self._uuid(index), "advice": NODE_ADVICE}))
 
     def _handle_events(self, events: Sequence[GpuEvent]) -> None:
@@ -332,6 +381,11 @@ class GpuMonitor:
                         self._report_ecc(ev.index, "NVML double-bit ECC event")
                     continue
                 info = classify_xid(ev.code or 0, self._cfg.xid_actions, self._cfg.xid_default_action)
+                if info.level is XidLevel.APPLICATION and self._foreign(ev.index):
+                    log.warning("gpu_xid_foreign", code=info.code, device=ev.index, uuid=self._uuid(ev.index),
+                                meaning=info.meaning, next="another process's application error on this GPU: "
+                                "noted, the job is not stopped")
+                    continue
                 self._fault(ev.index, f"xid_{info.code}")
                 self._send(Detection(
                     cause=Cause.GPU_FAULT, source="nvml", value=float(info.code),
@@ -341,6 +395,14 @@ class GpuMonitor:
                     details={"kind": "xid", "code": info.code, "meaning": info.meaning,
                              "level": info.level.value, "device": ev.index, "uuid": self._uuid(ev.index),
                              "advice": info.advice}))
+
+    def _foreign(self, index: int) -> bool:
+        """True when GPU ``index`` lists compute processes and none is the job's: an application-level
+        Xid there is another process's (NVML's event carries no pid). An empty or unreadable list
+        (pid namespaces) proves nothing: the Xid is then taken as the job's."""
+        r = self._readings.get(index)
+        procs = set(r.processes) if r is not None else set()
+        return bool(procs) and bool(self._job_pids) and not (procs & self._job_pids)
 
     def _uuid(self, index: int) -> str | None:
         info = self._infos.get(index)

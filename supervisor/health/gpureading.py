@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 
 import psutil
 
-from .gpu import DeviceInfo, GpuBackend, GpuLostError, MemoryInfo, PendingRepair
+from .gpu import DeviceInfo, GpuBackend, GpuDeviceError, GpuLostError, MemoryInfo, PendingRepair
 
 
 def job_tree_pids(pid: int | None) -> frozenset[int]:
@@ -54,6 +54,8 @@ class DeviceReading:
     ecc_uncorrected: int | None = None
     pending: PendingRepair = field(default_factory=PendingRepair)
     lost: bool = False
+    unknown: str | None = None  # why NVML could not read this device (GpuDeviceError: kind and message)
+    unknown_kind: str | None = None
 
     def to_status(self, faults: Sequence[str]) -> dict[str, object]:
         info = self.info
@@ -73,6 +75,7 @@ class DeviceReading:
             "ecc_uncorrected_volatile": self.ecc_uncorrected,
             "reset_pending": self.pending.needs_reset,
             "lost": self.lost,
+            "unknown": self.unknown,
             "faults": list(faults),
         }
 
@@ -90,3 +93,5 @@ def read_device(backend: GpuBackend, index: int, job_pids: frozenset[int] = froz
                              backend.ecc_uncorrected_volatile(index), backend.pending_repair(index))
     except GpuLostError:
         return DeviceReading(index, info, lost=True)
+    except GpuDeviceError as exc:  # this device alone: shown as unknown, the others are still read
+        return DeviceReading(index, info, unknown=str(exc), unknown_kind=exc.kind)

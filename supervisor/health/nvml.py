@@ -4,12 +4,13 @@ which picks one from ``gpu.backend``."""
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
 import structlog
 
-from .gpu import (DeviceInfo, GpuBackend, GpuBlindError, GpuEvent, GpuEventKind, GpuLostError, MemoryInfo,
-                  PendingRepair)
+from .gpu import (DeviceInfo, GpuBackend, GpuBlindError, GpuDeviceError, GpuEvent, GpuEventKind, GpuLostError,
+                  MemoryInfo, PendingRepair)
 
 log = structlog.get_logger("supervisor.health")
 
@@ -21,9 +22,14 @@ def _decode(value: Any) -> str:
 class NvmlBackend:
     """The real thing, through ``pynvml``. Safe to construct anywhere: nothing loads until init."""
 
-    def __init__(self) -> None:
+    def __init__(self, nvml: Any = None) -> None:
+        # ``nvml``: the pynvml module to use; tests hand in the real module with its C library
+        # replaced (tests/helpers/nvml_clib.py), so this code runs as it does on a GPU node.
+        self._module = nvml
         self._nvml: Any = None
         self._handles: dict[int, Any] = {}
+        self._migs: dict[int, list[Any]] = {}
+        self.registered: dict[int, int] = {}  # device -> the event mask really registered
         self._event_set: Any = None
         self._lock = threading.Lock()
         self._initialized = False
@@ -35,6 +41,7 @@ class NvmlBackend:
             import pynvml  # nvidia-ml-py; imported late so a broken install only blinds us
         except Exception as exc:  # noqa: BLE001 - ImportError or a broken module alike
             raise GpuBlindError(f"nvidia-ml-py (pynvml) cannot be imported: {exc}") from exc
+        pynvml = self._module or pynvml
         try:
             pynvml.nvmlInit()
         except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
@@ -51,10 +58,13 @@ class NvmlBackend:
                 self._event_set = None
             self._guard_silent(self._nvml.nvmlShutdown)
             self._handles.clear()
+            self._migs.clear()
             self._initialized = False
 
-    # Every NVML call goes through here: lost -> GpuLostError, unsupported -> None, other -> raise.
-    def _call(self, index: int | None, fn: Callable[[], Any]) -> Any:
+    # Every NVML call goes through here: lost -> GpuLostError; NVML broken -> GpuBlindError; refused or
+    # unsupported -> None for an optional query, GpuDeviceError (that device alone) for a needed one
+    # (``need``: the handle, the memory) and for any other error of a device's query (UNKNOWN...).
+    def _call(self, index: int | None, fn: Callable[[], Any], need: bool = False) -> Any:
         if not self._initialized:
             raise GpuBlindError("NVML is not initialized")
         nv = self._nvml
@@ -64,13 +74,16 @@ class NvmlBackend:
             value = getattr(exc, "value", None)
             if value == nv.NVML_ERROR_GPU_IS_LOST:
                 raise GpuLostError(index if index is not None else -1, f"GPU {index} is lost: {exc}") from exc
-            if value in (nv.NVML_ERROR_NOT_SUPPORTED, getattr(nv, "NVML_ERROR_NO_PERMISSION", -1),
-                         getattr(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", -1)):
-                return None
             if value in (nv.NVML_ERROR_UNINITIALIZED, nv.NVML_ERROR_DRIVER_NOT_LOADED,
                          nv.NVML_ERROR_LIBRARY_NOT_FOUND):
                 raise GpuBlindError(f"NVML stopped working: {exc}") from exc
-            raise
+            kind = {nv.NVML_ERROR_NO_PERMISSION: "no_permission", nv.NVML_ERROR_NOT_SUPPORTED: "not_supported",
+                    nv.NVML_ERROR_FUNCTION_NOT_FOUND: "not_supported"}.get(value, "unknown")
+            if kind != "unknown" and not need:
+                return None
+            if index is None:
+                raise
+            raise GpuDeviceError(index, kind, f"GPU {index}: NVML answered {exc} ({kind})") from exc
 
     @staticmethod
     def _guard_silent(fn: Callable[[], Any]) -> None:
@@ -82,7 +95,8 @@ class NvmlBackend:
     def _handle(self, index: int) -> Any:
         h = self._handles.get(index)
         if h is None:
-            h = self._call(index, lambda: self._nvml.nvmlDeviceGetHandleByIndex(index))
+            # NO_PERMISSION here: a device cgroup (container) denies this GPU; the others go on
+            h = self._call(index, lambda: self._nvml.nvmlDeviceGetHandleByIndex(index), need=True)
             self._handles[index] = h
         return h
 
@@ -105,16 +119,46 @@ class NvmlBackend:
         v = self._call(None, self._nvml.nvmlSystemGetCudaDriverVersion)
         return f"{v // 1000}.{(v % 1000) // 10}" if isinstance(v, int) else None
 
+    def _mig_handles(self, index: int) -> list[Any]:
+        """The MIG devices of GPU ``index`` this process may open (none: MIG off or not supported).
+        On a MIG parent, memory and processes are per MIG device; in a container the parent's own
+        memory query answers NO_PERMISSION."""
+        if index in self._migs:
+            return self._migs[index]
+        nv, h = self._nvml, self._handle(index)
+        out: list[Any] = []
+        mode = self._call(index, lambda: nv.nvmlDeviceGetMigMode(h))
+        if mode is not None and mode[0] == nv.NVML_DEVICE_MIG_ENABLE:
+            for i in range(int(self._call(index, lambda: nv.nvmlDeviceGetMaxMigDeviceCount(h)) or 0)):
+                try:
+                    out.append(nv.nvmlDeviceGetMigDeviceHandleByIndex(h, i))
+                except nv.NVMLError:  # NOT_FOUND: an empty slot; NO_PERMISSION: another tenant's
+                    continue
+        self._migs[index] = out
+        return out
+
     def memory(self, index: int) -> MemoryInfo:
         h = self._handle(index)
-        m = self._call(index, lambda: self._nvml.nvmlDeviceGetMemoryInfo(h))
+        try:
+            m = self._call(index, lambda: self._nvml.nvmlDeviceGetMemoryInfo(h), need=True)
+        except GpuDeviceError as exc:
+            migs = self._mig_handles(index) if exc.kind != "unknown" else []
+            if not migs:
+                raise
+            parts = [self._call(index, partial(self._nvml.nvmlDeviceGetMemoryInfo, g)) for g in migs]
+            seen = [p for p in parts if p is not None]
+            if not seen:
+                raise
+            return MemoryInfo(sum(int(p.used) for p in seen), sum(int(p.total) for p in seen))
         return MemoryInfo(int(m.used), int(m.total))
 
     def processes(self, index: int) -> Mapping[int, int]:
-        nv, h = self._nvml, self._handle(index)
+        nv = self._nvml
         out: dict[int, int] = {}
-        for getter in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
-            procs = self._call(index, lambda g=getter: g(h)) or []  # type: ignore[misc]
+        calls = [(g, h) for h in (self._handle(index), *self._mig_handles(index))
+                 for g in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses)]
+        for getter, h in calls:
+            procs = self._call(index, lambda g=getter, h=h: g(h)) or []  # type: ignore[misc]
             for p in procs:
                 used = getattr(p, "usedGpuMemory", None)
                 # NVML reports "not available" (e.g. without permission) as None or a huge sentinel
@@ -154,21 +198,43 @@ class NvmlBackend:
         remap_failure = bool(rows[3]) if rows is not None else None
         return PendingRepair(bool(pages) if pages is not None else None, remap_pending, remap_failure)
 
+    def recovery_action(self, index: int) -> int | None:
+        nv, h = self._nvml, self._handle(index)
+        field = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field is None:
+            return None
+        values = self._call(index, lambda: nv.nvmlDeviceGetFieldValues(h, [field]))
+        if values is None or values[0].nvmlReturn != nv.NVML_SUCCESS:
+            return None  # a driver before r570 has no such field
+        return int(values[0].value.uiVal)
+
     def _ensure_event_set(self) -> Any:
         nv = self._nvml
         with self._lock:
             if self._event_set is None:
                 es = self._call(None, nv.nvmlEventSetCreate)
-                mask = nv.nvmlEventTypeXidCriticalError | nv.nvmlEventTypeDoubleBitEccError
-                registered = 0
+                wanted = nv.nvmlEventTypeXidCriticalError | nv.nvmlEventTypeDoubleBitEccError
+                self.registered = {}
                 for i in range(self.device_count()):
+                    # Only the types the device supports: NVML registers none of a mask holding one
+                    # it does not (a GPU without ECC events would then send no Xid either).
                     try:
-                        self._call(i, lambda i=i: nv.nvmlDeviceRegisterEvents(self._handle(i), mask, es))  # type: ignore[misc]
-                        registered += 1
+                        h = self._handle(i)
+                        supported = self._call(i, partial(nv.nvmlDeviceGetSupportedEventTypes, h))
+                        mask = wanted & (supported if supported is not None else wanted)
+                        if mask:
+                            self._call(i, partial(nv.nvmlDeviceRegisterEvents, h, mask, es), need=True)
+                        self.registered[i] = mask
                     except Exception as exc:  # noqa: BLE001 - some GPUs refuse events; poll still works
+                        self.registered[i] = 0
                         log.warning("gpu_events_unsupported", device=i, error=str(exc),
-                                    next="Xid events from this GPU are not seen; polling continues")
-                log.info("gpu_events_registered", devices=registered)
+                                    next="Xid and ECC events from this GPU are not seen; polling continues")
+                said = {i: [n for n, bit in (("xid", nv.nvmlEventTypeXidCriticalError),
+                                              ("ecc_double_bit", nv.nvmlEventTypeDoubleBitEccError)) if m & bit]
+                        for i, m in self.registered.items()}
+                log.info("gpu_events_registered", devices=sum(1 for m in said.values() if m),
+                         types={str(i): t for i, t in said.items()},
+                         next="a GPU without xid here is watched by polling only (ECC counter, lost)")
                 self._event_set = es
             return self._event_set
 
@@ -185,10 +251,13 @@ class NvmlBackend:
                 raise GpuLostError(-1, f"a GPU is lost: {exc}") from exc
             raise
         index = self._index_of(data.device, handle_to_index)
+        # 0xFFFFFFFF: the event is the whole GPU's, not one MIG slice's
+        gi = int(data.gpuInstanceId) if int(data.gpuInstanceId) != 0xFFFFFFFF else None
+        ci = int(data.computeInstanceId) if int(data.computeInstanceId) != 0xFFFFFFFF else None
         if data.eventType & nv.nvmlEventTypeXidCriticalError:
-            return [GpuEvent(GpuEventKind.XID, index, int(data.eventData))]
+            return [GpuEvent(GpuEventKind.XID, index, int(data.eventData), gpu_instance=gi, compute_instance=ci)]
         if data.eventType & nv.nvmlEventTypeDoubleBitEccError:
-            return [GpuEvent(GpuEventKind.ECC_DBE, index)]
+            return [GpuEvent(GpuEventKind.ECC_DBE, index, gpu_instance=gi, compute_instance=ci)]
         return []
 
     def _index_of(self, device: Any, cache: Mapping[int, int]) -> int:

@@ -1,0 +1,76 @@
+"""GPU health through the real daemon on a simulated node (issue 39): the real NVML backend over
+NVIDIA's real ``pynvml`` with only its C calls simulated (tests/helpers/nvml_clib.py, injected by
+the test-only launcher tests/helpers/fake_gpu_daemon.py)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, Daemon, helper, history, started_daemons
+from tests.util import wait_for
+
+PY = sys.executable
+GiB = 1024**3
+
+
+class SimGpuDaemon(Daemon):
+    def __init__(self, node: dict[str, Any], args: list[str], tmp: Path, env: dict[str, str] | None = None
+                 ) -> None:  # no super().__init__(): it would launch
+        self.tmp = tmp
+        self.stdout_path = tmp / "daemon.stdout"
+        self.stderr_path = tmp / "daemon.stderr"
+        spec = tmp / "node.json"
+        spec.write_text(json.dumps({"simulated": node}))
+        e = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        e.pop("JOURNAL_STREAM", None)
+        e.pop("NOTIFY_SOCKET", None)
+        self.proc = subprocess.Popen([PY, helper("fake_gpu_daemon.py"), str(spec), "--log-format", "logfmt", *args],
+                                     cwd=str(ROOT), env=e, stdout=open(self.stdout_path, "wb"),
+                                     stderr=open(self.stderr_path, "wb"), start_new_session=True)
+
+
+@pytest.fixture
+def sim_daemons(tmp_path: Path):
+    with started_daemons(lambda node, args, env=None: SimGpuDaemon(node, args, tmp_path, env)) as start:
+        yield start
+
+
+# The job: counts its launches in OUT, runs until the file OUT/stop appears (or 60 s), exits 0.
+JOB = ("import os, sys, time\nout = sys.argv[1]\nn = len([p for p in os.listdir(out) if p.startswith('a')])\n"
+       "open(os.path.join(out, f'a{n}'), 'w').close()\nprint(f'attempt {n} running', flush=True)\n"
+       "end = time.monotonic() + 60\n"
+       "while not os.path.exists(os.path.join(out, 'stop')) and time.monotonic() < end:\n    time.sleep(0.05)\n")
+
+
+def test_a_mig_parent_and_a_denied_handle_leave_a_running_job_and_name_the_gpu(sim_daemons, tmp_path: Path) -> None:
+    """A MIG parent answering NO_PERMISSION for its memory (a container) and a GPU whose handle a
+    device cgroup denies: the gate passes with a warning naming the GPU, the job runs and ends
+    normally; never a crash of the gate, never a give-up labelled checkpoint_load_error."""
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    node = {"gpus": [{"uuid": "GPU-00000000-aaaa"},
+                     {"uuid": "GPU-11111111-bbbb", "memory_error": "no_permission",
+                      "migs": [{"uuid": "MIG-11111111-0001", "gi": 1, "ci": 0}]},
+                     {"uuid": "GPU-22222222-cccc", "handle_error": "no_permission"}]}
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[gpu]\npoll_s = 0.1\n")
+    d = sim_daemons(node, ["wrap", "--config", str(cfg), "--state-dir", str(sd), "--", PY, "-c", JOB, str(out)])
+    wait_for(lambda: "gpu_device_unknown" in d.stderr() and (out / "a0").exists(), timeout=60,
+             what="the job running and the denied GPU said")
+    (out / "stop").touch()
+    assert d.wait(60) == 0, d.stderr()[-3000:]
+    a = history(sd)["attempts"]
+    assert len(a) == 1 and a[0]["cause"] is None and a[0]["exit_code"] == 0
+    gate = a[0]["gate"]
+    assert gate["passed"] is True and any(w.startswith("GPU 2 cannot be read") for w in gate["warnings"]), gate
+    assert "no_permission" in json.dumps(gate["details"]["unknown_devices"])
+    assert [m["device"] for m in gate["details"]["memory"]] == [0, 1], "the MIG parent is read through its slice"
+    assert "checkpoint_load_error" not in d.stderr() and "could not choose a checkpoint" not in d.stderr()
+    unknown = [line for line in d.events() if line.startswith("event=gpu_device_unknown")]
+    assert unknown and "device=2" in unknown[0] and "no_permission" in unknown[0]
