@@ -155,7 +155,11 @@ class LogWatcher:
         steps: list[int | None] = []
         walls: list[float] = []  # each new step's wall time (a TensorBoard scalar's own: when it was logged)
         metric_detectors = [d for d in self._detectors if d.wants_metrics]
+        kept: list[MetricRecord] = []
         for rec in records:
+            if "epoch" in rec.extra:
+                rec = self._epochs.globalize(source, rec)  # a JSONL file's {"epoch": 1, "iter": 50}
+            kept.append(rec)
             if rec.step is None:
                 if rec.loss is not None or rec.grad_norm is not None:
                     steps.append(None)
@@ -178,7 +182,7 @@ class LogWatcher:
                     self._detections += 1
                     self._last_detection = d
                     detections.append(d)
-        return list(records), detections, steps, walls
+        return kept, detections, steps, walls
 
     def _deliver(self, detections: Sequence[Detection], records: Sequence[MetricRecord],
                  steps: Sequence[int | None], last_line: str | None, walls: Sequence[float] | None = None,

@@ -8,6 +8,7 @@ import math
 from typing import Mapping
 
 from ..events import MetricRecord
+from .epochsteps import COUNTER_KEY
 
 # A number as trainers print it, non-finite spellings included. Each character has one way to match
 # (the fraction only after a "."): "\d[\d,]*\.?\d*" could split a digit run two ways and made a
@@ -125,6 +126,8 @@ def make_record(values: Mapping[str, object], fmt: str, source: str, rank: int |
 def record_from_mapping(d: Mapping[str, object], fmt: str, source: str, rank: int | None) -> MetricRecord | None:
     values: dict[str, object] = {}
     extra: dict[str, float] = {}
+    local: bool | None = None  # the step came from an "iter" that may restart every epoch
+    counter = 0.0
     for key, raw in d.items():
         if not isinstance(key, str):
             continue
@@ -134,6 +137,12 @@ def record_from_mapping(d: Mapping[str, object], fmt: str, source: str, rank: in
             continue
         if canon is None:
             extra[key] = num
+        elif canon == "step":
+            is_local = key.lower() in ("iter", "iteration")
+            if "step" not in values or (local and not is_local):  # an explicit step beats an iter
+                values["step"], local, counter = num, is_local, num
         elif canon not in values:
             values[canon] = num
+    if local and "epoch" in extra:
+        extra[COUNTER_KEY] = counter  # .epochsteps makes it global
     return make_record(values, fmt, source, rank, extra)

@@ -137,3 +137,21 @@ def test_a_crafted_epoch_makes_no_giant_step() -> None:
     w.feed("stdout", [f"epoch {e} | iter {i}/100 | loss 2.0" for e in (0, 1) for i in (10, 90)])
     w.feed("stdout", ["epoch 100000000000000000 | iter 5/100 | loss 2.0", "epoch 1e300 | iter 5/100 | loss 2.0"])
     assert [r.step for r in recs] == [10, 90, 110, 190, None, None]
+
+
+def test_json_lines_and_jsonl_files_with_an_epoch_and_an_iter() -> None:
+    w, dets, recs = watch()
+    w.feed("stdout", [f'{{"epoch": {e}, "iter": {i}, "loss": 2.0}}' for e in (0, 1) for i in range(0, 100, 10)])
+    assert [r.step for r in recs][9:12] == [90, 91, 101]  # 0..90 logged: at least 91 an epoch
+    w.feed("stdout", ['{"epoch": 1, "iter": 50, "step": 150, "loss": 2.0}'])  # an explicit step wins
+    assert recs[-1].step == 150 and "epoch_counter" not in recs[-1].extra
+    # The same records read from a metric file the job writes (feed_records: JSONL, CSV, TensorBoard).
+    from supervisor.watch.parsers import MetricParser
+    p = MetricParser()
+    lines = [f'{{"epoch": {e}, "iteration": {i}, "loss": {"NaN" if (e, i) == (1, 60) else 2.0}}}'
+             for e in (0, 1) for i in range(0, 100, 20)] + ['{"epoch": 1, "iteration": 60, "loss": NaN}']
+    file_recs = [r for r in (p.parse(x, "file:/run/m.jsonl") for x in lines) if r is not None]
+    w2, dets2, recs2 = watch()
+    w2.feed_records("file:/run/m.jsonl", file_recs)
+    assert [r.step for r in recs2][4:6] == [80, 81] and recs2[-1].step == 141
+    assert dets2 and dets2[0].step == 141
