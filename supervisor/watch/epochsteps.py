@@ -9,7 +9,8 @@ called suspect), the resume check. So a counter that belongs to an epoch becomes
 
 - *Which counters*: a record with an epoch (``extra["epoch"]``) and a counter the parser marked as
   possibly epoch-local (``extra["epoch_counter"]``: a generic line's ``iter`` / ``it`` / ``iteration`` /
-  ``batch N/M`` / bare ``N/M``). A line's explicit ``step`` / ``global_step`` is never marked: it wins.
+  ``batch N/M`` / bare ``N/M``, a JSON line's or metric file's ``iter`` / ``iteration``). A line's
+  explicit ``step`` / ``global_step`` is never marked: it wins.
   Lightning's bar (``Epoch 1: 50/100``, ``extra["batch"]`` of ``extra["total"]``) always counts the
   batches of its epoch: its period is the bar's total and its epochs count from 0. (With gradient
   accumulation Lightning's optimizer step is the batch count over the accumulation factor, which the bar

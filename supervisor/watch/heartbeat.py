@@ -309,7 +309,7 @@ class HeartbeatMonitor:
             self._output_learned_logged = True
             value, _ = out.steps.timeout()
             log.info("step_timeout_learned", timeout_s=round(value, 3), intervals=out.steps.intervals,
-                     max_interval_s=round(out.steps.max_interval, 3),
+                     max_interval_s=round(out.steps.max_interval, 3), timeout_from=out.basis(),
                      next="a job printing no new step and no line for longer than this is reported as hung")
         silence = out.check(now)
         if silence is not None and silence.kind != "startup":
