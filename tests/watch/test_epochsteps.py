@@ -155,3 +155,18 @@ def test_json_lines_and_jsonl_files_with_an_epoch_and_an_iter() -> None:
     w2.feed_records("file:/run/m.jsonl", file_recs)
     assert [r.step for r in recs2][4:6] == [80, 81] and recs2[-1].step == 141
     assert dets2 and dets2[0].step == 141
+
+
+def test_a_real_lightning_bar_captured_into_a_pipe_gives_global_steps_and_an_early_onset() -> None:
+    # tests/corpus/pl_train_loss.stdout (Lightning 2.6, 10 batches an epoch, NaN weights after batch
+    # 17): the bar shows each epoch's end, 10/10 in epochs 0, 1 and 2, so steps 10, 20, 30; the NaN
+    # first shows at step 20 and its onset (11) is before the real one (18), never after.
+    from pathlib import Path
+
+    w, dets, recs = watch()
+    text = (Path(__file__).parents[1] / "corpus" / "pl_train_loss.stdout").read_text(errors="replace")
+    w.feed("stdout", text.split("\n"))
+    bars = [r for r in recs if r.fmt == "lightning"]
+    assert sorted({r.step for r in bars if r.step is not None}) == [10, 20, 30], bars
+    [d] = dets
+    assert d.cause is Cause.NAN and d.step == 20 and d.onset_step is not None and 10 < d.onset_step <= 18, d
