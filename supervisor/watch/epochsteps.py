@@ -93,8 +93,8 @@ class EpochSteps:
             return rec
         if rec.fmt == "lightning":
             counter, total = _whole(extra.get("batch")), _whole(extra.get("total"))
-            if counter is None or not total:
-                return rec
+            if not counter or not total:
+                return rec  # a bar at 0 has done nothing yet (redrawn for a new epoch under the old name)
             c = self._counter(source + "\0bar", epoch)
             c.local, c.period, c.first_epoch = True, total, 0  # the bar counts its epoch's batches
         elif COUNTER_KEY in extra:
