@@ -202,6 +202,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         if last is None:
             print(f"transformer-supervisor: {e}", file=sys.stderr)
             return 1
+        from ..redact import env_secrets, learn_secrets, redact_data
+
+        # The redaction gate: the job log's tail is the job's own text. Without the daemon, what is
+        # known secret is this shell's environment (the job's env values only the daemon knew).
+        learn_secrets(env_secrets(os.environ))
+        last = redact_data(last)
         print(strictjson.dumps(last, indent=2, sort_keys=True) if args.json else render_last_run(last))
         return EXIT_NOT_RUNNING
     except ControlError as e:

@@ -8,6 +8,7 @@ the webhook or the report. A remedy's env (a key, a URL password) is masked in
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -70,6 +71,14 @@ def test_a_blind_jobs_sample_lines_reach_no_sink_unmasked(daemons, tmp_path: Pat
     go.touch()
     assert d.wait(30) == 0, d.stderr()[-3000:]
     hist = _cli("history", "--json", "--state-dir", str(sd))
+    # With no daemon, status shows the end of the job's log: the job's own text, through the gate too
+    # (the env values learned are the CLI's own: here the daemon's, which the job printed).
+    after = subprocess.run([PY, "-m", "supervisor", "status", "--json", "--state-dir", str(sd)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "DAEMON_SERVICE_TOKEN": "daemonsecret-1357"})
+    assert after.returncode == 3 and "password: <redacted>" in after.stdout, after.stdout
+    known_here = tuple(s for s in BLIND_SECRETS if s != "jobenvsecret-2468")  # [job] env: the daemon's knowledge
+    assert not _leaks(known_here, status_after_exit=after.stdout)
     report = Path(_cli("report", "--state-dir", str(sd), "--out", str(tmp_path / "rep")).split()[1]).read_text()
     assert not _leaks(BLIND_SECRETS, journal=d.stderr(), ledger=_ledger_bytes(sd), status=status, history=hist,
                       hook_stdin=out.read_text(), hook_env=Path(str(out) + ".env").read_text(), webhook=body,
