@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import history
 
 PY = sys.executable
-PAUSE_S = 8.0  # well past the timeout in force (3 s) and the look (1 s)
+PAUSE_S = 10.0  # well past the timeout in force (3 s) and the look (1 s), also on a loaded machine
 
 JOB = """\
 import json, os, sys, time
