@@ -254,11 +254,15 @@ class OutputLiveness:
 
     def status(self, now: float) -> dict[str, object]:
         limit, source = self.timeout()
+        basis = self.basis()
+        if self.signal == "steps" and self._last_step_at is None:  # check(): the start-up allowance holds
+            limit, source = self.cfg.startup_timeout_s, "startup"
+            basis = f"start-up ([heartbeat] startup_timeout_s) until this attempt's first step; then {basis}"
         return {
             "signal": self.signal,
             "timeout_s": None if limit == float("inf") else round(limit, 3),
             "timeout_source": source,
-            "timeout_from": self.basis(),
+            "timeout_from": basis,
             "step_intervals_seen": self.steps.intervals,
             "last_step": self._last_step,
             "silent_s": None if self._last_line_at is None else round(max(0.0, now - self._last_line_at), 3),

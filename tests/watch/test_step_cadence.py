@@ -143,5 +143,10 @@ def test_status_says_which_timeout_judges_the_job_and_where_it_came_from(tmp_pat
     assert ht["timeout_from"] == "learned from 3 intervals of the output (stdout), longest 10.0 s", ht
     table = status_table({"state": "running", "hang_timeout": ht})
     assert "hang timeout  60 s (steps, silent 10.0s): learned from 3 intervals of the output (stdout)" in table
+    m.start(ctx_for(tmp_path / "hb", clock.mono, attempt=1), out.append)  # a relaunch, before its first step
+    ht = m.timeout_in_force()
+    assert ht["timeout_s"] == 1800.0 and ht["timeout_source"] == "startup", ht
+    assert str(ht["timeout_from"]).startswith("start-up ([heartbeat] startup_timeout_s) until this attempt's first "
+                                              "step; then learned from 3 intervals"), ht
     cfgd = HeartbeatMonitor(HeartbeatConfig(timeout_s=30), wall=clock.wall)
     assert cfgd.timeout_in_force()["timeout_from"] == "configured ([heartbeat] timeout_s)"
