@@ -11,7 +11,8 @@ file: its five pickles, the magic number first, then raw storage bytes; any othe
 stream to the end). What none of these reads whole (a file cut short, an unknown format, a file
 past the bound or changed while read) is not called checked, so not handed over either; a whole
 safetensors file that is no pickle passes. A folder's pickle-like files (``*.pt``, ``*.pth``,
-``*.bin``, ``*.pkl``, ``*.ckpt``) are scanned one level down.
+``*.bin``, ``*.pkl``, ``*.ckpt``) are scanned one level down, and a DCP folder's ``.metadata``
+(which DCP's reader loads with a plain ``pickle.load``; its own data classes are allowed by name).
 
 Why this and not picklescan or fickling: both are *denylist* scanners (they flag known-dangerous
 imports such as ``os.system`` and pass the rest), while the job's ``weights_only`` load is an
@@ -81,11 +82,35 @@ def numpy_data(module: str, name: str) -> bool:
     return (module == "numpy" and name in ("ndarray", "dtype")) or (module == "numpy.dtypes" and name.endswith("DType"))
 
 
+# torch.distributed.checkpoint's ``.metadata``: a plain pickle that DCP's reader loads with
+# pickle.load (no weights_only), so it is scanned too, allowing its own data classes by name.
+DCP_METADATA = ".metadata"
+_DCP_DATA = frozenset({
+    ("torch.distributed.checkpoint.metadata", n) for n in (
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
+} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("pathlib", "PosixPath"),
+     ("pathlib", "PurePosixPath")})
+
+
+def dcp_data(module: str, name: str) -> bool:
+    return (module, name) in _DCP_DATA
+
+
+def _also_allowed(path: Path) -> Callable[[str, str], bool]:
+    """What a file may import beyond the tensor-rebuild allowlist, by the role its name gives it."""
+    if path.name.startswith(RNG_PREFIX):
+        return numpy_data
+    if path.name == DCP_METADATA:
+        return dcp_data
+    return lambda module, name: False
+
+
 class _Refused(Exception):
     """A stream imports something outside the allowlist (the message says what)."""
 
 
-def _checker(where: str, rng: bool) -> Callable[[str | None], None]:
+def _checker(where: str, also: Callable[[str, str], bool]) -> Callable[[str | None], None]:
     """Judges each import as the walk meets it: a loader runs a REDUCE before it reads on, so a
     stream that breaks off later is refused for what it imported before."""
     def check(g: str | None) -> None:
@@ -93,7 +118,7 @@ def _checker(where: str, rng: bool) -> Callable[[str | None], None]:
             raise _Refused(f"{where}: the pickle imports a callable whose name is only known at load time "
                            "(STACK_GLOBAL on computed operands, or a copyreg extension code)")
         module, _, name = g.rpartition(".")
-        if not allowed(module, name) and not (rng and numpy_data(module, name)):
+        if not allowed(module, name) and not also(module, name):
             raise _Refused(f"{where}: the pickle references {g}, outside the tensor-rebuild allowlist")
     return check
 
@@ -206,19 +231,19 @@ def _identity(path: Path) -> tuple[int, int, int]:
 
 
 def _scan_file(path: Path, budget: Budget) -> str | None:
-    rng = path.name.startswith(RNG_PREFIX)
+    also = _also_allowed(path)
     before = _identity(path)
     try:
         with open(path, "rb") as f:
             head = f.read(4)
             if head.startswith(ZIP_MAGIC):
-                _scan_zip(path, budget, lambda member: _checker(f"{path.name}:{member}", rng))
+                _scan_zip(path, budget, lambda member: _checker(f"{path.name}:{member}", also))
             elif _is_tar(path):
-                _scan_tar(path, budget, _checker(path.name, rng))
+                _scan_tar(path, budget, _checker(path.name, also))
             else:
                 f.seek(0)
                 try:
-                    _scan_pickles(BoundedReader(f, budget), _checker(path.name, rng))
+                    _scan_pickles(BoundedReader(f, budget), _checker(path.name, also))
                 except Unreadable:
                     if path.suffix != ".safetensors" or structure_problem(path) is not None:
                         raise
@@ -253,6 +278,8 @@ def unsafe_pickle(path: Path, budget: Budget | None = None) -> str | None:
         files += [p for d in sorted(path.iterdir()) if d.is_dir() and not d.is_symlink()
                   for p in sorted(d.iterdir()) if p.is_file() and p.suffix in PICKLE_SUFFIXES]
         files = [p for p in files if p.name not in registry.NEVER]
+        if (path / DCP_METADATA).is_file():
+            files.append(path / DCP_METADATA)
         if len(files) > MAX_FILES:
             return (f"{path.name}: {len(files)} pickle files, more than the scan reads ({MAX_FILES}), "
                     "so it is not called checked")

@@ -30,13 +30,14 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]
 
 def test_every_protocol_and_format_with_a_payload_is_refused_without_running_it(made: tuple[Path, dict[str, Any]]) -> None:
     out, index = made
-    assert len(index) == 22, sorted(index)
+    assert len(index) == 23, sorted(index)
     assert all(v["ran"] for v in index.values()), "each fixture runs its payload under a careless load: " + str(
         [k for k, v in index.items() if not v["ran"]])
     for name in sorted(index):
         why = unsafe_pickle(out / name)
         assert why is not None and "posix.system" in why and "allowlist" in why, (name, why)
-    for p in ("torch_zip_p1.pt", "torch_legacy_p1.pt", "torch_legacy_p0.pt", "torch_tar.tar", "plain_p0.pkl"):
+    for p in ("torch_zip_p1.pt", "torch_legacy_p1.pt", "torch_legacy_p0.pt", "torch_tar.tar", "plain_p0.pkl",
+              "dcp_metadata"):
         assert p in index  # the cases the issue names, by name
     assert not [v["marker"] for v in index.values() if Path(v["marker"]).exists()], "the scan never executes"
 
@@ -44,7 +45,7 @@ def test_every_protocol_and_format_with_a_payload_is_refused_without_running_it(
 def test_the_same_formats_without_a_payload_pass(made: tuple[Path, dict[str, Any]]) -> None:
     out, _ = made
     good = sorted(out.glob("good_*"))
-    assert len(good) == 18, [p.name for p in good]
+    assert len(good) == 19, [p.name for p in good]  # good_dcp: a folder, its .metadata scanned
     assert {p.name: unsafe_pickle(p) for p in good} == {p.name: None for p in good}
 
 

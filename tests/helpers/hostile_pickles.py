@@ -86,6 +86,18 @@ def write_good(out: Path) -> None:
         (out / f"good_plain_p{proto}.pkl").write_bytes(pickle.dumps({"lr": 1e-3, "step": 7, "name": "x"}, protocol=proto))
     (out / "good_nested5000.pkl").write_bytes(b"(" * 5000 + b"N" + b"l" * 5000 + b".")
     _tar(out / "good_torch_tar.tar", None)
+    _dcp(out / "good_dcp", sd)
+
+
+def _dcp(folder: Path, sd: dict[str, Any]) -> None:
+    """torch.distributed.checkpoint in one process (it says so in a warning)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({k: v for k, v in sd.items() if k != "dtype"}, checkpoint_id=str(folder))
 
 
 def write_all(out: Path) -> dict[str, dict[str, object]]:
@@ -110,6 +122,10 @@ def write_all(out: Path) -> dict[str, dict[str, object]]:
         name = f"nested5000_p{proto}.pkl"
         (out / name).write_bytes(_nested(5000, marker(name), proto))
     _tar(out / "torch_tar.tar", marker("torch_tar.tar"))
+    # DCP's .metadata, which its reader loads with pickle.load, whatever weights_only says.
+    name = "dcp_metadata"
+    _dcp(out / name, {"model": {"w": torch.zeros(2)}})
+    (out / name / ".metadata").write_bytes(pickle.dumps(Payload(marker(name)), protocol=4))
     # A payload after a whole first pickle: pickle.load reads one, a job may read on.
     name = "second_stream.pkl"
     (out / name).write_bytes(pickle.dumps({"w": 1}, protocol=1) + pickle.dumps(Payload(marker(name)), protocol=1))
@@ -119,6 +135,10 @@ def write_all(out: Path) -> dict[str, dict[str, object]]:
         try:
             if name.startswith("torch_"):
                 torch.load(out / name, weights_only=False)
+            elif name == "dcp_metadata":
+                from torch.distributed.checkpoint import FileSystemReader
+
+                FileSystemReader(str(out / name)).read_metadata()
             else:
                 with open(out / name, "rb") as f:
                     while True:
