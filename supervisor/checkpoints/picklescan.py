@@ -24,6 +24,7 @@ from __future__ import annotations
 import struct
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -251,7 +252,10 @@ def _scan_file(path: Path, budget: Budget) -> str | None:
                     # pickle: nothing in it is code. What a pickle walk met first was judged.
     except _Refused as exc:
         return str(exc)
-    except (Unreadable, tarfile.TarError, struct.error) as exc:
+    except (Unreadable, tarfile.TarError, struct.error, zipfile.BadZipFile, zlib.error, EOFError, ValueError,
+            RuntimeError, NotImplementedError) as exc:
+        # A container's own complaints while a member is read (a bad CRC, a broken deflate
+        # stream, an encrypted member, an unknown compression) are as unreadable as the rest.
         return (f"{path.name}: cannot be read as a pickle, a torch zip or a legacy torch file ({exc}), so it is "
                 "not called checked")
     if _identity(path) != before:

@@ -95,6 +95,8 @@ class BoundedReader:
         """Raw bytes the loader reads as data, never as a pickle (legacy tar storages)."""
         if n < 0:
             raise Unreadable(f"a negative length ({n})")
+        if n == 0:
+            return
         if self._pushback:
             n -= 1
             self._pushback = b""

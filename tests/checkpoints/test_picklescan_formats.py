@@ -59,6 +59,7 @@ def test_what_cannot_be_read_is_not_called_checked(made: tuple[Path, dict[str, A
         "zeros.pt": bytes(4096),
         "zip_without_pickle.pt": _zip_without_pickle(tmp_path),
         "trailing.pkl": (out / "good_plain_p1.pkl").read_bytes() + b"\xff garbage",
+        "bad_crc.pt": _flip_in_member((out / "good_torch_zip_p2.pt").read_bytes(), b"bias"),
     }
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
@@ -68,6 +69,13 @@ def test_what_cannot_be_read_is_not_called_checked(made: tuple[Path, dict[str, A
     header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
     (tmp_path / "m.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
     assert unsafe_pickle(tmp_path / "m.safetensors") is None
+
+
+def _flip_in_member(data: bytes, word: bytes) -> bytes:
+    """A torch zip whose data.pkl (stored, not deflated) has one name changed: still a whole
+    pickle, but not the bytes its CRC was computed over."""
+    at = data.index(word)
+    return data[:at] + word.upper() + data[at + len(word):]
 
 
 def _zip_without_pickle(tmp_path: Path) -> bytes:
