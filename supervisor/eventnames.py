@@ -211,6 +211,8 @@ class EventName(StrEnum):
     CONTROL_SOCKET_LISTENING = "control_socket_listening"
     CONTROL_SOCKET_STALE_REMOVED = "control_socket_stale_removed"
     METRICS_LISTENING = "metrics_listening"
+    METRICS_LINGER = "metrics_linger"
+    METRICS_LINGER_ENDED = "metrics_linger_ended"
     METRICS_TEXTFILE_FAILED = "metrics_textfile_failed"
     NOTIFY_ABANDONED = "notify_abandoned"
     NOTIFY_DROPPED = "notify_dropped"

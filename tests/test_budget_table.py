@@ -64,6 +64,7 @@ NOT_READERS: dict[str, str] = {
     "supervisor/ops/config.py": "config schema",
     "supervisor/ops/journal.py": "writes to journald only",
     "supervisor/ops/notify.py": "sends datagrams to systemd only",
+    "supervisor/ops/scrapes.py": "bookkeeping of scrape times by address, 16 addresses at most (MAX_SCRAPERS)",
     "supervisor/ops/units.py": "writes unit files from the package's own data",
 }
 

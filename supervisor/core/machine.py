@@ -320,8 +320,6 @@ class Machine:
                             info.exit_code, info.signal, self.root, decision, shutdown, repeat=repeat,
                             progressed=progressed))
         self.history.append(PastAttempt(self.attempt, cause, wall, ran, counted, progressed, repeat))
-        if cause is not None:
-            self.restarts_by_cause[cause.value] += 1
         if self.pending.exit_after:
             if cause is None and not self.stop_requests and info.exit_code == 0:
                 self._do(CheckEnd(self.attempt, ran, wall))  # EndChecked says how it finished (core/runend.py)
@@ -335,6 +333,10 @@ class Machine:
         if not decision.relaunch:
             self._give_up(f"attempt {self.attempt} failed: {summary}; {decision.reason}", decision.cause)
             return
+        # Counted only here, where a relaunch follows: the attempt given up on (or stopped) is no
+        # restart; `status` of the ended run (read from the ledger) and tsup_restarts_total agree.
+        if cause is not None:
+            self.restarts_by_cause[cause.value] += 1
         self._apply_remedies(decision)
         if CAUSES[decision.cause].diagnostics:
             self.diagnostics = True

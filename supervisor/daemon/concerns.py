@@ -16,6 +16,7 @@ from ..eventnames import EventName
 from ..events import AttemptContext, Detection, MetricRecord
 from ..core.goodput import Track, goodput_of, tracks_from_rows
 from .effects import AttemptField
+from .linger import linger
 from .ports import Concern, DaemonView, Notifier
 
 if TYPE_CHECKING:  # imported at start, only what is configured (prometheus_client: 12 ms)
@@ -64,7 +65,7 @@ class OpsConcern(Concern):
         if mc.listen or mc.textfile:
             from ..ops.metrics import Metrics  # prometheus_client: 12 ms of imports, only when asked for
 
-            self.metrics = Metrics(mc)
+            self.metrics = Metrics(mc, name=daemon.cfg.job.name)
             try:
                 self.metrics.start()
             except OSError as e:  # a taken port must not stop the supervision of a training run
@@ -116,6 +117,12 @@ class OpsConcern(Concern):
 
     def close(self) -> None:
         self._publish_final()
+        if self.metrics is not None:
+            try:
+                linger(self.metrics, self.notifier)
+            except Exception as e:  # the exit must not wait on a failed wait
+                log.warning("metrics_linger_ended", error=repr(e), message=f"the wait for a last scrape failed: {e!r}; "
+                            "exiting now")
         close_each(self.control, self.metrics)
 
 

@@ -32,10 +32,15 @@ class MetricsConfig:
         'Prometheus endpoint "HOST:PORT" (e.g. "127.0.0.1:9464"); omitted: no listener',
         check=check_listen))
     textfile: str | None = field(default=None, metadata=meta(
-        "node-exporter textfile collector file (absolute, *.prom), rewritten atomically; omitted: none",
-        check=_check_textfile))
+        "node-exporter textfile collector file (absolute, *.prom), rewritten atomically; one file per run "
+        '(several runs per node: "{name}" in the path is replaced by [job] name, and every series carries '
+        "a name label); omitted: none", check=_check_textfile))
     textfile_interval_s: float = field(default=15.0, metadata=meta(
         "seconds between rewrites of the textfile", min=1.0))
+    linger_s: float = field(default=90.0, metadata=meta(
+        "after the run ends (finished, stopped, gave up), keep the listener up until each Prometheus that "
+        "was scraping it has scraped the final state, at most this many seconds (a 60 s scrape interval "
+        "fits); 0: exit at once", min=0.0, max=600.0))
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,17 @@ not (node_exporter has its own ``process_*`` and would reject the collision); GP
 the device index as ``gpu`` and its ``UUID``, the label names DCGM exporter uses, so
 ``tsup_gpu_memory_used_bytes * on(gpu, UUID) group_left DCGM_FI_DEV_GPU_UTIL`` joins as is.
 
+Several runs per node: every series carries the run's ``name`` label (``[job] name``), so the
+textfiles of several runs in one node_exporter directory never repeat a series, and
+``tsup_run_info{name, run_id}`` says which run a name is now. The listener's series carry it too
+(one dashboard variable picks a run whichever way it was collected).
+
+The end, seen by a scrape: a daemon that exited right after its give-up was never scraped in the
+``gave_up`` state. :meth:`Metrics.linger` keeps the listener up after the end until each
+Prometheus that was scraping it has scraped the final state (a scraper: an address that fetched
+``/metrics`` at least twice; one that stops scraping for twice its interval is not waited for),
+at most ``[metrics] linger_s``.
+
 Health: the listener also answers ``GET /healthz`` (a Kubernetes liveness probe, a load
 balancer): 200 "ok" while the main loop keeps publishing its status, 503 once the newest status
 is older than :data:`HEALTH_STALE_S` (the daemon is wedged; what systemd's watchdog catches
@@ -50,6 +61,7 @@ from ..core.machine import State
 from ..core.runend import Verdict
 from ..events import Cause
 from .config import MetricsConfig
+from .scrapes import ScrapeLog, wait_for_scrapers
 
 log = structlog.get_logger("supervisor.ops")
 
@@ -69,8 +81,9 @@ def _float(v: Any) -> float | None:
 
 
 class _StatusCollector(Collector):
-    def __init__(self, snapshot: Callable[[], tuple[Mapping[str, Any], float]]) -> None:
+    def __init__(self, snapshot: Callable[[], tuple[Mapping[str, Any], float]], name: str = "") -> None:
         self._snapshot = snapshot
+        self._name = name
         # lost seconds by cause only ever grow within a run (a counter): the goodput detail is
         # recomputed from the timeline and may wobble by a rounding; keep the high-water mark.
         self._lost_run: Any = None
@@ -91,8 +104,15 @@ class _StatusCollector(Collector):
             return dict(self._lost)
 
     def collect(self) -> Iterator[Metric]:
+        """Every family with the run's ``name`` label first on each sample: two runs' textfiles in
+        one node_exporter directory never hold the same series (node_exporter rejects duplicates)."""
         status, wall = self._snapshot()
+        name = self._name or str(status.get("name") or "job")  # "job": [job] name's default
+        for family in self._families(status, wall):
+            family.samples = [s._replace(labels={"name": name, **s.labels}) for s in family.samples]
+            yield family
 
+    def _families(self, status: Mapping[str, Any], wall: float) -> Iterator[Metric]:
         build = GaugeMetricFamily(PREFIX + "build_info", "The transformer-supervisor build (always 1)",
                                   labels=["version"])
         build.add_metric([__version__], 1.0)
@@ -124,7 +144,8 @@ class _StatusCollector(Collector):
             state.add_metric([s], 1.0 if s == current else 0.0)
         yield state
 
-        info = GaugeMetricFamily(PREFIX + "run_info", "The supervised run (always 1)", labels=["run_id"])
+        info = GaugeMetricFamily(PREFIX + "run_info", "The supervised run: its name and id (always 1)",
+                                 labels=["run_id"])
         if status.get("run_id"):
             info.add_metric([str(status["run_id"])], 1.0)
         yield info
@@ -236,8 +257,11 @@ class Metrics:
     collectors that the default registry would have (``process_*``, ``python_info``); the
     textfile's has the status collector only (node_exporter exports its own ``process_*``)."""
 
-    def __init__(self, config: MetricsConfig | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: MetricsConfig | None = None, *, name: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or MetricsConfig()
+        self._name = name
+        self.scrapes = ScrapeLog()
         self.registry = CollectorRegistry(auto_describe=False)
         self._lock = threading.Lock()
         self._status: Mapping[str, Any] = {}
@@ -246,7 +270,7 @@ class Metrics:
         self._last_textfile: float | None = None
         self._server: Any = None
         self._server_thread: threading.Thread | None = None
-        collector = _StatusCollector(self._snapshot)
+        collector = _StatusCollector(self._snapshot, name)
         self.registry.register(collector)
         self.textfile_registry = CollectorRegistry(auto_describe=False)
         self.textfile_registry.register(collector)
@@ -256,6 +280,10 @@ class Metrics:
     def _snapshot(self) -> tuple[Mapping[str, Any], float]:
         with self._lock:
             return self._status, self._status_wall
+
+    def published(self) -> tuple[Mapping[str, Any], float]:
+        """The newest status and the unix time it was published."""
+        return self._snapshot()
 
     @property
     def address(self) -> tuple[str, int] | None:
@@ -297,6 +325,8 @@ class Metrics:
                                [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))),
                                 ("Cache-Control", "no-store")])
                 return [body]
+            if environ.get("PATH_INFO") == "/metrics":  # Prometheus' default path: a browser's "/" is no scrape
+                self.scrapes.note(str(environ.get("REMOTE_ADDR") or "?"))
             return metrics_app(environ, start_response)
 
         return app
@@ -322,6 +352,17 @@ class Metrics:
             self._last_textfile = self._clock()
             self.write_textfile()
 
+    def linger(self, stop: threading.Event, keepalive: Callable[[], None] = lambda: None) -> tuple[float, list[str]]:
+        """At the end, after :meth:`final`: keep the listener up until every regular scraper has
+        fetched the final state, at most ``linger_s`` or until ``stop`` is set. Returns (seconds
+        waited, the addresses that did not come back). No listener or no scraper: no wait."""
+        if self._server is None or self.config.linger_s <= 0:
+            return 0.0, []
+        _, since = self._snapshot()
+        started = time.monotonic()
+        _, left = wait_for_scrapers(self.scrapes, since, self.config.linger_s, stop, keepalive)
+        return time.monotonic() - started, left
+
     def render(self) -> bytes:
         """The exposition text (what /metrics serves)."""
         return generate_latest(self.registry)
@@ -330,10 +371,15 @@ class Metrics:
         """The textfile's text: our series only, no ``process_*`` or ``python_info``."""
         return generate_latest(self.textfile_registry)
 
+    def textfile_path(self) -> str | None:
+        """``[metrics] textfile`` with ``{name}`` replaced by the run's name ("/" made "_": one file)."""
+        path = self.config.textfile
+        return path.replace("{name}", self._name.replace("/", "_") or "job") if path else None
+
     def write_textfile(self) -> bool:
         """Rewrite the textfile atomically (temp file in the same dir, then rename): node-exporter
         must never read half a file. Never raises; a failure is logged once per kind."""
-        path = self.config.textfile
+        path = self.textfile_path()
         if not path:
             return False
         target = Path(path)

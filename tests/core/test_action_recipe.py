@@ -144,7 +144,7 @@ def test_status_metrics_and_the_cli_show_the_wait_with_no_edit_of_theirs(wait_ac
     metrics = Metrics()
     metrics.update(st)
     text = metrics.render().decode()
-    assert 'tsup_state{state="held"} 1.0' in text and 'tsup_state{state="backoff"} 0.0' in text
+    assert ',state="held"} 1.0' in text and ',state="backoff"} 0.0' in text  # tsup_state{name="...",state=...}
     assert "held" in render_status(st)
     assert State.HELD in MOVES[State.STOPPING] and MOVES[State.HELD] == {State.PREPARING, State.STOPPED}
 

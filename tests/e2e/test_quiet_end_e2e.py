@@ -80,6 +80,6 @@ def test_a_quiet_job_over_nan_weights_is_called_blind_early_and_its_end_unwatche
                         text=True, timeout=60)
     assert st.returncode == 3 and "non-finite weights" in st.stdout and "finished, unwatched" in st.stdout, st
     text = prom.read_text()
-    assert 'tsup_end_verdict{verdict="nonfinite_weights"} 1.0' in text and 'tsup_state{state="gave_up"} 1.0' in text
+    assert ',verdict="nonfinite_weights"} 1.0' in text and ',state="gave_up"} 1.0' in text  # after name="..."
     sent = [json.loads(line)["event"] for line in notified.read_text().splitlines()]
     assert "run_unwatched" in sent and "gave_up" in sent

@@ -95,13 +95,14 @@ def node_exporter(textfile_dir: Path, log: Path) -> Server:
                    "--collector.textfile", f"--collector.textfile.directory={textfile_dir}"], port, log, "/metrics")
 
 
-def prometheus(tmp: Path, targets: dict[str, str], rule_files: list[Path]) -> Server:
-    """Prometheus scraping ``targets`` (job name -> host:port) and evaluating ``rule_files``
-    every second (the production defaults of 15 s/1 m would make a test wait minutes)."""
+def prometheus(tmp: Path, targets: dict[str, str | list[str]], rule_files: list[Path]) -> Server:
+    """Prometheus scraping ``targets`` (job name -> host:port, or a list of them) and evaluating
+    ``rule_files`` every second (the production defaults of 15 s/1 m would make a test wait minutes)."""
     port = free_port()
     conf = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(p) for p in rule_files],
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [addr]}]}
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [addr] if isinstance(addr, str)
+                                                                     else addr}]}
                                for job, addr in targets.items()]}
     cfg = tmp / "prometheus.yml"
     cfg.write_text(json.dumps(conf))  # YAML is a superset of JSON

@@ -31,11 +31,15 @@ STATUS = {
 UUID1 = "GPU-11111111-2222-3333-4444-555555555555"
 
 
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def samples(text: str, name: str = "job") -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """(series name, labels but ``name``) -> value; every tsup_ series carries the run's ``name``."""
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+            labels = dict(s.labels)
+            if s.name.startswith("tsup_"):
+                assert labels.pop("name", None) == name, s
+            out[(s.name, tuple(sorted(labels.items())))] = s.value
     return out
 
 
@@ -251,7 +255,7 @@ def test_textfile_leaves_out_process_and_platform_series_the_listener_keeps(tmp_
     m = Metrics(MetricsConfig(textfile=str(target)))
     m.final({**STATUS, "state": "gave_up"})  # written at once, whatever the interval
     text = target.read_text()
-    assert 'tsup_state{state="gave_up"} 1.0' in text and 'tsup_state{state="running"} 0.0' in text
+    assert 'tsup_state{name="job",state="gave_up"} 1.0' in text and 'tsup_state{name="job",state="running"} 0.0' in text
     assert not [l for l in text.splitlines() if l.split(" ")[0].startswith(("process_", "python_"))
                 or l.startswith(("# HELP process_", "# HELP python_"))], text
     served = m.render().decode()

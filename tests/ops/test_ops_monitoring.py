@@ -3,7 +3,10 @@ exit: promtool checks and unit-tests the rules as `install-units --print` gives 
 dashboard and rules only name series the daemon exports; through the real daemon, node_exporter's
 textfile collector reads the textfile without error while the job runs and after the daemon
 exits (with the final state, and without process_*/python_* series, which the listener keeps);
-a real Prometheus scraping the daemon fires TsupGaveUp on a give-up."""
+a real Prometheus scraping the daemon's listener fires TsupGaveUp on a give-up (the daemon
+lingers until it was scraped in the gave_up state) and tsup_restarts_total equals `status`. Every
+rule has a runbook_url naming a section of the docs; the dashboard picks a run by `name`.
+Several runs per node, and TsupDaemonDown after an end: tests/ops/test_ops_several_runs.py."""
 from __future__ import annotations
 
 import json
@@ -87,6 +90,28 @@ def test_dashboard_and_rules_name_only_series_the_daemon_exports():
     assert len(re.findall(r"^ +severity: (warning|critical)$", rules, re.M)) == len(alerts)
     used = names_in("\n".join(l for l in rules.splitlines() if "expr:" in l or l.startswith("          ")))
     assert "tsup_state" in used and used <= exported, used - exported
+    # the dashboard's variables pick a run: every tsup_ selector filters by name as well as instance
+    assert [v["name"] for v in dash["templating"]["list"]] == ["datasource", "instance", "name"]
+    assert all(e.count('name=~"$name"') == len(names_in(e)) for e in exprs), exprs
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_rule_has_a_runbook_url_naming_a_section_of_the_docs():
+    root = Path(__file__).resolve().parents[2]
+    rules = printed("alerts")
+    alerts = re.findall(r"^ +- alert: (\w+)$", rules, re.M)
+    urls = re.findall(r'^ +runbook_url: "([^"]+)"$', rules, re.M)
+    assert len(urls) == len(alerts) == 10
+    for alert, url in zip(alerts, urls):
+        path, _, anchor = url.partition("#")
+        doc = root / path
+        assert doc.is_file(), url
+        anchors = {slug(h) for h in re.findall(r"^#+ (.+)$", doc.read_text(), re.M)}
+        assert anchor == alert.lower() and anchor in anchors, (url, sorted(a for a in anchors if "tsup" in a))
 
 
 # --------------------------------------------------------------------------- through the daemon
@@ -133,10 +158,10 @@ def test_textfile_holds_our_series_and_the_final_state_node_exporter_reads_it(da
     try:
         d = daemons(["wrap", "--config", str(write_config(tmp_path, textfile, f"127.0.0.1:{port}")),
                      "--state-dir", str(tmp_path / "sd"), "--"] + waiting_job(release, 0))
-        wait_for(lambda: 'tsup_state{state="running"} 1.0' in (textfile.read_text() if textfile.exists() else ""),
+        wait_for(lambda: 'tsup_state{name="job",state="running"} 1.0' in (textfile.read_text() if textfile.exists() else ""),
                  timeout=60, what="the textfile saying running")
         s = textfile_read_cleanly(exporter)
-        assert s['tsup_state{state="running"}'] == 1.0 and s["tsup_last_step"] == 1.0
+        assert s['tsup_state{name="job",state="running"}'] == 1.0 and s['tsup_last_step{name="job"}'] == 1.0
         listener = get(f"http://127.0.0.1:{port}/metrics")[1]
         assert "process_resident_memory_bytes" in listener and "python_info" in listener  # the listener keeps them
         release.touch()
@@ -145,62 +170,53 @@ def test_textfile_holds_our_series_and_the_final_state_node_exporter_reads_it(da
         s = textfile_read_cleanly(exporter)
     finally:
         exporter.stop()
-    assert 'tsup_state{state="running"} 0.0' in final and s['tsup_state{state="running"}'] == 0.0
-    assert s['tsup_state{state="finished"}'] == 1.0, final
-    assert s['tsup_state{state="gave_up"}'] == 0.0
+    assert 'tsup_state{name="job",state="running"} 0.0' in final and s['tsup_state{name="job",state="running"}'] == 0.0
+    assert s['tsup_state{name="job",state="finished"}'] == 1.0, final
+    assert s['tsup_state{name="job",state="gave_up"}'] == 0.0
     assert not re.search(r"^(process_|python_)", final, re.M), final  # node_exporter has its own process_*
 
 
 @pytest.mark.slow
-def test_prometheus_scraping_the_daemon_fires_the_give_up_alert(daemons, tmp_path: Path):
-    """The listener is scraped in the gave_up state while the daemon waits for its give-up
-    notification (the hook below holds it until the test saw the alert; notify.shutdown_wait_s
-    bounds that wait), then the textfile carries gave_up 1 after the exit. TsupGaveUp has no
-    `for:`, so the shipped rules fire as they are, no variant with shorter waits is needed."""
+def test_prometheus_fires_the_give_up_from_the_listener_and_restarts_total_equals_status(daemons, tmp_path: Path):
+    """Nothing holds the daemon after its give-up: it keeps its listener up until Prometheus
+    scraped the gave_up state ([metrics] linger_s, said as metrics_linger), then exits 3; the
+    alert fires from the listener's job (no textfile is scraped here) after the daemon is gone.
+    One restart, then the give-up on the second failure: the counter says 1, as `status` does."""
     tool("prometheus")
-    tdir = tmp_path / "textfile"
-    tdir.mkdir()
-    textfile = tdir / "tsup.prom"
-    release, hook_release = tmp_path / "release", tmp_path / "hook-release"
-    hook = [PY, "-c", f"import os, time\nwhile not os.path.exists({str(hook_release)!r}): time.sleep(0.05)"]
+    textfile = tmp_path / "tsup.prom"
+    release = tmp_path / "release"
     port = free_port()
-    cfg = write_config(tmp_path, textfile, f"127.0.0.1:{port}",
-                       f"[notify]\ncommand = {json.dumps(hook)}\nshutdown_wait_s = 60\ntimeout_s = 60\n")
-    exporter = promhelp.node_exporter(tdir, tmp_path / "node_exporter.log")
     prom_dir = tmp_path / "prom"
     prom_dir.mkdir()
-    prom = promhelp.prometheus(prom_dir, {"transformer-supervisor": f"127.0.0.1:{port}",
-                                          "node": f"127.0.0.1:{exporter.port}"}, [shipped_rules(prom_dir)])
+    prom = promhelp.prometheus(prom_dir, {"transformer-supervisor": f"127.0.0.1:{port}"}, [shipped_rules(prom_dir)])
+    sd = tmp_path / "sd"
     try:
-        d = daemons(["wrap", "--config", str(cfg), "--state-dir", str(tmp_path / "sd"), "--max-restarts", "0",
-                     "--backoff", "0", "--"] + waiting_job(release, 7))
-
-        def scraped_running() -> bool:
-            r = api(prom, "/api/v1/query", query='tsup_state{job="transformer-supervisor",state="running"} == 1')
-            return bool(r["result"])
-
-        wait_for(scraped_running, timeout=60, interval=0.2, what="Prometheus scraping the daemon running")
+        d = daemons(["wrap", "--config", str(write_config(tmp_path, textfile, f"127.0.0.1:{port}")),
+                     "--state-dir", str(sd), "--name", "gpt-a", "--max-restarts", "1", "--backoff", "0", "--"]
+                    + waiting_job(release, 7))
+        # Scraped a few times: the daemon waits at its end only for an address that scrapes it
+        # regularly (a one-off fetch is not waited for).
+        wait_for(lambda: api(prom, "/api/v1/query", query='count_over_time(tsup_state{job="transformer-supervisor",'
+                             'state="running"}[1m]) >= 3')["result"], timeout=60, interval=0.2,
+                 what="Prometheus scraping the daemon running")
         assert not firing(prom, "TsupGaveUp")
-        release.touch()  # the job exits 7, no restarts left: the daemon gives up
-        try:
-            # From the listener itself (the textfile says gave_up as soon as the daemon gives up,
-            # so node_exporter's job may fire first).
-            alerts = wait_for(lambda: [a for a in firing(prom, "TsupGaveUp")
-                                       if a["labels"]["job"] == "transformer-supervisor"], timeout=45, interval=0.2,
-                              what="TsupGaveUp firing from the listener")
-        except AssertionError:
-            raise AssertionError(f"{api(prom, '/api/v1/query', query='tsup_state == 1')}\n"
-                                 f"{api(prom, '/api/v1/rules')}\n{d.stderr()[-3000:]}") from None
-        assert {a["labels"]["job"] for a in alerts} >= {"transformer-supervisor"}, alerts
-        assert "gave up" in alerts[0]["annotations"]["summary"]
-        hook_release.touch()
+        release.touch()  # attempt 0 exits 7: one restart; attempt 1 exits 7 at once: the budget is spent
         assert d.wait(90) == 3, d.stderr()[-3000:]
-        # After the exit the textfile, read by node_exporter, still says gave_up: the alert holds.
-        s = textfile_read_cleanly(exporter)
-        assert s['tsup_state{state="gave_up"}'] == 1.0
-        wait_for(lambda: any(a["labels"]["job"] == "node" for a in firing(prom, "TsupGaveUp")), timeout=30,
-                 interval=0.2, what="TsupGaveUp firing from the textfile after the exit")
+        assert "event=metrics_linger " in d.stderr(), d.stderr()[-3000:]
+        alerts = wait_for(lambda: firing(prom, "TsupGaveUp"), timeout=30, interval=0.2,
+                          what="TsupGaveUp firing from the listener after the daemon exited")
+        assert [(a["labels"]["job"], a["labels"]["name"]) for a in alerts] == [("transformer-supervisor", "gpt-a")]
+        cp = subprocess.run([PY, "-m", "supervisor", "status", "--json", "--state-dir", str(sd)], capture_output=True,
+                            text=True, timeout=60)
+        assert cp.returncode == 3, cp.stderr
+        said = {c: float(n) for c, n in json.loads(cp.stdout)["restarts_by_cause"].items() if n}
+        assert sum(said.values()) == 1, said
+        query = 'last_over_time(tsup_restarts_total{job="transformer-supervisor"}[10m]) > 0'
+        scraped = {r["metric"]["cause"]: float(r["value"][1]) for r in api(prom, "/api/v1/query", query=query)["result"]}
+        assert scraped == said
+        in_textfile = {k.split('cause="')[1].split('"')[0]: v for k, v in series(textfile.read_text()).items()
+                       if k.startswith("tsup_restarts_total{") and v}
+        assert in_textfile == said
     finally:
-        hook_release.touch()
+        release.touch()
         prom.stop()
-        exporter.stop()
