@@ -52,11 +52,11 @@ _SECRET_WORDS = frozenset({"token", "key", "secret", "secrets", "password", "pas
                            "credentials", "apikey"})
 _SECRET_WORD_ENDINGS = ("token", "secret", "password", "passwd", "apikey", "credential", "credentials")
 _WORD_SPLIT_RE = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
-# Values never taken for a learned secret, whatever their variable's name.
 # An exception's name says what went wrong, not what it holds (KeyError, TokenExpiredError).
 _EXCEPTION_ENDINGS = ("Error", "Exception", "Warning", "Interrupt")
 _PLURALS = ("KEYS", "TOKENS")
 _WHERE_WORDS = frozenset({"file", "path", "dir", "env", "name"})
+# Values never taken for a learned secret, whatever their variable's name.
 _NOT_SECRETS = frozenset({"true", "false", "none", "null", "unset", "yes", "no", "on", "off"})
 
 # ://user:password@ -- only the password goes; a user alone (git@host) is no secret. Anchored at
@@ -66,7 +66,7 @@ _URL_USERINFO_RE = re.compile(r"(://[^\s:/@]*+:)([^\s@/]++)(@)")
 _URL_USERINFO_TAIL_RE = re.compile(r"(://[^\s:/@]*+:)([^\s@/]++)\Z")
 _BEARER_RE = re.compile(r"(?i)\b(bearer\s+)[\w.~+/-]++=*")
 # "Basic" alone is a common word: only a base64-looking credential after it (a digit, + / or =).
-_BASIC_RE = re.compile(r"\b(Basic\s+)(?=[A-Za-z0-9+/]{0,200}+[0-9+/=])[A-Za-z0-9+/]{8,}+=*")
+_BASIC_RE = re.compile(r"\b(Basic\s+)(?=[A-Za-z0-9+/]{0,200}[0-9+/=])[A-Za-z0-9+/]{8,}+=*")
 _AUTH_RE = re.compile(r"(?i)\b((?:proxy-)?authorization['\"]?\s*[=:]\s*['\"]?)"
                       r"((?:bearer|basic|token|digest|negotiate|apikey)\s+)?[^\s'\",;]++")
 _TOKEN_SHAPES_RE = re.compile(

@@ -57,6 +57,8 @@ def test_each_corpus_line_is_masked_and_the_look_alikes_are_kept() -> None:
         shown = redact_text(line)
         assert secret not in shown and REDACTED in shown, line
     assert [redact_text(line) for line in KEPT_LINES] == list(KEPT_LINES)
+    assert redact_text("auth Basic dXNlcjpiYXNpY3B3 sent") == f"auth Basic {REDACTED} sent"  # without its header
+    assert redact_text("Basic configuration applied") == "Basic configuration applied"
     data = redact_data(_payload())
     assert data["env"] == {"WANDB_API_KEY": REDACTED, "LR": "0.1"} and data["kept"] == list(KEPT_LINES)
     assert data["api_key"] == REDACTED and data["tokens_per_sec"] == 4500
