@@ -144,13 +144,23 @@ def env_secrets(*envs: Mapping[str, str]) -> list[str]:
     return out
 
 
+def _learnable(v: str | None) -> bool:
+    """Whether ``v`` may be cut out of every text: it looks like a secret, not like a word or a
+    count the texts are full of (``SORT_KEY=step`` must not mask every "step", nor ``PIN=42`` a 42)."""
+    if not v or not MIN_SECRET_LEN <= len(v) <= MAX_LINE_CHARS or v == REDACTED:
+        return False
+    if v.strip().lower() in _NOT_SECRETS or (v.isdigit() and len(v) < 6):
+        return False
+    return len(v) >= 12 or not v.isalpha() or not (v.islower() or v.isupper())
+
+
 def learn_secrets(values: Iterable[str | None]) -> None:
     """Cut these values out of every text from now on (process-wide; a value once learned stays,
-    so a secret dropped by a reload is still masked in what is said about it). At most
-    :data:`MAX_KNOWN`, longest first (a secret that contains another is cut out whole)."""
+    so a secret dropped by a reload is still masked in what is said about it). Only values that
+    look like secrets (:func:`_learnable`); at most :data:`MAX_KNOWN`, longest first (a secret that
+    contains another is cut out whole)."""
     global _known
-    new = {v for v in values if v and MIN_SECRET_LEN <= len(v) <= MAX_LINE_CHARS
-           and v.strip().lower() not in _NOT_SECRETS and v != REDACTED}
+    new = {v for v in values if v is not None and _learnable(v)}
     with _known_lock:
         if new <= set(_known):
             return

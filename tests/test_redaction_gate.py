@@ -189,3 +189,6 @@ def test_what_is_learned_from_an_env_is_its_secrets_only() -> None:
     # "yes" is no secret to cut out of every text, a path no secret at all, a count neither.
     shown = redact_text("hf_learned_1 dbpw-learned yes /etc/k.pem false 512")
     assert shown == f"{REDACTED} {REDACTED} yes /etc/k.pem false 512"
+    # A secret-named variable holding a plain word or a small number is not cut out of every text.
+    learn_secrets(env_secrets({"SORT_KEY": "step", "PIN_TOKEN": "4242", "DB_PASSWORD": "Sunshine"}))
+    assert redact_text("step 4242 of the run, Sunshine") == f"step 4242 of the run, {REDACTED}"
