@@ -199,6 +199,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("a CUDA error filed as nccl_timeout again", "supervisor/watch/detectors.py",
              "if Cause.CRASH not in self.fired and any(a in line for a in CUDA_ANCHORS):", "if False:",
              ("tests/watch/test_gpu_error_corpus.py", "tests/watch/test_detectors.py")),
+    Mutation("a checkpoint whose recorded validation metric is NaN is ready", "supervisor/checkpoints/quicklist.py",
+             "if vm is None or math.isfinite(vm.value):", "if True:",
+             ("tests/checkpoints/test_checkpoints_relative_nan.py",)),
+    Mutation("torchrun's summary in the output ignored (no root cause without @record)",
+             "supervisor/job/torchrunlog.py", "            self._found = s\n", "            pass\n",
+             ("tests/job/test_torchrunlog.py",)),
 )
 
 

@@ -150,6 +150,7 @@ class FakeLedger:
         self.metric_rows: list[dict[str, Any]] = []
         self.updates: list[tuple[int, dict[str, Any], int]] = []  # (attempt, fields, writing thread) in order
         self.closed = False
+        self.continued_config: Any = None  # a new run each time
 
     def open_run(self, name: str, config_json: Mapping[str, Any]) -> tuple[str, bool]:
         self.runs["run-1"] = {"name": name, "state": "running"}

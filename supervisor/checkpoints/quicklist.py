@@ -216,6 +216,16 @@ def val_metric_for(step: int | None, name: str, manifest_metrics: Mapping[str, M
     return None
 
 
+def nonfinite_metric(vm: ValMetric | None) -> str:
+    """Why a checkpoint whose recorded validation metric is NaN or inf is not ready ("" when it is
+    finite or there is none). One rule for the verb, the report and the daemon's choice: a state
+    whose evaluation gave NaN is no state to go back to."""
+    if vm is None or math.isfinite(vm.value):
+        return ""
+    return (f"its recorded {vm.name} is {vm.value} (step {vm.step}): not resumed from "
+            "(restart --from PATH --force takes it anyway)")
+
+
 def metrics_from_records(records: Iterable[Any]) -> dict[str, list[tuple[int, float]]]:
     """``events.MetricRecord``s -> ``MetricsSeen`` (val_loss and ``extra`` values with a step)."""
     out: dict[str, list[tuple[int, float]]] = {}

@@ -21,6 +21,7 @@ not quarantined: it is intact, just useless.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -37,7 +38,8 @@ from .layouts.registry import keeps_last_good
 from .loadtest import LoadTestResult, LoadTests, resolve_job_python, version_token
 from .manifest import read_manifest, record_metric, stat_record
 from .quarantine import (LastGoodKeeper, QuarantineRecord, last_good_disk_bytes, last_good_path)
-from .quicklist import (MetricsSeen, Readiness, RowBuilder, compare_config, current_config, val_metric_for)
+from .quicklist import (MetricsSeen, Readiness, RowBuilder, compare_config, current_config, nonfinite_metric,
+                        val_metric_for)
 from .selection import CheckpointBook, Choice
 from .keepfirst import SnapshotFirst
 from .snapshot import Headroom
@@ -54,10 +56,13 @@ class CheckpointService:
                  write_manifests: bool | None = None, clock: Callable[[], float] = time.time,
                  verifier_cgroup: Any = None) -> None:
         self.cfg = cfg
-        self.dir = Path(checkpoint_dir)
-        self.state_dir = Path(state_dir)
+        # Absolute where they were given (the CLI: where the operator typed them): the load tests
+        # run in the job's working directory, where a relative path names another file or none
+        # (every checkpoint "ready: No", FileNotFoundError), and verdicts are kept by path.
+        self.dir = Path(os.path.abspath(checkpoint_dir))
+        self.state_dir = Path(os.path.abspath(state_dir))
         self.job_argv = list(job_argv)
-        self.job_cwd = Path(job_cwd) if job_cwd is not None else None
+        self.job_cwd = Path(os.path.abspath(job_cwd)) if job_cwd is not None else None
         self.job_python = job_python or resolve_job_python(cfg.python, self.job_argv, self.job_cwd)
         self.remedy_keys = tuple(remedy_keys)
         self.write_manifests = cfg.write_manifests if write_manifests is None else write_manifests
@@ -192,6 +197,8 @@ class CheckpointService:
                 record_metric(manifest, row.val_metric.name, row.val_metric.value, row.val_metric.step)
             if row.val_metric is None and self.cfg.require_val_metric:
                 row.no(f"no validation metric {self.cfg.val_metric!r} recorded for this checkpoint")
+            elif nonfinite_metric(row.val_metric):
+                row.no(nonfinite_metric(row.val_metric))
             # The load test last: it is the slow part and pointless for a corrupt file.
             if self.cfg.load_test and row.complete and row.sha256_ok is not False:
                 lt = lt or self.load_tests.run(path, row.layout, finite)
@@ -312,6 +319,11 @@ class CheckpointService:
                 if m.size is not None and m.size != st["size"]:
                     return [f"{st['size']} bytes, the manifest says {m.size}"], None, False
                 step = step if step is not None else m.step
+                # verify = "overlap" takes the newest on these checks alone: never one whose
+                # recorded validation metric is NaN (evaluate says the same).
+                nonfinite = nonfinite_metric(val_metric_for(step, self.cfg.val_metric, m.metrics, None))
+                if nonfinite:
+                    return [nonfinite], step, False
             problem = structure_problem(path)
             if problem:
                 return [problem], step, False

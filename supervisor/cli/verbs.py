@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -285,6 +286,8 @@ def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: 
 
     out = out or sys.stdout
     err = err or sys.stderr
+    # Where the operator typed them, once: the load tests run in the job's recorded workdir.
+    checkpoint_dir, state_dir = Path(os.path.abspath(checkpoint_dir)), Path(os.path.abspath(state_dir))
     if not Path(checkpoint_dir).is_dir():
         print(f"checkpoints: no checkpoint dir {checkpoint_dir} (not a directory)", file=err)
         return EXIT_USAGE

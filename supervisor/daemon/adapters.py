@@ -21,6 +21,7 @@ from ..job.output import SinkFanout
 from ..job.prewarm import Prewarm
 from ..job.exitcause import cgroup_oom_kills, classify_exit
 from ..job.process import JobProcess, LaunchSpec
+from ..job.torchrunlog import TorchrunOutput
 from .ports import Job
 
 log = structlog.get_logger("supervisor.daemon")
@@ -50,6 +51,8 @@ class ProcessLauncher:
         self.prewarm: Prewarm | None = None  # [job] prewarm: made at the first launch that asks
         # Where an attempt's prewarm outcome goes (the environment record of its ledger row).
         self.note: Callable[[LaunchSpec, Mapping[str, Any]], None] = lambda spec, fields: None
+        # The current attempt's output as torchrun's summary reads it (a script without @record).
+        self._summary: tuple[JobProcess | None, TorchrunOutput] | None = None
 
     def launch(self, spec: LaunchSpec, log_path: Path | None, on_eof: Callable[[str], None]) -> JobProcess:
         if not self._subreaper:
@@ -64,9 +67,15 @@ class ProcessLauncher:
             self.prewarm = None
         if spec.prewarm and self.prewarm is None:
             self.prewarm = Prewarm()
+        summary = TorchrunOutput(str(log_path or ""))
+        if self._summary is not None:
+            self.fanout.remove(self._summary[1])  # the previous attempt's: its pumps are done
+        self.fanout.add(summary)  # before the spawn: no line of this attempt passes it by
+        self._summary = (None, summary)
         job = JobProcess(spec, self.fanout, self.passthrough, log_path, on_eof, self.osapi,
                          cgroup_parent=self._cgroup_parent,
                          spawn=self.prewarm.spawn if self.prewarm is not None else None)
+        self._summary = (job, summary)
         if spec.cgroup and job.cgroup is None:
             self._cgroup_parent = None  # it failed (and said why): not tried, nor said, at every launch
         if self.prewarm is not None:
@@ -116,26 +125,32 @@ class ProcessLauncher:
         if not evidence:
             return classify_exit(job.status, [], None)
         info = classify_exit(job.status, list(job.known), self._oom_kills_before)
-        return with_root_cause(info, job) if isinstance(job, JobProcess) else info
+        if not isinstance(job, JobProcess):
+            return info
+        output = self._summary[1] if self._summary is not None and self._summary[0] is job else None
+        return with_root_cause(info, job, output)
 
 
-def with_root_cause(info: ExitInfo, job: JobProcess) -> ExitInfo:
+def with_root_cause(info: ExitInfo, job: JobProcess, output: TorchrunOutput | None = None) -> ExitInfo:
     """A failed attempt's exit with torchrun's root cause (the failing rank, its exception and
-    last frame) when the job left one in its TORCHELASTIC_ERROR_FILE (job/torchelastic.py)."""
+    last frame): from the TORCHELASTIC_ERROR_FILE the job left (job/torchelastic.py: @record),
+    else from torchrun's summary and the rank's traceback in its output (job/torchrunlog.py)."""
     spec = job.spec
     path = spec.env.get(torchelastic.ENV)
-    if info.cause is None or not path:
+    if info.cause is None:
         return info
     try:
         rc = torchelastic.read_root_cause(Path(path), argv=spec.argv, env=spec.env,
-                                          since=job.leader.create_time)
+                                          since=job.leader.create_time) if path else None
+        rc = rc or (output.root_cause() if output is not None else None)
     except Exception:  # evidence only: never in the way of deciding what to do with the exit
         log.warning("root_cause_unreadable", file=path, exc_info=True, next="the exit is judged without it")
         return info
     if rc is None:
         return info
-    log.info("root_cause_found", file=path, rank=rc.rank, exception=rc.exc_type, last_frame=rc.last_frame,
-             message=f"{info.summary}: {rc.line()}", next="kept in the attempt's detection and history")
+    log.info("root_cause_found", file=rc.file, source=rc.source, rank=rc.rank, exception=rc.exc_type,
+             last_frame=rc.last_frame, exit_code=rc.error_code, message=f"{info.summary}: {rc.line()}",
+             next="kept in the attempt's detection and history")
     return replace(info, summary=f"{info.summary}: {rc.line()}", root_cause=rc.to_json())
 
 

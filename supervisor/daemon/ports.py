@@ -100,6 +100,9 @@ class JobLauncher(Protocol):
 class LedgerStore(Protocol):
     """The run ledger (all SQL lives in :mod:`supervisor.ledger.store`)."""
 
+    # After open_run continued a run: the config table it was last started with (else None).
+    continued_config: Any
+
     def open_run(self, name: str, config_json: Mapping[str, Any]) -> tuple[str, bool]: ...
 
     def end_run(self, run_id: str, state: str, exit_code: int, reason: str) -> None: ...

@@ -23,6 +23,7 @@ import glob
 import json
 import os
 import re
+import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from ..redact import MAX_VALUE_CHARS, redact_line
 ENV = "TORCHELASTIC_ERROR_FILE"
 #: at most this many per-rank files are opened when looking for the failing rank
 MAX_RANK_FILES = 256
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 
 
 def error_file(state_dir: Path, attempt: int) -> Path:
@@ -48,20 +49,37 @@ class RootCause:
     exc_type: str  # "ValueError"
     message: str  # "boom at step 3"
     last_frame: str | None  # "train.py:12 in main": where it was raised
-    rank: int | None  # the failing worker's local rank (its global rank on a single node); None when unknown
-    error_code: int | None  # the worker's exit code as the agent saw it
-    file: str  # the error file read
+    rank: int | None  # the failing worker's rank (error file: local, global on a single node; output: global)
+    error_code: int | None  # the worker's exit code as the agent saw it (negative: the signal that killed it)
+    file: str  # the error file read (the job log for "output")
+    # "error_file" (the file above, @record) or "output" (torchrun's summary and the rank's traceback
+    # in the job's output, job/torchrunlog.py: a script without @record)
+    source: str = "error_file"
 
     def line(self) -> str:
-        """One line for people: ``rank 1 raised ValueError: boom at step 3 (at train.py:12 in main)``."""
-        who = f"rank {self.rank} raised" if self.rank is not None else "raised"
+        """One line for people: ``rank 1 raised ValueError: boom at step 3 (at train.py:12 in main)``
+        (its exit code is ``error_code``); ``rank 1 was killed by SIGKILL (no Python traceback of it
+        in the output)``."""
+        who = f"rank {self.rank}" if self.rank is not None else "a worker"
+        code = self.error_code
+        if not self.exc_type and not self.message:
+            how = "ended" if code is None else (f"was killed by {_signal_name(-code)}" if code < 0
+                                                 else f"exited with code {code}")
+            return f"{who} {how} (no Python traceback of it in the output)"
         where = f" (at {self.last_frame})" if self.last_frame else ""
-        return f"{who} {self.exc_type}: {self.message}{where}"
+        return f"{who if self.rank is not None else ''} raised {self.exc_type}: {self.message}{where}".lstrip()
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "exception": self.exc_type, "message": self.message,
                 "last_frame": self.last_frame, "error_code": self.error_code, "file": self.file,
-                "line": self.line()}
+                "source": self.source, "line": self.line()}
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _load(path: str | Path) -> Any:
@@ -89,7 +107,7 @@ def _parts(data: Any) -> tuple[str, str, str, int | None] | None:
 
 def last_frame(traceback_text: str) -> str | None:
     """``file:line in func`` of a traceback's last frame (where the exception was raised)."""
-    frames = [m for m in (_FRAME.match(line) for line in traceback_text.splitlines()) if m]
+    frames = [m for m in (FRAME.match(line) for line in traceback_text.splitlines()) if m]
     if not frames:
         return None
     m = frames[-1]

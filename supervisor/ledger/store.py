@@ -7,6 +7,7 @@ connection: connection.py); read by the CLI (``history``) through its own read-o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -101,6 +102,7 @@ class Ledger:
         self._checkpointer: WalCheckpointer | None = None
         self.deferred: DeferredWrites | None = None  # the writer's writes that wait for a lock
         self._brief = False
+        self.continued_config: Any = None  # open_run: the config table a continued run was last started with
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(f"no ledger at {self.path}: no run has used this state dir")
@@ -308,8 +310,10 @@ class Ledger:
         Not a guarded write: without its run row nothing of the run could be recorded, so a
         failure is a :class:`LedgerError` saying why (a full disk), never a raw SQLite error."""
         try:
-            row = self.db.execute("SELECT run_id, state FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
+            row = self.db.execute("SELECT run_id, state, config_json FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
             if row is not None and row["state"] not in FINAL_STATES:
+                with contextlib.suppress(ValueError):  # read before it is replaced: a changed command is said
+                    self.continued_config = json.loads(row["config_json"] or "null")
                 self.db.execute("UPDATE runs SET state=?, ended_at=NULL, exit_code=NULL, reason=NULL, "
                                 "config_json=? WHERE run_id=?", (IN_PROGRESS, _json(config_json), row["run_id"]))
                 run_id, continued = row["run_id"], True

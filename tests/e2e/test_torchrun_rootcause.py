@@ -1,7 +1,9 @@
 """torchrun's root cause in the evidence (issue 23, Build 5): each attempt gets a
 TORCHELASTIC_ERROR_FILE in the state dir; when a rank of a real 2-process gloo job raises, the
 failing rank, its exception, message and last frame are in the attempt's detection, `history`
-(human and --json) and the report."""
+(human and --json) and the report. Without ``@record`` (issue 37 part 6; most scripts) the same
+comes from the output: the rank and exit code from torchrun's summary, the exception and last
+frame from that rank's traceback."""
 from __future__ import annotations
 
 import subprocess
@@ -70,3 +72,33 @@ def test_a_failing_rank_s_exception_is_the_attempt_s_root_cause(daemons, tmp_pat
     assert rep.returncode == 0, rep.stderr
     page = next((tmp_path / "report").glob("*.html")).read_text()
     assert "root cause" in page and "rank 1 raised ValueError: boom at step 3" in page and f"{job}:16" in page
+
+
+def test_without_record_the_rank_exception_and_last_frame_come_from_the_output(daemons, tmp_path: Path) -> None:
+    job = tmp_path / "job.py"
+    job.write_text(JOB.replace("from torch.distributed.elastic.multiprocessing.errors import record\n", "")
+                   .replace("@record\n", ""))
+    assert "record" not in job.read_text()
+    sd = tmp_path / "sd"
+    d = daemons(["wrap", "--state-dir", str(sd), "--max-restarts", "0", "--",
+                 TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=0", str(job)])
+    assert d.wait(90) == 3, d.stderr()[-3000:]
+    (a,) = history(sd)["attempts"]
+    assert not (sd / "torchelastic" / "attempt-0" / "error.json").exists()  # nothing from @record
+    rc = a["root_cause"]
+    assert rc is not None, (a["detection"], d.stderr()[-3000:])
+    assert rc["source"] == "output" and rc["rank"] == 1 and rc["error_code"] == 1, rc
+    assert rc["exception"] == "ValueError" and rc["message"] == "boom at step 3", rc
+    assert rc["last_frame"] == f"{job}:14 in main", rc
+    line = f"rank 1 raised ValueError: boom at step 3 (at {job}:14 in main)"
+    assert line in a["summary"] and a["detection"]["details"]["root_cause"] == rc
+
+    human = subprocess.run([sys.executable, "-m", "supervisor", "history", "--state-dir", str(sd)], cwd=str(ROOT),
+                           capture_output=True, text=True, timeout=60)
+    assert human.returncode == 0 and line in human.stdout, human.stdout + human.stderr
+    rep = subprocess.run([sys.executable, "-m", "supervisor", "report", "--state-dir", str(sd),
+                          "--out", str(tmp_path / "report")], cwd=str(ROOT), capture_output=True, text=True,
+                         timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    page = next((tmp_path / "report").glob("*.html")).read_text()
+    assert "root cause" in page and line in page
