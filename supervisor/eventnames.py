@@ -70,6 +70,7 @@ class EventName(StrEnum):
     RESUME_UNAVAILABLE = "resume_unavailable"
     ROOT_CAUSE_FOUND = "root_cause_found"
     ROOT_CAUSE_UNREADABLE = "root_cause_unreadable"
+    RUN_COMMAND_CHANGED = "run_command_changed"
     RUNNER_HANDLER_FAILED = "runner_handler_failed"
     RUNNER_TICK_FAILED = "runner_tick_failed"
     SNAPSHOT_FAILED = "snapshot_failed"
