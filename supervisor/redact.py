@@ -1,19 +1,23 @@
 """The one place that decides what of a shown value is a secret (issue 24 build 4), and the gate
-every text leaving the daemon passes (issue 34): log and journal lines (``logsetup``), ledger
-event rows and ``history`` (``ledger``), ``status`` replies (``ops.control``), notifications and
-webhook bodies (``ops.alertmsg``), reports (through ``history``). Masking at those sinks, not at
+every text leaving the daemon passes (issue 34): log and journal lines (``logsetup``), the
+ledger's rows and ``history`` (``ledger.store``), ``status`` and every control reply
+(``ops.control``), notifications and webhook bodies (``ops.alertmsg``), reports (through
+``history``). Masking at those sinks, not at
 each producer, is what makes a new producer safe: a sample line, a remedy's env or a reload's diff
 is masked whatever event carries it.
 
-Names: an env var or key whose name contains TOKEN, KEY, SECRET, PASSWORD, PASSWD or CREDENTIAL
-has its value masked whole (:func:`is_secret`; ``TOKENIZERS_PARALLELISM`` too, a small price). A
-number is masked only under a name one of whose *words* is such a marker (:func:`names_secret`:
-``password: 12345678`` goes, ``tokens: 12345678``, ``tokens_per_sec=4500`` and ``max_tokens 512``
-stay). In text, a secret-named key's value is masked in every syntax a Python job prints: ``k=v``,
-``k: v``, ``'k': 'v'``, ``"k": "v"``, ``Namespace(k='v')``, ``--k v``, ``--k=v``. Then credentials
-*inside* values, whatever the name: a URL's password (``postgres://u:PASS@h/db`` keeps the user and
-host), ``Authorization:`` values, ``Bearer``/``Basic`` credentials, known token shapes (``hf_``,
-``sk-``, ``ghp_``, ``AKIA``, Slack's ``xox``, JWTs) and the values the daemon was told are secret
+Names: an env var (:func:`redact_env`) or a key in text whose name contains TOKEN, KEY, SECRET,
+PASSWORD, PASSWD or CREDENTIAL has its value masked whole (:func:`is_secret`; ``tokenizer=x`` too,
+a small price; not plurals, exception names or where a secret is: ``known keys: a``,
+``KeyError: 'a'``, ``key_file=/p``). A number, and any value of a mapping (an event's data,
+``status``), is masked only under a name one of whose *words* is such a marker
+(:func:`names_secret`: ``password: 12345678`` and ``{"HF_TOKEN": ...}`` go; ``tokens: 12345678``,
+``tokens_per_sec=4500``, ``max_tokens 512`` and ``{"tokenizers": "0.15"}`` stay). In text, a
+secret-named key's value is masked in every syntax a Python job prints: ``k=v``, ``k: v``,
+``'k': 'v'``, ``"k": "v"``, ``Namespace(k='v')``, ``--k v``, ``--k=v``. Then credentials *inside*
+values, whatever the name: a URL's password (``postgres://u:PASS@h/db`` keeps the user and host),
+``Authorization:`` values, ``Bearer``/``Basic`` credentials, known token shapes (``hf_``, ``sk-``,
+``ghp_``, ``AKIA``, Slack's ``xox``, JWTs) and the values the daemon was told are secret
 (:func:`learn_secrets`: the job's env, the remedies' env and the daemon's own, by name).
 
 What is shown is also bounded (a 25 MB argv once made a 131 MB ledger and a 26 MB log line): a
@@ -22,7 +26,8 @@ value (an argument, an env name or value) at :data:`MAX_VALUE_CHARS`, a line at
 :data:`MAX_TEXT_CHARS`, each cut said in place (``…(+N chars)``, ``…(+N more args)``, ``…(+N more
 variables)``). The cut comes first, so the masking regexes see bounded text; a URL password split
 by the cut (no ``@`` left) is masked too. Every regex is linear in its input (possessive and
-atomic parts where a word could be re-scanned): a megabyte of hostile text takes milliseconds.
+atomic parts where a word could be re-scanned): a megabyte of hostile text takes well under a
+second.
 Masks may make the kept part a little longer than its bound (``<redacted>`` for a shorter value).
 The webhook URL (its path carries the token) is shown as scheme and host only (:func:`redact_url`).
 Pure but for the learned values (a tuple swapped whole under a lock), so the core may use it.
