@@ -139,3 +139,11 @@ def test_the_bounds_the_table_quotes_are_the_code_s():
         number = float(said.split()[1] if said.startswith("first") else said.split()[0])
         unit = {"KiB": 1 << 10, "MiB": 1 << 20}.get(said.split()[2 if said.startswith("first") else 1], 1)
         assert constant == number * unit, f"{said!r} in README, {constant} in the code"
+    from supervisor.checkpoints.listing import LISTING_CAP, NEWEST_KEPT
+    from supervisor.ops.delivery import MAX_LOOKUPS
+    from supervisor.ops.metricserver import DEADLINE_S, MAX_CONNECTIONS
+
+    for said in (f"{LISTING_CAP:,} entries read a scan (`LISTING_CAP`)", f"newest {NEWEST_KEPT:,} by mtime (`NEWEST_KEPT`",
+                 f"{MAX_CONNECTIONS} connections at once (`MAX_CONNECTIONS`", f"{DEADLINE_S:g} s each from its accept (`DEADLINE_S`",
+                 f"{MAX_LOOKUPS} lookups in flight (`MAX_LOOKUPS`)"):
+        assert said in table, f"README's table no longer says {said!r} (or the code's constant changed)"

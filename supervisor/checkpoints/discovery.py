@@ -13,6 +13,7 @@ within ``settle_s`` or since the previous scan. The clock is injected so tests n
 """
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import time
@@ -20,10 +21,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
+import structlog
+
 from .layouts import registry
 from .layouts.names import CHECKPOINT_SUFFIXES, is_temp_name
 from .layouts.spec import Layout
-from .manifest import MANIFEST_SUFFIX, is_manifest, stat_record
+from .listing import LISTING_CAP, Listing, newest_entries
+from .manifest import MANIFEST_SUFFIX, stat_record
 
 __all__ = ["CHECKPOINT_SUFFIXES", "Candidate", "Discovery", "LAST_GOOD_DIR", "Layout", "NOTE_SUFFIX",
            "QUARANTINE_DIR", "classify", "is_temp_name", "newest_complete", "sort_newest_first",
@@ -32,6 +36,8 @@ __all__ = ["CHECKPOINT_SUFFIXES", "Candidate", "Discovery", "LAST_GOOD_DIR", "La
 QUARANTINE_DIR = "quarantine"
 LAST_GOOD_DIR = "last_good"
 NOTE_SUFFIX = ".quarantine.json"
+
+log = structlog.get_logger("supervisor.checkpoints")
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,16 @@ def written_by_supervisor(name: str) -> bool:
 
 def _skipped(path: Path) -> bool:
     """A temp name or the supervisor's own sidecar: never looked at as a checkpoint."""
-    return is_temp_name(path.name) or is_manifest(path) or path.name.endswith(NOTE_SUFFIX)
+    return _skipped_name(path.name)
+
+
+def _skipped_name(name: str) -> bool:
+    return is_temp_name(name) or name.endswith((MANIFEST_SUFFIX, NOTE_SUFFIX))
+
+
+def _not_listed(name: str) -> bool:
+    """Names the bounded listing leaves out before they count among the newest."""
+    return name in (QUARANTINE_DIR, LAST_GOOD_DIR) or _skipped_name(name)
 
 
 def recognise(path: Path) -> registry.Entry | None:
@@ -99,21 +114,30 @@ class Discovery:
         # False while no job runs (between attempts): nothing can still be writing, so a file
         # that just appeared is as final as it will get and the settle window does not apply.
         self.writer_active = True
+        self._capped_said = False  # the listing's bound was said this episode (listing.py)
 
     def _entries(self) -> Iterable[tuple[Path, Layout, int | None]]:
-        return (e for e in self._all_entries() if self.follow_symlinks_out or self._inside(e[0]))
-
-    def _inside(self, p: Path) -> bool:
-        """``p`` resolves inside the checkpoint dir (a symlink out of it does not)."""
+        if self.follow_symlinks_out:
+            return self._all_entries()
         try:
-            return p.resolve().is_relative_to(self.dir.resolve())
+            home = self.dir.resolve()  # once a scan, not once an entry
+        except (OSError, RuntimeError):
+            return iter(())
+        return (e for e in self._all_entries() if self._inside(e[0], home))
+
+    @staticmethod
+    def _inside(p: Path, home: Path) -> bool:
+        """``p`` resolves inside the checkpoint dir ``home`` (a symlink out of it does not)."""
+        try:
+            return p.resolve().is_relative_to(home)
         except (OSError, RuntimeError):  # a symlink loop
             return False
 
     def _all_entries(self) -> Iterable[tuple[Path, Layout, int | None]]:
         seen: set[Path] = set()
         if self.glob:
-            for p in sorted(self.dir.glob(self.glob)):
+            # Matches past the listing's cap are not looked at (a glob cannot be read newest first).
+            for p in sorted(itertools.islice(self.dir.glob(self.glob), LISTING_CAP)):
                 if QUARANTINE_DIR in p.relative_to(self.dir).parts or LAST_GOOD_DIR in p.relative_to(self.dir).parts:
                     continue
                 if _skipped(p):
@@ -125,9 +149,11 @@ class Discovery:
                 seen.add(p)
                 yield p, Layout.CUSTOM, step
         try:
-            children = sorted(self.dir.iterdir())
+            listing = newest_entries(self.dir, _not_listed)
         except OSError:
             return
+        self._say_capped(listing)
+        children = list(listing.paths)
         not_here = registry.not_checkpoints(children)  # e.g. HF's final export beside checkpoint-N/
         for p in children:
             if p in seen or p.name in (QUARANTINE_DIR, LAST_GOOD_DIR) or p.name in not_here:
@@ -138,9 +164,20 @@ class Discovery:
         lg = self.dir / LAST_GOOD_DIR
         # A symlinked last_good is not ours (ownpaths): its files are never offered for a restart.
         if lg.is_dir() and not lg.is_symlink():
-            for p in sorted(lg.iterdir()):
+            try:
+                kept = newest_entries(lg, _skipped_name).paths
+            except OSError:
+                kept = ()
+            for p in kept:
                 if classify(p) is not None:
                     yield p, Layout.LAST_GOOD, None
+
+    def _say_capped(self, listing: Listing) -> None:
+        """Once an episode (until the folder is back under its bounds): what was left out, and why."""
+        if listing.capped and not self._capped_said:
+            log.warning("checkpoint_dir_listing_capped", dir=str(self.dir), read=listing.read,
+                        unread=listing.unread, older=listing.older, message=listing.says(self.dir))
+        self._capped_said = listing.capped
 
     def scan(self) -> list[Candidate]:
         """Complete, settled checkpoints, newest first (by step, then mtime)."""

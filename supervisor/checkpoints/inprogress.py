@@ -23,7 +23,8 @@ from typing import Any, Iterable
 
 from .discovery import CHECKPOINT_SUFFIXES, LAST_GOOD_DIR, QUARANTINE_DIR, is_temp_name, recognise
 from .layouts import registry
-from .manifest import is_manifest, stat_record
+from .listing import newest_entries
+from .manifest import MANIFEST_SUFFIX, stat_record
 from ..humanize import size
 
 # A temp name that looks like a checkpoint's: a checkpoint suffix or a step folder's name.
@@ -68,14 +69,13 @@ def _why_writing(p: Path) -> str | None:
 def in_progress(checkpoint_dir: Path, unsettled: Iterable[Path] = ()) -> list[InProgress]:
     """Entries of ``checkpoint_dir`` that are checkpoints being written, newest first."""
     found: dict[Path, str] = {}
-    try:
-        children = sorted(Path(checkpoint_dir).iterdir())
+    try:  # the newest entries only, as discovery's (listing.py): a save in progress is among them
+        children = newest_entries(Path(checkpoint_dir), lambda n: n in (QUARANTINE_DIR, LAST_GOOD_DIR)
+                                  or n.endswith(MANIFEST_SUFFIX)).paths
     except OSError:
         return []
     for p in children:
         name = p.name
-        if name in (QUARANTINE_DIR, LAST_GOOD_DIR) or is_manifest(p):
-            continue
         if is_temp_name(name):
             if _looks_like_checkpoint(name):
                 found[p] = "a temporary name (the writer renames it when the save is complete)"

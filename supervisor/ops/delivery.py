@@ -7,6 +7,13 @@ one too) waited behind it. Here a :class:`Try` has one deadline for connect, sen
 together; when it passes, the try's socket is shut down (its blocked read returns at once) or the
 hook's process group is killed. The sink's exit uses the same cut for a try still running then.
 
+Looking up the webhook's host name is within the deadline too: the system resolver blocks
+outside any socket, for as long as its own timeouts and retries say (30 s and more when a DNS
+server does not answer), and nothing could cut it. It runs on a thread of its own that the try
+waits for at most its time left (and no longer once cut); a lookup that hangs on past its try ends
+the try, and at most ``MAX_LOOKUPS`` such threads exist at once: past that a try fails at once,
+saying that earlier lookups still hang.
+
 Redirects are refused, not followed: urllib turns a POST answered 301/302/303 into an empty GET
 to wherever ``Location`` points (another host, maybe) and counts it as sent. A redirect is a
 :class:`Redirected` error naming the status; the notice was not delivered.
@@ -29,6 +36,9 @@ from .. import childio
 REPLY_BYTES = 4096
 #: The bytes of the hook command's stderr kept for the failure message (the rest is counted).
 HOOK_STDERR_BYTES = 4096
+#: Host name lookups in flight at once (each on a thread; one that hangs outlives its try).
+MAX_LOOKUPS = 4
+_lookups = threading.BoundedSemaphore(MAX_LOOKUPS)
 
 
 class PermanentError(Exception):
@@ -145,7 +155,16 @@ def _guarded(t: Try, handles: list[socket.socket]) -> Callable[..., socket.socke
     blocked read on the original, TLS-wrapped or not."""
 
     def create(address: Any, timeout: Any = None, source_address: Any = None, **kw: Any) -> socket.socket:
-        sock = socket.create_connection(address, max(t.left(), 0.001), source_address, **kw)
+        host, port = address
+        error: OSError | None = None
+        for *_, sockaddr in resolve(host, port, t):  # each address as create_connection would, in turn
+            try:
+                sock = socket.create_connection(sockaddr[:2], max(t.left(), 0.001), source_address, **kw)
+                break
+            except OSError as e:
+                error = e
+        else:
+            raise error or OSError(f"no address for {host}")
         handle = sock.dup()
         handles.append(handle)
 
@@ -159,6 +178,39 @@ def _guarded(t: Try, handles: list[socket.socket]) -> Callable[..., socket.socke
         return sock
 
     return create
+
+
+def resolve(host: str, port: int, t: Try) -> list[Any]:
+    """``socket.getaddrinfo`` for a TCP connection, within the try's time left (see the module's
+    docstring). Raises OSError as the resolver does; TimeoutError when the try ends first."""
+    if not _lookups.acquire(blocking=False):
+        raise OSError(f"looking up {host}: {MAX_LOOKUPS} earlier lookups still hang (the system resolver does "
+                      "not answer); this try fails now and a later one looks again")
+    done = threading.Event()
+    box: list[Any] = []
+
+    def lookup() -> None:
+        try:
+            box.append(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+        except OSError as e:
+            box.append(e)
+        finally:
+            _lookups.release()
+            done.set()
+
+    threading.Thread(target=lookup, daemon=True, name="webhook-lookup").start()
+    t.on_cut(done.set)  # the daemon's exit stops the wait at once
+    try:
+        done.wait(t.left())
+    finally:
+        t.on_cut(None)
+    if not box:
+        t.cut(f"looking up the webhook's host {host} did not end within the {t.timeout_s:.3g} s deadline "
+              "(the system resolver does not answer)")
+        raise TimeoutError(t.cut_reason)
+    if isinstance(box[0], OSError):
+        raise box[0]
+    return list(box[0])
 
 
 class _Http(urllib.request.HTTPHandler):

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -61,6 +61,7 @@ from ..core.machine import State
 from ..core.runend import Verdict
 from ..events import Cause
 from .config import MetricsConfig
+from .metricserver import start_bounded_server
 from .scrapes import ScrapeLog, wait_for_scrapers
 
 log = structlog.get_logger("supervisor.ops")
@@ -300,7 +301,8 @@ class Metrics:
             return
         host, _, port = self.config.listen.rpartition(":")
         host = host.strip("[]")
-        self._server, self._server_thread = start_http_server(int(port), addr=host, registry=self.registry)
+        # prometheus_client's server with bounds: 8 connections, 10 s each (metricserver.py)
+        self._server, self._server_thread = start_bounded_server(int(port), host, self.registry)
         self._server.set_app(self._with_health(self._server.get_app()))
         log.info("metrics_listening", listen=self.config.listen, port=self.address[1] if self.address else None,
                  next="Prometheus can scrape /metrics")
