@@ -3,6 +3,7 @@ pre-launch health gate."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .concerns import close_each
@@ -36,12 +37,16 @@ class HealthConcern(Concern):
         except Exception as e:  # a broken GPU stack must not stop supervision: say we are blind
             daemon.event("gpu_blind", "warning", f"GPU backend unavailable ({e}); GPU checks say 'unavailable'")
             return
+        # The job's environment as launch.py builds it: its CUDA_VISIBLE_DEVICES names the job's GPUs
+        base = dict(os.environ) if cfg.job.inherit_env else {}
+        job_env = {**base, **cfg.job.env}
         self.gpu_mon = GpuMonitor(backend, cfg.gpu, on_blind=lambda reason: daemon.event(
             "gpu_blind", "warning", f"cannot see the GPUs: {reason}; GPU checks are unavailable (never 'healthy')",
-            ledger_only=True))
+            ledger_only=True), env=job_env)
         self.host_mon = HostMonitor(cfg.host, checkpoint_dir=ckdir, state_dir=daemon.state_dir,
                                     last_checkpoint_bytes=self._newest_bytes)
-        self.launch_gate = LaunchGate(backend, cfg.gpu, checkpoint_dir=ckdir, storage_probe=cfg.host.storage_probe)
+        self.launch_gate = LaunchGate(backend, cfg.gpu, checkpoint_dir=ckdir, storage_probe=cfg.host.storage_probe,
+                                      env=job_env)
 
     def check(self, previous_pids: Sequence[int]) -> GateVerdictLike | None:
         if self.launch_gate is None:

@@ -51,6 +51,9 @@ class GpuConfig:
     lost_action: str = field(default="give_up", metadata=meta(
         "suggested action when a GPU is lost (fell off the bus): drain or reset the node",
         choices=_ACTIONS))
+    devices: tuple[str, ...] = field(default=(), metadata=meta(
+        "the job's GPUs: UUIDs (GPU-..., MIG-...) or NVML indices; empty: from the job's CUDA_VISIBLE_DEVICES, "
+        "else NVIDIA_VISIBLE_DEVICES, else every GPU. The gate, the monitor and the events look at these only"))
     expected_devices: int | None = field(default=None, metadata=meta(
         "GPUs that must be present before each launch; omitted: as many as seen at the first start",
         min=0))

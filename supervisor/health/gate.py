@@ -9,6 +9,10 @@ Checks, in order, collecting every reason (the first one is the root cause):
    (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, r570+) asks for a reset or a reboot (those need it first).
    A device NVML refuses to read (NO_PERMISSION on a MIG parent or a denied handle, NOT_SUPPORTED,
    UNKNOWN) is "unknown": a warning naming it, never a crash; the other devices are checked as usual.
+Only the job's GPUs are checked (``health/devices.py``: ``gpu.devices``, else the job's
+``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES``, else all): a foreign process holding memory
+on another GPU never delays or stops the job.
+
 4. The previous attempt's GPU memory released: every device below ``gpu.release_threshold`` of its
    memory and no pid of the previous attempt still holding any, waiting up to
    ``gpu.release_timeout_s`` (polling; ``clock``/``sleep`` injectable for tests).
@@ -28,7 +32,9 @@ import structlog
 
 from ..core.causes import GateCheck
 from .config import GpuConfig
+from .devices import Selection, resolve
 from .gpu import NEEDS_RESET, RECOVERY_ACTIONS, GpuBackend, GpuBlindError, GpuDeviceError, GpuLostError
+from .gpureading import device_memory
 from .host import ProbeResult, StorageBaseline, probe_storage
 
 log = structlog.get_logger("supervisor.health")
@@ -69,8 +75,9 @@ class GateVerdict:
 def run_gate(backend: GpuBackend, cfg: GpuConfig, previous_pids: Collection[int] = (),
              clock: Callable[[], float] = time.monotonic, *, sleep: Callable[[float], None] = time.sleep,
              checkpoint_dir: str | Path | None = None, storage_baseline: StorageBaseline | None = None,
-             expected_devices: int | None = None) -> GateVerdict:
-    """One gate run. ``expected_devices`` is the count seen at the first gate (``gpu.expected_devices`` wins)."""
+             expected_devices: int | None = None, env: Mapping[str, str] | None = None) -> GateVerdict:
+    """One gate run. ``expected_devices`` is the count seen at the first gate (``gpu.expected_devices`` wins);
+    ``env`` the job's environment: its CUDA_VISIBLE_DEVICES names the GPUs checked (health/devices.py)."""
     t0 = clock()
     failures: list[tuple[GateCheck, str]] = []
     warnings: list[str] = []
@@ -96,13 +103,19 @@ def run_gate(backend: GpuBackend, cfg: GpuConfig, previous_pids: Collection[int]
         if expected is not None and count < expected:
             failures.append((GateCheck.GPU_COUNT,
                              f"only {count} of {expected} expected GPUs are visible: drain or reset this node"))
+        sel = resolve(backend, cfg.devices, env or {})
+        mine = [i for i in range(count) if sel.watches(i)]
+        details["job_devices"] = sel.to_dict()
+        warnings += [f"{sel.source} names {e!r}, which is not a GPU this node's NVML sees: not checked"
+                     for e in sel.unresolved] + list(sel.notes)
         unknown: dict[int, str] = {}
-        lost = _device_problems(backend, count, failures, unknown)
+        lost = _device_problems(backend, mine, failures, unknown, sel)
         if not lost:
-            ok, waited, mem = _wait_for_release(backend, cfg, count, frozenset(previous_pids), clock, sleep, unknown)
+            ok, waited, mem = _wait_for_release(backend, cfg, mine, frozenset(previous_pids), clock, sleep, unknown,
+                                                sel)
             if unknown:
                 details["unknown_devices"] = {str(i): why for i, why in sorted(unknown.items())}
-                warnings += [f"GPU {i} cannot be read ({why}): its health and memory are unknown; "
+                warnings += [f"{sel.label(i)} cannot be read ({why}): its health and memory are unknown; "
                              "launching on the GPUs that can be checked" for i, why in sorted(unknown.items())]
             details["memory"] = mem
             if not ok:
@@ -117,47 +130,47 @@ def run_gate(backend: GpuBackend, cfg: GpuConfig, previous_pids: Collection[int]
                        unavailable, tuple(c for c, _ in failures))
 
 
-def _device_problems(backend: GpuBackend, count: int, failures: list[tuple[GateCheck, str]],
-                     unknown: dict[int, str]) -> bool:
+def _device_problems(backend: GpuBackend, indices: list[int], failures: list[tuple[GateCheck, str]],
+                     unknown: dict[int, str], sel: Selection) -> bool:
     """Appends a GPU_REPAIR failure per lost GPU or GPU needing a reset, notes in ``unknown`` the
     devices NVML refuses to read; True when one is lost."""
     lost = False
-    for i in range(count):
+    for i in indices:
         try:
             pending = backend.pending_repair(i)
             recovery = backend.recovery_action(i)
         except GpuLostError:
             lost = True
-            failures.append((GateCheck.GPU_REPAIR, f"GPU {i} is lost (fell off the bus): drain or reset this node"))
+            failures.append((GateCheck.GPU_REPAIR, f"{sel.label(i)} is lost (fell off the bus): drain or reset this node"))
             continue
         except GpuDeviceError as exc:
             unknown[i] = str(exc)
             continue
         if recovery in NEEDS_RESET:
-            failures.append((GateCheck.GPU_REPAIR, f"GPU {i}'s driver asks for a {RECOVERY_ACTIONS[recovery]} "
+            failures.append((GateCheck.GPU_REPAIR, f"{sel.label(i)}: the driver asks for a {RECOVERY_ACTIONS[recovery]} "
                                                    "(GPU recovery action): drain or reset this node"))
         if pending.needs_reset:
             what = ", ".join(name for name, flag in (
                 ("retired pages pending", pending.retired_pages_pending),
                 ("row remapping pending", pending.remap_pending),
                 ("row remapping failed", pending.remap_failure)) if flag)
-            failures.append((GateCheck.GPU_REPAIR, f"GPU {i} needs a reset ({what}): drain or reset this node"))
+            failures.append((GateCheck.GPU_REPAIR, f"{sel.label(i)} needs a reset ({what}): drain or reset this node"))
     return lost
 
 
-def _wait_for_release(backend: GpuBackend, cfg: GpuConfig, count: int, previous: frozenset[int],
-                      clock: Callable[[], float], sleep: Callable[[float], None], unknown: dict[int, str]
-                      ) -> tuple[bool, float, list[dict[str, object]]]:
+def _wait_for_release(backend: GpuBackend, cfg: GpuConfig, indices: list[int], previous: frozenset[int],
+                      clock: Callable[[], float], sleep: Callable[[float], None], unknown: dict[int, str],
+                      sel: Selection) -> tuple[bool, float, list[dict[str, object]]]:
     start = clock()
     logged = False
     while True:
         mem: list[dict[str, object]] = []
         busy = False
-        for i in range(count):
+        for i in indices:
             if i in unknown:
                 continue
             try:
-                m = backend.memory(i)
+                m = device_memory(backend, i, sel.slices(i))
                 holders = sorted(p for p in backend.processes(i) if p in previous)
             except GpuDeviceError as exc:  # this device alone: unknown, never a crash of the gate
                 unknown[i] = str(exc)
@@ -165,7 +178,7 @@ def _wait_for_release(backend: GpuBackend, cfg: GpuConfig, count: int, previous:
             frac = m.used / m.total if m.total else 0.0
             held = frac >= cfg.release_threshold or bool(holders)
             busy = busy or held
-            mem.append({"device": i, "used_bytes": m.used, "total_bytes": m.total,
+            mem.append({"device": i, "label": sel.label(i), "used_bytes": m.used, "total_bytes": m.total,
                         "fraction": round(frac, 4), "previous_pids_holding": holders, "released": not held})
         waited = clock() - start
         if not busy:
@@ -182,7 +195,7 @@ def _wait_for_release(backend: GpuBackend, cfg: GpuConfig, count: int, previous:
 
 def _release_reason(mem: list[dict[str, object]], cfg: GpuConfig, waited: float) -> str:
     busy = [d for d in mem if not d["released"]]
-    parts = [f"GPU {d['device']} at {float(d['fraction']):.1%}"  # type: ignore[arg-type]
+    parts = [f"{d['label']} at {float(d['fraction']):.1%}"  # type: ignore[arg-type]
              + (f" held by previous pids {d['previous_pids_holding']}" if d["previous_pids_holding"] else "")
              for d in busy]
     return (f"GPU memory not released after {waited:.1f} s (gpu.release_timeout_s = {cfg.release_timeout_s:g}, "
@@ -210,8 +223,9 @@ class LaunchGate:
 
     def __init__(self, backend: GpuBackend, cfg: GpuConfig, *, checkpoint_dir: str | Path | None = None,
                  storage_probe: bool = True, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, env: Mapping[str, str] | None = None) -> None:
         self._backend, self._cfg = backend, cfg
+        self._env = dict(env or {})  # the job's environment: its CUDA_VISIBLE_DEVICES
         self._ckpt = Path(checkpoint_dir) if checkpoint_dir and storage_probe else None
         self._clock, self._sleep = clock, sleep
         self._first_count: int | None = None
@@ -224,7 +238,7 @@ class LaunchGate:
         try:
             verdict = run_gate(self._backend, self._cfg, previous_pids, self._clock, sleep=self._sleep,
                                checkpoint_dir=self._ckpt, storage_baseline=self.baseline,
-                               expected_devices=self._first_count)
+                               expected_devices=self._first_count, env=self._env)
         except Exception as exc:  # noqa: BLE001 - an NVML surprise is the GPU check's, never the checkpoint's
             verdict = _gate_broken(self._cfg, exc)
         count = verdict.details.get("device_count")

@@ -85,6 +85,15 @@ class DeviceInfo:
 
 
 @dataclass(frozen=True)
+class MigInfo:
+    """A MIG device (slice) of a GPU: its own UUID, its GPU and compute instance ids."""
+
+    uuid: str
+    gi: int
+    ci: int
+
+
+@dataclass(frozen=True)
 class MemoryInfo:
     used: int
     total: int
@@ -144,4 +153,6 @@ class GpuBackend(Protocol):
     def ecc_uncorrected_volatile(self, index: int) -> int | None: ...
     def pending_repair(self, index: int) -> PendingRepair: ...
     def recovery_action(self, index: int) -> int | None: ...
+    def mig_devices(self, index: int) -> Sequence[MigInfo]: ...
+    def mig_memory(self, index: int, uuid: str) -> MemoryInfo: ...
     def wait_events(self, timeout_s: float) -> Sequence[GpuEvent]: ...

@@ -8,7 +8,8 @@ it to the monitor or the gate; the end-to-end tests start the real daemon throug
 
 Timeline JSON::
 
-    {"devices": 8, "total_gb": 80, "name": "Fake H100",          # or "devices": [{...}, ...]
+    {"devices": 8, "total_gb": 80, "name": "Fake H100",          # or "devices": [{"uuid": ..., "migs":
+                                                                   #   [{"uuid": "MIG-..", "gi": 1, "ci": 0}]}, ...]
      "init_error": null,                                          # a string: the backend is blind
      "timeline": [[0, {"memory": {"device": 0, "used_frac": 0.5}}],
                   [2, {"memory_ramp": {"device": 0, "to_frac": 0.995, "over_s": 5}}],
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .gpu import (GiB, DeviceInfo, GpuBlindError, GpuDeviceError, GpuEvent, GpuEventKind, GpuLostError,
-                  MemoryInfo, PendingRepair)
+                  MemoryInfo, MigInfo, PendingRepair)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class _FakeDevice:
     temperature: int = 40
     denied: dict[str, str] = field(default_factory=dict)  # query ("memory", "handle") -> error kind
     recovery: int | None = None
+    migs: tuple[MigInfo, ...] = ()
 
 
 class FakeBackend:
@@ -74,7 +76,8 @@ class FakeBackend:
         self._devices = [
             _FakeDevice(DeviceInfo(i, str(s.get("name", name)), str(s.get("uuid", f"GPU-fake-{i:04d}")),
                                    str(s.get("pci_bus_id", f"00000000:{i + 1:02X}:00.0"))),
-                        int(float(s.get("total_gb", total_gb)) * GiB))
+                        int(float(s.get("total_gb", total_gb)) * GiB),
+                        migs=tuple(MigInfo(str(m["uuid"]), int(m["gi"]), int(m["ci"])) for m in s.get("migs", ())))
             for i, s in enumerate(specs)]
         self._timeline = sorted(((float(t), dict(c)) for t, c in timeline), key=lambda tc: tc[0])
         self._next = 0
@@ -234,6 +237,15 @@ class FakeBackend:
 
     def recovery_action(self, index: int) -> int | None:
         return self._dev(index)[0].recovery
+
+    def mig_devices(self, index: int) -> Sequence[MigInfo]:
+        return self._dev(index)[0].migs
+
+    def mig_memory(self, index: int, uuid: str) -> MemoryInfo:
+        dev, _ = self._dev(index)
+        if uuid not in {m.uuid for m in dev.migs}:
+            raise GpuDeviceError(index, "not_found", f"GPU {index} has no MIG device {uuid} (fake)")
+        return MemoryInfo(0, dev.total // max(1, len(dev.migs)))  # the fake's slices are idle
 
     def wait_events(self, timeout_s: float) -> Sequence[GpuEvent]:
         deadline = time.monotonic() + timeout_s

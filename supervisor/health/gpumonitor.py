@@ -30,8 +30,10 @@ import structlog
 from ..events import Action, AttemptContext, Cause, Detection, Emit
 from .config import GpuConfig
 from .gpu import DeviceInfo, GpuBackend, GpuBlindError, GpuDeviceError, GpuEvent, GpuEventKind, GpuLostError
+from .devices import Selection, resolve
+from .gpuevents import drain_stale, foreign, note_foreign
 from .gpureading import DeviceReading, job_tree_pids, linear_slope, read_device
-from .xid import NODE_ADVICE, XidLevel, classify_xid
+from .xid import NODE_ADVICE, classify_xid
 
 log = structlog.get_logger("supervisor.health")
 
@@ -42,7 +44,6 @@ _TREND_SAMPLES = 30
 # Consecutive polls one device answers NVML_ERROR_UNKNOWN (the others read fine) before it is called
 # lost: a GPU that died often answers so rather than GPU_IS_LOST.
 _UNKNOWN_POLLS_LOST = 3
-_DRAIN_MAX = 10_000  # stale events dropped at an attempt's start, at most (NVML hands one per wait)
 
 
 class GpuMonitor:
@@ -52,8 +53,10 @@ class GpuMonitor:
 
     def __init__(self, backend: GpuBackend, cfg: GpuConfig | None = None, *,
                  clock: Callable[[], float] = time.monotonic, threaded: bool = True,
-                 on_blind: Callable[[str], None] | None = None) -> None:
+                 on_blind: Callable[[str], None] | None = None, env: Mapping[str, str] | None = None) -> None:
         self._backend = backend
+        self._env = dict(env or {})  # the job's environment: its CUDA_VISIBLE_DEVICES (health/devices.py)
+        self._sel = Selection((), True, "not resolved")
         self._cfg = cfg or GpuConfig()
         self._clock = clock
         self._threaded = threaded
@@ -100,7 +103,7 @@ class GpuMonitor:
             self._start_count = len(self._infos)
             self._next_poll = 0.0
             if self._cfg.events:
-                self._safely(self._drain_stale, "events")
+                self._safely(lambda: drain_stale(self._backend), "events")
         if self._threaded:
             self._stop.clear()
             self._threads = [threading.Thread(target=self._poll_loop, name="tsup-gpu-poll", daemon=True)]
@@ -174,24 +177,9 @@ class GpuMonitor:
                     "lost": r.lost if r else None,
                 })
             return {"available": True, "driver": self._driver, "cuda": self._cuda,
-                    "device_count": len(self._infos), "devices": devices}
+                    "device_count": len(self._infos), "devices": devices, "job_devices": self._sel.to_dict()}
 
     # ----------------------------------------------------------------- internals
-    def _drain_stale(self) -> None:
-        """Drop the events queued before this attempt: an Xid raised while the last attempt crashed
-        or was stopped belongs to it, not to the fresh job (NVML's event set outlives attempts)."""
-        stale: list[GpuEvent] = []
-        while len(stale) < _DRAIN_MAX:
-            got = self._backend.wait_events(0.0)
-            if not got:
-                break
-            stale.extend(got)
-        if stale:
-            log.info("gpu_events_stale", count=len(stale),
-                     events=[f"{e.kind.value}{'' if e.code is None else ' ' + str(e.code)} on GPU {e.index}"
-                             for e in stale[:8]],
-                     next="raised before this attempt started: recorded here, not acted on")
-
     def _reset_attempt_state(self) -> None:
         self._above.clear()
         self._memory_reported.clear()
@@ -217,6 +205,7 @@ class GpuMonitor:
                     infos[i] = DeviceInfo(i, "?", "?", "?")
             self._driver = self._backend.driver_version()
             self._cuda = self._backend.cuda_driver_version()
+            self._sel = resolve(self._backend, self._cfg.devices, self._env)
         except GpuBlindError as exc:
             self._go_blind(str(exc))
             return False
@@ -273,19 +262,20 @@ class GpuMonitor:
         now = self._clock()
         pids = job_tree_pids(self._ctx.pid if self._ctx else None)
         count = self._backend.device_count()
-        readings = {i: read_device(self._backend, i, pids, self._infos.get(i)) for i in range(count)}
+        mine = [i for i in range(count) if self._sel.watches(i)]  # the job's GPUs only (devices.py)
+        readings = {i: read_device(self._backend, i, pids, self._infos.get(i), self._sel.slices(i)) for i in mine}
         with self._lock:
             self.polls += 1
             self._job_pids = pids
             self._readings = readings
             for i in range(count, self._start_count):
-                if i not in self._lost_reported:
+                if i not in self._lost_reported and self._sel.watches(i):
                     self._readings[i] = DeviceReading(i, self._infos.get(i), lost=True)
-                    self._report_lost(i, f"GPU {i} disappeared (NVML now sees {count} of "
+                    self._report_lost(i, f"{self._label(i)} disappeared (NVML now sees {count} of "
                                          f"{self._start_count} devices)")
             for i, r in readings.items():
                 if r.lost:
-                    self._report_lost(i, f"GPU {i} is lost (fell off the bus)")
+                    self._report_lost(i, f"{self._label(i)} is lost (fell off the bus)")
                     continue
                 if r.unknown is not None:
                     self._check_unknown(r)
@@ -315,7 +305,7 @@ class GpuMonitor:
         self._fault(r.index, "memory_watermark")
         self._send(Detection(
             cause=Cause.GPU_MEMORY,
-            summary=(f"GPU {r.index} ({name}) memory at {mem.fraction:.1%} of "
+            summary=(f"{self._label(r.index)} {name} memory at {mem.fraction:.1%} of "
                      f"{mem.total / 2**30:.1f} GiB for {self._above[r.index]} polls{when}"),
             source="nvml", value=mem.fraction,
             evidence=f"used={mem.used} total={mem.total} job={r.job_bytes}",
@@ -341,7 +331,7 @@ class GpuMonitor:
             return
         n = self._unknown_polls[r.index] = self._unknown_polls.get(r.index, 0) + 1
         if n >= _UNKNOWN_POLLS_LOST:
-            self._report_lost(r.index, f"GPU {r.index} answers NVML_ERROR_UNKNOWN ({n} polls in a row) "
+            self._report_lost(r.index, f"{self._label(r.index)} answers NVML_ERROR_UNKNOWN ({n} polls in a row) "
                                        "while the other GPUs read fine: treated as lost", evidence=str(r.unknown))
 
     def _check_ecc(self, r: DeviceReading) -> None:
@@ -357,7 +347,7 @@ class GpuMonitor:
         self._fault(index, "ecc_double_bit")
         self._send(Detection(
             cause=Cause.GPU_FAULT, source="nvml", evidence=evidence, suggested_action=action,
-            summary=f"double-bit (uncorrectable) ECC error on GPU {index}: the GPU needs a reset; "
+            summary=f"double-bit (uncorrectable) ECC error on {self._label(index)}: the GPU needs a reset; "
                     f"suggested action {action.value}",
             details={"kind": "ecc_double_bit", "device": index, "uuid": self._uuid(index),
                      "advice": "reset the GPU (drain or reset this node)"}))
@@ -376,33 +366,28 @@ class GpuMonitor:
     def _handle_events(self, events: Sequence[GpuEvent]) -> None:
         with self._lock:
             for ev in events:
-                if ev.kind == GpuEventKind.ECC_DBE:
+                info = None if ev.kind == GpuEventKind.ECC_DBE else classify_xid(
+                    ev.code or 0, self._cfg.xid_actions, self._cfg.xid_default_action)
+                why = foreign(ev, info, self._sel, self._readings, self._job_pids)
+                if why is not None:
+                    note_foreign(ev, why, self._label(ev.index))
+                    continue
+                if info is None:
                     if ev.index not in self._ecc_reported:
                         self._report_ecc(ev.index, "NVML double-bit ECC event")
-                    continue
-                info = classify_xid(ev.code or 0, self._cfg.xid_actions, self._cfg.xid_default_action)
-                if info.level is XidLevel.APPLICATION and self._foreign(ev.index):
-                    log.warning("gpu_xid_foreign", code=info.code, device=ev.index, uuid=self._uuid(ev.index),
-                                meaning=info.meaning, next="another process's application error on this GPU: "
-                                "noted, the job is not stopped")
                     continue
                 self._fault(ev.index, f"xid_{info.code}")
                 self._send(Detection(
                     cause=Cause.GPU_FAULT, source="nvml", value=float(info.code),
-                    summary=f"Xid {info.code} on GPU {ev.index}: {info.meaning}; {info.advice}",
+                    summary=f"Xid {info.code} on {self._label(ev.index)}: {info.meaning}; {info.advice}",
                     evidence=f"NVML Xid critical error event, code {info.code}",
                     suggested_action=info.action,
                     details={"kind": "xid", "code": info.code, "meaning": info.meaning,
                              "level": info.level.value, "device": ev.index, "uuid": self._uuid(ev.index),
                              "advice": info.advice}))
 
-    def _foreign(self, index: int) -> bool:
-        """True when GPU ``index`` lists compute processes and none is the job's: an application-level
-        Xid there is another process's (NVML's event carries no pid). An empty or unreadable list
-        (pid namespaces) proves nothing: the Xid is then taken as the job's."""
-        r = self._readings.get(index)
-        procs = set(r.processes) if r is not None else set()
-        return bool(procs) and bool(self._job_pids) and not (procs & self._job_pids)
+    def _label(self, index: int) -> str:
+        return self._sel.label(index, self._uuid(index))
 
     def _uuid(self, index: int) -> str | None:
         info = self._infos.get(index)

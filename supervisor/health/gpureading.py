@@ -80,12 +80,21 @@ class DeviceReading:
         }
 
 
+def device_memory(backend: GpuBackend, index: int, slices: Sequence[str] = ()) -> MemoryInfo:
+    """GPU ``index``'s memory, or the sum of the job's MIG devices ``slices`` on it (a job given a
+    slice is judged by its slice, not by its neighbours' use of the GPU)."""
+    if not slices:
+        return backend.memory(index)
+    parts = [backend.mig_memory(index, uuid) for uuid in slices]
+    return MemoryInfo(sum(p.used for p in parts), sum(p.total for p in parts))
+
+
 def read_device(backend: GpuBackend, index: int, job_pids: frozenset[int] = frozenset(),
-                info: DeviceInfo | None = None) -> DeviceReading:
+                info: DeviceInfo | None = None, slices: Sequence[str] = ()) -> DeviceReading:
     """Query one device; a lost GPU yields ``lost=True`` instead of raising."""
     try:
         info = info or backend.device_info(index)
-        mem = backend.memory(index)
+        mem = device_memory(backend, index, slices)
         procs = backend.processes(index)
         job = sum(b for p, b in procs.items() if p in job_pids) if job_pids else None
         return DeviceReading(index, info, mem, job, procs, backend.utilization(index),

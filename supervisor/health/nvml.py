@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 import structlog
 
 from .gpu import (DeviceInfo, GpuBackend, GpuBlindError, GpuDeviceError, GpuEvent, GpuEventKind, GpuLostError,
-                  MemoryInfo, PendingRepair)
+                  MemoryInfo, MigInfo, PendingRepair)
 
 log = structlog.get_logger("supervisor.health")
 
@@ -136,6 +136,25 @@ class NvmlBackend:
                     continue
         self._migs[index] = out
         return out
+
+    def mig_devices(self, index: int) -> Sequence[MigInfo]:
+        nv, out = self._nvml, []
+        for g in self._mig_handles(index):
+            uuid = self._call(index, partial(nv.nvmlDeviceGetUUID, g))
+            gi = self._call(index, partial(nv.nvmlDeviceGetGpuInstanceId, g))
+            ci = self._call(index, partial(nv.nvmlDeviceGetComputeInstanceId, g))
+            if uuid is not None and gi is not None and ci is not None:
+                out.append(MigInfo(_decode(uuid), int(gi), int(ci)))
+        return out
+
+    def mig_memory(self, index: int, uuid: str) -> MemoryInfo:
+        """The memory of GPU ``index``'s MIG device ``uuid`` (the slice the job was given)."""
+        nv = self._nvml
+        for g in self._mig_handles(index):
+            if _decode(self._call(index, partial(nv.nvmlDeviceGetUUID, g)) or "") == uuid:
+                m = self._call(index, partial(nv.nvmlDeviceGetMemoryInfo, g), need=True)
+                return MemoryInfo(int(m.used), int(m.total))
+        raise GpuDeviceError(index, "not_found", f"GPU {index} has no MIG device {uuid} this process may open")
 
     def memory(self, index: int) -> MemoryInfo:
         h = self._handle(index)

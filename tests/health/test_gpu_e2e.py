@@ -74,3 +74,42 @@ def test_a_mig_parent_and_a_denied_handle_leave_a_running_job_and_name_the_gpu(s
     assert "checkpoint_load_error" not in d.stderr() and "could not choose a checkpoint" not in d.stderr()
     unknown = [line for line in d.events() if line.startswith("event=gpu_device_unknown")]
     assert unknown and "device=2" in unknown[0] and "no_permission" in unknown[0]
+
+
+def test_foreign_memory_and_foreign_xids_never_delay_or_stop_the_job(sim_daemons, tmp_path: Path) -> None:
+    """The job's GPUs come from its CUDA_VISIBLE_DEVICES (a GPU by UUID and a MIG slice): another
+    process holding 87 % of another GPU does not hold up the gate, and Xids of another GPU (an
+    application one and a node-level one) and of another tenant's MIG slice are noted, not acted on;
+    messages name the job's device as cuda:N with its UUID."""
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    node = {"gpus": [{"uuid": "GPU-00000000-aaaa", "used": 0},
+                     {"uuid": "GPU-11111111-bbbb", "used": 70 * GiB, "procs": {"999999": 70 * GiB}},
+                     {"uuid": "GPU-22222222-cccc", "memory_error": "no_permission",
+                      "migs": [{"uuid": "MIG-22222222-0001", "gi": 1, "ci": 0},
+                               {"uuid": "MIG-22222222-0002", "gi": 2, "ci": 0, "used": 9 * GiB}]}],
+            "events": [[0.5, 1, 13, None, None], [0.6, 2, 43, 2, 0], [0.7, 1, 79, None, None]]}
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[gpu]\npoll_s = 0.1\nrelease_timeout_s = 30\n")
+    d = sim_daemons(node, ["wrap", "--config", str(cfg), "--state-dir", str(sd),
+                           "--env", "CUDA_VISIBLE_DEVICES=GPU-00000000,MIG-22222222-0001", "--",
+                           PY, "-c", JOB, str(out)])
+    wait_for(lambda: d.stderr().count("event=gpu_xid_foreign") >= 3 and (out / "a0").exists(), timeout=60,
+             what="the three foreign Xids noted while the job runs")
+    (out / "stop").touch()
+    assert d.wait(60) == 0, d.stderr()[-3000:]
+    h = history(sd)
+    a = h["attempts"]
+    assert len(a) == 1 and a[0]["cause"] is None and a[0]["exit_code"] == 0
+    gate = a[0]["gate"]
+    assert gate["passed"] is True and gate["waited_s"] == 0, gate
+    assert [m["device"] for m in gate["details"]["memory"]] == [0, 2], "GPU 1 is not the job's: not looked at"
+    labels = [m["label"] for m in gate["details"]["memory"]]
+    assert labels == ["GPU 0 (cuda:0, GPU-00000000-aaaa)", "GPU 2 (cuda:1, MIG-22222222-0001)"], labels
+    foreign = [line for line in d.events() if line.startswith("event=gpu_xid_foreign")]
+    assert any("xid 13 on GPU 1" in f and "does not use" in f for f in foreign), foreign
+    assert any("xid 43 on GPU 2 (MIG GI 2, CI 0)" in f and "MIG slice" in f for f in foreign), foreign
+    assert any("xid 79 on GPU 1" in f for f in foreign), foreign
+    assert not [e for e in h["events"] if e["event"] in ("failure_detected", "detection_warned")]
+    resolved = [line for line in d.events() if line.startswith("event=gpu_devices_resolved")]
+    assert resolved and "CUDA_VISIBLE_DEVICES" in resolved[0]

@@ -61,7 +61,7 @@ def test_gate_times_out_when_memory_stays_held(tmp_path: Path) -> None:
     assert not v.passed and v.waited_s == pytest.approx(30, abs=0.01)
     assert len(v.reasons) == 1
     assert "GPU memory not released after 30.0 s" in v.reasons[0]
-    assert "GPU 1 at 75.0% held by previous pids [4242]" in v.reasons[0]
+    assert "GPU 1 (GPU-fake-0001) at 75.0% held by previous pids [4242]" in v.reasons[0]
 
 
 def test_gate_passes_at_once_when_nothing_is_held() -> None:
@@ -84,8 +84,8 @@ def test_missing_device_lost_gpu_and_pending_retirement_fail_the_gate() -> None:
     v = gate.check([1])
     assert not v.passed
     assert any("GPU 3 is lost" in r for r in v.reasons)
-    assert any("GPU 0 needs a reset (retired pages pending)" in r for r in v.reasons)
-    assert any("GPU 1 needs a reset (row remapping pending)" in r for r in v.reasons)
+    assert any("GPU 0 (GPU-fake-0000) needs a reset (retired pages pending)" in r for r in v.reasons)
+    assert any("GPU 1 (GPU-fake-0001) needs a reset (row remapping pending)" in r for r in v.reasons)
     assert "gate failed" in v.summary()
 
     fewer = FakeBackend(7, clock=clock)

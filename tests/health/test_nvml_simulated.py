@@ -74,7 +74,7 @@ def test_the_gate_passes_with_a_named_warning_and_never_crashes(tmp_path: Path) 
     b, _ = backend(SimGpu("GPU-0"), parent, SimGpu("GPU-2", handle_error=NO_PERMISSION))
     v = run_gate(b, GpuConfig(release_timeout_s=0), clock=lambda: 0.0, sleep=lambda s: None)
     assert v.passed, v.reasons
-    assert [w.split(" cannot")[0] for w in v.warnings] == ["GPU 2"], v.warnings
+    assert [w.split(" cannot")[0] for w in v.warnings] == ["GPU 2"], v.warnings  # its handle: no UUID to name
     assert "no_permission" in v.warnings[0]
     mem = v.details["memory"]
     assert isinstance(mem, list) and [d["device"] for d in mem] == [0, 1]
@@ -96,7 +96,7 @@ def test_the_recovery_action_refuses_a_relaunch_onto_that_gpu() -> None:
     b, _ = backend(SimGpu("GPU-0"), SimGpu("GPU-1", recovery=2))
     v = run_gate(b, GpuConfig(), clock=lambda: 0.0, sleep=lambda s: None)
     assert not v.passed and v.failed_checks[0].value == "gpu_repair"
-    assert "GPU 1's driver asks for a node reboot" in v.reasons[0]
+    assert "GPU 1 (GPU-1): the driver asks for a node reboot" in v.reasons[0]
 
 
 def test_events_register_only_supported_types_and_say_so(tmp_path: Path) -> None:

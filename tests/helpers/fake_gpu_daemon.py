@@ -13,8 +13,8 @@ process of their own, by replacing the backend factory the daemon calls
   (``NvmlBackend``) over NVIDIA's real ``pynvml`` with only its C calls simulated
   (``tests/helpers/nvml_clib.py``). Each GPU is a ``SimGpu``'s fields (error codes by name:
   ``"no_permission"``, ``"unknown"``, ``"gpu_is_lost"``, ``"not_supported"``), ``migs`` a list of
-  ``SimMig`` fields; each event is sent ``t`` seconds after the backend's first use (``gi``/``ci``
-  null: the whole GPU's).
+  ``SimMig`` fields; each event is sent ``t`` seconds after the daemon registered for events
+  (``gi``/``ci`` null: the whole GPU's); one sent before that would be drained as stale.
 """
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def simulated(spec: dict[str, Any]) -> Any:
     events = sorted(spec.get("events", []))
 
     def send() -> None:
+        node.listening.wait(120)
         t0 = time.monotonic()
         for t, index, code, gi, ci in events:
             time.sleep(max(0.0, t0 + t - time.monotonic()))  # the node's own clock: not a test's wait

@@ -66,6 +66,7 @@ class SimNode:
     events: list[tuple[int, int, int, int, int]] = field(default_factory=list)  # (gpu, type, data, gi, ci)
     registered: dict[int, int] = field(default_factory=dict)  # gpu -> mask
     cond: threading.Condition = field(default_factory=threading.Condition)
+    listening: threading.Event = field(default_factory=threading.Event)  # set at the first registration
 
     def send(self, gpu: int, code: int, *, kind: int = XID, gi: int = _WHOLE, ci: int = _WHOLE) -> None:
         """An event as the driver raises it; only delivered if its type was registered for that GPU."""
@@ -306,6 +307,7 @@ class SimLib:
         if mask & ~gpu.supported_events:
             return NOT_SUPPORTED  # NVML registers nothing of a mask holding an unsupported type
         self.node.registered[i] = mask
+        self.node.listening.set()
         return SUCCESS
 
     def c_nvmlEventSetWait_v2(self, es: Any, ref: Any, timeout_ms: Any) -> int:
