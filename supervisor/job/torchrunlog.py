@@ -114,14 +114,16 @@ class TorchrunOutput:
         key, body = _split(line) if line.startswith("[") else ("", line)
         if not key and self._in_summary(body):
             return
-        body = body.rstrip()
         slot = (source, key)
         if body.startswith("Traceback (most recent call last):"):
             if slot in self._traces or len(self._traces) < MAX_TRACES:
                 self._traces[slot] = _Trace()
             return
         trace = self._traces.get(slot)
-        if trace is None or not trace.active or not body:
+        if trace is None or not trace.active:
+            return  # most lines: no copy of them made
+        body = body.rstrip()
+        if not body:
             return
         if body[0] in " \t":
             m = FRAME.match(body)
