@@ -218,6 +218,7 @@ class EventName(StrEnum):
     METRICS_LINGER = "metrics_linger"
     METRICS_LINGER_ENDED = "metrics_linger_ended"
     METRICS_TEXTFILE_FAILED = "metrics_textfile_failed"
+    METRICS_TEXTFILE_NAME_TAKEN = "metrics_textfile_name_taken"
     NOTIFY_ABANDONED = "notify_abandoned"
     NOTIFY_DROPPED = "notify_dropped"
     NOTIFY_FAILED = "notify_failed"

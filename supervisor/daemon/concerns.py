@@ -71,6 +71,17 @@ class OpsConcern(Concern):
             except OSError as e:  # a taken port must not stop the supervision of a training run
                 daemon.event("metrics_unavailable", "error", f"cannot serve Prometheus metrics on {mc.listen}: "
                              f"{e}; supervising without the endpoint")
+            path = self.metrics.textfile_path()
+            if path:
+                from ..ops.textfiles import same_name_elsewhere
+
+                others = same_name_elsewhere(path, daemon.cfg.job.name)
+                if others:
+                    daemon.event("metrics_textfile_name_taken", "warning",
+                                 f"{', '.join(others)} beside this run's textfile {path} also export a run named "
+                                 f"{daemon.cfg.job.name!r}: node_exporter rejects the series both repeat (neither "
+                                 "run's state is collected); give this run its own [job] name, or delete the other "
+                                 "file if its run is over", textfile=path, others=others)
 
     def rebind_control(self) -> None:
         """Bind the control socket again in a re-created state dir (the old file went with the old

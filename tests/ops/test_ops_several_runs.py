@@ -135,3 +135,43 @@ def test_daemon_down_pages_a_killed_daemon_never_a_finished_or_stopped_one(runs:
         release.touch()
         (tmp_path / "never").touch()  # the killed daemon's job, orphaned, exits
         prom.stop()
+
+
+def test_a_run_of_the_same_name_in_another_textfile_is_said_at_start(runs: Start, tmp_path: Path):
+    """Two runs named alike would repeat each other's series (node_exporter rejects both files):
+    the daemon says so when it starts, naming the other file, and supervises on."""
+    tdir = tmp_path / "textfile"
+    tdir.mkdir()
+    (tdir / "tsup-old.prom").write_text('tsup_run_info{name="alpha",run_id="20250101-000000-aaaaaa"} 1.0\n')
+    (tdir / "other-tool.prom").write_text('tsup_run_info{name="beta",run_id="x"} 1.0\nnode_thing 1\n')
+    cfg = tmp_path / "tsup.toml"
+    cfg.write_text(f'[metrics]\ntextfile = "{tdir}/tsup-{{name}}.prom"\n')
+    release = tmp_path / "release"
+    d = runs("alpha", cfg, waiting_job(release, 0))
+    try:
+        line = wait_for(lambda: [ln for ln in d.stderr().splitlines() if ln.startswith("event=metrics_textfile_name_taken ")],
+                        timeout=60, interval=0.1, what="the daemon naming the other file of its name")[0]
+        assert str(tdir / "tsup-old.prom") in line and "other-tool.prom" not in line, line
+        assert "give this run its own [job] name" in line
+    finally:
+        release.touch()
+    assert d.wait(60) == 0, d.stderr()[-3000:]
+
+
+def test_the_look_at_other_textfiles_is_bounded_and_never_blocks(tmp_path: Path):
+    import os
+
+    from supervisor.ops import textfiles
+
+    marker = b'tsup_run_info{name="alpha",run_id="r"} 1.0\n'
+    (tmp_path / "late.prom").write_bytes(b"#" * (textfiles.HEAD_BYTES + 10) + b"\n" + marker)  # past the head
+    (tmp_path / "huge.prom").write_bytes(marker + b"x" * 16_000_000)  # 16 MB: only its head is read
+    os.mkfifo(tmp_path / "fifo.prom")  # no writer: a blocking open would hang here
+    (tmp_path / "link.prom").symlink_to(tmp_path / "huge.prom")  # links are not followed
+    found = textfiles.same_name_elsewhere(str(tmp_path / "tsup-alpha.prom"), "alpha")
+    assert found == [str(tmp_path / "huge.prom")]
+    crowd = tmp_path / "crowd"
+    crowd.mkdir()
+    for i in range(textfiles.MAX_FILES * 2):
+        (crowd / f"f{i}.prom").write_bytes(marker)
+    assert len(textfiles.same_name_elsewhere(str(crowd / "tsup-alpha.prom"), "alpha")) == textfiles.MAX_FILES
