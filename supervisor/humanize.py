@@ -1,7 +1,11 @@
-"""Numbers as people read them: byte sizes and durations (the CLI, status, checkpoint listings)."""
+"""Numbers as people read them: byte sizes and durations (the CLI, status, checkpoint listings),
+and the one spelling of a value in every output (:func:`value`)."""
 from __future__ import annotations
 
+import enum
 from typing import Any
+
+from . import strictjson
 
 
 def size(n: Any) -> str:
@@ -32,3 +36,32 @@ def duration(seconds: float) -> str:
         return f"{h} h {r:02d} min"
     d, r = divmod(int(round(s)) // 3600, 24)
     return f"{d} d {r:02d} h"
+
+
+def value(v: Any) -> str:
+    """A value as every output spells it: logfmt lines, the console's compact lines, journal
+    fields, the demo's summary, the report. Booleans ``true``/``false``, an enum by its value,
+    lists and dicts as compact JSON (``["python","train.py"]``, a NaN inside as ``"NaN"``: strict
+    JSON), numbers as Python writes them (``0.523``, ``nan``), None as nothing. Never a Python repr
+    (``True``, ``{'crash': 9.3}``): one reader, one parser, whatever the output."""
+    if v is None:
+        return ""
+    if isinstance(v, enum.Enum):
+        v = v.value
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (set, frozenset)):
+        v = sorted(v, key=str)
+    if isinstance(v, (list, tuple, dict)):
+        return strictjson.dumps(v, default=str, separators=(",", ":"))
+    return str(v)
+
+
+def durations_by(mapping: Any) -> str:
+    """``{"crash": 9.3, "nan": 74.2}`` -> ``nan 1 min 14 s, crash 9.3 s``: seconds by name in words
+    and units (:func:`duration`), largest first; anything else spelled by :func:`value`."""
+    if not isinstance(mapping, dict):
+        return value(mapping)
+    nums = {k: float(v) for k, v in mapping.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    rest = [f"{k} {value(v)}" for k, v in mapping.items() if k not in nums]
+    return ", ".join([f"{k} {duration(v)}" for k, v in sorted(nums.items(), key=lambda kv: -kv[1])] + rest)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, MutableMapping, TextIO
 import structlog
 
 from . import strictjson
+from .humanize import value as spell
 from .narration import ConsoleRenderer, said_at_default
 from .job.consoleline import event_stream
 from .redact import redact_data
@@ -87,8 +88,8 @@ def render_logfmt(logger: Any, name: str, event_dict: Mapping[str, Any]) -> str:
     ed = dict(format_tracebacks(logger, name, ed))
     drop_none(logger, name, ed)
     for k, v in ed.items():
-        if isinstance(v, (list, tuple, dict)):  # JSON, which any reader parses (a repr is Python's only)
-            ed[k] = strictjson.dumps(v, default=str, separators=(",", ":"))
+        if not isinstance(v, (str, bool, int, float)):  # JSON, which any reader parses (a repr is Python's only)
+            ed[k] = spell(v)
     for last in ("message", EXCEPTION_KEY, "stack"):
         if last in ed:
             ed[last] = ed.pop(last)

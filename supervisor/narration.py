@@ -17,12 +17,12 @@ is the structlog renderer ``logsetup`` uses for ``--log-format console``.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, Mapping
 
 from .eventnames import EventName as E
+from .humanize import value as spell
 
 #: events whose own message is the narration, with the prefix that marks their kind
 SAID_AS_IS: Mapping[str, str] = {
@@ -130,7 +130,7 @@ def terminal_safe(ed: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _value(v: Any) -> str:
-    text = json.dumps(v, default=str, separators=(",", ":")) if isinstance(v, (list, tuple, dict)) else str(v)
+    text = spell(v)  # as logfmt spells it: passed=true, never Python's True
     return text if len(text) <= VALUE_CHARS else text[:VALUE_CHARS - 3] + "..."
 
 

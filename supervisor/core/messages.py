@@ -8,10 +8,11 @@ runner turns each command into effects through its ports, in the order given.
 from __future__ import annotations
 
 import signal
+import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
 from ..events import Detection
 from .policy import Decision, PastAttempt, RepeatKey
@@ -287,6 +288,16 @@ class Record:
     message: str
     data: Mapping[str, Any] = field(default_factory=dict)
     ledger_only: bool = False
+    #: (file, line, function) that made it, for the journal's CODE_* fields: the runner logs it
+    #: later, elsewhere. Not a field: not compared, not in the ledger.
+    origin: ClassVar[tuple[str, int, str] | None] = None
+
+    def __post_init__(self) -> None:
+        f: Any = sys._getframe(1)  # past dataclass's __init__ and the machine's one-line _record helper
+        while f is not None and f.f_code.co_name in ("__init__", "_record"):
+            f = f.f_back
+        if f is not None:
+            object.__setattr__(self, "origin", (f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ from typing import Any, Callable
 
 import structlog
 
-from ..core.messages import jsonable
+from ..core.messages import Record, jsonable
 from ..eventnames import EventName, UnknownNames
+from ..logsite import Site, log_helper as log_helper, logged_from  # (re-exported: the runner marks its own helper)
 from .concernset import ConcernSet
 from .ports import LedgerStore
 
@@ -24,8 +25,11 @@ class EventRecorder:
         self.where = where
         self._unknown_names = UnknownNames()
 
-    def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None:
-        """Log one event line and keep it in the ledger (``ledger_only``: a module logged it already)."""
+    @log_helper
+    def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, code_site: Site | None = None,
+              **data: Any) -> None:
+        """Log one event line and keep it in the ledger (``ledger_only``: a module logged it already;
+        ``code_site``: where it was decided, when not in the caller: the journal's CODE_* fields)."""
         if self._unknown_names.first_time(event):  # still recorded below: nothing is lost
             self.event(EventName.EVENT_NAME_UNKNOWN, "warning", f"event name {event!r} is not in "
                        "supervisor.eventnames.EventName (its journal MESSAGE_ID is not fixed); it is recorded "
@@ -33,8 +37,13 @@ class EventRecorder:
         run_id, n = self.where()
         attempt = n if n >= 0 else None
         if not ledger_only:
-            getattr(log, level)(event, attempt=attempt, message=message,
-                                **{k: v for k, v in data.items() if v is not None})
+            with logged_from(code_site):
+                getattr(log, level)(event, attempt=attempt, message=message,
+                                    **{k: v for k, v in data.items() if v is not None})
         # A failed write (a full disk) does not raise: the ledger logs it once, counts and drops it.
         self.ledger.event(run_id, attempt, event, level, message, jsonable(data) if data else None)
         self.concerns.on_event(event, level, message, data)  # [notify]: tell a human
+
+    def record(self, cmd: Record) -> None:
+        """The state machine's event, its CODE_* fields where the machine made it (not here)."""
+        self.event(cmd.event, cmd.level, cmd.message, ledger_only=cmd.ledger_only, code_site=cmd.origin, **cmd.data)

@@ -40,7 +40,7 @@ from .ports import Concern, HistoryReader, Job, Ports, RunView
 from .recovery import close_previous_life
 from .reload import reload_config
 from .requests import RUNNER_VERBS, answer, ask, go_on, install_signal_handlers, machine_request
-from .recorder import EventRecorder
+from .recorder import EventRecorder, log_helper
 from .status import StatusCache, booting_status, status_dict
 from ..events import Detection, MetricRecord
 from ..job.output import SinkFanout
@@ -134,8 +134,8 @@ class Runner:
         """Thread-safe: parsers and the client metrics reader call this."""
         self.metrics.put(rec)
 
+    @log_helper  # (DaemonView.event: one event line, kept in the ledger)
     def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None:
-        """Log one event line and keep it in the ledger (``ledger_only``: a module logged it already)."""
         self.recorder.event(event, level, message, ledger_only=ledger_only, **data)
 
     # ================================================================== life cycle
@@ -280,7 +280,7 @@ class Runner:
 
     def _carry_out(self, cmd: Command) -> None:
         if isinstance(cmd, Record):
-            self.event(cmd.event, cmd.level, cmd.message, ledger_only=cmd.ledger_only, **cmd.data)
+            self.recorder.record(cmd)
         elif isinstance(cmd, StateChanged):
             log.info("state_changed", old=cmd.old, new=cmd.new, why=cmd.why, attempt=cmd.attempt)
         elif isinstance(cmd, RecordDetection):

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import SupervisorError
+from ..logsite import log_helper
 from ..ownpaths import file_identity, open_in, refuse_unsafe_as_root
 from .ports import Concern, DaemonView
 
@@ -331,6 +332,7 @@ class StateLockConcern(Concern):
                   f"and writable by this user, then start again (the job resumes from its newest checkpoint)")
         self.stop()
 
+    @log_helper
     def _say(self, event: str, level: str, msg: str) -> None:
         try:
             if self._daemon is None:

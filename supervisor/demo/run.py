@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, MutableMapping, Sequence, TextIO
+from typing import Any, Mapping, MutableMapping, Sequence, TextIO
 
 import structlog
 
@@ -124,54 +124,52 @@ def run_demo(out: Path, faults: str | None, steps: int | None, seed: int, quiet:
     runner = build_daemon(cfg, passthrough=devnull or passthrough, extra=[DemoProgress(narrator)])
     code = runner.run()
     wall = time.monotonic() - t0
-    summary = _summary(out, cfg, wall)
+    facts, attempts = _summary(out, cfg, wall)
     from ..report.collect import write_run_report
 
-    html, png = write_run_report(cfg.state_dir(), out / "report", summary={k: v for k, v in summary.items()
-                                                                            if k != "attempts"})
+    html, png = write_run_report(cfg.state_dir(), out / "report", summary=facts)
     narrator.say(f"== finished in {wall:.0f} s with exit code {code}: {runner.exit_reason}")
-    for line in _summary_lines(summary):
+    for line in attempts + [f"{k}: {v}" for k, v in facts.items()]:
         narrator.say("   " + line)
     narrator.say(f"== report: {html}" + (f"  (loss curve: {png})" if png else ""))
     return code
 
 
-def _summary(out: Path, cfg: Any, wall: float) -> dict[str, Any]:
+def _summary(out: Path, cfg: Any, wall: float) -> tuple[dict[str, str], list[str]]:
+    """The run's facts in words and units (the console's last lines and the report's summary), and
+    one line per attempt."""
+    from ..humanize import duration, durations_by
     from ..ledger.store import Ledger
     from ..report.collect import goodput_from_ledger
 
-    s: dict[str, Any] = {"wall time (s)": round(wall, 1)}
+    facts: dict[str, str] = {"wall time": duration(wall)}
     try:
         js = json.loads((DemoLayout(out).summary_file).read_text())
-        s["final step"] = js.get("step")
-        s["final loss"] = js.get("loss")
-        s["final val loss"] = js.get("val_loss")
     except (OSError, ValueError):
-        pass
+        js = {}
+    for key, label in (("step", "final step"), ("loss", "final loss"), ("val_loss", "final val loss")):
+        v = js.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            facts[label] = f"{v:.4f}" if isinstance(v, float) else str(v)
     led = Ledger(cfg.state_dir(), readonly=True)
     try:
         h = led.history()
-        s["attempts"] = [(a["attempt"], a["cause"], a["action"], a["resume_step"],
-                          (a.get("validation") or {}).get("verdict")) for a in h["attempts"]]
+        attempts = [_attempt_line(a) for a in h["attempts"]]
         gp = goodput_from_ledger(led, h["run_id"])
         if gp:
-            s["goodput"] = gp["ratio"]
-            s["lost time by cause (s)"] = gp["lost_by_cause"]
-        s["quarantined"] = [e["data"]["source"] for e in h["events"] if e["event"] == EventName.CHECKPOINT_QUARANTINED
-                            and e.get("data")]
+            facts["goodput"] = f"{gp['ratio']:.1%} of the wall time was training that was kept"
+            facts["lost time by cause"] = durations_by(gp["lost_by_cause"]) or "none"
+        quarantined = [Path(str(e["data"]["source"])).name for e in h["events"]
+                       if e["event"] == EventName.CHECKPOINT_QUARANTINED and e.get("data")]
+        if quarantined:
+            facts["quarantined"] = ", ".join(quarantined)
     finally:
         led.close()
-    return s
+    return facts, attempts
 
 
-def _summary_lines(s: dict[str, Any]) -> list[str]:
-    out = []
-    for a, cause, action, rstep, verdict in s.get("attempts", []):
-        out.append(f"attempt {a}: " + (f"resumed at step {rstep}, " if rstep is not None else "fresh, ")
-                   + (f"ended by {cause} -> {action}" if cause else "finished")
-                   + (f", validation {verdict}" if verdict else ""))
-    for k in ("final step", "final loss", "final val loss", "goodput", "lost time by cause (s)", "quarantined"):
-        if s.get(k) not in (None, [], {}):
-            v = s[k]
-            out.append(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
-    return out
+def _attempt_line(a: Mapping[str, Any]) -> str:
+    rstep, cause, verdict = a["resume_step"], a["cause"], (a.get("validation") or {}).get("verdict")
+    return (f"attempt {a['attempt']}: " + (f"resumed at step {rstep}, " if rstep is not None else "fresh, ")
+            + (f"ended by {cause} -> {a['action']}" if cause else "finished")
+            + (f", validation {verdict}" if verdict else ""))

@@ -12,10 +12,13 @@ as a native entry:
   :class:`~supervisor.eventnames.EventName` member in :data:`supervisor.eventids.MESSAGE_IDS` (a
   renamed member keeps its ID), so ``journalctl MESSAGE_ID=...`` finds every restart whatever its
   text; a name outside the vocabulary (a library's logger) gets uuid5 of it in :data:`ID_NAMESPACE`.
-- ``CODE_FILE``/``CODE_LINE``/``CODE_FUNC``: where in our code the event was logged.
-- ``PRIORITY`` (from the level), ``SYSLOG_IDENTIFIER``, ``TSUP_SOURCE=daemon``, and the data: every
-  structlog key as ``TSUP_<KEY>`` (``TSUP_EVENT=restart_scheduled``, ``TSUP_CAUSE=nan``,
-  ``TSUP_ATTEMPT=3``, ``TSUP_RUN_ID=...``, ``TSUP_EXCEPTION=<traceback>``).
+- ``CODE_FILE``/``CODE_LINE``/``CODE_FUNC``: where in our code the event was decided and logged,
+  never a logging helper (:mod:`supervisor.logsite`).
+- ``PRIORITY`` (from the level), ``SYSLOG_IDENTIFIER``, ``TSUP_SOURCE=daemon`` (the marker of our
+  entries, never overwritten: an event's own ``source`` key, where a detection was seen, is
+  ``TSUP_EVENT_SOURCE``), and the data: every structlog key as ``TSUP_<KEY>``
+  (``TSUP_EVENT=restart_scheduled``, ``TSUP_CAUSE=nan``, ``TSUP_ATTEMPT=3``, ``TSUP_RUN_ID=...``,
+  ``TSUP_EXCEPTION=<traceback>``), each value spelled as everywhere (:func:`supervisor.humanize.value`).
 
 The stderr line is then dropped, so the journal holds each event once. If a send fails the line
 goes to stderr as usual (nothing is lost). The job's output is untouched: it is passed through on
@@ -28,12 +31,10 @@ The memfd path for entries larger than a datagram is not needed: values are capp
 """
 from __future__ import annotations
 
-import enum
 import os
 import re
 import socket
 import struct
-import sys
 import threading
 import uuid
 from collections.abc import Callable, Mapping
@@ -41,9 +42,10 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from .. import strictjson
 from ..eventids import MESSAGE_IDS
 from ..eventnames import member
+from ..humanize import value as spell
+from ..logsite import callsite
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 IDENTIFIER = "transformer-supervisor"
@@ -62,6 +64,13 @@ PRIORITIES = {"debug": 7, "info": 6, "notice": 5, "warning": 4, "warn": 4, "erro
 
 _FIELD_BAD = re.compile(r"[^A-Z0-9_]")
 
+#: the field every entry of ours carries (``journalctl TSUP_SOURCE=daemon``: the daemon's events
+#: without the job's output)
+MARKER = "TSUP_SOURCE"
+#: an event's own key that would land on the marker's field goes here instead (a detection's
+#: ``source``: output, nvml, heartbeat, host; a quarantine's source path)
+_RENAMED = {MARKER: "TSUP_EVENT_SOURCE"}
+
 def field_name(key: str) -> str:
     """``run_id`` -> ``TSUP_RUN_ID``: uppercase, only A-Z 0-9 _, at most 64 bytes (journald's rules;
     a user field may not start with ``_``, which the prefix guarantees)."""
@@ -69,19 +78,9 @@ def field_name(key: str) -> str:
 
 
 def field_value(value: Any) -> str | None:
-    """A field's text: enums by value, booleans as true/false, containers as JSON; None: omit."""
-    if value is None:
-        return None
-    if isinstance(value, enum.Enum):
-        value = value.value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (str, int, float)):
-        return str(value)
-    try:
-        return strictjson.dumps(value, default=str, sort_keys=True)
-    except (TypeError, ValueError):
-        return str(value)
+    """A field's text, spelled as in every output (enums by value, booleans as true/false,
+    containers as compact JSON); None: omit."""
+    return None if value is None else spell(value)
 
 
 def _cap(value: bytes, limit: int) -> bytes:
@@ -161,36 +160,17 @@ def entry_fields(event_dict: Mapping[str, Any], message: str | None = None, leve
         fields["MESSAGE_ID"] = message_id(str(event_dict["event"]))
     if code is not None:
         fields["CODE_FILE"], fields["CODE_LINE"], fields["CODE_FUNC"] = code[0], str(code[1]), code[2]
-    fields["TSUP_SOURCE"] = "daemon"
     for key, value in event_dict.items():
         if key in _META:
             continue
         text_value = field_value(value)
         if text_value is not None:
-            fields[field_name(str(key))] = text_value
+            name = field_name(str(key))
+            fields[_RENAMED.get(name, name)] = text_value
     if tb and "TSUP_EXCEPTION" not in fields:
         fields["TSUP_EXCEPTION"] = tb
+    fields[MARKER] = "daemon"  # last: no key of the event can take the filter's field
     return fields
-
-
-# Frames that are logging machinery, not the place an event was logged: structlog, this module,
-# logsetup, and the runner's one-line ``_event`` helper (its caller is the place).
-_SKIP_MODULES = ("structlog", "logging", __name__, "supervisor.logsetup")
-_HELPERS = frozenset({"_event"})
-
-
-def callsite(skip: int = 1) -> tuple[str, int, str] | None:
-    """(file, line, function) of the code that logged the event being processed."""
-    try:
-        f: Any = sys._getframe(skip)
-    except ValueError:
-        return None
-    while f is not None:
-        mod = f.f_globals.get("__name__", "")
-        if not (mod.startswith(_SKIP_MODULES) or (f.f_code.co_name in _HELPERS and mod.startswith("supervisor"))):
-            return f.f_code.co_filename, f.f_lineno, f.f_code.co_name
-        f = f.f_back
-    return None
 
 
 def stderr_is_journal(env: Mapping[str, str] | None = None, fd: int = 2) -> bool:

@@ -1,8 +1,9 @@
 """``transformer-supervisor report``: the ledger of a run -> the HTML report and the loss curve.
 
 Reads only the state dir (the ledger's attempts, events and metric series); the checkpoint table
-is the quicklist without load tests (the report must not take minutes on a folder of large
-checkpoints; ``checkpoints`` runs the full list).
+is the quicklist without running load tests (the report must not take minutes on a folder of
+large checkpoints; ``checkpoints`` runs the full list), with the verdicts of the load tests that
+did run (the daemon's, kept in the state dir) read back, under the run's own settings.
 """
 
 from __future__ import annotations
@@ -47,21 +48,46 @@ def interval_from_ledger(led: Ledger, run_id: str) -> dict[str, Any] | None:
     return advice.to_json() if advice is not None else None
 
 
+def _service(led: Ledger, run_id: str, d: Path, state_dir: Path) -> Any:
+    """A CheckpointService as the run's daemon built it (its recorded config: the same job python,
+    expected keys and settings, so the daemon's load-test verdicts are found), running no load
+    test and writing nothing."""
+    from ..config.model import config_from_table
+    from ..checkpoints.service import CheckpointService
+
+    try:
+        c = config_from_table(led.run_config(run_id), need_command=False)
+        python, argv, cwd = c.job.python, list(c.job.command), c.workdir()
+    except Exception:  # a run recorded by another version: the defaults, and fewer verdicts found
+        c = config_from_table({"job": {"command": ["python"]}, "checkpoints": {"dir": str(d)}}, need_command=False)
+        python, argv, cwd = None, [], None
+    cc = dataclasses.replace(c.checkpoints, load_test=False, write_manifests=False, warm_verifier=False)
+    return CheckpointService(cc, d, state_dir, python, argv, cwd, write_manifests=False)
+
+
+def _with_verdict(row: dict[str, Any], svc: Any) -> dict[str, Any]:
+    """The row with the load test that ran on this version of the file, if one did."""
+    lt = svc.load_tests.cached(Path(row["path"])) if row.get("load_test") is None else None
+    if lt is None:
+        return row
+    row = {**row, "load_test": lt.to_json()}
+    if not lt.passed:
+        row["ready"] = False
+        row["reasons"] = [*row.get("reasons", []), f"load test failed: {lt.error}"]
+    return row
+
+
 def _checkpoint_rows(led: Ledger, run_id: str, state_dir: Path) -> list[dict[str, Any]]:
     try:
         d = _checkpoint_dir(led, run_id)
-        if d is None:
+        if d is None or not d.is_dir():
             return []
-        from ..config.model import config_from_table
-        from ..checkpoints.service import CheckpointService
-
-        c = config_from_table({"job": {"command": ["python"]}, "checkpoints": {"dir": str(d)}}, need_command=False)
-        cc = dataclasses.replace(c.checkpoints, load_test=False, write_manifests=False)
-        if not d.is_dir():
-            return []
-        svc = CheckpointService(cc, d, state_dir, None, [], None, write_manifests=False)
+        svc = _service(led, run_id, d, state_dir)
         svc.set_writer_active(False)
-        return [r.to_json() for r in svc.quicklist()]
+        try:
+            return [_with_verdict(r.to_json(), svc) for r in svc.quicklist()]
+        finally:
+            svc.close()
     except Exception as e:  # the report still renders without the table
         return [{"path": f"(checkpoint table unavailable: {e})", "step": None, "ready": False, "reasons": [str(e)]}]
 

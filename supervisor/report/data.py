@@ -83,11 +83,16 @@ class Marker:
 
     @property
     def is_rollback(self) -> bool:
-        return (
-            self.resume_step is not None
-            and self.previous_last_step is not None
-            and self.resume_step < self.previous_last_step
-        )
+        """The supervisor went back before the anomaly on purpose (action ``rollback``: a NaN, a
+        loss spike); a restart resumes from the newest good checkpoint, whatever it redoes."""
+        return self.action == "rollback"
+
+    @property
+    def steps_redone(self) -> int:
+        """Steps trained again: from the resume step up to the last step the attempt before reached."""
+        if self.resume_step is None or self.previous_last_step is None:
+            return 0
+        return max(0, self.previous_last_step - self.resume_step)
 
     @property
     def label(self) -> str:

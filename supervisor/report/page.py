@@ -25,6 +25,7 @@ import structlog
 from .data import MetricPoint, ReportData, epoch_seconds, metric_points, restart_markers
 from .plot import render_loss_png
 from .. import strictjson
+from ..humanize import duration, durations_by, value as spell
 
 log = structlog.get_logger("supervisor.report.page")
 
@@ -84,11 +85,29 @@ def _summary_section(data: ReportData, points: list[MetricPoint]) -> str:
         facts["last loss"] = last.loss
     if data.goodput and data.goodput.get("ratio") is not None:
         facts["goodput"] = f"{float(data.goodput['ratio']):.1%}"
+        lost, by_cause = data.goodput.get("lost_s"), data.goodput.get("lost_by_cause")
+        if isinstance(lost, (int, float)):
+            facts["lost time"] = duration(lost)
+        by_cause = by_cause if isinstance(by_cause, Mapping) else lost  # lost_s by cause: ReportData's shape
+        if isinstance(by_cause, Mapping) and by_cause:
+            facts["lost time by cause"] = durations_by(dict(by_cause))
     causes = [str(a.get("cause")) for a in data.attempts if a.get("cause")]
     if causes:
         facts["failures"] = ", ".join(causes)
     facts.update(data.summary)
-    return _table(["", ""], ([html.escape(str(k)), _e(v)] for k, v in facts.items()))
+    return _table(["", ""], ([html.escape(str(k)), html.escape(_words(v))] for k, v in facts.items()))
+
+
+def _words(value: Any) -> str:
+    """A summary fact as people read it, never raw JSON: a breakdown as ``crash 9.3, nan 4.1``, a
+    list as its items, a number to 4 significant digits, anything else spelled as everywhere."""
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k} {_words(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_words(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return spell(value)
 
 
 def _why(a: Mapping[str, Any]) -> str:
@@ -219,10 +238,10 @@ def render_html(data: ReportData, png_bytes: bytes | None, png_note: str | None 
     if markers:
         out.append(_table(
             ["marker", "attempt", "after cause", "action", "resumed at step", "previous last step",
-             "rolled back steps"],
+             "steps redone"],
             ([("rollback" if m.is_rollback else "restart"), _e(m.attempt), _e(m.cause), _e(m.action),
               _e(m.resume_step if m.resume_step is not None else "scratch"), _e(m.previous_last_step),
-              _e(m.previous_last_step - m.resume_step if m.is_rollback else 0)]  # type: ignore[operator]
+              _e(m.steps_redone)]
              for m in markers),
         ))
     else:
@@ -243,7 +262,7 @@ def render_html(data: ReportData, png_bytes: bytes | None, png_note: str | None 
     if data.goodput:
         g = data.goodput
         rows = [["productive", _e(g.get("productive_s")), ""]]
-        lost = g.get("lost_s")
+        lost = g.get("lost_by_cause") if isinstance(g.get("lost_by_cause"), Mapping) else g.get("lost_s")
         if isinstance(lost, Mapping):
             rows += [["lost", _e(v), html.escape(str(k))] for k, v in sorted(lost.items())]
         elif lost is not None:

@@ -61,7 +61,7 @@ def render_loss_png(data: ReportData, path: Path) -> None:
             ax_step.axvline(m.resume_step, color=color, ls="--", lw=1)
             ax_step.annotate(m.label, xy=(m.resume_step, 1.0), xycoords=("data", "axes fraction"),
                              rotation=90, va="top", ha="right", fontsize=7, color=color)
-            if m.is_rollback and m.previous_last_step is not None:
+            if m.steps_redone and m.previous_last_step is not None:  # the span trained again
                 ax_step.axvspan(m.resume_step, m.previous_last_step, color=color, alpha=0.08)
         if m.wall_time is not None:
             x = m.wall_time - t0

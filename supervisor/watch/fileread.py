@@ -20,6 +20,7 @@ import os
 import structlog
 
 from ..events import MetricRecord
+from ..logsite import log_helper
 from .filerows import FileState, csv_records, jsonl_records, set_header
 from .mlflowstore import StoreUnreadable, file_store_key, file_store_records
 from .parsers import MetricParser
@@ -188,6 +189,7 @@ class FileReader:
         self.quiet.say("info", "metric_file_reexamined", f.path, kind=f.kind,
                        next="its new content is read; followed if it names a loss")
 
+    @log_helper
     def _warn(self, f: FileState, event: str, error: str, next_: str) -> None:
         self.quiet.say("warning", event, f.path, error=error, next=next_)
 

@@ -17,6 +17,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 import structlog
 
 from ..events import Cause, Detection, Emit, MetricRecord, MetricSink
+from ..logsite import log_helper
 from .config import DetectorsConfig
 from .detectors import Detector, build_detectors
 from .epochsteps import EpochSteps
@@ -216,6 +217,7 @@ class LogWatcher:
         except Exception as exc:  # noqa: BLE001
             self._failed("logwatch_metric_sink_failed", exc, "metrics of this batch are skipped; watching continues")
 
+    @log_helper
     def _failed(self, event: str, exc: BaseException, next_: str) -> None:
         if not self._failed_once:  # once: a broken callback must not flood the log
             self._failed_once = True

@@ -15,6 +15,8 @@ import time
 from collections import OrderedDict, deque
 from typing import Any, Callable
 
+from ..logsite import log_helper
+
 REPEAT_AFTER_S = 300.0
 PER_HOUR = 120
 MAX_KEYS = 1024
@@ -35,6 +37,7 @@ class QuietLog:
         self._lock = threading.Lock()
         self.held_back = 0
 
+    @log_helper
     def say(self, level: str, event: str, path: str, **fields: Any) -> bool:
         """True when the line was written."""
         key = (event, path)

@@ -4,6 +4,7 @@ faulted run ending where a fault-free run with the same seed ends."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,20 @@ def test_validation_failure_rolls_back_with_diagnostics(tmp_path):
         assert (last["validation"] or {}).get("verdict") == "pass", seen
     else:  # timing-only failures (above) rolled back past the first checkpoint: a fresh start has
         assert len(atts) > 3 and last["validation"] is None, seen  # nothing to be validated against
+    # The end in words and units, on the console and in the report: no Python repr, no raw JSON.
+    end = [ln.split("] ", 1)[1].strip() for ln in  # without the "[mm:ss] " stamps
+           cp.stdout[cp.stdout.index("== finished in"):cp.stdout.index("== report:")].splitlines()[1:]]
+    facts = dict(ln.split(": ", 1) for ln in end if ": " in ln)
+    assert not [ln for ln in end if re.search(r"[{}\[\]']|True|False|None", ln)], end
+    assert re.fullmatch(r"\d+(\.\d)?% of the wall time was training that was kept", facts["goodput"]), facts
+    by_cause = facts["lost time by cause"].split(", ")
+    assert by_cause and all(re.fullmatch(r"[a-z_]+ \d.* (s|min|h)", c) for c in by_cause), facts
+    assert any(c.startswith("crash ") for c in by_cause) and facts["wall time"].endswith((" s", " min"))
+    page = (out / "report" / "report.html").read_text()
+    summary = page[page.index("<h2>Summary</h2>"):page.index("<h2>Loss curve</h2>")]
+    assert f"<td>lost time by cause</td><td>{facts['lost time by cause']}</td>" in summary
+    assert not re.search(r"[{}\[\]]|&#x27;|&quot;", summary), summary
+    # the restart table's marker is the decision: the crash restarted, the failed validation rolled back
+    table = page[page.index("<h2>Restarts and rollbacks</h2>"):page.index("<h2>Attempt timeline</h2>")]
+    marks = re.findall(r"<tr><td>(restart|rollback)</td><td>\d+</td><td>([a-z_]+)</td>", table)
+    assert marks[:2] == [("restart", "crash"), ("rollback", "validation_failed")], marks

@@ -5,12 +5,14 @@ import io
 import os
 import socket
 import struct
+import sys
 from pathlib import Path
 
 import pytest
 import structlog
 
 from supervisor.events import Cause
+from supervisor.logsite import log_helper, logged_from
 from supervisor import logsetup
 from supervisor.ops.journal import (ID_NAMESPACE, JournalProcessor, JournalSender, encode, entry_fields, field_name,
                                     message_id, sentence, stderr_is_journal)
@@ -62,7 +64,7 @@ def test_entry_fields_priority_and_values():
                       "ok": False, "pids": [1, 2], "nothing": None}, "event=restart cause=nan")
     assert f["PRIORITY"] == "3"
     assert f["TSUP_EVENT"] == "restart" and f["TSUP_CAUSE"] == "nan" and f["TSUP_ATTEMPT"] == "3"
-    assert f["TSUP_OK"] == "false" and f["TSUP_PIDS"] == "[1, 2]"
+    assert f["TSUP_OK"] == "false" and f["TSUP_PIDS"] == "[1,2]"  # spelled as logfmt and the console do
     assert "TSUP_NOTHING" not in f
     assert f["SYSLOG_IDENTIFIER"] == "transformer-supervisor" and f["TSUP_SOURCE"] == "daemon"
     assert entry_fields({"event": "x", "level": "warning"}, "m")["PRIORITY"] == "4"
@@ -194,3 +196,42 @@ def test_long_values_are_capped_to_fit_a_datagram(journald):
     assert JournalSender(path).send(entry_fields({"event": "x", "tb": "y" * 500_000}, "m"))
     entry = decode(sock.recv(1 << 20))
     assert entry["TSUP_TB"].startswith("[...]") and len(entry["TSUP_TB"]) < 9000
+
+
+def test_the_marker_is_never_overwritten_by_an_events_own_source():
+    """``journalctl TSUP_SOURCE=daemon`` finds the detections: their ``source`` key is kept aside."""
+    f = entry_fields({"event": "anomaly_detected", "cause": "nan", "source": "output"}, "m")
+    assert f["TSUP_SOURCE"] == "daemon" and f["TSUP_EVENT_SOURCE"] == "output"
+
+
+@log_helper
+def _helper_that_logs(event: str) -> None:
+    structlog.get_logger("t").warning(event, cause="nan")
+
+
+def test_code_fields_name_the_call_site_not_a_helper(journald):
+    """CODE_* is the line that decided the event: a marked helper's caller; for a state machine
+    Record, where it was made (logged_from), though it is logged elsewhere later."""
+    from supervisor.core.messages import Record
+
+    path, sock = journald
+    structlog.configure(processors=[structlog.processors.add_log_level, JournalProcessor(sender=JournalSender(path))],
+                        logger_factory=structlog.PrintLoggerFactory(io.StringIO()), cache_logger_on_first_use=False)
+    try:
+        here = sys._getframe().f_lineno + 1
+        _helper_that_logs("via_helper")
+        e = decode(sock.recv(65536))
+        assert (e["CODE_FILE"], e["CODE_LINE"], e["CODE_FUNC"]) == (__file__, str(here), _this())
+        made_at = sys._getframe().f_lineno + 1
+        rec = Record("gave_up", "critical", "gave up")
+        assert rec.origin == (__file__, made_at, _this())
+        with logged_from(rec.origin):
+            _helper_that_logs(rec.event)
+        e = decode(sock.recv(65536))
+        assert (e["CODE_FILE"], e["CODE_LINE"]) == (__file__, str(made_at))
+    finally:
+        structlog.reset_defaults()
+
+
+def _this() -> str:
+    return sys._getframe(1).f_code.co_name
