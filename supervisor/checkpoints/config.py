@@ -64,6 +64,10 @@ class CheckpointsConfig:
         "top-level keys a checkpoint must hold, e.g. ['model', 'optimizer']"))
     check_finite: bool = field(default=False, metadata=meta(
         "the load test also checks that every tensor is finite (reads every byte)"))
+    check_at_end: bool = field(default=True, metadata=meta(
+        "when the job exits 0, load-test the newest checkpoint with the finite check before the run is "
+        "called finished (non-finite weights: exit 3); the exit waits for it, up to load_timeout_s; false "
+        "skips it (the end then says the weights were not checked)"))
     trust_pickles: bool = field(default=False, metadata=meta(
         "accept checkpoints that only load with weights_only=False (this runs pickled code)"))
     # Config match and validation metric

@@ -41,6 +41,8 @@ def check_newest_weights(svc: CheckpointService, keepalive: Callable[[], bool]) 
     path = str(newest.path)
     if not svc.cfg.load_test:  # as a rollback's: no load test, no finite check
         return WeightsCheck(path, None, note=f"{path}: [checkpoints] load_test = false (no load test, no finite check)")
+    if not svc.cfg.check_at_end:
+        return WeightsCheck(path, None, note=f"{path}: [checkpoints] check_at_end = false")
     done: Future[LoadTestResult] = Future()
 
     def run() -> None:

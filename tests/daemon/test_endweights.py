@@ -41,6 +41,12 @@ def test_the_newest_checkpoint_is_checked_finite_with_the_jobs_python_and_the_wa
     w = check_newest_weights(off, lambda: True)  # as a rollback's check: none without load tests
     assert w.finite is None and "load_test = false" in w.note
     off.close()
+    torch.save(bad, tmp_path / "ck" / "step_40.pt")
+    skip = CheckpointService(CheckpointsConfig(settle_s=30.0, check_at_end=False), tmp_path / "ck",
+                             tmp_path / "state", sys.executable, ["python", "train.py"], tmp_path)
+    w = check_newest_weights(skip, lambda: True)  # turned off: never called finite, the end says why
+    assert w.finite is None and w.checkpoint == str(tmp_path / "ck" / "step_40.pt") and "check_at_end = false" in w.note
+    skip.close()
 
 
 def test_a_check_that_could_not_judge_is_said_as_not_done():
