@@ -44,6 +44,7 @@ _TREND_SAMPLES = 30
 # Consecutive polls one device answers NVML_ERROR_UNKNOWN (the others read fine) before it is called
 # lost: a GPU that died often answers so rather than GPU_IS_LOST.
 _UNKNOWN_POLLS_LOST = 3
+_ECC_XIDS = frozenset({48, 94, 95})  # double-bit, contained, uncontained: the Xids of an ECC error
 
 
 class GpuMonitor:
@@ -342,12 +343,21 @@ class GpuMonitor:
             self._report_ecc(r.index, f"volatile uncorrectable ECC count rose {base} -> {r.ecc_uncorrected}")
 
     def _report_ecc(self, index: int, evidence: str) -> None:
+        """One decision per device for an uncorrectable ECC error, whichever of its signs comes first
+        (the event, the counter, Xid 94/48/95): a contained error (the driver's recovery action
+        says none is needed, r570+) is the application's, like Xid 94; else ``gpu.ecc_action``."""
         self._ecc_reported.add(index)
-        action = Action(self._cfg.ecc_action)
+        try:
+            contained = self._backend.recovery_action(index) == 0
+        except Exception:  # noqa: BLE001 - an unreadable field is no evidence of containment
+            contained = False
+        action = Action.RESTART if contained else Action(self._cfg.ecc_action)
+        what = ("contained: the driver needs no recovery action, the job restarts" if contained
+                else "the GPU needs a reset")
         self._fault(index, "ecc_double_bit")
         self._send(Detection(
             cause=Cause.GPU_FAULT, source="nvml", evidence=evidence, suggested_action=action,
-            summary=f"double-bit (uncorrectable) ECC error on {self._label(index)}: the GPU needs a reset; "
+            summary=f"double-bit (uncorrectable) ECC error on {self._label(index)}: {what}; "
                     f"suggested action {action.value}",
             details={"kind": "ecc_double_bit", "device": index, "uuid": self._uuid(index),
                      "advice": "reset the GPU (drain or reset this node)"}))
@@ -376,6 +386,10 @@ class GpuMonitor:
                     if ev.index not in self._ecc_reported:
                         self._report_ecc(ev.index, "NVML double-bit ECC event")
                     continue
+                if info.code in _ECC_XIDS:  # the ECC error's own Xid: one decision with the ECC signs
+                    if ev.index in self._ecc_reported:
+                        continue
+                    self._ecc_reported.add(ev.index)
                 self._fault(ev.index, f"xid_{info.code}")
                 self._send(Detection(
                     cause=Cause.GPU_FAULT, source="nvml", value=float(info.code),

@@ -1,14 +1,21 @@
 """NVIDIA Xid codes: what each one means and what the supervisor suggests doing about it.
 
-Source: NVIDIA's "Xid Errors" catalog (docs.nvidia.com/deploy/xid-errors). Two families matter:
+Source: NVIDIA's Xid catalog for Ampere and newer GPUs, its "Resolution Bucket (Immediate
+Action)" column (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), as
+reviewed for issue 39 (2026-12). Each bucket becomes one supervisor action:
 
-* application-level faults (13, 31, 43, ...): the job did something wrong (an illegal address, a
-  killed context); the GPU itself is fine, so a restart is worth trying;
-* node-level faults (48, 63, 64, 74, 79, 92, 95, 119, 120, ...): the hardware, its memory or its
-  firmware is in trouble; restarting onto it only burns the restart budget, so the default is to
-  give up with "drain or reset this node".
+* ``RESTART_APP`` (application level: 8, 13, 31, 32, 43, 45, 68, 69, 94): the job's context hit a
+  fault, the GPU itself is fine -> ``restart``;
+* ``IGNORE`` (informational: 63 a row remapping recorded, 92 a high single-bit ECC rate, 121 a
+  corrected C2C link error): the GPU keeps working; a restart would only burn budget -> ``warn``
+  (recorded, the job keeps running; the gate's remap/recovery checks still see a reset need);
+* ``RESET_GPU`` / ``RESTART_BM`` / ``CONTACT_SUPPORT`` (node level: 46, 48, 61, 62, 64, 74, 79, 95,
+  109, 119, 120, 136, 140, 143, 154, 155, 156, 158): the GPU needs a reset, the node a reboot or a
+  human -> ``give_up`` with "drain or reset this node": no relaunch onto that GPU.
 
-Overrides come from ``gpu.xid_actions`` (``{"79" = "give_up"}``); unknown codes get
+The driver's GPU recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, r570+; Xid 154 says it
+changed) is read by the gate: a reset or reboot required refuses the relaunch whatever the table
+says. Overrides come from ``gpu.xid_actions`` (``{"79" = "give_up"}``); unknown codes get
 ``gpu.xid_default_action``.
 """
 from __future__ import annotations
@@ -19,12 +26,15 @@ from typing import Mapping
 
 from ..events import Action
 
+CATALOG = "NVIDIA Xid catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), reviewed 2026-12"
 NODE_ADVICE = "drain or reset this node"
 APP_ADVICE = "application-level fault; the GPU itself is usable, restarting the job"
+INFO_ADVICE = "informational (the catalog's immediate action: ignore); recorded, the job keeps running"
 
 
 class XidLevel(StrEnum):
     APPLICATION = "application"
+    INFO = "info"
     NODE = "node"
     UNKNOWN = "unknown"
 
@@ -42,6 +52,10 @@ def _app(code: int, meaning: str) -> XidInfo:
     return XidInfo(code, meaning, XidLevel.APPLICATION, Action.RESTART, APP_ADVICE)
 
 
+def _info(code: int, meaning: str) -> XidInfo:
+    return XidInfo(code, meaning, XidLevel.INFO, Action.WARN, INFO_ADVICE)
+
+
 def _node(code: int, meaning: str) -> XidInfo:
     return XidInfo(code, meaning, XidLevel.NODE, Action.GIVE_UP, NODE_ADVICE)
 
@@ -56,21 +70,27 @@ XID_TABLE: Mapping[int, XidInfo] = {x.code: x for x in (
     _app(68, "video processor (NVDEC) exception"),
     _app(69, "graphics engine class error"),
     _app(94, "contained ECC error: only the affected application must restart"),
-    _app(109, "context switch timeout"),
+    _info(63, "ECC page retirement / row remapping recorded (applied at the next GPU reset)"),
+    _info(92, "high single-bit ECC error rate (corrected)"),
+    _info(121, "C2C link error (corrected)"),
+    _node(46, "GPU stopped processing: the GPU needs a reset"),
     _node(48, "double-bit ECC error: the GPU needs a reset"),
     _node(61, "internal micro-controller breakpoint/warning"),
     _node(62, "internal micro-controller halt"),
-    _node(63, "ECC page retirement / row remapping recorded: a GPU reset is needed to apply it"),
     _node(64, "ECC page retirement / row remapping failed"),
     _node(74, "NVLink error"),
     _node(79, "GPU has fallen off the bus"),
-    _node(92, "high single-bit ECC error rate"),
     _node(95, "uncontained ECC error: the GPU needs a reset"),
+    _node(109, "context switch timeout: the GPU needs a reset"),
     _node(119, "GSP RPC timeout (GPU firmware not responding)"),
     _node(120, "GSP error (GPU firmware)"),
-    _node(121, "C2C link error"),
+    _node(136, "the catalog's immediate action: reset the GPU"),
     _node(140, "unrecovered ECC error"),
+    _node(143, "the catalog's immediate action: reset the GPU"),
     _node(154, "GPU recovery action changed: a reset or reboot is required"),
+    _node(155, "the catalog's immediate action: reset the GPU"),
+    _node(156, "the catalog's immediate action: reset the GPU"),
+    _node(158, "the catalog's immediate action: reset the GPU"),
 )}
 
 

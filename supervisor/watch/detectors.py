@@ -129,15 +129,17 @@ class NcclDetector(TextDetector):
             m = XID_LINE.search(line)
             if m:
                 xid = int(m.group(2))
-                # One table of what each Xid means (health/xid.py), for NVML events and log lines alike.
-                fatal = classify_xid(xid).action is Action.GIVE_UP
+                # One table of what each Xid means (health/xid.py), for NVML events and log lines alike:
+                # the catalog's "ignore" codes (63, 92, 121) are a warning, the reset ones a give-up.
+                action = classify_xid(xid).action
+                fatal = action is Action.GIVE_UP
                 self.fired.add(Cause.GPU_FAULT)
                 return Detection(
                     cause=Cause.GPU_FAULT, summary=f"GPU Xid {xid} ({m.group(1)})"
                     + ("; this Xid needs a human (drain the node)" if fatal else ""),
                     source=source, step=step, onset_step=step, value=float(xid),
                     evidence=truncate(line, self.evidence_chars),
-                    suggested_action=Action.GIVE_UP if fatal else None,
+                    suggested_action=action if action in (Action.GIVE_UP, Action.WARN) else None,
                     details={"xid": xid, "device": m.group(1)})
         return super().observe(source, line, rec, step)
 

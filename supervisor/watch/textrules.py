@@ -62,7 +62,7 @@ OOM_RULES = rules_for(Cause.OOM, [
     ("OutOfMemoryError", r"OutOfMemoryError", "GPU out of memory"),
     # NCCL's CUDACHECK: "NCCL WARN Cuda failure 2 'out of memory'" (NCCL_DEBUG=WARN or INFO, printed at the
     # failure, before the exception) and the "Last error:" line of its ncclUnhandledCudaError (issue 39)
-    ("Cuda failure", r"Cuda failure(?: \d{1,4})? 'out of memory'", "GPU out of memory (NCCL: Cuda failure)"),
+    ("out of memory'", r"Cuda failure(?: \d{1,4})? 'out of memory'", "GPU out of memory (NCCL: Cuda failure)"),
     (("ALLOC_FAILED", "cudaErrorMemoryAllocation"),
      r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation", "GPU allocation failed"),
     ("MemoryError", r"^\s*(?:\[rank\d+\]:\s*)?MemoryError\b", "host out of memory (MemoryError)"),

@@ -113,3 +113,30 @@ def test_foreign_memory_and_foreign_xids_never_delay_or_stop_the_job(sim_daemons
     assert not [e for e in h["events"] if e["event"] in ("failure_detected", "detection_warned")]
     resolved = [line for line in d.events() if line.startswith("event=gpu_devices_resolved")]
     assert resolved and "CUDA_VISIBLE_DEVICES" in resolved[0]
+
+
+@pytest.mark.parametrize("reset_xid", [109, 156])
+def test_xid_63_and_92_warn_and_a_reset_xid_refuses_a_relaunch(sim_daemons, tmp_path: Path, reset_xid: int) -> None:
+    """NVIDIA's catalog: 63 (a row remapping recorded) and 92 (a high corrected-error rate) are
+    'ignore': recorded, the job runs on; 109 and the reset codes the old table did not list (156)
+    need a GPU reset: the run gives up (exit 3) rather than relaunch onto that GPU."""
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    node = {"gpus": [{"uuid": "GPU-00000000-aaaa"}],
+            "events": [[0.2, 0, 63, None, None], [0.3, 0, 92, None, None]], "xid_file": str(tmp_path / "xid")}
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[gpu]\npoll_s = 0.1\n[shutdown]\ngrace_s = 5\n")
+    d = sim_daemons(node, ["wrap", "--config", str(cfg), "--state-dir", str(sd), "--backoff", "0", "--",
+                           PY, "-c", JOB, str(out)])
+    wait_for(lambda: len([e for e in history(sd)["events"] if e["event"] == "detection_warned"]) >= 2
+             if (sd / "ledger.sqlite").exists() else False, timeout=60, what="Xid 63 and 92 recorded as warnings")
+    assert (out / "a0").exists() and d.proc.poll() is None, "the job runs on after 63 and 92"
+    (tmp_path / "xid.new").write_text(str(reset_xid))
+    os.replace(tmp_path / "xid.new", tmp_path / "xid")  # whole, at once: the node raises the reset code now
+    assert d.wait(60) == 3, d.stderr()[-3000:]
+    h = history(sd)
+    a = h["attempts"]
+    assert len(a) == 1 and a[0]["cause"] == "gpu_fault" and a[0]["action"] == "give_up", a
+    assert f"Xid {reset_xid}" in a[0]["summary"] and "drain or reset this node" in a[0]["summary"]
+    warned = [e["data"] for e in h["events"] if e["event"] == "detection_warned"]
+    assert sorted(w["value"] for w in warned) == [63.0, 92.0], warned

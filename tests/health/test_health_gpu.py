@@ -111,10 +111,24 @@ def test_xid_overrides_and_unknown_codes() -> None:
     assert classify_xid(13, {"13": "give_up"}).action == Action.GIVE_UP
     unknown = classify_xid(9999, None, "give_up")
     assert unknown.level == XidLevel.UNKNOWN and unknown.action == Action.GIVE_UP
-    for code in (48, 63, 64, 74, 79, 92, 95, 119, 120):
-        assert classify_xid(code).action == Action.GIVE_UP, code
-    for code in (13, 31, 43, 45, 68, 94):
-        assert classify_xid(code).action == Action.RESTART, code
+
+
+
+# NVIDIA's Xid catalog, its immediate-action bucket (supervisor/health/xid.py says its source and date):
+# RESTART_APP -> restart, IGNORE -> warn (63, 92 and 121 used to give up healthy runs), RESET_GPU and
+# worse -> give up: no relaunch onto that GPU (109 used to restart; 46, 136, 143, 155, 156, 158 were unlisted).
+CATALOG_BUCKETS = {
+    Action.RESTART: (8, 13, 31, 32, 43, 45, 68, 69, 94),
+    Action.WARN: (63, 92, 121),
+    Action.GIVE_UP: (46, 48, 61, 62, 64, 74, 79, 95, 109, 119, 120, 136, 140, 143, 154, 155, 156, 158),
+}
+
+
+@pytest.mark.parametrize("code,action", [(c, a) for a, codes in CATALOG_BUCKETS.items() for c in codes])
+def test_each_xid_follows_the_catalogs_immediate_action(code: int, action: Action) -> None:
+    info = classify_xid(code)
+    assert info.action == action and info.level != XidLevel.UNKNOWN, (code, info)
+    assert ("drain or reset" in info.advice) == (action == Action.GIVE_UP)
 
 
 def test_xid_override_from_config(tmp_path: Path) -> None:
@@ -281,3 +295,17 @@ def test_linear_slope() -> None:
     assert linear_slope([(0, 0), (1, 2), (2, 4)]) == pytest.approx(2.0)
     assert linear_slope([(0, 5)]) is None
     assert linear_slope([(1, 5), (1, 6)]) is None
+
+
+def test_an_xid_line_in_the_log_follows_the_same_table() -> None:
+    from supervisor.watch.config import DetectorsConfig
+    from supervisor.watch.logwatch import LogWatcher
+
+    def first(line: str) -> Detection:
+        found: list[Detection] = []
+        LogWatcher(DetectorsConfig(), found.append, lambda rec: None).feed("stderr", [line])
+        return found[0]
+
+    assert first("NVRM: Xid (PCI:0000:3b:00): 63, pid=1896, Row Remapper: New row marked").suggested_action \
+        == Action.WARN
+    assert first("NVRM: Xid (PCI:0000:3b:00): 109, pid=1896, Ch 00000010").suggested_action == Action.GIVE_UP

@@ -131,3 +131,30 @@ def test_one_bad_device_never_blinds_the_others(tmp_path: Path) -> None:
     mon.poll(100.0)
     assert [d.details["device"] for d in got] == [3, 0]
     mon.stop()
+
+
+def test_ecc_signs_and_the_ecc_xids_give_one_decision(tmp_path: Path) -> None:
+    """Xid 94 (contained) with the ECC counter rising: one restart, not a restart and a give-up;
+    a DBE event whose driver says no recovery is needed is contained too; without the field, the
+    ECC error gives up once and its Xid 48 adds nothing."""
+    b, n = backend(SimGpu("GPU-0"), SimGpu("GPU-1", recovery=0), SimGpu("GPU-2"))
+    got: list[Detection] = []
+    mon = GpuMonitor(b, GpuConfig(), threaded=False)
+    mon.start(ctx(tmp_path), got.append)
+    mon.poll(0.0)
+    n.send(0, 94)
+    n.gpus[0].ecc = 1
+    mon.poll(10.0)
+    n.send(1, 0, kind=DBE)
+    n.gpus[1].ecc = 1
+    mon.poll(20.0)
+    n.send(1, 94)
+    n.send(2, 0, kind=DBE)
+    n.send(2, 48)
+    n.gpus[2].ecc = 3
+    mon.poll(30.0)
+    mon.poll(40.0)
+    decided = [(d.details["device"], d.suggested_action.value if d.suggested_action else None) for d in got]
+    assert decided == [(0, "restart"), (1, "restart"), (2, "give_up")], [d.summary for d in got]
+    assert "contained" in got[1].summary
+    mon.stop()

@@ -15,6 +15,8 @@ process of their own, by replacing the backend factory the daemon calls
   ``"no_permission"``, ``"unknown"``, ``"gpu_is_lost"``, ``"not_supported"``), ``migs`` a list of
   ``SimMig`` fields; each event is sent ``t`` seconds after the daemon registered for events
   (``gi``/``ci`` null: the whole GPU's); one sent before that would be drained as stale.
+  ``"xid_file": PATH`` (with ``"xid_gpu": N``): when a test writes an Xid code into PATH, the node
+  raises it on GPU N (an event at the moment the test chooses).
 """
 from __future__ import annotations
 
@@ -53,7 +55,15 @@ def simulated(spec: dict[str, Any]) -> Any:
             time.sleep(max(0.0, t0 + t - time.monotonic()))  # the node's own clock: not a test's wait
             node.send(index, code, gi=0xFFFFFFFF if gi is None else gi, ci=0xFFFFFFFF if ci is None else ci)
 
+    def on_file(path: Path, gpu: int) -> None:
+        while not path.exists():  # the node's side: it raises the Xid when the test asks for it
+            time.sleep(0.05)
+        node.send(gpu, int(path.read_text().strip() or "0"))
+
     threading.Thread(target=send, name="sim-gpu-events", daemon=True).start()
+    if spec.get("xid_file"):
+        threading.Thread(target=on_file, args=(Path(spec["xid_file"]), int(spec.get("xid_gpu", 0))),
+                         name="sim-gpu-xid-file", daemon=True).start()
     return NvmlBackend(simulated_pynvml(node))
 
 

@@ -56,6 +56,7 @@ class SimGpu:
     supported_events: int = XID | DBE
     register_error: int | None = None
     recovery: int | None = None  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; None: a driver before r570
+    ecc: int = 0  # the volatile uncorrectable ECC count
 
 
 @dataclass
@@ -227,7 +228,7 @@ class SimLib:
 
     # --- health
     def c_nvmlDeviceGetTotalEccErrors(self, h: Any, kind: Any, counter: Any, ref: Any) -> int:
-        _out(ref).value = 0
+        _out(ref).value = self._gpu(h)[1].ecc
         return self._query(h)
 
     def c_nvmlDeviceGetRetiredPagesPendingStatus(self, h: Any, ref: Any) -> int:
