@@ -108,8 +108,10 @@ def said_at_default(ed: Mapping[str, Any]) -> bool:
 # What the job controls (evidence, a line, a file name) must not steer the user's terminal: an
 # escape sequence (a cursor move, a colour, a title) is dropped, any other control byte shown as
 # an escape, so a "\r" in a job's line cannot overwrite our sentence and a "\n" cannot forge one.
+# C1 controls too (a terminal takes U+0085 for a new line, U+009B for an escape's start), and the
+# Unicode line and paragraph separators (a new line to str.splitlines and many viewers).
 _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?")
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 #: values printed as they are: our own tracebacks, formatted below the sentence
 _MULTILINE = frozenset({"exception", "stack"})
 
