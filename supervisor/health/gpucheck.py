@@ -8,8 +8,13 @@
    cause ``oom`` for attempt 0 and a passed pre-launch gate for attempt 1, and the relaunched child
    must have found the memory released.
 
-Prints a markdown table for BENCHMARKS.md; exits 0 when every check passed, 1 otherwise.
-Usage: ``python -m supervisor.health.gpucheck [--seconds 5] [--skip-oom]``.
+3. Issue 39's checks (:mod:`.gpuchecks`): events registered and what, MIG, the job's pids in NVML's
+   lists, an application Xid raised by a child and attributed to it, a stale Xid not delivered to the
+   next attempt, the gate with a foreign holder of GPU memory.
+
+Prints a markdown table for BENCHMARKS.md, one pass/fail row per item; exits 0 when every check
+passed, 1 otherwise.
+Usage: ``python -m supervisor.health.gpucheck [--seconds 5] [--skip-oom] [--skip-events]``.
 """
 from __future__ import annotations
 
@@ -148,7 +153,8 @@ def oom_check(python: str, timeout: float, simulate: bool = False) -> list[dict[
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--seconds", type=float, default=5.0, help="how long the NVML monitor runs")
-    ap.add_argument("--skip-oom", action="store_true", help="only the NVML monitor check")
+    ap.add_argument("--skip-oom", action="store_true", help="no supervised CUDA OOM run")
+    ap.add_argument("--skip-events", action="store_true", help="no issue 39 checks (events, Xid attribution, gate)")
     ap.add_argument("--oom-timeout", type=float, default=300.0)
     ap.add_argument("--simulate-oom", action="store_true",
                     help="CPU self-test of the OOM pipeline (no GPU, no torch): proves nothing about GPUs")
@@ -168,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
             rows += oom_check(sys.executable, args.oom_timeout)
         else:
             rows.append(_row("supervised CUDA OOM", "skipped", False, why))
+    if not args.skip_events and not args.simulate_oom:
+        from .gpuchecks import event_checks
+
+        try:
+            rows += event_checks(sys.executable)
+        except Exception as exc:  # noqa: BLE001 - a check's bug is a failed row, the table still prints
+            rows.append(_row("issue 39 checks", "crashed", False, repr(exc)[:200]))
     print("\n## gpu_check results\n\n| check | value | ok | note |\n|---|---|---|---|")
     for r in rows:
         ok = "-" if r["ok"] is None else ("yes" if r["ok"] else "**NO**")
