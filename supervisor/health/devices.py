@@ -28,6 +28,14 @@ from .gpu import GpuBackend, GpuDeviceError, GpuLostError, MigInfo
 log = structlog.get_logger("supervisor.health")
 
 _NONE = ("none", "void", "")
+# Bounds on what the environment may hold (hostile-inputs): a node has at most a few dozen GPUs and
+# MIG devices; an entry longer than a UUID or past the 256th is kept as unresolved, never parsed.
+_MAX_ENTRIES = 256
+_MAX_ENTRY = 96
+
+
+def _number(entry: str) -> int | None:
+    return int(entry) if entry.isascii() and entry.isdigit() and len(entry) <= 6 else None
 
 
 def visible_list(value: str | None) -> list[str] | None:
@@ -36,8 +44,8 @@ def visible_list(value: str | None) -> list[str] | None:
     if value is None or value.strip().lower() == "all":
         return None
     out: list[str] = []
-    for part in value.split(","):
-        p = part.strip()
+    for part in value.split(",", _MAX_ENTRIES)[:_MAX_ENTRIES]:
+        p = part.strip()[:_MAX_ENTRY]
         if p.lower() in _NONE or (p.startswith("-") and p[1:].isdigit()):
             break
         out.append(p)
@@ -154,7 +162,7 @@ def resolve(backend: GpuBackend, configured: Sequence[str], env: Mapping[str, st
             continue
         index, mig = hit
         devices.append(JobDevice(index, cuda if source == "CUDA_VISIBLE_DEVICES" else None, uuids[index], mig))
-    if source == "CUDA_VISIBLE_DEVICES" and any(e.isdigit() for e in spec) \
+    if source == "CUDA_VISIBLE_DEVICES" and any(_number(e) is not None for e in spec) \
             and env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID" and len({_name(backend, i) for i in base}) > 1:
         notes.append("CUDA_VISIBLE_DEVICES gives ordinals and CUDA_DEVICE_ORDER is not PCI_BUS_ID on a node of "
                      "mixed GPUs: CUDA may number them differently from NVML; give UUIDs to be sure")
@@ -176,18 +184,19 @@ def _match(entry: str, base: Sequence[int], uuids: Mapping[int, str], migs: dict
            backend: GpuBackend, *, by_ordinal: bool) -> tuple[int, MigInfo | None] | None:
     """One entry -> (NVML index, MIG slice or None). Ordinals count within ``base``; a bare number
     in ``gpu.devices`` or NVIDIA_VISIBLE_DEVICES is an NVML index."""
-    if entry.isdigit():
-        n = int(entry)
+    n = _number(entry)
+    if n is not None:
         if by_ordinal:
             return (base[n], None) if n < len(base) else None
         return (n, None) if n in base else None
     if entry.startswith("MIG-"):
         # the old form MIG-GPU-<uuid>/<gi>/<ci> names its parent; the current one is the slice's own UUID
         parts = entry[4:].split("/")
-        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        gi, ci = (_number(parts[1]), _number(parts[2])) if len(parts) == 3 else (None, None)
+        if gi is not None and ci is not None:
             for i in base:
                 if uuids[i] == parts[0]:
-                    return i, MigInfo(entry, int(parts[1]), int(parts[2]))
+                    return i, MigInfo(entry, gi, ci)
             return None
         for i in base:
             if i not in migs:
@@ -198,6 +207,8 @@ def _match(entry: str, base: Sequence[int], uuids: Mapping[int, str], migs: dict
             for m in migs[i]:
                 if m.uuid.startswith(entry):
                     return i, m
+        return None
+    if not entry:
         return None
     hits = [i for i in base if uuids[i].startswith(entry)]
     return (hits[0], None) if len(hits) == 1 else None

@@ -105,3 +105,12 @@ def test_an_application_xid_while_only_others_use_the_gpu_is_noted(tmp_path: Pat
     mon.poll(10.1)
     assert [d.details["code"] for d in got] == [31]
     mon.stop()
+
+
+def test_hostile_visible_devices_are_bounded_and_never_raise() -> None:
+    b, _ = four()
+    huge = ",".join(["9" * 5000, "²", "GPU-" + "x" * 100_000, "MIG-GPU-aaaa0000/1²/0", ""] + ["1"] * 100_000)
+    sel = resolve(b, (), {"CUDA_VISIBLE_DEVICES": huge})
+    assert [d.index for d in sel.devices] == [] and len(sel.unresolved) == 4, "stops at the empty entry"
+    many = resolve(b, (), {"CUDA_VISIBLE_DEVICES": ",".join(["0"] * 100_000)})
+    assert len(many.devices) == 256 and many.indices == (0,)
