@@ -93,8 +93,11 @@ def _ctx(pid: int, work: Path) -> Any:
                           resume_step=None)
 
 
-def event_checks(python: str) -> list[dict[str, Any]]:
-    """Items 1-6 above; every failure is a row, never an exception."""
+def event_checks(python: str, *, settle_s: float = 2.0, quiet_s: float = 5.0,
+                 release_s: float = 3.0) -> list[dict[str, Any]]:
+    """Items 1-6 above; every failure is a row, never an exception. ``settle_s``: how long a fault
+    raised between attempts is given to reach the event set; ``quiet_s``: how long the next attempt
+    must see nothing; ``release_s``: the gate's wait for a busy GPU."""
     from .config import GpuConfig
     from .gate import run_gate
     from .gpu import GpuBlindError
@@ -122,7 +125,7 @@ def event_checks(python: str) -> list[dict[str, Any]]:
     else:
         rows.append(_row("MIG", "no GPU in MIG mode", None, "skipped"))
     work = Path(tempfile.mkdtemp(prefix="tsup-gpucheck39-"))
-    cfg = GpuConfig(poll_s=0.2, release_timeout_s=3.0)
+    cfg = GpuConfig(poll_s=0.2, release_timeout_s=release_s)
     env0 = {"CUDA_VISIBLE_DEVICES": uuids[0]}
 
     # 3 + 4: the child's pid in NVML's list, its fault attributed to it
@@ -145,10 +148,10 @@ def event_checks(python: str) -> list[dict[str, Any]]:
     # 5: the same fault while no attempt runs: the next attempt's monitor must not see it
     child = Child(python, uuids[0], 0.02, True, work)
     child.go()
-    time.sleep(2.0)  # the driver's event reaches the event set (nobody waits on it now)
+    time.sleep(settle_s)  # the driver's event reaches the event set (nobody waits on it now)
     got = []
     mon.start(_ctx(os.getpid(), work), got.append)
-    quiet = not _wait(lambda: bool(got), 5)
+    quiet = not _wait(lambda: bool(got), quiet_s)
     mon.stop()
     rows.append(_row("stale Xid not delivered", [d.summary for d in got][:2], quiet, "drained at the attempt's start"))
 
