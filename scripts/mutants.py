@@ -205,6 +205,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("torchrun's summary in the output ignored (no root cause without @record)",
              "supervisor/job/torchrunlog.py", "            self._found = s\n", "            pass\n",
              ("tests/job/test_torchrunlog.py",)),
+    Mutation("the live page's document skips the redaction gate", "supervisor/ops/livedata.py",
+             "return _bounded(redact_data(doc))", "return _bounded(doc)", ("tests/ops/test_livepage_budget.py",)),
+    Mutation("the live page answers any method", "supervisor/ops/livepage.py",
+             'if method not in ("GET", "HEAD"):', "if False:", ("tests/ops/test_livepage_budget.py",)),
 )
 
 

@@ -229,6 +229,10 @@ class EventName(StrEnum):
     NOTIFY_RECOVERED = "notify_recovered"
     NOTIFY_REDIRECT_REFUSED = "notify_redirect_refused"
     SD_NOTIFY_FAILED = "sd_notify_failed"
+    WEB_CONNECTIONS_CAPPED = "web_connections_capped"
+    WEB_LISTENING = "web_listening"
+    WEB_REQUEST_FAILED = "web_request_failed"
+    WEB_UNAVAILABLE = "web_unavailable"
     # --- multi-node runs (cluster/)
     CLUSTER_AGENT_FAILED = "cluster_agent_failed"
     CLUSTER_COMMAND_FAILED = "cluster_command_failed"

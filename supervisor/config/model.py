@@ -23,7 +23,7 @@ from .schema import MISSING, Problem, build, meta
 from ..core.causes import CAUSES, Action, Cause
 from ..errors import SupervisorError
 from ..health.config import GpuConfig, HostConfig
-from ..ops.config import MetricsConfig, NotifyConfig, SystemdConfig
+from ..ops.config import MetricsConfig, NotifyConfig, SystemdConfig, WebConfig, web_problems
 from ..watch.config import DetectorsConfig, HeartbeatConfig
 
 
@@ -234,6 +234,7 @@ class Config:
     host: HostConfig = field(default_factory=HostConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    web: WebConfig = field(default_factory=WebConfig)
     systemd: SystemdConfig = field(default_factory=SystemdConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -303,6 +304,7 @@ def _cross_checks(cfg: Config, problems: list[Problem], need_command: bool) -> N
                                 f"got {cfg.policy.backoff_max_s:g}"))
     _check_scales(cfg, problems)
     problems.extend(cluster_problems(cfg.cluster))
+    problems.extend(web_problems(cfg.web))
     if cfg.job.workdir and not Path(cfg.job.workdir).expanduser().is_dir():
         problems.append(Problem("job.workdir", f'expected an existing directory, got "{cfg.job.workdir}"'))
 

@@ -17,7 +17,7 @@ from .knownsecrets import teach_gate
 
 # Config sections whose objects are built once at daemon start: a reload records them, a
 # daemon restart applies them.
-RESTART_SECTIONS = ("state", "log", "heartbeat", "detectors", "checkpoints", "gpu", "host", "metrics", "systemd",
+RESTART_SECTIONS = ("state", "log", "heartbeat", "detectors", "checkpoints", "gpu", "host", "metrics", "web", "systemd",
                     "cluster", "notify")
 # Keys whose values are secrets though their names do not say so (the webhook URL carries a token).
 SECRET_KEYS = ("notify.webhook_url",)

@@ -58,6 +58,10 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     concerns: list[Concern] = [NotifyConcern(), CheckpointDiscoveryConcern(checkpoints), ops, WatchConcern(), health, checkpoints, goodput,
                                ValidationConcern(goodput), ResumeWatchConcern(), PrecursorConcern(),
                                StateLockConcern(lock, ledger, rebind=[ops.rebind_control]), *extra]
+    if cfg.web.listen:  # the live page: its own listener, imported only when configured
+        from .webconcern import LivePageConcern
+
+        concerns.insert(len(concerns) - len(extra), LivePageConcern())
     store: CheckpointStore = checkpoints
     if cfg.cluster.enabled:  # multi-node: imported only then, so a single node carries none of it
         from ..cluster.concern import ClusterCheckpoints, ClusterConcern

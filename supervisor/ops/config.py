@@ -1,10 +1,10 @@
-"""Config sections [metrics] and [systemd]: how the daemon is observed and operated."""
+"""Config sections [metrics], [web] and [systemd]: how the daemon is observed and operated."""
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
 
-from ..config.schema import meta
+from ..config.schema import Problem, meta
 from ..eventnames import EventName
 
 
@@ -41,6 +41,38 @@ class MetricsConfig:
         "after the run ends (finished, stopped, gave up), keep the listener up until each Prometheus that "
         "was scraping it has scraped the final state, at most this many seconds (a 60 s scrape interval "
         "fits); 0: exit at once", min=0.0, max=600.0))
+
+
+def is_loopback_listen(value: str) -> bool:
+    """Whether ``HOST:PORT`` binds only this node: localhost or a loopback address (127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    host = value.rpartition(":")[0].strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it could resolve to anything
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    listen: str | None = field(default=None, metadata=meta(
+        'the live status page (read-only): "HOST:PORT" such as "127.0.0.1:9465", then open http://HOST:PORT/ '
+        "on the node (or through ssh -L); omitted: no page. Only a loopback address unless allow_remote",
+        check=check_listen))
+    allow_remote: bool = field(default=False, metadata=meta(
+        "let [web] listen bind an address other people can reach (the page has no login: anyone who reaches "
+        "it reads the run's state, events and checkpoint paths, masked as every output is)"))
+
+
+def web_problems(w: WebConfig) -> list[Problem]:
+    """The check that spans the section's keys: a page reachable from the network only on purpose."""
+    if w.listen and not w.allow_remote and check_listen(w.listen) is None and not is_loopback_listen(w.listen):
+        return [Problem("web.listen", f'"{w.listen}" is not a loopback address: the page has no login, so it '
+                        'binds 127.0.0.1 or [::1] (reach it with ssh -L) unless [web] allow_remote = true')]
+    return []
 
 
 @dataclass(frozen=True)
