@@ -32,6 +32,7 @@ import structlog
 
 from ..core.causes import Cause, action_named
 from ..errors import GiveUp as RunGaveUp, SupervisorError
+from ..logsite import log_helper
 from .agentlease import AgentLease
 from .agentreads import AgentReads
 from .coord import Campaign, Command, Coordinator, GiveUp, Join, RequestEnd, Rules, StopLocal, WritePlan
@@ -375,6 +376,7 @@ class ClusterAgent(AgentReads, AgentLease):
                 self._outcome = cmd
                 self._cond.notify_all()
 
+    @log_helper
     def _emit(self, event: str, level: str, message: str, **data: Any) -> None:
         self.on_event(event, level, message, data)
 

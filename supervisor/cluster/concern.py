@@ -27,6 +27,7 @@ from ..core.causes import Action, Cause
 from ..core.machine import State
 from ..core.messages import EXIT_GAVE_UP, EXIT_OK, EndAttempt, Resume
 from ..events import Detection, MetricRecord
+from ..logsite import Site, callsite, log_helper, logged_from
 from ..daemon.ports import Concern, DaemonView
 from .agent import ClusterAgent, ClusterGaveUp
 from .config import ClusterConfig
@@ -63,7 +64,7 @@ class ClusterConcern(Concern):
         self.agent: ClusterAgent | None = None
         self.daemon: DaemonView | None = None
         self.plan: Plan | None = None  # the generation the next (or current) attempt runs in
-        self._events: deque[tuple[str, str, str, Mapping[str, Any]]] = deque()
+        self._events: deque[tuple[str, str, str, Mapping[str, Any], Site | None]] = deque()
         self._requested: set[int] = set()  # attempts whose failure was sent to the cluster
 
     def start(self, daemon: DaemonView) -> None:
@@ -81,8 +82,10 @@ class ClusterConcern(Concern):
                      "every launch waits for the leader's plan", node_id=cc.node_name(), addr=cc.address())
 
     # ------------------------------------------------------------------ from the agent thread
+    @log_helper
     def _queue_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
-        self._events.append((event, level, message, data))  # the main loop writes them at its next tick
+        # The main loop writes them at its next tick; the journal's CODE_* stay the agent's line.
+        self._events.append((event, level, message, data, callsite()))
 
     def _stop_from_cluster(self, req: EndRequest) -> None:
         assert self.daemon is not None
@@ -107,8 +110,9 @@ class ClusterConcern(Concern):
         if d is None or agent is None:
             return
         while self._events:
-            event, level, message, data = self._events.popleft()
-            d.event(event, level, message, **data)
+            event, level, message, data, site = self._events.popleft()
+            with logged_from(site):
+                d.event(event, level, message, **data)
         run = d.run_view()
         agent.set_state(run.state.value)
         # The fast path: the machine began stopping the job for a failure seen here; the others
@@ -150,8 +154,9 @@ class ClusterConcern(Concern):
             gave_up = f"node {agent.node_id}: {run.exit_reason}"
         agent.close(gave_up=gave_up)
         while self._events:  # the last words (the ledger is still open)
-            event, level, message, data = self._events.popleft()
-            d.event(event, level, message, **data)
+            event, level, message, data, site = self._events.popleft()
+            with logged_from(site):
+                d.event(event, level, message, **data)
 
 
 class ClusterCheckpoints:
