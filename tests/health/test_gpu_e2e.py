@@ -140,3 +140,37 @@ def test_xid_63_and_92_warn_and_a_reset_xid_refuses_a_relaunch(sim_daemons, tmp_
     assert f"Xid {reset_xid}" in a[0]["summary"] and "drain or reset this node" in a[0]["summary"]
     warned = [e["data"] for e in h["events"] if e["event"] == "detection_warned"]
     assert sorted(w["value"] for w in warned) == [63.0, 92.0], warned
+
+
+# Attempt 0 exits 1 at once; attempt 1 runs until OUT/stop appears.
+CRASH_THEN_RUN = ("import os, sys, time\nout = sys.argv[1]\nn = len([p for p in os.listdir(out) if p.startswith('a')])\n"
+                  "open(os.path.join(out, f'a{n}'), 'w').close()\nn == 0 and sys.exit(1)\n"
+                  "end = time.monotonic() + 60\n"
+                  "while not os.path.exists(os.path.join(out, 'stop')) and time.monotonic() < end:\n"
+                  "    time.sleep(0.05)\n")
+
+
+def test_a_stale_xid_raised_between_attempts_is_not_delivered_to_the_next(sim_daemons, tmp_path: Path) -> None:
+    """An Xid 43 raised after attempt 0 ended (its crash's own fault, queued in NVML's event set
+    while no attempt listens) is dropped when attempt 1 starts: the fresh job is not restarted."""
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    node = {"gpus": [{"uuid": "GPU-00000000-aaaa"}], "xid_file": str(tmp_path / "xid")}
+    cfg = tmp_path / "c.toml"
+    # the backoff holds attempt 1 back while the test raises the Xid (the test waits for the end, not a time)
+    cfg.write_text("[gpu]\npoll_s = 0.1\n[policy]\nbackoff_initial_s = 6\nbackoff_jitter = 0\n")
+    d = sim_daemons(node, ["wrap", "--config", str(cfg), "--state-dir", str(sd), "--", PY, "-c", CRASH_THEN_RUN,
+                           str(out)])
+    wait_for(lambda: (sd / "ledger.sqlite").exists() and history(sd)["attempts"]
+             and history(sd)["attempts"][0]["ended_at"], timeout=60, what="attempt 0 ended")
+    assert not (out / "a1").exists(), "attempt 1 must not have started yet (the backoff)"
+    (tmp_path / "xid.new").write_text("43")
+    os.replace(tmp_path / "xid.new", tmp_path / "xid")
+    wait_for(lambda: (out / "a1").exists() and "event=gpu_events_stale" in d.stderr(), timeout=60,
+             what="attempt 1 running, the stale Xid dropped")
+    (out / "stop").touch()
+    assert d.wait(60) == 0, d.stderr()[-3000:]
+    a = history(sd)["attempts"]
+    assert [x["cause"] for x in a] == ["crash", None], a
+    stale = [line for line in d.events() if line.startswith("event=gpu_events_stale")]
+    assert "xid 43 on GPU 0" in stale[0], stale
