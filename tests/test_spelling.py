@@ -59,3 +59,26 @@ def test_the_console_renderer_says_true_not_True() -> None:
 def test_durations_by_cause_in_words_and_units() -> None:
     assert durations_by({"crash": 9.34, "nan": 74.2, "hang": 0}) == "nan 1 min 14 s, crash 9.3 s, hang 0.0 s"
     assert durations_by({}) == ""
+
+
+def test_status_and_history_spell_values_the_same_way() -> None:
+    from supervisor.cli.render import render_history, status_table
+
+    table = status_table({"state": "running", "daemon": False, "linger": True})
+    assert re.search(r"^daemon +false$", table, re.M) and re.search(r"^linger +true$", table, re.M), table
+    hist = render_history({"run_id": "r", "name": "n", "state": "finished", "attempts": [
+        {"attempt": 0, "started_at": "2026-01-01T00:00:00", "ended_at": None, "exit_code": None, "signal": None,
+         "cause": None, "action": None, "checkpoint": None, "remedies": [{"env": {"LR_SCALE": "0.5"}}],
+         "validation": {"passed": True}, "prewarm": {"used": True}}]})
+    assert 'remedies: [{"env":{"LR_SCALE":"0.5"}}]' in hist and 'prewarm: {"used":true}' in hist, hist
+    assert 'validation: {"passed":true}' in hist and "True" not in hist and "'" not in hist, hist
+
+
+def test_a_hook_commands_environment_says_true_not_True() -> None:
+    from supervisor.ops.alertmsg import Alert, Masker
+
+    alert = Alert("end_weights_checked", "info", "m", "job", "r1", "host", 0, 0.0,
+                  data={"finite": True, "restarted": False, "nonfinite": ["w"]})
+    env = alert.env(Masker.of({}))
+    assert env["TSUP_NOTIFY_FINITE"] == "true" and env["TSUP_NOTIFY_RESTARTED"] == "false", env
+    assert "TSUP_NOTIFY_NONFINITE" not in env  # lists stay in the JSON payload on stdin

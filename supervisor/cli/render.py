@@ -3,11 +3,10 @@ at 14:02:11 CET"), and the ``history`` table of a run's attempts."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Callable, Mapping
 
-from ..humanize import duration, size
+from ..humanize import duration, size, value as spell
 
 
 # -- times people can read --------------------------------------------------------------------
@@ -96,7 +95,7 @@ def age_text(seconds: Any) -> str:
 def num_text(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
-    return str(v)
+    return spell(v)  # true/false, compact JSON: as the log lines and the journal spell it
 
 
 def gpu_line(g: Any) -> str:
@@ -264,10 +263,10 @@ def render_history(h: dict[str, Any]) -> str:
             lines.append(f"     {a['summary']}")
         v = a.get("validation")
         if v:
-            lines.append(f"     validation: {v.get('verdict', v)}"
+            lines.append(f"     validation: {spell(v.get('verdict', v))}"
                          + (f" ({v['summary']})" if v.get("verdict") == "fail" and v.get("summary") else ""))
         if a.get("remedies"):
-            lines.append(f"     remedies: {json.dumps(a['remedies'])}")
+            lines.append(f"     remedies: {spell(a['remedies'])}")
         if a.get("prewarm"):
-            lines.append(f"     prewarm: {a['prewarm']}")
+            lines.append(f"     prewarm: {spell(a['prewarm'])}")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..eventnames import EventName
+from ..humanize import value as spell
 from ..redact import MIN_SECRET_LEN, REDACTED, env_secrets, learn_secrets, masks_key, redact_text
 from ..strictjson import finite
 
@@ -92,7 +93,7 @@ class Alert:
         for k, v in (p.get("data") or {}).items():
             name = "".join(c if c.isalnum() else "_" for c in k).upper()
             if isinstance(v, (str, int, float, bool)) and f"TSUP_NOTIFY_{name}" not in out:
-                out[f"TSUP_NOTIFY_{name}"] = str(v)
+                out[f"TSUP_NOTIFY_{name}"] = spell(v)  # true/false, as the log and the journal say it
         return {k: v.replace("\0", "") for k, v in out.items()}
 
 
