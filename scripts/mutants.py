@@ -209,6 +209,17 @@ MUTATIONS: tuple[Mutation, ...] = (
              "return _bounded(redact_data(doc))", "return _bounded(doc)", ("tests/ops/test_livepage_budget.py",)),
     Mutation("the live page answers any method", "supervisor/ops/livepage.py",
              'if method not in ("GET", "HEAD"):', "if False:", ("tests/ops/test_livepage_budget.py",)),
+    # issue 39: GPU health on a real node
+    Mutation("stale GPU events delivered to the next attempt", "supervisor/health/gpumonitor.py",
+             'self._safely(lambda: drain_stale(self._backend), "events")', "pass",
+             ("tests/health/test_gpu_devices.py",)),
+    Mutation("an Xid of a GPU the job does not use is acted on", "supervisor/health/gpuevents.py",
+             "    if not sel.watches(ev.index):", "    if False:", ("tests/health/test_gpu_e2e.py",)),
+    Mutation("one GPU NVML refuses to read crashes the gate", "supervisor/health/gate.py",
+             "        except GpuDeviceError as exc:  # this device alone", "        except GpuLostError as exc:",
+             ("tests/health/test_nvml_simulated.py",)),
+    Mutation("Xid 63 (catalog: ignore) gives up a healthy run", "supervisor/health/xid.py",
+             "    _info(63,", "    _node(63,", ("tests/health/test_health_gpu.py",)),
 )
 
 
