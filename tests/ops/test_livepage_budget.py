@@ -203,3 +203,21 @@ def test_the_config_refuses_a_page_reachable_from_the_network_unless_allowed():
         assert config_from_table({**base, "web": {"listen": remote, "allow_remote": True}}).web.allow_remote
     with pytest.raises(ConfigError):
         config_from_table({**base, "web": {"listen": "9465"}})
+
+
+def test_the_checkpoint_table_is_the_report_s_read_on_a_thread_of_its_own(tmp_path: Path):
+    ck = tmp_path / "ckpt"
+    ck.mkdir()
+    (ck / "step_100.pt").write_bytes(b"PK\x03\x04 cut short")  # a zip save cut short: not ready, and why
+    led = Ledger(tmp_path / "sd")
+    rid, _ = led.open_run("job", {"job": {"command": ["python"]}, "checkpoints": {"dir": str(ck)}})
+    led.close()
+    data = LiveData(lambda: {"state": "running", "run_id": rid, "attempt": 0}, tmp_path / "sd")
+    try:
+        d = wait_for(lambda: (v := json.loads(data.payload()))["checkpoints"]["as_of"] and v, 30, 0.05,
+                     "the checkpoint table read")
+    finally:
+        data.close()
+    rows = d["checkpoints"]["rows"]
+    assert [(Path(r["path"]).name, r["ready"]) for r in rows] == [("step_100.pt", False)], rows
+    assert rows[0]["reasons"] and d["checkpoints"]["error"] is None
