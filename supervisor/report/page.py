@@ -24,7 +24,6 @@ import structlog
 
 from .data import MetricPoint, ReportData, epoch_seconds, metric_points, restart_markers
 from .plot import render_loss_png
-from .. import strictjson
 from ..humanize import duration, durations_by, value as spell
 
 log = structlog.get_logger("supervisor.report.page")
@@ -52,9 +51,7 @@ def _e(value: Any) -> str:
         return ""
     if isinstance(value, float):
         return html.escape(f"{value:.4g}")
-    if isinstance(value, (Mapping, list, tuple)):
-        return html.escape(strictjson.dumps(value, default=str, sort_keys=True))
-    return html.escape(str(value))
+    return html.escape(spell(dict(value) if isinstance(value, Mapping) else value))  # as every output spells it
 
 
 def _verdict(value: Any) -> str:
