@@ -14,16 +14,12 @@ METRIC_ROWS_PER_READ = 20_000
 def metric_rows_after(db: Any, run_id: str, rowid: int, limit: int = METRIC_ROWS_PER_READ) -> list[tuple[int, float, int, float, int]]:
     """``(rowid, at, step, loss, attempt)`` of the run's rows with a step and a loss after
     ``rowid``, oldest first, at most ``limit``."""
-    rows = db.execute("SELECT rowid, at, step, loss, attempt FROM metrics WHERE rowid > ? AND run_id = ? "
+    # "+run_id": not through the run_id index (it would visit every row of the run, sorted after,
+    # at each poll) but the rowid range: only the rows added since the last read.
+    rows = db.execute("SELECT rowid, at, step, loss, attempt FROM metrics WHERE rowid > ? AND +run_id = ? "
                       "AND step IS NOT NULL AND loss IS NOT NULL ORDER BY rowid LIMIT ?",
                       (rowid, run_id, limit)).fetchall()
     return [(int(r[0]), float(r[1]), int(r[2]), float(r[3]), int(r[4])) for r in rows]
-
-
-def last_metric_rowid(db: Any) -> int:
-    """The newest metric row's id (0 for none): where a reader that skipped rows goes on from."""
-    row = db.execute("SELECT max(rowid) FROM metrics").fetchone()
-    return int(row[0] or 0)
 
 
 def recent_events(db: Any, run_id: str, limit: int) -> list[dict[str, Any]]:
