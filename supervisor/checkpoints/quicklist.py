@@ -216,11 +216,20 @@ def val_metric_for(step: int | None, name: str, manifest_metrics: Mapping[str, M
     return None
 
 
-def nonfinite_metric(vm: ValMetric | None) -> str:
+#: the training loss's name in MetricsSeen and manifests (beside the validation metric)
+TRAIN_LOSS = "loss"
+
+
+def nonfinite_metric(vm: ValMetric | None, train: ValMetric | None = None) -> str:
     """Why a checkpoint whose recorded validation metric is NaN or inf is not ready ("" when it is
     finite or there is none). One rule for the verb, the report and the daemon's choice: a state
-    whose evaluation gave NaN is no state to go back to."""
+    whose evaluation gave NaN is no state to go back to, unless the training loss recorded at the
+    same step or after it is finite: then the evaluation is broken (an empty validation loader
+    gives NaN at every eval), not the weights, and refusing every checkpoint would send a crash
+    back to step 0 (the watcher says such a run's eval_nonfinite)."""
     if vm is None or math.isfinite(vm.value):
+        return ""
+    if train is not None and math.isfinite(train.value) and train.step >= vm.step:
         return ""
     return (f"its recorded {vm.name} is {vm.value} (step {vm.step}): not resumed from "
             "(restart --from PATH --force takes it anyway)")
@@ -234,6 +243,8 @@ def metrics_from_records(records: Iterable[Any]) -> dict[str, list[tuple[int, fl
             continue
         if r.val_loss is not None:
             out.setdefault("val_loss", []).append((r.step, r.val_loss))
+        if r.loss is not None:
+            out.setdefault(TRAIN_LOSS, []).append((r.step, r.loss))
         for k, v in (r.extra or {}).items():
             out.setdefault(k, []).append((r.step, v))
     return out

@@ -38,8 +38,8 @@ from .layouts.registry import keeps_last_good
 from .loadtest import LoadTestResult, LoadTests, resolve_job_python, version_token
 from .manifest import read_manifest, record_metric, stat_record
 from .quarantine import (LastGoodKeeper, QuarantineRecord, last_good_disk_bytes, last_good_path)
-from .quicklist import (MetricsSeen, Readiness, RowBuilder, compare_config, current_config, nonfinite_metric,
-                        val_metric_for)
+from .quicklist import (TRAIN_LOSS, MetricsSeen, Readiness, RowBuilder, compare_config, current_config,
+                        nonfinite_metric, val_metric_for)
 from .selection import CheckpointBook, Choice
 from .keepfirst import SnapshotFirst
 from .snapshot import Headroom
@@ -197,8 +197,9 @@ class CheckpointService:
                 record_metric(manifest, row.val_metric.name, row.val_metric.value, row.val_metric.step)
             if row.val_metric is None and self.cfg.require_val_metric:
                 row.no(f"no validation metric {self.cfg.val_metric!r} recorded for this checkpoint")
-            elif nonfinite_metric(row.val_metric):
-                row.no(nonfinite_metric(row.val_metric))
+            elif nonfinite_metric(row.val_metric, train := val_metric_for(
+                    row.step, TRAIN_LOSS, manifest.metrics if manifest else None, metrics_seen)):
+                row.no(nonfinite_metric(row.val_metric, train))
             # The load test last: it is the slow part and pointless for a corrupt file.
             if self.cfg.load_test and row.complete and row.sha256_ok is not False:
                 lt = lt or self.load_tests.run(path, row.layout, finite)
@@ -321,7 +322,8 @@ class CheckpointService:
                 step = step if step is not None else m.step
                 # verify = "overlap" takes the newest on these checks alone: never one whose
                 # recorded validation metric is NaN (evaluate says the same).
-                nonfinite = nonfinite_metric(val_metric_for(step, self.cfg.val_metric, m.metrics, None))
+                nonfinite = nonfinite_metric(val_metric_for(step, self.cfg.val_metric, m.metrics, None),
+                                             val_metric_for(step, TRAIN_LOSS, m.metrics, None))
                 if nonfinite:
                     return [nonfinite], step, False
             problem = structure_problem(path)
