@@ -44,6 +44,7 @@ def live_json(port: int) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # on a fresh machine the first run installs chromium (~100 MB with its libraries)
 def test_the_live_page_renders_in_headless_chromium_and_shows_a_restart_within_2_s(tmp_path: Path, daemons: Any):
     exe, why = chromium_path()
     if exe is None:
