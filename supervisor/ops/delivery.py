@@ -55,6 +55,13 @@ class Redirected(PermanentError):
         self.to_host = to_host
 
 
+_TRYING = "connect, send and reply together"
+
+
+def deadline_passed(t: "Try") -> str:
+    return f"the webhook did not answer in full within {t.timeout_s:.3g} s ({t.doing})"
+
+
 class Try:
     """One try's deadline, and the way another thread cuts it short (``cut``): the try registers
     what undoes it (``on_cut``: shut its socket, kill its hook) while it runs."""
@@ -63,6 +70,7 @@ class Try:
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.cut_reason: str | None = None
+        self.doing = _TRYING  # what the try waits on now, for the deadline's message
         self._undo: Callable[[], None] | None = None
         self._lock = threading.Lock()
 
@@ -114,8 +122,7 @@ def post_webhook(url: str, body: bytes, t: Try) -> None:
     """POST the JSON with the stdlib's urllib (one small POST does not justify requests/httpx in
     the daemon, and it honours the usual ``*_proxy`` variables), redirects refused, all of it
     (connect, TLS, proxy tunnel, send, reply) within the try's deadline."""
-    timer = threading.Timer(t.left(), t.cut, args=(f"the webhook did not answer in full within {t.timeout_s:.3g} s "
-                                                   "(connect, send and reply together)",))
+    timer = threading.Timer(t.left(), lambda: t.cut(deadline_passed(t)))
     timer.daemon = True
     timer.start()
     req = urllib.request.Request(url, data=body, method="POST", headers={
@@ -199,15 +206,16 @@ def resolve(host: str, port: int, t: Try) -> list[Any]:
             done.set()
 
     threading.Thread(target=lookup, daemon=True, name="webhook-lookup").start()
+    t.doing = f"looking up its host {host} took all of it: the system resolver does not answer"
     t.on_cut(done.set)  # the daemon's exit stops the wait at once
     try:
         done.wait(t.left())
     finally:
         t.on_cut(None)
     if not box:
-        t.cut(f"looking up the webhook's host {host} did not end within the {t.timeout_s:.3g} s deadline "
-              "(the system resolver does not answer)")
+        t.cut(deadline_passed(t))  # unless the deadline's timer or the daemon's exit did already
         raise TimeoutError(t.cut_reason)
+    t.doing = _TRYING
     if isinstance(box[0], OSError):
         raise box[0]
     return list(box[0])
