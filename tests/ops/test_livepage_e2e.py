@@ -93,8 +93,20 @@ def test_the_live_page_renders_in_headless_chromium_and_shows_a_restart_within_2
     doc = json.dumps(j)
     for secret in (SECRET, ARG_SECRET):  # the one redaction gate: nothing the job was given in clear
         assert secret not in html and secret not in doc
+    # The real daemon's listener: read-only, its two paths only, a foreign Host refused.
+    assert http(port, "POST", "/live.json")[0] == 405 and http(port, "GET", "/../ledger.sqlite")[0] == 404
+    assert http(port, "GET", "/live.json", host="rebound.example")[0] == 421
     request(sd, "stop")
     assert d.wait(60) == 0, d.stderr()[-2000:]
+
+
+def http(port: int, method: str, path: str, host: str = "127.0.0.1") -> tuple[int, bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n".encode())
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    return int(got.split(b" ", 2)[1]), got
 
 
 def test_a_page_that_cannot_listen_is_said_and_the_run_goes_on(tmp_path: Path, daemons: Any):
