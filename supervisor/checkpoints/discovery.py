@@ -38,6 +38,10 @@ LAST_GOOD_DIR = "last_good"
 NOTE_SUFFIX = ".quarantine.json"
 
 log = structlog.get_logger("supervisor.checkpoints")
+# Folders whose listing was past its bounds at their last scan, by any Discovery of this process:
+# said once an episode, although status' interval advice makes a Discovery of its own each time.
+_capped: set[Path] = set()
+_capped_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,6 @@ class Discovery:
         # False while no job runs (between attempts): nothing can still be writing, so a file
         # that just appeared is as final as it will get and the settle window does not apply.
         self.writer_active = True
-        self._capped_said = False  # the listing's bound was said this episode (listing.py)
 
     def _entries(self) -> Iterable[tuple[Path, Layout, int | None]]:
         if self.follow_symlinks_out:
@@ -174,10 +177,15 @@ class Discovery:
 
     def _say_capped(self, listing: Listing) -> None:
         """Once an episode (until the folder is back under its bounds): what was left out, and why."""
-        if listing.capped and not self._capped_said:
+        with _capped_lock:
+            said = self.dir in _capped
+            if listing.capped:
+                _capped.add(self.dir)
+            else:
+                _capped.discard(self.dir)
+        if listing.capped and not said:
             log.warning("checkpoint_dir_listing_capped", dir=str(self.dir), read=listing.read,
                         unread=listing.unread, older=listing.older, message=listing.says(self.dir))
-        self._capped_said = listing.capped
 
     def scan(self) -> list[Candidate]:
         """Complete, settled checkpoints, newest first (by step, then mtime)."""

@@ -46,6 +46,7 @@ def test_100x_max_connections_slow_clients_hold_a_bounded_number_of_threads_and_
     assert isinstance(server, BoundedWSGIServer)
     port = listener.address[1]
     clients = 100 * MAX_CONNECTIONS
+    t0 = time.monotonic()
     with ExitStack() as stack, capture_logs() as logs:
         for i in range(clients):  # each sends part of a request line and then nothing, for as long as it can
             s = stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=10))
@@ -58,7 +59,8 @@ def test_100x_max_connections_slow_clients_hold_a_bounded_number_of_threads_and_
         assert status == 200 and b"tsup_build_info" in body
         assert took < 5.0, took  # measured: 0.02 s
     capped = [e for e in logs if e["event"] == "metrics_connections_capped"]
-    assert len(capped) == 1 and "scrapes go on" in capped[0]["message"], capped  # once a minute at most
+    said_at_most = 1 + int((time.monotonic() - t0) // 60)  # once a minute at most (one, unless the machine crawls)
+    assert 1 <= len(capped) <= said_at_most and "scrapes go on" in capped[0]["message"], capped
 
 
 def test_a_client_trickling_its_request_is_cut_at_the_deadline(listener, monkeypatch):
@@ -67,7 +69,7 @@ def test_a_client_trickling_its_request_is_cut_at_the_deadline(listener, monkeyp
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         t = time.monotonic()
         ended = None
-        for ch in b"GET /metrics HTTP/1.1\r\nHost: x\r\n":  # one byte every 0.2 s: 7 s for this much
+        for ch in b"GET /metrics HTTP/1.1\r\nX-Pad: " + b"a" * 100:  # one byte every 0.2 s: 25 s for this much
             try:
                 s.sendall(bytes([ch]))
                 s.settimeout(0.2)
@@ -80,7 +82,7 @@ def test_a_client_trickling_its_request_is_cut_at_the_deadline(listener, monkeyp
                 ended = time.monotonic() - t
                 break
         assert ended is not None, "the trickling client was never cut"
-        assert 0.9 <= ended < 4.0, ended  # the deadline, seen within the accept loop's 0.5 s poll
+        assert 0.9 <= ended < 8.0, ended  # the deadline, seen within the accept loop's 0.5 s poll (measured: 1.3 s)
     status, body, _ = scrape(port)
     assert status == 200 and b"tsup_state" in body
     wait_for(lambda: listener._server.connections() == 0, 10, 0.02, "the scrape's connection ended")
