@@ -18,8 +18,9 @@ from dataclasses import dataclass
 #: Addresses remembered at most (the oldest forgotten first): the listener is open to whatever
 #: can reach it, a scan from many addresses must not grow the daemon.
 MAX_SCRAPERS = 16
-#: A scraper late by more than twice its interval plus this is taken as gone.
-LATE_SLACK_S = 1.0
+#: A scraper late by more than twice its interval plus this is taken as gone (the slack: a loaded
+#: node or Prometheus delays a scrape of a 1 s interval by seconds, not one of 15 s by minutes).
+LATE_SLACK_S = 5.0
 
 
 @dataclass
