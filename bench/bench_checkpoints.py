@@ -36,8 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from supervisor.checkpoints.hashing import blake3_available, file_digest  # noqa: E402
-from supervisor.checkpoints.loadtest import LoadTestRequest, run_load_test  # noqa: E402
+from supervisor.checkpoints.hashing import blake3_available, file_digest
+from supervisor.checkpoints.loadtest import LoadTestRequest, run_load_test
 
 # The bare peer: the same load the load test does (weights_only, cpu), with the same mmap choice;
 # with CHECK set, every tensor is checked for NaN/Inf as check_finite does.

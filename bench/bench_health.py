@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from supervisor.health.config import GpuConfig  # noqa: E402
-from supervisor.health.gpufake import FakeBackend  # noqa: E402
-from supervisor.health.gpumonitor import GpuMonitor  # noqa: E402
+from supervisor.health.config import GpuConfig
+from supervisor.health.gpufake import FakeBackend
+from supervisor.health.gpumonitor import GpuMonitor
 
 DEVICES = 8
 SECONDS = float(os.environ.get("BENCH_HEALTH_SECONDS", "10"))

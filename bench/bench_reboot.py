@@ -261,7 +261,7 @@ class OursRun:
                 r.quarantined = sum(1 for e in h["events"] if e["event"] == "checkpoint_quarantined")
             finally:
                 led.close()
-        except Exception as e:  # noqa: BLE001 - a missing ledger is reported, not fatal
+        except Exception as e:  # a missing ledger is reported, not fatal
             r.outcome += f" (ledger unreadable: {e!r})"
         return r
 
@@ -414,7 +414,7 @@ def _schedule(tmp: Path, waiting: list[str], tasks: list[tuple[float, str, Any]]
                     key, fn = task[1], task[2]
                     try:
                         results[key] = fn()
-                    except Exception as e:  # noqa: BLE001 - one failed run is a row, not a failed suite
+                    except Exception as e:  # one failed run is a row, not a failed suite
                         results[key] = Result(key.split("/")[0], key.split("/")[1], outcome=f"benchmark error {e!r}")
 
                 side = threading.Thread(target=go)

@@ -29,7 +29,7 @@ def newest_loadable(ckdir: Path) -> Path | None:
         try:
             torch.load(p, map_location="cpu", weights_only=True)
             return p
-        except Exception as exc:  # noqa: BLE001 - any failure: try the previous one
+        except Exception as exc:  # any failure: try the previous one
             print(f"peer_resume: {p.name} does not load ({str(exc).splitlines()[0][:100]}); trying the previous one",
                   file=sys.stderr, flush=True)
     return None

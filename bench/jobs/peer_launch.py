@@ -23,7 +23,7 @@ def main() -> None:
         try:
             torch.load(ckpt, map_location="cpu", weights_only=True)
             args.append("--init_from=resume")
-        except Exception as exc:  # noqa: BLE001 - any failure: from scratch
+        except Exception as exc:  # any failure: from scratch
             print(f"peer_launch: {ckpt} does not load ({str(exc).splitlines()[0][:100]}); starting from scratch",
                   file=sys.stderr, flush=True)
     sys.argv = [script, *args]

@@ -85,7 +85,7 @@ def _load_torch(path: str, *, mmap: bool, trust: bool, notes: list[str]) -> Any:
 
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception as exc:  # noqa: BLE001 - any failure is the result we report
+    except Exception as exc:  # any failure is the result we report
         first = exc
     if _pickle_refusal(str(first)):
         if not trust:
@@ -98,7 +98,7 @@ def _load_torch(path: str, *, mmap: bool, trust: bool, notes: list[str]) -> Any:
             obj = torch.load(path, map_location="cpu", weights_only=True, mmap=False)
             notes.append(f"{os.path.basename(path)}: loaded without mmap ({str(first).splitlines()[0][:120]})")
             return obj
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if _pickle_refusal(str(exc)):
                 if not trust:
                     raise NeedsPickle(_reason_line(str(exc))) from exc
@@ -325,7 +325,7 @@ def run(req: dict[str, Any]) -> dict[str, Any]:
         res["needs_pickle"] = True
         res["error"] = ("needs pickled code to load (weights_only=True refused it: " + str(exc)
                         + "); set checkpoints.trust_pickles = true to accept it")
-    except Exception as exc:  # noqa: BLE001 - every failure becomes the reported error
+    except Exception as exc:  # every failure becomes the reported error
         first = (str(exc).strip().splitlines() or [""])[0]
         res["error"] = f"{type(exc).__name__}: {first[:400]}"
     res["seconds"] = round(time.perf_counter() - t0, 4)

@@ -56,7 +56,7 @@ def _free_name(folder: Path, name: str) -> Path:
 def _who() -> str:
     try:
         user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no user name in some containers
+    except Exception:  # no user name in some containers
         user = str(os.getuid())
     return f"transformer-supervisor (pid {os.getpid()}, {user}@{socket.gethostname()})"
 

@@ -192,7 +192,7 @@ def _record_quietly(target: Path, step: int, cfg: dict[str, Any] | None, norm_me
                   "(the supervisor will verify it itself)", file=sys.stderr)
     except FileNotFoundError:
         pass
-    except Exception as exc:  # noqa: BLE001 - reported, never fatal
+    except Exception as exc:  # reported, never fatal
         if target.exists():
             print(f"supervisor.client: cannot write the manifest of {target}: {exc}", file=sys.stderr)
 

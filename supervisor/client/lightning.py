@@ -205,7 +205,7 @@ class SupervisorCallback(pl.Callback):  # type: ignore[name-defined]
         warn(f"the supervisor asked the job to stop: saving a checkpoint at step {trainer.global_step}")
         try:
             self._save(trainer)
-        except Exception as exc:  # noqa: BLE001 - the job is ending anyway; say why nothing was saved
+        except Exception as exc:  # the job is ending anyway; say why nothing was saved
             warn(f"could not save a checkpoint while stopping: {exc}")
 
     # -- checkpoints --------------------------------------------------------------------------------

@@ -314,7 +314,7 @@ class StateLockConcern(Concern):
                 make_heartbeat_dir(self.lock.state_dir, d.attempt)
             for again in self.rebind:
                 again()
-        except Exception as e:  # noqa: BLE001 - whatever stops the re-take, the answer is the same
+        except Exception as e:  # whatever stops the re-take, the answer is the same
             if now - self._lost_at >= self.GIVE_UP_AFTER_S:
                 self._give_up(why, e)
             return
@@ -338,7 +338,7 @@ class StateLockConcern(Concern):
             if self._daemon is None:
                 raise RuntimeError("not started")
             self._daemon.event(event, level, msg, pid=os.getpid())
-        except Exception:  # noqa: BLE001 - the ledger lived in that dir; the log line still goes out
+        except Exception:  # the ledger lived in that dir; the log line still goes out
             import structlog
 
             getattr(structlog.get_logger("supervisor"), level)(event, message=msg, pid=os.getpid())

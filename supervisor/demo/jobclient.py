@@ -101,8 +101,8 @@ class Client:
         self.fallback = _FallbackClient()
         self.missing: list[str] = []
         try:
-            from supervisor import client as real  # noqa: PLC0415 (optional at run time)
-        except Exception:  # noqa: BLE001 (any import failure means: use the fallback)
+            from supervisor import client as real  # optional at run time
+        except Exception:  # any import failure means: use the fallback
             real = None  # type: ignore[assignment]
         names = ("heartbeat", "report", "should_stop", "should_checkpoint", "checkpointing",
                  "resume_info", "save_checkpoint")

@@ -239,7 +239,7 @@ class LaunchGate:
             verdict = run_gate(self._backend, self._cfg, previous_pids, self._clock, sleep=self._sleep,
                                checkpoint_dir=self._ckpt, storage_baseline=self.baseline,
                                expected_devices=self._first_count, env=self._env)
-        except Exception as exc:  # noqa: BLE001 - an NVML surprise is the GPU check's, never the checkpoint's
+        except Exception as exc:  # an NVML surprise is the GPU check's, never the checkpoint's
             verdict = _gate_broken(self._cfg, exc)
         count = verdict.details.get("device_count")
         if self._first_count is None and isinstance(count, int):

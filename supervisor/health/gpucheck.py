@@ -164,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         rows += oom_check(sys.executable, args.oom_timeout, simulate=True)
     elif not args.skip_oom:
         try:
-            import torch  # noqa: F401 - only to tell a CPU build from a CUDA one
+            import torch  # only to tell a CPU build from a CUDA one
             cuda = torch.cuda.is_available()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             cuda, why = False, f"torch unavailable: {exc}"
         else:
             why = "torch has no CUDA device (a CPU build?)"
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             rows += event_checks(sys.executable)
-        except Exception as exc:  # noqa: BLE001 - a check's bug is a failed row, the table still prints
+        except Exception as exc:  # a check's bug is a failed row, the table still prints
             rows.append(_row("issue 39 checks", "crashed", False, repr(exc)[:200]))
     print("\n## gpu_check results\n\n| check | value | ok | note |\n|---|---|---|---|")
     for r in rows:

@@ -136,7 +136,7 @@ class GpuMonitor:
         self.stop()
         try:
             self._backend.shutdown()
-        except Exception:  # noqa: BLE001 - nothing useful to do at exit
+        except Exception:  # nothing useful to do at exit
             pass
 
     # ----------------------------------------------------------------- what others read
@@ -210,7 +210,7 @@ class GpuMonitor:
         except GpuBlindError as exc:
             self._go_blind(str(exc))
             return False
-        except Exception as exc:  # noqa: BLE001 - any NVML surprise at start means we cannot see
+        except Exception as exc:  # any NVML surprise at start means we cannot see
             self._go_blind(f"GPU backend failed at start: {exc!r}")
             return False
         was_blind = self._blind_logged
@@ -229,7 +229,7 @@ class GpuMonitor:
         if self._on_blind is not None:
             try:
                 self._on_blind(reason)
-            except Exception:  # noqa: BLE001 - a callback must not kill the monitor
+            except Exception:  # a callback must not kill the monitor
                 log.exception("gpu_on_blind_callback_failed")
 
     def _safely(self, fn: Callable[[], Any], what: str) -> bool:
@@ -241,7 +241,7 @@ class GpuMonitor:
             with self._lock:
                 self._go_blind(str(exc))
             return False
-        except Exception as exc:  # noqa: BLE001 - the monitor outlives its own bugs
+        except Exception as exc:  # the monitor outlives its own bugs
             key = f"{what}:{type(exc).__name__}"
             if key not in self._errors_logged:
                 self._errors_logged.add(key)
@@ -349,7 +349,7 @@ class GpuMonitor:
         self._ecc_reported.add(index)
         try:
             contained = self._backend.recovery_action(index) == 0
-        except Exception:  # noqa: BLE001 - an unreadable field is no evidence of containment
+        except Exception:  # an unreadable field is no evidence of containment
             contained = False
         action = Action.RESTART if contained else Action(self._cfg.ecc_action)
         what = ("contained: the driver needs no recovery action, the job restarts" if contained
@@ -439,7 +439,7 @@ class GpuMonitor:
             except GpuBlindError as exc:
                 with self._lock:
                     self._go_blind(str(exc))
-            except Exception as exc:  # noqa: BLE001 - events are a bonus: polling still sees ECC/lost
+            except Exception as exc:  # events are a bonus: polling still sees ECC/lost
                 if "events" not in self._errors_logged:
                     self._errors_logged.add("events")
                     log.warning("gpu_events_failed", error=repr(exc),

@@ -266,7 +266,7 @@ class HostMonitor:
                     and now >= self._next_probe):
                 self._next_probe = now + self._cfg.probe_interval_s
                 self.probe()
-        except Exception as exc:  # noqa: BLE001 - the monitor outlives its own bugs
+        except Exception as exc:  # the monitor outlives its own bugs
             log.exception("host_monitor_error", error=repr(exc), next="retrying at the next poll")
 
     def check(self) -> None:

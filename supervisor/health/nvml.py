@@ -39,12 +39,12 @@ class NvmlBackend:
             return
         try:
             import pynvml  # nvidia-ml-py; imported late so a broken install only blinds us
-        except Exception as exc:  # noqa: BLE001 - ImportError or a broken module alike
+        except Exception as exc:  # ImportError or a broken module alike
             raise GpuBlindError(f"nvidia-ml-py (pynvml) cannot be imported: {exc}") from exc
         pynvml = self._module or pynvml
         try:
             pynvml.nvmlInit()
-        except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
             raise GpuBlindError(f"nvmlInit failed: {exc}") from exc
         self._nvml = pynvml
         self._initialized = True
@@ -89,7 +89,7 @@ class NvmlBackend:
     def _guard_silent(fn: Callable[[], Any]) -> None:
         try:
             fn()
-        except Exception:  # noqa: BLE001 - best effort during shutdown
+        except Exception:  # best effort during shutdown
             pass
 
     def _handle(self, index: int) -> Any:
@@ -244,7 +244,7 @@ class NvmlBackend:
                         if mask:
                             self._call(i, partial(nv.nvmlDeviceRegisterEvents, h, mask, es), need=True)
                         self.registered[i] = mask
-                    except Exception as exc:  # noqa: BLE001 - some GPUs refuse events; poll still works
+                    except Exception as exc:  # some GPUs refuse events; poll still works
                         self.registered[i] = 0
                         log.warning("gpu_events_unsupported", device=i, error=str(exc),
                                     next="Xid and ECC events from this GPU are not seen; polling continues")
@@ -282,7 +282,7 @@ class NvmlBackend:
     def _index_of(self, device: Any, cache: Mapping[int, int]) -> int:
         try:
             return int(self._nvml.nvmlDeviceGetIndex(device))
-        except Exception:  # noqa: BLE001 - fall back to the handle identity
+        except Exception:  # fall back to the handle identity
             return cache.get(id(device), -1)
 
 

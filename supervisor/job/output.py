@@ -106,7 +106,7 @@ class KeeperLink(threading.Thread):
             if rest:
                 self.lines += len(rest)
                 self.fanout.feed(source, rest)
-        except Exception as e:  # noqa: BLE001 - on_eof must still run
+        except Exception as e:  # on_eof must still run
             self._report(e)
         self.on_eof(source)
 
@@ -134,7 +134,7 @@ class KeeperLink(threading.Thread):
     def _safe_frame(self, kind: int, payload: bytes) -> None:
         try:
             self._frame(kind, payload)
-        except Exception as e:  # noqa: BLE001 - the link must keep draining whatever fails
+        except Exception as e:  # the link must keep draining whatever fails
             self._report(e)
 
     def _report(self, e: BaseException) -> None:

@@ -99,7 +99,7 @@ class DeferredWrites:
                 self._pinned.at = at
                 try:
                     write()
-                except Exception as e:  # noqa: BLE001 - a replay never raises: the lock waits, the rest is counted
+                except Exception as e:  # a replay never raises: the lock waits, the rest is counted
                     if is_busy(e):
                         return False
                     self.health.failed(e)

@@ -59,7 +59,7 @@ class _Handler(WSGIRequestHandler):
         self.server.request_read(self.connection)
         return ok
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
+    def log_message(self, format: str, *args: Any) -> None:  # the stdlib's name
         return None
 
 

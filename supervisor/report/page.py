@@ -337,7 +337,7 @@ def write_report(data: ReportData, out_dir: str | Path) -> tuple[Path, Path | No
         note = f"matplotlib is not installed ({exc})"
         png_path = None
         log.warning("report_plot_skipped", reason=note, next="writing the HTML report without the plot")
-    except Exception as exc:  # noqa: BLE001 (a plot failure must not lose the report)
+    except Exception as exc:  # a plot failure must not lose the report
         note = f"the plot failed: {type(exc).__name__}: {exc}"
         png_path = None
         log.warning("report_plot_failed", reason=note, next="writing the HTML report without the plot")

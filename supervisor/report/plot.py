@@ -19,10 +19,10 @@ def render_loss_png(data: ReportData, path: Path) -> None:
 
     Raises ImportError when matplotlib is missing (the caller turns that into a note).
     """
-    import matplotlib  # noqa: PLC0415 (optional dependency, loaded only to draw)
+    import matplotlib  # optional dependency, loaded only to draw
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     points = metric_points(data)
     markers = restart_markers(data)

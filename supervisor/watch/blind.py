@@ -244,7 +244,7 @@ class BlindWatch:
     def _written(self) -> Sequence[Written]:
         try:
             return self.find_written() if self.find_written is not None else ()
-        except Exception:  # noqa: BLE001  (a hint; the notice goes out without it)
+        except Exception:  # a hint; the notice goes out without it
             return ()
 
     def _samples(self) -> list[str]:

@@ -49,7 +49,7 @@ class DirWake:
             obs = Observer()
             obs.daemon = True
             obs.start()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._unavailable(repr(exc))
             return
         self._handler, self._observer = _Handler(), obs
@@ -66,7 +66,7 @@ class DirWake:
     def _schedule(self, directory: str) -> None:
         try:
             self._observer.schedule(self._handler, directory, recursive=False)
-        except Exception as exc:  # noqa: BLE001 (inotify limits: the poll reads it)
+        except Exception as exc:  # inotify limits: the poll reads it
             if self.error is None:
                 self._unavailable(repr(exc))
 
@@ -81,7 +81,7 @@ class DirWake:
             try:
                 obs.stop()
                 obs.join(timeout=5)
-            except Exception:  # noqa: BLE001 (the observer thread owns its errors)
+            except Exception:  # the observer thread owns its errors
                 pass
 
 

@@ -135,7 +135,7 @@ class FileReader:
             if f.kind == "mlflow":
                 return file_store_records(file_store_key(f.path), lines, source_of(f))
             return csv_records(f, lines) if f.kind == "csv" else jsonl_records(f, lines, source_of(f))
-        except Exception as exc:  # noqa: BLE001 (bad content of one file must not stop the others)
+        except Exception as exc:  # bad content of one file must not stop the others
             self._warn(f, "metric_file_unreadable", repr(exc), "its later content is still read")
             return []
 

@@ -85,7 +85,7 @@ class HangGate:
             look, self._look = self._look, None
             try:
                 res = look.result()
-            except Exception as exc:  # noqa: BLE001 - a failed look must not hide the hang
+            except Exception as exc:  # a failed look must not hide the hang
                 log.warning("hang_look_failed", error=repr(exc), next="the hang is reported without a look")
                 return det
             self.last = res
@@ -117,7 +117,7 @@ class HangGate:
                                          sample_timeout_s=min(cfg.dump_stacks_timeout_s, 5.0),
                                          stacks_dir=stacks_dir, label=f"attempt{ctx.attempt}-look",
                                          wait=cancel.wait))
-            except BaseException as exc:  # noqa: BLE001 - handed to the main loop, never raised here
+            except BaseException as exc:  # handed to the main loop, never raised here
                 fut.set_exception(exc)
 
         log.info("hang_look_started", window_s=cfg.look_s, pid=ctx.pid,

@@ -195,7 +195,7 @@ class LogWatcher:
                         next="the runner's policy decides what happens to the attempt")
             try:
                 self._emit(det)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._failed("logwatch_emit_failed", exc, "the detection is lost; watching continues")
         try:
             if self._progress is not None:
@@ -214,7 +214,7 @@ class LogWatcher:
                         self._progress.note_step(at, step, origin, now - at)
             for rec in records:
                 self._on_metric(rec)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._failed("logwatch_metric_sink_failed", exc, "metrics of this batch are skipped; watching continues")
 
     @log_helper
@@ -265,7 +265,7 @@ class LogWatcher:
         for line, mask in selected:
             try:
                 self._line(source, line, mask, client, records, detections, steps)
-            except Exception as exc:  # noqa: BLE001 - one bad line loses itself, never its batch
+            except Exception as exc:  # one bad line loses itself, never its batch
                 self._failed("logwatch_line_failed", exc,
                              "this line is skipped; the rest of its batch is still parsed and judged")
         return records, detections, steps

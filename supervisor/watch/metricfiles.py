@@ -244,7 +244,7 @@ class MetricFiles:
                 self.scans += 1
                 self._walk_due = False
                 return self._pass()
-        except Exception as exc:  # noqa: BLE001 (a monitor survives its own errors)
+        except Exception as exc:  # a monitor survives its own errors
             if not self._scan_failed:
                 self._scan_failed = True
                 log.exception("metric_files_scan_failed", error=repr(exc),
@@ -378,7 +378,7 @@ class MetricFiles:
                 f.last_step = steps[-1]
             try:
                 self.sink.feed_records(source_of(f), records)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if not self._sink_failed:
                     self._sink_failed = True
                     log.exception("metric_files_sink_failed", error=repr(exc), next="records keep being read")

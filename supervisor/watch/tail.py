@@ -150,7 +150,7 @@ class FileTailer:
             try:
                 self._observer.stop()
                 self._observer.join(timeout=5)
-            except Exception:  # noqa: BLE001 (the observer thread owns its errors)
+            except Exception:  # the observer thread owns its errors
                 pass
             self._observer = None
             self._watched.clear()
@@ -202,7 +202,7 @@ class FileTailer:
                 if self._observer is not None:
                     self._update_watches()
                 return self._scan()
-        except Exception as exc:  # noqa: BLE001 (a monitor survives its own errors)
+        except Exception as exc:  # a monitor survives its own errors
             if not self._scan_failed:
                 self._scan_failed = True
                 log.exception("tail_scan_failed", error=repr(exc),
@@ -309,7 +309,7 @@ class FileTailer:
         self._lines += len(lines)
         try:
             self.sink.feed(f"file:{path}", lines)
-        except Exception as exc:  # noqa: BLE001 (a sink must not raise; if it does, say so once)
+        except Exception as exc:  # a sink must not raise; if it does, say so once
             if not self._sink_failed:
                 self._sink_failed = True
                 log.exception("tail_sink_failed", path=path, error=repr(exc),
@@ -336,7 +336,7 @@ class FileTailer:
             obs = Observer()
             obs.daemon = True
             obs.start()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._inotify_error = repr(exc)
             log.warning("tail_inotify_unavailable", error=self._inotify_error, next="polling only")
             return
@@ -355,7 +355,7 @@ class FileTailer:
                 continue
             try:
                 self._watched[key] = self._observer.schedule(self._handler, target, recursive=recursive and target == d)
-            except Exception as exc:  # noqa: BLE001 (inotify limits: poll instead)
+            except Exception as exc:  # inotify limits: poll instead
                 self._watched[key] = None
                 if self._inotify_error is None:
                     self._inotify_error = repr(exc)

@@ -43,7 +43,7 @@ def supervise(tmp_path: Path) -> Iterator[Any]:
 def kept_iter(lg: Path) -> int | None:
     try:
         return int(torch.load(lg, map_location="cpu", weights_only=True)["iter_num"])
-    except Exception:  # noqa: BLE001 - not there yet, or replaced while read
+    except Exception:  # not there yet, or replaced while read
         return None
 
 

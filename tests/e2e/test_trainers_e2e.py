@@ -45,7 +45,7 @@ class BareDaemon(Daemon):
     """The real daemon, started without PYTHONUNBUFFERED (conftest's Daemon sets it): the job's
     lines must reach the detectors because the daemon unbuffers the job, not because we did."""
 
-    def __init__(self, args: list[str], tmp: Path, env: dict[str, str]) -> None:  # noqa: D107
+    def __init__(self, args: list[str], tmp: Path, env: dict[str, str]) -> None:
         self.tmp = tmp
         self.stdout_path = tmp / "daemon.stdout"
         self.stderr_path = tmp / "daemon.stderr"

@@ -29,8 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from supervisor import health  # noqa: E402
-from supervisor.health.gpufake import FakeBackend  # noqa: E402
+from supervisor import health
+from supervisor.health.gpufake import FakeBackend
 
 ERRORS = {"no_permission": 4, "not_supported": 3, "gpu_is_lost": 15, "unknown": 999}
 

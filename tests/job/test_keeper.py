@@ -135,7 +135,7 @@ def test_a_keeper_that_keeps_dying_is_reported_and_both_streams_end(tmp_path: Pa
         for _ in range(MAX_KEEPER_RESPAWNS + 1):
             pid = job.keeper.pid
             os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: job.keeper.pid != pid or job.link.ended, 20, what="a new keeper or the give-up")  # noqa: B023
+            wait_for(lambda: job.keeper.pid != pid or job.link.ended, 20, what="a new keeper or the give-up")
         assert job.pumps_done(10)  # the runner is never left waiting for the output
     assert sorted(ended) == ["stderr", "stdout"]
     assert any(e["event"] == "output_keeper_lost" for e in logs)

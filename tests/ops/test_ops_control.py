@@ -132,7 +132,7 @@ def test_concurrent_clients(server):
     def client(i: int) -> None:
         try:
             results.append(request(d, "restart", {"reason": f"r{i}"}))
-        except BaseException as e:  # noqa: BLE001 (reported below)
+        except BaseException as e:  # reported below
             errors.append(e)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
@@ -198,7 +198,7 @@ def test_other_uid_is_refused():
             os.setuid(65534)
             reply = raw(socket_path(d), b'{"verb": "stop"}\n')
             os.write(w, json.dumps(reply).encode())
-        except BaseException as e:  # noqa: BLE001 (shown by the parent's assertion)
+        except BaseException as e:  # shown by the parent's assertion
             os.write(w, repr(e).encode())
         finally:
             os._exit(0)
@@ -391,7 +391,7 @@ def test_full_listen_backlog_is_retried_then_reported_clearly(tmp_path: Path, mo
             try:
                 request(tmp_path, "status", timeout=0.5)
                 got.append(None)
-            except BaseException as e:  # noqa: BLE001 - recorded for the assertion below
+            except BaseException as e:  # recorded for the assertion below
                 got.append(e)
         t = threading.Thread(target=client)
         t.start()

@@ -17,7 +17,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _faults import Fault  # noqa: E402
+from _faults import Fault
 
 
 def main() -> None:

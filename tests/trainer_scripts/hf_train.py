@@ -18,7 +18,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _faults import Fault  # noqa: E402
+from _faults import Fault
 
 
 @dataclass

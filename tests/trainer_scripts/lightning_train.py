@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _faults import Fault  # noqa: E402
+from _faults import Fault
 
 VOCAB, SEQ = 64, 32
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _faults import Fault  # noqa: E402
+from _faults import Fault
 
 log = logging.getLogger("trainer")
 

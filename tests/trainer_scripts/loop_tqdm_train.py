@@ -27,7 +27,7 @@ import torch.nn as nn
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _faults import Fault  # noqa: E402
+from _faults import Fault
 
 
 def main() -> None:

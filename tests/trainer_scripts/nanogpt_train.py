@@ -23,7 +23,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _faults import Fault  # noqa: E402
+from _faults import Fault
 
 # ----------------------------------------------------------------------------- config
 out_dir = "out"
