@@ -320,11 +320,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from ..report.collect import write_run_report
 
+    from ..ledger.errors import LedgerError
+
     sd = _state_dir(args)
     out = Path(args.out) if args.out else sd / "report"
-    html, png = write_run_report(sd, out, args.run)
+    unreadable: dict[str, str] = {}
+    try:
+        html, png = write_run_report(sd, out, args.run, unreadable=unreadable)
+    except (FileNotFoundError, LedgerError) as e:  # no ledger, or not even the run can be read
+        print(f"transformer-supervisor: report: {e}; no report was written", file=sys.stderr)
+        return 1
     print(f"report: {html}" + (f"\nloss curve: {png}" if png else ""))
-    return EXIT_OK
+    # The report holds what could be read; what could not is said here, and the exit is 1.
+    for part, error in unreadable.items():
+        what = {"run": "state, exit and reason"}.get(part, part)
+        print(f"transformer-supervisor: report: the run's {what} could not be read and are left out "
+              f"of the report: {error}", file=sys.stderr)
+    return 1 if unreadable else EXIT_OK
 
 
 def cmd_install_units(args: argparse.Namespace) -> int:

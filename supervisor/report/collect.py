@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.goodput import goodput_of, tracks_from_rows
+from ..ledger.errors import LedgerError
 from ..ledger.store import Ledger
 
 
@@ -93,19 +94,33 @@ def _checkpoint_rows(led: Ledger, run_id: str, state_dir: Path) -> list[dict[str
 
 
 def write_run_report(state_dir: Path, out_dir: Path, run_id: str | None = None,
-                     summary: dict[str, Any] | None = None) -> tuple[Path, Path | None]:
+                     summary: dict[str, Any] | None = None,
+                     unreadable: dict[str, str] | None = None) -> tuple[Path, Path | None]:
+    """Write the report of run ``run_id`` (the newest when None). A part of the ledger that cannot
+    be read (a garbled page of events, attempts or metrics) is left out of the report and named,
+    with its error, in ``unreadable`` when given (the caller says so and exits non-zero: the report
+    is not whole); a ledger where not even the run can be read raises LedgerError."""
     from .data import ReportData
     from .page import write_report
 
+    left_out: dict[str, str] = {} if unreadable is None else unreadable
     led = Ledger(state_dir, readonly=True)
     try:
         hist = led.history(run_id)
         rid = hist["run_id"]
         if rid is None:
             raise SystemExit(f"no run recorded in {state_dir}")
-        metrics = [(m["at"], m["step"], m["loss"], m["attempt"]) for m in led.metrics(rid)
-                   if m["step"] is not None and m["loss"] is not None]
-        gp = goodput_from_ledger(led, rid)
+        left_out.update(hist.get("unreadable") or {})
+        try:
+            metrics = [(m["at"], m["step"], m["loss"], m["attempt"]) for m in led.metrics(rid)
+                       if m["step"] is not None and m["loss"] is not None]
+        except LedgerError as e:  # a garbled metrics page: the report without its loss curve
+            metrics, left_out["metrics"] = [], e.message
+        try:
+            gp = goodput_from_ledger(led, rid)
+        except LedgerError as e:  # the same pages (attempts, metrics): already named above
+            gp = None
+            left_out.setdefault("goodput", e.message)
         interval = interval_from_ledger(led, rid)
         rows = _checkpoint_rows(led, rid, state_dir)
     finally:
@@ -113,5 +128,7 @@ def write_run_report(state_dir: Path, out_dir: Path, run_id: str | None = None,
     facts = {"state": hist.get("state"), "exit code": hist.get("exit_code"), **(summary or {})}
     if hist.get("reason"):
         facts["ended because"] = hist["reason"]
+    for part, error in left_out.items():
+        facts[f"left out: the {part}"] = f"the ledger could not give them ({error})"
     data = ReportData.from_history(hist, metrics, rows, goodput=gp, summary=facts, interval=interval)
     return write_report(data, out_dir)

@@ -104,3 +104,28 @@ def test_a_garbled_attempts_page_leaves_history_with_the_run_and_its_events(fini
     assert data["state"] == "finished" and data["attempts"] == []
     assert any(e["event"] == "daemon_started" for e in data["events"])
     assert "malformed" in data["unreadable"]["attempts"]
+
+
+def test_report_on_a_garbled_ledger_names_the_problem_and_exits_non_zero(finished_run: Path, tmp_path: Path) -> None:
+    # The runs page garbled: not even the run can be found, so no report; said, exit 1.
+    sd = garbled_copy(finished_run, tmp_path / "g-runs", "runs")
+    r = cli("report", "--state-dir", str(sd), "--out", str(tmp_path / "out-runs"))
+    no_traceback(r)
+    assert r.returncode == 1
+    assert "cannot be read (database disk image is malformed): it is corrupt" in r.stderr
+    assert "no report was written" in r.stderr
+    assert not (tmp_path / "out-runs").exists()
+    # The metrics page garbled: the report is written from what could be read, and the part left
+    # out is named, with exit 1 (the report is not whole).
+    sd = garbled_copy(finished_run, tmp_path / "g-metrics", "metrics")
+    r = cli("report", "--state-dir", str(sd), "--out", str(tmp_path / "out-metrics"))
+    no_traceback(r)
+    assert r.returncode == 1
+    assert "report: the run's metrics could not be read and are left out of the report" in r.stderr
+    assert "malformed" in r.stderr
+    assert (tmp_path / "out-metrics" / "report.html").is_file()
+    # The events page garbled: the same, for the events.
+    sd = garbled_copy(finished_run, tmp_path / "g-events", "events")
+    r = cli("report", "--state-dir", str(sd), "--out", str(tmp_path / "out-events"))
+    no_traceback(r)
+    assert r.returncode == 1 and "the run's events could not be read" in r.stderr
