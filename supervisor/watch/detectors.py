@@ -39,8 +39,9 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
+from dataclasses import dataclass
 from statistics import median
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from ..events import Action, Cause, Detection, MetricRecord
 from ..health.xid import classify_xid
@@ -351,21 +352,41 @@ class _SpikeStream:
         self._stale += 1
 
 
-def build_detectors(cfg: DetectorsConfig) -> list[Detector]:
-    """The enabled detectors, in the order they see each line."""
-    ev = cfg.evidence_chars
-    out: list[Detector] = []
-    if cfg.nan.enabled:
-        out.append(NanDetector(cfg.nan, ev))
-        if cfg.nan.patterns:  # the user's lines that mean NaN: the only text that stops a job
-            out.append(TextDetector(Cause.NAN, [], (), TextDetectorConfig(patterns=cfg.nan.patterns), ev))
-        out.append(NanNotes(text=cfg.nan.text, eval_fields_judged="val_loss" in cfg.nan.fields, evidence_chars=ev))
-    if cfg.loss_spike.enabled:
-        out.append(LossSpikeDetector(cfg.loss_spike, ev))
-    if cfg.oom.enabled:
-        out.append(TextDetector(Cause.OOM, OOM_RULES, OOM_KEYWORDS, cfg.oom, ev))
-    if cfg.nccl_timeout.enabled:
-        out.append(NcclDetector(cfg.nccl_timeout, ev))
-    if cfg.checkpoint_load_error.enabled:
-        out.append(TextDetector(Cause.CHECKPOINT_LOAD_ERROR, CKPT_RULES, CKPT_KEYWORDS, cfg.checkpoint_load_error, ev))
+@dataclass(frozen=True)
+class DetectorSpec:
+    """One ``[detectors.<name>]`` table and the detectors it builds when ``enabled``.
+
+    ``classes`` lists every class ``build`` may return: ``tests/watch/test_detector_registry.py``
+    fails on a class with a detector's ``observe`` anywhere in ``supervisor/`` that no spec lists,
+    and on a detector table of ``DetectorsConfig`` that no spec names."""
+
+    name: str
+    classes: tuple[type, ...]
+    build: Callable[[DetectorsConfig, int], list[Detector]]
+
+
+def _nan(cfg: DetectorsConfig, ev: int) -> list[Detector]:
+    out: list[Detector] = [NanDetector(cfg.nan, ev)]
+    if cfg.nan.patterns:  # the user's lines that mean NaN: the only text that stops a job
+        out.append(TextDetector(Cause.NAN, [], (), TextDetectorConfig(patterns=cfg.nan.patterns), ev))
+    out.append(NanNotes(text=cfg.nan.text, eval_fields_judged="val_loss" in cfg.nan.fields, evidence_chars=ev))
     return out
+
+
+# In the order they see each line.
+DETECTORS: tuple[DetectorSpec, ...] = (
+    DetectorSpec("nan", (NanDetector, TextDetector, NanNotes), _nan),
+    DetectorSpec("loss_spike", (LossSpikeDetector,), lambda cfg, ev: [LossSpikeDetector(cfg.loss_spike, ev)]),
+    DetectorSpec("oom", (TextDetector,),
+                 lambda cfg, ev: [TextDetector(Cause.OOM, OOM_RULES, OOM_KEYWORDS, cfg.oom, ev)]),
+    DetectorSpec("nccl_timeout", (NcclDetector,), lambda cfg, ev: [NcclDetector(cfg.nccl_timeout, ev)]),
+    DetectorSpec("checkpoint_load_error", (TextDetector,),
+                 lambda cfg, ev: [TextDetector(Cause.CHECKPOINT_LOAD_ERROR, CKPT_RULES, CKPT_KEYWORDS,
+                                               cfg.checkpoint_load_error, ev)]),
+)
+
+
+def build_detectors(cfg: DetectorsConfig) -> list[Detector]:
+    """The enabled detectors (``DETECTORS``), in the order they see each line."""
+    return [d for spec in DETECTORS if getattr(cfg, spec.name).enabled
+            for d in spec.build(cfg, cfg.evidence_chars)]
