@@ -95,7 +95,59 @@ def test_a_folder_holding_one_hostile_file_is_refused(made: tuple[Path, dict[str
     assert unsafe_pickle(folder) is None
     (folder / "sub" / "scheduler.pt").write_bytes((out / "torch_legacy_p1.pt").read_bytes())
     why = unsafe_pickle(folder)
-    assert why is not None and why.startswith("scheduler.pt") and "posix.system" in why, why
+    assert why is not None and why.startswith("sub/scheduler.pt") and "posix.system" in why, why
+
+
+def test_a_payload_three_levels_deep_is_refused(made: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """The whole folder is scanned, not its top levels: a job may load any file under it."""
+    out, index = made
+    folder = tmp_path / "checkpoint-20"
+    deep = folder / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    for d in (folder, folder / "a", folder / "a" / "b", deep):
+        (d / "optimizer.pt").write_bytes((out / "good_torch_zip_p2.pt").read_bytes())
+    (deep / "model.pkl").write_bytes((out / "good_plain_p4.pkl").read_bytes())
+    assert unsafe_pickle(folder) is None  # whole and harmless at every depth
+    for name in ("torch_legacy_p1.pt", "plain_p0.pkl", "torch_zip_p5.pt"):
+        (deep / "model.pkl").write_bytes((out / name).read_bytes())
+        why = unsafe_pickle(folder)
+        assert why is not None and why.startswith("a/b/c/model.pkl") and "posix.system" in why, (name, why)
+    (deep / "model.pkl").write_bytes((out / "good_plain_p4.pkl").read_bytes())
+    # A DCP checkpoint kept three levels down: its .metadata is loaded with a plain pickle.load.
+    (deep / "dcp").mkdir()
+    (deep / "dcp" / ".metadata").write_bytes((out / "dcp_metadata" / ".metadata").read_bytes())
+    why = unsafe_pickle(folder)
+    assert why is not None and why.startswith("a/b/c/dcp/.metadata") and "posix.system" in why, why
+    assert not [v["marker"] for v in index.values() if Path(v["marker"]).exists()], "the scan never executes"
+
+
+def test_a_folder_walk_past_its_bounds_is_not_called_checked(made: tuple[Path, dict[str, Any]], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deeper is not unbounded: past the entries or the pickle files the walk looks at, the
+    checkpoint is not called checked (load-tested before the launch). The bounds are lowered
+    here; the same code holds them at their defaults (100,000 entries, 1,024 pickle files)."""
+    out, _ = made
+    folder = tmp_path / "checkpoint-30"
+    deep = folder / "x" / "y"
+    deep.mkdir(parents=True)
+    for i in range(40):
+        (deep / f"shard-{i}.pt").write_bytes((out / "good_plain_p2.pkl").read_bytes())
+    assert unsafe_pickle(folder) is None
+    monkeypatch.setattr(picklescan, "MAX_FILES", 30)
+    why = unsafe_pickle(folder)
+    assert why == "checkpoint-30: more than 30 pickle files, the most the scan reads, so it is not called checked"
+    monkeypatch.setattr(picklescan, "MAX_FILES", 1024)
+    for i in range(400):
+        (deep / f"log-{i}.txt").write_bytes(b"")  # not pickles, but entries the walk looks at
+    monkeypatch.setattr(picklescan, "MAX_ENTRIES", 200)
+    t0 = time.monotonic()
+    why = unsafe_pickle(folder)
+    assert why == "checkpoint-30: more than 200 entries in its folders, so it is not called checked", why
+    assert time.monotonic() - t0 < 5.0
+    # A link to a folder is not followed (a loop, or a way out of the checkpoint).
+    monkeypatch.setattr(picklescan, "MAX_ENTRIES", 100_000)
+    (deep / "loop").symlink_to(folder)
+    assert unsafe_pickle(folder) is None
 
 
 def test_a_huge_pickle_is_refused_within_the_bound(tmp_path: Path) -> None:
