@@ -1,4 +1,4 @@
-"""README's input-budget table (Reliability, "Input budgets") covers every reader (issue 34 part 8).
+"""docs/reliability.md's input-budget table ("Input budgets") covers every reader (issue 34 part 8).
 
 The criterion: a module of ``supervisor/watch/``, ``supervisor/checkpoints/`` or ``supervisor/ops/``
 (sub-folders included) is a *reader* when it reads bytes that the job or the world controls (a
@@ -16,9 +16,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+README = ROOT / "docs" / "reliability.md"
 CHECKED = ("supervisor/watch", "supervisor/checkpoints", "supervisor/ops")
-HEADING = "### Input budgets"
+HEADING = "## Input budgets"
 
 #: Modules of the checked folders that read nothing the job or the world controls, and why.
 NOT_READERS: dict[str, str] = {
@@ -78,7 +78,7 @@ def rows() -> list[list[str]]:
     start = text.index(HEADING)
     end = text.find("\n#", start + len(HEADING))
     lines = [ln for ln in text[start:end if end != -1 else None].splitlines() if ln.startswith("|")]
-    assert len(lines) > 2, f"no table under {HEADING!r} in README.md"
+    assert len(lines) > 2, f"no table under {HEADING!r} in docs/reliability.md"
     return [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines[2:]]
 
 
@@ -94,7 +94,7 @@ def test_every_module_of_the_reader_folders_is_classified_once():
     named = named_modules()
     missing = sorted(checked_modules() - named - set(NOT_READERS))
     assert not missing, ("each module of supervisor/watch, checkpoints and ops is either a reader, with a row in "
-                         "README's 'Input budgets' table (its bound and a test), or a non-reader in NOT_READERS of "
+                         "docs/reliability.md's 'Input budgets' table (its bound and a test), or a non-reader in NOT_READERS of "
                          f"tests/test_budget_table.py with why; unclassified: {missing}")
     both = sorted(named & set(NOT_READERS))
     assert not both, f"both in the table and in NOT_READERS: {both}"
@@ -135,10 +135,10 @@ def test_the_bounds_the_table_quotes_are_the_code_s():
                            (READ_TIMEOUT_S, "5 s for all of it"), (REFUSED_QUIET_S, "10 s without one"),
                            (HOOK_STDERR_BYTES, "4 KiB tail of stderr"), (REPLY_BYTES, "4 KiB of the body"),
                            (DUMP_BYTES, "first 4 MiB")):
-        assert said in table, f"README's table no longer says {said!r}"
+        assert said in table, f"docs/reliability.md's table no longer says {said!r}"
         number = float(said.split()[1] if said.startswith("first") else said.split()[0])
         unit = {"KiB": 1 << 10, "MiB": 1 << 20}.get(said.split()[2 if said.startswith("first") else 1], 1)
-        assert constant == number * unit, f"{said!r} in README, {constant} in the code"
+        assert constant == number * unit, f"{said!r} in docs/reliability.md, {constant} in the code"
     from supervisor.checkpoints.listing import LISTING_CAP, NEWEST_KEPT
     from supervisor.ops.delivery import MAX_LOOKUPS
     from supervisor.ops.metricserver import DEADLINE_S, MAX_CONNECTIONS
@@ -146,4 +146,4 @@ def test_the_bounds_the_table_quotes_are_the_code_s():
     for said in (f"{LISTING_CAP:,} entries read a scan (`LISTING_CAP`)", f"newest {NEWEST_KEPT:,} by mtime (`NEWEST_KEPT`",
                  f"{MAX_CONNECTIONS} connections at once (`MAX_CONNECTIONS`", f"{DEADLINE_S:g} s each from its accept (`DEADLINE_S`",
                  f"{MAX_LOOKUPS} lookups in flight (`MAX_LOOKUPS`)"):
-        assert said in table, f"README's table no longer says {said!r} (or the code's constant changed)"
+        assert said in table, f"docs/reliability.md's table no longer says {said!r} (or the code's constant changed)"

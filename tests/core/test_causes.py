@@ -62,10 +62,10 @@ def test_the_per_cause_relaunch_facts_are_data_and_the_backoff_reads_them():
 
 
 def test_the_readme_table_is_generated_from_the_registry():
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "how-it-decides.md").read_text()
     begin, end = text.index(README_BEGIN) + len(README_BEGIN), text.index(README_END)
     assert text[begin:end].strip() == readme_table(), \
-        "run `python -m supervisor.core.causes` and paste the table into README.md"
+        "run `python -m supervisor.core.causes` and paste the table into docs/how-it-decides.md"
     for cause in Cause:
         assert f"| `{cause.value}` |" in readme_table()
 
