@@ -128,18 +128,18 @@ class _Counting:
         self.n = 0
         self.lock = threading.Lock()
 
-    def client(self, endpoint: str):  # type: ignore[no-untyped-def]
+    def client(self, endpoint: str):
         from supervisor.cluster.etcd import EtcdClient
 
         tally = self
 
         class Client(EtcdClient):
-            def _post(self, path, body):  # type: ignore[no-untyped-def]
+            def _post(self, path, body):
                 with tally.lock:
                     tally.n += 1
                 return super()._post(path, body)
 
-            def stream(self, path, body, idle_s):  # type: ignore[no-untyped-def]
+            def stream(self, path, body, idle_s):
                 with tally.lock:
                     tally.n += 1
                 return super().stream(path, body, idle_s)
@@ -329,7 +329,7 @@ def _scale_trial_one(tmp: Path, n: int, watch: bool = True, rest_s: float = 10.0
         with lock:
             events[event] += 1
 
-    def on_stop(node: str):  # type: ignore[no-untyped-def]
+    def on_stop(node: str):
         def stop(_req: object) -> None:  # the stand-in job stops at once
             with lock:
                 stops.setdefault(node, time.time())

@@ -93,7 +93,7 @@ def sample(pid: int, n: int = 20, every_s: float = 0.05) -> dict[str, float]:
     return {k: min(look[k] for look in looks) for k in looks[0]}
 
 
-def _wait(cond, timeout: float, what: str, proc: subprocess.Popen, err: Path) -> None:  # type: ignore[no-untyped-def]
+def _wait(cond, timeout: float, what: str, proc: subprocess.Popen, err: Path) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if proc.poll() is not None:

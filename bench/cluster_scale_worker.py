@@ -38,7 +38,7 @@ def say(obj: dict[str, object]) -> None:
         sys.stdout.flush()
 
 
-def main(spec: dict) -> None:  # type: ignore[type-arg]
+def main(spec: dict) -> None:
     from bench_cluster import _Counting
     from supervisor.cluster.agent import ClusterAgent
     from supervisor.cluster.coord import Rules
@@ -59,7 +59,7 @@ def main(spec: dict) -> None:  # type: ignore[type-arg]
         if event == "cluster_leader":  # who leads, when: a second one is worth a look
             print(f"{time.time():.3f} {msg}", file=sys.stderr, flush=True)
 
-    def on_stop(node: str):  # type: ignore[no-untyped-def]
+    def on_stop(node: str):
         def stop(_req: object) -> None:  # the stand-in job stops at once
             if not stopped[node].is_set():
                 say({"stop": node, "t": time.time()})

@@ -130,7 +130,7 @@ def pid_alive(pid: int) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _structlog_restored():  # type: ignore[no-untyped-def]
+def _structlog_restored():
     """A test that runs a CLI entry point in-process configures structlog onto that test's
     captured stream; later tests must not log into a closed file. A runner run in-process binds
     its run id into the context: later tests must not see it in their lines either."""
@@ -142,7 +142,7 @@ def _structlog_restored():  # type: ignore[no-untyped-def]
     structlog.contextvars.clear_contextvars()
 
 
-def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+def pytest_collection_modifyitems(config, items):
     """Under xdist, every worker's slice starts with its share of the heavy modules
     (tests/helpers/schedule.py: why, and where the costs come from)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
@@ -157,7 +157,7 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):  # type: ignore[no-untyped-def]
+def pytest_runtest_protocol(item, nextitem):
     """TSUP_TEST_CPU=FILE: append each test's CPU seconds (this process and the children it
     reaped: daemons, jobs, load tests) to FILE, to find what makes the suite CPU-bound; then its
     wall seconds, the xdist worker and the wall-clock start and end (to see which worker's tail

@@ -25,7 +25,7 @@ def loud(tmp: Path, name: str, stream: str, first: str, last: str, code: int = 0
     return str(exe)
 
 
-def peak_of(fn):  # type: ignore[no-untyped-def]
+def peak_of(fn):
     tracemalloc.start()
     try:
         value = fn()

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _mutations():  # type: ignore[no-untyped-def]
+def _mutations():
     spec = importlib.util.spec_from_file_location("tsup_mutants", ROOT / "scripts" / "mutants.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

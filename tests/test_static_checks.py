@@ -1,8 +1,10 @@
 """The type checker and the linter run with the suite, so `.ci/run` fails on a new error.
 
 mypy: every module at least checked (untyped bodies too), the pure core and the daemon's loop
-with every function typed (pyproject.toml [tool.mypy]). ruff: pyflakes, pycodestyle's errors and
-bugbear (pyproject.toml [tool.ruff]). No blanket ignores: an ignore names its error code.
+with every function typed (pyproject.toml [tool.mypy]); tests/ and bench/ at mypy's default level
+(typed functions checked, imports followed silently), an unused `type: ignore` an error there too.
+ruff: pyflakes, pycodestyle's errors, bugbear and unused `noqa` (pyproject.toml [tool.ruff]). No
+blanket ignores: an ignore names its error code.
 """
 from __future__ import annotations
 
@@ -18,6 +20,43 @@ def test_mypy_finds_no_error() -> None:
     cp = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(ROOT / ".mypy_cache")], cwd=ROOT,
                         capture_output=True, text=True, timeout=600)
     assert cp.returncode == 0, cp.stdout[-4000:] + cp.stderr[-2000:]
+
+
+# tests/ and bench/ files mypy still finds errors in (issue 36 part 7: mostly Optional results
+# indexed without a check, `object` from status dicts, lambdas it cannot infer). A file not listed
+# must be clean; a listed one that became clean must come off the list.
+TYPE_DEBT = frozenset({
+    "bench/bench_checkpoints.py", "bench/bench_cluster.py", "bench/bench_metricfiles.py", "bench/bench_overhead.py",
+    "bench/bench_reboot.py", "bench/bench_recovery.py", "tests/checkpoints/test_checkpoint_service.py",
+    "tests/checkpoints/test_warm_verifier.py", "tests/client/test_client.py", "tests/cluster/test_agent.py",
+    "tests/cluster/test_cluster_e2e.py", "tests/cluster/test_coord.py", "tests/cluster/test_forged_keys.py",
+    "tests/cluster/test_launch_mismatch_e2e.py", "tests/cluster/test_secure_cluster_e2e.py",
+    "tests/daemon/test_adapters.py", "tests/daemon/test_concernset.py", "tests/daemon/test_endweights.py",
+    "tests/daemon/test_exit_drain.py", "tests/daemon/test_launcher.py", "tests/daemon/test_recorder_status.py",
+    "tests/daemon/test_reload_input_errors.py", "tests/daemon/test_state_dir_retake.py", "tests/e2e/test_ddp_busy.py",
+    "tests/e2e/test_discovery_e2e.py", "tests/e2e/test_interval_e2e.py", "tests/e2e/test_metricfiles_e2e.py",
+    "tests/fakes.py", "tests/health/test_health_gpu.py", "tests/health/test_nvml_simulated.py",
+    "tests/helpers/fake_gpu_daemon.py", "tests/helpers/watch_sleeper_child.py", "tests/job/test_torchrunlog.py",
+    "tests/ledger/test_store.py", "tests/ledger/test_writeguard.py", "tests/systemd/test_real_systemd.py",
+    "tests/test_logsetup.py", "tests/trainer_scripts/filelog_train.py", "tests/trainer_scripts/lightning_default.py",
+    "tests/watch/test_generic_corpus.py", "tests/watch/test_gpu_error_corpus.py", "tests/watch/test_heartbeat.py",
+    "tests/watch/test_liveness.py", "tests/watch/test_liveness_notice.py", "tests/watch/test_logwatch_trainers.py",
+    "tests/watch/test_metricfiles.py", "tests/watch/test_metricfiles_found.py", "tests/watch/test_parsers_corpus.py",
+    "tests/watch/test_step_cadence.py", "tests/watch/test_tail.py", "tests/watch/test_tbevents.py",
+})  # 51 files
+
+
+def test_mypy_reads_tests_and_bench() -> None:
+    cp = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(ROOT / ".mypy_cache" / "tests-bench"),
+                         "--follow-imports=silent", "--no-check-untyped-defs", "--exclude", "^tests/corpus/",
+                         "tests", "bench"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert cp.returncode == 0 or (cp.returncode == 1 and ": error:" in cp.stdout), cp.stdout[-4000:] + cp.stderr
+    failing = {line.split(":", 1)[0] for line in cp.stdout.splitlines() if ": error:" in line}
+    new = sorted(failing - TYPE_DEBT)
+    assert not new, "mypy errors in " + ", ".join(new) + ":\n" + "\n".join(
+        line for line in cp.stdout.splitlines() if line.split(":", 1)[0] in new)[-4000:]
+    fixed = sorted(TYPE_DEBT - failing)
+    assert not fixed, f"clean now, take them off TYPE_DEBT: {fixed}"
 
 
 def test_ruff_finds_no_error() -> None:

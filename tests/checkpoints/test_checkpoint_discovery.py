@@ -9,7 +9,7 @@ from supervisor.checkpoints.discovery import Discovery, Layout, classify
 from tests.helpers import ckpt_factory as F
 
 
-def _by_name(cands):  # type: ignore[no-untyped-def]
+def _by_name(cands):
     return {c.path.name: (c.layout, c.step) for c in cands}
 
 

@@ -21,7 +21,7 @@ def sparse(path: Path, size: int, head: bytes = b"") -> Path:
     return path
 
 
-def peak(fn):  # type: ignore[no-untyped-def]
+def peak(fn):
     tracemalloc.start()
     try:
         value = fn()

@@ -24,7 +24,7 @@ def loud_python(tmp: Path, stream: str, tail: str, code: int) -> str:
     return str(exe)
 
 
-def run(tmp: Path, python: str):  # type: ignore[no-untyped-def]
+def run(tmp: Path, python: str):
     tracemalloc.start()
     try:
         res = run_load_test(LoadTestRequest(tmp / "ckpt.pt"), python=python, timeout_s=120)

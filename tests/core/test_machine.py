@@ -393,7 +393,7 @@ def test_repeats_climb_the_remedy_ladder_into_the_next_launch():
     assert dict(launch.remedy_env) == {"LR_SCALE": "0.5"}
 
 
-def test_the_remedies_in_force_are_one_value_from_the_ladders_to_the_launch_and_status():
+def test_the_remedies_in_force_are_one_value_from_the_ladders_to_the_launch_and_status() -> None:
     """Two causes' ladders merge into one frozen RemediesInForce: the launch gets all of it (the
     scale too) and status reads the same value (as_status, with the scale)."""
     s = Script(job={"command": ["python", "train.py", "--lr=0.001"]}, policy={"healthy_after_s": 600.0},

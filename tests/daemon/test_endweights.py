@@ -95,7 +95,7 @@ def test_the_end_events_reach_the_journal_with_their_verdict_and_weights_as_fiel
     assert by[EventName.RUN_UNWATCHED].message.startswith("finished, unwatched: the job exited 0 after 9.0 s")
 
 
-def test_the_wait_feeds_the_watchdog_and_stops_for_a_stop_signal_left_queued_in_order():
+def test_the_wait_feeds_the_watchdog_and_stops_for_a_stop_signal_left_queued_in_order() -> None:
     import queue
     import signal
 

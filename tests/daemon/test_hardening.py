@@ -112,7 +112,7 @@ def test_restart_from_an_unready_checkpoint_is_refused_with_reasons_unless_force
 
 
 class _NeedsCode:
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self):
         return (print, ("pickled code ran",))
 
 

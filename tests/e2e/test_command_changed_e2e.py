@@ -18,7 +18,7 @@ def _status(sd: Path) -> dict:
     from supervisor.ops.controlclient import request
 
     try:
-        return request(sd, "status", timeout=10.0)  # type: ignore[no-any-return]
+        return request(sd, "status", timeout=10.0)
     except (DaemonNotRunning, ControlError, OSError):
         return {}
 

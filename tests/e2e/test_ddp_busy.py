@@ -46,7 +46,7 @@ FLOOR_S, EVAL_S, LOOK_S = 5.0, 15.0, 3.0  # look_s is the default: not in the co
 SLACK_S = 2.0
 
 
-def _wrap(daemons, tmp: Path, *job_args: str):  # type: ignore[no-untyped-def]
+def _wrap(daemons, tmp: Path, *job_args: str):
     cfg = tmp / "tsup.toml"
     cfg.write_text(f"[heartbeat]\nlearn_floor_s = {FLOOR_S}\n")
     out = tmp / "out"
@@ -61,7 +61,7 @@ def _status(sd: Path) -> dict | None:
     """The running daemon's status over its control socket (what ``status --json`` prints), None
     while it does not answer. Asked from this process: a CLI process per poll cost ~0.2 s of CPU."""
     try:
-        return request(sd, "status", timeout=5.0)  # type: ignore[no-any-return]
+        return request(sd, "status", timeout=5.0)
     except (DaemonNotRunning, ControlError, OSError):
         return None
 

@@ -31,7 +31,7 @@ def status_of(sd: Path, d: Any) -> dict[str, Any] | None:
     when the daemon is gone."""
     assert d.proc.poll() is None, d.stderr()[-3000:]
     try:
-        return request(sd, "status", timeout=5.0)  # type: ignore[no-any-return]
+        return request(sd, "status", timeout=5.0)
     except (DaemonNotRunning, ControlError, OSError):
         return None
 

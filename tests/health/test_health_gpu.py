@@ -224,7 +224,7 @@ def test_blind_log_line_is_emitted_once(tmp_path: Path) -> None:
 
 def test_monitor_survives_backend_exceptions_then_goes_blind(tmp_path: Path) -> None:
     class Flaky(FakeBackend):
-        def memory(self, index: int):  # type: ignore[no-untyped-def]
+        def memory(self, index: int):
             raise RuntimeError("NVML_ERROR_UNKNOWN")
 
     clock = FakeClock()
@@ -258,7 +258,7 @@ def test_threaded_monitor_sees_events_from_a_real_clock_timeline(tmp_path: Path)
     assert got[0].details["code"] == 48 and got[0].suggested_action == Action.GIVE_UP
     snap = mon.snapshot()
     assert snap["device_count"] == 2 and snap["driver"] == "999.99.99-fake"
-    assert [d["uuid"] for d in snap["devices"]] == ["GPU-fake-0000", "GPU-fake-0001"]  # type: ignore[index]
+    assert [d["uuid"] for d in snap["devices"]] == ["GPU-fake-0000", "GPU-fake-0001"]
 
 
 def test_fake_loads_from_a_timeline_file(tmp_path: Path) -> None:

@@ -72,9 +72,9 @@ def main() -> int:
     data = json.loads(Path(timeline).read_text())
     if "simulated" in data:
         backend = simulated(data["simulated"])
-        health.make_backend = lambda _spec, **_kw: backend  # type: ignore[assignment]
+        health.make_backend = lambda _spec, **_kw: backend
     else:
-        health.make_backend = lambda _spec, **_kw: FakeBackend.from_file(timeline)  # type: ignore[assignment]
+        health.make_backend = lambda _spec, **_kw: FakeBackend.from_file(timeline)
     from supervisor.cli.main import main as cli_main
 
     return cli_main(sys.argv[2:])

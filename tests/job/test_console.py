@@ -87,7 +87,7 @@ def test_the_output_link_survives_any_exception_and_keeps_draining(tmp_path: Pat
             raise TypeError("not an OSError")
 
     fan = SinkFanout()
-    fan.add(Exploding())  # type: ignore[arg-type]
+    fan.add(Exploding())
     job = spawn(tmp_path, "import sys\nfor i in range(100000): print('line', i)", BadConsole(), fan)
     assert wait_exit(job) == 0
     assert job.pumps_done(30)

@@ -31,7 +31,7 @@ time.sleep(600)
 
 
 @pytest.fixture
-def tree(tmp_path: Path):  # type: ignore[no-untyped-def]
+def tree(tmp_path: Path):
     p = subprocess.Popen([PY, "-c", TREE, str(tmp_path)], start_new_session=True)
     try:
         def pids() -> set[int] | None:
@@ -45,7 +45,7 @@ def tree(tmp_path: Path):  # type: ignore[no-untyped-def]
         p.wait()
 
 
-def test_walk_finds_the_leaders_descendants_and_not_the_leader(tree) -> None:  # type: ignore[no-untyped-def]
+def test_walk_finds_the_leaders_descendants_and_not_the_leader(tree) -> None:
     leader, kids = tree
     found = walk(OsApi(), leader, (), frozenset({leader}))
     assert {r.pid for r in found} == kids
@@ -76,7 +76,7 @@ def test_walk_takes_orphans_with_the_attempts_marker_only(tmp_path: Path) -> Non
             p.wait()
 
 
-def test_the_walker_runs_off_the_callers_thread_and_hands_the_result_to_a_later_poll(tree) -> None:  # type: ignore[no-untyped-def]
+def test_the_walker_runs_off_the_callers_thread_and_hands_the_result_to_a_later_poll(tree) -> None:
     leader, kids = tree
     seen: list[str] = []
 
@@ -95,7 +95,7 @@ def test_the_walker_runs_off_the_callers_thread_and_hands_the_result_to_a_later_
         walker.close()
 
 
-def test_a_walk_that_fails_is_said_and_the_next_one_runs(tree, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_a_walk_that_fails_is_said_and_the_next_one_runs(tree, capsys) -> None:
     leader, kids = tree
     calls: list[int] = []
 

@@ -62,11 +62,12 @@ def test_an_extension_asks_at_least_stop_extend_s(listener):
     n.close()
 
 
-def test_the_status_line_goes_out_at_most_every_status_interval(listener):
+def test_the_status_line_goes_out_at_most_every_status_interval(listener) -> None:
     from supervisor.daemon.concerns import OpsConcern
 
     path, sock = listener
-    ops = OpsConcern(Notifier({"NOTIFY_SOCKET": path}), status_interval_s=5.0)
+    notifier = Notifier({"NOTIFY_SOCKET": path})
+    ops = OpsConcern(notifier, status_interval_s=5.0)
     states = iter(["starting", "running", "running", "stopping"])
 
     class View:
@@ -81,7 +82,7 @@ def test_the_status_line_goes_out_at_most_every_status_interval(listener):
     ops.tick(106.0)  # the interval passed: the changed line goes out
     second = recv(sock)["STATUS"]
     assert first != second
-    ops.notifier.close()
+    notifier.close()
 
 
 def test_reloading_carries_monotonic_usec(listener):

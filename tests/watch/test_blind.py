@@ -49,13 +49,13 @@ def test_logwatcher_books_each_source_that_yielded_records():
     lw, recs = _watcher(clock)
     lw.feed("stdout", ['{"step": 3, "loss": 2.5}', "hello"])
     lw.feed("stderr", [" 17%|█▋        | 5/30 [00:00<00:00, 49.08it/s]"])
-    st = {s["source"]: s for s in lw.status()["metric_sources"]}  # type: ignore[union-attr]
+    st = {s["source"]: s for s in lw.status()["metric_sources"]}
     assert st["stdout"]["formats"] == ["json"] and st["stdout"]["last_step"] == 3 and st["stdout"]["records"] == 1
     assert st["stderr"]["formats"] == ["progress"] and st["stderr"]["last_step"] == 5
     assert lw.status()["metrics_blind"] is None and lw.blind_notice(clock.t) is None
 
 
-def test_unknown_format_is_blind_after_the_line_bound_once_per_run_with_a_working_fix():
+def test_unknown_format_is_blind_after_the_line_bound_once_per_run_with_a_working_fix() -> None:
     clock = Clock()
     lw, recs = _watcher(clock, blind_after_lines=50, blind_after_s=0)
     lw.reset(0, None)

@@ -202,13 +202,13 @@ def test_a_real_blocked_process_and_a_sigstopped_one_are_hung_with_their_stacks(
     blocked = job("blocked")
     res = look(blocked.pid, tmp_path)
     assert not res.verdict.busy and res.verdict.states[blocked.pid] is ProcState.WAITING, res.verdict.reason
-    assert "os.read" in res.stacks_file.read_text() or "<module>" in res.stacks_file.read_text()  # type: ignore[union-attr]
+    assert "os.read" in res.stacks_file.read_text() or "<module>" in res.stacks_file.read_text()
     busy = job("busy")
     os.kill(busy.pid, signal.SIGSTOP)
     wait_for(lambda: open(f"/proc/{busy.pid}/stat").read().split(") ")[1][0] == "T", 5, what="the stop")
     res = look(busy.pid, tmp_path)
     assert not res.verdict.busy and res.verdict.states[busy.pid] is ProcState.STOPPED, res.verdict.reason
-    text = res.stacks_file.read_text()  # type: ignore[union-attr]
+    text = res.stacks_file.read_text()
     assert "evaluate" in text and "stopped" in text  # py-spy --nonblocking reads a stopped process
     os.kill(busy.pid, signal.SIGCONT)
 
@@ -217,7 +217,7 @@ def test_a_real_loop_on_one_line_is_busy_and_a_real_endless_call_is_a_spin(job, 
     one_line = job("one_line")
     res = look(one_line.pid, tmp_path)
     assert res.verdict.busy, res.verdict.reason
-    text = res.stacks_file.read_text()  # type: ignore[union-attr]
+    text = res.stacks_file.read_text()
     assert "evaluate" in text and "Locals" not in text  # the file: frames only
     spin = job("spin")
     res = look(spin.pid, tmp_path)

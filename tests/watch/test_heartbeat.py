@@ -271,7 +271,7 @@ def test_real_child_that_stops_heartbeating_is_hung(tmp_path: Path) -> None:
         on_disk = json.loads((hb / "heartbeat-rank0.json").read_text())
         assert d.step == on_disk["step"] and 0 <= d.step <= 29 and on_disk["pid"] == p.pid
         # Detected at the timeout, not long after it (a margin a loaded machine meets).
-        assert 1.0 <= d.details["age_s"] < 6.0  # type: ignore[operator]  (rounded: may equal the timeout)
+        assert 1.0 <= d.details["age_s"] < 6.0  # type: ignore[operator]  # rounded: may equal the timeout
         # The client's metric reports came through the metrics tailer.
         wait_for(lambda: len(sink.lines) >= 30, 5, what="metric lines")
         src, first = sink.lines[0]

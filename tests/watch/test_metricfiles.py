@@ -295,11 +295,11 @@ def test_a_checkpoint_dir_found_while_running_is_searched_too(tmp_path: Path) ->
     concern = WatchConcern()
     concern.logwatch = w.lw
     concern.metric_files = metric_files_monitor(cfg, tmp_path / "sd", w.lw)
-    concern.daemon = SimpleNamespace(cfg=cfg, event=lambda *a, **k: None, refresh_status_cache=lambda: {})  # type: ignore[assignment]
+    concern.daemon = SimpleNamespace(cfg=cfg, event=lambda *a, **k: None, refresh_status_cache=lambda: {})
     concern.metric_files.baseline()
     concern.tick(1.0)
     assert concern.metric_files.roots == (str(wd.resolve()),)
-    concern.daemon.cfg = config_from_table({"job": {"command": ["true"], "workdir": str(wd)},  # type: ignore[union-attr]
+    concern.daemon.cfg = config_from_table({"job": {"command": ["true"], "workdir": str(wd)},
                                             "checkpoints": {"dir": str(out)}})
     concern.tick(2.0)
     assert concern.metric_files.roots == (str(wd.resolve()), str(out.resolve()))
