@@ -79,10 +79,11 @@ class ProcessLauncher:
         if spec.cgroup and job.cgroup is None:
             self._cgroup_parent = None  # it failed (and said why): not tried, nor said, at every launch
         if self.prewarm is not None:
-            outcome = str(job.prewarm)
+            outcome, note = str(job.prewarm), getattr(job.prewarm, "note", "")
             log.info("prewarm_outcome", attempt=spec.env.get("TSUP_ATTEMPT"), outcome=outcome,
-                     message="the attempt started in the standby interpreter, its imports done" if outcome == "used"
-                     else f"the attempt started cold ({outcome[6:]})")
+                     message=(f"the attempt started cold ({outcome[6:]})" if outcome != "used"
+                              else "the attempt started in the standby interpreter, its imports done"
+                              + (f"; its command line is the standby's: {note}" if note else "")))
             self.note(spec, {"prewarm": outcome})
             self.prewarm.after_launch(spec, self._cgroup_parent if spec.cgroup else None)
         return job

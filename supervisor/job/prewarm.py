@@ -32,6 +32,7 @@ from typing import Mapping, Sequence
 
 import structlog
 
+from .argvarea import padding
 from .cgroup import JobCgroup, stop_and_remove
 from .process import LaunchSpec, enter_cgroup, popen_job
 
@@ -61,6 +62,11 @@ class Plan:
     target: str  # the script's path (as given) or the module's name
     args: tuple[str, ...]  # after the script or module
 
+    def argv(self) -> list[str]:
+        """The command this plan runs (the attempt's, as planned)."""
+        main = [self.target] if self.kind == "script" else ["-m", self.target]
+        return [self.python, *self.options, *main, *self.args]
+
     def exclude(self, cwd: str) -> list[str]:
         """The job's own folders: nothing found there is preloaded."""
         dirs = [cwd]
@@ -75,6 +81,7 @@ class Outcome:
 
     used: bool
     reason: str = ""
+    note: str = ""  # used, but its command line is still the standby's: why (argvarea.py)
 
     def __str__(self) -> str:
         return "used" if self.used else f"cold: {self.reason}"
@@ -153,11 +160,14 @@ class Standby:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = ours
         conf = json.dumps({"follow": follow, "exclude": plan_.exclude(cwd), "nice": nice})
+        cmd = [plan_.python, *plan_.options, RUNNER, str(theirs.fileno()), conf]
+        room = padding(plan_.argv(), cmd)  # room in its argv area for the job's command line
+        self.note = ""
         own_fd = cgroup.procs_fd() if cgroup is not None else -1
         procs_fd = own_fd if own_fd >= 0 else procs_fd
         try:
             self.popen: subprocess.Popen[bytes] = subprocess.Popen(
-                [plan_.python, *plan_.options, RUNNER, str(theirs.fileno()), conf], cwd=cwd, env=self.env,
+                cmd + [room] if room else cmd, cwd=cwd, env=self.env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True, pass_fds=(theirs.fileno(),),
                 preexec_fn=(lambda: enter_cgroup(procs_fd)) if procs_fd >= 0 else None)
@@ -215,7 +225,8 @@ class Standby:
         finally:
             self.sock.close()
         text = reply.decode("utf-8", "replace").strip()
-        if text == "ok":
+        if text == "ok" or text.startswith("ok "):
+            self.note = text[3:]  # it runs the job; "ok <why>": under the standby's command line
             return None
         self.kill()
         if text.startswith("refuse "):
@@ -332,7 +343,7 @@ class Prewarm:
             else:
                 failed = sb.hand_over(p, spec.argv, spec.env, spec.cwd, out_w, err_w, log_path)
                 if failed is None:
-                    return sb.popen, Outcome(True)
+                    return sb.popen, Outcome(True, note=sb.note)
                 why = failed
         if p is not None:
             try:

@@ -3,9 +3,12 @@ started with the job's options, environment and working directory, that imports 
 previous attempt imported and then waits for one request: the next attempt's argv, environment,
 working directory and its stdout/stderr (passed as file descriptors). It then runs the job's
 script (``runpy.run_path``) or module (``runpy.run_module``) as ``__main__`` and exits with the
-job's exit status, as ``python script.py`` would.
+job's exit status, as ``python script.py`` would. Before it runs the job it takes the job's
+command line (``argvarea.py``, loaded by path): /proc/PID/cmdline, and so ps, ``pgrep -f``, py-spy
+and a scheduler's epilog, show the job's argv, and ``sys.orig_argv`` is the cold start's.
 
-Run by path, never as a package module: ``PYTHON [job's options] standby.py SOCK_FD CONFIG_JSON``.
+Run by path, never as a package module: ``PYTHON [job's options] standby.py SOCK_FD CONFIG_JSON
+[ROOM]`` (ROOM: spaces, so that the argv area can hold the job's command line: argvarea.py).
 Standard library only, and nothing of the supervisor: the job's Python need not have the
 supervisor installed, and what is imported here is imported into the job.
 
@@ -47,6 +50,8 @@ import traceback
 
 TYPE_CHECKING = False  # typing itself is not imported: the standby's imports are the job's
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from .codeseen import CodeSeen
 
 HEAD = struct.Struct("!I")  # the request's JSON length
@@ -64,16 +69,20 @@ class Stale(Refused):
     """What this standby imported changed on disk: the reason is the attempt's, as it is."""
 
 
-def load_codeseen() -> "CodeSeen":
-    """A :class:`CodeSeen` of ``codeseen.py`` in this folder, loaded by path and never put in
-    sys.modules: this folder is not on the job's path, and the job's sys.modules holds only what
-    it imports itself."""
-    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "codeseen.py")
-    spec = importlib.util.spec_from_file_location("_tsup_standby_codeseen", path)
+def load_sibling(name: str) -> "ModuleType":
+    """``name``.py of this folder, loaded by path and never put in sys.modules: this folder is not
+    on the job's path, and the job's sys.modules holds only what it imports itself."""
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_tsup_standby_{name}", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.CodeSeen()
+    return mod
+
+
+def load_codeseen() -> "CodeSeen":
+    """A :class:`CodeSeen` of ``codeseen.py``, loaded by path."""
+    return load_sibling("codeseen").CodeSeen()
 
 
 # -- the module list ------------------------------------------------------------------------
@@ -291,6 +300,8 @@ def run_job(req: dict, kind: str, target: str) -> int:
     else:
         _set_sys_path0(os.getcwd())
         sys.argv = ["-m", *argv]  # run_module(alter_sys=True) puts the module's file first, as -m does
+    if hasattr(sys, "orig_argv") and req.get("argv"):  # 3.10+: the command as a cold start was given it
+        sys.orig_argv = [str(a) for a in req["argv"]]
     try:
         if kind == "script":
             run_script(target)
@@ -381,7 +392,10 @@ def main(args: list[str]) -> int:
     except Refused as e:
         sock.sendall(f"{'stale' if isinstance(e, Stale) else 'refuse'} {e}\n".encode())
         return 0
-    sock.sendall(b"ok\n")
+    # The job's own command line for ps, pgrep -f and py-spy (argvarea.py), before the daemon
+    # hears "ok": from the launch on, the attempt is found by its argv. A failure is said, not fatal.
+    shown = load_sibling("argvarea").show(req["argv"]) if req.get("argv") else "the request has no argv"
+    sock.sendall(b"ok\n" if shown is None else f"ok {shown}\n".encode())
     sock.close()
     os.dup2(fds[0], 1)
     os.dup2(fds[1], 2)
