@@ -93,3 +93,57 @@ def test_no_module_over_the_size_bound():
     over = {str(p.relative_to(PKG.parent)): n for p in PKG.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not over, f"modules over {MAX_LINES} lines (split each by concern): {over}"
+
+
+# The folders of the concerns around the core (issue 36: the layering at package level).
+CONCERNS = ("watch", "checkpoints", "health", "ops", "cluster", "job", "daemon", "cli", "report")
+# Known crossings, each to be removed by the change named; a new one fails, and so does one that is gone
+# (take it off). config.model gathers each concern's config table, so the core reaches them through it.
+KNOWN_LAYER_CROSSINGS = {
+    ("supervisor.job.launch", "supervisor.daemon.ports"): "issue 36 (prepare_launch moves to daemon/)",
+    ("supervisor.config.model", "supervisor.checkpoints.config"): "issue 36 (the schema types the core needs)",
+    ("supervisor.config.model", "supervisor.cluster.config"): "issue 36 (the schema types the core needs)",
+    ("supervisor.config.model", "supervisor.health.config"): "issue 36 (the schema types the core needs)",
+    ("supervisor.config.model", "supervisor.ops.config"): "issue 36 (the schema types the core needs)",
+    ("supervisor.config.model", "supervisor.watch.config"): "issue 36 (the schema types the core needs)",
+}
+
+
+def _folder(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_crossings(g: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Imports that break the layering: job/ -> daemon/, and any import into a concern folder
+    from a module the core reaches (the core's own, or through a module outside the concerns)."""
+    out = {(n, d) for n in g if _folder(n) == "job" for d in g[n] if _folder(d) == "daemon"}
+    seen: set[str] = set()
+    todo = [n for n in g if _folder(n) == "core"]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for d in g[n]:
+            if _folder(d) in CONCERNS:
+                out.add((n, d))
+            else:
+                todo.append(d)
+    return out
+
+
+def test_job_does_not_import_daemon_and_core_reaches_no_concern():
+    found = layer_crossings(graph())
+    new = sorted(found - set(KNOWN_LAYER_CROSSINGS))
+    assert not new, f"imports across the layers (job/ -> daemon/, core/ -> {'/'.join(CONCERNS)}): {new}"
+    gone = sorted(set(KNOWN_LAYER_CROSSINGS) - found)
+    assert not gone, f"fixed: take them off KNOWN_LAYER_CROSSINGS: {gone}"
+
+
+def test_the_layer_check_sees_a_crossing_through_a_leaf():
+    g = {"supervisor.core.policy": {"supervisor.events"}, "supervisor.events": {"supervisor.watch.config"},
+         "supervisor.watch.config": {"supervisor.daemon.ports"}, "supervisor.job.launch": {"supervisor.daemon.ports"},
+         "supervisor.daemon.ports": set(), "supervisor.cli.main": {"supervisor.daemon.ports"}}
+    assert layer_crossings(g) == {("supervisor.events", "supervisor.watch.config"),
+                                  ("supervisor.job.launch", "supervisor.daemon.ports")}
