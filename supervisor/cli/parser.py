@@ -16,7 +16,7 @@ exit status:
   1    a client verb failed: no daemon runs for that state dir, the request was refused, a
        --wait timed out
   2    bad usage or config (every problem printed with its key path), or supervisord's
-       `supervisor` package in this environment (see README: installs); run/wrap: another
+       `supervisor` package in this environment (see docs/configuration.md: installs); run/wrap: another
        daemon (its pid named) already holds the state dir, the state dir is another user's, or
        its ledger is corrupt or was written by a newer version
   3    run/wrap: gave up (restart budget spent, no progress, a fault that needs a human; the last

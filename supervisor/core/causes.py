@@ -2,11 +2,11 @@
 
 The policy reads the default action and whether a failure spends the restart budget, the state
 machine reads how to stop the job and whether the next attempts get diagnostics, and the docs
-(``config.example.toml``, the README table) are written from the doc lines. A new cause is a
+(``config.example.toml``, the table in docs/how-it-decides.md) are written from the doc lines. A new cause is a
 member of :class:`Cause`, its :class:`CauseSpec` in :data:`CAUSES` (the import fails if one is
 missing), and the detector that emits it (``docs/DEVELOPING.md`` has the steps).
 
-    python -m supervisor.core.causes     # prints the README table
+    python -m supervisor.core.causes     # prints the table of docs/how-it-decides.md
 
 Cause and action names are stable contracts: they appear in logs, the ledger, ``status`` and
 config keys (``[on.<cause>]``).
@@ -180,8 +180,8 @@ class StopStyle(StrEnum):
 class CauseSpec:
     cause: Cause
     default: Action  # the action unless [on.<cause>] action says otherwise
-    doc: str  # one line: what the cause means (config docs, README)
-    note: str = ""  # what the default does beyond its name (README "default" column)
+    doc: str  # one line: what the cause means (config docs, docs/how-it-decides.md)
+    note: str = ""  # what the default does beyond its name (the causes table's "default" column)
     counted: bool = True  # spends the restart budget and books the attempt against its checkpoint
     stop: StopStyle = StopStyle.CONFIGURED
     diagnostics: bool = False  # the following attempts get validation.diagnostics_env
@@ -263,7 +263,7 @@ README_END = "<!-- end of causes table -->"
 
 
 def readme_table() -> str:
-    """The README's table of causes and their defaults."""
+    """The table of causes and their defaults (docs/how-it-decides.md)."""
     rows = ["| cause | default | what it is |", "|---|---|---|"]
     rows += [f"| `{s.cause.value}` | {s.default_text()} | {s.doc} |" for s in CAUSES.values()]
     return "\n".join(rows)

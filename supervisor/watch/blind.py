@@ -113,7 +113,7 @@ def fix_lines(regex: str | None, *, user_regexes: int, written: Sequence[Written
              for w in written if w.kind != "text"]
     if other:
         out.append(f"it also writes {', '.join(other[:3])}: metrics kept only there are not watched")
-    out.append("or report them from the script with supervisor.client (README: the client library)")
+    out.append("or report them from the script with supervisor.client (docs/jobs.md: the client library)")
     return out
 
 

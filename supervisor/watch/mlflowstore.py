@@ -13,7 +13,7 @@ local stores, in the job's working directory by default:
   ``<timestamp ms> <value> <step>``. Read by :mod:`.metricfiles` like any growing file; this
   module turns its lines into records.
 
-Bounds (README "Reliability"): a read takes at most :data:`DB_ROWS_PER_READ` rows and
+Bounds (docs/reliability.md, "Input budgets"): a read takes at most :data:`DB_ROWS_PER_READ` rows and
 :data:`DB_READ_BUDGET_S` seconds of SQLite work (a progress handler interrupts the statement), a key
 is cut to :data:`KEY_CHARS` characters in SQL (SQLite does not enforce ``VARCHAR(250)``), and a
 file-store line over :data:`LINE_CHARS` is skipped. A file that is no SQLite database, a store
