@@ -1,5 +1,5 @@
 """Strict JSON everywhere (issue 23, Build 8): no bare NaN / Infinity in anything the project
-writes; a non-finite number is the string "NaN", "Infinity" or "-Infinity" (README, "Machine-readable
+writes; a non-finite number is the string "NaN", "Infinity" or "-Infinity" (docs/configuration.md, "Machine-readable
 output"), so a NaN loss stays visible and a browser's JSON.parse reads the document."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The live page's listener and document under hostile input (issue 37 part 9; README "Input
-budgets"), real HTTP on 127.0.0.1: a huge request line, a crowd of slow clients, a client that
+"""The live page's listener and document under hostile input (issue 37 part 9; docs/reliability.md,
+"Input budgets"), real HTTP on 127.0.0.1: a huge request line, a crowd of slow clients, a client that
 trickles its request or never reads its reply, paths outside the page, methods other than GET, a
 Host naming another site; the document bounded and masked; a non-loopback address refused by the
 config unless allowed."""
