@@ -2,7 +2,12 @@
 
 Each mutation below replaces one exact snippet of the committed tree (``git archive HEAD``) in a
 temporary copy; the fast suite (``-m "not slow and not systemd"``) then runs there with ``-x``,
-the tests most likely to notice first. A mutation is *caught* when a test fails, *missed* when
+the tests most likely to notice first. It runs as CI runs it (``scripts/test``): no PYTHONPATH, in
+a virtual environment where the copy is the editable install of the package (the project venv's
+own editable finder, pointed at the copy) and its console scripts are first on PATH, the
+dependencies those of the project venv (a path entry), so every process a test starts (``python
+-m supervisor``, ``transformer-supervisor``, a job importing the client) runs the mutated code,
+and nothing passes or fails only because the harness set the environment up differently. A mutation is *caught* when a test fails, *missed* when
 the fast suite passes: a missed mutation is a hole in the tests. A snippet that no longer matches
 exactly once is *stale*: the code moved; update the mutation (the script exits 1 for missed and
 stale ones).
@@ -19,8 +24,10 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+import venv
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,8 +220,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("stale GPU events delivered to the next attempt", "supervisor/health/gpumonitor.py",
              'self._safely(lambda: drain_stale(self._backend), "events")', "pass",
              ("tests/health/test_gpu_devices.py",)),
-    Mutation("an Xid of a GPU the job does not use is acted on", "supervisor/health/gpuevents.py",
-             "    if not sel.watches(ev.index):", "    if False:", ("tests/health/test_gpu_e2e.py",)),
+    Mutation("an Xid of another GPU, slice or process is acted on", "supervisor/health/gpumonitor.py",
+             "why = foreign(ev, info, self._sel, self._readings, self._job_pids)", "why = None",
+             ("tests/health/test_gpu_devices.py", "tests/health/test_gpu_e2e.py")),
     Mutation("one GPU NVML refuses to read crashes the gate", "supervisor/health/gate.py",
              "        except GpuDeviceError as exc:  # this device alone", "        except GpuLostError as exc:",
              ("tests/health/test_nvml_simulated.py",)),
@@ -228,10 +236,44 @@ def _copy_tree(dest: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
-def _pytest(tree: Path, args: list[str], timeout: float) -> tuple[int, str]:
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+def ci_env(tree: Path, where: Path) -> tuple[Path, dict[str, str]]:
+    """A venv at ``where`` in which ``tree`` is the editable install (see the module docstring);
+    its python and the environment to run the suite with."""
+    own_site = Path(sysconfig.get_paths()["purelib"])
+    finders = sorted(own_site.glob("__editable___transformer_supervisor_*_finder.py"))
+    if not finders:
+        raise SystemExit(f"no editable install of the package in {sys.prefix}: run ./scripts/test once "
+                         "(scripts/_venv.sh makes one)")
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(where)
+    py, bindir = where / "bin" / "python", where / "bin"
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    finder = finders[-1].read_text().replace(repr(str(ROOT / "supervisor"))[:-1], repr(str(tree / "supervisor"))[:-1])
+    (site / "__editable___tsup_mutant_finder.py").write_text(finder)
+    (site / "__editable__.tsup_mutant.pth").write_text(
+        "import __editable___tsup_mutant_finder; __editable___tsup_mutant_finder.install()\n")
+    (site / "zz_deps.pth").write_text(f"{own_site}\n")  # after the venv's own: the dependencies
+    own_bin = Path(sys.executable).parent
+    for tool in own_bin.iterdir():  # the console scripts, on the mutant's python
+        dest = bindir / tool.name
+        if dest.exists() or tool.name.startswith(("python", "activate", "Activate")):
+            continue
+        head = tool.read_bytes()[:256] if tool.is_file() else b""
+        if head.startswith(b"#!") and b"python" in head.split(b"\n", 1)[0]:
+            dest.write_bytes(b"#!" + bytes(py) + b"\n" + tool.read_bytes().split(b"\n", 1)[1])
+            dest.chmod(0o755)
+        else:
+            dest.symlink_to(tool)  # a binary (py-spy)
+    path = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if Path(p) != own_bin]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # scripts/test's: its venv first on PATH, bytecode written (the tests' rewritten asserts cached).
+    env.update(PATH=os.pathsep.join([str(bindir), *path]), VIRTUAL_ENV=str(where), PYTHONDONTWRITEBYTECODE="")
+    return py, env
+
+
+def _pytest(tree: Path, py: Path, env: dict[str, str], args: list[str], timeout: float) -> tuple[int, str]:
     try:
-        cp = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+        cp = subprocess.run([str(py), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
                              "-m", "not slow and not systemd", *args], cwd=tree, env=env,
                             capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -244,10 +286,14 @@ def _first_failure(out: str) -> str:
     return m.group(1) if m else "(the run failed without naming a test)"
 
 
-def run(mutation: Mutation, base: Path) -> tuple[str, str, float]:
+def run(mutation: Mutation, base: Path, suite: tuple[str, ...] = ()) -> tuple[str, str, float]:
+    """caught, missed or stale, with the failing test or why, and the seconds taken. ``suite``:
+    the test files run after the hints (default: the whole fast suite); none past the hints when
+    it is the hints themselves."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mutant-", dir=base) as d:
-        tree = Path(d)
+        tree = Path(d) / "tree"
+        tree.mkdir()
         _copy_tree(tree)
         target = tree / mutation.path
         if not target.exists():
@@ -256,15 +302,17 @@ def run(mutation: Mutation, base: Path) -> tuple[str, str, float]:
         if text.count(mutation.old) != 1:
             return "stale", f"the snippet occurs {text.count(mutation.old)} times in {mutation.path}", 0.0
         target.write_text(text.replace(mutation.old, mutation.new))
-        hint = [h for h in mutation.hint if (tree / h).exists()]
+        py, env = ci_env(tree, Path(d) / "venv")
+        hint = [h for h in mutation.hint if (tree / h.partition("::")[0]).exists()]
         if hint:
-            rc, out = _pytest(tree, hint, 600)
+            rc, out = _pytest(tree, py, env, hint, 600)
             if rc not in (0, 5):
                 return "caught", _first_failure(out), time.monotonic() - t0
-        rc, out = _pytest(tree, [], 1200)
-        if rc not in (0, 5):
-            return "caught", _first_failure(out), time.monotonic() - t0
-        return "missed", "the fast suite passed", time.monotonic() - t0
+        if not suite or list(suite) != hint:
+            rc, out = _pytest(tree, py, env, list(suite), 1200)
+            if rc not in (0, 5):
+                return "caught", _first_failure(out), time.monotonic() - t0
+        return "missed", f"{'the fast suite' if not suite else ' '.join(suite)} passed", time.monotonic() - t0
 
 
 def main(argv: list[str]) -> int:
