@@ -7,8 +7,9 @@ a virtual environment where the copy is the editable install of the package (the
 own editable finder, pointed at the copy) and its console scripts are first on PATH, the
 dependencies those of the project venv (a path entry), so every process a test starts (``python
 -m supervisor``, ``transformer-supervisor``, a job importing the client) runs the mutated code,
-and nothing passes or fails only because the harness set the environment up differently. A mutation is *caught* when a test fails, *missed* when
-the fast suite passes: a missed mutation is a hole in the tests. A snippet that no longer matches
+and nothing passes or fails only because the harness set the environment up differently. A
+mutation is *caught* when a test fails, *missed* when the fast suite passes: a missed mutation is
+a hole in the tests. A snippet that no longer matches
 exactly once is *stale*: the code moved; update the mutation (the script exits 1 for missed and
 stale ones).
 
