@@ -208,10 +208,44 @@ def test_safetensors(path: str, req: dict[str, Any], res: dict[str, Any]) -> Non
         res["nonfinite"] = nonfinite_tensors(load_file(path, device="cpu"))
 
 
-def test_dcp(path: str, req: dict[str, Any], res: dict[str, Any]) -> None:
+# DCP's .metadata: its reader loads it with a plain pickle.load, which calls whatever it names, and
+# this process runs as the daemon's user (under any verify mode, before any scan). So it is read
+# through an allowlist: DCP's own data classes and the names torch's weights_only load accepts
+# here (sizes, dtypes, layouts); any other name is refused before it is imported or called.
+DCP_NAMES = {("torch.distributed.checkpoint.metadata", n) for n in (
+    "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+    "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict")}
+
+
+def read_dcp_metadata(path: str, trust: bool, notes: list[str]) -> Any:
+    import pickle
+
+    import torch
+
+    class Allowlisted(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if (module, name) in DCP_NAMES or (module == "torch" and name.isidentifier() and isinstance(
+                    getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format))):
+                return super().find_class(module, name)
+            raise NeedsPickle(f"Unsupported global: {module}.{name} in .metadata (DCP's reader would call it: "
+                              "pickle.load, no weights_only)")
+
+    try:
+        with open(os.path.join(path, ".metadata"), "rb") as f:
+            return Allowlisted(f).load()
+    except NeedsPickle:
+        if not trust:
+            raise
     from torch.distributed.checkpoint import FileSystemReader
 
-    md = FileSystemReader(path).read_metadata()
+    notes.append(".metadata: loaded with a plain pickle.load (trust_pickles)")
+    return FileSystemReader(path).read_metadata()
+
+
+def test_dcp(path: str, req: dict[str, Any], res: dict[str, Any]) -> None:
+    md = read_dcp_metadata(path, bool(req.get("trust_pickles")), res["notes"])
     res["keys"] = sorted({str(k).split(".")[0] for k in md.state_dict_metadata})
     # Every byte range the metadata names must exist: catches a rank's file missing or truncated.
     sizes: dict[str, int] = {}
