@@ -133,9 +133,10 @@ def wanted(configured: Sequence[str], env: Mapping[str, str]) -> tuple[list[str]
     return None, None, "all GPUs (no CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES or gpu.devices)"
 
 
-def resolve(backend: GpuBackend, configured: Sequence[str], env: Mapping[str, str]) -> Selection:
+def resolve(backend: GpuBackend, configured: Sequence[str], env: Mapping[str, str], *, say: bool = True) -> Selection:
     """The job's devices on ``backend`` (initialised). Never raises for one device's trouble: an
-    entry that matches nothing is kept in ``unresolved`` (said, and the gate counts it missing)."""
+    entry that matches nothing is kept in ``unresolved`` (said, and the gate warns of it). ``say``:
+    log ``gpu_devices_resolved`` (the monitor, once per start; the gate records them in its verdict)."""
     base_spec, spec, source = wanted(configured, env)
     count = backend.device_count()
     uuids: dict[int, str] = {}
@@ -167,9 +168,10 @@ def resolve(backend: GpuBackend, configured: Sequence[str], env: Mapping[str, st
         notes.append("CUDA_VISIBLE_DEVICES gives ordinals and CUDA_DEVICE_ORDER is not PCI_BUS_ID on a node of "
                      "mixed GPUs: CUDA may number them differently from NVML; give UUIDs to be sure")
     sel = Selection(tuple(devices), False, source, tuple(unresolved), tuple(notes))
-    log.info("gpu_devices_resolved", source=source, devices=[sel.label(d.index) for d in devices],
-             unresolved=unresolved or None, notes=notes or None,
-             next="the gate, the monitor and the events look at these GPUs only")
+    if say:
+        log.info("gpu_devices_resolved", source=source, devices=[sel.label(d.index) for d in devices],
+                 unresolved=unresolved or None, notes=notes or None,
+                 next="the gate, the monitor and the events look at these GPUs only")
     return sel
 
 

@@ -103,7 +103,7 @@ def run_gate(backend: GpuBackend, cfg: GpuConfig, previous_pids: Collection[int]
         if expected is not None and count < expected:
             failures.append((GateCheck.GPU_COUNT,
                              f"only {count} of {expected} expected GPUs are visible: drain or reset this node"))
-        sel = resolve(backend, cfg.devices, env or {})
+        sel = resolve(backend, cfg.devices, env or {}, say=False)  # in the verdict's details
         mine = [i for i in range(count) if sel.watches(i)]
         details["job_devices"] = sel.to_dict()
         warnings += [f"{sel.source} names {e!r}, which is not a GPU this node's NVML sees: not checked"
