@@ -1,0 +1,43 @@
+"""The precursor watch's action, fast (issue 38 part 6): a grad-norm ramp in the job's output
+makes the daemon send the job its checkpoint signal, once, with the reason as an event; a healthy
+run's noise sends nothing. The real runner and log watcher on fakes; the slow e2e
+(tests/e2e/test_precursor_e2e.py) shows the rollback landing near the onset."""
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from supervisor.daemon.precursors import PrecursorConcern
+from tests.fakes import Daemon, close_all, config, daemon, step_line
+
+
+@pytest.fixture
+def watched(tmp_path: Path) -> Iterator[tuple[Daemon, PrecursorConcern]]:
+    concern = PrecursorConcern()
+    cfg = config(tmp_path, detectors={"precursor": {"warmup_steps": 20, "min_points": 10}})
+    d = daemon(tmp_path, cfg, concerns=[concern])
+    try:
+        yield d, concern
+    finally:
+        close_all()
+
+
+def _steps(d: Daemon, grads: list[float], first: int) -> None:
+    for i, g in enumerate(grads):
+        d.lines(step_line(first + i, 2.0 - 0.001 * i, g))
+    d.step(3)  # the metrics reach the concerns, and the request the loop
+
+
+def test_a_grad_norm_ramp_sends_the_job_its_checkpoint_signal_once(watched: tuple[Daemon, PrecursorConcern]):
+    d, concern = watched
+    job = d.launcher.job
+    _steps(d, [1.0 + 0.01 * (s % 7) for s in range(60)], 1)
+    assert job.signals == [] and concern.status() == {"precursor_checkpoints": 0}
+    _steps(d, [2.0 ** k for k in range(1, 9)], 61)  # the ramp before a divergence
+    assert job.signals.count(signal.SIGUSR1) == 1, job.signals  # checkpoint-now, rate-limited to one
+    assert concern.status() == {"precursor_checkpoints": 1}
+    [ev] = d.ledger.named("divergence_precursor")
+    assert "asking the job for a checkpoint now" in ev["message"] and ev["data"]["kind"] == "grad_norm_ramp"
