@@ -36,14 +36,14 @@ TYPE_DEBT = frozenset({
     "tests/daemon/test_reload_input_errors.py", "tests/daemon/test_state_dir_retake.py", "tests/e2e/test_ddp_busy.py",
     "tests/e2e/test_discovery_e2e.py", "tests/e2e/test_interval_e2e.py", "tests/e2e/test_metricfiles_e2e.py",
     "tests/fakes.py", "tests/health/test_health_gpu.py", "tests/health/test_nvml_simulated.py",
-    "tests/helpers/fake_gpu_daemon.py", "tests/helpers/watch_sleeper_child.py", "tests/job/test_torchrunlog.py",
+    "tests/helpers/watch_sleeper_child.py", "tests/job/test_torchrunlog.py",
     "tests/ledger/test_store.py", "tests/ledger/test_writeguard.py", "tests/systemd/test_real_systemd.py",
     "tests/test_logsetup.py", "tests/trainer_scripts/filelog_train.py", "tests/trainer_scripts/lightning_default.py",
     "tests/watch/test_generic_corpus.py", "tests/watch/test_gpu_error_corpus.py", "tests/watch/test_heartbeat.py",
     "tests/watch/test_liveness.py", "tests/watch/test_liveness_notice.py", "tests/watch/test_logwatch_trainers.py",
     "tests/watch/test_metricfiles.py", "tests/watch/test_metricfiles_found.py", "tests/watch/test_parsers_corpus.py",
     "tests/watch/test_step_cadence.py", "tests/watch/test_tail.py", "tests/watch/test_tbevents.py",
-})  # 51 files
+})  # 50 files
 
 
 def test_mypy_reads_tests_and_bench() -> None:

@@ -40,7 +40,8 @@ def simulated(spec: dict[str, Any]) -> Any:
     from tests.helpers.nvml_clib import SimGpu, SimMig, SimNode, simulated_pynvml
 
     def gpu(d: dict[str, Any]) -> SimGpu:
-        kw = {k: (ERRORS[v] if k.endswith("_error") and isinstance(v, str) else v) for k, v in d.items()}
+        kw: dict[str, Any] = {k: (ERRORS[v] if k.endswith("_error") and isinstance(v, str) else v)
+                              for k, v in d.items()}
         kw["migs"] = [SimMig(**m) for m in d.get("migs", [])]
         kw["procs"] = {int(p): int(b) for p, b in d.get("procs", {}).items()}
         return SimGpu(**kw)
