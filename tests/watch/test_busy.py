@@ -161,9 +161,11 @@ JOBS = {
     # Blocked in a read that never returns: a rank waiting for a dead peer.
     "blocked": """
         import os
+        def wait_for_peer(r):
+            return os.read(r, 1)
         r, w = os.pipe()
         print("ready", flush=True)
-        os.read(r, 1)
+        wait_for_peer(r)
     """,
 }
 
@@ -202,7 +204,17 @@ def test_a_real_blocked_process_and_a_sigstopped_one_are_hung_with_their_stacks(
     blocked = job("blocked")
     res = look(blocked.pid, tmp_path)
     assert not res.verdict.busy and res.verdict.states[blocked.pid] is ProcState.WAITING, res.verdict.reason
-    assert "os.read" in res.stacks_file.read_text() or "<module>" in res.stacks_file.read_text()
+    # Its own stack, as py-spy reads it: the function blocked at the read's line, called from the
+    # script's last line, the same in every sample (not just any dump: "<module>" is in almost all).
+    src = textwrap.dedent(JOBS["blocked"]).splitlines()
+    at = {name: next(i for i, line in enumerate(src, 1) if line.lstrip().startswith(name)) for name in
+          ("return os.read", "wait_for_peer(r)")}
+    assert res.stacks_file is not None
+    text = res.stacks_file.read_text()
+    assert f"===== pid {blocked.pid} (" in text and f"Process {blocked.pid}:" in text, text
+    assert "): waiting, CPU 0.00 s in the window, 1 distinct stack(s) in" in text, text
+    assert (f"    wait_for_peer (<string>:{at['return os.read']})\n    <module> (<string>:{at['wait_for_peer(r)']})"
+            in text), text
     busy = job("busy")
     os.kill(busy.pid, signal.SIGSTOP)
     wait_for(lambda: open(f"/proc/{busy.pid}/stat").read().split(") ")[1][0] == "T", 5, what="the stop")
