@@ -303,19 +303,25 @@ def test_metric_flood_is_kept_or_counted_and_control_answers(daemons, tmp_path):
         latencies.append(_request_s(sd, "reload"))
         return done.exists() and accounted()
 
+    t0 = time.monotonic()
     wait_for(answered_then_booked, 180, interval=0.05, what="every metric line kept or counted")
-    print("reload latencies under the flood (n, worst 3):", len(latencies), sorted(latencies)[-3:])
+    catch_up = time.monotonic() - t0
+    print(f"reload latencies while {catch_up:.1f} s of flood were booked (n, p50, worst 3):", len(latencies),
+          sorted(latencies)[len(latencies) // 2], sorted(latencies)[-3:])
     st = json.loads(_cli("status", "--state-dir", str(sd), "--json").stdout)
     if st["metrics_dropped"]:
         wait_for(lambda: "metrics_dropped" in d.stderr(), 10, what="the drop said")
     d.signal(signal.SIGTERM)
     assert d.wait(30) == 143
-    # The speed is measured in the bench (bench_core control, the same catch-up); this guards that
-    # every request is answered and the loop is not held behind the burst (before the chunked
-    # drain and the short GIL switch interval, single replies took 3 s on a loaded CI machine).
-    # Bounds a loaded 2-core machine keeps (a median of 0.73 s was seen with the suite and two
-    # benches beside it) and the old behaviour broke.
-    assert sorted(latencies)[len(latencies) // 2] < 1.5 and max(latencies) < 10.0, latencies
+    # The speed is measured in the bench (bench_core control, the same catch-up: p50 18 ms, worst
+    # 71 ms against its <= 100 ms over a 17.7 s catch-up); this guards that the loop answers all
+    # through the catch-up, never held behind the burst. Bounds relative to the catch-up, which a
+    # loaded machine slows as much as the replies: healthy, the p50 is ~1/1500 of it and the worst
+    # ~1/25 (103 replies over 18.7 s with other suites beside it); a loop that books the burst
+    # before it answers gives a few replies as long as the catch-up, and the old long GIL switch
+    # interval (3 s replies over a ~20 s catch-up) fails the p50 bound 30x over the healthy one.
+    p50, worst = sorted(latencies)[len(latencies) // 2], max(latencies)
+    assert len(latencies) >= 20 and p50 < catch_up / 50 and worst < catch_up / 3, (catch_up, p50, worst)
 
 
 def test_job_log_is_never_opened_through_a_symlink_and_files_are_0600(daemons, tmp_path):
