@@ -48,8 +48,8 @@ from ..health.xid import classify_xid
 from ..redact import redact_line
 from .config import DetectorsConfig, LossSpikeConfig, NanDetectorConfig, TextDetectorConfig
 from .nannotes import NAN_ITERATIONS, NanNotes
-from .textrules import (CKPT_KEYWORDS, CKPT_RULES, CUDA_ANCHORS, CUDA_ERROR, GPU_RULES, NCCL_KEYWORDS, NCCL_RULES,
-                        OOM_KEYWORDS, OOM_RULES, XID_LINE, TextRule)
+from .textrules import (CKPT_KEYWORDS, CKPT_RULES, CUDA_ANCHORS, CUDA_ERROR, GPU_RULES, NCCL_CUDA_OOM, NCCL_KEYWORDS,
+                        NCCL_RULES, NCCL_UNHANDLED, OOM_KEYWORDS, OOM_RULES, XID_LINE, TextRule)
 
 
 def truncate(text: str, limit: int) -> str:
@@ -118,8 +118,24 @@ class NcclDetector(TextDetector):
 
     def __init__(self, cfg: TextDetectorConfig, evidence_chars: int) -> None:
         super().__init__(Cause.NCCL_TIMEOUT, NCCL_RULES + GPU_RULES, NCCL_KEYWORDS, cfg, evidence_chars)
+        self._unhandled: Detection | None = None  # NCCL's "unhandled cuda error", held for its "Last error"
+
+    def reset(self, resume_step: int | None) -> None:
+        super().reset(resume_step)
+        self._unhandled = None
 
     def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None:
+        if self._unhandled is not None:
+            # NCCL's ncclUnhandledCudaError names the CUDA failure a few lines on ("Last error:" /
+            # "Cuda failure 'X'"): out of memory is the OOM rule's (issue 39), anything else stays
+            # this nccl_timeout, given at the next line this detector sees.
+            if NCCL_UNHANDLED.search(line):
+                return None
+            held, self._unhandled = self._unhandled, None
+            if NCCL_CUDA_OOM.search(line):
+                return None
+            self.fired.add(Cause.NCCL_TIMEOUT)
+            return held
         if Cause.CRASH not in self.fired and any(a in line for a in CUDA_ANCHORS):
             m = CUDA_ERROR.search(line)
             # First: NCCL's watchdog reports a rank's CUDA error inside its own words ("Process group
@@ -142,7 +158,12 @@ class NcclDetector(TextDetector):
                     evidence=truncate(line, self.evidence_chars),
                     suggested_action=action if action in (Action.GIVE_UP, Action.WARN) else None,
                     details={"xid": xid, "device": m.group(1)})
-        return super().observe(source, line, rec, step)
+        d = super().observe(source, line, rec, step)
+        if d is not None and d.cause is Cause.NCCL_TIMEOUT and NCCL_UNHANDLED.search(line):
+            self.fired.discard(Cause.NCCL_TIMEOUT)
+            self._unhandled = d
+            return None
+        return d
 
     def _cuda_crash(self, m: re.Match[str], source: str, line: str, step: int | None) -> Detection:
         self.fired.add(Cause.CRASH)

@@ -110,6 +110,9 @@ CUDA_ERROR = re.compile(
     r"|(?P<bare>an illegal memory access was encountered|unspecified launch failure|device-side assert triggered)")
 CUDA_ANCHORS = ("CUDA error", "cuDNN error", "CUBLAS_STATUS", "illegal memory access", "unspecified launch failure",
                 "device-side assert")
+# NCCL's report of a failed CUDA call and the failure it names ("Last error:" then "Cuda failure 'X'")
+NCCL_UNHANDLED = re.compile(r"unhandled cuda error|ncclUnhandledCudaError")
+NCCL_CUDA_OOM = re.compile(r"Cuda failure(?: \d{1,4})? 'out of memory'")
 XID_LINE = re.compile(r"NVRM: Xid \(([^)]{0,200})\): (\d+)")  # bounded: a crafted line of "NVRM: Xid (" stays linear
 
 CKPT_RULES = rules_for(Cause.CHECKPOINT_LOAD_ERROR, [
@@ -149,6 +152,6 @@ NAN_TEXT_RULES = rules_for(Cause.NAN, [
 NAN_TEXT_KEYWORDS = ("nan", "NaN", "oss", "-finite", "etected")
 OOM_KEYWORDS = ("emory", "ALLOC", "_alloc")
 NCCL_KEYWORDS = ("NCCL", "nccl", "ommunicator", "Watchdog", "DistBackend", "ocket", "onnection reset", "emory", "launch", "ECC",
-                 "GPU is lost", "off the bus", "Xid", *CUDA_ANCHORS)
+                 "GPU is lost", "off the bus", "Xid", "Cuda failure", *CUDA_ANCHORS)
 CKPT_KEYWORDS = ("state_dict", "mismatch", "Stream", "EOF", "npickl", "Weights only", "afetensor", "deserializ",
                  "valid checkpoint")

@@ -86,3 +86,16 @@ def test_a_cuda_error_through_the_daemon_is_a_crash_with_its_message(daemons, tm
     assert a["cause"] == "crash", a
     assert a["detection"]["summary"].startswith("CUDA error: an illegal memory access was encountered"), a["detection"]
     assert "CUDA error: an illegal memory access was encountered" in (a["summary"] or ""), a["summary"]
+
+
+def test_ncclunhandledcudaerror_is_held_for_the_failure_it_names() -> None:
+    """NCCL's "unhandled cuda error" names its CUDA failure a few lines on (issue 39): out of memory
+    is oom; an older NCCL's report with no "Last error" is still nccl_timeout at the next NCCL line."""
+    head = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, "
+            "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5")
+    oom = detections([head, "ncclUnhandledCudaError: Call to CUDA function failed.", "Last error:",
+                      "Cuda failure 'out of memory'"])
+    assert [d.cause for d in oom] == [Cause.OOM], [d.summary for d in oom]
+    old = detections([head.replace(", NCCL version 2.21.5", ", NCCL version 2.10.3"),
+                      "[E ProcessGroupNCCL.cpp:737] Some NCCL operations have failed or timed out."])
+    assert [d.cause for d in old] == [Cause.NCCL_TIMEOUT] and "unhandled cuda error" in (old[0].evidence or "")
