@@ -34,6 +34,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..redact import redact_argv
 from .config import REQUIRE_SAME_GROUPS, check_require_same  # noqa: F401  (re-exported)
+from .etcdtypes import wire_text
 
 GROUPS = REQUIRE_SAME_GROUPS
 DEFAULT_REQUIRE_SAME = GROUPS
@@ -297,7 +298,9 @@ class Mismatch:
     nodes: tuple[str, ...]
 
     def to_json(self) -> str:
-        return json.dumps({"text": self.text, "nodes": list(self.nodes)}, sort_keys=True)
+        # The values in it were gated when each digest was built; the text is gated again as it
+        # leaves (wire_text): the leader compares notes only before they are written.
+        return json.dumps({"text": wire_text(self.text), "nodes": list(self.nodes)}, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "Mismatch":

@@ -12,6 +12,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SupervisorError
+from ..redact import redact_line
+
+#: The most of one human text (an end request's summary, a plan's reason) a node writes to etcd.
+WIRE_TEXT_CHARS = 2000
+
+
+def wire_text(text: str) -> str:
+    """A human text as it leaves the node for etcd (another node, its logs, its `status`): cut at
+    WIRE_TEXT_CHARS and through the one redaction gate, the values learned on this node (its job's
+    env) included. The full gate is safe here: no node compares or digests these texts (trust.py
+    checks generations, writers, leases and revisions; digest.py compares only the launch
+    digests), so a value masked on one node and not on another cannot make them disagree."""
+    return redact_line(text, WIRE_TEXT_CHARS)
 
 
 class EtcdError(SupervisorError):

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 
 from ..core.causes import Action, action_named
 from .digest import Mismatch, decode as decode_digest
+from .etcdtypes import wire_text
 
 
 class Phase(StrEnum):
@@ -81,7 +82,7 @@ class EndRequest:
     lease: int = 0  # the writer's lease (the leader's, or the asking member's): checked on reading (trust.py)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps({**asdict(self), "summary": wire_text(self.summary)}, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "EndRequest":
@@ -120,7 +121,8 @@ class Plan:
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "nodes": list(self.nodes), "lives": list(self.lives),
-                           "leases": list(self.leases)}, sort_keys=True)
+                           "leases": list(self.leases), "reason": wire_text(self.reason),
+                           "give_up": None if self.give_up is None else wire_text(self.give_up)}, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "Plan":

@@ -30,7 +30,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Sequence
 
-from .etcdtypes import KeyValue
+from .etcdtypes import KeyValue, wire_text
 from .runkeys import EndRequest, Keys, NodeRecord, Plan, View
 
 _Ignore = Callable[[KeyValue, str], None]  # check()'s ignore(kv, why): one warning per key revision
@@ -46,7 +46,7 @@ class GaveUpNote:
     lease: int = 0
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps({**asdict(self), "reason": wire_text(self.reason)}, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "GaveUpNote":
