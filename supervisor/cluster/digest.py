@@ -32,7 +32,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..redact import redact_argv
+from ..redact import REDACTED, redact_argv
 from .config import REQUIRE_SAME_GROUPS, check_require_same  # noqa: F401  (re-exported)
 from .etcdtypes import wire_text
 
@@ -252,6 +252,42 @@ def _canonical(key: str, values: Mapping[str, str], names: Mapping[str, tuple[st
     return {n: mask_names(v, names[n]) for n, v in values.items()}
 
 
+def _glob(masked: str, shown: str) -> bool:
+    """``shown`` is ``masked`` with each ``<redacted>`` standing for some text (leftmost search
+    of the literal parts: linear, whatever the input)."""
+    parts = masked.split(REDACTED)
+    if not (shown.startswith(parts[0]) and shown.endswith(parts[-1])
+            and len(shown) >= len(parts[0]) + len(parts[-1])):
+        return False
+    at, end = len(parts[0]), len(shown) - len(parts[-1])
+    for part in parts[1:-1]:
+        found = shown.find(part, at, end)
+        if found < 0:
+            return False
+        at = found + len(part)
+    return True
+
+
+def _agrees(key: str, masked: str, shown: str) -> bool:
+    if key == "argv":  # word by word: a mask stands for text within one word
+        a, b = _words(masked), _words(shown)
+        if a is not None and b is not None:
+            return len(a) == len(b) and all(x == y or (REDACTED in x and _glob(x, y)) for x, y in zip(a, b))
+    return _glob(masked, shown)
+
+
+def _secrets_not_compared(key: str, values: dict[str, str]) -> dict[str, str]:
+    """Secrets are not compared, and a node masks more than the others: the values it learned
+    from its own environment (redact.learn_secrets). A value masked on one node (``--x
+    <redacted>``) and shown on another that did not learn it agree when the rest agrees: the
+    second node is read as having the masked value, so a secret known to one node alone never
+    keeps a generation from starting."""
+    masked = sorted({v for v in values.values() if REDACTED in v}, key=lambda v: (-v.count(REDACTED), v))
+    if not masked:
+        return values
+    return {n: v if REDACTED in v else next((m for m in masked if _agrees(key, m, v)), v) for n, v in values.items()}
+
+
 def differences(digests: Mapping[str, Mapping[str, str]]) -> list[Difference]:
     """Every key on which the nodes' digests disagree (a key one node lacks counts: for a config
     key that means its built-in default there)."""
@@ -266,7 +302,7 @@ def differences(digests: Mapping[str, Mapping[str, str]]) -> list[Difference]:
         if len(set(values.values())) <= 1:
             continue
         by_value: dict[str, list[str]] = {}
-        for node, v in sorted(_canonical(key, values, names).items()):
+        for node, v in sorted(_secrets_not_compared(key, _canonical(key, values, names)).items()):
             by_value.setdefault(v, []).append(node)
         if len(by_value) > 1:
             vals = sorted(by_value.items(), key=lambda kv: (-len(kv[1]), kv[1]))

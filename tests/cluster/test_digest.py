@@ -178,3 +178,30 @@ def test_two_nodes_same_config_file_but_their_names_agree(tmp_path: Path) -> Non
     assert same["n1"]["code"].startswith("script train.py")
     other = {"n1": same["n1"], "n2": launch_digest(cfg("n2", "2"))}
     assert [d.key for d in differences(other)] == ["argv", "seeds.--seed"]
+
+
+def test_a_secret_one_node_alone_knows_never_keeps_the_launches_apart() -> None:
+    """The redaction gate masks the values a node learned from its own environment (its daemon's
+    secret-named variables): a node that learned one masks it in its digest, a node that did not
+    shows it. Secrets are not compared, so the two agree when the rest agrees; a real difference
+    beside the secret is still named."""
+    import uuid
+
+    from supervisor.redact import REDACTED, learn_secrets
+
+    value = f"plainvalue-{uuid.uuid4().hex[:10]}"
+    argv = ("python", "train.py", "--wandb-run", f"run-{value}", "--epochs", "1")
+    cfg = config_from_table({"job": {"command": ["python"], "env": {"WANDB_RUN_GROUP": value}}})
+    shown = build(facts("n2", argv=argv, config=config_json(cfg)))  # n2 never learned it
+    learn_secrets([value])  # n1's daemon has it in a secret-named variable of its environment
+    env_config = config_json(cfg)  # as the ledger stores it, masked by the gate
+    masked = build(facts("n1", argv=argv, config=env_config))
+    assert value not in json.dumps(masked) and f"run-{REDACTED}" in masked["argv"]
+    assert value in shown["argv"] and value in shown["config.job.env.WANDB_RUN_GROUP"] and shown != masked
+    assert differences({"n1": masked, "n2": shown}) == []
+    other = build(facts("n3", argv=(*argv[:-1], "2"), config=env_config))
+    diffs = differences({"n1": masked, "n2": shown, "n3": other})
+    assert [d.key for d in diffs] == ["argv"] and [ns for _, ns in diffs[0].values] == [("n1", "n2"), ("n3",)]
+    # A mask stands for text within one word, never for words of its own.
+    longer = build(facts("n2", argv=(*argv, "--extra")))
+    assert [d.key for d in differences({"n1": masked, "n2": {**shown, "argv": longer["argv"]}})] == ["argv"]
