@@ -157,6 +157,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed fuzz test names the seed its inputs came from (tests/helpers/fuzzseed.py)."""
+    outcome = yield
+    rep = outcome.get_result()
+    used = getattr(getattr(item, "obj", None), "_hypothesis_internal_use_seed", None)
+    if rep.failed and used is not None:
+        rep.sections.append(("fuzz seed", f"this run's inputs came from seed {used}; TSUP_FUZZ_SEED={used} "
+                                          f"tries them again\n"))
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """TSUP_TEST_CPU=FILE: append each test's CPU seconds (this process and the children it
     reaped: daemons, jobs, load tests) to FILE, to find what makes the suite CPU-bound; then its

@@ -1,13 +1,14 @@
 """Property-based fuzz suite (hypothesis, issue 24 build 7): the log parsers, the config loader and
 the control socket's request parser take any input without an exception escaping: a record or
-None, a Config or a ConfigError, a request or a ControlError. Derandomized with a fixed example
-budget, so CI runs the same inputs every time in a few seconds; work per input is bounded by the
-linearity test (tests/watch/test_parsers_linear.py), so no per-example deadline is set here."""
+None, a Config or a ConfigError, a request or a ControlError. Seeded from the run with a fixed
+example budget (tests/helpers/fuzzseed.py): each CI run tries new inputs in a few seconds, and a
+failure prints its seed; work per input is bounded by the linearity test
+(tests/watch/test_parsers_linear.py), so no per-example deadline is set here."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from supervisor.config.model import ConfigError, load_config
@@ -16,10 +17,10 @@ from supervisor.watch.config import DetectorsConfig
 from supervisor.watch.logwatch import LogWatcher
 from supervisor.watch.parsers import MetricParser
 
+from .helpers.fuzzseed import fuzz
 from .watch.crafted import CRAFTED, parse_all
 
-FUZZ = settings(derandomize=True, max_examples=100, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = fuzz(100, HealthCheck.too_slow, HealthCheck.function_scoped_fixture)
 
 SEEDS = [b(80) for builds in CRAFTED.values() for b in builds] + [
     "iter 1: loss nan, time 1.0ms", "{'loss': 'nan', 'grad_norm': 'inf'}", '{"step": 1, "loss": 1e400}',

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from supervisor import logsetup
@@ -36,10 +36,10 @@ from supervisor.ledger.store import Ledger
 from supervisor.watch.config import DetectorsConfig
 from supervisor.watch.logwatch import LogWatcher
 
+from .helpers.fuzzseed import fuzz
 from .secretcorpus import SECRET_LINES, leaks
 
-SUITE = settings(derandomize=True, max_examples=40, deadline=None, database=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SUITE = fuzz(40, HealthCheck.too_slow, HealthCheck.data_too_large)  # seeded from the run
 
 MARK = "FORGED"
 # What could start a line of its own, or drive a terminal, in a log line: each put before MARK.

@@ -69,7 +69,10 @@ def csv_records(f: FileState, lines: list[bytes]) -> list[MetricRecord]:
         f.rows += 1
         if f.rows <= f.skip_rows:
             continue
-        [cells] = list(csv.reader(io.StringIO(raw.decode("utf-8", "replace")))) or [[]]
+        try:
+            [cells] = list(csv.reader(io.StringIO(raw.decode("utf-8", "replace")))) or [[]]
+        except (csv.Error, ValueError):  # a garbage row (a bare "\r" in a field): no record, the rest are
+            continue
         if len(cells) != len(f.header):
             continue
         values: dict[str, object] = {}
