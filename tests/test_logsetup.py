@@ -25,7 +25,7 @@ def configured():
 def _fail(message: str = "the main loop raised") -> None:
     log = structlog.get_logger("t")
     try:
-        {}["missing"]
+        {"present": 1}["missing"]
     except KeyError:
         log.exception("runner_tick_failed", error="KeyError('missing')", message=message, attempt=None)
 

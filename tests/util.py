@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from typing import Callable, Literal, TypeVar
 
 T = TypeVar("T")
 
 
-def wait_for(cond: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
-    """Return the first truthy value of ``cond()``; fail the test after ``timeout`` seconds."""
+def wait_for(cond: Callable[[], T | None | Literal[False]], timeout: float = 10.0, interval: float = 0.02,
+             what: str = "") -> T:
+    """Return the first truthy value of ``cond()`` (typed without its None and False); fail the
+    test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()

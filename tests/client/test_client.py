@@ -115,7 +115,7 @@ def test_malformed_environment(clean_env: pytest.MonkeyPatch) -> None:
 # -- supervised ---------------------------------------------------------------------------------
 
 def test_heartbeat_file_and_interval(supervised: Path) -> None:
-    client.heartbeat(np.int64(10))
+    client.heartbeat(np.int64(10))  # type: ignore[arg-type]  # what a job passes: a numpy step
     path = supervised / "heartbeat-rank3.json"
     raw = path.read_bytes()
     assert len(raw) == _heartbeat.RECORD_BYTES

@@ -55,7 +55,7 @@ def test_generations_end_together_and_resume_from_the_common_step(etcd: EtcdServ
             # n2 fails: the others are told to stop, n2 is not (it stopped itself)
             ns[1].agent.request_end("nan", "loss is nan at step 70", 70, 65, "rollback")
             for n in (ns[0], ns[2]):
-                wait_for(lambda n=n: n.stops, timeout=10, what=f"{n.agent.node_id} told to stop")
+                wait_for(lambda: n.stops, timeout=10, what=f"{n.agent.node_id} told to stop")
                 assert n.stops[0].cause == "nan" and n.stops[0].by == "n2"
             assert ns[1].stops == []
             # each publishes its verified steps; the newest common one before the onset wins
@@ -88,7 +88,7 @@ def test_a_lost_node_ends_the_generation_and_min_nodes_go_on_then_give_up(etcd: 
             victim.agent._thread.join(5)  # type: ignore[union-attr]
             others = [n for n in ns if n is not victim]
             for n in others:
-                wait_for(lambda n=n: n.stops, timeout=RULES.lease_ttl_s + 8, what="node_lost stop")
+                wait_for(lambda: n.stops, timeout=RULES.lease_ttl_s + 8, what="node_lost stop")
                 assert n.stops[0].cause == NODE_LOST and victim.agent.node_id in n.stops[0].summary
             plans = [f.result(timeout=15) for f in barrier(pool, others)]  # after wait_for_nodes_s: 2 >= min 2
             assert {len(p.nodes) for p in plans} == {2} and victim.agent.node_id not in plans[0].nodes
@@ -132,7 +132,7 @@ def test_etcd_away_shorter_than_the_fence_changes_nothing_longer_fences(etcd: Et
             assert all(n.stops == [] for n in ns)
             etcd.stop()
             for n in ns:  # cut off past the fence: each stops its own job (a generation without it could start)
-                wait_for(lambda n=n: n.stops, timeout=rules.lease_ttl_s + 8, what="fencing stop")
+                wait_for(lambda: n.stops, timeout=rules.lease_ttl_s + 8, what="fencing stop")
                 assert n.stops[0].cause == NODE_LOST and "lost contact with etcd" in n.stops[0].summary
             etcd.start()
             plans = [f.result(timeout=20) for f in barrier(pool, ns)]
@@ -183,7 +183,7 @@ def test_the_leader_lost_another_takes_over_and_goes_on(etcd: EtcdServer, prefix
             victim.agent._thread.join(5)  # type: ignore[union-attr]
             others = [n for n in ns if n is not victim]
             for n in others:
-                wait_for(lambda n=n: n.stops, timeout=RULES.lease_ttl_s + 8, what="node_lost stop")
+                wait_for(lambda: n.stops, timeout=RULES.lease_ttl_s + 8, what="node_lost stop")
                 assert n.stops[0].cause == NODE_LOST and leader in n.stops[0].summary
             plans = [f.result(timeout=15) for f in barrier(pool, others)]
             assert {p.gen for p in plans} == {2} and plans[0].leader != leader and leader not in plans[0].nodes

@@ -4,6 +4,7 @@ restart mid-run changes nothing."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -88,21 +89,21 @@ def test_a_killed_daemon_is_a_lost_node_the_others_stop_within_ttl_and_go_on(
           for n in NODES}
     try:
         for n in NODES:
-            wait_for(lambda n=n: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
+            wait_for(lambda: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
         jobs = {n: launches(tmp_path, n)[0]["pid"] for n in NODES}
         victim = "n3"
         ds[victim].proc.send_signal(signal.SIGKILL)  # the node dies: its daemon and its job
         os.killpg(os.getpgid(jobs[victim]), signal.SIGKILL)
         killed_at = time.monotonic()
         for n in ("n1", "n2"):
-            wait_for(lambda n=n: not pid_alive(jobs[n]), timeout=ttl + 15, what=f"{n}'s job stopped")
+            wait_for(lambda: not pid_alive(jobs[n]), timeout=ttl + 15, what=f"{n}'s job stopped")
         stopped_in = time.monotonic() - killed_at
         assert stopped_in < ttl + 5 + 5  # TTL + etcd's expiry slack + the job's stop (grace 5 s)
         for n in ("n1", "n2"):
-            ls = wait_for(lambda n=n: launches(tmp_path, n)[1:], timeout=30, what=f"{n} relaunched")
+            ls = wait_for(lambda: launches(tmp_path, n)[1:], timeout=30, what=f"{n} relaunched")
             assert ls[0]["TSUP_GENERATION"] == "2" and ls[0]["TSUP_NNODES"] == "2"
         for n in ("n1", "n2"):
-            assert wait_for(lambda n=n: any(e["event"] == "cluster_generation_ended" and "n3" in (e["message"] or "")
+            assert wait_for(lambda: any(e["event"] == "cluster_generation_ended" and "n3" in (e["message"] or "")
                                             for e in history(tmp_path / n / "state")["events"]), timeout=10,
                               interval=0.5)  # a CLI process per look
         # n3's daemon comes back (same state dir: the same run continues in its ledger): it waits for
@@ -126,7 +127,7 @@ def test_etcd_restarted_mid_run_changes_nothing(etcd: EtcdServer, tmp_path: Path
                                             job_args=["80", "0.05", "10"])) for n in NODES}
     try:
         for n in NODES:
-            wait_for(lambda n=n: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
+            wait_for(lambda: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
         # `status` on any node shows every node
         wait_for(lambda: _status(tmp_path / "n2" / "state"), timeout=10, what="n2's cluster status")
         st = _status(tmp_path / "n2" / "state", cli=True)
@@ -151,7 +152,7 @@ def _restart_into_generation_3_with_all(tmp_path: Path, via: str) -> None:
                         "--reason", "take n3 back"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     for n in NODES:
-        g3 = wait_for(lambda n=n: [x for x in launches(tmp_path, n) if x["TSUP_GENERATION"] == "3"],
+        g3 = wait_for(lambda: [x for x in launches(tmp_path, n) if x["TSUP_GENERATION"] == "3"],
                       timeout=40, what=f"{n} in generation 3")[0]
         assert g3["TSUP_NNODES"] == "3"
 
@@ -174,11 +175,11 @@ def test_a_partitioned_node_stops_before_the_others_go_on_and_rejoins_the_next_g
           for n in NODES}
     try:
         for n in NODES:
-            wait_for(lambda n=n: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
+            wait_for(lambda: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
         relay.cut()
         n3_stop = wait_for(lambda: _read(tmp_path / "n3" / "out" / "stops.jsonl"), timeout=ttl + 10,
                            what="the cut-off node's job stopped")[0]
-        gen2 = {n: wait_for(lambda n=n: launches(tmp_path, n)[1:], timeout=30, what=f"{n} in generation 2")[0]
+        gen2 = {n: wait_for(lambda: launches(tmp_path, n)[1:], timeout=30, what=f"{n} in generation 2")[0]
                 for n in ("n1", "n2")}
         assert {g["TSUP_GENERATION"] for g in gen2.values()} == {"2"} and {g["TSUP_NNODES"] for g in gen2.values()} == {"2"}
         # never two generations at once: the minority's job was gone before the majority relaunched
@@ -202,7 +203,7 @@ def test_fewer_than_min_nodes_after_the_wait_gives_up_with_exit_3(etcd: EtcdServ
           for n in ("n1", "n2")}
     try:
         for n in ds:
-            wait_for(lambda n=n: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
+            wait_for(lambda: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
         job = launches(tmp_path, "n2")[0]["pid"]
         ds["n2"].proc.send_signal(signal.SIGKILL)
         os.killpg(os.getpgid(job), signal.SIGKILL)
@@ -239,14 +240,14 @@ def test_a_partition_by_network_namespaces_the_minority_stops_and_rejoins(tmp_pa
         for n in NODES:
             cfg = node_config(tmp_path, n, etcd, prefix, nodes=3, min_nodes=2, lease_ttl_s=ttl, wait_for_nodes_s=2.0,
                               job_args=["100000", "0.05", "10"], advertise=net.addr(n))
-            ds[n] = start_in(tmp_path, n, cfg, lambda argv, n=n: net.argv(n, argv))
+            ds[n] = start_in(tmp_path, n, cfg, functools.partial(net.argv, n))
         for n in NODES:
-            wait_for(lambda n=n: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
+            wait_for(lambda: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
         assert {launches(tmp_path, n)[0]["TSUP_MASTER_ADDR"] for n in NODES} <= {net.addr(n) for n in NODES}
         net.cut("n3")
         n3_stop = wait_for(lambda: _read(tmp_path / "n3" / "out" / "stops.jsonl"), timeout=ttl + 10,
                            what="the cut-off node's job stopped")[0]
-        gen2 = {n: wait_for(lambda n=n: launches(tmp_path, n)[1:], timeout=30, what=f"{n} in generation 2")[0]
+        gen2 = {n: wait_for(lambda: launches(tmp_path, n)[1:], timeout=30, what=f"{n} in generation 2")[0]
                 for n in ("n1", "n2")}
         assert {g["TSUP_NNODES"] for g in gen2.values()} == {"2"}
         assert n3_stop["gen"] == 1 and n3_stop["at"] < min(g["at"] for g in gen2.values())  # never two at once

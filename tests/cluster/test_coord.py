@@ -71,7 +71,7 @@ def test_after_wait_for_nodes_the_leader_starts_with_min_nodes_or_gives_up() -> 
 
 
 def test_a_failure_anywhere_stops_every_node_once() -> None:
-    end = EndRequest(1, "n2", "nan", "loss is nan at step 70", 70, 65, "rollback")
+    end = EndRequest(1, "n2", "nan", "loss is nan at step 70", 70, 65, Action.ROLLBACK)
     for node in ("n1", "n2", "n3"):
         c = Coordinator(node, RULES)
         me = rec(node, Phase.RUNNING, 1)

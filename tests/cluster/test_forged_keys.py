@@ -41,7 +41,7 @@ def test_a_give_up_written_by_a_non_member_is_ignored_and_the_run_goes_on(etcd: 
             [f.result(timeout=15) for f in barrier(pool, ns)]
             EtcdClient([etcd.endpoint]).put(Keys(prefix).gave_up("intruder"), "restart budget spent")
             for n in ns:
-                wait_for(lambda n=n: ignored(n, "/gave_up/intruder"), timeout=10, what="the forged give-up ignored")
+                wait_for(lambda: ignored(n, "/gave_up/intruder"), timeout=10, what="the forged give-up ignored")
             ns[0].agent.request_end("nan", "loss is nan", 5, 5, "restart")  # the run goes on: no give-up
             wait_for(lambda: ns[1].stops, timeout=10, what="n2 told to stop")
             assert {f.result(timeout=15).gen for f in barrier(pool, ns)} == {2}
@@ -58,7 +58,7 @@ def test_a_plan_not_written_by_the_leader_restarts_nothing(etcd: EtcdServer, pre
             forged = Plan(2, real.nodes, None, real.leader, "6.6.6.6", "forged", lives=real.lives, lease=real.lease + 1)
             EtcdClient([etcd.endpoint]).put(Keys(prefix).plan, forged.to_json())
             for n in ns:
-                wait_for(lambda n=n: ignored(n, "/plan"), timeout=10, what="the forged plan ignored")
+                wait_for(lambda: ignored(n, "/plan"), timeout=10, what="the forged plan ignored")
             assert all(n.stops == [] and n.agent.plan is not None and n.agent.plan.gen == 1 for n in ns)
             ns[1].agent.request_end("crash", "exit 1", None, None, "restart")  # the leader's next plan replaces it
             wait_for(lambda: ns[0].stops, timeout=10, what="n1 told to stop")

@@ -74,7 +74,7 @@ def test_the_odd_node_restarted_with_the_others_launch_joins_and_the_generation_
             f1 = pool.submit(n1.wait_for_generation, [], digest=seed1)
             pool.submit(n2.wait_for_generation, [], digest=seed2)
             for n in ("n1", "n2"):
-                told = wait_for(lambda n=n: [m for e, m in events[n] if e == "cluster_launch_mismatch"], timeout=20,
+                told = wait_for(lambda: [m for e, m in events[n] if e == "cluster_launch_mismatch"], timeout=20,
                                 what=f"{n} names the difference")
                 assert "seeds.--seed (n1: 1; n2: 2)" in told[0], told
             assert not f1.done()  # no generation over a difference

@@ -62,7 +62,7 @@ def test_two_nodes_over_tls_with_auth_stop_and_relaunch_together(
     out = intruder.stdout() + intruder.stderr()
     assert "cannot start: etcd refused user" in out and "tsup" in out and str(wrong) in out and "authentication failed" in out, out[-2000:]
     for n in ds:
-        wait_for(lambda n=n: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
+        wait_for(lambda: launches(tmp_path, n), timeout=60, what=f"{n}'s first launch")
     r = subprocess.run([sys.executable, "-m", "supervisor", "restart", "--state-dir", str(tmp_path / "n1" / "state"),
                         "--reason", "a new generation over TLS"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr

@@ -14,6 +14,11 @@ from tests.util import wait_for
 SLEEPER = [sys.executable, "-c", "import sys,time; open(sys.argv[1],'w').write('x'); time.sleep(600)"]
 
 
+def fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
 def test_sighup_with_bad_utf8_deep_toml_or_a_fifo_is_rejected_and_the_daemon_goes_on(daemons, tmp_path: Path) -> None:
     sd, ready, cfgp = tmp_path / "sd", tmp_path / "ready", tmp_path / "c.toml"
     cmd = ", ".join(f'"{a}"' for a in SLEEPER + [str(ready)])
@@ -22,7 +27,7 @@ def test_sighup_with_bad_utf8_deep_toml_or_a_fifo_is_rejected_and_the_daemon_goe
     wait_for(ready.exists, 30, what="job ready")
     bad = [("not valid UTF-8", lambda: cfgp.write_bytes(b'[job]\nname = "\xff"\n')),
            ("nested too deeply", lambda: cfgp.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")),
-           ("not a regular file", lambda: (cfgp.unlink(), os.mkfifo(cfgp)))]
+           ("not a regular file", lambda: fifo(cfgp))]
     for n, (expect, write) in enumerate(bad, 1):
         write()
         d.signal(signal.SIGHUP)

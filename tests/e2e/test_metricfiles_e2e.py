@@ -82,7 +82,8 @@ def test_lightning_s_other_loggers_write_the_files_the_daemon_reads(tmp_path: Pa
     [(source, records)] = seen.items()
     kind = "tb:" if logger == "default" else "file:"
     assert source.startswith(f"{kind}{tmp_path / 'lightning_logs' / 'version_0'}"), source
-    losses = {r.step: r.loss for r in records if r.loss is not None}
+    assert all(r.step is not None for r in records if r.loss is not None)
+    losses = {r.step: r.loss for r in records if r.loss is not None and r.step is not None}
     assert sorted(losses) == list(range(15)), sorted(losses)  # every step, as Lightning numbers them
     assert all(math.isfinite(losses[s]) for s in range(12)) and math.isnan(losses[12]), losses
 

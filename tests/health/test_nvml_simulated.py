@@ -105,7 +105,7 @@ def test_events_register_only_supported_types_and_say_so(tmp_path: Path) -> None
     assert b.registered == {0: XID | DBE, 1: XID, 2: 0}, "GPU 1 has no ECC events: its Xids are still registered"
     node.send(1, 43, gi=3, ci=0)
     node.send(0, 0, kind=DBE)
-    got = b.wait_events(1.0) + b.wait_events(1.0)
+    got = [*b.wait_events(1.0), *b.wait_events(1.0)]
     assert [(e.kind, e.index, e.code, e.gpu_instance) for e in got] == [
         (GpuEventKind.XID, 1, 43, 3), (GpuEventKind.ECC_DBE, 0, None, None)]
 

@@ -181,7 +181,7 @@ def test_history_has_the_shape_spec_gives_and_is_strict_json(tmp_path: Path) -> 
     led.event(run, 0, "job_exited", "warning", "exit 1", {"code": 1})
     h = led.history()
     assert {"run_id", "attempts", "events"} <= h.keys() and h["run_id"] == run
-    spec = {"attempt": int, "argv": list, "cwd": str, "started_at": str, "ended_at": (str, type(None)),
+    spec: dict[str, type | tuple[type, ...]] = {"attempt": int, "argv": list, "cwd": str, "started_at": str, "ended_at": (str, type(None)),
             "exit_code": (int, type(None)), "signal": (str, type(None)), "cause": (str, type(None)),
             "action": (str, type(None)), "checkpoint": (str, type(None)), "remedies": list,
             "validation": (dict, type(None))}

@@ -261,7 +261,7 @@ def _scenario(ct: Container) -> None:
     first_daemon = int(ct.show(UNIT, "MainPID"))
     run_id = wait_for(lambda: _status(ct).get("run_id"), 20, 0.2, "status over the control socket")
     table = ct.exec([TSUP, "status", "--config", CONFIG]).stdout
-    assert "run id" in table and run_id in table
+    assert run_id is not None and "run id" in table and run_id in table
     wait_for(lambda: ct.show(UNIT, "StatusText"), 10, 0.2, "STATUS= in systemctl status")
 
     # -- the job fails -> restart, in the journal and matchable by field ---------------------

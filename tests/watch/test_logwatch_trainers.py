@@ -70,7 +70,8 @@ def test_hf5_resume_bar_starts_at_the_resumed_step() -> None:
     # This capture ran at ~85 steps/s, faster than tqdm redraws (0.1 s): a dict takes the bar's
     # last drawn position, at most one logging interval early and never late (the safe side for
     # an onset). At real step times (> 0.1 s) every step is drawn and the label is exact.
-    got = [r.step for r in train]
+    assert all(r.step is not None for r in train)
+    got = [r.step for r in train if r.step is not None]
     assert len(got) == len(true) and got == sorted(got)
     assert all(t - every < g <= t for g, t in zip(got, true)), (got, true)
     assert min(s for s in progress.steps if s is not None) > p["resume_from"]

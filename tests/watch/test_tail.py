@@ -132,7 +132,11 @@ def test_copytruncate(tail: tuple[FileTailer, Sink, Path]) -> None:
     shutil.copy(f, logs / "rank0.log.1.bak")
     with open(f, "r+b") as fh:
         fh.truncate(0)
-    wait_for(lambda: t.status()["files"].get(str(f)) == 0, 5, what="truncation noticed")
+    def truncated() -> bool:
+        files = t.status()["files"]
+        assert isinstance(files, dict)
+        return files.get(str(f)) == 0
+    wait_for(truncated, 5, what="truncation noticed")
     append(f, "after 1\n")
     wait_for(lambda: "after 1" in sink.lines(), 5)
     assert sink.lines() == ["before 1 with some length to it", "before 2 with some length to it", "after 1"]
