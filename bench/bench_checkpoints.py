@@ -222,7 +222,8 @@ def restart_once(d: Path, verify: str, size_mb: int) -> float:
     iteration, under the real daemon with ``checkpoints.verify = verify``."""
     d.mkdir(parents=True)
     ck, out, sd = d / "ck", d / "out", d / "sd"
-    ck.mkdir(), out.mkdir()
+    ck.mkdir()
+    out.mkdir()
     cfg = d / "c.toml"
     cfg.write_text(f'[checkpoints]\nverify = "{verify}"\n')
     cp = subprocess.run([sys.executable, "-m", "supervisor", "wrap", "--state-dir", str(sd), "--config", str(cfg),

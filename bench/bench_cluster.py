@@ -260,8 +260,9 @@ def _scale_trial_procs(tmp: Path, n: int, watch: bool, rest_s: float, procs: int
 
     def sample() -> tuple[float, int]:
         got = [w.ask("sample", "sample") for w in workers]
-        return (sum(float(g["cpu"]) for g in got),  # type: ignore[index]
-                sum(int(g["requests"]) for g in got))  # type: ignore[index]
+        assert all(isinstance(g, dict) for g in got), got
+        return (sum(float(g["cpu"]) for g in got if isinstance(g, dict)),
+                sum(int(g["requests"]) for g in got if isinstance(g, dict)))
 
     try:
         for p in range(procs):

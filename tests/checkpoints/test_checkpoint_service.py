@@ -196,14 +196,16 @@ def test_each_verified_version_of_a_single_file_is_kept_at_once_linked_when_the_
     p = F.nanogpt(ck, 150)
     svc = make(tmp_path)
     lg = ck / "last_good" / "ckpt.pt"
-    assert svc.verify_newest().ready and lg.exists()  # kept by the background verifier, not at restart
+    first = svc.verify_newest()
+    assert first is not None and first.ready and lg.exists()  # kept by the background verifier, not at restart
     assert torch.load(lg, weights_only=True)["iter_num"] == 150
     assert os.stat(lg).st_ino != os.stat(p).st_ino  # first version: how the job saves is unknown, so a copy
     # The job saves by rename (a new inode): the next verified version is hard-linked, no extra disk.
     os.replace(F.nanogpt(tmp_path / "elsewhere", 350), p)
     F.old_mtime(p)
     svc.scan()
-    assert svc.verify_newest().ready
+    second = svc.verify_newest()
+    assert second is not None and second.ready
     assert os.stat(lg).st_ino == os.stat(p).st_ino and torch.load(lg, weights_only=True)["iter_num"] == 350
 
 

@@ -108,8 +108,12 @@ def test_the_ends_facts_are_each_concerns_part_and_one_that_fails_leaves_its_par
             raise RuntimeError("no disk")
 
     pinged: list[int] = []
+
+    def ping() -> bool:
+        pinged.append(1)
+        return True
     with capture_logs() as logs:
-        facts = ConcernSet([Sees("watch"), Breaks("checkpoints")]).end_facts(lambda: pinged.append(1))
+        facts = ConcernSet([Sees("watch"), Breaks("checkpoints")]).end_facts(ping)
     assert [s.source for s in facts.sources] == ["stdout"] and pinged == [1]
     assert facts.weights == WeightsCheck(None, None, note="no checkpoint dir known: no weights checked")
     (failed,) = [e for e in logs if e["event"] == "concern_failed"]

@@ -20,12 +20,16 @@ def test_the_newest_checkpoint_is_checked_finite_with_the_jobs_python_and_the_wa
     svc = CheckpointService(CheckpointsConfig(settle_s=30.0), tmp_path / "ck", tmp_path / "state", sys.executable,
                             ["python", "train.py"], tmp_path)
     pinged: list[int] = []
-    assert check_newest_weights(svc, lambda: not pinged.append(1)) == WeightsCheck(
+
+    def ping() -> bool:  # the watchdog fed; True: go on
+        pinged.append(1)
+        return True
+    assert check_newest_weights(svc, ping) == WeightsCheck(
         None, None, note=f"no complete checkpoint in {tmp_path / 'ck'}")
     torch.save({"w": torch.ones(3), "b": torch.zeros(2)}, tmp_path / "ck" / "step_10.pt")
     bad = {"w": torch.full((3,), float("nan")), "b": torch.zeros(2), "v": torch.tensor([float("inf")])}
     torch.save(bad, tmp_path / "ck" / "step_20.pt")  # just written: the job is gone, so settled
-    got = check_newest_weights(svc, lambda: not pinged.append(1))
+    got = check_newest_weights(svc, ping)
     assert got.checkpoint == str(tmp_path / "ck" / "step_20.pt") and got.finite is False
     assert sorted(got.nonfinite) == ["v", "w"] and pinged
     # A stop asked for during the check: given up at once, said as not done (never "finite").

@@ -6,15 +6,15 @@ from pathlib import Path
 
 from structlog.testing import capture_logs
 
-from supervisor.events import MetricRecord
+from supervisor.events import Detection, MetricRecord
 from supervisor.watch.config import DetectorsConfig, HeartbeatConfig
 from supervisor.watch.heartbeat import HeartbeatMonitor
 from supervisor.watch.logwatch import LogWatcher
 from tests.watch.test_heartbeat import Clock, ctx_for
 
 
-def watched(tmp_path: Path) -> tuple[Clock, HeartbeatMonitor, LogWatcher, list]:
-    clock, out = Clock(), []
+def watched(tmp_path: Path) -> tuple[Clock, HeartbeatMonitor, LogWatcher, list[Detection]]:
+    clock, out = Clock(), list[Detection]()
     m = HeartbeatMonitor(HeartbeatConfig(check_interval_s=0.01), wall=clock.wall)
     m.start(ctx_for(tmp_path / "hb", clock.mono), out.append)
     w = LogWatcher(DetectorsConfig(), out.append, lambda r: None, progress=m, clock=lambda: clock.mono)

@@ -107,7 +107,7 @@ def test_a_file_read_in_bursts_adds_its_delay() -> None:
 
 
 def test_a_silent_save_under_a_provisional_timeout_is_activity_not_a_hang(tmp_path: Path) -> None:
-    clock, out = Clock(), []
+    clock, out = Clock(), list[Detection]()
     ck = tmp_path / "ckpt"
     ck.mkdir()
     cfg = HeartbeatConfig(check_interval_s=0.01, learn_floor_s=5.0)
@@ -128,7 +128,7 @@ def test_a_silent_save_under_a_provisional_timeout_is_activity_not_a_hang(tmp_pa
 
 
 def test_status_says_which_timeout_judges_the_job_and_where_it_came_from(tmp_path: Path) -> None:
-    clock, out = Clock(), []
+    clock, out = Clock(), list[Detection]()
     m = HeartbeatMonitor(HeartbeatConfig(check_interval_s=0.01), wall=clock.wall)
     m.start(ctx_for(tmp_path / "hb", clock.mono), out.append)
     w = LogWatcher(DetectorsConfig(), out.append, lambda r: None, progress=m, clock=lambda: clock.mono)
