@@ -323,6 +323,8 @@ def _loss(s: dict, key: str = "val_loss") -> float:
     v = s.get(key)
     if v is None and key == "val_loss":
         v = s.get("loss")
+    if v is None:
+        return float("nan")
     try:
         return float(v)
     except (TypeError, ValueError):

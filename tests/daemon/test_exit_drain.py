@@ -21,6 +21,7 @@ def test_a_step_printed_just_before_the_exit_counts_as_progress(tmp_path: Path) 
         # turn's metric drain, before the decision.
         if not fed:
             fed.append(True)
+            assert d.watch.logwatch is not None
             d.watch.logwatch.feed("stdout", [json.dumps({"step": 7, "loss": 2.0})])
         return True
 

@@ -26,7 +26,7 @@ class Heard(Concern):
 
 def test_an_event_is_logged_kept_in_the_ledger_and_told_to_every_concern() -> None:
     ledger, heard = FakeLedger(), Heard()
-    where = ["run-1", -1]
+    where: list[Any] = ["run-1", -1]
     rec = EventRecorder(ledger, ConcernSet([heard]), lambda: (str(where[0]), int(where[1])))
     with capture_logs() as logs:
         rec.event("daemon_started", "info", "supervising", pid=7, skipped=None)

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from typing import Callable
 
 import torch
 
@@ -39,7 +40,7 @@ def main() -> None:
 
         writer = SummaryWriter(os.path.join(args.out_dir, "tb"))
     jsonl = open(os.path.join(args.out_dir, "metrics.jsonl"), "a") if args.sink == "jsonl" else None
-    report = None
+    report: Callable[[str], object] | None = None
     if args.sink == "logfile":
         import logging
 

@@ -18,6 +18,7 @@ import importlib
 import os
 import sys
 import time
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -42,7 +43,7 @@ def main() -> None:
     ap.add_argument("--ckpt_path", default=None)
     args = ap.parse_args()
     if args.pkg == "lightning":
-        L = importlib.import_module("lightning")
+        L: Any = importlib.import_module("lightning")
         from lightning.pytorch.callbacks import Callback, ModelCheckpoint
         from lightning.pytorch.loggers import CSVLogger
     else:

@@ -56,7 +56,8 @@ def test_tqdm_loop_bar_records_carry_the_counter_as_step(stream: str) -> None:
     p = params("loop_tqdm")
     recs = [r for _, r in parse_file(f"loop_tqdm.{stream}") if r is not None]
     assert recs and all(r.fmt == "tqdm" for r in recs), {r.fmt for r in recs}
-    steps = [r.step for r in recs]
+    assert all(r.step is not None for r in recs)
+    steps = [r.step for r in recs if r.step is not None]
     assert steps == sorted(steps) and steps[-1] == p["steps"] and all(r.extra["total"] == p["steps"] for r in recs)
     # The loss beside counter c is that of step index >= c (tqdm redraws on set_postfix with the count
     # it last displayed): the first NaN is shown at or before index nan_step + 1, never after it.

@@ -56,7 +56,7 @@ def test_each_message_is_filed_under_its_cause(path: Path) -> None:
     assert first.source == "stderr" and first.step == 42
     if first.cause is Cause.CRASH:
         assert first.summary.startswith(CUDA_MESSAGES[path.stem]), first.summary
-        assert first.summary.endswith("(last step 42)") and first.details["cuda_error"] in first.summary
+        assert first.summary.endswith("(last step 42)") and str(first.details["cuda_error"]) in first.summary
     else:
         assert Cause.CRASH not in {d.cause for d in found if d.cause is not first.cause} or path.stem.startswith(
             "nccl_timeout_unhandled"), [d.summary for d in found]  # NCCL's own report of a CUDA failure comes first
