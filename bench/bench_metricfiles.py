@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from supervisor.events import Detection
 from supervisor.watch.config import DetectorsConfig
@@ -63,7 +64,13 @@ def _tb_file(d: Path, steps: int, nan_at: int = -1, pace: float = 0.0) -> subpro
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _cost_of(root: Path, make: "callable", scalars: int) -> float:  # type: ignore[valid-type]
+def _records(lw: LogWatcher) -> int:
+    n = lw.status()["metric_records"]
+    assert isinstance(n, int), n
+    return n
+
+
+def _cost_of(root: Path, make: Callable[[], object], scalars: int) -> float:
     lw, _, _ = _watcher()
     mf = MetricFiles([root], lw)
     mf.baseline()
@@ -74,7 +81,7 @@ def _cost_of(root: Path, make: "callable", scalars: int) -> float:  # type: igno
     while mf.scan_now():
         pass
     cpu = time.process_time() - t0
-    recs = lw.status()["metric_records"]
+    recs = _records(lw)
     assert recs >= scalars // 2 - 1, f"read {recs} records of {scalars // 2} steps"
     return cpu / scalars * 1000
 
@@ -157,7 +164,7 @@ def delay(trials: int = 5) -> list[dict]:
                                          else json.dumps({"step": step, "loss": 1.0}) + "\n")
                             fh.flush()
                             deadline = time.monotonic() + 10
-                            while lw.status()["metric_records"] < 5:  # followed: found by a search
+                            while _records(lw) < 5:  # followed: found by a search
                                 if time.monotonic() > deadline:
                                     raise RuntimeError(f"{kind} file not followed within 10 s")
                                 time.sleep(0.01)

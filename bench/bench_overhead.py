@@ -205,7 +205,7 @@ def cpu_budget(tmp: Path) -> list[dict]:
                     per_save.append(total.get("verifier", 0.0) / saves)
     st = {r: statistics.median(v) for r, v in steady.items()}
     wh = {r: statistics.median(v) for r, v in whole.items()}
-    rows = [{"name": f"settings: tests/trainer_scripts/nanogpt_train.py {' '.join(MODEL)}, {ITERS} iterations, eval + save "
+    rows: list[dict[str, object]] = [{"name": f"settings: tests/trainer_scripts/nanogpt_train.py {' '.join(MODEL)}, {ITERS} iterations, eval + save "
                      f"every {EVERY} (one ckpt.pt overwritten); ours: wrap at the defaults with --checkpoint-dir "
                      f"(every save load-tested in the background by the warm verifier); bare and ours interleaved, "
                      f"{REPS} reps, medians; CPU = user + system of each process, sampled every 0.1 s",

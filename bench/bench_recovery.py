@@ -264,7 +264,8 @@ def run_arm(tmp: Path, arm: str, scenario: str, iters: int, every: int, faults: 
 
 def startup(tmp: Path) -> tuple[float, float]:
     """The job alone: launch to its first iteration line, fresh and resuming (median of 3)."""
-    fresh, resumed = [], []
+    fresh: list[float] = []
+    resumed: list[float] = []
     for i in range(3):
         out = tmp / f"startup-{i}"
         for resume in (False, True):
@@ -394,8 +395,8 @@ def run() -> list[dict]:
                 for i, (r, b) in enumerate(rs):
                     row(f"one SIGKILL at iter {KILL_AT} of {ITERS}: {arm} (rep {i + 1}, its fault-free bare run "
                         f"{b.wall:.1f} s)", describe(r, b, ITERS))
-            for arm, (gp, f2) in med.items():
-                row(f"one SIGKILL: {arm}, median goodput / fault to next iteration", f"{gp:.2f} / {f2:.2f}",
+            for arm, (gp, f2_med) in med.items():
+                row(f"one SIGKILL: {arm}, median goodput / fault to next iteration", f"{gp:.2f} / {f2_med:.2f}",
                     "ratio / s", "ours >= shell / ours <= torchrun" if arm == "ours" else "peer")
             row("one SIGKILL: ours / shell goodput, ours / torchrun goodput (medians)",
                 f"{med['ours'][0] / med['shell'][0]:.2f} / {med['ours'][0] / med['torchrun'][0]:.2f}", "x", ">= 1")
@@ -431,10 +432,10 @@ def run() -> list[dict]:
                     "peer (never sees the hang)")
         if "nan" in only:
             ref = ref_runs[ITERS]
-            arms = [("ours", SCALE_REMEDY, "ours + scale --learning_rate x 0.001"),
+            nan_arms = [("ours", SCALE_REMEDY, "ours + scale --learning_rate x 0.001"),
                     ("ours", ARGS_REMEDY, "ours + args --learning_rate=0.001"),
                     ("ours", None, "ours, no remedy"), ("torchrun", None, "torchrun"), ("shell", None, "shell")]
-            for i, (arm, cfg, label) in enumerate(arms):
+            for i, (arm, cfg, label) in enumerate(nan_arms):
                 r = run_arm(tmp, arm, "nan", ITERS, EVAL, [("nan", 0)] * 3, extra=(NAN_LR,), config=cfg, tag=f"-{i}")
                 target = ("finite model" if cfg else "gives up on the 2nd identical failure, in seconds") \
                     if arm == "ours" else "peer"

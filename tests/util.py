@@ -21,6 +21,12 @@ def wait_for(cond: Callable[[], T | None | Literal[False]], timeout: float = 10.
         time.sleep(interval)
 
 
+def known(value: T | None) -> T:
+    """``value``, failing the test where it is None (an Optional a test expects filled in)."""
+    assert value is not None
+    return value
+
+
 def stacks_and_kill_tree(pid: int) -> str:
     """SIGKILL a process and every descendant; return py-spy stack dumps of the Python ones first.
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, MutableMapping
 
 import pytest
 from structlog.testing import capture_logs
@@ -34,7 +34,7 @@ def _free_disk(led: Ledger) -> None:
     led.db.execute("PRAGMA max_page_count=1000000")
 
 
-def _said(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+def _said(logs: list[MutableMapping[str, Any]], event: str) -> list[MutableMapping[str, Any]]:
     return [line for line in logs if line["event"] == event]
 
 
