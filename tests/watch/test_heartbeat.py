@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import pytest
 
@@ -65,7 +65,7 @@ def monitor(cfg: HeartbeatConfig, clock: Clock, hb: Path, out: list[Detection], 
     return m
 
 
-FAST = dict(check_interval_s=0.01)
+FAST: dict[str, Any] = dict(check_interval_s=0.01)
 
 
 def test_configured_timeout(setup: tuple[Clock, Path, list[Detection]]) -> None:
@@ -95,7 +95,10 @@ def test_hang_reported_within_check_interval_of_timeout(setup: tuple[Clock, Path
     m = monitor(HeartbeatConfig(timeout_s=5, check_interval_s=0.25), clock, hb, out)
     write_hb(hb, 0, clock.wall(), seq=1)
     # fake time moves 0.1 s a poll; the real deadline only stops a monitor that never fires
-    wait_for(lambda: m.poll(clock.advance(0.1)) or out, timeout=10, interval=0, what="the hang detection")
+    def hung() -> bool:
+        m.poll(clock.advance(0.1))
+        return bool(out)
+    wait_for(hung, timeout=10, interval=0, what="the hang detection")
     assert 5.0 < out[0].details["age_s"] <= 5.0 + 0.25 + 0.1  # type: ignore[operator]
 
 
@@ -269,7 +272,7 @@ def test_real_child_that_stops_heartbeating_is_hung(tmp_path: Path) -> None:
         assert d.cause is Cause.HANG and d.details["rank"] == 0 and d.details["pid"] == p.pid
         # The step of the last heartbeat *written* (the client writes at most every interval).
         on_disk = json.loads((hb / "heartbeat-rank0.json").read_text())
-        assert d.step == on_disk["step"] and 0 <= d.step <= 29 and on_disk["pid"] == p.pid
+        assert d.step is not None and d.step == on_disk["step"] and 0 <= d.step <= 29 and on_disk["pid"] == p.pid
         # Detected at the timeout, not long after it (a margin a loaded machine meets).
         assert 1.0 <= d.details["age_s"] < 6.0  # type: ignore[operator]  # rounded: may equal the timeout
         # The client's metric reports came through the metrics tailer.

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from supervisor.events import Cause, Detection
 from supervisor.watch.config import DetectorsConfig, HeartbeatConfig
@@ -10,7 +11,7 @@ from supervisor.watch.liveness import Cadence, OutputLiveness
 from supervisor.watch.logwatch import LogWatcher
 from tests.watch.test_heartbeat import Clock, ctx_for, write_hb
 
-LEARN = dict(learn_after=3, learn_factor=2.0, learn_floor_s=5.0, initial_timeout_s=100.0, startup_timeout_s=50.0)
+LEARN: dict[str, Any] = dict(learn_after=3, learn_factor=2.0, learn_floor_s=5.0, initial_timeout_s=100.0, startup_timeout_s=50.0)
 
 
 def test_cadence_initial_then_learned_and_config_wins() -> None:
@@ -93,7 +94,7 @@ def monitor(cfg: HeartbeatConfig, clock: Clock, hb: Path, out: list[Detection]) 
 
 
 def test_unmodified_job_hang_detected_through_the_logwatcher(tmp_path: Path) -> None:
-    clock, out = Clock(), []
+    clock, out = Clock(), list[Detection]()
     m = monitor(HeartbeatConfig(check_interval_s=0.01, **LEARN), clock, tmp_path / "hb", out)
     w = LogWatcher(DetectorsConfig(), out.append, lambda r: None, progress=m, clock=lambda: clock.mono)
     for i in range(6):
@@ -111,7 +112,7 @@ def test_unmodified_job_hang_detected_through_the_logwatcher(tmp_path: Path) -> 
 
 
 def test_heartbeats_take_precedence_over_output(tmp_path: Path) -> None:
-    clock, out = Clock(), []
+    clock, out = Clock(), list[Detection]()
     hb = tmp_path / "hb"
     m = monitor(HeartbeatConfig(check_interval_s=0.01, timeout_s=30, **{k: v for k, v in LEARN.items()}),
                 clock, hb, out)
@@ -127,7 +128,7 @@ def test_heartbeats_take_precedence_over_output(tmp_path: Path) -> None:
 
 
 def test_output_liveness_can_be_turned_off(tmp_path: Path) -> None:
-    clock, out = Clock(), []
+    clock, out = Clock(), list[Detection]()
     m = monitor(HeartbeatConfig(check_interval_s=0.01, output_liveness=False, **LEARN), clock, tmp_path / "hb", out)
     for i in range(6):
         m.note_output(clock.mono, f"iter {i}: loss 2.0")
@@ -152,7 +153,7 @@ def test_a_learned_hang_teaches_the_next_attempt() -> None:
 def test_checkpoint_files_being_written_count_as_activity(tmp_path: Path) -> None:
     import os
 
-    clock, out = Clock(), []
+    clock, out = Clock(), list[Detection]()
     ck = tmp_path / "ckpt"
     (ck / "checkpoint-40").mkdir(parents=True)
     m = HeartbeatMonitor(HeartbeatConfig(check_interval_s=0.01, **LEARN), wall=clock.wall)
@@ -178,7 +179,7 @@ def test_the_supervisors_own_manifests_are_not_the_job_at_work(tmp_path: Path) -
     import os
     from dataclasses import replace
 
-    clock, out = Clock(), []
+    clock, out = Clock(), list[Detection]()
     ck = tmp_path / "ckpt"
     (ck / "checkpoint-40").mkdir(parents=True)
     m = HeartbeatMonitor(HeartbeatConfig(check_interval_s=0.01, **LEARN), wall=clock.wall)
@@ -197,7 +198,7 @@ def test_the_supervisors_own_manifests_are_not_the_job_at_work(tmp_path: Path) -
 
 
 def test_the_last_line_in_a_hang_detection_is_masked_and_bounded(tmp_path: Path) -> None:
-    clock, out = Clock(), []
+    clock, out = Clock(), list[Detection]()
     m = monitor(HeartbeatConfig(check_interval_s=0.01, **LEARN), clock, tmp_path / "hb", out)
     w = LogWatcher(DetectorsConfig(), out.append, lambda r: None, progress=m, clock=lambda: clock.mono)
     for i in range(6):

@@ -15,6 +15,7 @@ import pytest
 
 from supervisor.events import MetricRecord
 from supervisor.watch.parsers import METRIC_KEYWORDS, MetricParser
+from tests.util import known
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus"
 MANIFEST = json.loads((CORPUS / "manifest.json").read_text())
@@ -90,7 +91,7 @@ def test_hf_train_dicts(run: str, stream: str) -> None:
         assert r.extra["epoch"] == pytest.approx(step / p["max_steps"], abs=0.005)  # 4.x rounds to 2 places
         assert finite(r.lr)
         if step <= p["nan_step"]:
-            assert finite(r.loss) and finite(r.grad_norm) and r.loss > 0
+            assert finite(r.loss) and finite(r.grad_norm) and known(r.loss) > 0
         else:
             # The parameters are NaN from step nan_step + 1 on: every later grad norm is NaN.
             assert nonfinite(r.grad_norm), (step, r)
@@ -99,7 +100,7 @@ def test_hf_train_dicts(run: str, stream: str) -> None:
             elif step - p["logging_steps"] >= p["nan_step"]:
                 assert r.loss == 0.0  # the filter replaced every step of the interval: HF logs 0
             else:
-                assert finite(r.loss) and r.loss > 0  # the mean of the finite steps of the interval
+                assert finite(r.loss) and known(r.loss) > 0  # the mean of the finite steps of the interval
 
 
 @pytest.mark.parametrize("run,stream", HF_DICT_RUNS)
@@ -125,7 +126,7 @@ def test_hf_training_bar_progress(run: str) -> None:
         prog = [r for _, r in parsed if r is not None and r.fmt == "progress"]
         train = [r for r in prog if r.extra["total"] == p["max_steps"]]
         assert all(r.loss is None and r.grad_norm is None and set(r.extra) == {"total"} for r in prog)
-        steps = [r.step for r in train]
+        steps = [known(r.step) for r in train]
         assert steps == sorted(steps)  # the training bar never goes back
         # Each step takes longer than tqdm's mininterval (see capture.py), so every step is drawn.
         assert set(steps) == set(range(0, p["max_steps"] + 1))
@@ -179,7 +180,7 @@ def test_hf_resume(run: str) -> None:
     assert [r.extra["epoch"] for r in train] == pytest.approx(
         [s / p["max_steps"] for s in range(p["resume_from"] + p["logging_steps"], p["max_steps"] + 1,
                                             p["logging_steps"])], abs=1e-2)
-    steps = [r.step for r in records(f"{run}.stderr", "progress") if r.extra["total"] == p["max_steps"]]
+    steps = [known(r.step) for r in records(f"{run}.stderr", "progress") if r.extra["total"] == p["max_steps"]]
     # The bar is created at 0 and jumps to the resumed global step at the first step end.
     assert steps[0] == 0 and steps[1] == p["resume_from"] + 1
     assert steps == sorted(steps) and steps[-1] == p["max_steps"]
@@ -246,8 +247,8 @@ def test_lightning_csv_logger_rows() -> None:
     assert not parser.wants_all_lines(source)
     assert parser.parse(lines[0], source) is None  # the header
     assert parser.wants_all_lines(source)
-    recs = [parser.parse(ln, source) for ln in lines[1:]]
-    assert all(r is not None and r.fmt == "csv" for r in recs)
+    recs = [known(parser.parse(ln, source)) for ln in lines[1:]]
+    assert all(r.fmt == "csv" for r in recs)
     train = [r for r in recs if r.loss is not None]
     val = [r for r in recs if r.val_loss is not None]
     assert len(train) + len(val) == len(recs)
@@ -256,12 +257,12 @@ def test_lightning_csv_logger_rows() -> None:
     # Lightning logs when (step + 1) % log_every_n_steps == 0; `step` is 0-based (4 = the 5th step).
     assert [r.step for r in train] == list(range(every - 1, total, every))
     for r in train:
-        assert (nonfinite if r.step + 1 > p["nan_after_batches"] else finite)(r.loss), r
-        assert r.extra["epoch"] == r.step // p["train_batches"]
+        assert (nonfinite if known(r.step) + 1 > p["nan_after_batches"] else finite)(r.loss), r
+        assert r.extra["epoch"] == known(r.step) // p["train_batches"]
     # One validation row per epoch, at its last step; NaN once the NaN batches were trained on.
     assert [r.step for r in val] == [(e + 1) * p["train_batches"] - 1 for e in range(p["max_epochs"])]
     for r in val:
-        assert (nonfinite if r.step + 1 > p["nan_after_batches"] else finite)(r.val_loss), r
+        assert (nonfinite if known(r.step) + 1 > p["nan_after_batches"] else finite)(r.val_loss), r
     # Another source is not a CSV file; a stdout line is never taken for a header.
     assert parser.parse(lines[1], "file:/other.csv") is None
     assert parser.parse(lines[0], "stdout") is None and not parser.wants_all_lines("stdout")
@@ -276,7 +277,7 @@ def test_lightning_csv_header_change_and_set_header() -> None:
     # Lightning rewrites the file with a wider header when a new metric appears.
     assert parser.parse("epoch,lr-AdamW,step,train_loss_epoch,train_loss_step,val_loss", src) is None
     r = parser.parse("1,0.001,19,2.4,nan,", src)
-    assert r is not None and r.step == 19 and math.isnan(r.loss) and r.extra["train_loss_epoch"] == 2.4
+    assert r is not None and r.step == 19 and math.isnan(known(r.loss)) and r.extra["train_loss_epoch"] == 2.4
     assert r.extra["lr-AdamW"] == 0.001 and r.val_loss is None
     assert parser.parse("1,2,3", src) is None  # wrong width: not a row
     assert not parser.set_csv_header(src, "a,b,c")  # no loss-like column: not a metrics header
@@ -316,7 +317,7 @@ def test_llmc_cuda_stdout() -> None:
     n = p["train_num_batches"]
     assert [r.step for r in train] == list(range(1, n + 1))  # printed as step + 1
     for r in train:
-        broken = r.step - 1 >= p["nan_step"]
+        broken = known(r.step) - 1 >= p["nan_step"]
         assert (nonfinite if broken else finite)(r.loss) and (nonfinite if broken else finite)(r.grad_norm)
         assert r.extra["total"] == n and finite(r.tokens_per_sec) and finite(r.lr)
         assert finite(r.extra["time_ms"]) and finite(r.extra["mfu"])
