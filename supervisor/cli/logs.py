@@ -6,8 +6,10 @@ while the daemon runs, after it exited, and when it was killed. Which file: ``[j
 of the config given, or of the run's config recorded in the ledger (a relative one under the
 job's workdir), else ``<state dir>/job.log``.
 
-``-f`` follows the file as ``tail -F`` does (a file renamed away by logrotate is read to its
-end, then the new one from its start; one truncated in place is read again from its start) and
+The last lines come from the rotated job.log.1, .2 ... too when job.log holds fewer (the keeper
+rotates it past ``[job] log_max_bytes``). ``-f`` follows the file as ``tail -F`` does (a file
+renamed away, by the keeper or logrotate, is read to its end, then the new one from its start;
+one truncated in place is read again from its start) and
 ends by itself once the daemon has exited and the file stopped growing. Whether the daemon runs
 is read from its lock file (``daemon.lock`` holds its pid): taking the lock to test it could
 refuse a daemon starting at that moment.
@@ -22,7 +24,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from ..job.keeper import stderr_log_path
+from ..job.keeper import rotated_logs, stderr_log_path
 
 BLOCK = 1 << 16
 POLL_S = 0.2  # how often -f looks for new bytes: a human reading a log never sees 0.2 s
@@ -97,11 +99,18 @@ def daemon_alive(state_dir: Path) -> bool:
 def last_lines_offset(f: BinaryIO, end: int, n: int) -> int:
     """Where the last ``n`` lines of ``f[:end]`` start (0 = all); a last line without its
     newline counts as a line."""
+    return lines_from_end(f, end, n)[0]
+
+
+def lines_from_end(f: BinaryIO, end: int, n: int) -> tuple[int, int]:
+    """Where the last ``n`` lines of ``f[:end]`` start (0 = all), and how many lines that is
+    (fewer than ``n`` when the file holds fewer)."""
     if n <= 0 or end == 0:
-        return 0
+        return 0, 0
     pos, wanted = end, n
     f.seek(end - 1)
-    if f.read(1) == b"\n":
+    final_newline = f.read(1) == b"\n"
+    if final_newline:
         wanted += 1  # the file's final newline ends the last line; it does not start one
     while pos > 0:
         size = min(BLOCK, pos)
@@ -113,9 +122,42 @@ def last_lines_offset(f: BinaryIO, end: int, n: int) -> int:
             cut = len(block)
             for _ in range(wanted):
                 cut = block.rindex(b"\n", 0, cut)
-            return pos + cut + 1
+            return pos + cut + 1, n
         wanted -= count
-    return 0
+    return 0, n - wanted + 1  # all of it: its newlines, or one more for a last line without one
+
+
+def copy_last_lines(path: Path, f: BinaryIO, end: int, n: int, out: BinaryIO) -> None:
+    """The last ``n`` lines of the log (0: all of it), the older of them from the rotated
+    job.log.1, .2 ... when job.log holds fewer (it was just rotated)."""
+    start, found = lines_from_end(f, end, n)
+    older: list[tuple[BinaryIO, int, int]] = []
+    if start == 0 and (n <= 0 or found < n):
+        names = rotated_logs(str(path))
+        here = os.fstat(f.fileno())
+        for i, name in enumerate(names):  # f itself rotated since it was opened: older ones are past it
+            try:
+                st = os.stat(name)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino):
+                names = names[i + 1:]
+                break
+        for name in names:
+            try:
+                g = open(name, "rb")
+            except OSError:
+                break
+            g_end = os.fstat(g.fileno()).st_size
+            g_start, g_found = lines_from_end(g, g_end, n - found) if n > 0 else (0, 0)
+            older.append((g, g_start, g_end))
+            found += g_found
+            if n > 0 and (g_start > 0 or found >= n):
+                break
+    for rotated, r_start, r_end in reversed(older):  # oldest first, as written
+        with rotated:
+            copy_range(rotated, r_start, r_end, out)
+    copy_range(f, start, end, out)
 
 
 def copy_range(f: BinaryIO, start: int, end: int, out: BinaryIO) -> None:
@@ -150,8 +192,11 @@ def follow(path: Path, f: BinaryIO, pos: int, out: BinaryIO, alive: Callable[[],
             st = None  # renamed away, its successor not created yet: keep the one we have
         here = os.fstat(f.fileno())
         if st is not None and (st.st_dev, st.st_ino) != (here.st_dev, here.st_ino):
-            f.close()  # rotated, and the old file read to its end: the new one from its start
-            f = open(path, "rb")
+            # What the writer added before it moved on, then the file it wrote next from its start:
+            # the rotated one just newer (several rotations since the last look), else the new one.
+            copy_range(f, pos, here.st_size, out)
+            f.close()
+            f = open(_successor(path, (here.st_dev, here.st_ino)), "rb")
             pos = 0
             continue
         if here.st_size < pos:
@@ -163,6 +208,20 @@ def follow(path: Path, f: BinaryIO, pos: int, out: BinaryIO, alive: Callable[[],
                 return
             quiet_after_exit = True
         time.sleep(poll_s)
+
+
+def _successor(path: Path, ident: tuple[int, int]) -> str:
+    """The file written after the one of ``ident``: the rotated log just newer than it
+    (job.log.3 -> job.log.2), or ``path`` itself (after job.log.1, or a name it does not know)."""
+    names = rotated_logs(str(path))
+    for i, name in enumerate(names):
+        try:
+            st = os.stat(name)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == ident:
+            return names[i - 1] if i > 0 else str(path)
+    return str(path)
 
 
 def cmd_logs(args: argparse.Namespace, state_dir: Path) -> int:
@@ -196,7 +255,7 @@ def cmd_logs(args: argparse.Namespace, state_dir: Path) -> int:
     out = sys.stdout.buffer
     with f:
         end = os.fstat(f.fileno()).st_size
-        copy_range(f, last_lines_offset(f, end, args.lines), end, out)
+        copy_last_lines(path, f, end, args.lines, out)
         if args.follow:
             follow(path, f, end, out, alive)
     return 0

@@ -328,17 +328,19 @@ def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: 
 
 def log_tail(path: Path, n: int = 10) -> list[str]:
     """The last ``n`` lines of the job log (systemctl status shows the journal's last lines);
-    empty when there is no log. Read from the end, so a large log costs one block or two."""
-    from .logs import last_lines_offset
+    empty when there is no log. Read from the end, so a large log costs one block or two; from
+    the rotated job.log.1 too when job.log was just rotated."""
+    import io
 
+    from .logs import copy_last_lines
+
+    buf = io.BytesIO()
     try:
         with open(path, "rb") as f:
-            end = f.seek(0, 2)
-            f.seek(last_lines_offset(f, end, n))
-            data = f.read(end - f.tell())
+            copy_last_lines(path, f, f.seek(0, 2), n, buf)
     except OSError:
         return []
-    return data.decode("utf-8", "replace").splitlines()[-n:]
+    return buf.getvalue().decode("utf-8", "replace").splitlines()[-n:]
 
 
 def last_run_status(sd: Path, config: str | None = None) -> dict[str, Any] | None:

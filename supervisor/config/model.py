@@ -79,6 +79,14 @@ class JobConfig:
         "args appended only when resuming; {checkpoint} is replaced by the checkpoint path"))
     log_file: str | None = field(default=None, metadata=meta(
         "copy of the job's stdout+stderr (appended); default <state dir>/job.log"))
+    log_max_bytes: int = field(default=1 << 30, metadata=meta(
+        "rotate the job log (and its job.stderr.log) when it reaches this size: it is renamed to job.log.1 "
+        "(older ones to .2, ...) and a new one opened, between two lines, nothing lost; 0: never (it grows, "
+        "or logrotate rotates it)", min=0,
+        check=lambda v: None if v == 0 or v >= 4096 else f"expected 0 (never) or at least 4096 bytes, got {v}"))
+    log_keep: int = field(default=5, metadata=meta(
+        "rotated job logs kept (job.log.1 ... job.log.N, newest first); the oldest beyond is deleted",
+        min=1, max=100))
     watch_files: tuple[str, ...] = field(default=(), metadata=meta(
         "extra log files to tail (globs, relative to workdir), e.g. torchrun --log-dir rank files"))
     python: str | None = field(default=None, metadata=meta(

@@ -143,6 +143,15 @@ class CheckpointConcern(Concern):
                                      list(cfg.job.command), cfg.workdir(), remedy_keys=remedy_keys(cfg),
                                      verifier_cgroup=self._verifier_cgroup)
         self._newest_at = float("-inf")
+        if self.svc.write_manifests:  # files of ours in the user's folder: said once per folder, before any
+            self.daemon.event(
+                "checkpoint_manifests_on", "info",
+                f"a checkpoint in {d} that comes without a manifest gets one from the supervisor beside it "
+                "(<checkpoint>.manifest.json: its digest, step, config and validation metric, read to verify it "
+                "before a resume; also in last_good/); the checkpoints themselves are never changed. To write "
+                "none: [checkpoints] write_manifests = false (wrap --set checkpoints.write_manifests=false); "
+                "checkpoints without a manifest of their own are then not checked for integrity",
+                path=str(d))
 
     # -- the port -------------------------------------------------------------------------
     def book_last_attempt(self) -> str | None:

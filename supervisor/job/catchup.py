@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 
 import structlog
 
-from .keeper import CHUNK, GAP_HEAD, GAP_RANGE, NOT_IN_LOG
+from .keeper import CHUNK, GAP_HEAD, GAP_RANGE, NOT_IN_LOG, rotated_logs
 
 log = structlog.get_logger("supervisor.job.output")
 
@@ -72,6 +72,10 @@ class LagGauge:
             if behind > self.max_seconds:
                 self.max_seconds = behind
 
+    def rotated(self) -> None:
+        """The keeper rotated job.log: what follows ends at offsets in the new file."""
+        self._end = 0
+
     def idle(self) -> None:
         """Everything the keeper sent is handled."""
         self._at = None
@@ -95,8 +99,10 @@ class LagGauge:
 
 class LogReadback:
     """Reads a gap frame's ranges back from job.log: only from the file the keeper wrote them to
-    (its device and inode), never through a symlink. A range that cannot be read whole (the file
-    rotated away and gone, truncated by copytruncate) is counted in ``gauge.unparsed`` and said."""
+    (its device and inode), never through a symlink; job.log, or the rotated job.log.1 ... it has
+    become since (the keeper's own rotation renames it while the daemon catches up). A range that
+    cannot be read whole (rotated out of the kept ones, truncated by copytruncate) is counted in
+    ``gauge.unparsed`` and said."""
 
     def __init__(self, log_path: str, gauge: LagGauge) -> None:
         self.log_path = log_path
@@ -110,16 +116,17 @@ class LogReadback:
         self.close()
         if not self.log_path:
             return -1
-        try:
-            fd = os.open(self.log_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
-            return -1
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != ident:
-            os.close(fd)  # rotated: the ranges are in a file we no longer know the name of
-            return -1
-        self._fd, self._ident = fd, ident
-        return fd
+        for path in [self.log_path, *rotated_logs(self.log_path)]:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == ident:
+                self._fd, self._ident = fd, ident
+                return fd
+            os.close(fd)  # another file: the ranges are in the one the keeper wrote them to
+        return -1
 
     def ranges(self, payload: bytes) -> Iterator[tuple[int, bytes]]:
         """The gap's output, (stream, bytes) in the order the keeper read it."""

@@ -26,12 +26,19 @@ The job's stderr also goes, alone, to a sidecar beside job.log (:func:`stderr_lo
 ``job.stderr.log``), so ``transformer-supervisor logs --stderr`` can show it without the
 stdout lines around it: job.log stays the byte-exact interleaving of both streams as read.
 
-Run as ``python -I -S keeper.py OUT_FD ERR_FD SOCK_FD LOG_FD LOG_PATH [ERR_LOG_FD ERR_LOG_PATH]``
-(a log fd -1 and an empty path when there is no such log): standard library only, so it starts
-in milliseconds and imports nothing of the daemon. The frame format is :data:`FRAME`: a kind
-byte and a length; a data frame's payload starts with :data:`DATA_HEAD` (where the chunk ends in
-job.log, when it was read), a gap frame's with :data:`GAP_HEAD` (job.log's identity) followed by
-:data:`GAP_RANGE` entries.
+Size-based rotation (``[job] log_max_bytes``, ``log_keep``) is the keeper's too, as the only
+writer: past the size, between two lines, job.log is renamed to job.log.1 (job.log.1 to .2 ...,
+the oldest beyond ``log_keep`` deleted) and a new job.log opened, so no byte is written anywhere
+else and none is lost; job.stderr.log rotates the same way on its own. A rotation of job.log is
+sent to the daemon as a ``job_log_rotated`` notice, in order with the output: the bytes before it
+are in the renamed file, those after in the new one (:func:`rotated_logs` finds them again).
+
+Run as ``python -I -S keeper.py OUT_FD ERR_FD SOCK_FD LOG_FD LOG_PATH [ERR_LOG_FD ERR_LOG_PATH
+[MAX_BYTES KEEP]]`` (a log fd -1 and an empty path when there is no such log; MAX_BYTES 0: no
+rotation): standard library only, so it starts in milliseconds and imports nothing of the daemon.
+The frame format is :data:`FRAME`: a kind byte and a length; a data frame's payload starts with
+:data:`DATA_HEAD` (where the chunk ends in job.log, when it was read), a gap frame's with
+:data:`GAP_HEAD` (job.log's identity) followed by :data:`GAP_RANGE` entries.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ import sys
 import time
 from array import array
 from collections import deque
-from itertools import islice
+from itertools import islice, takewhile
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -55,6 +62,7 @@ DATA_HEAD = struct.Struct("!Qd")  # end offset of the chunk in job.log (NOT_IN_L
 GAP_HEAD = struct.Struct("!QQ")  # job.log's st_dev, st_ino: the daemon reads the ranges back from that file only
 GAP_RANGE = struct.Struct("!BQQd")  # stream (STDOUT/STDERR), offset, length, first read at (monotonic)
 NOT_IN_LOG = (1 << 64) - 1
+ROTATED = "job_log_rotated"  # the notice of a job.log rotation: later data frames' offsets are in the new file
 CHUNK = 1 << 18
 # Frames waiting for the daemon, in bytes: past this the bytes stay in job.log and only their
 # place is sent (a burst costs the daemon time, never the job, and the keeper bounded memory).
@@ -69,6 +77,21 @@ GAP_FRAME_RANGES = 2048  # ranges per gap frame (a frame stays under 64 KiB)
 # far below what a pipe of 1 MiB holds at any rate a job prints.
 COALESCE_S = 0.001
 ROTATION_CHECK_S = 1.0  # how often the keeper looks whether job.log was renamed away (logrotate)
+# A log past its size is rotated at the end of a line; when the job prints a line longer than
+# this beyond the size (or a progress bar that never ends one), it is cut there instead.
+ROTATE_CUT_AFTER = 1 << 20
+ROTATE_RETRY_S = 60.0  # a rotation that failed (a read-only dir) is tried again this much later
+MAX_KEEP = 100  # rotated logs at most ([job] log_keep's maximum): how far readers look
+
+
+def rotated_path(log_path: str, n: int) -> str:
+    """The ``n``-th rotated log: ``job.log.1`` is the newest."""
+    return f"{log_path}.{n}"
+
+
+def rotated_logs(log_path: str) -> list[str]:
+    """The rotated logs there are, newest first (``job.log.1``, ``.2``, ... up to the first missing)."""
+    return list(takewhile(os.path.lexists, (rotated_path(log_path, n) for n in range(1, MAX_KEEP + 1))))
 
 
 def stderr_log_path(log_path: str) -> str:
@@ -80,18 +103,38 @@ def stderr_log_path(log_path: str) -> str:
 
 
 class JobLog:
-    """job.log, appended unbuffered; reopened by path when logrotate moved it away (create mode);
-    copytruncate needs nothing (O_APPEND). Write errors (a full disk) are counted and said once
-    per episode; the keeper and the job go on."""
+    """job.log, appended unbuffered; rotated past ``max_bytes`` (0: never), keeping ``keep``;
+    reopened by path when logrotate moved it away (create mode); copytruncate needs nothing
+    (O_APPEND). Write errors (a full disk) are counted and said once per episode; the keeper and
+    the job go on. ``rotated`` names the rotation notice (empty: rotations are not said)."""
 
-    def __init__(self, fd: int, path: str, notice: Callable[[str], None]) -> None:
+    def __init__(self, fd: int, path: str, notice: Callable[[str], None], max_bytes: int = 0,
+                 keep: int = 0, rotated: str = "") -> None:
         self.fd = fd
         self.path = path
         self.notice = notice
+        self.max_bytes = max_bytes if keep > 0 else 0
+        self.keep = min(keep, MAX_KEEP)
+        self.rotated = rotated
         self.lost = 0
         self._checked = time.monotonic()
+        self._retry_at = 0.0  # no rotation tried before this (one failed)
         self._at_line_end = True
         self.ident = self._ident()
+        self.size = self._size()
+
+    def cut(self, chunk: bytes) -> int:
+        """Where to split ``chunk`` so that a rotation due now falls after its first line end (0: no split)."""
+        if not self.max_bytes or self.size < self.max_bytes or self._at_line_end or time.monotonic() < self._retry_at:
+            return 0
+        i = chunk.find(b"\n")
+        return i + 1 if 0 <= i < len(chunk) - 1 else 0
+
+    def _size(self) -> int:
+        try:
+            return os.fstat(self.fd).st_size
+        except OSError:
+            return 0
 
     def _ident(self) -> tuple[int, int]:
         try:
@@ -114,10 +157,15 @@ class JobLog:
         if self.path and time.monotonic() - self._checked >= ROTATION_CHECK_S and (
                 self._at_line_end or time.monotonic() - self._checked >= 10 * ROTATION_CHECK_S):
             self._follow_rotation()  # between lines: no line is cut in two across the files
+        if self.max_bytes and self.size >= self.max_bytes and self.path and (
+                self._at_line_end or self.size >= self.max_bytes + ROTATE_CUT_AFTER):
+            self._rotate()  # the whole chunk goes to one file: its place in it stays one range
         view = memoryview(chunk)
         try:
             while view:
-                view = view[os.write(self.fd, view):]
+                n = os.write(self.fd, view)
+                self.size += n
+                view = view[n:]
         except OSError as e:
             if not self.lost:
                 self.notice(f"job_log_write_failed: cannot append to {self.path or 'the job log'} ({e}); "
@@ -138,6 +186,7 @@ class JobLog:
             st = os.stat(self.path, follow_symlinks=False)
             now = os.fstat(self.fd)
             if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                self.size = now.st_size  # copytruncate (or another writer) changed it: the size as it is
                 return
         except FileNotFoundError:
             pass  # renamed away and not (yet) re-created: create it
@@ -153,11 +202,57 @@ class JobLog:
         os.close(self.fd)
         self.fd = fd
         self.ident = self._ident()
+        self.size = self._size()
+
+    def _rotate(self) -> None:
+        """job.log -> job.log.1 (job.log.1 -> .2 ..., the oldest beyond ``keep`` deleted), then a
+        new job.log. A rename that fails leaves everything where it was: the output goes on into
+        the same file, said once, and the rotation is tried again after :data:`ROTATE_RETRY_S`."""
+        now = time.monotonic()
+        if now < self._retry_at:
+            return
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+            moved = (st.st_dev, st.st_ino) != self._ident()
+        except OSError:
+            moved = True
+        if moved:  # by someone else (logrotate, an earlier attempt's keeper): follow, never rotate theirs
+            self._checked = 0.0
+            self._follow_rotation()
+            return
+        try:
+            for n in range(self.keep + 1, MAX_KEEP + 1):  # left by a larger log_keep
+                if not os.path.lexists(rotated_path(self.path, n)):
+                    break
+                os.unlink(rotated_path(self.path, n))
+            for n in range(self.keep - 1, 0, -1):
+                if os.path.lexists(rotated_path(self.path, n)):
+                    os.replace(rotated_path(self.path, n), rotated_path(self.path, n + 1))
+            os.replace(self.path, rotated_path(self.path, 1))
+        except OSError as e:
+            self._retry_at = now + ROTATE_RETRY_S
+            self.notice(f"job_log_rotate_failed: cannot rotate {self.path} at {self.size} bytes ({e}); the job's "
+                        f"output goes on into it past [job] log_max_bytes; tried again in {ROTATE_RETRY_S:.0f} s")
+            return
+        try:  # never through a symlink, 0600: the same rules as the first open
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as e:
+            self._retry_at = now + ROTATE_RETRY_S
+            self.notice(f"job_log_rotate_failed: {self.path} was renamed to {rotated_path(self.path, 1)} but a new "
+                        f"one cannot be created ({e}); the output goes on into the renamed file")
+            return
+        os.close(self.fd)
+        self.fd, size, self.size, self._checked = fd, self.size, 0, now
+        self.ident = self._ident()
+        if self.rotated:
+            self.notice(f"{self.rotated}: {self.path} reached {size} bytes ([job] log_max_bytes {self.max_bytes}): "
+                        f"renamed to {rotated_path(self.path, 1)} (at most {self.keep} rotated kept, the oldest "
+                        f"deleted); the output goes on into a new {self.path}")
 
 
 class Keeper:
     def __init__(self, out_fd: int, err_fd: int, sock_fd: int, log_fd: int, log_path: str,
-                 err_log_fd: int = -1, err_log_path: str = "") -> None:
+                 err_log_fd: int = -1, err_log_path: str = "", max_bytes: int = 0, keep: int = 0) -> None:
         self.streams = {out_fd: (STDOUT, EOF_STDOUT), err_fd: (STDERR, EOF_STDERR)}
         self.sock_fd = sock_fd
         if sock_fd >= 0:
@@ -169,8 +264,8 @@ class Keeper:
         # for output that is in job.log (file identity gap_ident) and not sent.
         self.gap = array("Q")
         self.gap_ident = (0, 0)
-        self.log = JobLog(log_fd, log_path, self.notice)
-        self.err_log = JobLog(err_log_fd, err_log_path, self.notice)  # the job's stderr alone
+        self.log = JobLog(log_fd, log_path, self.notice, max_bytes, keep, rotated=ROTATED)
+        self.err_log = JobLog(err_log_fd, err_log_path, self.notice, max_bytes, keep)  # the job's stderr alone
 
     # -- to the daemon --------------------------------------------------------------------
     def _frame(self, kind: int, payload: bytes) -> None:
@@ -254,6 +349,16 @@ class Keeper:
         return True
 
     def data(self, kind: int, chunk: bytes, now: float) -> None:
+        # A log due for rotation in the middle of a line (the job writes a line's text and its
+        # newline apart, PYTHONUNBUFFERED): the chunk is split after its first line end, so the
+        # rotation falls between two lines and each piece lies whole in one file.
+        cut = self.log.cut(chunk) or (self.err_log.cut(chunk) if kind == STDERR else 0)
+        if cut:
+            self._data(kind, chunk[:cut], now)
+            chunk = chunk[cut:]
+        self._data(kind, chunk, now)
+
+    def _data(self, kind: int, chunk: bytes, now: float) -> None:
         in_log = self.log.write(chunk)  # first: whatever happens to the daemon, job.log has it
         if kind == STDERR:
             self.err_log.write(chunk)
@@ -327,8 +432,9 @@ class Keeper:
 def main(argv: list[str]) -> int:
     out_fd, err_fd, sock_fd, log_fd = (int(a) for a in argv[:4])
     err_log_fd = int(argv[5]) if len(argv) > 5 else -1
+    max_bytes, keep = (int(argv[7]), int(argv[8])) if len(argv) > 8 else (0, 0)
     Keeper(out_fd, err_fd, sock_fd, log_fd, argv[4] if len(argv) > 4 else "",
-           err_log_fd, argv[6] if len(argv) > 6 else "").run()
+           err_log_fd, argv[6] if len(argv) > 6 else "", max_bytes, keep).run()
     return 0
 
 

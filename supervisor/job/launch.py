@@ -151,7 +151,9 @@ def launch_spec(cfg: Config, launch: Launch, *, run_id: str, state_dir: Path,
         ef.unlink(missing_ok=True)  # an earlier run's attempt of the same number left it
         added[torchelastic.ENV] = env[torchelastic.ENV] = str(ef)
     return LaunchSpec(tuple(argv), str(cfg.workdir()), env, added, cgroup=cfg.job.cgroup,
-                      prewarm=cfg.job.prewarm, tty=(wants_tty(cfg.job.tty, 1), wants_tty(cfg.job.tty, 2)))  # a shell job: cold, and history says why
+                      prewarm=cfg.job.prewarm,  # a shell job: cold, and history says why
+                      tty=(wants_tty(cfg.job.tty, 1), wants_tty(cfg.job.tty, 2)),
+                      log_rotate=(cfg.job.log_max_bytes, cfg.job.log_keep))
 
 
 def remedies_record(launch: Launch) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ import structlog
 from ..events import LineSink
 from .catchup import LagGauge, LogReadback
 from .console import Consoles
-from .keeper import DATA_HEAD, EOF_STDERR, EOF_STDOUT, FRAME, GAP, NOTICE, STDERR, STDOUT
+from .keeper import DATA_HEAD, EOF_STDERR, EOF_STDOUT, FRAME, GAP, NOTICE, ROTATED, STDERR, STDOUT
 from .linesplit import LineSplitter
 
 log = structlog.get_logger("supervisor.job.output")
@@ -121,7 +121,17 @@ class KeeperLink(threading.Thread):
         elif kind == EOF_STDERR:
             self._eof(STDERR)
         elif kind == NOTICE:
-            event, _, message = payload.decode("utf-8", "replace").partition(": ")
+            self._notice(payload.decode("utf-8", "replace"))
+
+    def _notice(self, text: str) -> None:
+        """What the keeper says ("event: message"): job.log's rotation, its write failures."""
+        event, _, message = text.partition(": ")
+        if event == ROTATED:
+            self.gauge.rotated()  # the data frames after this one end at offsets in the new job.log
+            log.info("job_log_rotated", keeper_pid=self.keeper_pid, message=message)
+        elif event == "job_log_rotate_failed":
+            log.error("job_log_rotate_failed", keeper_pid=self.keeper_pid, message=message)
+        else:
             level = log.error if event.endswith("_failed") else log.warning
             level(event, keeper_pid=self.keeper_pid, message=message)
 

@@ -41,6 +41,7 @@ class LaunchSpec:
     cgroup: bool = True  # in a cgroup of its own where one can be made ([job] cgroup)
     prewarm: bool = False  # started in a standby interpreter when one is ready ([job] prewarm)
     tty: tuple[bool, bool] = (False, False)  # stdout, stderr on a pty of their own ([job] tty; jobtty.py)
+    log_rotate: tuple[int, int] = (0, 0)  # the keeper rotates job.log at this size, keeping so many (0: never)
 
 
 # How an attempt's leader is started: (spec, stdout write end, stderr write end, cgroup.procs fd
@@ -103,7 +104,7 @@ class JobProcess:
             # The keeper first: from its fork on it holds the read ends, so no write of the job
             # can ever meet a pipe without a reader.
             self.keeper = start_keeper(out_r, err_r, theirs.fileno(), log_fd, str(log_path or ""),
-                                       err_log_fd, err_log_path)
+                                       err_log_fd, err_log_path, spec.log_rotate)
         except BaseException:
             for fd in (out_w, err_w, out_r, err_r):
                 os.close(fd)
@@ -279,7 +280,7 @@ class JobProcess:
             err_fd = _open_log(err_log_path) if err_log_path else -1
             fds.append(err_fd)
             self.keeper = start_keeper(self._reads[0], self._reads[1], theirs.fileno(), log_fd, log_path,
-                                       err_fd, err_log_path)
+                                       err_fd, err_log_path, self.spec.log_rotate)
         except OSError as e:
             log.error("output_keeper_restart_failed", error=str(e),
                       message=f"cannot start a new output keeper ({e}); the job's pipes stay open (the daemon "
@@ -348,14 +349,17 @@ def _open_log(path: str) -> int:
 
 
 def start_keeper(out_r: int, err_r: int, sock: int, log_fd: int, log_path: str,
-                 err_log_fd: int = -1, err_log_path: str = "") -> subprocess.Popen[bytes]:
+                 err_log_fd: int = -1, err_log_path: str = "",
+                 rotate: tuple[int, int] = (0, 0)) -> subprocess.Popen[bytes]:
     """The output keeper process: in a session of its own (no signal meant for the job or a
     terminal's group reaches it), standard library only (``-I -S``: milliseconds to start), with
-    none of the job's environment (it is not one of the job's processes)."""
+    none of the job's environment (it is not one of the job's processes). ``rotate``: the size
+    at which it rotates the logs and how many rotated ones it keeps (0: it never rotates)."""
     fds = [fd for fd in (out_r, err_r, sock, log_fd, err_log_fd) if fd >= 0]
     return subprocess.Popen(
         [sys.executable, "-I", "-S", str(Path(__file__).with_name("keeper.py")),
-         str(out_r), str(err_r), str(sock), str(log_fd), log_path, str(err_log_fd), err_log_path],
+         str(out_r), str(err_r), str(sock), str(log_fd), log_path, str(err_log_fd), err_log_path,
+         str(rotate[0]), str(rotate[1])],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=fds, start_new_session=True,
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
     )

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..job.keeper import rotated_logs
+
 #: What a job's own text log or metric file is called (a --watch-file can follow it).
 TEXT_SUFFIXES = (".log", ".txt", ".out", ".jsonl", ".json", ".csv")
 #: Metric stores read by the metric-file follower or by a tool of their own.
@@ -64,7 +66,7 @@ def file_id(st: os.stat_result) -> tuple[int, int]:
 def own_output(state_dir: Path | None, extra: Iterable[Path] = (), fds: Sequence[int] = (1, 2)) -> set[tuple[int, int]]:
     """The identities of the supervisor's own output files: its stdout/stderr where they are
     regular files (``run ... > console.log 2>&1``), every file in the state dir (``job.log``,
-    ``job.stderr.log``, the ledger), and ``extra`` (the configured log file)."""
+    ``job.stderr.log``, the ledger), and ``extra`` (the configured log file, and its rotated ones)."""
     ids: set[tuple[int, int]] = set()
     for fd in fds:
         try:
@@ -73,7 +75,7 @@ def own_output(state_dir: Path | None, extra: Iterable[Path] = (), fds: Sequence
             continue
         if stat.S_ISREG(st.st_mode):
             ids.add(file_id(st))
-    paths = list(extra)
+    paths = [p for e in extra for p in (e, *map(Path, rotated_logs(str(e))))]  # job.log.1 ...: the keeper's
     if state_dir is not None:
         try:
             paths += [Path(e.path) for e in os.scandir(state_dir)]
