@@ -89,3 +89,19 @@ def test_security_exposure_is_what_the_docs_say(tmp_path: Path):
     readme = (UNITS.parent / "README.md").read_text()
     assert f"exposure {score}" in readme, f"README must state the exposure ({score})"
     assert f"{score} (8.6 EXPOSED" in text
+
+
+def test_each_unit_makes_its_own_cgroup_writable_where_systemd_puts_it():
+    """The plain unit lives in system.slice; an instance of the template in the slice systemd
+    makes for the template, system-transformer\\x2dsupervisor.slice (issue 37 part 10: it named
+    system.slice and every instance's job went without a cgroup). Written "\\\\x2d" in the file:
+    systemd's parser drops a lone backslash (tests/systemd/ shows it under a real systemd)."""
+    def writable(name: str) -> list[str]:
+        return [w for ln in (UNITS / name).read_text().splitlines() if ln.startswith("ReadWritePaths=")
+                for w in ln.split("=", 1)[1].split()]
+
+    assert writable("transformer-supervisor.service") == [
+        "-/sys/fs/cgroup/system.slice/%n", "-/sys/fs/cgroup/unified/system.slice/%n"]
+    assert writable("transformer-supervisor@.service") == [
+        "-/sys/fs/cgroup/system.slice/system-transformer\\\\x2dsupervisor.slice/%n",
+        "-/sys/fs/cgroup/unified/system.slice/system-transformer\\\\x2dsupervisor.slice/%n"]

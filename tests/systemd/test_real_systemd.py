@@ -369,6 +369,14 @@ def test_template_instance(ct: Container) -> None:
                       20, 0.2, "status of the instance")
         assert st["max_restarts"] == 4 and st["state_dir"] == "/var/lib/transformer-supervisor/night"
         assert ct.exec(["test", "-d", "/run/transformer-supervisor/night"], check=False).returncode == 0
+        # The instance lives in system-transformer\x2dsupervisor.slice, not system.slice: its
+        # ReadWritePaths= must name that cgroup, or the job gets no cgroup of its own (the tree
+        # stays read-only under ProtectControlGroups=).
+        job = wait_for(lambda: _live_jobs(ct), 20, 0.2, "the instance's job runs")[0]
+        cgroup = ct.exec(["cat", f"/proc/{job}/cgroup"]).stdout
+        slice_ = re.escape("/system.slice/system-transformer\\x2dsupervisor.slice/")
+        assert re.search(rf"^0::{slice_}{re.escape(unit)}/tsup-[^/]+-0$", cgroup, re.M), (
+            cgroup + "\n" + ct.journal("-u", unit, "TSUP_EVENT=job_isolation"))
     finally:
         ct.exec(["systemctl", "stop", unit], timeout=60, check=False)
     assert ct.show(unit, "Result") == "success"
