@@ -144,29 +144,10 @@ def cmd_wrap(args: argparse.Namespace) -> int:
     return _run_daemon(cfg, Path(args.config).resolve() if args.config else None, args.log_format)
 
 
-def cmd_check_config(args: argparse.Namespace) -> int:
-    from ..config.model import ConfigError, load_config
+def _check_config(args: argparse.Namespace) -> int:
+    from .checkconfig import cmd_check_config
 
-    # --for wrap: the command comes from wrap's flags, so a file without [job] command is whole.
-    for_wrap = getattr(args, "for_verb", "run") == "wrap"
-    problems: list[Any] = []
-
-    def load() -> Any:
-        try:
-            return load_config(args.path, need_command=not for_wrap)
-        except ConfigError as e:
-            problems.extend(e.problems)
-            raise
-
-    cfg = _config(load)
-    if cfg is None:
-        if not for_wrap and any(p.path == "job.command" for p in problems):
-            print("  (a file for `wrap --config`, which takes the command from its flags: "
-                  "check-config --for wrap PATH)", file=sys.stderr)
-        return EXIT_USAGE
-    print(f"{args.path}: OK for {'wrap --config' if for_wrap else 'run --config'} "
-          f"(job {cfg.job.name!r}, state dir {cfg.state_dir()})")
-    return EXIT_OK
+    return cmd_check_config(args)
 
 
 # -- client verbs -----------------------------------------------------------------------------
@@ -375,8 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = build_parser()
-    # `wrap ... -- CMD`: argparse would try to parse CMD's own flags; split at the first "--".
-    if argv and "wrap" in argv and "--" in argv:
+    # `wrap ... -- CMD` (and `check-config --for wrap PATH -- CMD`): argparse would try to parse
+    # CMD's own flags; split at the first "--".
+    if argv and ("wrap" in argv or "check-config" in argv) and "--" in argv:
         i = argv.index("--")
         head, cmd = argv[:i], argv[i + 1:]
         args = ap.parse_args(head)
@@ -393,7 +375,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if verb == "wrap" and not args.command and not args.config:
         return _die_usage("wrap needs a command: transformer-supervisor wrap [options] -- CMD ARGS...")
     handlers = {
-        "run": cmd_run, "wrap": cmd_wrap, "check-config": cmd_check_config, "status": cmd_status,
+        "run": cmd_run, "wrap": cmd_wrap, "check-config": _check_config, "status": cmd_status,
         "history": cmd_history, "logs": cmd_logs, "checkpoints": cmd_checkpoints, "demo": cmd_demo, "report": cmd_report,
         "install-units": cmd_install_units,
         "stop": lambda a: cmd_simple(a, "stop"),

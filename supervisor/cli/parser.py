@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep printing what the job writes (across log rotation) until the daemon has exited "
                         "and the log stopped growing; Ctrl-C stops it (exit 130)")
     p.add_argument("-n", "--lines", type=int, default=50, metavar="N",
-                   help="how many of the last lines to print first (default 50; 0: the whole log)")
+                   help="how many of the last lines to print first (default 50; 0: the whole log); lines "
+                        "before a rotation come from the rotated job.log.1, .2 ...")
     p.add_argument("--stderr", action="store_true",
                    help="only the job's stderr (job.stderr.log, written beside the job log)")
 
@@ -163,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check-config", help="validate a config file; exit 0, or 2 with every problem listed",
                        description="Validate a config file exactly as `run --config` (default) or "
                                    "`wrap --config` (--for wrap) reads it: every problem is listed with its "
-                                   "key path, exit 2.")
+                                   "key path, exit 2. With --for wrap, what depends on wrap's command (a scale "
+                                   "remedy's flag) is checked only when the command follows: "
+                                   "check-config --for wrap PATH -- CMD ARGS...")
     p.add_argument("path", metavar="PATH", help="the config file (TOML)")
     p.add_argument("--for", dest="for_verb", choices=("run", "wrap"), default="run",
                    help="the verb that will read it: run needs [job] command; wrap takes the command "
