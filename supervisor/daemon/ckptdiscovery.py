@@ -219,10 +219,12 @@ class CheckpointDiscoveryConcern(Concern):
     def _check_unhanded(self) -> None:
         """Checkpoints exist but the job cannot be handed one: no resume args (configured or
         inferred), its script does not read TSUP_RESUME_FROM (nor import supervisor.client), and
-        it has written no client heartbeat or metric file this attempt. Warned once."""
+        it has written no client heartbeat or metric file this attempt nor the one before (a
+        relaunched client job writes its first heartbeat only once its imports are done, seconds
+        after the checkpoints it resumes from are seen here). Warned once."""
         d = self.daemon
         assert d is not None
-        if d.cfg.job.resume_args or self.reads_env or self._client_seen():
+        if self.hands_checkpoint():
             return
         newest = self.checkpoints.newest()
         if newest is None:

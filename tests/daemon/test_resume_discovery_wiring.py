@@ -11,6 +11,7 @@ from supervisor.core.machine import State
 from supervisor.daemon.checkpointconcern import CheckpointConcern
 from supervisor.daemon.ckptdiscovery import CheckpointDiscoveryConcern
 from supervisor.daemon.resumewatch import ResumeWatchConcern
+from supervisor.job.launch import heartbeat_dir
 from tests.util import wait_for
 from tests.helpers import ckpt_factory as F
 
@@ -140,3 +141,31 @@ def test_a_scanned_dir_follows_the_job_to_the_folder_its_next_attempt_saves_in(t
     d.clock.advance(60.0)
     d.settle()
     assert d.launcher.specs[-1].env["TSUP_CHECKPOINT_DIR"] == str(v1)
+
+
+def test_a_client_job_relaunched_is_not_warned_before_its_first_heartbeat(tmp_path: Path) -> None:
+    """The demo's false resume_unavailable: its job reads TSUP_RESUME_FROM through the client
+    (known by its heartbeats: its module is out of the workdir's sight); the relaunched attempt's
+    heartbeat folder is still empty while its imports run, and the checkpoint the first attempt
+    wrote is there: that is no job that cannot be handed one."""
+    (tmp_path / "train.py").write_text("print('the client is imported by a module the daemon cannot read')\n")
+    cfg = config(tmp_path, checkpoints={"dir": str(tmp_path / "ckpt"), "settle_s": 0.5})
+    concerns = discovery()
+    d = daemon(tmp_path, cfg, steps=[10], concerns=concerns)
+    (heartbeat_dir(d.runner.state_dir, 0) / "rank-0.json").write_text("{}")  # the client's heartbeat
+    ck = F.torch_file(tmp_path / "ckpt" / "step_10.pt", 10)  # attempt 0's checkpoint, settled
+    os.utime(ck, (time.time() - 3, time.time() - 3))
+    d.clock.advance(6.0)
+    d.step(2)
+    d.launcher.job.exits(1)
+    d.step(2)
+    d.clock.advance(60.0)
+    d.settle()
+    assert len(d.launcher.specs) == 2 and d.launcher.specs[-1].env["TSUP_ATTEMPT"] == "1"
+    assert not any(heartbeat_dir(d.runner.state_dir, 1).iterdir())  # attempt 1 wrote none yet
+    wait_for(lambda: concerns[1].newest() is not None, 10, 0.1, "the checkpoint seen by the daemon")
+    for _ in range(3):
+        d.clock.advance(6.0)
+        d.step()
+    assert "resume_unavailable" not in d.events(), [e["message"] for e in d.ledger.events
+                                                    if e["event"] == "resume_unavailable"]
