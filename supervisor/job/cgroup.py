@@ -50,6 +50,12 @@ def _cgroup2_mount() -> Path | None:
     return None
 
 
+def unit_path(path: Path) -> str:
+    """``path`` as a unit file spells it: systemd's parser drops a lone backslash (the "\\x2d" of
+    an instance's slice, system-transformer\\x2dsupervisor.slice, is written "\\\\x2d")."""
+    return str(path).replace("\\", "\\\\")
+
+
 def own_cgroup() -> tuple[Path | None, str]:
     """The daemon's own cgroup v2 directory when we may create cgroups in it; else None and why."""
     try:
@@ -64,8 +70,8 @@ def own_cgroup() -> tuple[Path | None, str]:
     if not (path / "cgroup.procs").exists():
         return None, f"our cgroup {path} is not visible here"
     if not os.access(path, os.W_OK):
-        return None, (f"our cgroup {path} is not writable (not delegated: under systemd it needs Delegate=yes "
-                      "and ProtectControlGroups=no)")
+        return None, (f"our cgroup {path} is not writable (not delegated: under systemd it needs Delegate=yes, "
+                      f"and with ProtectControlGroups=yes a ReadWritePaths=-{unit_path(path)} in the unit)")
     return path, ""
 
 

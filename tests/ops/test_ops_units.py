@@ -105,3 +105,8 @@ def test_each_unit_makes_its_own_cgroup_writable_where_systemd_puts_it():
     assert writable("transformer-supervisor@.service") == [
         "-/sys/fs/cgroup/system.slice/system-transformer\\\\x2dsupervisor.slice/%n",
         "-/sys/fs/cgroup/unified/system.slice/system-transformer\\\\x2dsupervisor.slice/%n"]
+    # The daemon's advice for a cgroup it cannot write names the line in the same spelling.
+    from supervisor.job.cgroup import unit_path
+
+    instance = Path("/sys/fs/cgroup/system.slice/system-transformer\\x2dsupervisor.slice/transformer-supervisor@a.service")
+    assert f"-{unit_path(instance.parent)}/%n" == writable("transformer-supervisor@.service")[0]
