@@ -19,7 +19,7 @@ from supervisor.daemon.ports import Concern, Ports
 from supervisor.events import Action, Cause, MetricRecord
 from supervisor.health.gate import GateVerdict
 from supervisor.ledger.store import AttemptRow
-from supervisor.job.osapi import OsApi, signal_name
+from supervisor.job.osapi import OsApi, ProcRef, signal_name
 from supervisor.job.catchup import OutputLag
 from supervisor.job.output import SinkFanout
 from supervisor.daemon.runner import Runner
@@ -44,8 +44,7 @@ class FakeClock:
 
 
 @dataclass(frozen=True)
-class _Ref:
-    pid: int
+class _Ref(ProcRef):
     create_time: float = 1.0
 
     def alive(self) -> bool:
@@ -57,8 +56,8 @@ class FakeJob:
 
     def __init__(self, pid: int, ignore: Sequence[int] = ()) -> None:
         self.pid = self.pgid = pid
-        self.leader = _Ref(pid)
-        self.known = {pid: self.leader}
+        self.leader: ProcRef = _Ref(pid)
+        self.known: dict[int, ProcRef] = {pid: self.leader}
         self.status: int | None = None
         self.exit: ExitInfo | None = None
         self.ignore = set(ignore)
@@ -325,6 +324,7 @@ class Daemon:
 
     def lines(self, *lines: str, source: str = "stdout") -> None:
         """The job prints ``lines`` (through the real log watcher and detectors)."""
+        assert self.watch.logwatch is not None
         self.watch.logwatch.feed(source, list(lines))
         self.step()
 

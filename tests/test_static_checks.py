@@ -22,26 +22,13 @@ def test_mypy_finds_no_error() -> None:
     assert cp.returncode == 0, cp.stdout[-4000:] + cp.stderr[-2000:]
 
 
-# tests/ and bench/ files mypy still finds errors in (issue 36 part 7: mostly Optional results
-# indexed without a check, `object` from status dicts, lambdas it cannot infer). A file not listed
-# must be clean; a listed one that became clean must come off the list.
-TYPE_DEBT = frozenset({
-    "tests/daemon/test_adapters.py", "tests/daemon/test_launcher.py", "tests/daemon/test_state_dir_retake.py",
-    "tests/fakes.py",
-})  # 4 files
-
-
 def test_mypy_reads_tests_and_bench() -> None:
+    """tests/ and bench/ at mypy's default level: typed functions checked, the package's imports
+    followed silently (its own errors are the test above's)."""
     cp = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(ROOT / ".mypy_cache" / "tests-bench"),
                          "--follow-imports=silent", "--no-check-untyped-defs", "--exclude", "^tests/corpus/",
                          "tests", "bench"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert cp.returncode == 0 or (cp.returncode == 1 and ": error:" in cp.stdout), cp.stdout[-4000:] + cp.stderr
-    failing = {line.split(":", 1)[0] for line in cp.stdout.splitlines() if ": error:" in line}
-    new = sorted(failing - TYPE_DEBT)
-    assert not new, "mypy errors in " + ", ".join(new) + ":\n" + "\n".join(
-        line for line in cp.stdout.splitlines() if line.split(":", 1)[0] in new)[-4000:]
-    fixed = sorted(TYPE_DEBT - failing)
-    assert not fixed, f"clean now, take them off TYPE_DEBT: {fixed}"
+    assert cp.returncode == 0, cp.stdout[-4000:] + cp.stderr[-2000:]
 
 
 def test_ruff_finds_no_error() -> None:
@@ -51,7 +38,9 @@ def test_ruff_finds_no_error() -> None:
 
 
 def test_no_blanket_ignores() -> None:
-    bare = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "supervisor").rglob("*.py")
+    files = [p for d in ("supervisor", "tests", "bench") for p in (ROOT / d).rglob("*.py")
+             if p != Path(__file__).resolve() and "corpus" not in p.relative_to(ROOT).parts]
+    bare = [f"{p.relative_to(ROOT)}:{i}" for p in files
             for i, line in enumerate(p.read_text().splitlines(), 1)
             if re.search(r"# type: ignore(?!\[)", line) or "mypy: ignore-errors" in line]
     assert not bare, f"type: ignore without an error code: {bare}"
