@@ -108,7 +108,7 @@ class CheckpointsConfig:
     last_good_headroom_factor: float = field(default=2.0, metadata=meta(
         "a last_good/ copy (not a hard link or reflink) is made only if it leaves at least this many times the "
         "checkpoint's size free (and last_good_min_free_fraction of the filesystem): the job's own saves come "
-        "first; a version skipped for room is a checkpoint_not_kept event", min=0))
+        "first; a version skipped for room is a checkpoint_not_kept event", min=0, max=1e9))  # huge: keep none
     last_good_min_free_fraction: float = field(default=0.05, metadata=meta(
         "the share of the checkpoint filesystem a last_good/ copy must leave free (see last_good_headroom_factor)",
         min=0, max=1))

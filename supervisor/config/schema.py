@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -131,21 +132,53 @@ def _check_range(value: float, md: Mapping[str, Any], path: str, problems: list[
 # inf` left a job that ignores SIGTERM running for ever), and a wait that long cannot even be
 # handed to a lock or a thread (CPython refuses timeouts past about 292 years: OverflowError).
 MAX_DURATION_S = 366 * 86400.0
+# The shortest positive duration: a timeout or interval that must be above 0 and is set below this
+# (`heartbeat.timeout_s = 1e-300`) calls a healthy job hung at once or spins a loop, never a plan.
+MIN_DURATION_S = 0.01
+# The largest factor (`*_factor`, `*_multiple`) a key without its own maximum takes: past it a
+# multiplier is a typo, and `learn_factor = inf` made a learned step timeout endless.
+MAX_FACTOR = 1000.0
 
 
 def _duration_ok(value: float, md: Mapping[str, Any], path: str, problems: list[Problem]) -> bool:
     """A `*_s` key: a finite number of seconds within its range (its own max, else a year)."""
     hi = md.get("max")
     hi = MAX_DURATION_S if hi is None else min(float(hi), MAX_DURATION_S)
+    lo = md.get("min")
+    positive = md.get("min_exclusive") and lo is not None and lo <= 0
+    if positive and 0 < value < MIN_DURATION_S:
+        problems.append(Problem(path, f"expected a number of seconds from {MIN_DURATION_S:g} up to {hi:.0f}"
+                                + (" (366 days)" if hi == MAX_DURATION_S else "") + f", got {_show(value)}"))
+        return False
     if value == value and value <= hi:  # NaN fails the first test; -inf is left to the key's own min
         return True
-    lo = md.get("min")
     frm = "" if lo is None else f"{'above' if md.get('min_exclusive') else 'from'} {lo:g} "
     problems.append(Problem(path, f"expected a number of seconds {frm}up to {hi:.0f}"
                             + (" (366 days)" if hi == MAX_DURATION_S else "") + f", got {_show(value)}"
                             + (": an endless wait is never carried out (omit the key for its default)"
                                if value == float("inf") else "")))
     return False
+
+
+def _as_float(value: float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer past any float (TOML's integers are unbounded)
+        return math.inf if value > 0 else -math.inf
+
+
+def _is_factor(path: str) -> bool:
+    return path.endswith(("_factor", "_multiple"))
+
+
+def _range_text(md: Mapping[str, Any]) -> str:
+    """A key's range for a message about a value outside every range: " from 1 up to 1000"."""
+    lo, hi = md.get("min"), md.get("max")
+    if lo is None:
+        return "" if hi is None else f" <= {hi:g}"
+    if hi is None:
+        return f" {'>' if md.get('min_exclusive') else '>='} {lo:g}"
+    return f" {'above' if md.get('min_exclusive') else 'from'} {lo:g} up to {hi:g}"
 
 
 def _convert(tp: Any, value: Any, path: str, md: Mapping[str, Any], problems: list[Problem]) -> Any:
@@ -169,7 +202,7 @@ def _convert(tp: Any, value: Any, path: str, md: Mapping[str, Any], problems: li
             desc = "a non-negative integer" if lo == 0 else ("a positive integer" if lo == 1 else "an integer")
             problems.append(Problem(path, f"expected {desc}, got {_show(value)}"))
             return MISSING
-        if path.endswith("_s") and not _duration_ok(float(value), md, path, problems):
+        if path.endswith("_s") and not _duration_ok(_as_float(value), md, path, problems):
             return MISSING
         return value if _check_range(value, md, path, problems, "integer") else MISSING
     if tp is float:
@@ -179,12 +212,15 @@ def _convert(tp: Any, value: Any, path: str, md: Mapping[str, Any], problems: li
                 "a positive number" if lo == 0 else "a number")
             problems.append(Problem(path, f"expected {desc}, got {_show(value)}"))
             return MISSING
-        if path.endswith("_s") and not _duration_ok(float(value), md, path, problems):
+        value = _as_float(value)
+        if path.endswith("_s") and not _duration_ok(value, md, path, problems):
             return MISSING
-        if value != value:  # NaN is never a sensible setting
-            problems.append(Problem(path, "expected a number, got nan"))
+        if _is_factor(path) and md.get("max") is None:
+            md = {**md, "max": MAX_FACTOR}
+        if not math.isfinite(value):  # inf, -inf, NaN: never a sensible setting of any key
+            problems.append(Problem(path, f"expected a finite number{_range_text(md)}, got {_show(value)}"))
             return MISSING
-        return float(value) if _check_range(float(value), md, path, problems, "number") else MISSING
+        return value if _check_range(value, md, path, problems, "number") else MISSING
     if tp is str:
         if not isinstance(value, str):
             problems.append(Problem(path, f"expected a string, got {_show(value)}"))
