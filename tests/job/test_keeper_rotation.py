@@ -120,7 +120,7 @@ def test_a_burst_read_back_after_rotations_is_read_from_the_rotated_files(tmp_pa
         with capture_logs() as logs:
             wait_for(held.entered.is_set, 30, what="the first lines reaching the held sink")
             wait_for(lambda: job.poll() is not None, 60, what="the job finishing while nothing is handled")
-            assert len(rotated_logs(str(tmp_path / "job.log"))) >= 5
+            assert len(rotated_logs(str(tmp_path / "job.log"))) >= 3  # 6.7 MB at 1 MiB, in reads of <= 256 KiB
             held.release.set()
             finish(job)
         out = held.got["stdout"]
