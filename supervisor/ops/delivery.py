@@ -14,12 +14,17 @@ waits for at most its time left (and no longer once cut); a lookup that hangs on
 the try, and at most ``MAX_LOOKUPS`` such threads exist at once: past that a try fails at once,
 saying that earlier lookups still hang.
 
+Credentials in the URL (``https://user:pw@host/x``) are taken out of it and sent as an
+``Authorization: Basic`` header: left in, urllib sent none and passed ``user:pw@host`` to the
+resolver as the host name (the password to the DNS server, and the lookup failed).
+
 Redirects are refused, not followed: urllib turns a POST answered 301/302/303 into an empty GET
 to wherever ``Location`` points (another host, maybe) and counts it as sent. A redirect is a
 :class:`Redirected` error naming the status; the notice was not delivered.
 """
 from __future__ import annotations
 
+import base64
 import http.client
 import socket
 import subprocess
@@ -125,8 +130,11 @@ def post_webhook(url: str, body: bytes, t: Try) -> None:
     timer = threading.Timer(t.left(), lambda: t.cut(deadline_passed(t)))
     timer.daemon = True
     timer.start()
-    req = urllib.request.Request(url, data=body, method="POST", headers={
-        "Content-Type": "application/json", "User-Agent": "transformer-supervisor"})
+    url, authorization = split_userinfo(url)
+    headers = {"Content-Type": "application/json", "User-Agent": "transformer-supervisor"}
+    if authorization:
+        headers["Authorization"] = authorization
+    req = urllib.request.Request(url, data=body, method="POST", headers=headers)
     handles: list[socket.socket] = []
     opener = urllib.request.build_opener(_NoRedirect(), _Http(t, handles), _Https(t, handles))
     try:
@@ -149,6 +157,20 @@ def post_webhook(url: str, body: bytes, t: Try) -> None:
         t.on_cut(None)
         for h in handles:
             h.close()
+
+
+def split_userinfo(url: str) -> tuple[str, str | None]:
+    """``http://user:pw@host/x`` -> (``http://host/x``, ``Basic <base64 of user:pw>``). urllib keeps
+    the userinfo in the request's host: it never sent it as credentials, and handed it (the password
+    too) to the system resolver as part of the host name. The URL's percent-escapes are undone in
+    the credentials, as a browser does; a URL without userinfo is returned as it is, with None."""
+    parts = urllib.parse.urlsplit(url)
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    if not at:
+        return url, None
+    user, _, password = userinfo.partition(":")
+    creds = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()
+    return parts._replace(netloc=hostport).geturl(), "Basic " + base64.b64encode(creds).decode("ascii")
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
