@@ -4,7 +4,7 @@ part 6: a pre-warmed restart never runs stale code).
 An operator restarts a job, most often, because something was upgraded or hot-fixed: a package
 reinstalled, a file of it edited, a ``.pth`` file added. A standby that imported the old files
 holds the old code; a cold start would load the new. So the standby keeps each imported module's
-file identity (size, mtime_ns, inode) from just after its import, and the state of every
+file identity (size, mtime_ns, ctime_ns, inode) from just after its import, and the state of every
 ``sys.path`` folder (each ``.pth`` file's identity; which ``*.dist-info``/``*.egg-info`` are there),
 and at the hand-over compares them again: any difference and the attempt starts cold, its reason
 ``code changed (<module>)``.
@@ -28,16 +28,18 @@ DIST_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
 
 TYPE_CHECKING = False  # typing is not imported into the job (nor is anything evaluated here at run time)
 if TYPE_CHECKING:
-    Identity = tuple[int, int, int]  # size, mtime_ns, inode
+    Identity = tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode
 
 
 def file_identity(path: str) -> Identity | None:
-    """The file's (size, mtime_ns, inode); None when it is gone or cannot be stat'ed."""
+    """The file's (size, mtime_ns, ctime_ns, inode); None when it is gone or cannot be stat'ed.
+    The ctime is what an in-place edit of the same size with its mtime put back (``os.utime``,
+    ``touch -r``, ``cp -p``, ``rsync -t``) still moves: no user can set it back."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_size, st.st_mtime_ns, st.st_ino
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 
 def path_state(entries: list[str]) -> dict[str, Identity | str | None]:

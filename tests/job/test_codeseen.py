@@ -40,6 +40,24 @@ def test_nothing_changed_is_no_change_and_an_edited_module_is_named(site: Path) 
     assert seen.changed() == "code changed (tsup_seen_demo)"
 
 
+def test_an_in_place_edit_of_the_same_size_with_its_mtime_put_back_is_a_change(site: Path) -> None:
+    f = site / "tsup_seen_demo.py"
+    seen = CodeSeen()
+    before = os.stat(f)
+    deadline = time.monotonic() + 10
+    while True:  # the kernel's ctime clock is coarse (a tick of some ms): the edit is made until it lands past it
+        with open(f, "r+b") as fh:  # in place: the same inode, the same size
+            fh.write(b"VERSION = 2\n")
+        os.utime(f, ns=(before.st_atime_ns, before.st_mtime_ns))  # mtime put back, as `touch -r` or `cp -p` do
+        after = os.stat(f)
+        if after.st_ctime_ns != before.st_ctime_ns or time.monotonic() > deadline:
+            break
+    assert after.st_ctime_ns != before.st_ctime_ns
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    assert f.read_text() == "VERSION = 2\n"
+    assert seen.changed() == "code changed (tsup_seen_demo)"
+
+
 def test_a_replaced_or_removed_module_is_a_change(site: Path) -> None:
     seen = CodeSeen()
     f = site / "tsup_seen_demo.py"
