@@ -172,6 +172,7 @@ class EventName(StrEnum):
     METRIC_FILE_TRUNCATED = "metric_file_truncated"
     METRIC_FILE_UNREADABLE = "metric_file_unreadable"
     METRIC_FILES_INOTIFY_UNAVAILABLE = "metric_files_inotify_unavailable"
+    METRIC_FILES_NOT_CAUGHT_UP = "metric_files_not_caught_up"
     METRIC_FILES_ROOT_ADDED = "metric_files_root_added"
     METRIC_FILES_SCAN_CAPPED = "metric_files_scan_capped"
     METRIC_FILES_SCAN_FAILED = "metric_files_scan_failed"

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from ..core.messages import StopFinished, StopJob
 from ..job.shutdown import Shutdown
+from .monitors import AttemptMonitors
 from .ports import Clock, Job, Ports
 
 EXIT_DRAIN_S = 1.0  # after the leader exits, how long to wait for the last output lines
 
 
 class JobStop:
-    def __init__(self) -> None:
+    def __init__(self, monitors: AttemptMonitors | None = None) -> None:
+        self.monitors = monitors  # asked whether they still read what the job wrote before its exit
         self.shutdown: Shutdown | None = None  # the timed stop under way
         self.exit_seen_at: float | None = None  # when the loop first saw the job's exit (monotonic)
 
@@ -39,6 +41,8 @@ class JobStop:
         a straggler printing on after the exit is not (the wait would have no end)."""
         if self.exit_seen_at is None:
             self.exit_seen_at = now
+        if self.monitors is not None and self.monitors.catching_up():
+            return False  # a metric file's burst written before the exit: the attempt's too
         return job.pumps_done(0) or (now - self.exit_seen_at >= EXIT_DRAIN_S and not job.output_lag().draining)
 
     def draining(self, now: float) -> bool:

@@ -27,6 +27,20 @@ class AttemptMonitors:
         for m in list(self.active):
             self._guard(m, "poll", partial(m.poll, now))
 
+    def catching_up(self) -> bool:
+        """Whether a monitor still reads what the job wrote before its exit (a metric file's
+        burst); each bounds its own wait. A monitor that fails here is not waited for."""
+        for m in self.active:
+            check = getattr(m, "catching_up", None)
+            if check is None or m.name in self.failed:
+                continue
+            try:
+                if check():
+                    return True
+            except Exception:  # a failing monitor never holds the end
+                continue
+        return False
+
     def stop(self) -> None:
         for m in self.active:
             self._guard(m, "stop", m.stop)

@@ -70,10 +70,10 @@ class Runner:
         self.machine = Machine(cfg, self.state_dir)
         self.run_id = ""
         self.job: Job | None = None
-        self.jobstop = JobStop()
+        self.monitors = AttemptMonitors(self.event)
+        self.jobstop = JobStop(self.monitors)
         self.preparing: Future[Prepared] | None = None
         self.timer_at: float | None = None  # when TimerFired is due (monotonic)
-        self.monitors = AttemptMonitors(self.event)
         self.metrics = MetricBuffer()
         self.writes = AttemptWriter(self.ledger, lambda: self.run_id, wake=lambda: self.q.put(("wake",)))
         self.snapshots = attemptrows.Snapshots(self.apply, ports.environment)

@@ -72,6 +72,8 @@ LOG_SUFFIXES = (".log", ".txt")
 #: metrics/<key>, and a key with "/" one level per part): so many levels more inside an mlruns tree.
 MLRUNS_EXTRA_DEPTH = 4
 SKIP_DIRS = frozenset({"site-packages", "node_modules", "__pycache__", "quarantine", "dist-packages"})
+#: after the job's exit, how long its metric files may still be read before its end is judged
+EXIT_CATCH_UP_S = 30.0
 READ_BUDGET = READ_CHUNK  # bytes per file per pass: a huge backlog is read over several passes
 #: Files followed at most, and directory entries looked at per walk: a job that writes 100,000
 #: files costs a bounded walk (a stat each) and bounded state, not one per file each second.
@@ -138,6 +140,12 @@ class MetricFiles:
         self.own_files = tuple(own_files)
         self._links_out: set[str] = set()  # links out of the tree seen by the last walk (said once each)
         self._mute = False  # a pass that reads without delivering (baseline of a later attempt)
+        # The exit's catch-up (catching_up): when it began, when the last whole pass without data
+        # left unread began (monotonic), and whether running out of time was said.
+        self._drain_from: float | None = None
+        self._clean_pass_at: float | None = None
+        self._catch_up_said = False
+        self._last_more = False  # the last pass left data unread (a read budget)
         for r in roots:
             self.add_root(r)
 
@@ -183,6 +191,7 @@ class MetricFiles:
         if self._baseline_wall is None:
             self.baseline()  # only the first: a later one reads without delivering (what the new job wrote!)
         self._stopping.clear()
+        self._drain_from = self._clean_pass_at = None
         if self._dirwake is not None:
             self._dirwake.start()
         self._thread = threading.Thread(target=self._run, name="tsup-metricfiles", daemon=True)
@@ -190,6 +199,50 @@ class MetricFiles:
 
     def poll(self, now: float) -> None:
         return None
+
+    def catching_up(self) -> bool:
+        """After the job's exit (the runner asks before it takes the exit as final): whether what
+        the files held then is still being read. A burst written just before the exit (120,000
+        records, a NaN in the last) is the attempt's: its end is not judged without it. Bounded by
+        :data:`EXIT_CATCH_UP_S` (a process of the job's still writing after the exit would keep
+        it waiting for ever): past it the end is judged with what was read, and that is said."""
+        if self._thread is None or not self._thread.is_alive():
+            return False
+        now = time.monotonic()
+        if self._drain_from is None:
+            if not self._pending():
+                return False  # nothing followed has grown past what was read: no wait at all
+            self._drain_from = now
+            self._walk_due = True  # a file first written just before the exit is found too
+            self._wake.set()
+            return True
+        if self._clean_pass_at is not None and self._clean_pass_at >= self._drain_from:
+            return False
+        if now - self._drain_from < EXIT_CATCH_UP_S:
+            return True
+        if not self._catch_up_said:
+            self._catch_up_said = True
+            log.warning("metric_files_not_caught_up", waited_s=EXIT_CATCH_UP_S,
+                        next="the attempt's end is judged with the records read so far; the rest is still "
+                             "read and judged as it comes, until the monitors stop")
+        return False
+
+    def _pending(self) -> bool:
+        """Whether the last pass left data unread or a followed file has grown since it was read
+        (a stat per followed file: cheap enough for the main loop, once per exit)."""
+        if self._last_more:
+            return True
+        for f in list(self._files.values()):
+            if f.dropped is not None:
+                continue
+            if f.db is not None:
+                return True  # a store's rows cannot be told from a stat: one more read
+            try:
+                if os.stat(f.path).st_size > f.offset:
+                    return True
+            except OSError:
+                continue
+        return False
 
     def stop(self) -> None:
         """Stop following; what the files hold now is read and fed before this returns."""
@@ -222,6 +275,9 @@ class MetricFiles:
             if walk:
                 next_walk = now + self.poll_interval_s
             more = self.scan_now(walk)
+            self._last_more = more
+            if walk and not more:
+                self._clean_pass_at = now  # a whole search, every file read to its end
             if not walk:
                 read_cost = time.monotonic() - now
             if stopping:

@@ -41,6 +41,7 @@ DB_READ_BUDGET_S = 0.2
 KEY_CHARS = 250
 LINE_CHARS = 512
 _MAX = sys.float_info.max
+_NUMBER = "CASE WHEN typeof({0}) IN ('integer', 'real') THEN {0} END"
 
 
 class StoreUnreadable(Exception):
@@ -121,7 +122,9 @@ class MlflowDb:
         uri = "file:" + quote(os.path.abspath(self.path)) + "?mode=ro"
         conn = sqlite3.connect(uri, uri=True, timeout=0.05, check_same_thread=False)
         deadline = time.monotonic() + DB_READ_BUDGET_S
-        conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 10_000)
+        # Every 1,000 VM steps: one step can be costly (a crafted store's 5 MB blob), and the
+        # check itself is cheap beside the row reads it interleaves with.
+        conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 1_000)
         return conn
 
     def _query(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
@@ -143,8 +146,20 @@ class MlflowDb:
         finally:
             conn.close()
 
+    def _check_table(self) -> None:
+        """``metrics`` must be MLflow's plain table: a view (or a virtual table) could make one
+        SELECT materialise and sort anything (a crafted view of 30,000 5 MB blobs took 47 s and
+        1.6 GB of temp file before this check)."""
+        rows = self._query("SELECT type, substr(sql, 1, 64) FROM sqlite_master WHERE name = 'metrics'")
+        if not rows:
+            raise StoreUnreadable("no metrics table yet (MLflow creates it at the first run)")
+        kind, sql = rows[0]
+        if kind != "table" or not isinstance(sql, str) or not sql.upper().startswith("CREATE TABLE"):
+            raise StoreUnreadable(f"its 'metrics' is a {kind}, not MLflow's table: not read")
+
     def skip_history(self) -> None:
         """What the store holds now belongs to earlier runs (or the ended attempt): start after it."""
+        self._check_table()
         rows = self._query("SELECT coalesce(max(rowid), 0) FROM metrics")
         top = rows[0][0] if rows else 0
         self.last_rowid = int(top) if isinstance(top, int) else 0
@@ -152,9 +167,12 @@ class MlflowDb:
     def read(self, source: str) -> tuple[list[MetricRecord], bool]:
         """The records of the rows added since the last read, and whether more rows wait (a read
         takes :data:`DB_ROWS_PER_READ` at most)."""
+        self._check_table()
+        # Only numbers leave SQLite (SQLite's columns take any type: a blob in `value` stays there).
         rows = self._query(
-            "SELECT rowid, substr(key, 1, ?), value, timestamp, step, is_nan FROM metrics "
-            "WHERE rowid > ? ORDER BY rowid LIMIT ?", (KEY_CHARS, self.last_rowid, DB_ROWS_PER_READ))
+            "SELECT rowid, substr(key, 1, ?), " + ", ".join(_NUMBER.format(c) for c in ("value", "timestamp", "step",
+                                                                                       "is_nan"))
+            + " FROM metrics WHERE rowid > ? ORDER BY rowid LIMIT ?", (KEY_CHARS, self.last_rowid, DB_ROWS_PER_READ))
         out: list[MetricRecord] = []
         for rowid, key, value, wall, step, is_nan in rows:
             self.last_rowid = max(self.last_rowid, int(rowid))  # type: ignore[call-overload]

@@ -33,3 +33,28 @@ def test_a_quiet_job_s_nan_in_its_own_log_file_or_mlflow_store_is_rolled_back(su
     assert int(nan["step"]) == 16, nan  # the first step computed with the poisoned weights
     found = [e for e in events(d, "metric_file_followed") if e["path"].endswith(("train.log", "mlflow.db"))]
     assert found, "the source found should be said"
+
+
+BURST = """
+import json, time
+time.sleep(1.5)
+with open("metrics.jsonl", "w") as f:
+    for s in range(1, 120001):
+        f.write(json.dumps({"step": s, "loss": float("nan") if s == 120000 else 2.0}) + "\\n")
+time.sleep(0.5)
+"""
+
+
+@slow
+def test_a_metric_burst_written_just_before_the_exit_is_judged_before_the_end(supervise, tmp_path: Path) -> None:
+    # 120,000 records (7.2 MB) in one burst, a NaN in the last, exit 0 half a second later: the end
+    # waits until the files are read to their end (adversarial round: ~15,000 records were never
+    # read and the run "finished" with exit 0 over the NaN).
+    (tmp_path / "burst.py").write_text(BURST)
+    d = supervise(wrap(tmp_path, "--set", "on.nan.action=give_up", config=workdir(tmp_path))
+                  + [PY, str(tmp_path / "burst.py")])
+    assert d.wait(240) == 3, d.stderr()[-3000:]
+    a = attempts(tmp_path / "sd")
+    assert a[0]["cause"] == "nan", a
+    [nan] = events(d, "failure_detected")
+    assert int(nan["step"]) == 120000 and nan["source"].startswith("file:"), nan

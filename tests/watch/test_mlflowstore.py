@@ -127,3 +127,32 @@ def test_file_store_lines_and_paths() -> None:
     recs = file_store_records("train/loss", lines, "mlflow:x")
     assert [r.step for r in recs] == [0, 2] and math.isnan(recs[1].loss or 0.0)
     assert file_store_records("lr", [b"1 0.1 0\n"], "s") == []
+
+
+def test_a_view_in_place_of_the_table_is_refused_before_any_row_is_read(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "mlflow.db")
+    # The adversarial store: one SELECT of it materialises and sorts 30,000 blobs of 5 MB (47 s and
+    # 1.6 GB of temp file when it was read as if it were MLflow's table).
+    conn.execute("CREATE VIEW metrics AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c LIMIT 30000) "
+                 "SELECT x AS rowid, 'loss' AS key, zeroblob(5000000) AS value, 0 AS timestamp, x AS step, "
+                 "0 AS is_nan FROM c")
+    conn.commit()
+    conn.close()
+    db = MlflowDb(str(tmp_path / "mlflow.db"))
+    t0 = time.monotonic()
+    with pytest.raises(StoreUnreadable, match="is a view"):
+        db.read("s")
+    with pytest.raises(StoreUnreadable, match="is a view"):
+        db.skip_history()
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_blobs_in_the_number_columns_stay_in_sqlite(tmp_path: Path) -> None:
+    conn = _schema(tmp_path / "mlflow.db")
+    conn.executemany("INSERT INTO metrics VALUES ('loss', zeroblob(4000000), zeroblob(10), 'r', zeroblob(10), 0)",
+                     [()] * 50)  # 200 MB of blobs where numbers belong
+    conn.execute("INSERT INTO metrics VALUES ('loss', 0, 1, 'r', 51, 1)")
+    conn.commit()
+    conn.close()
+    recs, more = MlflowDb(str(tmp_path / "mlflow.db")).read("s")
+    assert not more and [r.step for r in recs] == [51] and math.isnan(recs[0].loss or 0.0)
