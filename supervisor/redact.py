@@ -6,16 +6,27 @@ ledger's rows and ``history`` (``ledger.store``), ``status`` and every control r
 each producer, is what makes a new producer safe: a sample line, a remedy's env or a reload's diff
 is masked whatever event carries it.
 
-Names: an env var (:func:`redact_env`) or a key in text whose name contains TOKEN, KEY, SECRET,
-PASSWORD, PASSWD or CREDENTIAL has its value masked whole (:func:`is_secret`; ``tokenizer=x`` too,
-a small price; not plurals, exception names or where a secret is: ``known keys: a``,
-``KeyError: 'a'``, ``key_file=/p``). A number, and any value of a mapping (an event's data,
-``status``), is masked only under a name one of whose *words* is such a marker
-(:func:`names_secret`: ``password: 12345678`` and ``{"HF_TOKEN": ...}`` go; ``tokens: 12345678``,
-``tokens_per_sec=4500``, ``max_tokens 512`` and ``{"tokenizers": "0.15"}`` stay). In text, a
+Names (the secret words): an env var (:func:`redact_env`) or a key in text whose name contains
+TOKEN, KEY, SECRET, PASSWORD, PASSWD, PASSPHRASE or CREDENTIAL, or ends with the word PWD, AUTH,
+COOKIE(S) or a session id's name (``MYSQL_PWD``, ``basic_auth``, ``Set-Cookie``, ``session_id``,
+``JSESSIONID``; not ``author``, ``AUTH_TYPE``, ``cookie_jar``), has its value masked whole
+(:func:`is_secret`; ``tokenizer=x`` too, a small price; not plurals, exception names or where a
+secret is: ``known keys: a``, ``KeyError: 'a'``, ``key_file=/p``, ``SSH_AUTH_SOCK``; a value after
+such a name is read again for names: ``KeyError: password=x`` masks x). The shell's ``PWD`` and
+``OLDPWD`` holding a path (``/``, ``~``) are kept, holding anything else masked (``pwd: hunter2``).
+``None``, ``true`` and the like are no secrets (``api_key=None``). A number, and any value of a
+mapping (an event's data, ``status``), is masked only under a name one of whose *words* is such a
+marker (:func:`names_secret`: ``password: 12345678`` and ``{"HF_TOKEN": ...}`` go; ``tokens:
+12345678``, ``tokens_per_sec=4500``, ``max_tokens 512``, ``num_key_value_heads=8`` and
+``{"tokenizers": "0.15"}`` stay). In text, a
 secret-named key's value is masked in every syntax a Python job prints: ``k=v``, ``k: v``,
-``'k': 'v'``, ``"k": "v"``, ``Namespace(k='v')``, ``--k v``, ``--k=v``. Then credentials *inside*
-values, whatever the name: a URL's password (``postgres://u:PASS@h/db`` keeps the user and host),
+``'k': 'v'``, ``"k": "v"``, ``Namespace(k='v')``, ``--k v``, ``--k=v``, ``k => v``, ``k -> v``,
+``k := v``, URL-encoded ``k%3Dv``; a quoted value read to its closing quote past escaped ones
+(``"a\\"b"``), with a bytes or raw prefix (``b'v'``), a tuple or list whole (``auth=('u', 'pw')``).
+Before names are read: a private key in PEM whole (``-----BEGIN ... PRIVATE KEY-----`` to the next
+``-----END ...-----``, or to the end of its base64 when cut short), a cookie header's value whole,
+an auth object's arguments (``HTTPBasicAuth(...)``). Then credentials *inside* values, whatever
+the name: a URL's password (``postgres://u:PASS@h/db`` keeps the user and host),
 ``Authorization:`` values, ``Bearer``/``Basic`` credentials, known token shapes (``hf_``, ``sk-``,
 ``ghp_``, ``AKIA``, Slack's ``xox``, JWTs) and the values the daemon was told are secret
 (:func:`learn_secrets`: the job's env, the remedies' env and the daemon's own, by name).
@@ -51,7 +62,14 @@ MIN_SECRET_LEN = 4  # a shorter learned "secret" ("1", "yes") would cut ordinary
 MAX_KNOWN = 64  # learned secret values kept: each costs one scan of every text
 
 REDACTED = "<redacted>"
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL")
+# Short words that name a secret only as a name's last word (``MYSQL_PWD``, ``pwd``, ``basic_auth``,
+# ``HTTPBasicAuth``, ``Cookie``, ``Set-Cookie``, ``session_id``, ``JSESSIONID``, ``PHPSESSID``), never
+# inside a longer word or before another (``author``, ``AUTH_TYPE``, ``cookies_enabled``, ``cookie_jar``).
+SECRET_LAST_WORDS = ("pwd", "auth", "cookie", "cookies")
+_SESSION_ID_ENDINGS = ("sessionid", "sessid")
+# The shell's working directories: paths, not passwords (a value starting "/" or "~" under them stays).
+_SHELL_DIRS = frozenset({"PWD", "OLDPWD"})
 # A name's words that make it a secret's name (numbers included); "tokens", "keys" count things.
 _SECRET_WORDS = frozenset({"token", "key", "secret", "secrets", "password", "passwd", "passphrase", "credential",
                            "credentials", "apikey"})
@@ -60,9 +78,19 @@ _WORD_SPLIT_RE = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 # An exception's name says what went wrong, not what it holds (KeyError, TokenExpiredError).
 _EXCEPTION_ENDINGS = ("Error", "Exception", "Warning", "Interrupt")
 _PLURALS = ("KEYS", "TOKENS")
-_WHERE_WORDS = frozenset({"file", "path", "dir", "env", "name"})
+_WHERE_WORDS = frozenset({"file", "path", "dir", "env", "name", "sock", "socket"})
 # Values never taken for a learned secret, whatever their variable's name.
 _NOT_SECRETS = frozenset({"true", "false", "none", "null", "unset", "yes", "no", "on", "off"})
+# A private key in PEM, whole: its BEGIN line, then the first END line after it; with none (a sample
+# line cut short), the body's base64 run (line breaks, "\n" escapes and PEM's own headers included).
+_PEM_BEGIN_RE = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}?PRIVATE KEY(?: BLOCK)?-----")
+_PEM_END_RE = re.compile(r"-----END [^\n-]{1,60}+-----")
+_PEM_BODY_RE = re.compile(r"[A-Za-z0-9+/=\s\\:,-]*+")
+# A cookie header's or a cookie-named key's value, whole: up to its closing quote, else to the line's end.
+_COOKIE_RE = re.compile(r"(?i)(?<![A-Za-z0-9])((?:set-)?cookies?['\"]?\s*[=:]\s*)"
+                        r"(?:(['\"])(?:[^'\"\\\n]|\\.)++|[^\n]++)")
+# The arguments of an auth object (requests' HTTPBasicAuth('user', 'pw'), aiohttp's BasicAuth(...)).
+_AUTH_CALL_RE = re.compile(r"(Auth\()[^()\n]{1,512}+(?=\))")
 
 # ://user:password@ -- only the password goes; a user alone (git@host) is no secret. Anchored at
 # "://" (not at the scheme), so a long run of letters is never scanned again from each of them.
@@ -78,15 +106,19 @@ _TOKEN_SHAPES_RE = re.compile(
     r"\b(?:hf_[A-Za-z0-9]{16,}+|sk-[A-Za-z0-9_-]{20,}+|gh[pousr]_[A-Za-z0-9]{20,}+|github_pat_\w{20,}+"
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}\b|xox[abprs]-[A-Za-z0-9-]{10,}+"
     r"|eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+)")
-_SECRET_FLAG_RE = re.compile(r"^(--?[\w-]*(?:token|key|secret|password|passwd|credential)[\w-]*)(=)(.+)$",
+_SECRET_FLAG_RE = re.compile(r"^(--?[\w-]*(?:token|key|secret|password|passwd|passphrase|credential)[\w-]*)(=)(.+)$",
                              re.IGNORECASE)
-# name, then what joins it to its value (a dict key's closing quote, "=" or ":", or spaces), then
-# the value: quoted (up to its closing quote, at most 512 chars) or bare. The name is atomic: on a
-# long word of markers ("keykeykey...") it is tried once per word, not once per marker.
+# name (a marker anywhere in it, or a last word ending it), then what joins it to its value (a dict
+# key's closing quote, escaped or not; "=", ":", "=>", "->", ":=", a URL-encoded "=" or ":"; or
+# spaces), then the value: quoted (a bytes/raw prefix allowed, backslash escapes read as such, up to
+# its closing quote or the line's end), a tuple or list (``auth=('user', 'pw')``), or bare. The name
+# is atomic: on a long word of markers ("keykeykey...") it is tried once per word, not once per marker.
 _SECRET_ASSIGN_RE = re.compile(
-    r"(?i)\b(?P<name>(?>\w*?(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|PASSPHRASE)\w*+))"
-    r"(?P<sep>['\"]?\s*[=:]\s*|\s+)(?P<q>['\"]?)"
-    r"(?P<v>(?<=')[^'\n]{1,512}+(?=')|(?<=\")[^\"\n]{1,512}+(?=\")|[^\s'\",;|)}\]{\[]++)")
+    r"(?i)\b(?P<name>(?>\w*?(?:(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|PASSPHRASE)\w*+"
+    r"|(?:PWD|AUTH|COOKIES?|SESS(?:ION)?_?ID)\b)))"
+    r"(?P<sep>(?:\\?['\"])?\s*(?:=>|->|:=|%3[AD]|[=:])\s*|\s+)(?P<q>(?:[BRU]{1,2}|\\)?['\"]|)"
+    r"(?P<v>(?<=')(?:[^'\\\n]|\\.)++|(?<=\")(?:[^\"\\\n]|\\.)++|\([^()\n]{1,512}+\)"
+    r"|\[[^\[\]\n]{1,512}+\]|[^\s'\",;|)}\]{\[]++)")
 _NUMBER_RE = re.compile(r"[-+]?\d[\d.,]*(?:e[-+]?\d+)?%?", re.IGNORECASE)
 # After a name with only spaces between, a value is taken for a secret only if it looks like one
 # (a digit or a symbol): "my password hunter2" goes, "the token expired" stays.
@@ -96,10 +128,26 @@ _known: tuple[str, ...] = ()
 _known_lock = threading.Lock()
 
 
+def _last_word_secret(name: str) -> bool:
+    """Whether ``name`` ends with a :data:`SECRET_LAST_WORDS` word or a session id's name."""
+    words = [w.lower() for w in _WORD_SPLIT_RE.split(name) if w]
+    if not words or name.upper() in _SHELL_DIRS:
+        return False
+    return words[-1] in SECRET_LAST_WORDS or "".join(words[-2:]).endswith(_SESSION_ID_ENDINGS)
+
+
+def _shell_dir_secret(name: str, value: Any) -> bool:
+    """Whether ``value`` under the shell's ``PWD``/``OLDPWD`` is a password: ``PWD=/home/x`` is a
+    path, ``pwd: hunter2`` (no path) is not."""
+    return (name.upper() in _SHELL_DIRS and value is not None and value != ""
+            and not (isinstance(value, str) and value.startswith(("/", "~"))))
+
+
 def is_secret(name: str) -> bool:
-    """Whether a name (env var, flag, key) says its value is a secret."""
+    """Whether a name (env var, flag, key) says its value is a secret: a marker anywhere in it, or
+    a last word (:data:`SECRET_LAST_WORDS`; the shell's ``PWD`` and ``OLDPWD`` are paths)."""
     up = name.upper()
-    return any(m in up for m in SECRET_MARKERS)
+    return any(m in up for m in SECRET_MARKERS) or _last_word_secret(name)
 
 
 def _names_where(name: str) -> bool:
@@ -115,11 +163,13 @@ def names_secret(name: str) -> bool:
     ``num_keys`` and ``TOKENIZERS_PARALLELISM`` count or configure things)."""
     if _names_where(name):
         return False
-    for word in _WORD_SPLIT_RE.split(name):
-        w = word.lower().rstrip("0123456789")
+    words = [w.lower().rstrip("0123456789") for w in _WORD_SPLIT_RE.split(name)]
+    for w, after in zip(words, [*words[1:], ""]):
+        if w == "key" and after in ("value", "values"):  # num_key_value_heads: a model's shape
+            continue
         if w in _SECRET_WORDS or (w and w.endswith(_SECRET_WORD_ENDINGS)):
             return True
-    return False
+    return _last_word_secret(name)
 
 
 def _text_secret_name(name: str) -> bool:
@@ -133,7 +183,7 @@ def masks_key(key: str, value: Any) -> bool:
     """Whether a mapping's ``value`` under ``key`` is shown as :data:`REDACTED`: anything (a text,
     a number, a list) under a secret-named key (:func:`names_secret`: ``{"tokenizers": "0.15"}``,
     a package's version, stays); an empty one stays."""
-    return value is not None and value != "" and names_secret(key)
+    return value is not None and value != "" and (names_secret(key) or _shell_dir_secret(key, value))
 
 
 def env_secrets(*envs: Mapping[str, str]) -> list[str]:
@@ -142,7 +192,7 @@ def env_secrets(*envs: Mapping[str, str]) -> list[str]:
     out: list[str] = []
     for env in envs:
         for k, v in env.items():
-            if names_secret(k):
+            if names_secret(k) or _shell_dir_secret(k, v):
                 out.append(v)
             if "://" in v:
                 out.extend(m.group(2) for m in _URL_USERINFO_RE.finditer(v[:MAX_VALUE_CHARS]))
@@ -184,9 +234,47 @@ def _mask_tail(kept: str) -> str:
     return _URL_USERINFO_TAIL_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", kept)
 
 
+def _pem(text: str) -> str:
+    """Each private key in PEM masked whole (linear: one scan for END lines at most)."""
+    out: list[str] = []
+    pos, no_end_from = 0, len(text) + 1
+    while (m := _PEM_BEGIN_RE.search(text, pos)) is not None:
+        end = _PEM_END_RE.search(text, m.end()) if m.end() < no_end_from else None
+        if end is None:
+            no_end_from = min(no_end_from, m.end())
+            stop = _PEM_BODY_RE.match(text, m.end())
+            done = stop.end() if stop else m.end()
+        else:
+            done = end.end()
+        out += [text[pos:m.start()], REDACTED]
+        pos = done
+    return "".join(out) + text[pos:] if out else text
+
+
+def _cookie(m: re.Match[str]) -> str:
+    return f"{m.group(1)}{m.group(2) or ''}{REDACTED}"
+
+
+def _blocks(text: str) -> str:
+    """What is masked before names are read, since a name's rule would mask only its first word:
+    private keys in PEM, cookie values (``a=b; c=d``), an auth object's arguments."""
+    if "-----BEGIN " in text:
+        text = _pem(text)
+    low = text.lower()
+    if "cookie" in low:
+        text = _COOKIE_RE.sub(_cookie, text)
+    if "Auth(" in text:
+        text = _AUTH_CALL_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+    return text
+
+
 def _values(value: str, also: Sequence[str] = ()) -> str:
-    """Credentials inside a value, whatever its name: learned secrets, URL passwords,
-    authorization values, bearer/basic credentials, token shapes."""
+    """Credentials inside a value, whatever its name: PEM keys, cookies, learned secrets, URL
+    passwords, authorization values, bearer/basic credentials, token shapes."""
+    return _inside(_blocks(value), also)
+
+
+def _inside(value: str, also: Sequence[str] = ()) -> str:
     for secret in (*also, *_known):
         if secret in value:
             value = value.replace(secret, REDACTED)
@@ -231,7 +319,7 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
             out["…"] = f"(+{len(env) - i} more variables)"
             break
         name = "".join(cut(k, MAX_VALUE_CHARS))  # a name is no secret; is_secret sees it whole
-        shown = REDACTED if is_secret(k) else redact_value(v)
+        shown = REDACTED if is_secret(k) or _shell_dir_secret(k, v) else redact_value(v)
         out[name] = shown
         total += len(name) + len(shown)
     return out
@@ -272,31 +360,43 @@ def _redact_arg(arg: str, after_secret_flag: bool) -> tuple[str, bool]:
     return _values(arg), False
 
 
+_NESTED_MAX = 256  # the longest value of a name that is no secret's read again for names inside it
+
+
 def _mask_assign(m: re.Match[str]) -> str:
-    name, sep, value = m["name"], m["sep"], m["v"]
-    if value == REDACTED:
+    name, sep, value, q = m["name"], m["sep"], m["v"], m["q"]
+    if value == REDACTED or (not q and value.lower() in _NOT_SECRETS):
         return m.group(0)
-    if _NUMBER_RE.fullmatch(value):
+    if name.upper() in _SHELL_DIRS:
+        if not _shell_dir_secret(name, value):
+            return m.group(0)
+    elif _NUMBER_RE.fullmatch(value):
         if not names_secret(name):  # tokens=12345678, max_tokens 512: counts, not secrets
             return m.group(0)
-    elif not _text_secret_name(name):
-        return m.group(0)
+    elif not _text_secret_name(name):  # a value after "KeyError: " or "keys: " may name a secret itself
+        if len(value) > _NESTED_MAX:  # bounded, so "keys:keys:..." is no quadratic descent
+            return m.group(0) if not any(k in value.upper() for k in _NAME_MARKS) else f"{name}{sep}{q}{REDACTED}"
+        return f"{name}{sep}{q}{_SECRET_ASSIGN_RE.sub(_mask_assign, value)}"
     elif not sep.strip():
         # "hf_token abc", "--api-key abc" and "my password hunter2" name a secret; prose such as
         # "tokenizer loaded" or "the token expired" does not: with only spaces between, the name
         # must end with the marker and the value look like a secret (or follow a flag's dash).
         flag = m.start() > 0 and m.string[m.start() - 1] == "-"
-        ends = name.upper().rstrip("0123456789_").endswith(SECRET_MARKERS)
+        ends = name.upper().rstrip("0123456789_").endswith(SECRET_MARKERS) or _last_word_secret(name)
         if not (flag or (ends and _LOOKS_SECRET_RE.search(value.rstrip(".!?")))):
             return m.group(0)
-    return f"{name}{sep}{m['q']}{REDACTED}"
+    return f"{name}{sep}{q}{REDACTED}"
+
+
+_NAME_MARKS = (*SECRET_MARKERS, "PWD", "AUTH", "COOKIE", "SESS")
 
 
 def _mask(text: str, also: Sequence[str] = ()) -> str:
+    text = _blocks(text)
     up = text.upper()
-    if any(mark in up for mark in (*SECRET_MARKERS, "PASSPHRASE")):
+    if any(mark in up for mark in _NAME_MARKS):
         text = _SECRET_ASSIGN_RE.sub(_mask_assign, text)
-    return _values(text, also)
+    return _inside(text, also)
 
 
 def redact_line(line: str, limit: int = MAX_LINE_CHARS) -> str:

@@ -27,6 +27,30 @@ SECRET_LINES: tuple[tuple[str, str], ...] = (
     ("client_secret=cs00aa11bb, retry=3", "cs00aa11bb"),
     ("my password hunter2isit", "hunter2isit"),
     ("opts = {'api_key': 4815162342}", "4815162342"),
+    # The third review's defects: a bytes literal, a PEM key, an escaped quote, "=>"/"->"/":=".
+    ("{'secret': b'zqC6x'}", "zqC6x"),
+    ("private_key: -----BEGIN PRIVATE KEY-----MIIEvzqC3x", "MIIEvzqC3x"),
+    ("loaded -----BEGIN EC PRIVATE KEY----- MHcCzqP3x+/= -----END EC PRIVATE KEY----- ok", "MHcCzqP3x"),
+    ("key = '-----BEGIN OPENSSH PRIVATE KEY-----\\nb3BlbnzqP4x\\n-----END OPENSSH PRIVATE KEY-----\\n'",
+     "b3BlbnzqP4x"),
+    ('{"password": "a\\"zqC8x"}', "zqC8x"),
+    ('api_key => "zqB2x"', "zqB2x"),
+    ("db_secret -> zqB3xv", "zqB3xv"),
+    ('auth_token := "zqB4x"', "zqB4x"),
+    # Its risks: names outside TOKEN/KEY/SECRET/PASSWORD, cookies, requests' auth, URL-encoded pairs.
+    ("pwd: zqR1xpw", "zqR1xpw"),
+    ("MYSQL_PWD=zqR2xsql", "zqR2xsql"),
+    ("passphrase: zqR3xphrase", "zqR3xphrase"),
+    ("Cookie: theme=dark; sid=zqR4xcookie", "zqR4xcookie"),
+    ("Set-Cookie: sessionid=zqR5xset; Path=/; HttpOnly", "zqR5xset"),
+    ("resumed session_id=zqR6xsid step=5", "zqR6xsid"),
+    ("requests.get(url, auth=('trainer', 'zqR7xauth'))", "zqR7xauth"),
+    ("HTTPBasicAuth('trainer', 'zqS3xbasic')", "zqS3xbasic"),
+    ("GET /cb?next=%2Fx%3Fpassword%3DzqR8xenc%26y%3D1", "zqR8xenc"),
+    ("redirect: /login?token%3DzqR9xenc", "zqR9xenc"),
+    ("credentials: zqS1xcred", "zqS1xcred"),
+    ("passwd=zqS2xpasswd", "zqS2xpasswd"),
+    ("KeyError: password=zqS4xinner", "zqS4xinner"),
 )
 
 #: Lines no sink may change: numbers under names that count things, prose, a traceback's last line.
@@ -39,6 +63,13 @@ KEPT_LINES: tuple[str, ...] = (
     "etcd: reading key_file=/etc/tls/client.pem and password_file /etc/etcd/pw",
     "epoch 3: 45%|####    | 450/1000 [00:10<00:12]",
     "basic setup done, see https://example.com/docs",
+    # The shell's working directories are paths (a "pwd" that holds no path is a password).
+    "cwd: pwd=/home/trainer PWD=/work/run OLDPWD=~/old",
+    "num_key_value_heads=8 num_attention_heads=32 tokens_per_sec: 4500",
+    "author: Jane Doe; AUTH_TYPE=basic cookies_enabled=True cookie_jar=/tmp/c.txt",
+    "wandb: api_key=None (set WANDB_API_KEY), auth=none",
+    "session 3 of 5, sessions=5",
+    "ca: -----BEGIN CERTIFICATE-----MIIBszCCAVmg",
 )
 
 

@@ -25,7 +25,8 @@ from supervisor.ops.config import NotifyConfig
 from supervisor.ops.control import ControlServer
 from supervisor.ops.controlclient import request
 from supervisor.ops.journal import JournalProcessor, JournalSender
-from supervisor.redact import REDACTED, env_secrets, learn_secrets, redact_data, redact_text
+from supervisor.redact import (REDACTED, env_secrets, learn_secrets, redact_argv, redact_data, redact_env,
+                              redact_text)
 from supervisor.report.collect import write_run_report
 from tests.ops.notifyhelp import Webhook, hook_command
 from tests.secretcorpus import KEPT_LINES, SECRET_LINES, leaks
@@ -170,7 +171,13 @@ def test_the_notify_command_stdin_and_env_and_the_webhook_body(tmp_path: Path) -
 
 def test_a_megabyte_of_hostile_text_is_masked_in_linear_time() -> None:
     hostile = ["key" * 350_000, "a://b:" * 200_000, "password='" * 100_000, "a." * 500_000, "Basic " * 170_000,
-               "authorization:" * 70_000, "token x1 " * 110_000, "eyJaaaaaaaaa." * 80_000, "\n".join(LINES) * 1000]
+               "authorization:" * 70_000, "token x1 " * 110_000, "eyJaaaaaaaaa." * 80_000, "\n".join(LINES) * 1000,
+               # The PEM, cookie, auth-call, escape, prefix and nested-name rules of the third review.
+               "-----BEGIN PRIVATE KEY-----" * 40_000, "-----BEGIN RSA PRIVATE KEY-----x-----END x-----" * 20_000,
+               "cookie:" * 150_000, "cookie" * 170_000, "Auth(x)" * 150_000, "b'password=" * 100_000,
+               'password="\\' * 100_000, 'token="' + '\\"' * 500_000, "keys:" * 200_000, "KeyError: " * 100_000,
+               "pwd=" * 250_000, "password%3D" * 100_000, "session_id=" * 100_000, "auth=(" * 150_000,
+               "key->" * 200_000, "a_" * 500_000]
     for text in hostile:
         t0 = time.monotonic()
         shown = redact_text(text)
@@ -179,6 +186,29 @@ def test_a_megabyte_of_hostile_text_is_masked_in_linear_time() -> None:
         assert not leaks(shown)
     big = redact_text("x" * (3 << 20))
     assert big.endswith(f"…(+{(3 << 20) - (1 << 20)} chars)") and len(big) < (1 << 20) + 50
+
+
+def test_names_beyond_the_markers_both_ways_in_env_data_and_text() -> None:
+    """PWD is the shell's path, MYSQL_PWD a password; AUTH, COOKIE and a session id as a name's last
+    word only (SSH_AUTH_SOCK locates, GIT_AUTHOR_NAME and AUTH_TYPE describe)."""
+    env = {"PWD": "/work/run", "OLDPWD": "~/old", "MYSQL_PWD": "sqlpw-9911", "SSH_AUTH_SOCK": "/tmp/ssh-q/agent.1",
+           "GIT_AUTHOR_NAME": "Jane Doe", "AUTH_TYPE": "basic", "BASIC_AUTH": "u:authpw-7", "SESSION_ID": "sid-4455",
+           "DB_PASSPHRASE": "phrase-3344"}
+    assert env_secrets(env) == ["sqlpw-9911", "u:authpw-7", "sid-4455", "phrase-3344"]
+    assert redact_env(env) == {**env, "MYSQL_PWD": REDACTED, "BASIC_AUTH": REDACTED, "SESSION_ID": REDACTED,
+                               "DB_PASSPHRASE": REDACTED}
+    assert env_secrets({"PWD": "hunter2-pw"}) == ["hunter2-pw"] and redact_env({"PWD": "hunter2"}) == {"PWD": REDACTED}
+    data = {"pwd": "/home/x", "PWD": "hunter2", "Cookie": "a=b", "session_id": 12345, "auth": ["u", "pw"],
+            "num_key_value_heads": 8, "author": "Jane"}
+    assert redact_data(data) == {**data, "PWD": REDACTED, "Cookie": REDACTED, "session_id": REDACTED,
+                                 "auth": REDACTED}
+    assert redact_text("pwd=/home/x pwd: hunter2 PWD=~/y") == f"pwd=/home/x pwd: {REDACTED} PWD=~/y"
+    assert redact_argv(["--passphrase=phr-1", "--db-passphrase", "phr-2"]) == [
+        f"--passphrase={REDACTED}", "--db-passphrase", REDACTED]
+    # A PEM key cut short masks its base64 run only; a whole one masks to its END line, lines between included.
+    pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIEzq\nAbC+/=\n-----END RSA PRIVATE KEY-----\nstep 5 loss 2.1"
+    assert redact_text(f"key:\n{pem}") == f"key:\n{REDACTED}\nstep 5 loss 2.1"
+    assert redact_text("-----BEGIN PRIVATE KEY-----MIIEzq | step 5") == f"{REDACTED}| step 5"
 
 
 def test_what_is_learned_from_an_env_is_its_secrets_only() -> None:

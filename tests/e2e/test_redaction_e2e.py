@@ -1,6 +1,8 @@
 """Secrets never leave the node, through the real daemon and the real CLI (issue 34): the cases
 an adversarial review found. A blind job's sample lines (dict and JSON forms, an Authorization
-header, a numeric password, the job's and the daemon's env values printed bare) reach none of the
+header, a numeric password, the job's and the daemon's env values printed bare; and the third
+review's defects: a bytes literal ``b'...'``, a PEM private key, a quote escaped inside a value,
+``k => v``) reach none of the
 journal/console lines, the ledger file, ``status --json``, ``history --json``, the notify command,
 the webhook or the report. A remedy's env (a key, a URL password) is masked in
 ``remedies_applied`` and ``restart_scheduled``, and a URL password changed by a reload in the
@@ -14,24 +16,35 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, history
 from tests.ops.notifyhelp import Webhook, hook_command
 from tests.util import wait_for
 
 PY = sys.executable
 
-BLIND_JOB = """\
-import os, sys, time
-print("config: {'wandb_api_key': 'wk0a1b2c3d4e5f', 'lr': 0.1}", flush=True)
-print('{"hf_token": "hfx9y8z7w6v5", "step": 5}', flush=True)
-print("headers: Authorization: Bearer bearertok.abc123", flush=True)
-print("password: 918273645", flush=True)
-print("connected with", os.environ["JOB_SECRET_TOKEN"], "as", os.environ["DAEMON_SERVICE_TOKEN"], flush=True)
-while not os.path.exists(sys.argv[1]):
-    time.sleep(0.05)
-"""
-BLIND_SECRETS = ("wk0a1b2c3d4e5f", "hfx9y8z7w6v5", "bearertok.abc123", "918273645", "jobenvsecret-2468",
-                 "daemonsecret-1357")
+FIRST_LINES = ("config: {'wandb_api_key': 'wk0a1b2c3d4e5f', 'lr': 0.1}", '{"hf_token": "hfx9y8z7w6v5", "step": 5}',
+               "headers: Authorization: Bearer bearertok.abc123", "password: 918273645")
+FIRST_SAMPLES = ["config: {'wandb_api_key': '<redacted>', 'lr': 0.1}", '{"hf_token": "<redacted>", "step": 5}',
+                 "headers: Authorization: Bearer <redacted>", "password: <redacted>"]
+# The third review's defects: a bytes literal, a PEM key, an escaped quote, "=>".
+DEFECT_LINES = ("{'secret': b'zqC6x'}", "private_key: -----BEGIN PRIVATE KEY-----MIIEvzqC3x",
+                '{"password": "a\\"zqC8x"}', 'api_key => "zqB2x"')
+DEFECT_SAMPLES = ["{'secret': b'<redacted>'}", "private_key: <redacted>", '{"password": "<redacted>"}',
+                  'api_key => "<redacted>"']
+ENV_SECRETS = ("jobenvsecret-2468", "daemonsecret-1357")
+CASES = {"first": (FIRST_LINES, ("wk0a1b2c3d4e5f", "hfx9y8z7w6v5", "bearertok.abc123", "918273645"), FIRST_SAMPLES,
+                   "password: <redacted>"),
+         "defects": (DEFECT_LINES, ("zqC6x", "MIIEvzqC3x", "zqC8x", "zqB2x"), DEFECT_SAMPLES,
+                     "private_key: <redacted>")}
+
+
+def _blind_job(lines: tuple[str, ...]) -> str:
+    """A job that prints ``lines``, then the job's and the daemon's secret env values bare, and waits."""
+    return ("import os, sys, time\n" + "".join(f"print({line!r}, flush=True)\n" for line in lines)
+            + 'print("connected with", os.environ["JOB_SECRET_TOKEN"], "as", os.environ["DAEMON_SERVICE_TOKEN"], '
+              "flush=True)\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n")
 
 
 def _cli(*args: str) -> str:
@@ -48,9 +61,12 @@ def _leaks(secrets: tuple[str, ...], **texts: str) -> dict[str, list[str]]:
     return {where: found for where, text in texts.items() if (found := [s for s in secrets if s in text])}
 
 
-def test_a_blind_jobs_sample_lines_reach_no_sink_unmasked(daemons, tmp_path: Path) -> None:
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_blind_jobs_sample_lines_reach_no_sink_unmasked(daemons, tmp_path: Path, case: str) -> None:
+    lines, line_secrets, expected, tail_shows = CASES[case]
+    blind_secrets = (*line_secrets, *ENV_SECRETS)
     job, go, sd = tmp_path / "job.py", tmp_path / "go", tmp_path / "sd"
-    job.write_text(BLIND_JOB)
+    job.write_text(_blind_job(lines))
     hook = Webhook()
     cmd, out = hook_command(tmp_path)
     cfg = tmp_path / "c.toml"
@@ -76,19 +92,17 @@ def test_a_blind_jobs_sample_lines_reach_no_sink_unmasked(daemons, tmp_path: Pat
     after = subprocess.run([PY, "-m", "supervisor", "status", "--json", "--state-dir", str(sd)], cwd=ROOT,
                            capture_output=True, text=True, timeout=60,
                            env={**os.environ, "DAEMON_SERVICE_TOKEN": "daemonsecret-1357"})
-    assert after.returncode == 3 and "password: <redacted>" in after.stdout, after.stdout
-    known_here = tuple(s for s in BLIND_SECRETS if s != "jobenvsecret-2468")  # [job] env: the daemon's knowledge
+    assert after.returncode == 3 and tail_shows in after.stdout, after.stdout
+    known_here = tuple(s for s in blind_secrets if s != "jobenvsecret-2468")  # [job] env: the daemon's knowledge
     assert not _leaks(known_here, status_after_exit=after.stdout)
     report = Path(_cli("report", "--state-dir", str(sd), "--out", str(tmp_path / "rep")).split()[1]).read_text()
-    assert not _leaks(BLIND_SECRETS, journal=d.stderr(), ledger=_ledger_bytes(sd), status=status, history=hist,
+    assert not _leaks(blind_secrets, journal=d.stderr(), ledger=_ledger_bytes(sd), status=status, history=hist,
                       hook_stdin=out.read_text(), hook_env=Path(str(out) + ".env").read_text(), webhook=body,
                       report=report)
     # What was masked is still said: the samples are there, with their secrets replaced.
     [ev] = [e for e in json.loads(hist)["events"] if e["event"] == "metrics_blind"]
     samples = json.loads(status)["metrics_blind"]["samples"]
-    assert samples == ["config: {'wandb_api_key': '<redacted>', 'lr': 0.1}", '{"hf_token": "<redacted>", "step": 5}',
-                       "headers: Authorization: Bearer <redacted>", "password: <redacted>",
-                       "connected with <redacted> as <redacted>"], samples
+    assert samples == [*expected, "connected with <redacted> as <redacted>"], samples
     assert all(f"  | {s}" in ev["message"] for s in samples), ev["message"]
 
 
