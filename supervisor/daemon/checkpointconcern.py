@@ -269,7 +269,10 @@ class CheckpointConcern(Concern):
                 daemon.event("checkpoint_verified_after_launch", "info",
                              f"{path} passed its load test beside the job's start-up (step {row.step})",
                              path=str(path), step=row.step)
-                if row.step is not None:  # read by the load test (nanoGPT's iter_num): the history says it
+                # The step the load test read (nanoGPT's iter_num) is the resume step only if it read
+                # the version the job was handed: a single overwritten file the job saved over first
+                # (a loaded machine) gives a later step, and the resume step then stays unknown.
+                if row.step is not None and version_token(path) == launched:
                     daemon.apply(AttemptField(attempt, resume_step=row.step))  # a message to the loop
                 return
             if version_token(path) != launched:
