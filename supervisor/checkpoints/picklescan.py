@@ -10,11 +10,14 @@ its ``storages``, ``tensors`` and ``pickle`` members), else pickles of any proto
 file: its five pickles, the magic number first, then raw storage bytes; any other file: every
 stream to the end). What none of these reads whole (a file cut short, an unknown format, a file
 past the bound or changed while read) is not called checked, so not handed over either; a whole
-safetensors file that is no pickle passes. A folder's pickle-like files (``*.pt``, ``*.pth``,
-``*.bin``, ``*.pkl``, ``*.ckpt``) are scanned at every depth (a job may load ``a/b/c/x.pt`` as
-well as ``x.pt``; links to folders are not followed), and every DCP ``.metadata`` (which DCP's
-reader loads with a plain ``pickle.load``; its own data classes are allowed by name). The walk
-itself is bounded: at most ``MAX_ENTRIES`` directory entries looked at, ``MAX_FILES`` pickle files.
+safetensors file that is no pickle passes. A folder's pickle files are scanned at every depth (a
+job may load ``a/b/c/x.pt`` as well as ``x.pt``; links to folders are not followed): those named
+so (``*.pt``, ``*.pth``, ``*.bin``, ``*.pkl``, ``*.pickle``, ``*.ckpt``, and those compressed:
+``*.pkl.gz`` is not read inside, so never called checked), every DCP ``.metadata`` (which DCP's
+reader loads with a plain ``pickle.load``; its own data classes are allowed by name), and every
+other file whose first bytes may start one (:func:`sniffed`: ``model.pth.tar``, ``state.pickle``
+or ``weights`` are loaded by their content, not their name). The walk itself is bounded: at most
+``MAX_ENTRIES`` directory entries looked at, ``MAX_SNIFFED`` files sniffed, ``MAX_FILES`` pickle files.
 
 Why this and not picklescan or fickling: both are *denylist* scanners (they flag known-dangerous
 imports such as ``os.system`` and pass the rest), while the job's ``weights_only`` load is an
@@ -24,12 +27,13 @@ small, and needs no new dependency (fickling also pulls in its own decompiler).
 from __future__ import annotations
 
 import os
+import pickletools
 import struct
 import tarfile
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable, cast
 
 from .layouts import registry
 from .picklestream import BoundedReader, Budget, Stream, Unreadable, read_stream
@@ -53,7 +57,21 @@ _TORCH_DTYPES = frozenset({
     "quint2x4", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "double", "float", "half",
     "long", "int", "short", "cfloat", "cdouble", "chalf",
 })
-PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
+# A pickle compressed: the scan does not decompress, so one is scanned as what it is (no pickle, so
+# not called checked) rather than passed for its name (a job may gzip.open + pickle.load it).
+COMPRESSED_PICKLES = tuple(s + z for s in PICKLE_SUFFIXES for z in (".gz", ".bz2", ".xz", ".zst", ".lz4"))
+# Files of other names the walk opens to sniff (SNIFF_BYTES each): a folder of more is not called
+# checked. 512 bytes walk in about 0.5 ms at most (an ordinary file breaks off within a few).
+MAX_SNIFFED = 2_000
+SNIFF_BYTES = 512
+# DCP's data files (raw tensor bytes at the offsets .metadata gives) are not read whole by any
+# loader: not sniffed (their byte items are a risk of their own, not covered by this scan).
+NOT_SNIFFED = (".distcp", ".safetensors")
+# What makes unpickling call something: a callable comes only from an import (or the loader's
+# persistent_load); a stream that breaks off before any of these has run nothing.
+_CALLS = frozenset({"GLOBAL", "INST", "STACK_GLOBAL", "OBJ", "NEWOBJ", "NEWOBJ_EX", "REDUCE", "BUILD", "PERSID",
+                    "BINPERSID", "EXT1", "EXT2", "EXT4"})
 MAX_FILES = 1024  # a folder with more pickle files is not called checked (its load test decides)
 # Entries (files and folders, at every depth) the folder walk looks at: a folder of more is not
 # called checked. A listing costs about 1-3 µs an entry: 0.3 s at most on a loaded machine.
@@ -273,15 +291,68 @@ class _TooMany(Exception):
     """The folder holds more than the walk looks at (the message says what)."""
 
 
+class _Cut(Exception):
+    """The sniffed bytes end where the file goes on: what follows may be anything."""
+
+
+class _Window:
+    """The first bytes of a file, read as genops reads (``read``, ``readline``): a read past them
+    that the file could satisfy is :class:`_Cut`; one past the file's end is short, as a
+    loader's would be (genops then says the stream is broken)."""
+
+    def __init__(self, head: bytes, size: int) -> None:
+        self.head, self.size, self.pos = head, size, 0
+
+    def read(self, n: int) -> bytes:
+        if 0 <= n and self.pos + n > len(self.head) and self.pos + n <= self.size:
+            raise _Cut
+        data = self.head[self.pos:self.pos + max(n, 0)]
+        self.pos += len(data)
+        return data
+
+    def readline(self) -> bytes:
+        end = self.head.find(b"\n", self.pos)
+        if end < 0 and len(self.head) < self.size:
+            raise _Cut
+        end = len(self.head) if end < 0 else end + 1
+        data, self.pos = self.head[self.pos:end], end
+        return data
+
+
+def sniffed(path: str) -> bool:
+    """Whether a file of another name may be something ``torch.load`` or ``pickle.load`` reads:
+    a zip (``PK\\x03\\x04``), a tar (``ustar`` at 257), a PROTO opcode (0x80), or, since protocol
+    0 and 1 have no marker, opcodes that reach an import or a call, or run past the sniffed bytes.
+    Bytes that break off (an unknown opcode, a bad argument, a length past the file's end) before
+    any import cannot make a loader run anything: text (``global_step100``, a README), JSON, raw
+    data; nor can whole pickles of plain data (no import in them)."""
+    with open(path, "rb") as f:
+        head = f.read(SNIFF_BYTES)
+        size = os.fstat(f.fileno()).st_size
+    if head.startswith((ZIP_MAGIC, b"\x80")) or head[257:262] == b"ustar":
+        return True
+    window = _Window(head, max(size, len(head)))
+    try:
+        while window.pos < window.size:  # each stream in turn: a loader may read on after a STOP
+            for op, _arg, _pos in pickletools.genops(cast(IO[bytes], window)):
+                if op.name in _CALLS:
+                    return True
+    except _Cut:
+        return True
+    except (ValueError, EOFError, OverflowError, TypeError, UnicodeDecodeError):
+        return False
+    return False
+
+
 def _pickle_files(root: Path) -> list[Path]:
-    """Every pickle-like file and DCP ``.metadata`` under ``root``, at every depth, in a stable
-    order, within the walk's bounds (:class:`_TooMany` past them). Links to folders are not
-    followed (a link out of the checkpoint, or a loop); a link to a file is scanned as the file
-    it names, as a loader would read it. What the resume never reads is never handed over either:
+    """Every pickle file (by its name or by :func:`sniffed`) and DCP ``.metadata`` under ``root``,
+    at every depth, in a stable order, within the walk's bounds (:class:`_TooMany` past them).
+    Links to folders are not followed (a link out of the checkpoint, or a loop); a link to a file
+    is scanned as the file it names, as a loader would read it. What the resume never reads is never handed over either:
     the layouts' skip list (HF's training_args.bin, a pickle of the TrainingArguments class) is
     skipped, as the load test skips it."""
     files: list[Path] = []
-    seen = 0
+    seen = sniffs = 0
     todo = [root]
     while todo:
         folder = todo.pop()
@@ -295,11 +366,21 @@ def _pickle_files(root: Path) -> list[Path]:
         for e in sorted(entries, key=lambda e: e.name):
             if e.is_dir(follow_symlinks=False):
                 todo.append(Path(e.path))
-            elif ((e.name.endswith(PICKLE_SUFFIXES) and e.name not in registry.NEVER) or e.name == DCP_METADATA) \
-                    and e.is_file():
+            elif e.name in registry.NEVER or not e.is_file():
+                continue
+            elif e.name.endswith(PICKLE_SUFFIXES + COMPRESSED_PICKLES) or e.name == DCP_METADATA:
                 files.append(Path(e.path))
-                if len(files) > MAX_FILES:
-                    raise _TooMany(f"more than {MAX_FILES:,} pickle files, the most the scan reads")
+            elif not e.name.endswith(NOT_SNIFFED):
+                sniffs += 1
+                if sniffs > MAX_SNIFFED:
+                    raise _TooMany(f"more than {MAX_SNIFFED:,} files of other names to look into")
+                if not sniffed(e.path):
+                    continue
+                files.append(Path(e.path))
+            else:
+                continue
+            if len(files) > MAX_FILES:
+                raise _TooMany(f"more than {MAX_FILES:,} pickle files, the most the scan reads")
     return files
 
 

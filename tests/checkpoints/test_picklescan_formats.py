@@ -3,6 +3,7 @@
 to run when loaded carelessly, and refuses what it cannot read; its memory and CPU are bounded."""
 from __future__ import annotations
 
+import gzip
 import json
 import resource
 import subprocess
@@ -191,3 +192,63 @@ def test_a_file_that_changes_while_it_is_checked_is_refused(made: tuple[Path, di
     monkeypatch.setattr(picklescan, "_scan_pickles", scan_then_rewrite)
     why = unsafe_pickle(p)
     assert why is not None and "changed while it was checked" in why, why
+
+
+def test_a_folder_s_pickles_are_found_by_their_bytes_not_only_their_names(made: tuple[Path, dict[str, Any]],
+                                                                          tmp_path: Path) -> None:
+    """A job loads ``model.pth.tar``, ``state.pickle`` or ``weights`` by its content: each file of
+    the folder whose first bytes may start a pickle, a torch zip or a torch tar is scanned, and
+    what an ordinary checkpoint folder holds beside its pickles (text, JSON, safetensors, DeepSpeed's
+    ``latest``) is not taken for one."""
+    out, index = made
+    folder = tmp_path / "checkpoint-40"
+    folder.mkdir()
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    benign = {"latest": b"global_step100", "README.md": b"This checkpoint was trained on 8 GPUs.\n" * 100,
+              "config.json": b'{"hidden": 64}', "version": b"1.0\n", "iteration.txt": b"1000\n",
+              "merges.txt": b"#version: 0.2\n", "hparams.yaml": b"seed: 1\nlr: 0.1\n",
+              "model.safetensors": len(header).to_bytes(8, "little") + header + bytes(8),
+              "weights": (out / "good_torch_zip_p2.pt").read_bytes(),
+              "model.pth.tar": (out / "good_torch_tar.tar").read_bytes(),
+              "state.pickle": (out / "good_plain_p4.pkl").read_bytes(),
+              "rng": (out / "good_plain_p0.pkl").read_bytes(), "old": (out / "good_torch_legacy_p1.pt").read_bytes()}
+    for name, data in benign.items():
+        (folder / name).write_bytes(data)
+    assert unsafe_pickle(folder) is None
+    assert {p.name for p in picklescan._pickle_files(folder)} == {"weights", "model.pth.tar", "state.pickle", "old"}
+    for name, hostile in (("model.pth.tar", "torch_tar.tar"), ("state.pickle", "plain_p0.pkl"),
+                          ("weights", "torch_zip_p2.pt"), ("rng", "plain_p1.pkl"), ("old", "torch_legacy_p0.pt"),
+                          ("extra", "second_stream.pkl"), ("deep", "nested5000_p0.pkl"), ("x.bin.1", "plain_p0.pkl")):
+        target = folder / name
+        kept = target.read_bytes() if target.exists() else None
+        target.write_bytes((out / hostile).read_bytes())
+        why = unsafe_pickle(folder)
+        assert why is not None and why.startswith(name + ":") and "posix.system" in why, (name, why)
+        if kept is None:
+            target.unlink()
+        else:
+            target.write_bytes(kept)
+    assert unsafe_pickle(folder) is None
+    # A compressed pickle is not read inside: never called checked for its name alone.
+    (folder / "opt.pkl.gz").write_bytes(gzip.compress((out / "good_plain_p4.pkl").read_bytes()))
+    why = unsafe_pickle(folder)
+    assert why is not None and why.startswith("opt.pkl.gz:") and "not called checked" in why, why
+    assert not [v["marker"] for v in index.values() if Path(v["marker"]).exists()], "the scan never executes"
+
+
+def test_the_sniff_is_bounded(made: tuple[Path, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out, _ = made
+    folder = tmp_path / "checkpoint-50"
+    folder.mkdir()
+    for i in range(40):
+        (folder / f"notes-{i}.txt").write_bytes(b"global_step100\n")
+    assert unsafe_pickle(folder) is None
+    monkeypatch.setattr(picklescan, "MAX_SNIFFED", 30)
+    assert unsafe_pickle(folder) == ("checkpoint-50: more than 30 files of other names to look into, so it is "
+                                     "not called checked")
+    # What the sniff reads is its window: a payload past a long plain string is still found.
+    monkeypatch.setattr(picklescan, "MAX_SNIFFED", 2_000)
+    payload = (out / "plain_p0.pkl").read_bytes()
+    (folder / "long").write_bytes(b"T" + (5000).to_bytes(4, "little") + b"x" * 5000 + payload)
+    why = unsafe_pickle(folder)
+    assert why is not None and why.startswith("long:") and "posix.system" in why, why
