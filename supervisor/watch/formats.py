@@ -9,8 +9,8 @@ import json
 import re
 
 from ..events import MetricRecord
-from .records import (KEYS, LOSS_FIELDS, NUM, canonical_key, field_of, make_record, parse_human, parse_number,
-                      record_from_mapping)
+from .records import (KEYS, LOSS_FIELDS, NUM, NUM_END, canonical_key, field_of, make_record, nan_noun_after,
+                      parse_human, parse_number, record_from_mapping)
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 RANK_PREFIX = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:\s?")
@@ -47,8 +47,9 @@ _NANOTRON = re.compile(r"\biteration: (\d+) / (\d+) \|")
 _KV_STEP = re.compile(r"(?<![\w/.\-])(?:global_step|[Ss]tep|STEP)(?:\s*[=:]\s*|\s+)(\d+)(?:\s*/\s*(\d+))?(?![\w.])")
 _KV_KEY = r"([A-Za-z_][\w./\-]*)"
 _KV_UNIT = r"(?:[A-Za-z%/]+)?"
-_KV_PART = re.compile(rf"{_KV_KEY}\s*(?:=|:|\s)\s*({NUM}){_KV_UNIT}")
-_KV_SEQ = re.compile(rf"{_KV_KEY}(?:\s*=\s*|:\s*|\s+)({NUM}){_KV_UNIT}(?:\s+|$)")
+_KV_PART = re.compile(rf"{_KV_KEY}\s*(?:=|:|\s)\s*({NUM}){NUM_END}{_KV_UNIT}")
+# Group 2 joins key and value: a space alone matters for records.NAN_NOUNS ("loss nan count 0").
+_KV_SEQ = re.compile(rf"{_KV_KEY}(\s*=\s*|:\s*|\s+)({NUM}){NUM_END}{_KV_UNIT}(?:\s+|$)")
 _KV_ANON = re.compile(rf"\(?({NUM})\s*{_KV_UNIT}\)?")
 _CSV_NAME = re.compile(r"[A-Za-z_][\w./\-]*")
 
@@ -295,9 +296,9 @@ def parse_kv(line: str, source: str = "", rank: int | None = None) -> MetricReco
         pos, end = 0, len(rest)
         while pos < end:
             p = _KV_SEQ.match(rest, pos)
-            if p is None:
-                return None
-            pairs.append((p.group(1), p.group(2)))
+            if p is None or nan_noun_after(p.group(2), p.group(3), rest, p.end()):
+                return None  # "loss nan check passed": a noun phrase, not a value (the generic parser decides)
+            pairs.append((p.group(1), p.group(3)))
             pos = p.end()
     values: dict[str, object] = {"step": int(m.group(1))}
     extra: dict[str, float] = {}

@@ -4,25 +4,46 @@
     [2026-12-03 21:06:25] INFO epoch 1, step 60, loss: 2.31, lr 3e-4
     INFO:root:it 60 train/loss=2.31 grad_norm=1.2
     Epoch [1/10], Step [60/300], Loss: 2.3012
+    step=25 loss=nan phase=train
+    step: 25 | loss: nan | grad_norm: 1.2 | done
 
-A logging prefix (asctime, level, logger name) is dropped first. The rest must be made only of
-fields, separated by ``|``, ``,``, ``;`` or spaces: ``key=value``, ``key: value``, ``key value``
+A logging prefix (asctime, level, logger name) is dropped first. Then the line's *leading fields*
+are read, separated by ``|``, ``,``, ``;`` or spaces: ``key=value``, ``key: value``, ``key value``
 (a key may be two words when the second is ``loss`` / ``norm`` / ``rate``: ``lm loss``), a value may
-be ``N/M`` or ``[N/M]`` (``iter 60/300``), a bare figure with a unit between separators
-(``12.3 ms``), a bare counter ``58/300`` (the step when no key names one) and clock values
-(``eta: 0:03:12``, skipped). Tokens with no word in them are noise and skipped wherever they
-stand: symbols, emoji, invalid UTF-8 (``\ufffd``), figures (``12.3 ms``) and units with a ``/`` or a
-non-ASCII letter (``3.1 µs/tok ✓``), so ``step 25 loss nan µs/tok`` is the NaN it says. One word
-that is not a field makes the line prose: None. The step comes from ``step`` / ``iter`` / ``iteration`` /
-``it`` / ``global_step`` (an explicit ``step`` / ``global_step`` beats an ``iter`` before it;
-``batch N/M`` and ``batch_idx`` count too); ``epoch`` goes to ``extra``, and a counter that may restart
-every epoch (``iter``, ``it``, ``batch``, a bare ``N/M``) beside an epoch goes to ``extra["epoch_counter"]``:
-:mod:`.epochsteps` turns it into the global step. A record needs a loss-like value (``loss``,
-``train_loss``, ``lm loss``, ``train loss``, ``val_loss``, ``eval_loss``, ``train/loss``,
-``loss_step``, ``grad_norm`` ...): a NaN is a value in a metric, never a word in prose.
+be ``N/M`` or ``[N/M]`` (``iter 60/300``), a torch / numpy scalar (``tensor(nan)``,
+``tensor(2.31, device='cuda:0')``, ``np.float64(2.31)``), a bare figure with a unit between
+separators (``12.3 ms``), a bare counter ``58/300`` (the step when no key names one) and clock
+values (``eta: 0:03:12``, skipped). ``key=<not a number>`` (``phase=train``, ``is_nan=False``) is
+skipped: a setting, not a metric, and not prose. Tokens with no word in them are noise and skipped
+wherever they stand: symbols, emoji, invalid UTF-8 (``\ufffd``), figures (``12.3 ms``) and units
+with a ``/`` or a non-ASCII letter (``3.1 µs/tok ✓``), so ``step 25 loss nan µs/tok`` is the NaN it
+says.
+
+The first word that is not a field ends the fields; what follows it is not read (``ok``, ``done``,
+``check passed``, ``(no NaN)``). A line made only of fields is a record when it holds a loss-like
+value. A line whose fields are followed by words is one only when its fields name the step (a step
+key or an ``N/M`` counter) *and* a loss-like value, so ``step 25 loss nan ok`` is a NaN and ``epoch
+3 loss 2.5 took 30 s`` stays prose. A line that starts with a word is prose, whatever it says
+after: ``skipping step 25 because loss is nan`` yields nothing (a real NaN said in words: the rule
+is a value in a field; the NaN text rules make it a ``nan_mentioned`` warning, never a stop).
+So a NaN value in the leading fields stops the job whatever words follow (``step 25 loss nan,
+skipping batch`` too: the value is there), with one exception: a non-finite spelling joined to its
+key by a space and followed at once by a noun it modifies (``step 25: loss nan check passed``,
+``loss inf guard on``, ``loss nan count 0``: see ``records.NAN_NOUNS``) is a word in a noun phrase, not a
+value, and the fields end before it. ``nan`` / ``inf`` with letters after them (``nanmean``,
+``infs``, ``NaNs``) are words, never a value with a unit.
+
+The step comes from ``step`` / ``iter`` / ``iteration`` / ``it`` / ``global_step`` (an explicit
+``step`` / ``global_step`` beats an ``iter`` before it; ``batch N/M`` and ``batch_idx`` count too);
+``epoch`` goes to ``extra``, and a counter that may restart every epoch (``iter``, ``it``,
+``batch``, a bare ``N/M``) beside an epoch goes to ``extra["epoch_counter"]``: :mod:`.epochsteps`
+turns it into the global step. A record needs a loss-like value (``loss``, ``train_loss``, ``lm
+loss``, ``train loss``, ``val_loss``, ``eval_loss``, ``train/loss``, ``train.loss``, ``loss_step``,
+``grad_norm`` ...; ``eval.loss`` is an eval metric, never the training loss): a NaN is a value in
+a metric, never a word in prose.
 
 Tried last (after every trainer format and the user's regexes), so it changes no line another
-format reads. Pure functions.
+format reads. Pure functions, each regex tried at most once per token: linear in the line.
 """
 
 from __future__ import annotations
@@ -31,7 +52,7 @@ import re
 
 from ..events import MetricRecord
 from .epochsteps import COUNTER_KEY
-from .records import NUM, canonical_key, make_record, parse_number
+from .records import NUM, NUM_END, canonical_key, make_record, nan_noun_after, parse_number
 
 # asctime (ISO or HF's 12/03/2026 21:06:25), optionally bracketed, with optional ms and zone.
 _TIME = (r"\[?(?:\d{4}-\d{2}-\d{2}[ T]|\d{2}/\d{2}/\d{4} )?\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"
@@ -45,14 +66,24 @@ _PREFIX = re.compile(
     r"(?:(?:\[[\w.\-]+\]|[\w.\-]+)(?::\s*|\s+-\s+|\s*\|\s*)(?!\s*[-+]?(?:\d|\.\d|nan\b|inf\b)))?)?")
 _TIME_ONLY = re.compile(rf"^{_TIME}\s*(?:[-|:]\s*)?")
 
-_VAL = rf"(?:\[\s*)?({NUM})(?:\s*/\s*(\d+))?(?:\s*\])?"
+_VAL = rf"(?:\[\s*)?({NUM}){NUM_END}(?:\s*/\s*(\d+))?(?:\s*\])?"
 _UNIT = r"(?:[A-Za-z%]+(?:/[A-Za-z]+)?)?"
 _KEY = r"([A-Za-z_][\w./\-]*(?:\s(?:loss|norm|rate))?)"
-# One field, and a run of fields separated by spaces (the part between two separators).
+# One field, and a run of fields separated by spaces (the part between two separators). _SEQ's
+# group 2 is what joins key and value: a space alone matters for records.NAN_NOUNS.
 _PAIR = re.compile(rf"{_KEY}(?:\s*[=:]\s*|\s+){_VAL}{_UNIT}")
 # A field may end right before a non-ASCII character ("loss nan✓"): that token is noise (below).
-_SEQ = re.compile(rf"{_KEY}(?:\s*[=:]\s*|\s+){_VAL}{_UNIT}:?(?:\s+|$|(?=[^\x00-\x7f]))")  # "Epoch 3: val_loss=2.1"
+_SEQ = re.compile(rf"{_KEY}(\s*[=:]\s*|\s+){_VAL}{_UNIT}:?(?:\s+|$|(?=[^\x00-\x7f]))")  # "Epoch 3: val_loss=2.1"
 _ANON = re.compile(rf"\(?({NUM})\s*{_UNIT}\)?")
+# "phase=train", "is_nan=False", "device=cuda:0": a setting, skipped. Not a value that starts like a
+# number or a non-finite spelling ("loss=nan?" is no setting: it ends the fields).
+_STR_FIELD = re.compile(r"[A-Za-z_][\w./\-]*=(?![-+]?(?:\d|\.\d|(?i:nan|inf)(?!\w)))[^\s|,;]+(?:\s+|$)")
+# torch / numpy scalars as printed: "tensor(nan)", "tensor([2.31])", "tensor(2.31, device='cuda:0',
+# grad_fn=<AddBackward0>)", "np.float64(2.31)" -> the number. No comma in the number and no space
+# before it: each has one way to match, so a failed try costs the distance to the next parenthesis.
+_WRAPPED = re.compile(r"\b(?:tensor|(?:np|numpy)\.float(?:16|32|64)?)\(\[?"
+                      r"([-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|(?i:nan|inf(?:inity)?)))"
+                      r"\]?(?:,[^()]*)?\)")
 # A token with no word in it (symbols, emoji, U+FFFD from invalid UTF-8, figures, "µs/tok"): what is
 # left of it after dropping every character but ASCII letters and "/" is empty or a chain of units.
 _NOISE_TOKEN = re.compile(r"\S+(?:\s+|$)")
@@ -121,13 +152,13 @@ def is_noise(token: str) -> bool:
                                                          for w in letters.split("/"))
 
 
-def parse_generic(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
-    if "{" in line:
-        return None  # dicts are HF's or JSON's: their parsers decided (a train summary is no step)
-    body = strip_prefix(line).strip().strip("|,; \t")
-    if not body:
-        return None
-    fields: list[tuple[str, str, str | None]] = []
+Field = tuple[str, str, str | None]
+
+
+def read_fields(body: str) -> tuple[list[Field], tuple[int, int] | None, bool]:
+    """The leading fields of ``body`` (key, value, total), its bare ``N/M`` counter, and whether the
+    fields are the whole line (False: a word ended them; what follows it is not read)."""
+    fields: list[Field] = []
     counter: tuple[int, int] | None = None
     for part in _SPLIT.split(body):
         part = part.strip()
@@ -147,7 +178,9 @@ def parse_generic(line: str, source: str = "", rank: int | None = None) -> Metri
         while pos < end:  # "epoch 0 iter 60 loss 2.3": fields separated by spaces only
             s = _SEQ.match(part, pos)
             if s is not None:
-                fields.append((s.group(1), s.group(2), s.group(3)))
+                if nan_noun_after(s.group(2), s.group(3), part, s.end()):
+                    return fields, counter, False  # "loss nan check passed": a noun phrase
+                fields.append((s.group(1), s.group(3), s.group(4)))
                 pos = s.end()
                 continue
             c = _COUNTER_SEQ.match(part, pos)
@@ -155,12 +188,26 @@ def parse_generic(line: str, source: str = "", rank: int | None = None) -> Metri
                 counter = (int(c.group(1)), int(c.group(2)))
                 pos = c.end()
                 continue
-            c = _CLOCK_SEQ.match(part, pos)
+            c = _CLOCK_SEQ.match(part, pos) or _STR_FIELD.match(part, pos)
             if c is None:
                 c = _FIGURE_SEQ.match(part, pos) or _NOISE_TOKEN.match(part, pos)
                 if c is None or not (c.re is _FIGURE_SEQ or is_noise(c.group().strip())):
-                    return None  # a word that is no field: prose
+                    return fields, counter, False  # a word that is no field: the fields end here
             pos = c.end()
+    return fields, counter, True
+
+
+def parse_generic(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
+    if "{" in line:
+        return None  # dicts are HF's or JSON's: their parsers decided (a train summary is no step)
+    body = strip_prefix(line).strip().strip("|,; \t")
+    if not body:
+        return None
+    if "(" in body:
+        body = _WRAPPED.sub(r"\1", body)  # "loss tensor(nan)" -> "loss nan"
+    fields, counter, whole = read_fields(body)
+    if not fields:
+        return None
     values: dict[str, object] = {}
     extra: dict[str, float] = {}
     local: bool | None = None  # the step came from a counter that may restart every epoch
@@ -189,6 +236,8 @@ def parse_generic(line: str, source: str = "", rank: int | None = None) -> Metri
     if "step" not in values and counter is not None:
         values["step"], extra["total"] = counter[0], float(counter[1])
         local = True
+    if not whole and "step" not in values:
+        return None  # fields then words: a record only with its step ("epoch 3 loss 2.5 took 30 s" is prose)
     if local and "epoch" in extra:
         extra[COUNTER_KEY] = float(values["step"])  # type: ignore[arg-type]  # epochsteps makes it global
     return make_record(values, "generic", source, rank, extra)

@@ -5,6 +5,7 @@ built from them. Pure functions, used by :mod:`.formats` and :mod:`.parsers`."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Mapping
 
 from ..events import MetricRecord
@@ -14,6 +15,18 @@ from .epochsteps import COUNTER_KEY
 # (the fraction only after a "."): "\d[\d,]*\.?\d*" could split a digit run two ways and made a
 # crafted run of digits cost time quadratic in its length on every failed match.
 NUM = r"[-+]?(?:\d[\d,]*(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|infinity|Infinity|INFINITY)"
+
+# After a NUM in a "key value" field: a non-finite spelling may not run on into letters ("nanmean",
+# "infs", "NaNs" are words, not a NaN with a unit); a figure may ("2.31ms"). A lookaround: no backtracking.
+NUM_END = r"(?:(?<![A-Za-z])|(?![A-Za-z]))"
+
+# Nouns a bare "nan" / "inf" modifies: "loss nan check passed", "loss nan count 0", "inf guard on".
+# After a non-finite spelling joined to its key by a space, one of these makes it a word, not a value.
+NAN_NOUNS = frozenset(
+    "check checks checker checking guard guards test tests detection detector detectors count counts counter "
+    "counters filter filtering hook mask masking flag scan monitor monitoring watchdog handling handler policy "
+    "rate ratio fraction frac steps events".split())
+_WORD = re.compile(r"[A-Za-z]+")
 
 _HUMAN_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 
@@ -63,6 +76,19 @@ def parse_number(text: str) -> float | None:
     return None
 
 
+def nan_noun_after(sep: str, raw: str, text: str, end: int) -> bool:
+    """A field ``key<sep>raw`` ending at ``end`` of ``text`` whose non-finite value is joined to its key
+    by a space and followed by a noun it modifies (``loss nan check passed``): a word in a noun
+    phrase, not a value. ``loss=nan check`` and ``loss: nan check`` are values: the sign assigns."""
+    if sep.strip():
+        return False
+    num = parse_number(raw)
+    if num is None or num - num == 0:
+        return False  # a finite value is a value
+    w = _WORD.match(text, end)
+    return w is not None and w.group().lower() in NAN_NOUNS
+
+
 def parse_human(text: str) -> float | None:
     """nanotron's ``human_format``: ``"24.6K"`` -> 24600.0, ``"1.23M"``, ``"infE"`` -> inf."""
     t = text.strip()
@@ -74,8 +100,19 @@ def parse_human(text: str) -> float | None:
 
 
 def field_of(key: str) -> str | None:
-    """The record field a key names (as spelled, else in lower case), or None."""
-    return KEYS.get(key) or KEYS.get(key.lower())
+    """The record field a key names (as spelled, else in lower case), or None. A path key is read with
+    ``.`` as ``/`` (``eval.loss`` is ``eval/loss``: an eval metric), and a path under ``train`` /
+    ``training`` names what its last part names (``train.loss``, ``training/grad_norm``)."""
+    canon = KEYS.get(key) or KEYS.get(key.lower())
+    if canon is not None or ("." not in key and "/" not in key):
+        return canon
+    k = key.lower().replace(".", "/")
+    canon = KEYS.get(k)
+    if canon is None:
+        head, _, rest = k.partition("/")
+        if head in ("train", "training") and "/" not in rest:
+            canon = KEYS.get(rest)
+    return canon
 
 
 def canonical_key(key: str) -> tuple[str | None, bool]:
@@ -123,14 +160,28 @@ def make_record(values: Mapping[str, object], fmt: str, source: str, rank: int |
     )
 
 
+def _items(d: Mapping[str, object]) -> list[tuple[str, object]]:
+    """The string-keyed items of ``d``, then those of its dict values one level down as ``outer/inner``
+    (``{"train": {"loss": NaN}}`` -> ``train/loss``; ``{"eval": {"loss": ..}}`` -> ``eval/loss``, an
+    eval metric). Deeper dicts are not read (a structured logger's record holds its own)."""
+    top: list[tuple[str, object]] = []
+    nested: list[tuple[str, object]] = []
+    for key, raw in d.items():
+        if not isinstance(key, str):
+            continue
+        if isinstance(raw, dict):
+            nested.extend((f"{key}/{k}", v) for k, v in raw.items() if isinstance(k, str) and not isinstance(v, dict))
+        else:
+            top.append((key, raw))
+    return top + nested  # a top-level field first: it wins over a nested one of the same name
+
+
 def record_from_mapping(d: Mapping[str, object], fmt: str, source: str, rank: int | None) -> MetricRecord | None:
     values: dict[str, object] = {}
     extra: dict[str, float] = {}
     local: bool | None = None  # the step came from an "iter" that may restart every epoch
     counter = 0.0
-    for key, raw in d.items():
-        if not isinstance(key, str):
-            continue
+    for key, raw in _items(d):
         canon = field_of(key)
         num = to_float(raw)
         if num is None:

@@ -6,7 +6,10 @@ not the training loss (issue 35 part 5).
   same step after the restart read as a deterministic failure: exit 3 on a job whose losses were
   all finite. Now: one ``nan_mentioned`` warning for the run, and the job is never stopped.
 - ``step 25 loss nan`` followed by a token the parser did not know (``µs/tok``, ``✓``, an emoji,
-  invalid UTF-8) was prose and the NaN was missed. Now it is a value: rolled back.
+  invalid UTF-8) was prose and the NaN was missed. Now it is a value: rolled back. So is a NaN in
+  the leading fields followed by words (``step 25 loss nan ok``, ``phase=train``, ``| done``), a
+  ``tensor(nan)``, a nested JSON ``{"train": {"loss": NaN}}`` and loguru's JSON line of such a
+  message (issue 34 D1: these were "watched", rc 0, under ``on.nan.action=give_up``).
 - An empty validation loader gives ``val_loss nan`` at every eval while training is finite: rolled
   back, the same at the same step, gave up at step 50 of 300. Now: ``eval_nonfinite`` (notified by
   default), the run finishes; ``[detectors.nan] fields`` naming ``val_loss`` rolls back on it.
@@ -54,6 +57,31 @@ for step in range(1, 41):
 if first:
     time.sleep(60)
 """
+
+# Attempt 0 prints its NaN as the line given (%d: the step), fields then words (issue 34 D1), or through
+# loguru's serialize=True sink; the restart runs clean.
+D1_JOB = """\
+import os, sys, time
+first = os.environ["TSUP_ATTEMPT"] == "0"
+line = %r
+say = lambda text: print(text, flush=True)
+if line == "loguru":
+    from loguru import logger
+    logger.remove()
+    logger.add(sys.stdout, serialize=True)
+    line, say = "step=%%d loss=nan phase=train", logger.info
+for step in range(1, 41):
+    if first and step >= 25:
+        say(line %% step)
+        time.sleep(0.2)
+        continue
+    print(f"step {step} loss {3 - step / 100:.4f}", flush=True)
+if first:
+    time.sleep(60)
+"""
+D1_LINES = ["step %d loss nan ok", "step=%d loss=nan phase=train", "step: %d | loss: nan | grad_norm: 1.2 | done",
+            "step %d loss tensor(nan)", "step %d | loss tensor(nan, device='cuda:0') | skipping nothing",
+            '{"step":%d,"train":{"loss":NaN}}', "loguru"]
 
 # 300 steps, an eval every 50 whose loader is empty: val_loss is nan (0/0), training is fine.
 EVAL_JOB = """\
@@ -103,6 +131,33 @@ def test_a_nan_value_followed_by_an_unknown_token_is_rolled_back(daemons, tmp_pa
     det = a[0]["detection"]
     assert det["step"] == 25 and det["onset_step"] == 25, det
     assert not events_named(sd, "nan_mentioned")  # a value, not a mention
+
+
+@pytest.mark.parametrize("line", D1_LINES, ids=["word", "setting", "pipe-done", "tensor", "tensor-device",
+                                                 "nested-json", "loguru-json"])
+def test_a_nan_value_in_the_leading_fields_is_rolled_back_whatever_follows(daemons, tmp_path, line):
+    sd, job = tmp_path / "sd", tmp_path / "job.py"
+    job.write_text(D1_JOB % (line,))
+    d = daemons(wrap(sd) + [PY, str(job)])
+    assert d.wait(90) == 0, d.stderr()[-3000:]
+    a = history(sd)["attempts"]
+    assert [(x["cause"], x["action"]) for x in a] == [("nan", "rollback"), (None, None)], a
+    det = a[0]["detection"]
+    assert det["step"] == 25 and det["onset_step"] == 25, det
+    assert not events_named(sd, "nan_mentioned")  # a value, not a mention
+
+
+def test_the_d1_job_under_give_up_gives_up_on_its_nan(daemons, tmp_path):
+    # The reported case: 24 finite steps, then "step 25 loss nan ok"; it was rc=0, "watched", no anomaly.
+    sd, job = tmp_path / "sd", tmp_path / "j.py"
+    job.write_text('import time\nfor s in range(1, 25):\n    print(f"step {s} loss 2.0", flush=True)\n'
+                   'print("step 25 loss nan ok", flush=True)\ntime.sleep(3)\n')
+    d = daemons(wrap(sd, "--set", "on.nan.action=give_up") + [PY, str(job)])
+    assert d.wait(90) == 3, d.stderr()[-3000:]
+    a = history(sd)["attempts"]
+    assert [(x["cause"], x["action"]) for x in a] == [("nan", "give_up")], a
+    assert a[0]["detection"]["step"] == 25 and events_named(sd, "failure_detected") and events_named(sd, "gave_up")
+    assert "anomaly_detected" in d.stderr()
 
 
 def test_an_empty_validation_loader_warns_and_notifies_and_the_run_finishes(daemons, tmp_path):

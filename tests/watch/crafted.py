@@ -22,7 +22,8 @@ def _rep(head: str, unit: str, tail: str = "") -> Build:
 
 
 CRAFTED: dict[str, list[Build]] = {
-    "json": [_rep('{"loss": ', "1", "x}"), _rep('{"loss": 1, "a": "', "\\u00", '}')],
+    "json": [_rep('{"loss": ', "1", "x}"), _rep('{"loss": 1, "a": "', "\\u00", '}'),
+             _rep('{"a": {', '"b": 1, ', '"c": 1}}'), _rep('{"step": 1, "train": {"loss": ', "1", "x}}")],
     "hf": [_rep("{'loss': ", "1", "x}"), _rep("{'", "'a", "}"), _rep("{'loss': 1, '", "a': ", "}")],
     "nanogpt": [_rep("iter 1: loss ", "1", "x"), _rep("step 1: train loss 1, val loss ", "1", " x")],
     "torchtitan": [_rep("step: 1  loss: ", "1", "x"), _rep("", "step: 1 "), _rep("step: 1 loss: 1 ", "tps: 1", "x")],
@@ -33,9 +34,15 @@ CRAFTED: dict[str, list[Build]] = {
     "llmc": [_rep("step 1/10 | loss ", "1", " ms x"), _rep("step 1/10 | loss 1 | ", " 1", " x"),
              _rep("s:1 trl:", "1", "x"), _rep("val loss ", "1", "x")],
     "nanotron": [_rep("iteration: 1 / 10 | lm_loss: ", "1", "}"), _rep("iteration: 1 / 10 ", "| a: ", "x")],
-    "kv": [_rep("step 1 loss ", "1", "x"), _rep("step 1 | ", "loss ", "x"), _rep("step ", " ", "1 loss 1 x")],
+    "kv": [_rep("step 1 loss ", "1", "x"), _rep("step 1 | ", "loss ", "x"), _rep("step ", " ", "1 loss 1 x"),
+           _rep("step 1 loss nan", " ", "count"), _rep("step 1 loss nan ", "loss nan ", "x")],
     "generic": [_rep("INFO ", "1", "}"), _rep("loss=1 a", " ", "b"), _rep("2026-12-03 21:06:25 INFO a: ", "a.", " x"),
-                _rep("epoch 1 ", "loss 1 ", "x"), _rep("loss=1, ", ",", "x")],
+                _rep("epoch 1 ", "loss 1 ", "x"), _rep("loss=1, ", ",", "x"),
+                # issue 34 D1: torch scalars, settings (k=word), fields then words, "nan <noun>"
+                _rep("step 1 loss ", "tensor(1,", "x"), _rep("step 1 loss tensor(", "1", "x"),
+                _rep("step 1 loss tensor(1, ", "a", "x"), _rep("step 1 ", "a=b ", "loss nan x"),
+                _rep("step 1 a=", "=", " x"), _rep("step 1 loss nan", " ", "check"),
+                _rep("step 1 loss ", "nan", " x")],
     "csv": [_rep("loss", ",loss", ",1 2")],
     "text rules": [_rep("", "ProcessGroupNCCL"), _rep("", "NCCL error "), _rep("", "Connection reset by peer"),
                    _rep("", "NVRM: Xid ("), _rep("", "nan "), _rep("", "size mismatch for "),

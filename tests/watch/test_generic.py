@@ -202,3 +202,73 @@ def test_a_loop_bar_that_counts_from_zero_after_a_resume_is_shifted_by_the_resum
     w.reset(2, 50)  # a bar built with initial=start shows the whole run: no shift
     w.feed("stderr", [bar(58, "1.3")])
     assert recs[-1].step == 58 and "step_offset" not in recs[-1].extra
+
+
+# ------------------------------------------------------------------------- fields then words (issue 34 D1)
+
+# line -> (step, loss, grad_norm): the leading fields name the step and a loss-like value; what follows is not read.
+FIELDS_THEN_WORDS = [
+    ("step 25 loss nan ok", 25, math.nan, None),
+    ("step=25 loss=nan phase=train", 25, math.nan, None),
+    ("step=25 phase=train loss=nan device=cuda:0", 25, math.nan, None),  # a setting (k=word) is skipped
+    ("step: 25 | loss: nan | grad_norm: 1.2 | done", 25, math.nan, 1.2),
+    ("step 25 loss tensor(nan)", 25, math.nan, None),
+    ("step 25 | loss tensor(2.31, device='cuda:0', grad_fn=<AddBackward0>) | grad_norm tensor([inf])", 25, 2.31,
+     math.inf),
+    ("it 25 loss np.float64(2.5) saving", 25, 2.5, None),
+    ("[25/300] loss nan done", 25, math.nan, None),
+    ("step 25 train.loss=nan then words", 25, math.nan, None),
+    ("step 25 loss nan, skipping batch", 25, math.nan, None),  # a value in a field: the words do not undo it
+    ("step 25 | loss 2.31 | nan_check ok", 25, 2.31, None),
+    ("step 25 loss 2.31 (no NaN)", 25, 2.31, None),  # the NaN is after the first word: not read
+]
+
+
+def same(a: float | None, b: float | None) -> bool:
+    return a == b or (a is not None and b is not None and math.isnan(a) and math.isnan(b))
+
+
+@pytest.mark.parametrize("line,step,loss,grad_norm", FIELDS_THEN_WORDS)
+def test_the_leading_fields_of_a_line_are_read_whatever_follows_them(line: str, step: int, loss: float,
+                                                                     grad_norm: float | None) -> None:
+    rec = parse_generic(line)
+    assert rec is not None and rec.fmt == "generic", line
+    assert rec.step == step and same(rec.loss, loss) and same(rec.grad_norm, grad_norm), rec
+    via = P.parse(line, "stdout")  # and through the whole parser (kv, torchtitan, ... tried first)
+    assert via is not None and via.step == step and same(via.loss, loss), via
+
+
+@pytest.mark.parametrize("line", [
+    "epoch 3 loss nan took 30 s",  # fields then words without a step: prose
+    "loss nan ok",
+    "skipping step 25 because loss is nan",  # a real NaN said in words: no field, no value
+    "step 25: loss nan check passed",  # "nan check": a noun phrase
+    "step 25 loss nan count 0",
+    "step 25 loss inf guard: on",
+    "step 25 loss nanmean 2.31",  # nan running on into letters is a word, not a NaN with a unit
+    "step 25 loss infs 0",
+    "loss=nan? yes, step 25",  # a question: "nan?" ends the fields before anything is read
+])
+def test_words_that_leave_no_step_and_loss_value_yield_no_nan(line: str) -> None:
+    rec = P.parse(line, "stdout")
+    assert rec is None or not (rec.loss is not None and math.isnan(rec.loss)), (line, rec)
+    w, dets, _ = watch()
+    w.feed("stdout", ["step 24 | loss 2.0", line, "step 26 | loss 1.9"])
+    assert dets == [], (line, dets)
+
+
+def test_a_nan_value_joined_by_a_sign_is_a_value_even_before_a_noun() -> None:
+    # "loss=nan check": the sign assigns; only "loss nan check" (a space) reads as a noun phrase.
+    for line in ("step 25 loss=nan check", "step 25 loss: nan check", "step 25 | loss nan | check passed"):
+        rec = P.parse(line, "stdout")
+        assert rec is not None and rec.step == 25 and math.isnan(rec.loss or 0.0), line
+    rec = P.parse("step 25 loss 2.31 check passed", "stdout")  # a finite value is a value
+    assert rec is not None and rec.loss == 2.31
+
+
+def test_a_nan_with_words_after_it_is_detected_at_its_step_through_the_watcher() -> None:
+    w, dets, _ = watch()
+    w.feed("stdout", [f"step {s} loss 2.0" for s in range(1, 25)] + ["step 25 loss nan ok"])
+    [d] = dets
+    assert d.cause is Cause.NAN and d.step == 25 and d.details["field"] == "loss"
+    assert w.take_notices() == []

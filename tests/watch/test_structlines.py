@@ -40,3 +40,40 @@ def test_structlog_and_json_logger_messages_and_what_is_not_unwrapped() -> None:
     assert json_message("{" * 100_000) is None
     assert json_message('["step 1 loss=nan"]') is None
     assert message_of({"record": {"message": " "}, "msg": "x"}) == "x"
+
+
+def test_real_loguru_message_with_fields_then_a_setting_is_the_nan() -> None:
+    # issue 34 D1: "step=25 loss=nan phase=train" was prose ("phase=train" is no number), so a loguru
+    # serialize=True job's NaN left the run "finished, unwatched".
+    job = ("import sys; from loguru import logger; logger.remove(); logger.add(sys.stdout, serialize=True); "
+           "logger.info('step=25 loss=nan phase=train'); logger.info('step: 26 | loss: nan | grad_norm: 1.2 | done')")
+    out = subprocess.run([sys.executable, "-c", job], check=True, capture_output=True, text=True, timeout=60).stdout
+    p = MetricParser()
+    recs = [p.parse(x, "stdout") for x in out.splitlines()]
+    assert [(r.step, math.isnan(r.loss or 0.0)) for r in recs if r is not None] == [(25, True), (26, True)], out
+
+
+def test_nested_json_is_read_one_level_deep() -> None:
+    p = MetricParser()
+    rec = p.parse('{"step":25,"train":{"loss":NaN}}', "stdout")
+    assert rec is not None and rec.fmt == "json" and rec.step == 25 and math.isnan(rec.loss or 0.0)
+    # eval.loss / eval/loss is an eval metric, never the training loss; a top-level loss wins over a nested one.
+    rec = p.parse('{"step": 25, "loss": 2.0, "eval": {"loss": NaN}, "train": {"loss": 9.0}}', "stdout")
+    assert rec is not None and rec.loss == 2.0 and math.isnan(rec.val_loss or 0.0)
+    rec = p.parse('{"step": 25, "train.loss": 2.5, "eval.loss": NaN}', "stdout")
+    assert rec is not None and rec.loss == 2.5 and math.isnan(rec.val_loss or 0.0)
+    rec = p.parse('{"step": 25, "training": {"grad_norm": Infinity, "loss": 2.1}, "eval": {"accuracy": NaN}}',
+                  "stdout")
+    assert rec is not None and rec.grad_norm == math.inf and rec.loss == 2.1 and math.isnan(rec.extra["eval/accuracy"])
+    # Two levels down is not read: no loss at all here, so no record.
+    assert p.parse('{"step": 25, "a": {"train": {"loss": NaN}}}', "stdout") is None
+    # A nested object with no metric in it (a structured logger's record) gives no record of its own.
+    assert p.parse('{"record": {"line": 5, "level": {"no": 20}}, "step": 3}', "stdout") is None
+
+
+def test_path_keys_name_their_field() -> None:
+    from supervisor.watch.records import field_of
+
+    assert [field_of(k) for k in ("train.loss", "train/loss", "Training/Grad_Norm", "eval.loss", "val.loss",
+                                  "model.loss", "train.eval_loss", "a.b.loss", "loss")] == [
+        "loss", "loss", "grad_norm", "val_loss", "val_loss", None, "val_loss", None, "loss"]
