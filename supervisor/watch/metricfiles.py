@@ -60,7 +60,7 @@ from .fileread import FileReader, source_of
 from .mlflowstore import MlflowDb, is_db, is_file_store_metric
 from .parsers import MetricParser
 from .filerows import JSONL_PROBE_LINES, FileState
-from .quiet import QuietLog
+from .quiet import FirstFew, QuietLog
 from .readbounds import READ_CHUNK, inside
 from .tbevents import TBReader
 
@@ -135,6 +135,7 @@ class MetricFiles:
         self.scans = 0
         self.capped = False
         self._reader = FileReader(QuietLog(log), parser)
+        self._followed = FirstFew("metric_file_followed", log, "its metrics go to the detectors as the job writes them")
         # The supervisor's own output (the job's log copy where [job] log_file puts it, the daemon's
         # stdout/stderr redirected into the tree): never read back as the job's metrics.
         self.own_files = tuple(own_files)
@@ -312,6 +313,7 @@ class MetricFiles:
         found = self._walk()
         first = self.scans == 1
         more = False
+        new: list[tuple[str, dict[str, str]]] = []  # followed from their start: said, a few by name
         for path, (kind, st) in found.items():
             ident = (st.st_dev, st.st_ino)
             f = self._files.get(path)
@@ -327,12 +329,12 @@ class MetricFiles:
                 if history:
                     self._reader.take_history(f, st)
                 else:
-                    log.info("metric_file_followed", path=path, kind=kind,
-                             next="its metrics go to the detectors as the job writes them")
+                    new.append((path, {"kind": kind}))
             elif self._reader.changed_since_dropped(f, st):
                 self._reader.reexamine(f, st)
             if f.dropped is None:
                 more |= self._read(f, st.st_size)
+        self._followed.say(new)
         for path in [p for p in self._files if p not in found]:
             del self._files[path]  # deleted: forget it (a new file of the name is read from its start)
         return more
