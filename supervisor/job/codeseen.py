@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+from importlib.machinery import PathFinder
 
 MAX_CODE_FILES = 20_000
 MAX_DIR_ENTRIES = 20_000
@@ -77,23 +78,50 @@ class CodeSeen:
         self.paths = path_state(self.entries)
         self.files: dict[str, tuple[str, Identity | None]] = {}  # file -> (module, identity)
         self._names: set[str] = set()
+        self.raced: str | None = None  # a module whose file changed while it was being imported
+        self._before: dict[str, Identity | None] = {}  # file -> its identity before the import read it
         self.note()
+
+    def before(self, name: str) -> None:
+        """Before the standby imports ``name``: its file's identity, found as the import will find
+        it but without importing anything (a dotted name only once its parent is imported). The
+        identity :meth:`note` takes after the import is then no proof on its own: a file replaced
+        while its module was being imported (an upgrade landing during the warm-up, a window a
+        loaded machine makes long) shows as a difference, and the standby is not used."""
+        head, _, tail = name.rpartition(".")
+        if name in sys.modules or len(self._before) > MAX_CODE_FILES:
+            return
+        try:
+            parent = sys.modules.get(head) if head else None
+            if head and parent is None:
+                return
+            spec = PathFinder.find_spec(name, getattr(parent, "__path__", None) if parent else None)
+        except Exception:  # a finder's own error: the import will say it
+            return
+        origin = getattr(spec, "origin", None) if spec is not None else None
+        if isinstance(origin, str) and os.path.isabs(origin):
+            self._before[origin] = file_identity(origin)
 
     def note(self) -> None:
         """Every module imported since the last call, its file's identity now. Called right after
-        each import, before anything else runs: only an edit between the import's read and this
-        stat (microseconds) goes unseen."""
+        each import, before anything else runs; a file whose identity moved between :meth:`before`
+        and now was replaced while it was read (``raced``)."""
         for name, mod in list(sys.modules.items()):
             if name in self._names:
                 continue
             self._names.add(name)
             path = getattr(mod, "__file__", None)
             if isinstance(path, str) and path not in self.files and len(self.files) <= MAX_CODE_FILES:
-                self.files[path] = (name, file_identity(path))
+                ident = file_identity(path)
+                self.files[path] = (name, ident)
+                if path in self._before and self._before.pop(path) != ident and self.raced is None:
+                    self.raced = name
 
     def changed(self) -> str | None:
         """Why a cold start would load other code than this process holds; None when it would not."""
         self.note()
+        if self.raced is not None:
+            return f"code changed ({self.raced}: its file changed while the standby imported it)"
         if len(self.files) > MAX_CODE_FILES:
             return f"more than {MAX_CODE_FILES} module files to compare"
         for path, (name, ident) in self.files.items():

@@ -367,7 +367,10 @@ def wait_and_preload(sock: socket.socket, follow: str, allowed: Allowed, seen: C
         for raw in lines:
             if select.select([sock], [], [], 0)[0]:
                 return  # the request first: what is left the job imports itself
-            if preload(raw.decode("utf-8", "replace").strip(), allowed) and seen is not None:
+            name = raw.decode("utf-8", "replace").strip()
+            if seen is not None:
+                seen.before(name)  # its file as it is before the import reads it
+            if preload(name, allowed) and seen is not None:
                 seen.note()  # the new modules' files, as they were when read
         if select.select([sock], [], [], FOLLOW_POLL_S)[0]:
             return

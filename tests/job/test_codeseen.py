@@ -112,3 +112,30 @@ def test_the_comparison_is_cheap_and_bounded(site: Path, monkeypatch: pytest.Mon
     assert len([k for k in seen.paths if k.startswith(str(site))]) <= 51
     os.utime(site, ns=(0, 1))  # what adding or removing an entry does to the folder
     assert seen.changed() == f"code changed ({site.name} in {site.parent})"
+
+
+def test_a_file_replaced_while_its_module_was_imported_makes_the_standby_unusable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The full run's race: the standby began importing v1 (its identity taken before the import),
+    # the operator's upgrade replaced the file before the import's own stat; after the import the
+    # file looks unchanged at the hand-over, yet the module in memory is v1. The module replaces
+    # its own file while it runs, so the replacement lands inside the import, as it did.
+    folder = tmp_path / "site-packages"
+    folder.mkdir()
+    mod = folder / "tsup_raced_demo.py"
+    mod.write_text(f"import os\nVERSION = 1\nopen({str(mod)!r} + '.new', 'w').write('VERSION = 2\\n')\n"
+                   f"os.replace({str(mod)!r} + '.new', {str(mod)!r})\n")
+    monkeypatch.syspath_prepend(str(folder))
+    importlib.invalidate_caches()
+    seen = CodeSeen()
+    seen.before("tsup_raced_demo")
+    try:
+        assert importlib.import_module("tsup_raced_demo").VERSION == 1
+        seen.note()
+        assert seen.raced == "tsup_raced_demo"
+        assert seen.changed() == "code changed (tsup_raced_demo: its file changed while the standby imported it)"
+        # Without the look before, the stat after the import saw the new file: no change at all.
+        blind = CodeSeen()
+        assert blind.changed() is None
+    finally:
+        sys.modules.pop("tsup_raced_demo", None)
