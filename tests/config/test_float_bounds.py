@@ -109,3 +109,16 @@ def test_check_config_refuses_the_reported_values(tmp_path: Path) -> None:
     assert "heartbeat.learn_factor: expected a finite number from 1 up to 1000, got inf" in r.stderr
     assert "heartbeat.timeout_s: expected a number of seconds from 0.01 up to 31622400" in r.stderr
     assert "checkpoints.prefer_tolerance: expected a finite number >= 0, got nan" in r.stderr
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
+def test_a_float_in_a_table_of_floats_is_finite_too(value: float) -> None:
+    """A remedy's ``scale`` (a table of numbers, no field of its own): its values are floats too."""
+    table = table_with([], None)
+    table["job"]["command"] = ["python", "train.py", "--lr", "0.1"]
+    table["on"] = {"nan": {"action": "rollback", "remedies": [{"scale": {"--lr": value}}]}}
+    with pytest.raises(ConfigError) as ei:
+        config_from_table(table, "t")
+    assert [str(p) for p in ei.value.problems] == [f"on.nan.remedies[0].scale.--lr: expected a finite number, got {value!r}"]
+    table["on"]["nan"]["remedies"] = [{"scale": {"--lr": 0.5}}]
+    assert config_from_table(table, "t").on["nan"].remedies[0].scale["--lr"] == 0.5
