@@ -157,6 +157,8 @@ class EventName(StrEnum):
     HANG_LOOK_FAILED = "hang_look_failed"
     HANG_LOOK_STARTED = "hang_look_started"
     HANG_SUSPICION_OVER = "hang_suspicion_over"
+    HEARTBEAT_FILE_REFUSED = "heartbeat_file_refused"
+    HEARTBEAT_FILES_CAPPED = "heartbeat_files_capped"
     HEARTBEAT_FIRST = "heartbeat_first"
     HEARTBEAT_TIMEOUT_LEARNED = "heartbeat_timeout_learned"
     LOGWATCH_EMIT_FAILED = "logwatch_emit_failed"

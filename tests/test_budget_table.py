@@ -147,3 +147,9 @@ def test_the_bounds_the_table_quotes_are_the_code_s():
                  f"{MAX_CONNECTIONS} connections at once (`MAX_CONNECTIONS`", f"{DEADLINE_S:g} s each from its accept (`DEADLINE_S`",
                  f"{MAX_LOOKUPS} lookups in flight (`MAX_LOOKUPS`)"):
         assert said in table, f"docs/reliability.md's table no longer says {said!r} (or the code's constant changed)"
+    from supervisor.watch.hbfiles import LIST_PER_CHECK, MAX_RANK_FILES, RECORD_READ
+
+    for said in (f"{LIST_PER_CHECK:,} entries a check (`LIST_PER_CHECK`",
+                 f"{MAX_RANK_FILES} heartbeat files and {MAX_RANK_FILES} metric files followed (`MAX_RANK_FILES`)",
+                 f"{RECORD_READ >> 10} KiB read of each (`RECORD_READ`)"):
+        assert said in table, f"docs/reliability.md's table no longer says {said!r} (or the code's constant changed)"

@@ -35,10 +35,16 @@ then on ages are measured on the monotonic clock (immune to wall-clock jumps).
 Client metric reports (``metrics-rank<R>.jsonl`` in the same directory) are tailed by an internal
 :class:`~supervisor.watch.tail.FileTailer` and fed to ``metrics_sink`` (the LogWatcher), where
 they become ``fmt="client"`` records that the same detectors judge.
+
+The folder is the job's to write: it is listed and read within the bounds of
+:mod:`~supervisor.watch.hbfiles` (a bounded listing a check, at most ``MAX_RANK_FILES`` files
+followed, 4 KiB of each, no link or FIFO opened); a record counts only for the rank its file is
+named after.
 """
 
 from __future__ import annotations
 
+import glob as globlib
 import json
 import math
 import os
@@ -54,13 +60,12 @@ from ..events import AttemptContext, Cause, Detection, Emit, LineSink
 from ..redact import redact_line
 from .config import HeartbeatConfig, client_env as client_env  # client_env: its old home
 from .hanggate import HangGate
+from .hbfiles import MAX_RANK_FILES, HeartbeatDir, missing_ranks, positive_int
 from .liveness import Cadence, OutputLiveness, Silence
+from .quiet import QuietLog
 from .tail import FileTailer
 
 log = structlog.get_logger("supervisor.watch")
-
-HEARTBEAT_PREFIX = "heartbeat-rank"
-METRICS_GLOB = "metrics-rank*.jsonl"
 
 
 @dataclass
@@ -110,6 +115,8 @@ class HeartbeatMonitor:
         self._output_off_logged: bool | str = False  # True: the notice went out; "on": and was taken back
         self._silence: Silence | None = None  # the output silence judged last (learned once it fires)
         self._dir_problem: str | None = None
+        self._dir: HeartbeatDir | None = None
+        self._quiet = QuietLog(log)  # refused files: once per 300 s a name
 
     # -- Monitor --------------------------------------------------------------------------
 
@@ -125,17 +132,23 @@ class HeartbeatMonitor:
         self._last_metric = None
         self._output.start(ctx.started_monotonic, ctx.resume_step)
         self._gate.start(ctx)
+        new_dir = self._dir is None or self._dir.path != str(ctx.heartbeat_dir)
+        if new_dir:
+            if self._dir is not None:
+                self._dir.close()
+            self._dir = HeartbeatDir(str(ctx.heartbeat_dir), self._quiet)
         if self._metrics_sink is not None:
-            glob = str(Path(ctx.heartbeat_dir) / METRICS_GLOB)
-            if self._tailer is not None and self._tailer.patterns != (glob,):
+            if self._tailer is not None and new_dir:
                 # A new heartbeat directory for this attempt: follow that one (from its start).
                 self._tailer.close()
                 self._tailer = None
             if self._tailer is None:
                 # The folder is the attempt's own: what is in it when we start was written by this
-                # attempt (before the monitors started), not history.
-                self._tailer = FileTailer([glob], Path(ctx.heartbeat_dir), self._metrics_sink,
-                                          poll_interval_s=self._tail_poll, history_at_start=False)
+                # attempt (before the monitors started), not history. Its files are named to the
+                # tailer as the bounded listing finds them (no glob over the job's folder).
+                self._tailer = FileTailer([], Path(ctx.heartbeat_dir), self._metrics_sink,
+                                          poll_interval_s=self._tail_poll, history_at_start=False,
+                                          follow_links=False)
             self._tailer.start(ctx, emit)
 
     def stop(self) -> None:
@@ -144,6 +157,8 @@ class HeartbeatMonitor:
             self._tailer.stop()
 
     def close(self) -> None:
+        if self._dir is not None:
+            self._dir.close()
         if self._tailer is not None:
             self._tailer.close()
             self._tailer = None
@@ -184,52 +199,54 @@ class HeartbeatMonitor:
     # -- reading ---------------------------------------------------------------------------
 
     def _read(self, now: float) -> None:
-        assert self._ctx is not None
-        try:
-            entries = [e for e in os.scandir(self._ctx.heartbeat_dir) if e.name.startswith(HEARTBEAT_PREFIX)]
-            self._dir_problem = None
-        except FileNotFoundError:
-            self._dir_problem = "heartbeat directory does not exist (yet)"
-            return
-        except OSError as exc:
-            self._dir_problem = f"heartbeat directory unreadable: {exc}"
-            return
+        assert self._ctx is not None and self._dir is not None
+        hb_dir = self._dir
+        heads = hb_dir.read()
+        self._dir_problem = hb_dir.problem
+        if self._tailer is not None:
+            # escaped: the tailer globs its patterns, and a state dir's path may hold "[" or "*"
+            self._tailer.add_paths([globlib.escape(p) for p in hb_dir.new_metric_files()])
         wall = self._wall()
-        for e in entries:
+        for name, named_rank, raw in heads:
             try:
-                with open(e.path, "rb") as f:
-                    raw = f.read(4096)
                 rec = json.loads(raw.decode("utf-8", "replace").strip() or "null")
                 rank = int(rec["rank"])
                 seq = int(rec.get("seq", 0))
                 t = float(rec["t"])
-            except (OSError, ValueError, KeyError, TypeError):
+                if not math.isfinite(t) or rank != named_rank:
+                    raise ValueError("not this file's rank's record")  # one file, one rank: _ranks stays bounded
+            except (ValueError, KeyError, TypeError, OverflowError):
+                hb_dir.rejected(name)
                 continue  # a torn or foreign file: judged on the next read
             attempt = rec.get("attempt")
             if attempt is not None and attempt != self._ctx.attempt:
+                hb_dir.rejected(name)
                 continue  # left over from an earlier attempt
             cur = self._ranks.get(rank)
             step = rec.get("step") if isinstance(rec.get("step"), int) else None
-            state = str(rec.get("state", "running"))
+            state = str(rec.get("state", "running"))[:32]
             if cur is None:
-                if t < self._start_wall - 2.0:
+                if t < self._start_wall - 2.0 or len(self._ranks) >= MAX_RANK_FILES:
+                    hb_dir.rejected(name)
                     continue  # written before this attempt started (an earlier run): not ours
+                hb_dir.accepted(name)
                 changed = max(self._started, now - max(0.0, wall - t))
-                self._ranks[rank] = _Rank(rank, seq, t, changed, step, state, rec.get("pid"),
-                                          rec.get("world_size"))
+                self._ranks[rank] = _Rank(rank, seq, t, changed, step, state, positive_int(rec.get("pid")),
+                                          positive_int(rec.get("world_size")))
                 if not self._seen_heartbeats:
                     self._seen_heartbeats = True
                     log.info("heartbeat_first", rank=rank, attempt=self._ctx.attempt,
                              next="hang detection by heartbeat age is on for this run")
                 continue
+            hb_dir.accepted(name)  # a known rank's file (found again after it was re-made)
             if seq != cur.seq or t != cur.t:
                 interval = t - cur.t
                 if cur.state != "checkpointing" and state != "checkpointing":
                     self._cadence.add(interval)
                 cur.seq, cur.t, cur.step, cur.state = seq, t, step, state
                 cur.changed_mono = min(now, now - max(0.0, wall - t))
-                cur.pid = rec.get("pid", cur.pid)
-                cur.world_size = rec.get("world_size", cur.world_size)
+                cur.pid = positive_int(rec.get("pid")) or cur.pid
+                cur.world_size = positive_int(rec.get("world_size")) or cur.world_size
 
     # -- judging ----------------------------------------------------------------------------
 
@@ -249,7 +266,7 @@ class HeartbeatMonitor:
         expect = cfg.expect_heartbeats or self._seen_heartbeats
         if expect and since_start > cfg.startup_timeout_s:
             world = max((r.world_size or 0 for r in self._ranks.values()), default=0)
-            missing = sorted(set(range(world)) - set(self._ranks)) if world else []
+            missing = missing_ranks(world, self._ranks)
             if not self._ranks:
                 return self._hang("startup", None, since_start, cfg.startup_timeout_s, "config",
                                   f"no rank sent a heartbeat within {cfg.startup_timeout_s:g} s of the launch")

@@ -29,12 +29,19 @@ caller.
 ``history_at_start=False`` (the client's metric files in a heartbeat folder made for the attempt):
 nothing there is history, so files the first scan finds are read from their beginning too (a job
 that reported its first steps before the monitors started lost them otherwise).
+
+``follow_links=False`` (the heartbeat folder, which the job writes): a link in a file's place is
+not followed (it may lead out of the folder), and only the regular file that was looked at is
+read (a name swapped between the look and the open is not). The heartbeat monitor names those
+files one by one (``add_paths``, found by its bounded listing): no glob over a folder the job
+can fill with 100,000 files.
 """
 
 from __future__ import annotations
 
 import glob as globlib
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -83,9 +90,11 @@ class FileTailer:
 
     def __init__(self, globs: Sequence[str], cwd: Path, sink: LineSink, *, poll_interval_s: float = 0.5,
                  max_line_bytes: int = 64 * 1024, read_chunk: int = 1 << 20, use_inotify: bool = True,
-                 batch_lines: int = 4096, retire_grace_s: float = 2.0, history_at_start: bool = True) -> None:
+                 batch_lines: int = 4096, retire_grace_s: float = 2.0, history_at_start: bool = True,
+                 follow_links: bool = True) -> None:
         self.patterns = tuple(g if os.path.isabs(g) else os.path.join(str(cwd), g) for g in globs)
         self.sink = sink
+        self.follow_links = follow_links
         self.poll_interval_s = poll_interval_s
         self.max_line_bytes = max_line_bytes
         self.read_chunk = read_chunk
@@ -128,6 +137,14 @@ class FileTailer:
             self.scan_now()
         self._thread = threading.Thread(target=self._run, name="tsup-tail", daemon=True)
         self._thread.start()
+
+    def add_paths(self, paths: Sequence[str]) -> None:
+        """Follow these files too (literal paths: each costs a look, not a listing), and scan soon."""
+        if paths:
+            # No lock (a scan may hold it for a 16 MiB read): one writer, and a tuple assigned whole
+            # is what the tail thread's next scan iterates.
+            self.patterns = self.patterns + tuple(p for p in paths if p not in self.patterns)
+            self._wake.set()
 
     def baseline(self) -> None:
         """Take the "what exists now is history" baseline if it is not taken yet. Call it before
@@ -214,10 +231,10 @@ class FileTailer:
         for pattern in self.patterns:
             for path in globlib.glob(pattern):
                 try:
-                    st = os.stat(path)
+                    st = os.stat(path) if self.follow_links else os.lstat(path)
                 except OSError:
                     continue
-                if not os.path.isfile(path) or os.path.basename(path).startswith("events.out.tfevents."):
+                if not stat.S_ISREG(st.st_mode) or os.path.basename(path).startswith("events.out.tfevents."):
                     continue  # a TensorBoard event file is binary: watch/metricfiles.py reads it
                 current.setdefault((st.st_dev, st.st_ino), (path, st))
         more = False
@@ -247,9 +264,14 @@ class FileTailer:
             if st.st_size > f.offset:
                 more |= self._read(f)
         for ident, (path, st) in current.items():
+            flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if self.follow_links else os.O_NOFOLLOW)
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+                fd = os.open(path, flags)
             except OSError:
+                continue
+            opened = os.fstat(fd)  # of an open descriptor: does not fail
+            if (opened.st_dev, opened.st_ino) != ident or not stat.S_ISREG(opened.st_mode):
+                os.close(fd)  # swapped since the look (a FIFO, a link's target): not what was judged
                 continue
             start = st.st_size if self._first_scan else 0
             f = _Followed(path=path, fd=fd, ident=ident, offset=start, splitter=LineSplitter(self.max_line_bytes))

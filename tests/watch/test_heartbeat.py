@@ -362,7 +362,12 @@ def test_wired_like_the_runner_client_nan_report_becomes_a_detection(tmp_path: P
                                                             "TSUP_HEARTBEAT_DIR": str(hb)}, timeout=30, check=True)
     try:
         assert p.returncode == 0
-        wait_for(lambda: out, 10, what="nan detection from client reports")
+        # The main loop polls the monitor: its bounded listing names the metric files to the tailer.
+        def polled() -> list[Detection]:
+            m.poll(time.monotonic())
+            return out
+
+        wait_for(polled, 10, what="nan detection from client reports")
         d = out[0]
         assert d.cause is Cause.NAN and (d.step, d.onset_step) == (5, 5)
         assert d.source == f"file:{hb / 'metrics-rank0.jsonl'}"
