@@ -29,11 +29,12 @@ import re
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import structlog
+
+from .httpslots import DeadlineSlots, SlotWords
 
 log = structlog.get_logger("supervisor.ops")
 
@@ -71,11 +72,7 @@ def _local_host(host: str) -> bool:
         return False
 
 
-@dataclass
-class _Conn:
-    sock: socket.socket
-    accepted: float
-    reading: bool = True
+_WORDS = SlotWords("web_connections_capped", "the live page's listener", "the page goes on")
 
 
 class LivePage:
@@ -94,15 +91,11 @@ class LivePage:
         self.page = html.encode()
         self.csp = _csp(html).encode()
         self.address: tuple[str, int] | None = None
-        self.closed_early = 0  # connections a bound ended (tests)
         self.served = 0
-        self._conns: dict[socket.socket, _Conn] = {}
-        self._threads = 0
-        self._lock = threading.Lock()
+        self.slots = DeadlineSlots(self.max_connections, self.deadline_s, _WORDS, clock=clock,
+                                   said_every_s=SAID_EVERY_S)
         self._sock: socket.socket | None = None
         self._closing = threading.Event()
-        self._unsaid = 0
-        self._said_at: float | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> tuple[str, int]:
@@ -131,8 +124,7 @@ class LivePage:
             try:
                 conn, _ = self._sock.accept()
             except (TimeoutError, socket.timeout):
-                with self._lock:
-                    self._reap(self.clock())
+                self.slots.reap()
                 continue
             except OSError as e:
                 if self._closing.is_set():
@@ -145,59 +137,23 @@ class LivePage:
             self._admit(conn)
 
     def _admit(self, conn: socket.socket) -> None:
-        now = self.clock()
-        with self._lock:
-            self._reap(now)
-            if len(self._conns) >= self.max_connections:
-                reading = [c for c in self._conns.values() if c.reading]
-                if not reading:
-                    self._closed_early(now)
-                    conn.close()
-                    return
-                self._end(min(reading, key=lambda c: c.accepted))
-                self._closed_early(now)
-            if self._threads >= 2 * self.max_connections:  # those that gave way have not ended yet
-                self._closed_early(now)
-                conn.close()
-                return
-            self._conns[conn] = _Conn(conn, now)
-            self._threads += 1
-        conn.settimeout(self.deadline_s)
+        if not self.slots.admit(conn):
+            conn.close()
+            return
         threading.Thread(target=self._serve, args=(conn,), daemon=True, name="web-connection").start()
 
-    def _reap(self, now: float) -> None:
-        for c in [c for c in self._conns.values() if now - c.accepted >= self.deadline_s]:
-            self._end(c)
-            self._closed_early(now)
+    @property
+    def closed_early(self) -> int:
+        return self.slots.closed_early
 
-    def _end(self, c: _Conn) -> None:
-        """Shut the socket down (its thread wakes and ends) and forget it."""
-        self._conns.pop(c.sock, None)
-        try:
-            c.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # already closed by its own thread
-
-    def _closed_early(self, now: float) -> None:
-        self.closed_early += 1
-        self._unsaid += 1
-        if self._said_at is None or now - self._said_at >= SAID_EVERY_S:
-            log.warning("web_connections_capped", closed=self._unsaid, max_connections=self.max_connections,
-                        deadline_s=self.deadline_s,
-                        message=f"the live page's listener closed {self._unsaid} connection(s) early: more than "
-                                f"{self.max_connections} at once (the oldest still sending its request gives way) "
-                                f"or one lasting over {self.deadline_s:g} s; the page goes on, and this is said at "
-                                f"most once every {SAID_EVERY_S:g} s")
-            self._said_at, self._unsaid = now, 0
+    def connections(self) -> int:
+        return self.slots.connections()
 
     # -- a connection's thread ------------------------------------------------------------------------
     def _serve(self, conn: socket.socket) -> None:
         try:
             head = self._read_head(conn)
-            with self._lock:
-                c = self._conns.get(conn)
-                if c is not None:
-                    c.reading = False
+            self.slots.request_read(conn)
             if head is not None:
                 conn.sendall(self._answer(head))
                 self.served += 1
@@ -214,9 +170,7 @@ class LivePage:
                 conn.close()
             except OSError:
                 pass
-            with self._lock:
-                self._conns.pop(conn, None)
-                self._threads -= 1
+            self.slots.release(conn)
 
     def _read_head(self, conn: socket.socket) -> bytes | None:
         """The request line and headers; None (and the reply sent) when too large or cut off."""
@@ -263,16 +217,10 @@ class LivePage:
         return (f"HTTP/1.1 {code} {_REASONS[code]}\r\n".encode() + b"Content-Type: " + ctype + b"\r\n"
                 + f"Content-Length: {len(body)}\r\n".encode() + _COMMON + extra + b"\r\n" + body)
 
-    def connections(self) -> int:
-        with self._lock:
-            return len(self._conns)
-
     def close(self) -> None:
         self._closing.set()
         if self._sock is not None:
             self._sock.close()
-        with self._lock:
-            for c in list(self._conns.values()):
-                self._end(c)
+        self.slots.end_all()
         if self._thread is not None:
             self._thread.join(2)

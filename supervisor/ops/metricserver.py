@@ -22,15 +22,13 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-import structlog
 from prometheus_client import make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
-log = structlog.get_logger("supervisor.ops")
+from .httpslots import DeadlineSlots, SlotWords
 
 #: Connections served at once; each holds a thread and at most a request line and 100 headers.
 MAX_CONNECTIONS = 8
@@ -40,12 +38,7 @@ DEADLINE_S = 10.0
 SAID_EVERY_S = 60.0
 
 
-@dataclass
-class _Conn:
-    sock: socket.socket
-    peer: str
-    accepted: float
-    reading: bool = True  # until its request line and headers are read
+_WORDS = SlotWords("metrics_connections_capped", "the metrics listener", "scrapes go on")
 
 
 class _Handler(WSGIRequestHandler):
@@ -64,7 +57,8 @@ class _Handler(WSGIRequestHandler):
 
 
 class BoundedWSGIServer(WSGIServer):
-    """A thread per connection, at most ``MAX_CONNECTIONS`` of them, none past ``deadline_s``."""
+    """A thread per connection, at most ``MAX_CONNECTIONS`` of them, none past ``DEADLINE_S``
+    (the rule in :mod:`.httpslots`, shared with the live page's listener)."""
 
     daemon_threads = True
     # socketserver's listen backlog is 5: a burst of connects past it waits out a SYN retry (1 s)
@@ -74,35 +68,19 @@ class BoundedWSGIServer(WSGIServer):
     max_connections = MAX_CONNECTIONS
 
     def __init__(self, *args: Any, clock: Callable[[], float] = time.monotonic, **kwargs: Any) -> None:
-        self._conns: dict[socket.socket, _Conn] = {}
-        self._threads = 0  # serving threads alive, those given way included until they end
-        self._lock = threading.Lock()
-        self._clock = clock
-        self.closed_early = 0  # connections closed by a bound, since the start (tests, status)
-        self._unsaid = 0
-        self._said_at: float | None = None
+        self.slots = DeadlineSlots(self.max_connections, self.deadline_s, _WORDS, clock=clock,
+                                   said_every_s=SAID_EVERY_S)
         super().__init__(*args, **kwargs)
+
+    @property
+    def closed_early(self) -> int:
+        return self.slots.closed_early
 
     # -- the accepting thread -------------------------------------------------------------------
     def process_request(self, request: Any, client_address: Any) -> None:
-        now = self._clock()
-        with self._lock:
-            self._reap(now)
-            if len(self._conns) >= self.max_connections:
-                reading = [c for c in self._conns.values() if c.reading]
-                if not reading:  # every slot answering a request: this one waits for nothing
-                    self._closed_early(now)
-                    self.shutdown_request(request)
-                    return
-                self._end(min(reading, key=lambda c: c.accepted))
-                self._closed_early(now)
-            if self._threads >= 2 * self.max_connections:  # those that gave way have not ended yet
-                self._closed_early(now)
-                self.shutdown_request(request)
-                return
-            self._conns[request] = _Conn(request, str(client_address[0]), now)
-            self._threads += 1
-        request.settimeout(self.deadline_s)  # no single read or write outlasts the whole deadline
+        if not self.slots.admit(request):
+            self.shutdown_request(request)
+            return
         threading.Thread(target=self._serve, args=(request, client_address), daemon=True,
                          name="metrics-connection").start()
 
@@ -115,51 +93,17 @@ class BoundedWSGIServer(WSGIServer):
             self.handle_error(request, client_address)
         finally:
             self.shutdown_request(request)
-            with self._lock:
-                self._conns.pop(request, None)
-                self._threads -= 1
+            self.slots.release(request)
 
     def service_actions(self) -> None:
         """Every poll of serve_forever (0.5 s): connections past their deadline are ended."""
-        now = self._clock()
-        with self._lock:
-            self._reap(now)
+        self.slots.reap()
 
     def request_read(self, sock: socket.socket) -> None:
-        with self._lock:
-            conn = self._conns.get(sock)
-            if conn is not None:
-                conn.reading = False
-
-    # -- under the lock ------------------------------------------------------------------------------
-    def _reap(self, now: float) -> None:
-        for conn in [c for c in self._conns.values() if now - c.accepted >= self.deadline_s]:
-            self._end(conn)
-            self._closed_early(now)
-
-    def _end(self, conn: _Conn) -> None:
-        """Shut the socket down (its thread wakes, finds the end and closes it) and forget it."""
-        self._conns.pop(conn.sock, None)
-        try:
-            conn.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # already closed by its own thread
-
-    def _closed_early(self, now: float) -> None:
-        self.closed_early += 1
-        self._unsaid += 1
-        if self._said_at is None or now - self._said_at >= SAID_EVERY_S:
-            log.warning("metrics_connections_capped", closed=self._unsaid, max_connections=self.max_connections,
-                        deadline_s=self.deadline_s,
-                        message=f"the metrics listener closed {self._unsaid} connection(s) early: more than "
-                                f"{self.max_connections} at once (the oldest still sending its request gives way) "
-                                f"or one lasting over {self.deadline_s:g} s; scrapes go on, and this is said at "
-                                f"most once every {SAID_EVERY_S:g} s")
-            self._said_at, self._unsaid = now, 0
+        self.slots.request_read(sock)
 
     def connections(self) -> int:
-        with self._lock:
-            return len(self._conns)
+        return self.slots.connections()
 
 
 def start_bounded_server(port: int, addr: str, registry: CollectorRegistry) -> tuple[BoundedWSGIServer, threading.Thread]:

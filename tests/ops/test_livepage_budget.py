@@ -127,7 +127,7 @@ def test_100x_max_connections_slow_clients_hold_bounded_threads_and_a_page_load_
 
 
 def test_a_trickling_client_and_one_that_never_reads_are_cut_at_the_deadline(page: LivePage, monkeypatch):
-    monkeypatch.setattr(LivePage, "deadline_s", 1.0)
+    monkeypatch.setattr(page.slots, "deadline_s", 1.0)
     big = b'{"pad": "' + b"x" * (livedata.MAX_BYTES - 20) + b'"}'
     page.document = lambda: big
     port = page.address[1]  # type: ignore[index]

@@ -64,7 +64,7 @@ def test_100x_max_connections_slow_clients_hold_a_bounded_number_of_threads_and_
 
 
 def test_a_client_trickling_its_request_is_cut_at_the_deadline(listener, monkeypatch):
-    monkeypatch.setattr(BoundedWSGIServer, "deadline_s", 1.0)
+    monkeypatch.setattr(listener._server.slots, "deadline_s", 1.0)
     port = listener.address[1]
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         t = time.monotonic()
