@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
+from ..regularfile import read_regular_text
 
 log = structlog.get_logger("supervisor.checkpoints")
 
@@ -125,7 +126,7 @@ class DigestCache:
         self._warned = False
         if cache_file is not None and cache_file.exists():
             try:
-                data = json.loads(cache_file.read_text())
+                data = json.loads(read_regular_text(cache_file, "a digest cache"))  # no FIFO, no link
                 if isinstance(data, dict):
                     self._entries = {str(k): str(v) for k, v in data.items()}
             except (OSError, ValueError) as exc:

@@ -23,6 +23,7 @@ import structlog
 
 from .quicklist import Readiness
 from .. import strictjson
+from ..regularfile import read_regular_text
 
 log = structlog.get_logger("supervisor.checkpoints")
 
@@ -142,7 +143,7 @@ class CheckpointBook:
 
     def _load(self) -> None:
         try:
-            data = json.loads(self.file.read_text())
+            data = json.loads(read_regular_text(self.file, "a checkpoint book"))  # no FIFO, no link
         except FileNotFoundError:
             return
         except (OSError, ValueError) as exc:

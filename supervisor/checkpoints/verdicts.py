@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from .loadtest import LoadTestResult
+from ..regularfile import read_regular_text
 
 log = structlog.get_logger("supervisor.checkpoints")
 
@@ -49,7 +50,7 @@ class VerdictStore:
         self._warned = False
         if file is not None and file.exists():
             try:
-                data = json.loads(file.read_text())
+                data = json.loads(read_regular_text(file, "a load-test cache"))  # no FIFO, no link
                 if isinstance(data, dict):
                     self._entries = {str(k): v for k, v in data.items() if isinstance(v, dict)}
             except (OSError, ValueError) as exc:

@@ -13,6 +13,13 @@ one truncated in place is read again from its start) and
 ends by itself once the daemon has exited and the file stopped growing. Whether the daemon runs
 is read from its lock file (``daemon.lock`` holds its pid): taking the lock to test it could
 refuse a daemon starting at that moment.
+
+Every file is read only when it is a regular file, never through a link and never a FIFO
+(:mod:`supervisor.regularfile`); anything else is said and exits 1. The job's lines are printed
+byte for byte, escape sequences included, on a terminal too, as ``tail`` does: they are the
+job's own output (its colours, its progress bars) and ``logs > file`` must equal the file; what
+this verb says itself (paths, errors) has its control characters escaped. For a job you do not
+trust: ``logs | cat -v``.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from ..job.keeper import rotated_logs, stderr_log_path
+from ..regularfile import NotARegularFile, open_regular_binary, read_regular_text
+from .render import escaped
 
 BLOCK = 1 << 16
 POLL_S = 0.2  # how often -f looks for new bytes: a human reading a log never sees 0.2 s
@@ -88,7 +97,7 @@ def daemon_alive(state_dir: Path) -> bool:
 
     lock = state_dir / "daemon.lock"
     try:
-        pid = int(lock.read_text().strip() or 0)
+        pid = int(read_regular_text(lock, "a lock file").strip() or 0)  # a FIFO there must not hang -f
         written = lock.stat().st_mtime
         proc = psutil.Process(pid)
         return proc.status() != psutil.STATUS_ZOMBIE and proc.create_time() <= written + 1.0
@@ -145,7 +154,7 @@ def copy_last_lines(path: Path, f: BinaryIO, end: int, n: int, out: BinaryIO) ->
                 break
         for name in names:
             try:
-                g = open(name, "rb")
+                g = open_regular_binary(name, "a job log")
             except OSError:
                 break
             g_end = os.fstat(g.fileno()).st_size
@@ -196,7 +205,7 @@ def follow(path: Path, f: BinaryIO, pos: int, out: BinaryIO, alive: Callable[[],
             # the rotated one just newer (several rotations since the last look), else the new one.
             copy_range(f, pos, here.st_size, out)
             f.close()
-            f = open(_successor(path, (here.st_dev, here.st_ino)), "rb")
+            f = open_regular_binary(_successor(path, (here.st_dev, here.st_ino)), "a job log")
             pos = 0
             continue
         if here.st_size < pos:
@@ -227,30 +236,39 @@ def _successor(path: Path, ident: tuple[int, int]) -> str:
 def cmd_logs(args: argparse.Namespace, state_dir: Path) -> int:
     problems: list[str] = []
     path = job_log_path(state_dir, getattr(args, "config", None), problems)
+    # Said with every control byte escaped: the path may come from the ledger (the run's log_file).
     for problem in problems:  # the log is still shown: it does not depend on the ledger
-        print(f"transformer-supervisor: {problem}; showing {path}, the state dir's job log (a [job] log_file "
-              "the run set elsewhere is not known without the ledger: pass --config PATH)", file=sys.stderr)
+        print(f"transformer-supervisor: {escaped(problem)}; showing {escaped(path)}, the state dir's job log (a "
+              "[job] log_file the run set elsewhere is not known without the ledger: pass --config PATH)",
+              file=sys.stderr)
     if args.stderr:
         path = Path(stderr_log_path(str(path)))
+    what = "stderr log" if args.stderr else "job log"
     alive = lambda: daemon_alive(state_dir)  # noqa: E731
     try:
-        f = open(path, "rb")
+        # Only a regular file, never through a link (as the keeper writes it: O_NOFOLLOW), a FIFO
+        # never opened for a read that would wait forever. One swapped in later, while -f reads,
+        # is refused the same way (NotARegularFile, said by main.cmd_logs).
+        f = open_regular_binary(path, f"a {what}")
     except FileNotFoundError:
         if not (args.follow and alive()):
-            what = "stderr log" if args.stderr else "job log"
-            print(f"transformer-supervisor: no {what} at {path} (the job has not started, or the run is "
+            print(f"transformer-supervisor: no {what} at {escaped(path)} (the job has not started, or the run is "
                   f"elsewhere: --state-dir DIR or --config PATH)", file=sys.stderr)
             return 1
-        print(f"transformer-supervisor: waiting for {path} (the daemon runs; the job has not started yet)",
-              file=sys.stderr)
-        while not path.exists():
+        print(f"transformer-supervisor: waiting for {escaped(path)} (the daemon runs; the job has not started "
+              "yet)", file=sys.stderr)
+        while not os.path.lexists(path):
             if not alive():
-                print(f"transformer-supervisor: the daemon exited and {path} never appeared", file=sys.stderr)
+                print(f"transformer-supervisor: the daemon exited and {escaped(path)} never appeared",
+                      file=sys.stderr)
                 return 1
             time.sleep(POLL_S)
-        f = open(path, "rb")
+        f = open_regular_binary(path, f"a {what}")
+    except NotARegularFile as e:
+        print(f"transformer-supervisor: {escaped(e)}", file=sys.stderr)
+        return 1
     except OSError as e:
-        print(f"transformer-supervisor: cannot read {path}: {e}", file=sys.stderr)
+        print(f"transformer-supervisor: cannot read {escaped(path)}: {escaped(e)}", file=sys.stderr)
         return 1
     out = sys.stdout.buffer
     with f:

@@ -213,16 +213,18 @@ def cmd_simple(args: argparse.Namespace, verb: str, payload: dict[str, Any] | No
 def cmd_history(args: argparse.Namespace) -> int:
     from ..ledger.store import Ledger, LedgerError
 
+    from .render import escaped
+
     sd = _state_dir(args)
     try:
-        led = Ledger(sd, readonly=True)
+        led = Ledger(sd, readonly=True)  # a FIFO, a folder or a link there: a LedgerError saying so
     except (FileNotFoundError, LedgerError) as e:
-        print(f"transformer-supervisor: {e}", file=sys.stderr)
+        print(f"transformer-supervisor: {escaped(e)}", file=sys.stderr)
         return 1
     try:
         h = led.history(args.run)
     except LedgerError as e:  # not even the run's id could be read (a garbled page of `runs`)
-        print(f"transformer-supervisor: {e}", file=sys.stderr)
+        print(f"transformer-supervisor: {escaped(e)}", file=sys.stderr)
         return 1
     finally:
         led.close()
@@ -241,7 +243,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     # history is not whole.
     for part, error in unreadable.items():
         what = {"run": "the run's state, exit and reason"}.get(part, f"the run's {part}")
-        print(f"transformer-supervisor: history: {what} could not be read and are left out: {error}",
+        print(f"transformer-supervisor: history: {what} could not be read and are left out: {escaped(error)}",
               file=sys.stderr)
     return 1 if unreadable else EXIT_OK
 
@@ -251,7 +253,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     if args.lines < 0:
         return _die_usage(f"logs -n {args.lines}: the number of lines must be 0 (all) or more")
-    return logs(args, _state_dir(args))
+    from ..regularfile import NotARegularFile
+    from .render import escaped
+
+    try:
+        return logs(args, _state_dir(args))
+    except NotARegularFile as e:  # a log swapped for a FIFO or a link while -f follows it: not read
+        print(f"transformer-supervisor: {escaped(e)}", file=sys.stderr)
+        return 1
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
@@ -309,7 +318,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         html, png = write_run_report(sd, out, args.run, unreadable=unreadable)
     except (FileNotFoundError, LedgerError) as e:  # no ledger, or not even the run can be read
-        print(f"transformer-supervisor: report: {e}; no report was written", file=sys.stderr)
+        from .render import escaped
+
+        print(f"transformer-supervisor: report: {escaped(e)}; no report was written", file=sys.stderr)
+        return 1
+    except OSError as e:  # the out dir: a link or a file where the folder goes, not writable, full
+        from .render import escaped
+
+        print(f"transformer-supervisor: report: cannot write {escaped(out)}: {escaped(e)}", file=sys.stderr)
         return 1
     print(f"report: {html}" + (f"\nloss curve: {png}" if png else ""))
     # The report holds what could be read; what could not is said here, and the exit is 1.
@@ -351,6 +367,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(argv)
     except BrokenPipeError:
         return _quiet_broken_pipe()
+    except KeyboardInterrupt:  # Ctrl-C before or after a verb's own handling
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    """Exit 130 for Ctrl-C. CPython marks a KeyboardInterrupt raised while code from a string is
+    run (a namedtuple or dataclass made by a lazy import the moment Ctrl-C came) as unhandled even
+    when it is caught, and `python -m` then ends by SIGINT instead of with our exit code; a fresh
+    string eval clears that mark."""
+    exec("None")  # a constant string: only the mark is cleared
+    return EXIT_INTERRUPTED
+
+
+#: the verbs that only read the state dir (report writes its own page): ended at any point by Ctrl-C
+READING_VERBS = frozenset({"status", "history", "logs", "checkpoints", "report"})
+
+
+def _interruptible() -> None:
+    """Ctrl-C ends a reading verb (exit 130) even when SIGINT came in ignored (a command started
+    with `&` from a script, or by nohup): Python then keeps it ignored, and a verb that waits
+    (logs -f) could be ended by nothing short of SIGKILL. These verbs only read, so ending one
+    at any point leaves nothing half done."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
@@ -372,6 +413,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
         from .. import logsetup
 
         logsetup.configure(args.log_format or "auto", "warning")
+    if verb in READING_VERBS:
+        _interruptible()
     if verb == "wrap" and not args.command and not args.config:
         return _die_usage("wrap needs a command: transformer-supervisor wrap [options] -- CMD ARGS...")
     handlers = {
@@ -387,7 +430,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[verb](args)
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return _interrupted()
 
 
 if __name__ == "__main__":

@@ -231,12 +231,16 @@ def recorded_job(sd: Path) -> tuple[list[str], Path | None, str | None, str | No
     (from the ledger, read-only), so ``checkpoints`` outside the daemon compares manifests'
     config snapshots against what the daemon compared them with. None when nothing is recorded."""
     from ..ledger.store import Ledger, LedgerError
+    from .render import escaped
 
     if not (sd / "ledger.sqlite").exists():
         return None
     try:
         led = Ledger(sd, readonly=True)
-    except (FileNotFoundError, LedgerError):
+    except FileNotFoundError:
+        return None
+    except LedgerError as e:  # a FIFO, a folder or a link there: said, and nothing recorded is known
+        print(f"checkpoints: {escaped(e)}; no recorded command to compare against", file=sys.stderr)
         return None
     try:
         run_id = led.latest_run_id()
@@ -334,9 +338,11 @@ def log_tail(path: Path, n: int = 10) -> list[str]:
 
     from .logs import copy_last_lines
 
+    from ..regularfile import open_regular_binary
+
     buf = io.BytesIO()
     try:
-        with open(path, "rb") as f:
+        with open_regular_binary(path, "a job log") as f:  # a FIFO would hang, a link print any file
             copy_last_lines(path, f, f.seek(0, 2), n, buf)
     except OSError:
         return []
@@ -348,22 +354,25 @@ def last_run_status(sd: Path, config: str | None = None) -> dict[str, Any] | Non
     as supervisorctl shows ``EXITED`` and systemctl ``inactive (dead)``: the last run's state, exit,
     reason and when, from the ledger (read-only). None when there is no ledger or no run in it."""
     from ..ledger.store import Ledger, LedgerError
+    from ..regularfile import refused
     from .logs import job_log_path
 
     if not (sd / "ledger.sqlite").exists():
         return None
     problems: list[str] = []
     log = job_log_path(sd, config, problems)
+    why = refused(log, "a job log")  # a FIFO or a link there is not read, and said
+    log_note = {"log_error": why} if why else {}
     try:
         led = Ledger(sd, readonly=True)
     except FileNotFoundError:
         return None
     except LedgerError as e:
-        return _unreadable_run(e.message, log)
+        return {**_unreadable_run(e.message, log), **log_note}
     try:
         h = led.history()
     except LedgerError as e:
-        return _unreadable_run(e.message, log)
+        return {**_unreadable_run(e.message, log), **log_note}
     finally:
         led.close()
     if h.get("run_id") is None:
@@ -393,6 +402,7 @@ def last_run_status(sd: Path, config: str | None = None) -> dict[str, Any] | Non
         "goodput": None,
         "log_tail": log_tail(log),
         **({"ledger_error": "; ".join((h.get("unreadable") or {}).values())} if h.get("unreadable") else {}),
+        **log_note,
     }
 
 
@@ -408,7 +418,8 @@ def _unreadable_run(error: str, log: Path) -> dict[str, Any]:
 def render_last_run(st: Mapping[str, Any]) -> str:
     """``status`` of a run whose daemon has exited, for people: like systemctl's ``inactive (dead)``
     block, the end first (state, exit, reason, when), then the last lines of the job's log."""
-    from .render import ended_text
+    from ..narration import terminal_safe
+    from .render import ended_text, escaped_lines
 
     code = st.get("exit_code")
     restarts = st.get("restarts_by_cause") or {}
@@ -425,9 +436,13 @@ def render_last_run(st: Mapping[str, Any]) -> str:
     if st.get("ledger_error"):
         lines.append(f"  the ledger could not be read, so what follows is partial: {st['ledger_error']}")
     lines.extend(f"  {label:<12}  {value}" for label, value in rows)
+    if st.get("log_error"):
+        lines.append(f"  the job's log was not read: {st['log_error']}")
     tail = st.get("log_tail") or []
     if tail:
         lines.append(f"last {len(tail)} lines of the job's log (all of it: transformer-supervisor logs):")
-        lines.extend(f"  {line}" for line in tail)
+        # The job's own lines, said as the console says them (colours dropped, a redrawn line as
+        # its last state); every line, and each value from the ledger above, kept one line.
+        lines.extend(f"  {terminal_safe({'line': line})['line']}" for line in tail)
     lines.append("every attempt: transformer-supervisor history")
-    return "\n".join(lines)
+    return escaped_lines(lines)

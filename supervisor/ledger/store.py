@@ -24,6 +24,7 @@ from .connection import CheckedReads, LockedConnection
 from .deferred import WRITE_WAIT_S, DeferredWrites
 from .errors import LedgerError, corrupt, unusable
 from .history import history_of, repeat_of
+from .readopen import open_read_only
 from .runstates import FINAL_STATES, IN_PROGRESS
 from .schema import LEDGER_FILE, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from .walcheckpoint import WalCheckpointer
@@ -77,13 +78,6 @@ def _create(path: Path, flags: int) -> int:
         os.close(dfd)
 
 
-def _read_only_fs(folder: Path) -> bool:
-    try:
-        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
 class Ledger:
     # How long a statement waits for another process's lock (an sqlite3 shell, a backup) before
     # the ledger says the file is locked; a class attribute so a test can wait less.
@@ -104,13 +98,8 @@ class Ledger:
         self._brief = False
         self.continued_config: Any = None  # open_run: the config table a continued run was last started with
         if readonly:
-            if not self.path.exists():
-                raise FileNotFoundError(f"no ledger at {self.path}: no run has used this state dir")
-            # On a read-only mount SQLite cannot make the -shm file a WAL ledger is read through;
-            # nobody can change the file there either, so it is read as immutable (no -shm needed).
-            frozen = "&immutable=1" if _read_only_fs(state_dir) else ""
-            self.db = self._checked(sqlite3.connect(f"file:{self.path}?mode=ro{frozen}", uri=True, timeout=self.BUSY_TIMEOUT_S),
-                                    self._check_readable)
+            # Only a regular file, never through a link, a FIFO never opened (readopen.py).
+            self.db = self._checked(open_read_only(self.path, self.BUSY_TIMEOUT_S), self._check_readable)
             if self._not_made_yet(self.db):
                 # A daemon creates the file, then its tables: a reader in between (`history`, `logs`,
                 # `report` at the daemon's start) reads a ledger with no run yet, through every

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import math
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -25,6 +27,7 @@ import structlog
 from .data import MetricPoint, ReportData, epoch_seconds, metric_points, restart_markers
 from .plot import render_loss_png
 from ..humanize import duration, durations_by, value as spell
+from ..ownpaths import open_in, own_dir_fd
 
 log = structlog.get_logger("supervisor.report.page")
 
@@ -326,13 +329,38 @@ def write_report(data: ReportData, out_dir: str | Path) -> tuple[Path, Path | No
     page then says so instead of showing the image.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    # The default out dir is in the state dir, which the job's user may write, and `report` is
+    # often run as root: the folder is entered without following a link (NotOurFolder, an OSError)
+    # and each file written as a new temporary one beside it (O_EXCL, O_NOFOLLOW) then renamed over
+    # its name, so a planted link (report.html -> /etc/passwd) is replaced, never written through.
+    dfd = own_dir_fd(out, parents=True)
+    try:
+        return _write_report(data, out, dfd)
+    finally:
+        os.close(dfd)
+
+
+def _replace_in(dfd: int, name: str, content: bytes) -> None:
+    tmp = f".{name}.tmp"
+    try:
+        os.unlink(tmp, dir_fd=dfd)  # one left by a killed run (or a link planted there): removed, not followed
+    except FileNotFoundError:
+        pass
+    fd = open_in(dfd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(content)
+    os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
+def _write_report(data: ReportData, out: Path, dfd: int) -> tuple[Path, Path | None]:
     png_path: Path | None = out / PNG_NAME
     png_bytes: bytes | None = None
     note: str | None = None
     try:
-        render_loss_png(data, png_path)  # type: ignore[arg-type]
-        png_bytes = png_path.read_bytes()  # type: ignore[union-attr]
+        buf = io.BytesIO()
+        render_loss_png(data, buf)
+        png_bytes = buf.getvalue()
+        _replace_in(dfd, PNG_NAME, png_bytes)
     except ImportError as exc:
         note = f"matplotlib is not installed ({exc})"
         png_path = None
@@ -342,8 +370,6 @@ def write_report(data: ReportData, out_dir: str | Path) -> tuple[Path, Path | No
         png_path = None
         log.warning("report_plot_failed", reason=note, next="writing the HTML report without the plot")
     html_path = out / HTML_NAME
-    tmp = html_path.with_name(f".{HTML_NAME}.tmp")
-    tmp.write_text(render_html(data, png_bytes, note), encoding="utf-8")
-    tmp.replace(html_path)
+    _replace_in(dfd, HTML_NAME, render_html(data, png_bytes, note).encode("utf-8"))
     log.info("report_written", html=str(html_path), png=str(png_path) if png_path else None)
     return html_path, png_path

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import BinaryIO
 
 from .data import ReportData, epoch_seconds, metric_points, restart_markers
 
 
 
 
-def render_loss_png(data: ReportData, path: Path) -> None:
+def render_loss_png(data: ReportData, path: Path | BinaryIO) -> None:
     """Two panels (loss over steps, loss over wall time) with restart and rollback markers.
 
     Raises ImportError when matplotlib is missing (the caller turns that into a note).
