@@ -202,17 +202,17 @@ class MetricFiles:
         return None
 
     def catching_up(self) -> bool:
-        """After the job's exit (the runner asks before it takes the exit as final): whether what
-        the files held then is still being read. A burst written just before the exit (120,000
-        records, a NaN in the last) is the attempt's: its end is not judged without it. Bounded by
-        :data:`EXIT_CATCH_UP_S` (a process of the job's still writing after the exit would keep
-        it waiting for ever): past it the end is judged with what was read, and that is said."""
+        """After the job's exit (asked before the exit is final): whether what the files held then
+        is still being read: a burst written before the exit (a NaN in its last record) is the
+        attempt's. At most :data:`EXIT_CATCH_UP_S` (a straggler writing on), then said."""
         if self._thread is None or not self._thread.is_alive():
             return False
         now = time.monotonic()
         if self._drain_from is None:
-            if not self._pending():
-                return False  # nothing followed has grown past what was read: no wait at all
+            # Nothing followed grew past what was read: one search now, on the caller's thread
+            # (bounded like any pass), finds a file first written in the job's last second.
+            if not self._pending() and not self.scan_now():
+                return False
             self._drain_from = now
             self._walk_due = True  # a file first written just before the exit is found too
             self._wake.set()

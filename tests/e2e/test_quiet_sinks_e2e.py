@@ -58,3 +58,27 @@ def test_a_metric_burst_written_just_before_the_exit_is_judged_before_the_end(su
     assert a[0]["cause"] == "nan", a
     [nan] = events(d, "failure_detected")
     assert int(nan["step"]) == 120000 and nan["source"].startswith("file:"), nan
+
+
+LAST_SECOND = """
+import os, time
+print("start", flush=True)
+time.sleep(1.5)
+os.makedirs("out", exist_ok=True)
+with open("out/train.log", "w") as f:
+    for s in range(1, 30):
+        f.write(f"step {s} loss 1.0\\n")
+    f.write("step 30 loss nan\\n")
+"""
+
+
+@slow
+def test_a_log_file_first_written_in_the_job_s_last_moment_is_read_before_the_end(supervise, tmp_path: Path) -> None:
+    # The file appears and the job exits before the next search (about a second) would find it
+    # (adversarial round 2: the NaN was detected after the end, which said "finished, watched").
+    (tmp_path / "last.py").write_text(LAST_SECOND)
+    d = supervise(wrap(tmp_path, "--set", "on.nan.action=give_up", config=workdir(tmp_path))
+                  + [PY, str(tmp_path / "last.py")])
+    assert d.wait(240) == 3, d.stderr()[-3000:]
+    [nan] = events(d, "failure_detected")
+    assert int(nan["step"]) == 30 and nan["source"].startswith("log:"), nan
