@@ -173,7 +173,10 @@ def test_a_package_upgraded_before_a_restart_starts_the_attempt_cold_with_the_ne
                   and f != f"imported-v1-{json.loads((out / 'attempt-0.json').read_text())['pid']}"]
     assert standby_v1, (sorted(os.listdir(out)), d.stderr()[-3000:])
     new = site / "tsupdemo.py.new"
-    new.write_text(PACKAGE.format(version=2, out=str(out)))
+    # A size of its own, as a release has: a same-size file written in the same second as v1 is
+    # taken from v1's cached bytecode by Python itself (the pyc records the source's mtime in
+    # seconds and its size), by a cold start as much as by anything we do.
+    new.write_text(PACKAGE.format(version=2, out=str(out)) + "# 2.0: the hot-fix\n")
     new.replace(site / "tsupdemo.py")  # as pip installs a file: a new inode in its place
     cp = _cli("restart", "--reason", "hot-fix of tsupdemo", "--state-dir", str(sd))
     assert cp.returncode == 0, cp.stderr
