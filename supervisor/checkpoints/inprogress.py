@@ -25,7 +25,7 @@ from .discovery import CHECKPOINT_SUFFIXES, LAST_GOOD_DIR, QUARANTINE_DIR, is_te
 from .layouts import registry
 from .listing import newest_entries
 from .manifest import MANIFEST_SUFFIX, stat_record
-from ..humanize import size
+from ..humanize import escaped, size
 
 # A temp name that looks like a checkpoint's: a checkpoint suffix or a step folder's name.
 _STEP_DIR = re.compile(r"^(?:step|ckpt|checkpoint|iter|epoch|global_step)[-_]?(\d+)$")
@@ -99,7 +99,8 @@ def render(rows: list[InProgress], now: float | None = None) -> str:
     lines = []
     for r in rows:
         age = max(0.0, now - r.mtime)
-        lines.append(f"writing  {r.path}  ({size(r.size)} so far, last write {_ago(age)} ago): {r.reason}"
+        lines.append(f"writing  {escaped(r.path)}  ({size(r.size)} so far, last write {_ago(age)} ago): "
+                     f"{escaped(r.reason)}"
                      + ("; no write for a while: the save may have died" if age > 600 else ""))
     return "\n".join(lines)
 

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .loadtest import LoadTestResult
 from .. import strictjson
+from ..humanize import escaped
 
 MetricsSeen = Mapping[str, Sequence[tuple[int, float]]]  # name -> [(step, value), ...]
 
@@ -257,7 +258,9 @@ def _yn(v: bool | None) -> str:
 
 
 def render_table(rows: Sequence[Readiness]) -> str:
-    """The quicklist for humans: one line per checkpoint, then each "No" with its reason."""
+    """The quicklist for humans: one line per checkpoint, then each "No" with its reason. Every
+    cell and reason is one line: a control byte in a name the job chose (``step_9\x1b[2J\nready``)
+    is written as an escape (:func:`~supervisor.humanize.escaped`), never forging a row."""
     if not rows:
         return "no checkpoints found"
     head = ("step", "ready", "complete", "sha256", "config", "val metric", "load test", "path")
@@ -266,14 +269,14 @@ def render_table(rows: Sequence[Readiness]) -> str:
         vm = f"{r.val_metric.name}={r.val_metric.value:.4g}@{r.val_metric.step}" if r.val_metric else "-"
         lt = "-" if r.load_test is None else (f"ok {r.load_test.seconds:.2f}s" if r.load_test.passed else "No")
         table.append((str(r.step) if r.step is not None else "?", "yes" if r.ready else "No", _yn(r.complete),
-                      _yn(r.sha256_ok), _yn(r.config_matches), vm, lt, str(r.path)))
+                      _yn(r.sha256_ok), _yn(r.config_matches), escaped(vm), lt, escaped(r.path)))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
     for r in rows:
         for reason in r.reasons:
-            lines.append(f"  {r.path.name}: No: {reason}")
+            lines.append(f"  {escaped(r.path.name)}: No: {escaped(reason)}")
         for k, (a, b) in r.config_diff.items():
-            lines.append(f"  {r.path.name}: config {k}: {a!r} -> {b!r}")
+            lines.append(escaped(f"  {r.path.name}: config {k}: {a!r} -> {b!r}"))
     return "\n".join(lines)
 
 

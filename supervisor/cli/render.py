@@ -3,28 +3,13 @@ at 14:02:11 CET"), and the ``history`` table of a run's attempts."""
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any, Callable, Mapping
 
-from ..humanize import duration, size, value as spell
+from ..humanize import duration, escaped, size, value as spell
 
 
 # -- text from the job or the filesystem ------------------------------------------------------
-
-# A control byte in a value the job or the filesystem chose (a file named "train\nevent=gave_up
-# ...\x1b[2J.log", a reason quoting it) would forge a line or drive the operator's terminal: C0
-# and C1 controls, DEL and the Unicode line separators are written as escapes (\n, \x1b), as the
-# journal and the console write them (logsetup.escape_controls, narration.terminal_safe). Visible,
-# not dropped: a forged name is a finding. The --json output escapes them as JSON does.
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def escaped(text: Any) -> str:
-    """``text`` fit for one line of a terminal: every control character written as an escape."""
-    s = str(text)
-    return _CONTROLS.sub(lambda m: repr(m.group())[1:-1], s) if _CONTROLS.search(s) else s
-
 
 def escaped_lines(lines: list[str]) -> str:
     """Lines built from values the job or the filesystem chose, each kept one line (:func:`escaped`)."""

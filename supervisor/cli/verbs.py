@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
-from ..humanize import duration, size
+from ..humanize import duration, escaped, size
 from .parser import EXIT_FAILED, EXIT_GAVE_UP, EXIT_OK, EXIT_USAGE
 from .. import strictjson
 
@@ -205,14 +205,14 @@ class HashProgress:
         if path != self._current:
             self._current, self._started, self._last_draw = path, now, -math.inf
             if not self.tty:
-                self.stream.write(f"hashing {path.name} ({size(total)}) ...\n")
+                self.stream.write(f"hashing {escaped(path.name)} ({size(total)}) ...\n")
                 self.stream.flush()
         finished = done >= total
         if self.tty and (finished or now - self._last_draw >= 0.2):
             self._last_draw = now
             rate = done / max(1e-6, now - self._started)
             eta = (total - done) / rate if rate > 0 and not finished else 0.0
-            line = (f"hashing {path.name}: {size(done)} of {size(total)} ({100 * done / total:.0f} %)"
+            line = (f"hashing {escaped(path.name)}: {size(done)} of {size(total)} ({100 * done / total:.0f} %)"
                     + (f", {duration(eta)} left" if eta >= 1 else ""))
             self.stream.write("\r" + line.ljust(self._width))
             self._width = len(line)
@@ -221,7 +221,7 @@ class HashProgress:
             self.stream.flush()
         if finished:
             if not self.tty:
-                self.stream.write(f"hashed {path.name} ({size(total)}) in {duration(now - self._started)}\n")
+                self.stream.write(f"hashed {escaped(path.name)} ({size(total)}) in {duration(now - self._started)}\n")
                 self.stream.flush()
             self._current = None
 
@@ -231,7 +231,6 @@ def recorded_job(sd: Path) -> tuple[list[str], Path | None, str | None, str | No
     (from the ledger, read-only), so ``checkpoints`` outside the daemon compares manifests'
     config snapshots against what the daemon compared them with. None when nothing is recorded."""
     from ..ledger.store import Ledger, LedgerError
-    from .render import escaped
 
     if not (sd / "ledger.sqlite").exists():
         return None
@@ -293,7 +292,7 @@ def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: 
     # Where the operator typed them, once: the load tests run in the job's recorded workdir.
     checkpoint_dir, state_dir = Path(os.path.abspath(checkpoint_dir)), Path(os.path.abspath(state_dir))
     if not Path(checkpoint_dir).is_dir():
-        print(f"checkpoints: no checkpoint dir {checkpoint_dir} (not a directory)", file=err)
+        print(f"checkpoints: no checkpoint dir {escaped(checkpoint_dir)} (not a directory)", file=err)
         return EXIT_USAGE
     job_python = None
     if not job_argv:
@@ -314,7 +313,7 @@ def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: 
             for i, cand in enumerate(cands, 1):
                 row = svc.evaluate(cand, None, current)
                 rows.append(row)
-                err.write(f"checkpoints: [{i}/{len(cands)}] {cand.path.name}: {_verdict(row)}\n")
+                err.write(f"checkpoints: [{i}/{len(cands)}] {escaped(cand.path.name)}: {escaped(_verdict(row))}\n")
                 err.flush()
     finally:
         svc.close()
