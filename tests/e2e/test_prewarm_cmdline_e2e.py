@@ -23,7 +23,11 @@ def cmd(pid):
         return open(f"/proc/{pid}/cmdline", "rb").read().decode()
     except OSError:
         return ""
-json.dump({"found": me in found, "others": [cmd(p) for p in found if p != me], "orig_argv": sys.orig_argv,
+# A process pgrep matched while it was forked from the daemon (whose argv holds the command) and
+# not yet exec'd (the next standby, started meanwhile) reads as what it became: only those that
+# still match are the ones pgrep really finds.
+others = [c for c in (cmd(p) for p in found if p != me) if "job.py\\0--tag" in c]
+json.dump({"found": me in found, "others": others, "orig_argv": sys.orig_argv,
            "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\\0").decode().split("\\0")},
           open(f"attempt-{attempt}.json", "w"))
 print("step 1: loss 1.0", flush=True)

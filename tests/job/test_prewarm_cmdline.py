@@ -23,7 +23,7 @@ PY = sys.executable
 LOOKS = """
 import json, os, subprocess, sys, time
 me = str(os.getpid())
-ps = subprocess.run(["ps", "-o", "args=", "-p", me], capture_output=True, text=True).stdout.strip()
+ps = subprocess.run(["ps", "-ww", "-o", "args=", "-p", me], capture_output=True, text=True).stdout.strip()
 pgrep = subprocess.run(["pgrep", "-f", "looks.py --marker"], capture_output=True, text=True).stdout.split()
 print(json.dumps({"cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\\0").decode(), "ps": ps,
                   "pgrep": me in pgrep, "orig_argv": sys.orig_argv, "argv": sys.argv}), flush=True)
