@@ -7,7 +7,8 @@ of the config given, or of the run's config recorded in the ledger (a relative o
 job's workdir), else ``<state dir>/job.log``.
 
 The last lines come from the rotated job.log.1, .2 ... too when job.log holds fewer (the keeper
-rotates it past ``[job] log_max_bytes``). ``-f`` follows the file as ``tail -F`` does (a file
+rotates it past ``[job] log_max_bytes``). ``-n N`` reads a bounded part however large the log
+(:func:`copy_last_lines`: a line's last 64 KiB, N x 256 KiB scanned); ``-n 0`` all of it. ``-f`` follows the file as ``tail -F`` does (a file
 renamed away, by the keeper or logrotate, is read to its end, then the new one from its start;
 one truncated in place is read again from its start) and
 ends by itself once the daemon has exited and the file stopped growing. Whether the daemon runs
@@ -36,6 +37,9 @@ from ..regularfile import NotARegularFile, open_regular_binary, read_regular_tex
 from .render import escaped
 
 BLOCK = 1 << 16
+#: the most of one line ``logs -n``/``status`` show (its last bytes), and what a line costs the
+#: backward scan: ``n`` lines read at most ``n`` x 4 x this (a bar of 3 GB without a newline included)
+MAX_LINE_BYTES = 1 << 16
 POLL_S = 0.2  # how often -f looks for new bytes: a human reading a log never sees 0.2 s
 
 
@@ -113,7 +117,10 @@ def last_lines_offset(f: BinaryIO, end: int, n: int) -> int:
 
 def lines_from_end(f: BinaryIO, end: int, n: int) -> tuple[int, int]:
     """Where the last ``n`` lines of ``f[:end]`` start (0 = all), and how many lines that is
-    (fewer than ``n`` when the file holds fewer)."""
+    (fewer than ``n`` when the file holds fewer). Read backwards a block at a time, at most
+    ``n`` x 4 x :data:`MAX_LINE_BYTES` (:func:`scan_budget`): past it (a tqdm bar off a terminal, one
+    "line" of gigabytes without a newline) the start returned is where the budget ran out, in
+    the middle of a line, which :func:`copy_lines_capped` shows as cut."""
     if n <= 0 or end == 0:
         return 0, 0
     pos, wanted = end, n
@@ -121,8 +128,9 @@ def lines_from_end(f: BinaryIO, end: int, n: int) -> tuple[int, int]:
     final_newline = f.read(1) == b"\n"
     if final_newline:
         wanted += 1  # the file's final newline ends the last line; it does not start one
-    while pos > 0:
-        size = min(BLOCK, pos)
+    stop = max(0, end - scan_budget(n))
+    while pos > stop:
+        size = min(BLOCK, pos - stop)
         pos -= size
         f.seek(pos)
         block = f.read(size)
@@ -133,12 +141,20 @@ def lines_from_end(f: BinaryIO, end: int, n: int) -> tuple[int, int]:
                 cut = block.rindex(b"\n", 0, cut)
             return pos + cut + 1, n
         wanted -= count
-    return 0, n - wanted + 1  # all of it: its newlines, or one more for a last line without one
+    return pos, n - wanted + 1  # all of it (or all the budget allowed): its newlines, or one more
+
+
+def scan_budget(n: int) -> int:
+    """The most bytes read backwards for the last ``n`` lines: room for each to be a few times
+    :data:`MAX_LINE_BYTES` long (cut when shown), and no more."""
+    return max(1, n) * 4 * MAX_LINE_BYTES
 
 
 def copy_last_lines(path: Path, f: BinaryIO, end: int, n: int, out: BinaryIO) -> None:
-    """The last ``n`` lines of the log (0: all of it), the older of them from the rotated
-    job.log.1, .2 ... when job.log holds fewer (it was just rotated)."""
+    """The last ``n`` lines of the log (0: all of it, byte for byte), the older of them from the
+    rotated job.log.1, .2 ... when job.log holds fewer (it was just rotated). With ``n`` > 0, each
+    line is shown with its last :data:`MAX_LINE_BYTES` at most and the bytes read are bounded
+    (:func:`lines_from_end`): a log of one unterminated 3 GB line costs 64 KiB a line, not 3 GB."""
     start, found = lines_from_end(f, end, n)
     older: list[tuple[BinaryIO, int, int]] = []
     if start == 0 and (n <= 0 or found < n):
@@ -165,8 +181,70 @@ def copy_last_lines(path: Path, f: BinaryIO, end: int, n: int, out: BinaryIO) ->
                 break
     for rotated, r_start, r_end in reversed(older):  # oldest first, as written
         with rotated:
-            copy_range(rotated, r_start, r_end, out)
-    copy_range(f, start, end, out)
+            _copy(rotated, r_start, r_end, out, n)
+    _copy(f, start, end, out, n)
+
+
+def _copy(f: BinaryIO, start: int, end: int, out: BinaryIO, n: int) -> None:
+    if n <= 0:
+        copy_range(f, start, end, out)
+    else:
+        copy_lines_capped(f, start, end, out)
+
+
+def copy_lines_capped(f: BinaryIO, start: int, end: int, out: BinaryIO, max_line: int | None = None) -> None:
+    """``f[start:end]`` line by line, each line cut to its last ``max_line`` bytes (a terminal
+    shows a progress bar's last state: its end), said in place (``…(N bytes cut) ``). A ``start``
+    in the middle of a line (the scan's budget ran out) cuts that line too (``…(cut) ``)."""
+    limit = MAX_LINE_BYTES if max_line is None else max_line
+    mid_line = start > 0
+    if mid_line:
+        f.seek(start - 1)
+        mid_line = f.read(1) != b"\n"
+    held = bytearray()
+    dropped = -1 if mid_line else 0  # bytes cut off the current line's front; -1: unknown
+
+    def flush() -> None:
+        if dropped:
+            out.write(b"\xe2\x80\xa6(cut) " if dropped < 0 else f"\u2026({dropped} bytes cut) ".encode())
+        out.write(held)
+
+    f.seek(start)
+    left = end - start
+    while left > 0:
+        data = f.read(min(BLOCK, left))
+        if not data:
+            break
+        left -= len(data)
+        pos = 0
+        while pos < len(data):
+            nl = data.find(b"\n", pos)
+            upto = len(data) if nl < 0 else nl + 1
+            held += data[pos:upto]
+            body = len(held) - (1 if nl >= 0 else 0)
+            if body > limit:
+                extra = body - limit
+                del held[:extra]
+                dropped = dropped + extra if dropped >= 0 else dropped
+            pos = upto
+            if nl >= 0:
+                flush()
+                held.clear()
+                dropped = 0
+    if held:
+        flush()
+    out.flush()
+
+
+def terminal_lines(data: bytes, n: int) -> list[str]:
+    """The last ``n`` lines of ``data`` as a terminal shows them: a carriage return (a progress
+    bar redrawn in place) ends what is seen of a line, so a line shows its last segment."""
+    text = data.decode("utf-8", "replace")
+    lines = text.split("\n")
+    if lines and not lines[-1]:
+        lines.pop()  # the final newline ends the last line, it starts none
+    shown = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in lines[-n:]] if n > 0 else []
+    return shown
 
 
 def copy_range(f: BinaryIO, start: int, end: int, out: BinaryIO) -> None:

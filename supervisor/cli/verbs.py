@@ -330,12 +330,13 @@ def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: 
 
 
 def log_tail(path: Path, n: int = 10) -> list[str]:
-    """The last ``n`` lines of the job log (systemctl status shows the journal's last lines);
-    empty when there is no log. Read from the end, so a large log costs one block or two; from
-    the rotated job.log.1 too when job.log was just rotated."""
+    """The last ``n`` lines of the job log (systemctl status shows the journal's last lines) as a
+    terminal shows them (:func:`.logs.terminal_lines`); empty when there is no log. Read from the
+    end, at most ``n`` x 256 KiB (a line cut to its last 64 KiB, said), however large the log or its
+    last line; from the rotated job.log.1 too when job.log was just rotated."""
     import io
 
-    from .logs import copy_last_lines
+    from .logs import copy_last_lines, terminal_lines
 
     from ..regularfile import open_regular_binary
 
@@ -345,7 +346,7 @@ def log_tail(path: Path, n: int = 10) -> list[str]:
             copy_last_lines(path, f, f.seek(0, 2), n, buf)
     except OSError:
         return []
-    return buf.getvalue().decode("utf-8", "replace").splitlines()[-n:]
+    return terminal_lines(buf.getvalue(), n)
 
 
 def last_run_status(sd: Path, config: str | None = None) -> dict[str, Any] | None:
