@@ -21,12 +21,16 @@ marker (:func:`names_secret`: ``password: 12345678`` and ``{"HF_TOKEN": ...}`` g
 ``{"tokenizers": "0.15"}`` stay). In text, a
 secret-named key's value is masked in every syntax a Python job prints: ``k=v``, ``k: v``,
 ``'k': 'v'``, ``"k": "v"``, ``Namespace(k='v')``, ``--k v``, ``--k=v``, ``k => v``, ``k -> v``,
-``k := v``, URL-encoded ``k%3Dv``; a quoted value read to its closing quote past escaped ones
+``k := v``, ``k == v``, URL-encoded ``k%3Dv``, a subscript (``os.environ["HF_TOKEN"] = v``,
+``secrets['db_password']='v'``), an XML element (``<password>v</password>``); the word ``pass``
+as a key (``pass=v``, openssl's ``pass:v``; not ``pass 2 of 3``, ``pass: ok``, ``--pass-through``); a quoted value read to its closing quote past escaped ones
 (``"a\\"b"``), with a bytes or raw prefix (``b'v'``), a tuple or list whole (``auth=('u', 'pw')``).
 Before names are read: a private key in PEM whole (``-----BEGIN ... PRIVATE KEY-----`` to the next
 ``-----END ...-----``, or to the end of its base64 when cut short), a cookie header's value whole,
 an auth object's arguments (``HTTPBasicAuth(...)``). Then credentials *inside* values, whatever
-the name: a URL's password (``postgres://u:PASS@h/db`` keeps the user and host),
+the name: a URL's password (``postgres://u:PASS@h/db`` keeps the user and host), a URL's user
+with no password that looks like a token (``https://<PAT>@github.com``; ``git@``, ``jane.doe@``
+stay), mysql's glued ``-pX`` in a mysql client's command,
 ``Authorization:`` values, ``Bearer``/``Basic`` credentials, known token shapes (``hf_``, ``sk-``,
 ``ghp_``, ``AKIA``, Slack's ``xox``, JWTs) and the values the daemon was told are secret
 (:func:`learn_secrets`: the job's env, the remedies' env and the daemon's own, by name).
@@ -80,6 +84,16 @@ _AUTH_CALL_RE = re.compile(r"(Auth\()[^()\n]{1,512}+(?=\))")
 # ://user:password@ -- only the password goes; a user alone (git@host) is no secret. Anchored at
 # "://" (not at the scheme), so a long run of letters is never scanned again from each of them.
 _URL_USERINFO_RE = re.compile(r"(://[^\s:/@]*+:)([^\s@/]++)(@)")
+# ://TOKEN@ -- a userinfo with no colon: a token as the user (https://<PAT>@github.com/o/r) goes whole
+# when it looks like one (:func:`_url_user`); a user's name (ssh://git@host, https://jane.doe@h) stays.
+_URL_USER_RE = re.compile(r"(://)([^\s:/@?#'\"]++)(?=@)")
+# mysql's password glued to its -p (``mysql -uroot -pX db``; ``-p X`` prompts, X is the database),
+# in a command that runs a mysql client only: elsewhere -pX is anything (ssh's port, a path).
+_MYSQL_RE = re.compile(r"(?i)\bmysql(?:dump|admin|import|check|show|slap|pump|sh)?+\b")
+_CMD_END_RE = re.compile(r"[\n;|&]")  # where that mysql command ends
+_GLUED_P_RE = re.compile(r"(?<=\s)(-p['\"]?)([^\s'\"]++)")
+# An XML element named for a secret (``<password>X</password>``, ``<apiKey a="b">X</apiKey>``).
+_XML_RE = re.compile(r"<(?P<tag>[A-Za-z_][\w:.-]{0,63}+)(?:\s[^<>\n]{0,256}+)?>(?P<v>[^<\n]{1,4096}+)</(?P=tag)>")
 # The same cut off before its "@" by a bound: at the very end of the kept text.
 _URL_USERINFO_TAIL_RE = re.compile(r"(://[^\s:/@]*+:)([^\s@/]++)\Z")
 _BEARER_RE = re.compile(r"(?i)\b(bearer\s+)[\w.~+/-]++=*")
@@ -100,8 +114,8 @@ _SECRET_FLAG_RE = re.compile(r"^(--?[\w-]*(?:token|key|secret|password|passwd|pa
 # is atomic: on a long word of markers ("keykeykey...") it is tried once per word, not once per marker.
 _SECRET_ASSIGN_RE = re.compile(
     r"(?i)\b(?P<name>(?>\w*?(?:(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|PASSPHRASE)\w*+"
-    r"|(?:PWD|AUTH|COOKIES?|SESS(?:ION)?_?ID)\b)))"
-    r"(?P<sep>(?:\\?['\"])?\s*(?:=>|->|:=|%3[AD]|[=:])\s*|\s+)(?P<q>(?:[BRU]{1,2}|\\)?['\"]|)"
+    r"|(?:PWD|PASS|AUTH|COOKIES?|SESS(?:ION)?_?ID)\b)))"
+    r"(?P<sep>(?:\\?['\"]\]?)?\s*(?:=>|->|:=|%3[AD]|==?|:)\s*|\s+)(?P<q>(?:[BRU]{1,2}|\\)?['\"]|)"
     r"(?P<v>(?<=')(?:[^'\\\n]|\\.)++|(?<=\")(?:[^\"\\\n]|\\.)++|\([^()\n]{1,512}+\)"
     r"|\[[^\[\]\n]{1,512}+\]|[^\s'\",;|)}\]{\[]++)")
 _NUMBER_RE = re.compile(r"[-+]?\d[\d.,]*(?:e[-+]?\d+)?%?", re.IGNORECASE)
@@ -201,12 +215,46 @@ def _values(value: str, also: Sequence[str] = ()) -> str:
     return _inside(_blocks(value), also)
 
 
+def _url_user(m: re.Match[str]) -> str:
+    """A URL's user with no password masked whole when it looks like a token: 12 characters or
+    more with letters and digits, or 24 or more (``git``, ``jane.doe``, ``trainer01`` stay)."""
+    user = m.group(2)
+    token = (len(user) >= 12 and any(c.isdigit() for c in user) and any(c.isalpha() for c in user)) or len(user) >= 24
+    return f"{m.group(1)}{REDACTED}" if token and user != REDACTED else m.group(0)
+
+
+def _mysql(text: str) -> str:
+    """mysql's glued password (``-pX``) masked in each command that runs a mysql client (to its
+    line's end or a ``;``, ``|``, ``&``)."""
+    out: list[str] = []
+    pos = 0
+    for m in _MYSQL_RE.finditer(text):
+        if m.start() < pos:
+            continue
+        stop = _CMD_END_RE.search(text, m.end())
+        end = len(text) if stop is None else stop.start()
+        out += [text[pos:m.end()], _GLUED_P_RE.sub(lambda g: f"{g.group(1)}{REDACTED}", text[m.end():end])]
+        pos = end
+    return "".join(out) + text[pos:] if out else text
+
+
+def _xml(m: re.Match[str]) -> str:
+    """An element's text masked when its tag names a secret (a number under a word of one)."""
+    tag, v = m["tag"], m["v"]
+    if v.strip().lower() in _NOT_SECRETS or v == REDACTED:
+        return m.group(0)
+    if names_secret(tag) or (_text_secret_name(tag) and not _NUMBER_RE.fullmatch(v.strip())):
+        return f"{m.group(0)[:m.start('v') - m.start()]}{REDACTED}</{tag}>"
+    return m.group(0)
+
+
 def _inside(value: str, also: Sequence[str] = ()) -> str:
     for secret in (*also, *_known):
         if secret in value:
             value = value.replace(secret, REDACTED)
     if "://" in value:
         value = _URL_USERINFO_RE.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(3)}", value)
+        value = _URL_USER_RE.sub(_url_user, value)
     low = value.lower()
     if "authorization" in low:
         value = _AUTH_RE.sub(lambda m: f"{m.group(1)}{m.group(2) or ''}{REDACTED}", value)
@@ -214,6 +262,8 @@ def _inside(value: str, also: Sequence[str] = ()) -> str:
         value = _BEARER_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
     if "Basic" in value:
         value = _BASIC_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
+    if "mysql" in low:
+        value = _mysql(value)
     return _TOKEN_SHAPES_RE.sub(REDACTED, value)
 
 
@@ -290,10 +340,18 @@ def _redact_arg(arg: str, after_secret_flag: bool) -> tuple[str, bool]:
 _NESTED_MAX = 256  # the longest value of a name that is no secret's read again for names inside it
 
 
+# What follows the word "pass" in prose and test output: results and counts, not passwords.
+_PASS_WORDS = frozenset({"ok", "fail", "failed", "pass", "passed", "skip", "skipped", "error", "none", "done"})
+
+
 def _mask_assign(m: re.Match[str]) -> str:
     name, sep, value, q = m["name"], m["sep"], m["v"], m["q"]
     if value == REDACTED or (not q and value.lower() in _NOT_SECRETS):
         return m.group(0)
+    if name.lower().endswith("pass") and _last_word_secret(name) and (
+            not sep.strip() or value.lower() in _PASS_WORDS or (_NUMBER_RE.fullmatch(value) and len(value) < 6)):
+        # "pass 2 of 3", "pass: ok", "pass=1": the word, not a password's name ("-pass pass:X" read on)
+        return m.group(0) if len(value) > _NESTED_MAX else f"{name}{sep}{q}{_SECRET_ASSIGN_RE.sub(_mask_assign, value)}"
     if name.upper() in _SHELL_DIRS:
         if not _shell_dir_secret(name, value):
             return m.group(0)
@@ -315,13 +373,15 @@ def _mask_assign(m: re.Match[str]) -> str:
     return f"{name}{sep}{q}{REDACTED}"
 
 
-_NAME_MARKS = (*SECRET_MARKERS, "PWD", "AUTH", "COOKIE", "SESS")
+_NAME_MARKS = (*SECRET_MARKERS, "PWD", "PASS", "AUTH", "COOKIE", "SESS")
 
 
 def _mask(text: str, also: Sequence[str] = ()) -> str:
     text = _blocks(text)
     up = text.upper()
     if any(mark in up for mark in _NAME_MARKS):
+        if "</" in text:
+            text = _XML_RE.sub(_xml, text)
         text = _SECRET_ASSIGN_RE.sub(_mask_assign, text)
     return _inside(text, also)
 

@@ -10,10 +10,10 @@ __all__ = ["NOT_SECRETS", "SECRET_LAST_WORDS", "SECRET_MARKERS", "SHELL_DIRS", "
            "masks_key", "names_secret", "names_where", "shell_dir_secret", "text_secret_name"]
 
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL")
-# Short words that name a secret only as a name's last word (``MYSQL_PWD``, ``pwd``, ``basic_auth``,
+# Short words that name a secret only as a name's last word (``MYSQL_PWD``, ``pwd``, ``DB_PASS``, ``basic_auth``,
 # ``HTTPBasicAuth``, ``Cookie``, ``Set-Cookie``, ``session_id``, ``JSESSIONID``, ``PHPSESSID``), never
-# inside a longer word or before another (``author``, ``AUTH_TYPE``, ``cookies_enabled``, ``cookie_jar``).
-SECRET_LAST_WORDS = ("pwd", "auth", "cookie", "cookies")
+# inside a longer word or before another (``author``, ``AUTH_TYPE``, ``bypass``, ``--pass-through``, ``cookie_jar``).
+SECRET_LAST_WORDS = ("pwd", "pass", "auth", "cookie", "cookies")
 _SESSION_ID_ENDINGS = ("sessionid", "sessid")
 # The shell's working directories: paths, not passwords (a value starting "/" or "~" under them stays).
 SHELL_DIRS = frozenset({"PWD", "OLDPWD"})

@@ -51,6 +51,18 @@ SECRET_LINES: tuple[tuple[str, str], ...] = (
     ("credentials: zqS1xcred", "zqS1xcred"),
     ("passwd=zqS2xpasswd", "zqS2xpasswd"),
     ("KeyError: password=zqS4xinner", "zqS4xinner"),
+    # The fourth review's: a subscript with a secret-named key, a token as a URL's user, the word
+    # "pass" as a key, mysql's glued -p, an XML element named for a secret.
+    ('os.environ["HF_TOKEN"] = "zqU1xenv"', "zqU1xenv"),
+    ("os.environ['WANDB_API_KEY']='zqU2xwb'", "zqU2xwb"),
+    ("secrets['db_password'] = 'zqU3xdb'", "zqU3xdb"),
+    ("git clone https://zqU4x0123456789abcdef@github.com/o/r.git", "zqU4x0123456789abcdef"),
+    ("pass=zqU5xpw", "zqU5xpw"),
+    ("openssl enc -aes256 -pass pass:zqU8xssl", "zqU8xssl"),
+    ("mysql -h db -uroot -pzqU6xmy train", "zqU6xmy"),
+    ("mysqldump -u root -p'zqU9xdump' train > dump.sql", "zqU9xdump"),
+    ("<password>zqU7xxml</password>", "zqU7xxml"),
+    ('<config><apiKey kind="wandb">zqV1xxml</apiKey></config>', "zqV1xxml"),
 )
 
 #: Lines no sink may change: numbers under names that count things, prose, a traceback's last line.
@@ -70,6 +82,12 @@ KEPT_LINES: tuple[str, ...] = (
     "wandb: api_key=None (set WANDB_API_KEY), auth=none",
     "session 3 of 5, sessions=5",
     "ca: -----BEGIN CERTIFICATE-----MIIBszCCAVmg",
+    # A URL's user that is a name, "pass" as a word, -p glued elsewhere, a harmless subscript or element.
+    "git clone git@github.com:o/r.git; ssh://git@github.com/o/r https://jane.doe@host/x",
+    "all tests pass: 3 of 3, pass 2 of 3, pass: ok, first pass=done, --pass-through bypass=on compass: north",
+    "mysql -u root -p train; ssh -p2222 node1; pip install -e .",
+    'os.environ["LR"] = "0.1"; os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"; cfg["keys"] = 3',
+    "<run><loss>2.31</loss><tokens>512</tokens><title>resumed</title></run>",
 )
 
 

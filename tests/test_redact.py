@@ -97,3 +97,25 @@ def test_prose_that_merely_contains_a_marker_word_is_left_alone() -> None:
     assert redact_line("export HF_TOKEN hf_abc") == f"export HF_TOKEN {REDACTED}"
     assert redact_line("my password hunter2") == f"my password {REDACTED}"
     assert redact_line("tokenizer=hunter2") == f"tokenizer={REDACTED}"  # an assignment still masks
+
+
+def test_the_fourth_reviews_forms_and_the_decisions_about_their_look_alikes() -> None:
+    # A subscript with a secret-named key, assigned or compared; a harmless one stays.
+    assert redact_line('os.environ["HF_TOKEN"] = "abc1"') == f'os.environ["HF_TOKEN"] = "{REDACTED}"'
+    assert redact_line("if cfg['api_key'] == 'abc2':") == f"if cfg['api_key'] == '{REDACTED}':"
+    assert redact_line('os.environ["LR"] = "0.1"') == 'os.environ["LR"] = "0.1"'
+    # A URL's user with no password: masked whole when it looks like a token, a name kept.
+    assert redact_line("https://0123456789abcdef0123@github.com/o/r") == f"https://{REDACTED}@github.com/o/r"
+    assert redact_line("https://abcdefghijklmnopqrstuvwxyz@h/x") == f"https://{REDACTED}@h/x"
+    for kept in ("ssh://git@github.com/o/r", "git@github.com:o/r", "https://jane.doe@h/x", "https://trainer01@h/x"):
+        assert redact_line(kept) == kept
+    # "pass" as a key; as a word (a count, a result, a flag's part, inside a word) it stays.
+    assert redact_line("pass=hunter2") == f"pass={REDACTED}" and redact_line("DB_PASS: s3cr") == f"DB_PASS: {REDACTED}"
+    for kept in ("pass 2 of 3", "tests pass: 5", "pass: ok", "--pass-through", "bypass=cache", "compass: north"):
+        assert redact_line(kept) == kept
+    # mysql's glued -p, in a mysql client's command only; "-p db" prompts (db is the database).
+    assert redact_line("mysql -uroot -pabc3 db; ssh -p2222 h") == f"mysql -uroot -p{REDACTED} db; ssh -p2222 h"
+    assert redact_line("mysql -u root -p train") == "mysql -u root -p train"
+    # An XML element named for a secret; a count under a word that counts stays.
+    assert redact_line("<password>abc4</password>") == f"<password>{REDACTED}</password>"
+    assert redact_line("<tokens>512</tokens><loss>2.5</loss>") == "<tokens>512</tokens><loss>2.5</loss>"

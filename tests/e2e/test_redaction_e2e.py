@@ -2,7 +2,8 @@
 an adversarial review found. A blind job's sample lines (dict and JSON forms, an Authorization
 header, a numeric password, the job's and the daemon's env values printed bare; and the third
 review's defects: a bytes literal ``b'...'``, a PEM private key, a quote escaped inside a value,
-``k => v``) reach none of the
+``k => v``; the fourth's: a subscript ``os.environ["HF_TOKEN"] = ...``, a token as a URL's user,
+``pass=``, mysql's glued ``-p``, ``<password>...</password>``) reach none of the
 journal/console lines, the ledger file, ``status --json``, ``history --json``, the notify command,
 the webhook or the report. A remedy's env (a key, a URL password) is masked in
 ``remedies_applied`` and ``restart_scheduled``, and a URL password changed by a reload in the
@@ -33,11 +34,23 @@ DEFECT_LINES = ("{'secret': b'zqC6x'}", "private_key: -----BEGIN PRIVATE KEY----
                 '{"password": "a\\"zqC8x"}', 'api_key => "zqB2x"')
 DEFECT_SAMPLES = ["{'secret': b'<redacted>'}", "private_key: <redacted>", '{"password": "<redacted>"}',
                   'api_key => "<redacted>"']
+# The fourth review's defects: subscripts, a URL's user, "pass" as a key, mysql's -p, XML elements.
+FOURTH_LINES = ('os.environ["HF_TOKEN"] = "zqU1xenv"', "git clone https://zqU4x0123456789abcdef@github.com/o/r.git",
+                "pass=zqU5xpw", "<password>zqU7xxml</password>")
+FOURTH_SAMPLES = ['os.environ["HF_TOKEN"] = "<redacted>"', "git clone https://<redacted>@github.com/o/r.git",
+                  "pass=<redacted>", "<password><redacted></password>"]
+FIFTH_LINES = ("openssl enc -aes256 -pass pass:zqU8xssl", "os.environ['WANDB_API_KEY']='zqU2xwb'",
+               "secrets['db_password'] = 'zqU3xdb'", "mysql -h db -uroot -pzqU6xmy train")
+FIFTH_SAMPLES = ["openssl enc -aes256 -pass pass:<redacted>", "os.environ['WANDB_API_KEY']='<redacted>'",
+                 "secrets['db_password'] = '<redacted>'", "mysql -h db -uroot -p<redacted> train"]
 ENV_SECRETS = ("jobenvsecret-2468", "daemonsecret-1357")
 CASES = {"first": (FIRST_LINES, ("wk0a1b2c3d4e5f", "hfx9y8z7w6v5", "bearertok.abc123", "918273645"), FIRST_SAMPLES,
                    "password: <redacted>"),
          "defects": (DEFECT_LINES, ("zqC6x", "MIIEvzqC3x", "zqC8x", "zqB2x"), DEFECT_SAMPLES,
-                     "private_key: <redacted>")}
+                     "private_key: <redacted>"),
+         "fourth": (FOURTH_LINES, ("zqU1xenv", "zqU4x0123456789abcdef", "zqU5xpw", "zqU7xxml"), FOURTH_SAMPLES,
+                    "pass=<redacted>"),
+         "fifth": (FIFTH_LINES, ("zqU8xssl", "zqU2xwb", "zqU3xdb", "zqU6xmy"), FIFTH_SAMPLES, "-p<redacted> train")}
 
 
 def _blind_job(lines: tuple[str, ...]) -> str:
