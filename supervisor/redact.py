@@ -366,7 +366,7 @@ def _mask_assign(m: re.Match[str]) -> str:
         # "hf_token abc", "--api-key abc" and "my password hunter2" name a secret; prose such as
         # "tokenizer loaded" or "the token expired" does not: with only spaces between, the name
         # must end with the marker and the value look like a secret (or follow a flag's dash).
-        flag = m.start() > 0 and m.string[m.start() - 1] == "-"
+        flag = _flag_dash(m.string, m.start())
         ends = name.upper().rstrip("0123456789_").endswith(SECRET_MARKERS) or _last_word_secret(name)
         if not (flag or (ends and _LOOKS_SECRET_RE.search(value.rstrip(".!?")))):
             return m.group(0)
@@ -374,6 +374,16 @@ def _mask_assign(m: re.Match[str]) -> str:
 
 
 _NAME_MARKS = (*SECRET_MARKERS, "PWD", "PASS", "AUTH", "COOKIE", "SESS")
+
+
+def _flag_dash(text: str, start: int) -> bool:
+    """Whether the name at ``start`` is a flag's (``-password x``, ``--password x``): one or two
+    dashes right before it, at the start of a word. A path or a name with a dash inside
+    (``/etc/wrong-password (authentication failed)``) is no flag."""
+    j = start
+    while j > 0 and text[j - 1] == "-" and start - j < 2:
+        j -= 1
+    return j < start and (j == 0 or text[j - 1].isspace())
 
 
 def _mask(text: str, also: Sequence[str] = ()) -> str:

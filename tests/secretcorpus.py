@@ -67,6 +67,8 @@ SECRET_LINES: tuple[tuple[str, str], ...] = (
 
 #: Lines no sink may change: numbers under names that count things, prose, a traceback's last line.
 KEPT_LINES: tuple[str, ...] = (
+    # a path whose name ends in a secret word is no flag: the words after it stay
+    "cannot start: etcd refused user tsup with the password in /run/wrong-password (authentication failed)",
     "step=100 loss: 2.31 tokens: 12345678 tokens_per_sec=4500 max_tokens 512 lr=3e-4",
     "{'num_tokens': 2048, 'keys': 3, 'loss': 1.5}",
     "tokenizer loaded from gpt2; the token budget is spent",
