@@ -33,6 +33,15 @@ key by a space and followed at once by a noun it modifies (``step 25: loss nan c
 value, and the fields end before it. ``nan`` / ``inf`` with letters after them (``nanmean``,
 ``infs``, ``NaNs``) are words, never a value with a unit.
 
+Punctuation right after a value ends a sentence or a clause, not the fields: ``step 25 loss 0.5.``,
+``loss nan.``, ``loss nan!`` are values (and ``loss nan. Check passed`` no noun phrase); ``loss
+nan?`` is a question and ends them. A key may open a bracket its value closes (``[step 25]
+loss=nan``). A dict after the fields (``step 4 loss nan {'lr': 0.1}``, ``... {"metrics": {"loss":
+NaN}}``) is read when it parses as a Python or JSON literal of at most :data:`MAX_DICT_CHARS`
+characters (:func:`trailing_dict`: ``ast.parse``, nothing evaluated; one nested level, as
+``outer/inner``; the line's own fields win); one that does not parse is words after the fields.
+A line that *is* a dict is HF's or JSON's, never this parser's.
+
 The step comes from ``step`` / ``iter`` / ``iteration`` / ``it`` / ``global_step`` (an explicit
 ``step`` / ``global_step`` beats an ``iter`` before it; ``batch N/M`` and ``batch_idx`` count too);
 ``epoch`` goes to ``extra``, and a counter that may restart every epoch (``iter``, ``it``,
@@ -48,11 +57,12 @@ format reads. Pure functions, each regex tried at most once per token: linear in
 
 from __future__ import annotations
 
+import ast
 import re
 
 from ..events import MetricRecord
 from .epochsteps import COUNTER_KEY
-from .records import NUM, NUM_END, canonical_key, make_record, nan_noun_after, parse_number
+from .records import NUM, NUM_END, canonical_key, make_record, nan_noun_after, parse_number, to_float
 
 # asctime (ISO or HF's 12/03/2026 21:06:25), optionally bracketed, with optional ms and zone.
 _TIME = (r"\[?(?:\d{4}-\d{2}-\d{2}[ T]|\d{2}/\d{2}/\d{4} )?\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"
@@ -71,9 +81,13 @@ _UNIT = r"(?:[A-Za-z%]+(?:/[A-Za-z]+)?)?"
 _KEY = r"([A-Za-z_][\w./\-]*(?:\s(?:loss|norm|rate))?)"
 # One field, and a run of fields separated by spaces (the part between two separators). _SEQ's
 # group 2 is what joins key and value: a space alone matters for records.NAN_NOUNS.
-_PAIR = re.compile(rf"{_KEY}(?:\s*[=:]\s*|\s+){_VAL}{_UNIT}")
+# A key may open a bracket its value closes ("[step 25] loss=nan"); a value may end a sentence or a
+# clause ("loss 0.5.", "loss nan,", "loss nan!"): punctuation, not a word. "loss=nan?" is a question:
+# it ends the fields.
+_PUNCT = r"([:.,;!]?)"
+_PAIR = re.compile(rf"\[?{_KEY}(?:\s*[=:]\s*|\s+){_VAL}{_UNIT}[.,;!]?")
 # A field may end right before a non-ASCII character ("loss nan✓"): that token is noise (below).
-_SEQ = re.compile(rf"{_KEY}(\s*[=:]\s*|\s+){_VAL}{_UNIT}:?(?:\s+|$|(?=[^\x00-\x7f]))")  # "Epoch 3: val_loss=2.1"
+_SEQ = re.compile(rf"\[?{_KEY}(\s*[=:]\s*|\s+){_VAL}{_UNIT}{_PUNCT}(?:\s+|$|(?=[^\x00-\x7f]))")  # "Epoch 3: val_loss=2.1"
 _ANON = re.compile(rf"\(?({NUM})\s*{_UNIT}\)?")
 # "phase=train", "is_nan=False", "device=cuda:0": a setting, skipped. Not a value that starts like a
 # number or a non-finite spelling ("loss=nan?" is no setting: it ends the fields).
@@ -178,7 +192,7 @@ def read_fields(body: str) -> tuple[list[Field], tuple[int, int] | None, bool]:
         while pos < end:  # "epoch 0 iter 60 loss 2.3": fields separated by spaces only
             s = _SEQ.match(part, pos)
             if s is not None:
-                if nan_noun_after(s.group(2), s.group(3), part, s.end()):
+                if s.group(5) in ("", ":") and nan_noun_after(s.group(2), s.group(3), part, s.end()):
                     return fields, counter, False  # "loss nan check passed": a noun phrase
                 fields.append((s.group(1), s.group(3), s.group(4)))
                 pos = s.end()
@@ -198,8 +212,13 @@ def read_fields(body: str) -> tuple[list[Field], tuple[int, int] | None, bool]:
 
 
 def parse_generic(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:
-    if "{" in line:
-        return None  # dicts are HF's or JSON's: their parsers decided (a train summary is no step)
+    tail: dict[str, object] | None = None
+    brace = line.find("{")
+    if brace >= 0:
+        if not line[:brace].strip():
+            return None  # a line that is a dict is HF's or JSON's: their parsers decided
+        tail = trailing_dict(line[brace:])  # None: not a dict, so words after the fields
+        line = line[:brace]
     body = strip_prefix(line).strip().strip("|,; \t")
     if not body:
         return None
@@ -208,6 +227,8 @@ def parse_generic(line: str, source: str = "", rank: int | None = None) -> Metri
     fields, counter, whole = read_fields(body)
     if not fields:
         return None
+    if brace >= 0 and tail is None:
+        whole = False  # "{" that opens no dict: words
     values: dict[str, object] = {}
     extra: dict[str, float] = {}
     local: bool | None = None  # the step came from a counter that may restart every epoch
@@ -233,6 +254,8 @@ def parse_generic(line: str, source: str = "", rank: int | None = None) -> Metri
             values.setdefault(name, num)
         else:
             extra[key] = num
+    if tail and whole:
+        _merge_dict(tail, values, extra)
     if "step" not in values and counter is not None:
         values["step"], extra["total"] = counter[0], float(counter[1])
         local = True
@@ -241,3 +264,86 @@ def parse_generic(line: str, source: str = "", rank: int | None = None) -> Metri
     if local and "epoch" in extra:
         extra[COUNTER_KEY] = float(values["step"])  # type: ignore[arg-type]  # epochsteps makes it global
     return make_record(values, "generic", source, rank, extra)
+
+
+# A dict after a line's fields ("step 4 loss nan {'lr': 0.1}", "... {"metrics": {"loss": NaN}}"):
+# read when it parses as a Python or JSON literal of at most this many characters (else it is words).
+MAX_DICT_CHARS = 4096
+_SCALAR_CALLS = frozenset({"tensor", "float", "float16", "float32", "float64"})
+
+
+def trailing_dict(text: str) -> dict[str, object] | None:
+    """The string-keyed numbers of a dict literal (Python's repr or JSON, ``nan`` / ``NaN`` /
+    ``Infinity`` / ``tensor(x)`` / ``np.float64(x)`` values, one nested level as a dict), or None when
+    ``text`` is no dict literal. :func:`ast.parse` only: nothing is evaluated; bounded by
+    :data:`MAX_DICT_CHARS` (the parser itself refuses nesting past 200 brackets)."""
+    text = text.strip()
+    if len(text) > MAX_DICT_CHARS or not text.endswith("}"):
+        return None
+    try:
+        node = ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    return _dict_of(node, nested=True) if isinstance(node, ast.Dict) else None
+
+
+def _dict_of(node: ast.Dict, nested: bool) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in zip(node.keys, node.values):
+        if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
+            continue
+        if isinstance(v, ast.Dict):
+            if nested:
+                out[k.value] = _dict_of(v, nested=False)
+            continue
+        num = _number(v)
+        if num is not None:
+            out[k.value] = num
+    return out
+
+
+def _number(v: ast.expr) -> float | None:
+    """``2.3``, ``-1``, ``'nan'`` (HF 5.x), ``nan`` / ``NaN`` / ``Infinity`` (a name), ``tensor(nan)``,
+    ``np.float64(2.3)``, ``tensor([2.3])`` -> the number; anything else None."""
+    sign = 1.0
+    if isinstance(v, ast.UnaryOp) and isinstance(v.op, (ast.USub, ast.UAdd)):
+        sign, v = (-1.0 if isinstance(v.op, ast.USub) else 1.0), v.operand
+    if isinstance(v, ast.Call) and v.args:
+        f = v.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        if name not in _SCALAR_CALLS:
+            return None
+        v = v.args[0]
+        if isinstance(v, ast.List) and len(v.elts) == 1:
+            v = v.elts[0]
+        if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.USub):
+            sign, v = -sign, v.operand
+    num: float | None = None
+    if isinstance(v, ast.Constant) and isinstance(v.value, (int, float, str)) and not isinstance(v.value, bool):
+        num = to_float(v.value)
+    elif isinstance(v, ast.Name):
+        num = parse_number(v.id)
+    return None if num is None else sign * num
+
+
+def _merge_dict(tail: dict[str, object], values: dict[str, object], extra: dict[str, float]) -> None:
+    """A trailing dict's numbers beside the line's own fields, which win (one nested level is read as
+    ``outer/inner``: ``metrics/loss`` is the loss, ``eval/loss`` an eval metric). An HF train summary's
+    ``train_loss`` is no step's loss."""
+    if "train_runtime" in tail:
+        tail.pop("train_loss", None)
+    top = [(k, v) for k, v in tail.items() if not isinstance(v, dict)]
+    nested = [(f"{k}/{n}", x) for k, v in tail.items() if isinstance(v, dict) for n, x in v.items()]
+    for key, raw in top + nested:  # a top-level field first: it wins over a nested one
+        if not isinstance(raw, float):
+            continue
+        name = field_name(key)
+        if name == "step":
+            if "step" not in values and raw - raw == 0:
+                values["step"] = int(raw)
+        elif name == "epoch":
+            extra.setdefault("epoch", raw)
+        elif name is not None:
+            values.setdefault(name, raw)
+        else:
+            extra.setdefault(key, raw)

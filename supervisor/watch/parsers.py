@@ -72,6 +72,7 @@ parser for it. The one exception is a CSV data row (digits and commas only): see
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import Sequence
@@ -93,14 +94,32 @@ from .formats import (
     parse_torchtitan,
 )
 from .generic import parse_generic
-from .records import LOSS_FIELDS, canonical_key, make_record, parse_number
-from .structlines import json_message
+from .records import LOSS_FIELDS, canonical_key, make_record, parse_number, record_from_mapping
+from .structlines import json_parts
 
 # Substrings at least one of which every built-in metric line contains, except in the files for which
 # MetricParser.wants_all_lines is True (CSV data rows, llm.c's main.log: metric lines only, no keyword).
 # ("oss": loss / Loss / lm_loss, and so llm.c, nanotron, kv, Lightning postfixes; "{": JSON and HF
 # dicts, whatever they hold; "%|": tqdm bars, for the progress records.)
 METRIC_KEYWORDS: tuple[str, ...] = ("{", "oss", "%|")
+
+
+# The step a loguru message names beside metrics bound to its record ("step 25", "iter=25").
+_MSG_STEP = re.compile(r"(?i)\b(?:global_step|step|iter|iteration)\b\s*[=:]?\s*(\d+)")
+
+
+def bound_record(bound: dict[str, object], msg: str | None, rec: MetricRecord | None, source: str,
+                 rank: int | None) -> MetricRecord | None:
+    """loguru's ``record.extra`` read as a JSON line's keys; its step, when it names none, from the
+    message's record or the message's own ``step N``. The message's record when extra holds no metric."""
+    got = record_from_mapping(bound, "json", source, rank)
+    if got is None:
+        return rec
+    if got.step is None:
+        m = _MSG_STEP.search(msg) if msg else None
+        step = rec.step if rec is not None and rec.step is not None else int(m.group(1)) if m else None
+        got = dataclasses.replace(got, step=step)
+    return got
 
 
 class MetricParser:
@@ -212,8 +231,9 @@ class MetricParser:
             if line.startswith("{"):
                 # A structured log line (loguru serialize=True, structlog JSON) with no metric key: its
                 # message is an ordinary log line (one level; json_message never returns a JSON text).
-                msg = json_message(line)
-                return self.parse(msg, source) if msg is not None else None
+                msg, bound = json_parts(line)
+                rec = self.parse(msg, source) if msg is not None else None
+                return bound_record(bound, msg, rec, source, rank) if bound is not None else rec
             if "tep" in line or "STEP" in line:
                 rec = parse_kv(line, source, rank)
                 if rec is not None:

@@ -99,10 +99,19 @@ def parse_human(text: str) -> float | None:
     return None if num is None else num * mult
 
 
+# A two-part path key under one of these names what its last part names ("metrics/loss": a JSON
+# line's {"metrics": {"loss": ...}}); one that ends in a split names what its first part names
+# ("loss/train", TensorBoard's tag style), or the eval loss ("loss/val").
+_TRAIN_HEADS = frozenset({"train", "training", "metrics", "metric"})
+_EVAL_TAILS = frozenset({"val", "valid", "validation", "eval", "test"})
+
+
 def field_of(key: str) -> str | None:
     """The record field a key names (as spelled, else in lower case), or None. A path key is read with
-    ``.`` as ``/`` (``eval.loss`` is ``eval/loss``: an eval metric), and a path under ``train`` /
-    ``training`` names what its last part names (``train.loss``, ``training/grad_norm``)."""
+    ``.`` as ``/`` (``eval.loss`` is ``eval/loss``: an eval metric), a path under ``train`` /
+    ``training`` / ``metrics`` names what its last part names (``train.loss``, ``training/grad_norm``,
+    ``metrics/loss``), and a loss-like key with a split after it is that split's
+    (``loss/train``, ``Loss/val``)."""
     canon = KEYS.get(key) or KEYS.get(key.lower())
     if canon is not None or ("." not in key and "/" not in key):
         return canon
@@ -110,8 +119,14 @@ def field_of(key: str) -> str | None:
     canon = KEYS.get(k)
     if canon is None:
         head, _, rest = k.partition("/")
-        if head in ("train", "training") and "/" not in rest:
+        if "/" in rest:
+            return None
+        if head in _TRAIN_HEADS:
             canon = KEYS.get(rest)
+        elif rest in ("train", "training"):  # TensorBoard-style tags: "Loss/train"
+            canon = KEYS.get(head)
+        elif rest in _EVAL_TAILS and KEYS.get(head) == "loss":  # "loss/val": the eval loss
+            canon = "val_loss"
     return canon
 
 

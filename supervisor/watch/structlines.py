@@ -4,7 +4,8 @@ loguru with ``serialize=True`` writes ``{"text": "... - step 10 loss=nan\\n", "r
 "step 10 loss=nan", ...}}``; structlog's JSON renderer ``{"event": "step 10 loss=nan", "level":
 "info", ...}``; python-json-logger ``{"message": "...", "levelname": ...}``. No key of these objects
 is a metric, so the JSON reader finds no record; the message is an ordinary log line and goes to
-the line parsers. Pure functions.
+the line parsers. loguru's ``record.extra`` (``logger.bind(loss=...)``) holds metrics in keys: read
+as a JSON line's keys are, the step from them or from the message. Pure functions.
 """
 
 from __future__ import annotations
@@ -32,6 +33,22 @@ def message_of(obj: Mapping[str, object]) -> str | None:
     return None
 
 
+def json_parts(line: str) -> tuple[str | None, dict[str, object] | None]:
+    """The message of a JSON log line (as :func:`json_message`) and loguru's ``record.extra`` (what
+    ``logger.bind(loss=...)`` or ``logger.info(..., loss=...)`` adds: metrics in keys of their own,
+    beside a message such as ``step 25``), each None when absent."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return None, None
+    if not isinstance(obj, dict):
+        return None, None
+    msg = message_of(obj)
+    rec = obj.get("record")
+    extra = rec.get("extra") if isinstance(rec, dict) else None
+    return (None if msg is None or msg.startswith("{") else msg), (extra if isinstance(extra, dict) and extra else None)
+
+
 def json_message(line: str) -> str | None:
     """The message of a JSON log line (the caller has bounded its length), or None. A message that
     is itself JSON is not unwrapped again (one level: no recursion on crafted input)."""
@@ -47,4 +64,4 @@ def json_message(line: str) -> str | None:
     return msg
 
 
-__all__ = ["MESSAGE_KEYS", "json_message", "message_of"]
+__all__ = ["MESSAGE_KEYS", "json_message", "json_parts", "message_of"]

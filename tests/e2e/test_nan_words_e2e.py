@@ -70,6 +70,11 @@ if line == "loguru":
     logger.remove()
     logger.add(sys.stdout, serialize=True)
     line, say = "step=%%d loss=nan phase=train", logger.info
+elif line == "loguru-bind":
+    from loguru import logger
+    logger.remove()
+    logger.add(sys.stdout, serialize=True)
+    line, say = "step %%d", lambda text: logger.bind(loss=float("nan")).info(text)
 for step in range(1, 41):
     if first and step >= 25:
         say(line %% step)
@@ -81,7 +86,11 @@ if first:
 """
 D1_LINES = ["step %d loss nan ok", "step=%d loss=nan phase=train", "step: %d | loss: nan | grad_norm: 1.2 | done",
             "step %d loss tensor(nan)", "step %d | loss tensor(nan, device='cuda:0') | skipping nothing",
-            '{"step":%d,"train":{"loss":NaN}}', "loguru"]
+            '{"step":%d,"train":{"loss":NaN}}', "loguru",
+            # issue 34 D1, round 4: a trailing dict, a full stop, a bracketed step, "loss/train",
+            # {"metrics": {...}}, loguru's bind()
+            "step %d loss nan {'lr': 0.001}", "step %d loss nan.", "[step %d] loss=nan", "step %d loss/train nan",
+            '{"step":%d,"metrics":{"loss":NaN}}', "loguru-bind"]
 
 # 300 steps, an eval every 50 whose loader is empty: val_loss is nan (0/0), training is fine.
 EVAL_JOB = """\
@@ -134,7 +143,8 @@ def test_a_nan_value_followed_by_an_unknown_token_is_rolled_back(daemons, tmp_pa
 
 
 @pytest.mark.parametrize("line", D1_LINES, ids=["word", "setting", "pipe-done", "tensor", "tensor-device",
-                                                 "nested-json", "loguru-json"])
+                                                 "nested-json", "loguru-json", "dict-after", "full-stop",
+                                                 "bracketed-step", "slash-suffix", "metrics-json", "loguru-bind"])
 def test_a_nan_value_in_the_leading_fields_is_rolled_back_whatever_follows(daemons, tmp_path, line):
     sd, job = tmp_path / "sd", tmp_path / "job.py"
     job.write_text(D1_JOB % (line,))
@@ -158,6 +168,18 @@ def test_the_d1_job_under_give_up_gives_up_on_its_nan(daemons, tmp_path):
     assert [(x["cause"], x["action"]) for x in a] == [("nan", "give_up")], a
     assert a[0]["detection"]["step"] == 25 and events_named(sd, "failure_detected") and events_named(sd, "gave_up")
     assert "anomaly_detected" in d.stderr()
+
+
+def test_the_testers_dict_job_gives_up_on_its_nan_under_give_up(daemons, tmp_path):
+    # issue 34 D1, round 4: every line ends in a dict; it was rc 0 "finished, unwatched", no nan_mentioned.
+    sd, job = tmp_path / "sd", tmp_path / "j.py"
+    job.write_text("import time\nfor s in range(1, 30):\n"
+                   "    print(f\"step {s} loss {'nan' if s>=25 else 1/s} {{'lr': 0.001}}\", flush=True)\ntime.sleep(3)\n")
+    d = daemons(wrap(sd, "--set", "on.nan.action=give_up") + [PY, str(job)])
+    assert d.wait(90) == 3, d.stderr()[-3000:]
+    a = history(sd)["attempts"]
+    assert [(x["cause"], x["action"]) for x in a] == [("nan", "give_up")], a
+    assert a[0]["detection"]["step"] == 25
 
 
 def test_an_empty_validation_loader_warns_and_notifies_and_the_run_finishes(daemons, tmp_path):

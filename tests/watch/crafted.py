@@ -23,7 +23,9 @@ def _rep(head: str, unit: str, tail: str = "") -> Build:
 
 CRAFTED: dict[str, list[Build]] = {
     "json": [_rep('{"loss": ', "1", "x}"), _rep('{"loss": 1, "a": "', "\\u00", '}'),
-             _rep('{"a": {', '"b": 1, ', '"c": 1}}'), _rep('{"step": 1, "train": {"loss": ', "1", "x}}")],
+             _rep('{"a": {', '"b": 1, ', '"c": 1}}'), _rep('{"step": 1, "train": {"loss": ', "1", "x}}"),
+             _rep('{"record": {"message": "step 1", "extra": {', '"a": 1, ', '"loss": 1}}}'),
+             _rep('{"record": {"message": "', "step ", '1", "extra": {"loss": 1}}}')],
     "hf": [_rep("{'loss': ", "1", "x}"), _rep("{'", "'a", "}"), _rep("{'loss': 1, '", "a': ", "}")],
     "nanogpt": [_rep("iter 1: loss ", "1", "x"), _rep("step 1: train loss 1, val loss ", "1", " x")],
     "torchtitan": [_rep("step: 1  loss: ", "1", "x"), _rep("", "step: 1 "), _rep("step: 1 loss: 1 ", "tps: 1", "x")],
@@ -42,7 +44,11 @@ CRAFTED: dict[str, list[Build]] = {
                 _rep("step 1 loss ", "tensor(1,", "x"), _rep("step 1 loss tensor(", "1", "x"),
                 _rep("step 1 loss tensor(1, ", "a", "x"), _rep("step 1 ", "a=b ", "loss nan x"),
                 _rep("step 1 a=", "=", " x"), _rep("step 1 loss nan", " ", "check"),
-                _rep("step 1 loss ", "nan", " x")],
+                _rep("step 1 loss ", "nan", " x"),
+                # issue 34 D1, round 4: a trailing dict (long, unclosed, deep), punctuation, brackets
+                _rep("step 1 loss 1 {", "'a': 1, ", "}"), _rep("step 1 loss 1 ", "{", "x"),
+                _rep("step 1 loss 1 {'a': ", "[", "]}"), _rep("step 1 loss nan", ".", " x"),
+                _rep("[step 1] ", "[a 1] ", "x"), _rep("step 1 loss/", "train/", " nan")],
     "csv": [_rep("loss", ",loss", ",1 2")],
     "text rules": [_rep("", "ProcessGroupNCCL"), _rep("", "NCCL error "), _rep("", "Connection reset by peer"),
                    _rep("", "NVRM: Xid ("), _rep("", "nan "), _rep("", "size mismatch for "),
