@@ -13,7 +13,8 @@ past the bound or changed while read) is not called checked, so not handed over 
 safetensors file that is no pickle passes. A folder's pickle files are scanned at every depth (a
 job may load ``a/b/c/x.pt`` as well as ``x.pt``; links to folders are not followed): those named
 so (``*.pt``, ``*.pth``, ``*.bin``, ``*.pkl``, ``*.pickle``, ``*.ckpt``, and those compressed:
-``*.pkl.gz`` is not read inside, so never called checked), every DCP ``.metadata`` (which DCP's
+a compressed one read through its decompressor: :mod:`.npyscan`), numpy's ``*.npy`` / ``*.npz`` (an
+object array is a pickle: :mod:`.npyscan`), every DCP ``.metadata`` (which DCP's
 reader loads with a plain ``pickle.load``; its own data classes are allowed by name), and every
 other file whose first bytes may start one (:func:`sniffed`: ``model.pth.tar``, ``state.pickle``
 or ``weights`` are loaded by their content, not their name). The walk itself is bounded: at most
@@ -36,6 +37,8 @@ from pathlib import Path
 from typing import IO, Callable, cast
 
 from .layouts import registry
+from .npyscan import (COMPRESSION_ERRORS, MAX_NPZ_MEMBERS, NPY_MAGIC, NUMPY_SUFFIXES, numpy_reconstruct, scan_compressed,
+                      scan_npy)
 from .picklestream import BoundedReader, Budget, Stream, Unreadable, read_stream
 from .structure import ZIP_MAGIC, structure_problem
 
@@ -58,8 +61,8 @@ _TORCH_DTYPES = frozenset({
     "long", "int", "short", "cfloat", "cdouble", "chalf",
 })
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
-# A pickle compressed: the scan does not decompress, so one is scanned as what it is (no pickle, so
-# not called checked) rather than passed for its name (a job may gzip.open + pickle.load it).
+# A pickle compressed (a job may gzip.open + pickle.load it): read through its decompressor within
+# the budget (.zst / .lz4: no reader, so not called checked; see .npyscan).
 COMPRESSED_PICKLES = tuple(s + z for s in PICKLE_SUFFIXES for z in (".gz", ".bz2", ".xz", ".zst", ".lz4"))
 # Files of other names the walk opens to sniff (SNIFF_BYTES each): a folder of more is not called
 # checked. 512 bytes walk in about 0.5 ms at most (an ordinary file breaks off within a few).
@@ -225,20 +228,32 @@ def _scan_tar(path: Path, budget: Budget, check: Callable[[str | None], None]) -
         _one(member("pickle"), check, "its data")
 
 
-def _scan_zip(path: Path, budget: Budget, check_for: Callable[[str], Callable[[str | None], None]]) -> None:
+def _scan_zip(path: Path, budget: Budget, also: Callable[[str, str], bool]) -> None:
     """torch.save's zip: each ``*.pkl`` member (``<name>/data.pkl``; the tensors' bytes are
-    members of their own, never unpickled)."""
+    members of their own, never unpickled); numpy's ``.npz``: each ``*.npy`` member (:mod:`.npyscan`)."""
     try:
         z = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, ValueError, EOFError) as exc:
         raise Unreadable(f"a zip file that cannot be read ({exc})") from None
     with z:
         pkls = [i for i in z.infolist() if i.filename.endswith(".pkl")]
-        if not pkls:
-            raise Unreadable("a zip file with no pickle in it (no data.pkl)")
-        for info in pkls:
+        npys = [i for i in z.infolist() if i.filename.endswith(".npy")]
+        if not pkls and not npys:
+            raise Unreadable("a zip file with no pickle in it (no data.pkl) and no .npy")
+        if len(npys) > MAX_NPZ_MEMBERS:
+            raise Unreadable(f"a zip of more than {MAX_NPZ_MEMBERS:,} .npy members (the scan's bound)")
+        for info in pkls + npys:
+            where = f"{path.name}:{info.filename}"
             with z.open(info) as f:
-                _one(BoundedReader(f, budget), check_for(info.filename), "its pickle")
+                if info in npys:
+                    scan_npy(BoundedReader(f, budget), _checker(where, _or_numpy(also)))
+                else:
+                    _one(BoundedReader(f, budget), _checker(where, also), "its pickle")
+
+
+def _or_numpy(also: Callable[[str, str], bool]) -> Callable[[str, str], bool]:
+    """An object array's pickle may also rebuild numpy arrays of plain values (:mod:`.npyscan`)."""
+    return lambda module, name: numpy_reconstruct(module, name) or also(module, name)
 
 
 def _is_tar(path: Path) -> bool:
@@ -260,9 +275,14 @@ def _scan_file(path: Path, budget: Budget) -> str | None:
     before = _identity(path)
     try:
         with open(path, "rb") as f:
-            head = f.read(4)
-            if head.startswith(ZIP_MAGIC):
-                _scan_zip(path, budget, lambda member: _checker(f"{path.name}:{member}", also))
+            head = f.read(len(NPY_MAGIC))
+            if path.name.endswith(COMPRESSED_PICKLES):
+                scan_compressed(path, budget, lambda r: _scan_pickles(r, _checker(path.name, also)))
+            elif head.startswith(ZIP_MAGIC):
+                _scan_zip(path, budget, also)
+            elif head == NPY_MAGIC:
+                f.seek(0)
+                scan_npy(BoundedReader(f, budget), _checker(path.name, _or_numpy(also)))
             elif _is_tar(path):
                 _scan_tar(path, budget, _checker(path.name, also))
             else:
@@ -277,7 +297,7 @@ def _scan_file(path: Path, budget: Budget) -> str | None:
     except _Refused as exc:
         return str(exc)
     except (Unreadable, tarfile.TarError, struct.error, zipfile.BadZipFile, zlib.error, EOFError, ValueError,
-            RuntimeError, NotImplementedError) as exc:
+            RuntimeError, NotImplementedError, *COMPRESSION_ERRORS) as exc:
         # A container's own complaints while a member is read (a bad CRC, a broken deflate
         # stream, an encrypted member, an unknown compression) are as unreadable as the rest.
         return (f"{path.name}: cannot be read as a pickle, a torch zip or a legacy torch file ({exc}), so it is "
@@ -368,7 +388,7 @@ def _pickle_files(root: Path) -> list[Path]:
                 todo.append(Path(e.path))
             elif e.name in registry.NEVER or not e.is_file():
                 continue
-            elif e.name.endswith(PICKLE_SUFFIXES + COMPRESSED_PICKLES) or e.name == DCP_METADATA:
+            elif e.name.endswith(PICKLE_SUFFIXES + COMPRESSED_PICKLES + NUMPY_SUFFIXES) or e.name == DCP_METADATA:
                 files.append(Path(e.path))
             elif not e.name.endswith(NOT_SNIFFED):
                 sniffs += 1

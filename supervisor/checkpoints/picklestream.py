@@ -84,6 +84,10 @@ class BoundedReader:
         self.budget.spend_bytes(len(line))
         return line
 
+    def push_back(self, data: bytes) -> None:
+        """Bytes already read (and counted) that the next read gives again."""
+        self._pushback = data + self._pushback
+
     def at_end(self) -> bool:
         """True when no byte is left (a clean end between streams)."""
         if self._pushback:

@@ -229,10 +229,17 @@ def test_a_folder_s_pickles_are_found_by_their_bytes_not_only_their_names(made: 
         else:
             target.write_bytes(kept)
     assert unsafe_pickle(folder) is None
-    # A compressed pickle is not read inside: never called checked for its name alone.
+    # A compressed pickle is read through its decompressor (issue 34 D6): plain data passes, a payload
+    # is refused; one compressed with no reader in the standard library is never called checked.
     (folder / "opt.pkl.gz").write_bytes(gzip.compress((out / "good_plain_p4.pkl").read_bytes()))
+    assert unsafe_pickle(folder) is None
+    (folder / "opt.pkl.gz").write_bytes(gzip.compress((out / "plain_p4.pkl").read_bytes()))
     why = unsafe_pickle(folder)
-    assert why is not None and why.startswith("opt.pkl.gz:") and "not called checked" in why, why
+    assert why is not None and why.startswith("opt.pkl.gz:") and "posix.system" in why, why
+    (folder / "opt.pkl.gz").unlink()
+    (folder / "opt.pkl.zst").write_bytes(b"\x28\xb5\x2f\xfd" + bytes(16))
+    why = unsafe_pickle(folder)
+    assert why is not None and why.startswith("opt.pkl.zst:") and "not called checked" in why, why
     assert not [v["marker"] for v in index.values() if Path(v["marker"]).exists()], "the scan never executes"
 
 
