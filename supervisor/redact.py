@@ -366,9 +366,10 @@ def _mask_assign(m: re.Match[str]) -> str:
         # "hf_token abc", "--api-key abc" and "my password hunter2" name a secret; prose such as
         # "tokenizer loaded" or "the token expired" does not: with only spaces between, the name
         # must end with the marker and the value look like a secret (or follow a flag's dash).
-        flag = _flag_dash(m.string, m.start())
+        word = _word_before(m.string, m.start())  # what the name is the end of: a flag, a path
+        flag = word.startswith("-")
         ends = name.upper().rstrip("0123456789_").endswith(SECRET_MARKERS) or _last_word_secret(name)
-        if not (flag or (ends and _LOOKS_SECRET_RE.search(value.rstrip(".!?")))):
+        if "/" in word or not (flag or (ends and _LOOKS_SECRET_RE.search(value.rstrip(".!?")))):
             return m.group(0)
     return f"{name}{sep}{q}{REDACTED}"
 
@@ -376,14 +377,14 @@ def _mask_assign(m: re.Match[str]) -> str:
 _NAME_MARKS = (*SECRET_MARKERS, "PWD", "PASS", "AUTH", "COOKIE", "SESS")
 
 
-def _flag_dash(text: str, start: int) -> bool:
-    """Whether the name at ``start`` is a flag's (``-password x``, ``--password x``): one or two
-    dashes right before it, at the start of a word. A path or a name with a dash inside
-    (``/etc/wrong-password (authentication failed)``) is no flag."""
+def _word_before(text: str, start: int) -> str:
+    """The part of the whitespace-separated word that ends at ``start`` (at most 256 characters
+    looked at): ``--api-`` for ``--api-key``, ``/run/wrong-`` for a path's file name. A name at
+    the end of a path is no secret's name (``/run/wrong-password (authentication failed)``)."""
     j = start
-    while j > 0 and text[j - 1] == "-" and start - j < 2:
+    while j > 0 and start - j < 256 and not text[j - 1].isspace():
         j -= 1
-    return j < start and (j == 0 or text[j - 1].isspace())
+    return text[j:start]
 
 
 def _mask(text: str, also: Sequence[str] = ()) -> str:
