@@ -36,6 +36,7 @@ import zlib
 from pathlib import Path
 from typing import IO, Callable, cast
 
+from .pickledeny import RUNS_CODE, names_code
 from .layouts import registry
 from .npyscan import (COMPRESSION_ERRORS, MAX_NPZ_MEMBERS, NPY_MAGIC, NUMPY_SUFFIXES, numpy_reconstruct, scan_compressed,
                       scan_npy)
@@ -146,6 +147,8 @@ def _checker(where: str, also: Callable[[str, str], bool]) -> Callable[[str | No
             raise _Refused(f"{where}: the pickle imports a callable whose name is only known at load time "
                            "(STACK_GLOBAL on computed operands, or a copyreg extension code)")
         module, _, name = g.rpartition(".")
+        if names_code(module, name):
+            raise _Refused(f"{where}: the pickle references {g}, {RUNS_CODE} (never in the tensor-rebuild allowlist)")
         if not allowed(module, name) and not also(module, name):
             raise _Refused(f"{where}: the pickle references {g}, outside the tensor-rebuild allowlist")
     return check

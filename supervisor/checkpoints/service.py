@@ -38,6 +38,8 @@ from .layouts.registry import keeps_last_good
 from .loadtest import LoadTestResult, LoadTests, resolve_job_python, version_token
 from .manifest import read_manifest, record_metric, stat_record
 from .quarantine import (LastGoodKeeper, QuarantineRecord, last_good_disk_bytes, last_good_path)
+from .pickledeny import runs_code
+from .picklescan import unsafe_pickle
 from .quicklist import (TRAIN_LOSS, MetricsSeen, Readiness, RowBuilder, compare_config, current_config,
                         nonfinite_metric, val_metric_for)
 from .selection import CheckpointBook, Choice
@@ -152,6 +154,10 @@ class CheckpointService:
                 if self.book.is_bad(path):
                     row.bad = True
                     row.no(f"marked bad: {self.book.bad_reason(path)}")
+                return row.build()
+            danger = None if self.cfg.trust_pickles else unsafe_pickle(path)
+            if runs_code(danger):  # never handed over, whatever its weights file's load test says
+                row.no(f"unsafe pickle: {danger}")
                 return row.build()
             mread = self._manifest_of(path)
             manifest = mread.manifest
