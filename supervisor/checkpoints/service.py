@@ -158,7 +158,6 @@ class CheckpointService:
             danger = None if self.cfg.trust_pickles else unsafe_pickle(path)
             if runs_code(danger):  # never handed over, whatever its weights file's load test says
                 row.no(f"unsafe pickle: {danger}")
-                return row.build()
             mread = self._manifest_of(path)
             manifest = mread.manifest
             if mread.problem:

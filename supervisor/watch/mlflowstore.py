@@ -37,7 +37,7 @@ from .records import canonical_key, make_record, parse_number
 
 DB_NAMES = frozenset({"mlflow.db"})
 DB_ROWS_PER_READ = 5000
-DB_READ_BUDGET_S = 0.2
+DB_READ_BUDGET_S = 1.0
 KEY_CHARS = 250
 LINE_CHARS = 512
 _MAX = sys.float_info.max
