@@ -18,6 +18,7 @@ import pytest
 from supervisor.config.model import Config, ConfigError, config_from_table
 from supervisor.config.schema import MAX_FACTOR, MIN_DURATION_S, _unwrap_optional
 from tests.conftest import ROOT
+from tests.config.test_duration_bounds import table_with
 
 
 def float_keys(cls: type = Config) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]]:
@@ -35,16 +36,6 @@ KEYS = list(float_keys())
 PATHS = [".".join(k) for k, _ in KEYS]
 FACTORS = [k for k, _ in KEYS if k[-1].endswith(("_factor", "_multiple"))]
 POSITIVE_DURATIONS = [k for k, md in KEYS if k[-1].endswith("_s") and md.get("min_exclusive") and md.get("min") == 0]
-
-
-def table_with(keys: list[tuple[str, ...]], value: Any) -> dict[str, Any]:
-    table: dict[str, Any] = {"job": {"command": ["x"]}}
-    for path in keys:
-        t = table
-        for part in path[:-1]:
-            t = t.setdefault(part, {})
-        t[path[-1]] = value
-    return table
 
 
 def refusals(keys: list[tuple[str, ...]], value: Any) -> dict[str, str]:
