@@ -3,13 +3,13 @@ attempt's ledger row besides its launch and its end (:mod:`supervisor.daemon.att
 
 A concern never writes the ledger itself: it hands an :class:`AttemptField` to
 ``DaemonView.apply``. On the main loop's thread it is written at once (in order with the attempt's
-end, which follows it); from any other thread (a checkpoint verifier) it is a message, queued
-and written by the main loop at its next turn, so that no field crosses threads through shared
-attributes and a write is never lost to a run that ends first (``drain`` at close)."""
+end, which follows it); from any other thread (a checkpoint verifier) it is a message in the
+runner's inbox (``EffectHanded``), written by the main loop when it takes it, so that no field
+crosses threads through shared attributes and a write is never lost to a run that ends first (the
+runner writes what is left in its inbox at close)."""
 
 from __future__ import annotations
 
-import queue
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
@@ -41,34 +41,25 @@ class AttemptField:
 class AttemptWriter:
     """Writes :class:`AttemptField` values into the run's ledger, from the main loop only.
 
-    ``run_id``: the run's id at the time of the write; ``wake``: tells the main loop that a
-    message from another thread waits (it writes it at its next turn, ``drain``)."""
+    ``run_id``: the run's id at the time of the write; ``hand_over``: puts a field from another
+    thread in the main loop's inbox (the loop then calls ``write``)."""
 
-    def __init__(self, ledger: AttemptUpdates, run_id: Callable[[], str], wake: Callable[[], None]) -> None:
+    def __init__(self, ledger: AttemptUpdates, run_id: Callable[[], str],
+                 hand_over: Callable[[AttemptField], None]) -> None:
         self.ledger = ledger
         self.run_id = run_id
-        self.wake = wake
+        self.hand_over = hand_over
         self.loop_thread = threading.get_ident()  # the runner's thread (set again when it starts)
-        self._from_threads: queue.SimpleQueue[AttemptField] = queue.SimpleQueue()
 
     def apply(self, effect: AttemptField) -> None:
         """From any thread: written now on the main loop, else handed to it as a message."""
         if threading.get_ident() == self.loop_thread:
-            self._write(effect)
-            return
-        self._from_threads.put(effect)
-        self.wake()
+            self.write(effect)
+        else:
+            self.hand_over(effect)
 
-    def drain(self) -> None:
-        """On the main loop: write what other threads handed over, in the order they did."""
-        while True:
-            try:
-                effect = self._from_threads.get_nowait()
-            except queue.Empty:
-                return
-            self._write(effect)
-
-    def _write(self, effect: AttemptField) -> None:
+    def write(self, effect: AttemptField) -> None:
+        """On the main loop: the fields into the attempt's row."""
         cols = effect.columns()
         if not cols:
             return

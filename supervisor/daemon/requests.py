@@ -5,14 +5,13 @@ Signals (:func:`install_signal_handlers`) are only queued; the loop acts on them
 
 from __future__ import annotations
 
-import queue
 import signal
 import threading
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..core.messages import CheckpointRequested, Event, RestartRequested, StopRequested
 from ..errors import NotAnswered, UnknownVerb
+from .inbox import ControlAsked, Inbox, SignalArrived
 
 if TYPE_CHECKING:
     from .ports import Notifier
@@ -22,50 +21,42 @@ RUNNER_VERBS = frozenset({"status", "reload"})  # answered by the runner, not th
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 
 
-def install_signal_handlers(q: queue.SimpleQueue[tuple[Any, ...]]) -> None:
-    """Each of :data:`SIGNALS` queued as ``("signal", number)`` (main thread only; elsewhere none)."""
+def install_signal_handlers(inbox: Inbox) -> None:
+    """Each of :data:`SIGNALS` queued as a :class:`SignalArrived` (main thread only; elsewhere none)."""
     # Handlers only record (SimpleQueue.put is reentrant-safe); the loop decides.
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in SIGNALS:
-        signal.signal(sig, lambda s, _f: q.put(("signal", s)))
+        signal.signal(sig, lambda s, _f: inbox.put(SignalArrived(s)))
 
 
-def go_on(q: queue.SimpleQueue[tuple[Any, ...]], notifier: Notifier) -> Callable[[], bool]:
+def go_on(inbox: Inbox, notifier: Notifier) -> Callable[[], bool]:
     """For a wait on the main loop (the checks at the end of a run): each call feeds systemd's
     watchdog and says whether to go on waiting: False once SIGTERM or SIGINT came (they stay
     queued, in order, for the loop): a stop is never held up by a check."""
     def keep() -> bool:
         notifier.watchdog()
-        seen: list[tuple[Any, ...]] = []
-        while True:
-            try:
-                seen.append(q.get_nowait())
-            except queue.Empty:
-                break
-        for item in seen:
-            q.put(item)
-        return not any(item[0] == "signal" and item[1] in (signal.SIGTERM, signal.SIGINT) for item in seen)
+        return not inbox.stop_signalled()
 
     return keep
 
 
-def ask(q: queue.SimpleQueue[tuple[Any, ...]], verb: str, args: Mapping[str, Any], timeout: float) -> Any:
+def ask(inbox: Inbox, verb: str, args: Mapping[str, Any], timeout: float) -> Any:
     """From a control-server thread: queue the request for the main loop and wait for its answer."""
-    fut: Future[Any] = Future()
-    q.put(("control", verb, dict(args), fut))
+    asked = ControlAsked(verb, dict(args))
+    inbox.put(asked)
     try:
-        return fut.result(timeout=timeout)
+        return asked.reply.result(timeout=timeout)
     except TimeoutError:
         raise NotAnswered(f"the daemon's main loop did not answer {verb!r} within {timeout:g} s") from None
 
 
-def answer(fut: Future[Any], handle: Callable[[], Any]) -> None:
+def answer(asked: ControlAsked, handle: Callable[[], Any]) -> None:
     """On the main loop: the handler's result, or what it raised, back to the waiting thread."""
     try:
-        fut.set_result(handle())
+        asked.reply.set_result(handle())
     except Exception as e:
-        fut.set_exception(e)
+        asked.reply.set_exception(e)
 
 
 def machine_request(verb: str, args: Mapping[str, Any], wall: float) -> Event:

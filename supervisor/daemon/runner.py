@@ -11,13 +11,12 @@ drawn in :mod:`supervisor.core.machine`; the daemon is put together by
 from __future__ import annotations
 
 import os
-import queue
 import random
 import signal
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, assert_never
 
 import structlog
 
@@ -33,6 +32,7 @@ from .activity import AttemptActivity
 from .attemptstart import AttemptStarter
 from .concernset import ConcernSet
 from .effects import AttemptField, AttemptWriter
+from .inbox import ControlAsked, DetectionArrived, EffectHanded, Inbox, Message, PipeEnded, SignalArrived, WakeUp
 from .jobstop import JobStop
 from .metricbuffer import MetricBuffer
 from .monitors import AttemptMonitors
@@ -65,7 +65,7 @@ class Runner:
         self.concerns = ConcernSet(concerns)
         self.fanout = fanout
         self.rng = rng or random.Random()
-        self.q: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.inbox = Inbox()
         self.state_dir = cfg.state_dir().resolve()
         self.machine = Machine(cfg, self.state_dir)
         self.run_id = ""
@@ -75,12 +75,12 @@ class Runner:
         self.preparing: Future[Prepared] | None = None
         self.timer_at: float | None = None  # when TimerFired is due (monotonic)
         self.metrics = MetricBuffer()
-        self.writes = AttemptWriter(self.ledger, lambda: self.run_id, wake=lambda: self.q.put(("wake",)))
+        self.writes = AttemptWriter(self.ledger, lambda: self.run_id, lambda e: self.inbox.put(EffectHanded(e)))
         self.snapshots = attemptrows.Snapshots(self.apply, ports.environment)
         self.activity = AttemptActivity(self.clock.monotonic)  # a blind attempt's work (the progress rule)
         fanout.add(self.activity)
         self.starter = AttemptStarter(ports, self.concerns, self.monitors, self.snapshots, self.activity,
-                                      self.state_dir, on_eof=lambda src: self.q.put(("eof", src)))
+                                      self.state_dir, on_eof=lambda src: self.inbox.put(PipeEnded(src)))
         self.status_cache = StatusCache(self.status, self.concerns.live_statuses, lambda: booting_status(self))
         self.recorder = EventRecorder(self.ledger, self.concerns, lambda: (self.run_id, self.attempt))
 
@@ -125,10 +125,10 @@ class Runner:
 
     def emit(self, d: Detection) -> None:
         """Thread-safe: monitors call this from any thread."""
-        self.q.put(("detection", d))
+        self.inbox.put(DetectionArrived(d))
 
     def request_checkpoint(self) -> None:
-        self.q.put(("control", "checkpoint-now", {}, Future()))  # answered by the loop; nobody waits
+        self.inbox.put(ControlAsked("checkpoint-now", {}))  # answered by the loop; nobody waits
 
     def on_metric(self, rec: MetricRecord) -> None:
         """Thread-safe: parsers and the client metrics reader call this."""
@@ -141,7 +141,7 @@ class Runner:
     # ================================================================== life cycle
     def run(self) -> int:
         """The daemon's life: start, loop until the machine finishes, close; the exit code."""
-        install_signal_handlers(self.q)
+        install_signal_handlers(self.inbox)
         if not self.start():
             return EXIT_GAVE_UP
         try:
@@ -186,7 +186,9 @@ class Runner:
             self.job.close()
         self.ports.notifier.stopping()
         self.concerns.close()
-        self.writes.drain()  # what verifier threads handed over before they were stopped
+        for m in self.inbox.take_all():  # what verifier threads handed over before they were stopped
+            if isinstance(m, EffectHanded):
+                self.writes.write(m.effect)
         self.ports.launcher.close()
         self.ledger.close()
 
@@ -197,12 +199,9 @@ class Runner:
             timeout = 0.0  # a burst is still being kept: do not sleep on it, but serve requests between chunks
         if self.timer_at is not None:
             timeout = min(timeout, max(0.0, self.timer_at - self.clock.monotonic()))
-        try:
-            item = self.q.get(timeout=max(0.001, timeout))
-        except queue.Empty:
-            return
-        self._handle(item)
-        self._drain_queue()
+        if (m := self.inbox.get(timeout=max(0.001, timeout))) is not None:
+            self._handle(m)
+            self._drain_queue()
 
     def _state_now(self) -> State:
         """The state as it is now: a call the type checker does not narrow across (the queue's
@@ -212,26 +211,28 @@ class Runner:
     def _drain_queue(self) -> None:
         """Handle what is already queued, without waiting (bounded, so a flood cannot starve the tick)."""
         for _ in range(1000):
-            try:
-                item = self.q.get_nowait()
-            except queue.Empty:
+            if (m := self.inbox.get()) is None:
                 return
-            self._handle(item)
+            self._handle(m)
 
-    def _handle(self, item: tuple[Any, ...]) -> None:
-        kind = item[0]
+    def _handle(self, m: Message) -> None:
         try:
-            if kind == "signal":
-                self._on_signal(item[1])
-            elif kind == "detection":
-                self._feed(Detected(item[1], self.clock.monotonic(), self.clock.time(), self.rng.uniform(-1, 1),
-                                    activity=self._activity()))
-            elif kind == "control":
-                _kind, verb, args, fut = item
-                answer(fut, lambda: self._on_control(verb, args))
-            # "eof" and "wake" only wake the loop; the tick acts
+            match m:
+                case SignalArrived(number):
+                    self._on_signal(number)
+                case DetectionArrived(d):
+                    self._feed(Detected(d, self.clock.monotonic(), self.clock.time(), self.rng.uniform(-1, 1),
+                                        activity=self._activity()))
+                case ControlAsked(verb, args):
+                    answer(m, lambda: self._on_control(verb, args))
+                case EffectHanded(effect):
+                    self.writes.write(effect)
+                case PipeEnded() | WakeUp():  # they only wake the loop; the tick acts
+                    pass
+                case _:
+                    assert_never(m)
         except Exception as e:  # the daemon must survive its own bugs
-            log.exception("runner_handler_failed", item=kind, error=repr(e),
+            log.exception("runner_handler_failed", item=type(m).__name__, error=repr(e),
                           message="internal error while handling an event; the daemon keeps going")
 
     def _tick(self) -> None:
@@ -244,7 +245,6 @@ class Runner:
     def _tick_inner(self) -> None:
         now = self.clock.monotonic()
         self._drain_metrics()
-        self.writes.drain()
         if self.job is not None and self.state in JOB_UP:
             self.job.refresh_tree(now)
             self.job.reap_orphans()
@@ -301,7 +301,7 @@ class Runner:
         elif isinstance(cmd, EndAttempt):
             self._end_attempt(cmd)
         elif isinstance(cmd, CheckEnd):  # the end's facts, on the loop (the watchdog fed, a stop heard)
-            self._feed(EndChecked(self.concerns.end_facts(go_on(self.q, self.ports.notifier)), cmd))
+            self._feed(EndChecked(self.concerns.end_facts(go_on(self.inbox, self.ports.notifier)), cmd))
         elif isinstance(cmd, Finish):
             self.preparing = self.timer_at = None
             self.ledger.end_run(self.run_id, cmd.state, cmd.code, cmd.reason)
@@ -313,7 +313,7 @@ class Runner:
             self.job.close()
             self.job = None
         self.preparing = prepare_launch(cmd, self.ports, self.cfg, previous_pids, list(self.metrics.history),
-                                        wake=lambda: self.q.put(("wake",)))
+                                        wake=lambda: self.inbox.put(WakeUp()))
 
     def _spawn(self, cmd: Launch) -> None:
         self.jobstop.reset()
@@ -417,7 +417,7 @@ class Runner:
         """Called from the control server's threads: hand over to the main loop, wait for it."""
         if verb == "status":
             return self.status_cache.answer()
-        return ask(self.q, verb, args, timeout)
+        return ask(self.inbox, verb, args, timeout)
 
     def use_config(self, cfg: Config) -> None:
         """Run on ``cfg`` from now on (a checkpoint dir or resume args found for the job)."""

@@ -26,7 +26,7 @@ def test_an_attempt_field_sets_only_the_columns_given() -> None:
 def test_on_the_loop_thread_a_field_is_written_at_once_without_waking_the_loop() -> None:
     led, wakes = FakeLedger(), []
     led.begin_attempt("run-1", 0, ["python"], "/", {}, None, None, None, [], None)
-    writer = AttemptWriter(led, lambda: "run-1", wake=lambda: wakes.append(1))
+    writer = AttemptWriter(led, lambda: "run-1", hand_over=lambda e: wakes.append(1))
     writer.apply(AttemptField(0, resume_step=7))
     assert [(a, f) for a, f, _t in led.updates] == [(0, {"resume_step": 7})] and wakes == []
 

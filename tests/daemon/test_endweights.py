@@ -100,9 +100,9 @@ def test_the_end_events_reach_the_journal_with_their_verdict_and_weights_as_fiel
 
 
 def test_the_wait_feeds_the_watchdog_and_stops_for_a_stop_signal_left_queued_in_order() -> None:
-    import queue
     import signal
 
+    from supervisor.daemon.inbox import Inbox, SignalArrived, WakeUp
     from supervisor.daemon.requests import go_on
 
     class Watchdog:
@@ -112,13 +112,13 @@ def test_the_wait_feeds_the_watchdog_and_stops_for_a_stop_signal_left_queued_in_
             self.fed += 1
             return True
 
-    q: queue.SimpleQueue = queue.SimpleQueue()
+    inbox = Inbox()
     dog = Watchdog()
-    keep = go_on(q, dog)  # type: ignore[arg-type]
-    q.put(("wake",))
-    q.put(("signal", signal.SIGHUP))
+    keep = go_on(inbox, dog)  # type: ignore[arg-type]
+    inbox.put(WakeUp())
+    inbox.put(SignalArrived(signal.SIGHUP))
     assert keep() and dog.fed == 1
-    q.put(("signal", signal.SIGTERM))
+    inbox.put(SignalArrived(signal.SIGTERM))
     assert not keep() and dog.fed == 2
-    left = [q.get_nowait() for _ in range(3)]
-    assert left == [("wake",), ("signal", signal.SIGHUP), ("signal", signal.SIGTERM)] and q.empty()
+    left = inbox.take_all()
+    assert left == [WakeUp(), SignalArrived(signal.SIGHUP), SignalArrived(signal.SIGTERM)] and inbox.get() is None
