@@ -19,19 +19,14 @@ mapping (an event's data, ``status``), is masked only under a name one of whose 
 marker (:func:`names_secret`: ``password: 12345678`` and ``{"HF_TOKEN": ...}`` go; ``tokens:
 12345678``, ``tokens_per_sec=4500``, ``max_tokens 512``, ``num_key_value_heads=8`` and
 ``{"tokenizers": "0.15"}`` stay). In text, a
-secret-named key's value is masked in every syntax a Python job prints: ``k=v``, ``k: v``,
-``'k': 'v'``, ``"k": "v"``, ``Namespace(k='v')``, ``--k v``, ``--k=v``, ``k => v``, ``k -> v``,
-``k := v``, ``k == v``, URL-encoded ``k%3Dv``, a subscript (``os.environ["HF_TOKEN"] = v``,
-``secrets['db_password']='v'``), an XML element (``<password>v</password>``); the word ``pass``
-as a key (``pass=v``, openssl's ``pass:v``; not ``pass 2 of 3``, ``pass: ok``, ``--pass-through``); a quoted value read to its closing quote past escaped ones
-(``"a\\"b"``), with a bytes or raw prefix (``b'v'``), a tuple or list whole (``auth=('u', 'pw')``).
+secret-named key's value is masked in every syntax a Python job prints, XML and command lines
+included (:mod:`supervisor.redactsyntax` lists them).
 Before names are read: a private key in PEM whole (``-----BEGIN ... PRIVATE KEY-----`` to the next
 ``-----END ...-----``, or to the end of its base64 when cut short), a cookie header's value whole,
 an auth object's arguments (``HTTPBasicAuth(...)``). Then credentials *inside* values, whatever
 the name: a URL's password (``postgres://u:PASS@h/db`` keeps the user and host), a URL's user
 with no password that looks like a token (``https://<PAT>@github.com``; ``git@``, ``jane.doe@``
-stay), mysql's glued ``-pX`` in a mysql client's command,
-``Authorization:`` values, ``Bearer``/``Basic`` credentials, known token shapes (``hf_``, ``sk-``,
+stay), mysql's and mariadb's glued ``-pX`` in their client's command, ``Authorization:`` values, ``Bearer``/``Basic`` credentials, known token shapes (``hf_``, ``sk-``,
 ``ghp_``, ``AKIA``, Slack's ``xox``, JWTs) and the values the daemon was told are secret
 (:func:`learn_secrets`: the job's env, the remedies' env and the daemon's own, by name).
 
@@ -54,9 +49,9 @@ import threading
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
-from .redactnames import (NOT_SECRETS as _NOT_SECRETS, SECRET_MARKERS, SHELL_DIRS as _SHELL_DIRS,
-                          is_secret, last_word_secret as _last_word_secret, masks_key, names_secret,
-                          shell_dir_secret as _shell_dir_secret, text_secret_name as _text_secret_name)
+from .redactnames import (NOT_SECRETS as _NOT_SECRETS, SECRET_MARKERS, is_secret, masks_key, names_secret,
+                          shell_dir_secret as _shell_dir_secret)
+from .redactsyntax import NUMBER_RE as _NUMBER_RE, REDACTED, mask_commands, mask_names
 
 __all__ = ["MAX_LINE_CHARS", "MAX_TEXT_CHARS", "MAX_TOTAL_CHARS", "MAX_VALUE_CHARS", "MIN_SECRET_LEN", "REDACTED",
            "SECRET_MARKERS", "cut", "env_secrets", "is_secret", "learn_secrets", "masks_key", "names_secret",
@@ -69,7 +64,6 @@ MAX_TEXT_CHARS = 1 << 20  # any one text at a sink (a message, a traceback, a da
 MIN_SECRET_LEN = 4  # a shorter learned "secret" ("1", "yes") would cut ordinary words out of every text
 MAX_KNOWN = 64  # learned secret values kept: each costs one scan of every text
 
-REDACTED = "<redacted>"
 # A private key in PEM, whole: its BEGIN line, then the first END line after it; with none (a sample
 # line cut short), the body's base64 run (line breaks, "\n" escapes and PEM's own headers included).
 _PEM_BEGIN_RE = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}?PRIVATE KEY(?: BLOCK)?-----")
@@ -87,13 +81,6 @@ _URL_USERINFO_RE = re.compile(r"(://[^\s:/@]*+:)([^\s@/]++)(@)")
 # ://TOKEN@ -- a userinfo with no colon: a token as the user (https://<PAT>@github.com/o/r) goes whole
 # when it looks like one (:func:`_url_user`); a user's name (ssh://git@host, https://jane.doe@h) stays.
 _URL_USER_RE = re.compile(r"(://)([^\s:/@?#'\"]++)(?=@)")
-# mysql's password glued to its -p (``mysql -uroot -pX db``; ``-p X`` prompts, X is the database),
-# in a command that runs a mysql client only: elsewhere -pX is anything (ssh's port, a path).
-_MYSQL_RE = re.compile(r"(?i)\bmysql(?:dump|admin|import|check|show|slap|pump|sh)?+\b")
-_CMD_END_RE = re.compile(r"[\n;|&]")  # where that mysql command ends
-_GLUED_P_RE = re.compile(r"(?<=\s)(-p['\"]?)([^\s'\"]++)")
-# An XML element named for a secret (``<password>X</password>``, ``<apiKey a="b">X</apiKey>``).
-_XML_RE = re.compile(r"<(?P<tag>[A-Za-z_][\w:.-]{0,63}+)(?:\s[^<>\n]{0,256}+)?>(?P<v>[^<\n]{1,4096}+)</(?P=tag)>")
 # The same cut off before its "@" by a bound: at the very end of the kept text.
 _URL_USERINFO_TAIL_RE = re.compile(r"(://[^\s:/@]*+:)([^\s@/]++)\Z")
 _BEARER_RE = re.compile(r"(?i)\b(bearer\s+)[\w.~+/-]++=*")
@@ -107,21 +94,6 @@ _TOKEN_SHAPES_RE = re.compile(
     r"|eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+)")
 _SECRET_FLAG_RE = re.compile(r"^(--?[\w-]*(?:token|key|secret|password|passwd|passphrase|credential)[\w-]*)(=)(.+)$",
                              re.IGNORECASE)
-# name (a marker anywhere in it, or a last word ending it), then what joins it to its value (a dict
-# key's closing quote, escaped or not; "=", ":", "=>", "->", ":=", a URL-encoded "=" or ":"; or
-# spaces), then the value: quoted (a bytes/raw prefix allowed, backslash escapes read as such, up to
-# its closing quote or the line's end), a tuple or list (``auth=('user', 'pw')``), or bare. The name
-# is atomic: on a long word of markers ("keykeykey...") it is tried once per word, not once per marker.
-_SECRET_ASSIGN_RE = re.compile(
-    r"(?i)\b(?P<name>(?>\w*?(?:(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|PASSPHRASE)\w*+"
-    r"|(?:PWD|PASS|AUTH|COOKIES?|SESS(?:ION)?_?ID)\b)))"
-    r"(?P<sep>(?:\\?['\"]\]?)?\s*(?:=>|->|:=|%3[AD]|==?|:)\s*|\s+)(?P<q>(?:[BRU]{1,2}|\\)?['\"]|)"
-    r"(?P<v>(?<=')(?:[^'\\\n]|\\.)++|(?<=\")(?:[^\"\\\n]|\\.)++|\([^()\n]{1,512}+\)"
-    r"|\[[^\[\]\n]{1,512}+\]|[^\s'\",;|)}\]{\[]++)")
-_NUMBER_RE = re.compile(r"[-+]?\d[\d.,]*(?:e[-+]?\d+)?%?", re.IGNORECASE)
-# After a name with only spaces between, a value is taken for a secret only if it looks like one
-# (a digit or a symbol): "my password hunter2" goes, "the token expired" stays.
-_LOOKS_SECRET_RE = re.compile(r"[0-9_/+=@:-]")
 
 _known: tuple[str, ...] = ()
 _known_lock = threading.Lock()
@@ -223,31 +195,6 @@ def _url_user(m: re.Match[str]) -> str:
     return f"{m.group(1)}{REDACTED}" if token and user != REDACTED else m.group(0)
 
 
-def _mysql(text: str) -> str:
-    """mysql's glued password (``-pX``) masked in each command that runs a mysql client (to its
-    line's end or a ``;``, ``|``, ``&``)."""
-    out: list[str] = []
-    pos = 0
-    for m in _MYSQL_RE.finditer(text):
-        if m.start() < pos:
-            continue
-        stop = _CMD_END_RE.search(text, m.end())
-        end = len(text) if stop is None else stop.start()
-        out += [text[pos:m.end()], _GLUED_P_RE.sub(lambda g: f"{g.group(1)}{REDACTED}", text[m.end():end])]
-        pos = end
-    return "".join(out) + text[pos:] if out else text
-
-
-def _xml(m: re.Match[str]) -> str:
-    """An element's text masked when its tag names a secret (a number under a word of one)."""
-    tag, v = m["tag"], m["v"]
-    if v.strip().lower() in _NOT_SECRETS or v == REDACTED:
-        return m.group(0)
-    if names_secret(tag) or (_text_secret_name(tag) and not _NUMBER_RE.fullmatch(v.strip())):
-        return f"{m.group(0)[:m.start('v') - m.start()]}{REDACTED}</{tag}>"
-    return m.group(0)
-
-
 def _inside(value: str, also: Sequence[str] = ()) -> str:
     for secret in (*also, *_known):
         if secret in value:
@@ -262,8 +209,7 @@ def _inside(value: str, also: Sequence[str] = ()) -> str:
         value = _BEARER_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
     if "Basic" in value:
         value = _BASIC_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
-    if "mysql" in low:
-        value = _mysql(value)
+    value = mask_commands(value)
     return _TOKEN_SHAPES_RE.sub(REDACTED, value)
 
 
@@ -337,64 +283,8 @@ def _redact_arg(arg: str, after_secret_flag: bool) -> tuple[str, bool]:
     return _values(arg), False
 
 
-_NESTED_MAX = 256  # the longest value of a name that is no secret's read again for names inside it
-
-
-# What follows the word "pass" in prose and test output: results and counts, not passwords.
-_PASS_WORDS = frozenset({"ok", "fail", "failed", "pass", "passed", "skip", "skipped", "error", "none", "done"})
-
-
-def _mask_assign(m: re.Match[str]) -> str:
-    name, sep, value, q = m["name"], m["sep"], m["v"], m["q"]
-    if value == REDACTED or (not q and value.lower() in _NOT_SECRETS):
-        return m.group(0)
-    if name.lower().endswith("pass") and _last_word_secret(name) and (
-            not sep.strip() or value.lower() in _PASS_WORDS or (_NUMBER_RE.fullmatch(value) and len(value) < 6)):
-        # "pass 2 of 3", "pass: ok", "pass=1": the word, not a password's name ("-pass pass:X" read on)
-        return m.group(0) if len(value) > _NESTED_MAX else f"{name}{sep}{q}{_SECRET_ASSIGN_RE.sub(_mask_assign, value)}"
-    if name.upper() in _SHELL_DIRS:
-        if not _shell_dir_secret(name, value):
-            return m.group(0)
-    elif _NUMBER_RE.fullmatch(value):
-        if not names_secret(name):  # tokens=12345678, max_tokens 512: counts, not secrets
-            return m.group(0)
-    elif not _text_secret_name(name):  # a value after "KeyError: " or "keys: " may name a secret itself
-        if len(value) > _NESTED_MAX:  # bounded, so "keys:keys:..." is no quadratic descent
-            return m.group(0) if not any(k in value.upper() for k in _NAME_MARKS) else f"{name}{sep}{q}{REDACTED}"
-        return f"{name}{sep}{q}{_SECRET_ASSIGN_RE.sub(_mask_assign, value)}"
-    elif not sep.strip():
-        # "hf_token abc", "--api-key abc" and "my password hunter2" name a secret; prose such as
-        # "tokenizer loaded" or "the token expired" does not: with only spaces between, the name
-        # must end with the marker and the value look like a secret (or follow a flag's dash).
-        word = _word_before(m.string, m.start())  # what the name is the end of: a flag, a path
-        flag = word.startswith("-")
-        ends = name.upper().rstrip("0123456789_").endswith(SECRET_MARKERS) or _last_word_secret(name)
-        if "/" in word or not (flag or (ends and _LOOKS_SECRET_RE.search(value.rstrip(".!?")))):
-            return m.group(0)
-    return f"{name}{sep}{q}{REDACTED}"
-
-
-_NAME_MARKS = (*SECRET_MARKERS, "PWD", "PASS", "AUTH", "COOKIE", "SESS")
-
-
-def _word_before(text: str, start: int) -> str:
-    """The part of the whitespace-separated word that ends at ``start`` (at most 256 characters
-    looked at): ``--api-`` for ``--api-key``, ``/run/wrong-`` for a path's file name. A name at
-    the end of a path is no secret's name (``/run/wrong-password (authentication failed)``)."""
-    j = start
-    while j > 0 and start - j < 256 and not text[j - 1].isspace():
-        j -= 1
-    return text[j:start]
-
-
 def _mask(text: str, also: Sequence[str] = ()) -> str:
-    text = _blocks(text)
-    up = text.upper()
-    if any(mark in up for mark in _NAME_MARKS):
-        if "</" in text:
-            text = _XML_RE.sub(_xml, text)
-        text = _SECRET_ASSIGN_RE.sub(_mask_assign, text)
-    return _inside(text, also)
+    return _inside(mask_names(_blocks(text)), also)
 
 
 def redact_line(line: str, limit: int = MAX_LINE_CHARS) -> str:

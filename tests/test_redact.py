@@ -119,3 +119,30 @@ def test_the_fourth_reviews_forms_and_the_decisions_about_their_look_alikes() ->
     # An XML element named for a secret; a count under a word that counts stays.
     assert redact_line("<password>abc4</password>") == f"<password>{REDACTED}</password>"
     assert redact_line("<tokens>512</tokens><loss>2.5</loss>") == "<tokens>512</tokens><loss>2.5</loss>"
+
+
+def test_the_fifth_reviews_forms_and_the_decisions_about_their_look_alikes() -> None:
+    # A call's quoted name then its value; a quoted phrase before a comma is no name.
+    assert redact_line("os.putenv('HF_TOKEN', 'v1xx')") == f"os.putenv('HF_TOKEN', '{REDACTED}')"
+    assert redact_line('os.environ.get("HF_TOKEN", default="v2xx")') == \
+        f'os.environ.get("HF_TOKEN", default="{REDACTED}")'
+    assert redact_line('print("the key", value)') == 'print("the key", value)'
+    # mariadb like mysql; openssl's --pass flag; where openssl reads a password from is no password.
+    assert redact_line("mariadb -uroot -pv3xx db") == f"mariadb -uroot -p{REDACTED} db"
+    assert redact_line("openssl enc --pass v4xx -in a") == f"openssl enc --pass {REDACTED} -in a"
+    kept = "openssl enc -passin env:PW -pass file:/etc/pw -passout stdin; mariadb -p db; --pass 2"
+    assert redact_line(kept) == kept
+    # XML: the name in an attribute, an attribute pair, CDATA, HTML-escaped; a metric's element stays.
+    assert redact_line('<string name="password">v5xx</string>') == f'<string name="password">{REDACTED}</string>'
+    assert redact_line('<param name="token" value="v6xx"/>') == f'<param name="token" value="{REDACTED}"/>'
+    assert redact_line("<password><![CDATA[v7xx]]></password>") == f"<password><![CDATA[{REDACTED}]]></password>"
+    assert redact_line("&lt;password&gt;v8xx&lt;/password&gt;") == f"&lt;password&gt;{REDACTED}&lt;/password&gt;"
+    for kept in ('<string name="app_name">Trainer</string>', "<loss><![CDATA[2.5]]></loss>",
+                 "&lt;tokens&gt;512&lt;/tokens&gt;"):
+        assert redact_line(kept) == kept
+    # A spaced subscript; a name whose spaced value is no secret gives it back to be read as a name.
+    assert redact_line("secrets [ 'db_password' ] = 'v9xx'") == f"secrets [ 'db_password' ] = '{REDACTED}'"
+    assert redact_line("the token password=w1xx") == f"the token {REDACTED}"
+    assert redact_line("the token expired, key rotated") == "the token expired, key rotated"
+    # Triple quotes, a quote inside them read past.
+    assert redact_line("password = '''it's w2xx'''") == f"password = '''{REDACTED}'''"

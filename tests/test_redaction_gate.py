@@ -181,7 +181,18 @@ def test_a_megabyte_of_hostile_text_is_masked_in_linear_time() -> None:
                # The fourth review's rules: subscripts, URL users, "pass", mysql's -p, XML elements.
                "x['token']" * 100_000, "://" + "a" * 1_000_000, "://a@" * 250_000, "pass " * 200_000,
                "mysql -p" * 130_000, "mysql" + " -pa" * 250_000, "<password>" + "x" * 1_000_000, "<a>" * 330_000,
-               "<password a>x</password>" * 40_000]
+               "<password a>x</password>" * 40_000,
+               # The fifth review's rules: call arguments, triple quotes, CDATA, HTML-escaped tags,
+               # attribute pairs, spaced subscripts, mariadb, "--pass", a name's value read again as a name.
+               "'token', " * 110_000, "'''" * 330_000, "password = '''" + "x" * 1_000_000,
+               'token="""' + '\\"' * 450_000, "password='''" + "''x" * 300_000, "<![CDATA[" * 110_000,
+               "<password><![CDATA[" + "]" * 1_000_000, "<password><![CDATA[" + "]]" * 500_000 + "</password>",
+               "&lt;password&gt;" * 60_000, "&lt;a&gt;" * 120_000, "&lt;password&gt;" + "&" * 1_000_000,
+               'key="password" value="' * 40_000, "name='token' " * 80_000, '<string name="password">' * 40_000,
+               "<a name='k'" + " " * 1_000_000, "secrets [" * 110_000, "secrets ['db_password' " + " " * 1_000_000,
+               "x['token'" + " " * 1_000_000 + "]", "mariadb -p" * 100_000, "--pass " * 140_000,
+               "token " * 170_000, "token " + "tokentoken" * 100_000, "token " + "x" * 1_000_000,
+               "get('key', default" + " " * 1_000_000, "-passin pass:" * 70_000]
     for text in hostile:
         t0 = time.monotonic()
         shown = redact_text(text)

@@ -3,7 +3,8 @@ an adversarial review found. A blind job's sample lines (dict and JSON forms, an
 header, a numeric password, the job's and the daemon's env values printed bare; and the third
 review's defects: a bytes literal ``b'...'``, a PEM private key, a quote escaped inside a value,
 ``k => v``; the fourth's: a subscript ``os.environ["HF_TOKEN"] = ...``, a token as a URL's user,
-``pass=``, mysql's glued ``-p``, ``<password>...</password>``) reach none of the
+``pass=``, mysql's glued ``-p``, ``<password>...</password>``; the fifth's: ``os.putenv('K', v)``,
+``<add key="Password" value="..."/>``, ``&lt;password&gt;``, triple quotes) reach none of the
 journal/console lines, the ledger file, ``status --json``, ``history --json``, the notify command,
 the webhook or the report. A remedy's env (a key, a URL password) is masked in
 ``remedies_applied`` and ``restart_scheduled``, and a URL password changed by a reload in the
@@ -43,6 +44,12 @@ FIFTH_LINES = ("openssl enc -aes256 -pass pass:zqU8xssl", "os.environ['WANDB_API
                "secrets['db_password'] = 'zqU3xdb'", "mysql -h db -uroot -pzqU6xmy train")
 FIFTH_SAMPLES = ["openssl enc -aes256 -pass pass:<redacted>", "os.environ['WANDB_API_KEY']='<redacted>'",
                  "secrets['db_password'] = '<redacted>'", "mysql -h db -uroot -p<redacted> train"]
+# The fifth review's (issue 34): a call's quoted name then its value, .NET's attribute pair, an
+# HTML-escaped element, triple quotes.
+SIXTH_LINES = ("os.putenv('HF_TOKEN', 'zqW1xputenv')", '<add key="Password" value="zqX7xnet"/>',
+               "&lt;password&gt;zqY3xhtml&lt;/password&gt;", "password = '''zqY8xtriple'''")
+SIXTH_SAMPLES = ["os.putenv('HF_TOKEN', '<redacted>')", '<add key="<redacted>" value="<redacted>"/>',
+                 "&lt;password&gt;<redacted>&lt;/password&gt;", "password = '''<redacted>'''"]
 ENV_SECRETS = ("jobenvsecret-2468", "daemonsecret-1357")
 CASES = {"first": (FIRST_LINES, ("wk0a1b2c3d4e5f", "hfx9y8z7w6v5", "bearertok.abc123", "918273645"), FIRST_SAMPLES,
                    "password: <redacted>"),
@@ -50,7 +57,9 @@ CASES = {"first": (FIRST_LINES, ("wk0a1b2c3d4e5f", "hfx9y8z7w6v5", "bearertok.ab
                      "private_key: <redacted>"),
          "fourth": (FOURTH_LINES, ("zqU1xenv", "zqU4x0123456789abcdef", "zqU5xpw", "zqU7xxml"), FOURTH_SAMPLES,
                     "pass=<redacted>"),
-         "fifth": (FIFTH_LINES, ("zqU8xssl", "zqU2xwb", "zqU3xdb", "zqU6xmy"), FIFTH_SAMPLES, "-p<redacted> train")}
+         "fifth": (FIFTH_LINES, ("zqU8xssl", "zqU2xwb", "zqU3xdb", "zqU6xmy"), FIFTH_SAMPLES, "-p<redacted> train"),
+         "sixth": (SIXTH_LINES, ("zqW1xputenv", "zqX7xnet", "zqY3xhtml", "zqY8xtriple"), SIXTH_SAMPLES,
+                   "&lt;password&gt;<redacted>&lt;/password&gt;")}
 
 
 def _blind_job(lines: tuple[str, ...]) -> str:

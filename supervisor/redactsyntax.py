@@ -1,0 +1,203 @@
+"""Where a secret is written in a job's text (issue 24 build 4, issue 34): the syntaxes around a
+secret-named key and the command lines that carry a password. :mod:`supervisor.redact` is the gate
+that calls :func:`mask_names` and :func:`mask_commands` (its docstring says the whole rule); which
+names are secrets' is :mod:`supervisor.redactnames`'. Kept apart so each module stays one concern.
+
+A secret-named key's value is masked in every syntax a Python job prints: ``k=v``, ``k: v``,
+``'k': 'v'``, ``"k": "v"``, ``Namespace(k='v')``, ``--k v``, ``--k=v``, ``k => v``, ``k -> v``,
+``k := v``, ``k == v``, URL-encoded ``k%3Dv``; a subscript (``os.environ["HF_TOKEN"] = v``,
+``secrets['db_password']='v'``, ``secrets [ 'db_password' ] = 'v'``); a call's quoted name then
+its value (``os.putenv('HF_TOKEN', v)``, ``os.environ.setdefault(...)``, ``os.environ.get("HF_TOKEN",
+default="v")``, ``setattr(cfg, 'api_key', v)``: the name's opening quote is needed, so
+``"the key", x`` stays); the word ``pass`` as a key or a flag (``pass=v``, openssl's ``pass:v`` and
+``--pass v``; not ``pass 2 of 3``, ``pass: ok``, ``--pass-through``). A quoted value is read to its
+closing quote past escaped ones (``"a\\"b"``), triple quotes too (``'''v'''``), with a bytes or raw
+prefix (``b'v'``); a tuple or list whole (``auth=('u', 'pw')``) after an operator, not after
+spaces (``secrets ['k']`` is a subscript). A name with only spaces before a value that is no
+secret's (``the token expired``) gives the value back to be read as a name itself.
+XML: an element named for a secret (``<password>v</password>``, its text in CDATA too), or whose
+``name``/``key`` attribute is (Android's ``<string name="password">v</string>``, Java's ``<entry
+key="password">v</entry>``), an attribute pair (.NET's ``<add key="Password" value="v"/>``,
+``<param name="token" value='v'/>``), each HTML-escaped too (``&lt;password&gt;v&lt;/password&gt;``).
+Commands: mysql's and mariadb's glued ``-pX`` (in a command that runs their client only).
+Every regex is linear in its input (possessive and atomic parts, bounded runs). Pure.
+"""
+from __future__ import annotations
+
+import re
+
+from .redactnames import (NOT_SECRETS, SECRET_MARKERS, SHELL_DIRS, last_word_secret, names_secret, shell_dir_secret,
+                          text_secret_name)
+
+__all__ = ["NUMBER_RE", "REDACTED", "mask_commands", "mask_names"]
+
+REDACTED = "<redacted>"
+NUMBER_RE = re.compile(r"[-+]?\d[\d.,]*(?:e[-+]?\d+)?%?", re.IGNORECASE)
+
+# mysql's password glued to its -p (``mysql -uroot -pX db``; ``-p X`` prompts, X is the database),
+# in a command that runs a mysql or mariadb client only: elsewhere -pX is anything (ssh's port, a path).
+_MYSQL_RE = re.compile(r"(?i)\b(?:mysql|mariadb)(?:dump|admin|import|check|show|slap|pump|sh)?+\b")
+_CMD_END_RE = re.compile(r"[\n;|&]")  # where that command ends
+_GLUED_P_RE = re.compile(r"(?<=\s)(-p['\"]?)([^\s'\"]++)")
+
+# An element's text: a CDATA section whole (``]]>`` ends it), or text up to the next tag.
+_XML_TEXT = r"(?P<v><!\[CDATA\[(?:[^\]\n]|\](?!\]>))*+\]\]>|[^<\n]{1,4096}+)"
+# An XML element (``<password>X</password>``, ``<apiKey a="b">X</apiKey>``, ``<string name="k">X</string>``).
+_XML_RE = re.compile(r"<(?P<tag>[A-Za-z_][\w:.-]{0,63}+)(?P<attrs>\s[^<>\n]{0,256}+)?>" + _XML_TEXT
+                     + r"</(?P=tag)>")
+# The same HTML-escaped, as a web page or an escaped log shows it (``&lt;password&gt;X&lt;/password&gt;``).
+_XML_ESCAPED_RE = re.compile(r"(?i)&lt;(?P<tag>[A-Za-z_][\w:.-]{0,63}+)(?P<attrs>\s(?:[^&<>\n]|&(?!gt;)){0,256}+)?"
+                             r"&gt;(?P<v>(?:[^&<\n]|&(?!lt;)){1,4096}+)&lt;/(?P=tag)&gt;")
+# The attribute that names an element's content (``name="password"``, ``key='api_key'``).
+_NAME_ATTR_RE = re.compile(r"(?i)(?<![\w-])(?:name|key)\s*=\s*(['\"])([^'\"<>\n]{1,128}+)\1")
+# A name/key attribute then a value attribute (``<add key="Password" value="X"/>``).
+_ATTR_PAIR_RE = re.compile(r"(?i)(?<![\w-])(?:name|key)\s*=\s*(['\"])(?P<n>[^'\"<>\n]{1,128}+)\1\s++"
+                           r"value\s*=\s*(?P<v>'[^'\n]*+'|\"[^\"\n]*+\")")
+
+# name (a marker anywhere in it, or a last word ending it), then what joins it to its value: a
+# subscript's or dict key's closing quote (escaped or not, a "]" after spaces) then "=", ":", "=>",
+# "->", ":=", "==", a URL-encoded "=" or ":"; a quoted name's closing quote then a comma (a call's
+# arguments, a keyword ``default=`` allowed); or spaces (``sp``). Then the value: quoted (triple
+# quotes first; a bytes/raw prefix allowed, backslash escapes read as such, up to its closing quote
+# or the line's end), a tuple or list after an operator (``auth=('user', 'pw')``), or bare. The name
+# is atomic: on a long word of markers ("keykeykey...") it is tried once per word, not once per marker.
+_SECRET_ASSIGN_RE = re.compile(
+    r"(?i)\b(?P<name>(?>\w*?(?:(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|PASSPHRASE)\w*+"
+    r"|(?:PWD|PASS|AUTH|COOKIES?|SESS(?:ION)?_?ID)\b)))"
+    r"(?P<sep>(?:\\?['\"](?:\s*+\])?)?\s*(?:=>|->|:=|%3[AD]|==?|:)\s*|\\?['\"]\s*,\s*(?:default\s*=\s*)?"
+    r"|(?P<sp>\s+))"
+    r"(?P<q>(?:[BRU]{1,2}|\\)?(?:'''|\"\"\"|['\"])|)"
+    r"(?P<v>(?<=''')(?:[^'\\\n]|\\.|'(?!''))++|(?<=\"\"\")(?:[^\"\\\n]|\\.|\"(?!\"\"))++"
+    r"|(?<=')(?:[^'\\\n]|\\.)++|(?<=\")(?:[^\"\\\n]|\\.)++"
+    r"|(?(sp)(?!)|(?:\([^()\n]{1,512}+\)|\[[^\[\]\n]{1,512}+\]))"
+    r"|[^\s'\",;|)}\]{\[]++)")
+# After a name with only spaces between, a value is taken for a secret only if it looks like one
+# (a digit or a symbol): "my password hunter2" goes, "the token expired" stays.
+_LOOKS_SECRET_RE = re.compile(r"[0-9_/+=@:-]")
+_NESTED_MAX = 256  # the longest value of a name that is no secret's read again for names inside it
+# What follows the word "pass" in prose and test output: results and counts, not passwords.
+_PASS_WORDS = frozenset({"ok", "fail", "failed", "pass", "passed", "skip", "skipped", "error", "none", "done"})
+# Where openssl's -pass/-passin read a password from, no password itself (``-passin env:VAR``, ``file:/p``).
+_PASS_SOURCES_RE = re.compile(r"(?i)(?:env|file|fd):\S*+|stdin")
+NAME_MARKS = (*SECRET_MARKERS, "PWD", "PASS", "AUTH", "COOKIE", "SESS")
+
+
+def mask_commands(text: str) -> str:
+    """mysql's and mariadb's glued password (``-pX``) masked in each command that runs their
+    client (to its line's end or a ``;``, ``|``, ``&``)."""
+    if "mysql" not in text.lower() and "mariadb" not in text.lower():
+        return text
+    out: list[str] = []
+    pos = 0
+    for m in _MYSQL_RE.finditer(text):
+        if m.start() < pos:
+            continue
+        stop = _CMD_END_RE.search(text, m.end())
+        end = len(text) if stop is None else stop.start()
+        out += [text[pos:m.end()], _GLUED_P_RE.sub(lambda g: f"{g.group(1)}{REDACTED}", text[m.end():end])]
+        pos = end
+    return "".join(out) + text[pos:] if out else text
+
+
+def _secret_text(name: str, value: str) -> bool:
+    """Whether ``value`` under ``name`` is masked: a number only under a word of a secret's name."""
+    if value.strip().lower() in NOT_SECRETS or value == REDACTED:
+        return False
+    return names_secret(name) or (text_secret_name(name) and not NUMBER_RE.fullmatch(value.strip()))
+
+
+def _xml(m: re.Match[str]) -> str:
+    """An element's text masked when its tag, or its ``name``/``key`` attribute, names a secret."""
+    v = m["v"]
+    cdata = v.startswith("<![CDATA[")
+    inner = v[9:-3] if cdata else v
+    named = _secret_text(m["tag"], inner)
+    if not named and m["attrs"]:
+        a = _NAME_ATTR_RE.search(m["attrs"].replace("&quot;", '"').replace("&#39;", "'"))
+        named = a is not None and _secret_text(a[2], inner)
+    if not named:
+        return m.group(0)
+    whole, at = m.group(0), m.start()
+    shown = "<![CDATA[" + REDACTED + "]]>" if cdata else REDACTED
+    return whole[:m.start("v") - at] + shown + whole[m.end("v") - at:]
+
+
+def _attr_pair(m: re.Match[str]) -> str:
+    v = m["v"]
+    if not _secret_text(m["n"], v[1:-1]):
+        return m.group(0)
+    return m.group(0)[:m.start("v") - m.start()] + v[0] + REDACTED + v[0]
+
+
+def _word_before(text: str, start: int) -> str:
+    """The part of the whitespace-separated word that ends at ``start`` (at most 256 characters
+    looked at): ``--api-`` for ``--api-key``, ``/run/wrong-`` for a path's file name. A name at
+    the end of a path is no secret's name (``/run/wrong-password (authentication failed)``)."""
+    j = start
+    while j > 0 and start - j < 256 and not text[j - 1].isspace():
+        j -= 1
+    return text[j:start]
+
+
+def _mask_assign(m: re.Match[str]) -> str:
+    name, sep, value, q = m["name"], m["sep"], m["v"], m["q"]
+    if value == REDACTED or (not q and value.lower() in NOT_SECRETS):
+        return m.group(0)
+    if "," in sep and (m.start() == 0 or m.string[m.start() - 1] != sep.lstrip("\\")[0]):
+        return m.group(0)  # "the key", x: a quoted phrase, not a quoted name
+    if name.lower().endswith("pass") and last_word_secret(name) and (
+            (not sep.strip() and not _word_before(m.string, m.start()).startswith("-"))
+            or value.lower() in _PASS_WORDS or (NUMBER_RE.fullmatch(value) and len(value) < 6)
+            or _PASS_SOURCES_RE.fullmatch(value)):
+        # "pass 2 of 3", "pass: ok", "pass=1": the word, not a password's name ("-pass pass:X" read on)
+        return m.group(0) if len(value) > _NESTED_MAX else f"{name}{sep}{q}{_SECRET_ASSIGN_RE.sub(_mask_assign, value)}"
+    if name.upper() in SHELL_DIRS:
+        if not shell_dir_secret(name, value):
+            return m.group(0)
+    elif NUMBER_RE.fullmatch(value):
+        if not names_secret(name):  # tokens=12345678, max_tokens 512: counts, not secrets
+            return m.group(0)
+    elif not text_secret_name(name):  # a value after "KeyError: " or "keys: " may name a secret itself
+        if len(value) > _NESTED_MAX:  # bounded, so "keys:keys:..." is no quadratic descent
+            return m.group(0) if not any(k in value.upper() for k in NAME_MARKS) else f"{name}{sep}{q}{REDACTED}"
+        return f"{name}{sep}{q}{_SECRET_ASSIGN_RE.sub(_mask_assign, value)}"
+    elif not sep.strip():
+        # "hf_token abc", "--api-key abc" and "my password hunter2" name a secret; prose such as
+        # "tokenizer loaded" or "the token expired" does not: with only spaces between, the name
+        # must end with the marker and the value look like a secret (or follow a flag's dash).
+        word = _word_before(m.string, m.start())  # what the name is the end of: a flag, a path
+        flag = word.startswith("-")
+        ends = name.upper().rstrip("0123456789_").endswith(SECRET_MARKERS) or last_word_secret(name)
+        if "/" in word or not (flag or (ends and _LOOKS_SECRET_RE.search(value.rstrip(".!?")))):
+            return m.group(0)
+    return f"{name}{sep}{q}{REDACTED}"
+
+
+def _assignments(text: str) -> str:
+    """Each secret-named key's value masked. A name followed by spaces and a value that is none of
+    its (``the token password=x``, ``secrets ['k'] = x``) is read on from that value, which may
+    be a name itself: each word is looked at twice at most, so this stays linear."""
+    out: list[str] = []
+    pos = at = 0
+    while (m := _SECRET_ASSIGN_RE.search(text, at)) is not None:
+        shown = _mask_assign(m)
+        if shown == m.group(0) and m["sp"] is not None and not m["q"]:
+            at = m.start("v")
+            continue
+        out += [text[pos:m.start()], shown]
+        pos = at = m.end()
+    return "".join(out) + text[pos:] if out else text
+
+
+def mask_names(text: str) -> str:
+    """The values of secret-named keys, elements and attributes in ``text`` masked."""
+    up = text.upper()
+    if not any(mark in up for mark in NAME_MARKS):
+        return text
+    if "</" in text:
+        text = _XML_RE.sub(_xml, text)
+    if "&LT;/" in up:
+        text = _XML_ESCAPED_RE.sub(_xml, text)
+    if "VALUE" in up:
+        text = _ATTR_PAIR_RE.sub(_attr_pair, text)
+    return _assignments(text)
