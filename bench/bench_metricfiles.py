@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from supervisor.events import Detection
+from supervisor.core.observations import Detection
 from supervisor.watch.config import DetectorsConfig
 from supervisor.watch.logwatch import LogWatcher
 from supervisor.watch.metricfiles import MetricFiles

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from supervisor.events import AttemptContext, Detection  # noqa: E402
+from supervisor.events import AttemptContext  # noqa: E402
+from supervisor.core.observations import Detection  # noqa: E402
 from supervisor.watch.config import DetectorsConfig, HeartbeatConfig  # noqa: E402
 from supervisor.watch.heartbeat import HeartbeatMonitor  # noqa: E402
 from supervisor.watch.logwatch import LogWatcher  # noqa: E402

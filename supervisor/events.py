@@ -1,66 +1,23 @@
-"""The data that flows between monitors, the policy and the runner.
+"""The monitors' side of the flow: what a monitor is told (AttemptContext), what it is given to
+emit into (Emit, MetricSink, LineSink), and the Monitor interface.
 
-Monitors *observe* and emit :class:`Detection` events; the pure policy maps (history, failure)
-to a decision; only the runner acts ("detect != act", as NVIDIA's resiliency extension puts it).
-Causes and actions, with what each one means, are defined in :mod:`supervisor.core.causes`
-and re-exported here.
+Monitors *observe* and emit detections (:mod:`supervisor.core.observations`, the core's data);
+the pure policy maps (history, failure) to a decision; only the runner acts ("detect != act", as
+NVIDIA's resiliency extension puts it). Causes and actions, with what each one means, are defined
+in :mod:`supervisor.core.causes` and re-exported here.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
 from .core.causes import Action, Cause
+from .core.observations import Detection, MetricRecord
 from .redact import MAX_TOTAL_CHARS, MAX_VALUE_CHARS, redact_argv
 
-__all__ = ["Action", "AttemptContext", "Cause", "Detection", "Emit", "LineSink", "MetricRecord", "MetricSink",
-           "Monitor"]
-
-
-def _now() -> float:
-    return time.time()
-
-
-@dataclass(frozen=True)
-class Detection:
-    """One anomaly seen by a monitor: what, where, since when, and the evidence.
-
-    ``step`` is where it was seen; ``onset_step`` where the anomaly began (for a loss spike that
-    persisted ``patience`` steps, the first step of the spike). Rollback selects a checkpoint
-    taken before ``onset_step``.
-    """
-
-    cause: Cause
-    summary: str  # one line for humans: "loss is nan at step 500"
-    source: str  # "stdout", "stderr", "file:/path/rank0.log", "heartbeat", "nvml", "host", ...
-    step: int | None = None
-    onset_step: int | None = None
-    value: float | None = None
-    evidence: str | None = None  # the log line or reading, truncated to a few hundred chars
-    details: Mapping[str, object] = field(default_factory=dict)
-    # A monitor may know better than the per-cause default (Xid 79 -> give up: drain the node).
-    suggested_action: Action | None = None
-    at: float = field(default_factory=_now)  # wall-clock time of the observation
-
-
-@dataclass(frozen=True)
-class MetricRecord:
-    """One training metric observation parsed from a log line or reported by the client."""
-
-    step: int | None
-    loss: float | None = None
-    grad_norm: float | None = None
-    lr: float | None = None
-    tokens_per_sec: float | None = None
-    val_loss: float | None = None
-    rank: int | None = None
-    source: str = ""
-    fmt: str = ""  # which parser matched: json, hf, nanogpt, torchtitan, megatron, regex, client
-    at: float = field(default_factory=_now)
-    extra: Mapping[str, float] = field(default_factory=dict)
+__all__ = ["Action", "AttemptContext", "Cause", "Emit", "LineSink", "MetricSink", "Monitor"]
 
 
 @dataclass(frozen=True)

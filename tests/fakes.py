@@ -16,7 +16,8 @@ from supervisor.core.messages import ExitInfo, Resume
 from supervisor.daemon.concerns import GoodputConcern, ValidationConcern
 from supervisor.daemon.watchconcern import WatchConcern
 from supervisor.daemon.ports import Concern, Ports
-from supervisor.events import Action, Cause, MetricRecord
+from supervisor.events import Action, Cause
+from supervisor.core.observations import MetricRecord
 from supervisor.health.gate import GateVerdict
 from supervisor.ledger.store import AttemptRow
 from supervisor.job.osapi import OsApi, ProcRef, signal_name

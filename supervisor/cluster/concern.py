@@ -26,7 +26,7 @@ import structlog
 from ..core.causes import Action, Cause
 from ..core.machine import State
 from ..core.messages import EXIT_GAVE_UP, EXIT_OK, EndAttempt, Resume
-from ..events import Detection, MetricRecord
+from ..core.observations import Detection, MetricRecord
 from ..logsite import Site, callsite, log_helper, logged_from
 from ..daemon.ports import Concern, DaemonView
 from .agent import ClusterAgent, ClusterGaveUp
@@ -91,7 +91,8 @@ class ClusterConcern(Concern):
         assert self.daemon is not None
         self.daemon.emit(Detection(_cause(req.cause), f"generation {req.gen} ended by node {req.by}: {req.summary}",
                                    SOURCE + req.by, step=req.step, onset_step=req.onset_step,
-                                   details={"generation": req.gen, "by": req.by, "cause": req.cause}))
+                                   details={"generation": req.gen, "by": req.by, "cause": req.cause},
+                                   at=self.daemon.clock.time()))
 
     # ------------------------------------------------------------------ the daemon's hooks
     def job_env(self) -> Mapping[str, str]:
@@ -123,7 +124,7 @@ class ClusterConcern(Concern):
     def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
         if end.cause is None or end.detection is None:
             if end.cause is not None:  # a crash without a detection object
-                self._request(end.attempt, Detection(end.cause, end.summary, "exit"),
+                self._request(end.attempt, Detection(end.cause, end.summary, "exit", at=wall),
                               end.action or Action.RESTART)
             return
         self._request(end.attempt, end.detection, end.action or Action.RESTART)

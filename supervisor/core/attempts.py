@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..config.model import Config, signal_number
-from ..events import Detection
+from .observations import Detection
 from .causes import ACTIONS, CAUSES, Cause, Hold, StopStyle
 from .messages import EXIT_OK, Activity, Mode, Record, Resume, ShutdownPlan
 from .policy import Decision

@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping
 from ..events import bounded_argv
 from ..config.model import Config, signal_number
 from ..errors import Conflict, GiveUp, IllegalMove
-from ..events import Detection
+from .observations import Detection
 from . import attempts
 from .attempts import Pending, shutdown_plan
 from .runend import end_verdict

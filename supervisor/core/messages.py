@@ -14,7 +14,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
-from ..events import Detection
+from .observations import Detection
 from .policy import Decision, PastAttempt, RepeatKey
 from .causes import Action, Cause, GateCheck
 from .runend import EndFacts

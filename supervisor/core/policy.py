@@ -35,8 +35,7 @@ from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from ..config.model import Config, Remedy, find_flag
-from ..events import Action, Cause
-from .causes import ACTIONS, CAUSES
+from .causes import ACTIONS, CAUSES, Action, Cause
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..config.model import ValidationConfig
-from ..events import MetricRecord
+from .observations import MetricRecord
 from .resumecheck import CHECK_NAME, RULE, resume_ignored
 
 

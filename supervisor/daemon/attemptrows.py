@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping
 import structlog
 
 from ..core.messages import EndAttempt, Launch, detection_dict, jsonable
-from ..events import MetricRecord
+from ..core.observations import MetricRecord
 from ..job.launch import remedies_record
 from ..job.process import LaunchSpec, redact_env
 from .effects import AttemptField

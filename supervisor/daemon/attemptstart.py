@@ -13,7 +13,8 @@ from typing import Callable
 
 from ..config.model import Config
 from ..core.messages import Launch
-from ..events import AttemptContext, Detection
+from ..events import AttemptContext
+from ..core.observations import Detection
 from ..job.launch import heartbeat_dir, launch_spec
 from ..job.process import LaunchSpec
 from . import attemptrows

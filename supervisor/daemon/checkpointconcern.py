@@ -17,7 +17,8 @@ import structlog
 from ..config.model import Config
 from ..core.messages import EndAttempt, Resume
 from ..core.runend import EndFacts
-from ..events import Action, AttemptContext, Cause, Detection, MetricRecord
+from ..events import Action, AttemptContext, Cause
+from ..core.observations import Detection, MetricRecord
 from .effects import AttemptField
 from .ports import Concern, DaemonView
 
@@ -290,7 +291,7 @@ class CheckpointConcern(Concern):
             daemon.emit(Detection(Cause.CHECKPOINT_LOAD_ERROR,
                                   f"the checkpoint attempt {attempt} resumes from, {path}, failed verification: {why}",
                                   "checkpoint-verify", step=row.step, evidence=why[:400],
-                                  details={"path": str(path)}))
+                                  details={"path": str(path)}, at=time.time()))
 
         self._verifier = threading.Thread(target=verify, name="checkpoint-verify-launch", daemon=True)
         self._verifier.start()

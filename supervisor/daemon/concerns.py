@@ -13,7 +13,8 @@ import structlog
 from ..core.causes import Cause
 from ..core.messages import EndAttempt, Resume
 from ..eventnames import EventName
-from ..events import AttemptContext, Detection, MetricRecord
+from ..events import AttemptContext
+from ..core.observations import Detection, MetricRecord
 from ..core.goodput import Track, goodput_of, tracks_from_rows
 from .effects import AttemptField
 from .linger import linger
@@ -305,7 +306,8 @@ class ValidationConcern(Concern):
                 "suspect", checks=js["checks"])
         seen = self.validator.seen if self.validator else None
         d.emit(Detection(Cause.VALIDATION_FAILED, f"post-reboot validation {verdict.summary}", "validation",
-                         step=max(seen) if seen else None, onset_step=verdict.resume_step, details=js))
+                         step=max(seen) if seen else None, onset_step=verdict.resume_step, details=js,
+                         at=d.clock.time()))
 
     def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
         if self.validator is not None and self.validator.verdict is None:

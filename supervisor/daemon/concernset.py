@@ -9,7 +9,8 @@ import structlog
 
 from ..core.messages import EndAttempt, Resume
 from ..core.runend import EndFacts
-from ..events import AttemptContext, MetricRecord, Monitor
+from ..events import AttemptContext, Monitor
+from ..core.observations import MetricRecord
 from .ports import Concern, DaemonView
 
 log = structlog.get_logger("supervisor.daemon.runner")

@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..events import Detection
+from ..core.observations import Detection
 from .effects import AttemptField
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from ..events import MetricRecord
+from ..core.observations import MetricRecord
 
 # Records kept per loop turn: a burst of 100 000 kept in one go held the loop (and every control
 # reply waiting on it) for seconds on a loaded machine; the rest waits for the next turn, which

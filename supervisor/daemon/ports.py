@@ -23,7 +23,8 @@ from ..core.machine import State
 from ..core.messages import EndAttempt, ExitInfo, GateResult, Resume
 from ..core.runend import EndFacts
 from ..core.policy import Decision
-from ..events import Action, AttemptContext, Detection, MetricRecord, Monitor
+from ..events import Action, AttemptContext, Monitor
+from ..core.observations import Detection, MetricRecord
 from .effects import AttemptField
 
 if TYPE_CHECKING:

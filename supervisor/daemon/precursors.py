@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..core.messages import Resume
-from ..events import AttemptContext, MetricRecord
+from ..events import AttemptContext
+from ..core.observations import MetricRecord
 from ..watch.precursor import PrecursorWatch
 from .ports import Concern, DaemonView
 

@@ -11,7 +11,8 @@ from typing import Any, Sequence
 
 from ..core.messages import Resume
 from ..core.resumecheck import RULE, resume_ignored
-from ..events import AttemptContext, MetricRecord
+from ..events import AttemptContext
+from ..core.observations import MetricRecord
 from .ports import Concern, DaemonView
 
 

@@ -42,7 +42,7 @@ from .reload import reload_config
 from .requests import RUNNER_VERBS, answer, ask, go_on, install_signal_handlers, machine_request
 from .recorder import EventRecorder, log_helper
 from .status import StatusCache, booting_status, status_dict
-from ..events import Detection, MetricRecord
+from ..core.observations import Detection, MetricRecord
 from ..job.output import SinkFanout
 
 log = structlog.get_logger("supervisor.daemon.runner")

@@ -12,7 +12,7 @@ import structlog
 from ..config.model import Config
 from ..core.machine import JOB_UP, Machine, State
 from ..core.messages import detection_dict
-from ..events import MetricRecord
+from ..core.observations import MetricRecord
 from .ports import DaemonView
 
 log = structlog.get_logger("supervisor.daemon.runner")

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..core.messages import EndAttempt, Resume
 from ..core.runend import EndFacts, SourceSeen
-from ..events import AttemptContext, Detection, MetricRecord, Monitor
+from ..events import AttemptContext, Monitor
+from ..core.observations import Detection, MetricRecord
 from .concerns import close_each
 from .ports import Concern, DaemonView
 

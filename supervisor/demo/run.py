@@ -25,7 +25,8 @@ from ..core.messages import Resume
 from ..daemon.ports import Concern
 from ..daemon.wiring import build_daemon
 from ..eventnames import EventName
-from ..events import AttemptContext, MetricRecord
+from ..events import AttemptContext
+from ..core.observations import MetricRecord
 from ..logsetup import logfmt_line, mask_secrets, quiet_library_logs
 from ..narration import narrate, stamp
 

@@ -27,7 +27,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import structlog
 
-from ..events import Action, AttemptContext, Cause, Detection, Emit
+from ..events import Action, AttemptContext, Cause, Emit
+from ..core.observations import Detection
 from .config import GpuConfig
 from .gpu import DeviceInfo, GpuBackend, GpuBlindError, GpuDeviceError, GpuEvent, GpuEventKind, GpuLostError
 from .devices import Selection, resolve
@@ -305,7 +306,7 @@ class GpuMonitor:
         when = f"; full in ~{eta:.0f} s at the current slope" if eta is not None else ""
         self._fault(r.index, "memory_watermark")
         self._send(Detection(
-            cause=Cause.GPU_MEMORY,
+            at=time.time(), cause=Cause.GPU_MEMORY,
             summary=(f"{self._label(r.index)} {name} memory at {mem.fraction:.1%} of "
                      f"{mem.total / 2**30:.1f} GiB for {self._above[r.index]} polls{when}"),
             source="nvml", value=mem.fraction,
@@ -356,7 +357,7 @@ class GpuMonitor:
                 else "the GPU needs a reset")
         self._fault(index, "ecc_double_bit")
         self._send(Detection(
-            cause=Cause.GPU_FAULT, source="nvml", evidence=evidence, suggested_action=action,
+            at=time.time(), cause=Cause.GPU_FAULT, source="nvml", evidence=evidence, suggested_action=action,
             summary=f"double-bit (uncorrectable) ECC error on {self._label(index)}: {what}; "
                     f"suggested action {action.value}",
             details={"kind": "ecc_double_bit", "device": index, "uuid": self._uuid(index),
@@ -369,7 +370,7 @@ class GpuMonitor:
         action = Action(self._cfg.lost_action)
         self._fault(index, "lost")
         self._send(Detection(
-            cause=Cause.GPU_FAULT, source="nvml", summary=f"{summary}: {NODE_ADVICE}",
+            at=time.time(), cause=Cause.GPU_FAULT, source="nvml", summary=f"{summary}: {NODE_ADVICE}",
             evidence=evidence, suggested_action=action,
             details={"kind": "gpu_lost", "device": index, "uuid": self._uuid(index), "advice": NODE_ADVICE}))
 
@@ -392,7 +393,7 @@ class GpuMonitor:
                     self._ecc_reported.add(ev.index)
                 self._fault(ev.index, f"xid_{info.code}")
                 self._send(Detection(
-                    cause=Cause.GPU_FAULT, source="nvml", value=float(info.code),
+                    at=time.time(), cause=Cause.GPU_FAULT, source="nvml", value=float(info.code),
                     summary=f"Xid {info.code} on {self._label(ev.index)}: {info.meaning}; {info.advice}",
                     evidence=f"NVML Xid critical error event, code {info.code}",
                     suggested_action=info.action,

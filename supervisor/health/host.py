@@ -27,7 +27,8 @@ from typing import Callable, Mapping
 import psutil
 import structlog
 
-from ..events import Action, AttemptContext, Cause, Detection, Emit
+from ..events import Action, AttemptContext, Cause, Emit
+from ..core.observations import Detection
 from .config import HostConfig
 
 log = structlog.get_logger("supervisor.health")
@@ -285,7 +286,7 @@ class HostMonitor:
             if not res.ok and label not in self._reported:
                 self._reported.add(label)
                 self._send(Detection(
-                    cause=Cause.DISK_LOW, source="host", summary=f"disk low: {res.reason}",
+                    at=time.time(), cause=Cause.DISK_LOW, source="host", summary=f"disk low: {res.reason}",
                     value=float(res.free_bytes) if res.free_bytes is not None else None,
                     evidence=res.reason,
                     details={"kind": "disk", "dir": label, "path": res.path, "free_bytes": res.free_bytes,
@@ -313,7 +314,7 @@ class HostMonitor:
         if not res.ok and "storage" not in self._reported:
             self._reported.add("storage")
             self._send(Detection(
-                cause=Cause.DISK_LOW, source="host", summary=f"storage probe failed: {res.reason}",
+                at=time.time(), cause=Cause.DISK_LOW, source="host", summary=f"storage probe failed: {res.reason}",
                 evidence=res.reason, suggested_action=Action.GIVE_UP,
                 details={"kind": "storage", **res.to_dict()}))
         return res

@@ -18,7 +18,7 @@ from .envsnapshot import snapshot, world_from_launch
 from . import torchelastic
 from .jobtty import wants_tty
 from ..core.policy import merge_args, scale_args
-from ..events import MetricRecord
+from ..core.observations import MetricRecord
 from ..redact import redact_argv
 from .process import LaunchSpec, job_python, redact_env
 

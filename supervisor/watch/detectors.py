@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections import deque
 from dataclasses import dataclass
 from statistics import median
 from typing import Callable, Protocol, Sequence
 
-from ..events import Action, Cause, Detection, MetricRecord
+from ..events import Action, Cause
+from ..core.observations import Detection, MetricRecord
 from ..health.xid import classify_xid
 from ..redact import redact_line
 from .config import DetectorsConfig, LossSpikeConfig, NanDetectorConfig, TextDetectorConfig
@@ -107,7 +109,7 @@ class TextDetector:
     def _fire(self, rule: TextRule, m: re.Match[str], source: str, line: str, step: int | None) -> Detection:
         self.fired.add(rule.cause)
         return Detection(cause=rule.cause, summary=f"{rule.summary} (last step {step})" if step is not None
-                         else rule.summary, source=source, step=step, onset_step=step,
+                         else rule.summary, at=time.time(), source=source, step=step, onset_step=step,
                          evidence=truncate(line, self.evidence_chars), suggested_action=rule.action,
                          details={"pattern": rule.pattern.pattern})
 
@@ -152,7 +154,7 @@ class NcclDetector(TextDetector):
                 fatal = action is Action.GIVE_UP
                 self.fired.add(Cause.GPU_FAULT)
                 return Detection(
-                    cause=Cause.GPU_FAULT, summary=f"GPU Xid {xid} ({m.group(1)})"
+                    at=time.time(), cause=Cause.GPU_FAULT, summary=f"GPU Xid {xid} ({m.group(1)})"
                     + ("; this Xid needs a human (drain the node)" if fatal else ""),
                     source=source, step=step, onset_step=step, value=float(xid),
                     evidence=truncate(line, self.evidence_chars),
@@ -171,7 +173,8 @@ class NcclDetector(TextDetector):
         message = text if text.startswith(("CUDA error", "cuDNN error")) else f"CUDA error: {text}"
         message = truncate(message, self.evidence_chars)
         return Detection(cause=Cause.CRASH, summary=message + (f" (last step {step})" if step is not None else ""),
-                         source=source, step=step, onset_step=step, evidence=truncate(line, self.evidence_chars),
+                         at=time.time(), source=source, step=step, onset_step=step,
+                         evidence=truncate(line, self.evidence_chars),
                          details={"cuda_error": message, "pattern": CUDA_ERROR.pattern})
 
 
@@ -241,7 +244,7 @@ class NanDetector:
         where = f" at step {at}" if at is not None else ""
         said = f"Megatron counted {value:g} nan iterations" if name == NAN_ITERATIONS else f"{name} is {value}"
         return Detection(
-            cause=Cause.NAN, summary=f"{said}{where}"
+            at=rec.at, cause=Cause.NAN, summary=f"{said}{where}"
             + (f" ({count} records in a row since step {onset})" if count > 1 else ""),
             source=source, step=at, onset_step=onset,
             value=value, evidence=truncate(line, self.evidence_chars),
@@ -306,7 +309,7 @@ class LossSpikeDetector:
         onset, median_, threshold, count = det
         self.fired = True
         return Detection(
-            cause=Cause.LOSS_SPIKE,
+            at=rec.at, cause=Cause.LOSS_SPIKE,
             summary=(f"loss {rec.loss:.4g} at step {rec.step} stayed above {threshold:.4g} (baseline median "
                      f"{median_:.4g}) for {count} records since step {onset}"),
             source=source, step=rec.step, onset_step=onset, value=rec.loss,

@@ -41,7 +41,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..events import MetricRecord
+from ..core.observations import MetricRecord
 
 COUNTER_KEY = "epoch_counter"  # extra: the counter as printed (set by the parser, kept here)
 CONVERTED_KEY = "step_from_epoch"  # extra: 1.0 when the step was computed here

@@ -19,7 +19,7 @@ import os
 
 import structlog
 
-from ..events import MetricRecord
+from ..core.observations import MetricRecord
 from ..logsite import log_helper
 from .filerows import FileState, csv_records, jsonl_records, set_header
 from .mlflowstore import StoreUnreadable, file_store_key, file_store_records

@@ -16,7 +16,7 @@ import io
 import json
 from dataclasses import dataclass, field
 
-from ..events import MetricRecord
+from ..core.observations import MetricRecord
 from .mlflowstore import MlflowDb
 from .readbounds import BoundedLines
 from .records import canonical_key, make_record, parse_number, record_from_mapping

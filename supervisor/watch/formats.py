@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
-from ..events import MetricRecord
+from ..core.observations import MetricRecord
 from .records import (KEYS, LOSS_FIELDS, NUM, NUM_END, canonical_key, field_of, make_record, nan_noun_after,
                       parse_human, parse_number, record_from_mapping)
 
@@ -97,7 +98,8 @@ def parse_nanogpt(line: str, source: str = "", rank: int | None = None) -> Metri
         if mfu is not None:
             extra["mfu"] = float(mfu)
         # The hot path of the commonest format: built directly, not through make_record.
-        return MetricRecord(step=int(m.group(1)), loss=loss, rank=rank, source=source, fmt="nanogpt", extra=extra)
+        return MetricRecord(step=int(m.group(1)), loss=loss, rank=rank, source=source, fmt="nanogpt", extra=extra,
+                            at=time.time())
     m = _NANOGPT_EVAL.match(line)
     if m:
         return make_record({"step": int(m.group(1)), "loss": parse_number(m.group(2)),
@@ -208,7 +210,7 @@ def parse_bar(line: str, source: str = "", rank: int | None = None, nested: bool
         return make_record(values, "lightning" if le else "tqdm", source, rank, extra)
     if desc:
         return None
-    return MetricRecord(step=n, rank=rank, source=source, fmt="progress", extra={"total": float(total)})
+    return MetricRecord(at=time.time(), step=n, rank=rank, source=source, fmt="progress", extra={"total": float(total)})
 
 
 def parse_llmc(line: str, source: str = "", rank: int | None = None) -> MetricRecord | None:

@@ -60,7 +60,7 @@ from __future__ import annotations
 import ast
 import re
 
-from ..events import MetricRecord
+from ..core.observations import MetricRecord
 from .epochsteps import COUNTER_KEY
 from .records import NUM, NUM_END, canonical_key, make_record, nan_noun_after, parse_number, to_float
 

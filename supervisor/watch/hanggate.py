@@ -27,7 +27,8 @@ from typing import Callable
 
 import structlog
 
-from ..events import AttemptContext, Detection
+from ..events import AttemptContext
+from ..core.observations import Detection
 from .config import HeartbeatConfig
 from .look import LookResult, ProcessProbe, SystemProbe, take_look
 

@@ -56,7 +56,8 @@ from typing import Callable, Mapping
 import structlog
 
 from ..checkpoints.discovery import written_by_supervisor
-from ..events import AttemptContext, Cause, Detection, Emit, LineSink
+from ..events import AttemptContext, Cause, Emit, LineSink
+from ..core.observations import Detection
 from ..redact import redact_line
 from .config import HeartbeatConfig, client_env as client_env  # client_env: its old home
 from .hanggate import HangGate
@@ -384,7 +385,7 @@ class HeartbeatMonitor:
                                       "timeout_source": s.timeout_source, "last_step": s.last_step,
                                       "last_line": last_line}
         evidence = summary + (f"; last line: {last_line!r}" if last_line else "")
-        return Detection(cause=Cause.HANG, summary=summary, source="output", step=s.last_step,
+        return Detection(at=self._wall(), cause=Cause.HANG, summary=summary, source="output", step=s.last_step,
                          onset_step=s.last_step, value=round(s.silent_s, 3), evidence=evidence, details=details)
 
     def _hang(self, kind: str, r: _Rank | None, age: float, limit: float, src: str, summary: str) -> Detection:
@@ -392,7 +393,7 @@ class HeartbeatMonitor:
                                       "timeout_source": src}
         if r is not None:
             details.update(rank=r.rank, pid=r.pid, state=r.state)
-        return Detection(cause=Cause.HANG, summary=summary, source="heartbeat",
+        return Detection(at=self._wall(), cause=Cause.HANG, summary=summary, source="heartbeat",
                          step=r.step if r else None, onset_step=r.step if r else None, value=round(age, 3),
                          evidence=summary, details=details)
 

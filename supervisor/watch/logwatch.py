@@ -16,7 +16,8 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import structlog
 
-from ..events import Cause, Detection, Emit, MetricRecord, MetricSink
+from ..events import Cause, Emit, MetricSink
+from ..core.observations import Detection, MetricRecord
 from ..logsite import log_helper
 from .config import DetectorsConfig
 from .detectors import Detector, build_detectors

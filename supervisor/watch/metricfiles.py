@@ -50,10 +50,10 @@ import time
 from collections import deque
 from pathlib import Path
 from typing import Mapping, Protocol, Sequence
-
 import structlog
 
-from ..events import AttemptContext, Emit, MetricRecord
+from ..events import AttemptContext, Emit
+from ..core.observations import MetricRecord
 from .dirwake import DirWake
 from .candidates import file_id, own_output
 from .fileread import FileReader, source_of

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from ..events import MetricRecord
+from ..core.observations import MetricRecord
 from .records import canonical_key, make_record, parse_number
 
 DB_NAMES = frozenset({"mlflow.db"})

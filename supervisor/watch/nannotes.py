@@ -29,7 +29,8 @@ import math
 import re
 from typing import Mapping
 
-from ..events import Cause, Detection, MetricRecord
+from ..events import Cause
+from ..core.observations import Detection, MetricRecord
 from ..redact import redact_line
 from .blind import Notice
 from .textrules import NAN_TEXT_KEYWORDS, NAN_TEXT_RULES

@@ -75,9 +75,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import time
 from typing import Sequence
 
-from ..events import MetricRecord
+from ..core.observations import MetricRecord
 from .formats import (
     ANSI_RE,
     RANK_PREFIX,
@@ -290,7 +291,7 @@ class MetricParser:
         step = values.get("step")
         rk = values.get("rank")
         return MetricRecord(
-            step=int(step) if isinstance(step, float) and math.isfinite(step) else None,
+            at=time.time(), step=int(step) if isinstance(step, float) and math.isfinite(step) else None,
             loss=values.get("loss"), grad_norm=values.get("grad_norm"), lr=values.get("lr"),  # type: ignore[arg-type]
             tokens_per_sec=values.get("tokens_per_sec"), val_loss=values.get("val_loss"),  # type: ignore[arg-type]
             rank=int(rk) if isinstance(rk, float) and math.isfinite(rk) else rank,

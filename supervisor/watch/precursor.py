@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from ..events import MetricRecord
+from ..core.observations import MetricRecord
 from .config import PrecursorConfig
 
 SCALE_KEYS = ("loss_scale", "scale")

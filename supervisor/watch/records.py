@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from typing import Mapping
 
-from ..events import MetricRecord
+from ..core.observations import MetricRecord
 from .epochsteps import COUNTER_KEY
 
 # A number as trainers print it, non-finite spellings included. Each character has one way to match
@@ -164,7 +165,7 @@ def make_record(values: Mapping[str, object], fmt: str, source: str, rank: int |
     step = values.get("step")
     rk = values.get("rank")
     return MetricRecord(
-        step=int(step) if isinstance(step, (int, float)) and math.isfinite(step) else None,
+        at=time.time(), step=int(step) if isinstance(step, (int, float)) and math.isfinite(step) else None,
         loss=values.get("loss"),  # type: ignore[arg-type]
         grad_norm=values.get("grad_norm"),  # type: ignore[arg-type]
         lr=values.get("lr"),  # type: ignore[arg-type]

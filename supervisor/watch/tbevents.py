@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Iterator
 
 import google_crc32c
 
-from ..events import MetricRecord
+from ..core.observations import MetricRecord
 from .records import canonical_key, make_record
 
 def crc32c(data: bytes) -> int:

@@ -97,7 +97,7 @@ def test_relative_paths_from_elsewhere_give_the_daemons_verdicts_and_nan_is_not_
 
 def test_a_nan_eval_beside_a_finite_training_loss_is_a_broken_evaluation_not_unready_weights():
     from supervisor.checkpoints.quicklist import ValMetric, metrics_from_records, nonfinite_metric, val_metric_for
-    from supervisor.events import MetricRecord
+    from supervisor.core.observations import MetricRecord
 
     nan_val = ValMetric("val_loss", float("nan"), 300)
     # No training loss known, or a non-finite one, or one from before the eval: not ready.
@@ -105,6 +105,6 @@ def test_a_nan_eval_beside_a_finite_training_loss_is_a_broken_evaluation_not_unr
     assert nonfinite_metric(nan_val, ValMetric("loss", float("inf"), 300))
     assert nonfinite_metric(nan_val, ValMetric("loss", 2.1, 250))
     # An empty validation loader: NaN at every eval, the training loss finite at that step: ready.
-    seen = metrics_from_records([MetricRecord(step=300, loss=2.1), MetricRecord(step=300, loss=None, val_loss=float("nan"))])
+    seen = metrics_from_records([MetricRecord(step=300, loss=2.1, at=0.0), MetricRecord(step=300, loss=None, val_loss=float("nan"), at=0.0)])
     train = val_metric_for(300, "loss", None, seen)
     assert train is not None and nonfinite_metric(val_metric_for(300, "val_loss", None, seen), train) == ""

@@ -19,7 +19,7 @@ from supervisor.core.messages import (ArmTimer, Boot, ConditionCleared, Detected
                                       Launch, Mode, PrepareLaunch, Prepared, Record, Reply, RestartRequested, Resume,
                                       ShutdownResult, Spawned, StopFinished, StopJob, StopRequested, TimerFired, Finish)
 from supervisor.daemon.status import status_dict
-from supervisor.events import Detection
+from supervisor.core.observations import Detection
 from supervisor.ops.metrics import Metrics
 
 W0 = 1_700_000_000.0  # wall clock of the script

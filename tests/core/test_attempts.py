@@ -9,7 +9,7 @@ from supervisor.core import attempts
 from supervisor.core.causes import Action, Cause
 from supervisor.core.messages import FRESH_START, Mode, Resume
 from supervisor.core.policy import AppliedRemedies, Decision
-from supervisor.events import Detection
+from supervisor.core.observations import Detection
 from tests.core.test_machine import cfg
 
 
@@ -34,8 +34,8 @@ def test_progress_needs_a_metric_and_a_step_past_the_resume_point():
 
 
 def test_onset_prefers_the_root_failure_and_its_onset():
-    root = Detection(Cause.LOSS_SPIKE, "spike", "log", step=50, onset_step=42)
-    late = Detection(Cause.NAN, "nan", "log", step=60)
+    root = Detection(Cause.LOSS_SPIKE, "spike", "log", step=50, onset_step=42, at=0.0)
+    late = Detection(Cause.NAN, "nan", "log", step=60, at=0.0)
     assert attempts.onset_step(root, late) == 42
     assert attempts.onset_step(None, late) == 60
     assert attempts.onset_step(None, None) is None

@@ -16,7 +16,7 @@ from supervisor.core.messages import (ArmTimer, Boot, CheckEnd, CheckpointReques
                                       ShutdownResult, SignalJob, Spawned, SpawnFailed, StopFinished, StopJob,
                                       StopRequested, TimerFired)
 from supervisor.errors import Conflict, GiveUp
-from supervisor.events import Detection
+from supervisor.core.observations import Detection
 from supervisor.health.gate import GateVerdict
 from supervisor.core.policy import PastAttempt
 from supervisor.core.runend import EndFacts, SourceSeen, WeightsCheck

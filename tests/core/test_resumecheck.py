@@ -6,7 +6,7 @@ import pytest
 from supervisor.config.model import ValidationConfig
 from supervisor.core.resumecheck import MIN_GAP, resume_ignored
 from supervisor.core.validation import Baseline, Validator
-from supervisor.events import MetricRecord
+from supervisor.core.observations import MetricRecord
 
 
 @pytest.mark.parametrize("resume, first, ignored", [

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from supervisor.config.model import ValidationConfig
-from supervisor.events import MetricRecord
+from supervisor.core.observations import MetricRecord
 from supervisor.core.validation import Baseline, Validator, _merge
 
 
@@ -107,13 +107,13 @@ def test_no_step_within_the_first_step_timeout_fails_and_an_early_end_is_incompl
 
 
 def test_two_records_of_one_step_are_merged():
-    a = MetricRecord(step=5, loss=2.0, source="stdout", extra={"lr": 1.0})
-    b = MetricRecord(step=5, grad_norm=1.5, tokens_per_sec=10.0, source="client", extra={"mfu": 0.4})
+    a = MetricRecord(step=5, loss=2.0, source="stdout", extra={"lr": 1.0}, at=0.0)
+    b = MetricRecord(step=5, grad_norm=1.5, tokens_per_sec=10.0, source="client", extra={"mfu": 0.4}, at=0.0)
     m = _merge(a, b)
     assert (m.loss, m.grad_norm, m.tokens_per_sec, m.source) == (2.0, 1.5, 10.0, "client")
     assert dict(m.extra) == {"lr": 1.0, "mfu": 0.4}
     v = validator(ValidationConfig(steps=1))
-    verdict = v.feed([MetricRecord(step=101, loss=2.0), MetricRecord(step=101, grad_norm=1.0)], now=1.0)
+    verdict = v.feed([MetricRecord(step=101, loss=2.0, at=0.0), MetricRecord(step=101, grad_norm=1.0, at=0.0)], now=1.0)
     assert verdict is not None and {c.name: c.value for c in verdict.checks}["grad_norm"] == 1.0
 
 

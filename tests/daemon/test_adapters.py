@@ -15,7 +15,7 @@ from supervisor.daemon.checkpointconcern import CheckpointConcern, remedy_keys
 from supervisor.daemon.effects import AttemptField
 from supervisor.daemon.healthconcern import HealthConcern
 from supervisor.daemon.ports import RunView
-from supervisor.events import Detection, MetricRecord
+from supervisor.core.observations import Detection, MetricRecord
 from supervisor.job.output import SinkFanout
 from tests.helpers import ckpt_factory as F
 

@@ -14,12 +14,13 @@ from supervisor.core.messages import EndAttempt, Resume
 from supervisor.daemon.concernset import ConcernSet
 from supervisor.daemon.monitors import AttemptMonitors
 from supervisor.daemon.ports import Concern
-from supervisor.events import AttemptContext, Emit, MetricRecord
+from supervisor.events import AttemptContext, Emit
+from supervisor.core.observations import MetricRecord
 
 RESUME = Resume(None, None, "fresh")
 CTX = AttemptContext("run-1", 1, 4000, 4000, 0.0, Path("/state"), Path("/state/hb"), None, None, None)
 END = EndAttempt(1, Cause.CRASH, Action.RESTART, "exit 1", True)
-BATCH = [MetricRecord(step=1, loss=2.0)]
+BATCH = [MetricRecord(step=1, loss=2.0, at=0.0)]
 
 
 class Recording(Concern):

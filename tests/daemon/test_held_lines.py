@@ -2,13 +2,14 @@
 meanwhile is held and reaches the real detectors, in order, once the watcher is attached."""
 from __future__ import annotations
 
+import time
 import threading
 from pathlib import Path
 
 import pytest
 
 from supervisor.daemon.watchconcern import HeldLines
-from supervisor.events import Detection, MetricRecord
+from supervisor.core.observations import Detection, MetricRecord
 from supervisor.watch.config import DetectorsConfig
 from supervisor.watch.logwatch import LogWatcher
 
@@ -24,7 +25,7 @@ def _watcher() -> tuple[LogWatcher, list[MetricRecord], list[Detection]]:
 def test_lines_before_the_watcher_exists_reach_its_detectors_in_order() -> None:
     held = HeldLines()
     held.feed("stdout", ["iter 1: loss 2.5000, time 10.00ms", "iter 2: loss 2.4000, time 10.00ms"])
-    held.feed_records("file:metrics.csv", [MetricRecord(step=3, loss=2.3, fmt="csv")])
+    held.feed_records("file:metrics.csv", [MetricRecord(step=3, loss=2.3, fmt="csv", at=time.time())])
     held.feed("stderr", ["iter 4: loss nan, time 10.00ms"])
     w, metrics, found = _watcher()
     held.attach(w)

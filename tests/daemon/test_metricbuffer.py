@@ -4,14 +4,14 @@ from __future__ import annotations
 import threading
 
 from supervisor.daemon.metricbuffer import (BUFFER_RECORDS, DROPPED_NOTICE_S, METRIC_CHUNK, MetricBuffer)
-from supervisor.events import MetricRecord
+from supervisor.core.observations import MetricRecord
 from tests.util import wait_for
 
 
 def test_records_are_taken_in_order_a_chunk_at_a_time_and_kept_in_the_history():
     b = MetricBuffer()
     for i in range(METRIC_CHUNK + 5):
-        b.put(MetricRecord(i, loss=1.0))
+        b.put(MetricRecord(i, loss=1.0, at=0.0))
     first = b.take()
     assert [r.step for r in first] == list(range(METRIC_CHUNK))
     assert [r.step for r in b.take()] == list(range(METRIC_CHUNK, METRIC_CHUNK + 5))
@@ -21,7 +21,7 @@ def test_records_are_taken_in_order_a_chunk_at_a_time_and_kept_in_the_history():
 
 def test_a_burst_over_the_buffer_keeps_the_newest_and_counts_the_rest():
     b = MetricBuffer(put_wait_s=0.05)  # a loop that takes nothing: the producers wait once, then drop
-    writers = [threading.Thread(target=lambda base=base: [b.put(MetricRecord(base + i)) for i in range(40_000)])
+    writers = [threading.Thread(target=lambda base=base: [b.put(MetricRecord(base + i, at=0.0)) for i in range(40_000)])
                for base in (0, 1_000_000, 2_000_000)]
     for w in writers:
         w.start()
@@ -33,7 +33,7 @@ def test_a_burst_over_the_buffer_keeps_the_newest_and_counts_the_rest():
 def test_a_producer_waits_for_the_loop_to_make_room_so_a_burst_loses_nothing():
     b = MetricBuffer()
     n = BUFFER_RECORDS + 3 * METRIC_CHUNK
-    writer = threading.Thread(target=lambda: [b.put(MetricRecord(i)) for i in range(n)])
+    writer = threading.Thread(target=lambda: [b.put(MetricRecord(i, at=0.0)) for i in range(n)])
     writer.start()
     wait_for(lambda: len(b.waiting) == BUFFER_RECORDS, 30, what="the buffer filling up")
     taken: list[int] = []
@@ -47,7 +47,7 @@ def test_the_loop_itself_never_waits_on_a_full_buffer():
     b = MetricBuffer()
     b.take()  # this thread is the loop's
     for i in range(BUFFER_RECORDS + 10):
-        b.put(MetricRecord(i))
+        b.put(MetricRecord(i, at=0.0))
     assert b.dropped == 10 and b.waiting[0].step == 10
 
 

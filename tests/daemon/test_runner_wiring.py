@@ -3,6 +3,7 @@ validation and launch spec; fake job, ledger, checkpoints, gate and clock. Detec
 -> stop -> the checkpoint chosen -> the next launch, in milliseconds."""
 from __future__ import annotations
 
+import time
 import signal
 import threading
 from pathlib import Path
@@ -270,8 +271,8 @@ def test_a_bug_in_a_request_is_an_internal_error_not_a_refusal(tmp_path: Path):
 
 def test_detection_to_decision_uses_the_registry_for_warnings(tmp_path: Path):
     d = daemon(tmp_path)
-    from supervisor.events import Detection
+    from supervisor.core.observations import Detection
 
-    d.runner.emit(Detection(Cause.DISK_LOW, "3 GB free", "host"))
+    d.runner.emit(Detection(Cause.DISK_LOW, "3 GB free", "host", at=time.time()))
     d.step()
     assert "detection_warned" in d.events() and d.runner.state is State.STARTING

@@ -17,7 +17,7 @@ from typing import Sequence
 import pytest
 import torch
 
-from supervisor.events import MetricRecord
+from supervisor.core.observations import MetricRecord
 from supervisor.watch.metricfiles import MetricFiles
 from supervisor.watch.tbevents import read_file
 from supervisor.ops.control import ControlError, DaemonNotRunning

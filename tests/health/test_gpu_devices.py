@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.events import AttemptContext, Detection
+from supervisor.events import AttemptContext
+from supervisor.core.observations import Detection
 from supervisor.health.config import GpuConfig
 from supervisor.health.devices import resolve, visible_list
 from supervisor.health.gpumonitor import GpuMonitor

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.config.schema import Problem, build
-from supervisor.events import Action, AttemptContext, Cause, Detection
+from supervisor.events import Action, AttemptContext, Cause
+from supervisor.core.observations import Detection
 from supervisor.health.config import GpuConfig
 from supervisor.health.gpu import GpuBlindError
 from supervisor.health.gpufake import FakeBackend

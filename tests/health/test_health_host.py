@@ -10,7 +10,8 @@ from typing import Iterator
 
 import pytest
 
-from supervisor.events import Action, AttemptContext, Cause, Detection
+from supervisor.events import Action, AttemptContext, Cause
+from supervisor.core.observations import Detection
 from supervisor.health.config import GpuConfig, HostConfig
 from supervisor.health.gpufake import FakeBackend
 from supervisor.health.gpumonitor import GpuMonitor

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.events import AttemptContext, Cause, Detection
+from supervisor.events import AttemptContext, Cause
+from supervisor.core.observations import Detection
 from supervisor.health.config import GpuConfig
 from supervisor.health.gate import LaunchGate, run_gate
 from supervisor.health.gpu import GpuDeviceError, GpuEventKind

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from supervisor.events import MetricRecord
+from supervisor.core.observations import MetricRecord
 from supervisor.watch.blind import BlindWatch, guess_regex, redact
 from supervisor.watch.config import DetectorsConfig, ParsersConfig
 from supervisor.watch.logwatch import LogWatcher

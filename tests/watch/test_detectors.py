@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from supervisor.events import Action, Cause, Detection, MetricRecord
+from supervisor.events import Action, Cause
+from supervisor.core.observations import Detection, MetricRecord
 from supervisor.watch.config import DetectorsConfig, LossSpikeConfig, NanDetectorConfig, ParsersConfig, TextDetectorConfig
 from supervisor.watch.logwatch import LogWatcher
 

@@ -2,7 +2,8 @@
 parser, LogWatcher and NaN detector: the onset a rollback reads and the steps validation compares."""
 from __future__ import annotations
 
-from supervisor.events import Cause, Detection, MetricRecord
+from supervisor.events import Cause
+from supervisor.core.observations import Detection, MetricRecord
 from supervisor.watch.config import DetectorsConfig
 from supervisor.watch.epochsteps import MAX_SOURCES, EpochSteps
 from supervisor.watch.logwatch import LogWatcher
@@ -124,11 +125,11 @@ def test_lightning_s_bar_counts_the_epoch_s_batches() -> None:
 
 def test_sources_are_bounded() -> None:
     es = EpochSteps()
-    rec = MetricRecord(step=5, loss=1.0, fmt="generic", extra={"epoch": 0.0, "epoch_counter": 5.0})
+    rec = MetricRecord(step=5, loss=1.0, fmt="generic", extra={"epoch": 0.0, "epoch_counter": 5.0}, at=0.0)
     for i in range(MAX_SOURCES * 3):
         assert es.globalize(f"file:{i}", rec).step == 5
     assert len(es._by) == MAX_SOURCES
-    odd = MetricRecord(step=5, loss=1.0, fmt="generic", extra={"epoch": 0.5, "epoch_counter": 5.0})
+    odd = MetricRecord(step=5, loss=1.0, fmt="generic", extra={"epoch": 0.5, "epoch_counter": 5.0}, at=0.0)
     assert es.globalize("x", odd) is odd  # a fractional epoch (HF's) is no epoch index
 
 

@@ -27,7 +27,8 @@ from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from supervisor.events import Cause, Detection
+from supervisor.events import Cause
+from supervisor.core.observations import Detection
 from supervisor.watch.metricfiles import READ_BUDGET
 from supervisor.watch.readbounds import MAX_RECORD_LINE
 from supervisor.watch.tbevents import KEEP_RECORD, masked_crc

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from supervisor.events import Cause, Detection, MetricRecord
+from supervisor.events import Cause
+from supervisor.core.observations import Detection, MetricRecord
 from supervisor.watch.config import DetectorsConfig
 from supervisor.watch.generic import parse_generic, strip_prefix
 from supervisor.watch.logwatch import LogWatcher

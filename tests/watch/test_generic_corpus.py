@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from supervisor.events import Cause, Detection, MetricRecord
+from supervisor.events import Cause
+from supervisor.core.observations import Detection, MetricRecord
 from supervisor.watch.config import DetectorsConfig
 from supervisor.watch.logwatch import LogWatcher
 from tests.watch.test_parsers_corpus import CORPUS, MANIFEST, parse_file, segments

@@ -8,7 +8,8 @@ import math
 import subprocess
 import sys
 
-from supervisor.events import Cause, Detection, MetricRecord
+from supervisor.events import Cause
+from supervisor.core.observations import Detection, MetricRecord
 from supervisor.watch.config import DetectorsConfig
 from supervisor.watch.generic import MAX_DICT_CHARS, trailing_dict
 from supervisor.watch.logwatch import LogWatcher

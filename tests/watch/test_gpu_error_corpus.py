@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.events import Cause, Detection
+from supervisor.events import Cause
+from supervisor.core.observations import Detection
 from supervisor.watch.config import DetectorsConfig
 from supervisor.watch.logwatch import LogWatcher
 

@@ -4,13 +4,15 @@ bound is reached (a look's busy verdict past it, or a poll between looks). The g
 the ``now`` it is offered; only the look's short sampling window is real."""
 from __future__ import annotations
 
+import time
 import itertools
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from supervisor.core.causes import Cause
-from supervisor.events import AttemptContext, Detection
+from supervisor.events import AttemptContext
+from supervisor.core.observations import Detection
 from supervisor.watch.config import HeartbeatConfig
 from supervisor.watch.hanggate import HangGate
 from supervisor.watch.look import LookResult, Stack
@@ -50,7 +52,7 @@ def _gate(tmp_path: Path) -> tuple[HangGate, list[float]]:
     return gate, busy
 
 
-HANG = Detection(Cause.HANG, "no output for 300 s (timeout 300 s)", "output", details={"timeout_s": 300.0})
+HANG = Detection(Cause.HANG, "no output for 300 s (timeout 300 s)", "output", details={"timeout_s": 300.0}, at=time.time())
 
 
 def _look_done(gate: HangGate) -> LookResult | None:

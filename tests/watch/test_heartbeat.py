@@ -13,7 +13,8 @@ from typing import Any, Iterator, Sequence
 
 import pytest
 
-from supervisor.events import AttemptContext, Cause, Detection
+from supervisor.events import AttemptContext, Cause
+from supervisor.core.observations import Detection
 from supervisor.watch import stacks
 from supervisor.watch.config import HeartbeatConfig
 from supervisor.watch.heartbeat import HeartbeatMonitor, client_env

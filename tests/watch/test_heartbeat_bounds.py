@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor.events import Detection
+from supervisor.core.observations import Detection
 from supervisor.watch.config import HeartbeatConfig
 from supervisor.watch.hbfiles import LIST_PER_CHECK, MAX_RANK_FILES, RECORD_READ
 from supervisor.watch.heartbeat import HeartbeatMonitor

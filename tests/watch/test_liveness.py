@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from supervisor.events import Cause, Detection
+from supervisor.events import Cause
+from supervisor.core.observations import Detection
 from supervisor.watch.config import DetectorsConfig, HeartbeatConfig
 from supervisor.watch.heartbeat import HeartbeatMonitor
 from supervisor.watch.liveness import Cadence, OutputLiveness

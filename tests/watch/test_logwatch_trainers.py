@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from supervisor.events import Cause, Detection, MetricRecord
+from supervisor.events import Cause
+from supervisor.core.observations import Detection, MetricRecord
 from supervisor.job.linesplit import LineSplitter
 from supervisor.watch.config import DetectorsConfig
 from supervisor.watch.logwatch import LogWatcher

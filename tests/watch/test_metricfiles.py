@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.events import Cause, Detection, MetricRecord
+from supervisor.events import Cause
+from supervisor.core.observations import Detection, MetricRecord
 from supervisor.watch.config import DetectorsConfig
 from supervisor.watch.logwatch import LogWatcher
 from supervisor.watch.metricfiles import JSONL_PROBE_LINES, MetricFiles

@@ -10,13 +10,15 @@
 """
 from __future__ import annotations
 
+import time
 import math
 import re
 from pathlib import Path
 
 import pytest
 
-from supervisor.events import Cause, Detection, MetricRecord
+from supervisor.events import Cause
+from supervisor.core.observations import Detection, MetricRecord
 from supervisor.watch.config import DetectorsConfig, NanDetectorConfig
 from supervisor.watch.logwatch import LogWatcher
 from supervisor.watch.nannotes import is_eval_key
@@ -164,12 +166,12 @@ def test_ever_new_nan_eval_keys_are_said_a_bounded_number_of_times() -> None:
 def test_a_nonfinite_eval_scalar_in_a_metric_file_is_the_same_warning() -> None:
     # TensorBoard / CSV / JSONL records (metricfiles.py) take the same path as parsed lines.
     w, dets, _ = watch()
-    w.feed_records("tb:/run/events.out.tfevents.1", [MetricRecord(step=49, loss=2.1),
-                                                      MetricRecord(step=50, val_loss=math.nan)])
+    w.feed_records("tb:/run/events.out.tfevents.1", [MetricRecord(step=49, loss=2.1, at=time.time()),
+                                                      MetricRecord(step=50, val_loss=math.nan, at=time.time())])
     assert dets == []
     [n] = w.take_notices()
     assert n.event == "eval_nonfinite" and n.data["step"] == 50 and n.data["source"] == "tb:/run/events.out.tfevents.1"
-    w.feed_records("tb:/run/events.out.tfevents.1", [MetricRecord(step=60, loss=math.inf)])
+    w.feed_records("tb:/run/events.out.tfevents.1", [MetricRecord(step=60, loss=math.inf, at=time.time())])
     assert [(d.cause, d.step) for d in dets] == [(Cause.NAN, 60)]  # the training loss: a rollback
 
 

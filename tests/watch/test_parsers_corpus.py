@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.events import MetricRecord
+from supervisor.core.observations import MetricRecord
 from supervisor.watch.parsers import METRIC_KEYWORDS, MetricParser
 from tests.util import known
 

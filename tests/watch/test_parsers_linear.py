@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from supervisor.events import Cause, Detection, MetricRecord
+from supervisor.events import Cause
+from supervisor.core.observations import Detection, MetricRecord
 from supervisor.watch.config import DetectorsConfig
 from supervisor.watch.logwatch import LogWatcher
 from supervisor.watch.parsers import MetricParser

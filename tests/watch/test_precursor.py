@@ -6,7 +6,7 @@ import dataclasses
 import math
 import random
 
-from supervisor.events import MetricRecord
+from supervisor.core.observations import MetricRecord
 from supervisor.watch.config import PrecursorConfig
 from supervisor.watch.precursor import PrecursorWatch
 

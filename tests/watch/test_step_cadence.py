@@ -10,7 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from supervisor.cli.render import status_table
-from supervisor.events import Cause, Detection, MetricRecord
+from supervisor.events import Cause
+from supervisor.core.observations import Detection, MetricRecord
 from supervisor.watch.config import DetectorsConfig, HeartbeatConfig
 from supervisor.watch.heartbeat import HeartbeatMonitor
 from supervisor.watch.liveness import OutputLiveness
