@@ -31,11 +31,11 @@ from typing import Any, Callable, Mapping
 import structlog
 
 from ..core.causes import Cause, action_named
-from ..errors import GiveUp as RunGaveUp, SupervisorError
+from ..errors import GiveUp, SupervisorError
 from ..logsite import log_helper
 from .agentlease import AgentLease
 from .agentreads import AgentReads
-from .coord import Campaign, Command, Coordinator, GiveUp, Join, RequestEnd, Rules, StopLocal, WritePlan
+from .coord import Abandon, Campaign, Command, Coordinator, Join, RequestEnd, Rules, StopLocal, WritePlan
 from .etcd import EtcdClient, same
 from .etcdtypes import EtcdError, EtcdUnavailable, KeyRange, KeyValue
 from .launchreport import LaunchReport
@@ -51,7 +51,7 @@ SETTLE_S = 0.02  # after a change, wait this long for the rest of its burst befo
 # urgent one, a single write: the plan, an end request, the leader key)
 
 
-class ClusterGaveUp(RunGaveUp):
+class ClusterGaveUp(GiveUp):
     """Raised by the launch barrier when the run gives up (fewer than min_nodes came back, or a
     node gave up); the daemon then gives up too (exit 3), booked as ``node_lost``."""
 
@@ -95,7 +95,7 @@ class ClusterAgent(AgentReads, AgentLease):
         self.launches = LaunchReport(client, keys, node_id, rules.wait_for_nodes_s, self._emit)  # differing launches
         self._reachable = True
         self._cond = threading.Condition()
-        self._outcome: Join | GiveUp | None = None
+        self._outcome: Join | Abandon | None = None
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._end_thread: threading.Thread | None = None
@@ -205,7 +205,7 @@ class ClusterAgent(AgentReads, AgentLease):
             while self._outcome is None and not self._closing.is_set():
                 self._cond.wait(timeout=1.0)
             outcome = self._outcome
-        if isinstance(outcome, GiveUp):
+        if isinstance(outcome, Abandon):
             raise ClusterGaveUp(outcome.reason)
         if not isinstance(outcome, Join):
             raise ClusterClosed("the cluster agent closed while waiting for a generation")
@@ -371,7 +371,7 @@ class ClusterAgent(AgentReads, AgentLease):
             self._wake.set()
             self._emit("cluster_generation_joined", "info", f"joining generation {cmd.plan.gen} as rank {cmd.rank} "
                        f"of {len(cmd.plan.nodes)}: {cmd.plan.reason}", rank=cmd.rank, **_plan_data(cmd.plan))
-        elif isinstance(cmd, GiveUp):
+        elif isinstance(cmd, Abandon):
             with self._cond:
                 self._outcome = cmd
                 self._cond.notify_all()

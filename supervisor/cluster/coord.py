@@ -78,11 +78,13 @@ class Join:
 
 
 @dataclass(frozen=True)
-class GiveUp:
+class Abandon:
+    """Give the run up on every node (the plan's ``give_up`` reason); the daemon then raises ``GiveUp``."""
+
     reason: str
 
 
-Command = Campaign | RequestEnd | StopLocal | WritePlan | Join | GiveUp
+Command = Campaign | RequestEnd | StopLocal | WritePlan | Join | Abandon
 
 
 def choose_step(records: Iterable[NodeRecord], action: Action, onset_step: int | None) -> int | None:
@@ -160,7 +162,7 @@ class Coordinator:
         if me.phase is Phase.WAITING and plan is not None and plan.gen > me.gen and plan.gen > self.joined:
             if plan.give_up:
                 self.joined = plan.gen
-                return [GiveUp(plan.give_up)]
+                return [Abandon(plan.give_up)]
             if self.node_id in plan.nodes:
                 self.joined = plan.gen
                 if plan.lives and plan.life_of(self.node_id) != me.life:

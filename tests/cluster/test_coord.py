@@ -7,7 +7,7 @@ import json
 import pytest
 
 from supervisor.core.causes import ActionSpec, Action, forget_action, new_action, register_action
-from supervisor.cluster.coord import (NODE_LOST, Campaign, Coordinator, GiveUp, Join, RequestEnd, Rules, StopLocal,
+from supervisor.cluster.coord import (NODE_LOST, Abandon, Campaign, Coordinator, Join, RequestEnd, Rules, StopLocal,
                                       WritePlan, choose_step)
 from supervisor.cluster.runkeys import EndRequest, Keys, NodeRecord, Phase, Plan, View
 
@@ -160,7 +160,7 @@ def test_a_node_that_gave_up_or_asked_to_give_up_ends_the_run_everywhere() -> No
     assert wp.plan.give_up and "n3 gave up" in wp.plan.give_up
     follower = Coordinator("n2", RULES)
     v2 = view(rec("n2", Phase.WAITING, 1), plan=wp.plan)
-    assert only(follower.step(v2, rec("n2", Phase.WAITING, 1), 0.0), GiveUp).reason == wp.plan.give_up
+    assert only(follower.step(v2, rec("n2", Phase.WAITING, 1), 0.0), Abandon).reason == wp.plan.give_up
 
 
 def test_cut_off_a_healthy_job_runs_until_a_generation_without_it_could_start_then_fences() -> None:
