@@ -1,10 +1,9 @@
 """Numbers as people read them: byte sizes and durations (the CLI, status, checkpoint listings),
-and the one spelling of a value in every output (:func:`value`), with the control bytes of text
-the job or the filesystem chose escaped (:func:`escaped`)."""
+and the one spelling of a value in every output (:func:`value`). Text the job or the filesystem
+chose is escaped by :mod:`supervisor.textescape`."""
 from __future__ import annotations
 
 import enum
-import re
 from typing import Any
 
 from . import strictjson
@@ -68,16 +67,3 @@ def durations_by(mapping: Any) -> str:
     rest = [f"{k} {value(v)}" for k, v in mapping.items() if k not in nums]
     return ", ".join([f"{k} {duration(v)}" for k, v in sorted(nums.items(), key=lambda kv: -kv[1])] + rest)
 
-
-# A control byte in a value the job or the filesystem chose (a file named "train\nevent=gave_up
-# ...\x1b[2J.log", a reason quoting it) would forge a line or drive the operator's terminal: C0
-# and C1 controls, DEL and the Unicode line separators are written as escapes (\n, \x1b), as the
-# journal and the console write them (logsetup.escape_controls, narration.terminal_safe). Visible,
-# not dropped: a forged name is a finding. The --json output escapes them as JSON does.
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def escaped(text: Any) -> str:
-    """``text`` fit for one line of a terminal: every control character written as an escape."""
-    s = str(text)
-    return _CONTROLS.sub(lambda m: repr(m.group())[1:-1], s) if _CONTROLS.search(s) else s

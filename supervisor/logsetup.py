@@ -9,7 +9,8 @@ them); JSON on request. In every format:
 - a key whose value is None is left out (no ``attempt=None``);
 - in logfmt a list or dict value is JSON (``argv="[\\"python\\",\\"train.py\\"]"``, quoted and
   escaped the logfmt way), never a Python repr; a control character in any value is written as
-  its escape (:func:`escape_controls`), so a job's text never forges a line or a field;
+  its escape (:mod:`supervisor.textescape`, bidi controls too), so a job's text never forges a line
+  or a field, nor reorders one;
 - ``log.exception(...)`` and ``exc_info=`` keep the traceback: the ``exception`` key holds it
   (logfmt escapes its newlines as ``\\n``; the console prints it below the line; the journal
   entry carries it in its MESSAGE and in ``TSUP_EXCEPTION``);
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from typing import Any, Callable, Mapping, MutableMapping, TextIO
 
@@ -33,6 +33,7 @@ from .humanize import value as spell
 from .narration import ConsoleRenderer, said_at_default
 from .job.consoleline import event_stream
 from .redact import redact_data
+from .textescape import Mode, escape
 
 Processor = Callable[[Any, str, MutableMapping[str, Any]], Any]
 _extra: list[Processor] = []
@@ -78,22 +79,6 @@ def format_tracebacks(logger: Any, name: str, ed: MutableMapping[str, Any]) -> M
     return ed
 
 
-# What a terminal, ``tail -f`` or a line-reading tool takes for a line break, a field separator or
-# the start of a control sequence, in a value the job wrote (a sample line, a detection's
-# evidence): written as an escape (``\r``, ``\x1b``, ``\u2028``), as the renderer writes ``\n``,
-# so no job text forges a line or drives a terminal. Any value: the job's text reaches many keys.
-_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
-_NAMED = {"\r": "\\r", "\t": "\\t"}
-
-
-def escape_controls(text: str) -> str:
-    """``text`` with every control character but the newline written as an escape."""
-    if not _CONTROL.search(text):
-        return text
-    return _CONTROL.sub(lambda m: _NAMED.get(m.group()) or (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                                                            else f"\\u{ord(m.group()):04x}"), text)
-
-
 _LOGFMT = structlog.processors.LogfmtRenderer(key_order=["event", "level", TIMESTAMP_KEY], drop_missing=True,
                                               bool_as_flag=False)
 
@@ -108,8 +93,8 @@ def render_logfmt(logger: Any, name: str, event_dict: Mapping[str, Any]) -> str:
     for k, v in ed.items():
         if not isinstance(v, (str, bool, int, float)):  # JSON, which any reader parses (a repr is Python's only)
             v = spell(v)
-        if isinstance(v, str):
-            v = escape_controls(v)
+        if isinstance(v, str):  # logfmt writes "\n" itself; a job's \r, ESC or bidi control is escaped
+            v = escape(v, Mode.FIELD)
         ed[k] = v
     for last in ("message", EXCEPTION_KEY, "stack"):
         if last in ed:

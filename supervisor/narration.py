@@ -17,12 +17,12 @@ is the structlog renderer ``logsetup`` uses for ``--log-format console``.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Mapping
 
 from .eventnames import EventName as E
 from .humanize import value as spell
+from .textescape import Mode, escape
 
 #: events whose own message is the narration, with the prefix that marks their kind
 SAID_AS_IS: Mapping[str, str] = {
@@ -105,30 +105,18 @@ def said_at_default(ed: Mapping[str, Any]) -> bool:
     return ed.get("event") in CONSOLE_KEPT or narrate(ed) is not None
 
 
-# What the job controls (evidence, a line, a file name) must not steer the user's terminal: an
-# escape sequence (a cursor move, a colour, a title) is dropped, any other control byte shown as
-# an escape, so a "\r" in a job's line cannot overwrite our sentence and a "\n" cannot forge one.
-# C1 controls too (a terminal takes U+0085 for a new line, U+009B for an escape's start), and the
-# Unicode line and paragraph separators (a new line to str.splitlines and many viewers).
-_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?")
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-#: values printed as they are: our own tracebacks, formatted below the sentence
+# What the job controls (evidence, a line, a file name) must not steer the user's terminal nor fool
+# their eye: a "\r" in a job's line cannot overwrite our sentence, a "\n" cannot forge one, a
+# RIGHT-TO-LEFT OVERRIDE cannot reorder it (supervisor/textescape.py says what is escaped and how).
+#: values printed on lines of their own: our tracebacks, formatted below the sentence
 _MULTILINE = frozenset({"exception", "stack"})
 
 
-def _clean(v: Any) -> Any:
-    if isinstance(v, str):
-        text = _ESCAPES.sub("", v)
-        if "\r" in text:  # a redrawn line (a progress bar): what a terminal would show of it
-            text = "\n".join(next((seg for seg in reversed(line.split("\r")) if seg), "")
-                              for line in text.split("\n"))
-        return _CONTROLS.sub(lambda m: repr(m.group())[1:-1], text) if _CONTROLS.search(text) else text
-    return v
-
-
 def terminal_safe(ed: Mapping[str, Any]) -> dict[str, Any]:
-    """The event with every string value fit for a terminal (:data:`_ESCAPES`, :data:`_CONTROLS`)."""
-    return {k: (v if k in _MULTILINE else _clean(v)) for k, v in ed.items()}
+    """The event with every string value fit for a terminal (:data:`Mode.TERMINAL`; a traceback
+    keeps its lines, :data:`Mode.FIELD`)."""
+    return {k: (escape(v, Mode.FIELD if k in _MULTILINE else Mode.TERMINAL) if isinstance(v, str) else v)
+            for k, v in ed.items()}
 
 
 def _value(v: Any) -> str:

@@ -99,3 +99,54 @@ def test_console_format_narrates(configured):
     lines = out.getvalue().splitlines()
     assert lines[0].endswith("] !! detected nan at step 5 (seen in stdout)")
     assert lines[1].strip() == "evidence: loss nan" and lines[2].strip() == "decision: rollback now"
+
+
+# The one escaper (supervisor/textescape.py): bidi controls and every other invisible or control
+# character of a job's text as a visible escape, in each of its three modes.
+BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
+
+
+def test_the_escaped_set_is_every_control_format_surrogate_and_separator_but_the_joiners() -> None:
+    import sys
+    import unicodedata
+
+    from supervisor.textescape import escape
+
+    keep = {"\u200c", "\u200d"}  # scripts and emoji need them to be drawn right
+    for n in range(sys.maxunicode + 1):
+        c = chr(n)
+        cat = unicodedata.category(c)
+        unsafe = cat in ("Cc", "Cf", "Cs", "Zl", "Zp") and c not in keep
+        # The set is Unicode 15's: a format character newer than this Python's tables reads as unassigned.
+        assert (escape(c) != c) == unsafe or (cat == "Cn" and escape(c) != c), f"U+{n:04X} {cat}"
+
+
+def test_each_mode_escapes_bidi_controls_visibly_and_keeps_printable_text() -> None:
+    from supervisor.textescape import Mode, escape, escaped
+
+    for c in BIDI:
+        for mode in Mode:
+            assert escape(f"step 10 {c}loss 2.3", mode) == f"step 10 \\u{ord(c):04x}loss 2.3", (mode, c)
+    line = "step 10 loss 2.31 ✓ 3.1 µs/tok 👨\u200d👩\u200d👧 شبكة"
+    assert all(escape(line, mode) is line for mode in Mode)  # nothing to do: the same object
+    assert escape("a\nb\r\tc\x1b[2J\x85\u2028\U000e0041\udc80") == "a\\nb\\r\\tc\\x1b[2J\\x85\\u2028\\U000e0041\\udc80"
+    assert escape("a\nb\x1b[2J\u202e", Mode.FIELD) == "a\nb\\x1b[2J\\u202e"  # its renderer writes "\n" itself
+    # A terminal's view: sequences dropped, a redrawn line its last drawing, then every line one line.
+    assert escape("\x1b[31mred\x1b[0m 10%\r 20%\u202e\n\x1b]0;title\x07x", Mode.TERMINAL) == " 20%\\u202e\\nx"
+    assert escaped(3) == "3" and escaped(f"train{BIDI[4]}.log") == "train\\u202e.log"
+
+
+def test_the_console_the_logfmt_line_and_the_journal_entry_escape_a_jobs_bidi_controls(configured, monkeypatch):
+    from supervisor.ops.journal import entry_fields
+
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    sample = "step 10 \u202eloss 2.3\u202c \u2066x\u2069"
+    for fmt in ("console", "logfmt", "json"):
+        out = configured(fmt)
+        structlog.get_logger("t").warning("metrics_blind", message=f"samples:\n  | {sample}", samples=[sample],
+                                          evidence=sample)
+        said = out.getvalue()
+        assert not any(c in said for c in BIDI) and "\\u202e" in said, (fmt, said)
+    fields = entry_fields({"event": "metrics_blind", "message": f"samples:\n  | {sample}", "evidence": sample})
+    assert fields["MESSAGE"] == "samples:\n  | step 10 \\u202eloss 2.3\\u202c \\u2066x\\u2069"
+    assert not any(c in v for v in fields.values() for c in BIDI)

@@ -25,7 +25,8 @@ from .discovery import CHECKPOINT_SUFFIXES, LAST_GOOD_DIR, QUARANTINE_DIR, is_te
 from .layouts import registry
 from .listing import newest_entries
 from .manifest import MANIFEST_SUFFIX, stat_record
-from ..humanize import escaped, size
+from ..humanize import size
+from ..textescape import escaped
 
 # A temp name that looks like a checkpoint's: a checkpoint suffix or a step folder's name.
 _STEP_DIR = re.compile(r"^(?:step|ckpt|checkpoint|iter|epoch|global_step)[-_]?(\d+)$")

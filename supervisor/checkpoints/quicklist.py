@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .loadtest import LoadTestResult
 from .. import strictjson
-from ..humanize import escaped
+from ..textescape import escaped
 
 MetricsSeen = Mapping[str, Sequence[tuple[int, float]]]  # name -> [(step, value), ...]
 
@@ -260,7 +260,7 @@ def _yn(v: bool | None) -> str:
 def render_table(rows: Sequence[Readiness]) -> str:
     """The quicklist for humans: one line per checkpoint, then each "No" with its reason. Every
     cell and reason is one line: a control byte in a name the job chose (``step_9\x1b[2J\nready``)
-    is written as an escape (:func:`~supervisor.humanize.escaped`), never forging a row."""
+    is written as an escape (:func:`~supervisor.textescape.escaped`), never forging a row."""
     if not rows:
         return "no checkpoints found"
     head = ("step", "ready", "complete", "sha256", "config", "val metric", "load test", "path")

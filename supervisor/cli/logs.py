@@ -34,7 +34,7 @@ from typing import BinaryIO, Callable
 
 from ..job.keeper import rotated_logs, stderr_log_path
 from ..regularfile import NotARegularFile, open_regular_binary, read_regular_text
-from .render import escaped
+from ..textescape import escaped
 
 BLOCK = 1 << 16
 #: the most of one line ``logs -n``/``status`` show (its last bytes), and what a line costs the

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 from .installcheck import refuse_foreign
 from .parser import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE, build_parser
 from .. import strictjson
+from ..textescape import escaped
 
 
 def _die_usage(msg: str) -> int:
@@ -160,10 +161,10 @@ def _control(args: argparse.Namespace, verb: str, payload: dict[str, Any] | None
     try:
         return EXIT_OK, request(sd, verb, payload or {})
     except DaemonNotRunning as e:
-        print(f"transformer-supervisor: {e}", file=sys.stderr)
+        print(f"transformer-supervisor: {escaped(e)}", file=sys.stderr)
         return 1, None
     except ControlError as e:
-        print(f"transformer-supervisor: {verb} failed: {e}", file=sys.stderr)
+        print(f"transformer-supervisor: {verb} failed: {escaped(e)}", file=sys.stderr)
         return 1, None
 
 
@@ -181,7 +182,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         last = last_run_status(sd, getattr(args, "config", None))
         if last is None:
-            print(f"transformer-supervisor: {e}", file=sys.stderr)
+            print(f"transformer-supervisor: {escaped(e)}", file=sys.stderr)
             return 1
         from ..redact import env_secrets, learn_secrets, redact_data
 
@@ -192,7 +193,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(strictjson.dumps(last, indent=2, sort_keys=True) if args.json else render_last_run(last))
         return EXIT_NOT_RUNNING
     except ControlError as e:
-        print(f"transformer-supervisor: status failed: {e}", file=sys.stderr)
+        print(f"transformer-supervisor: status failed: {escaped(e)}", file=sys.stderr)
         return 1
     if args.json:
         print(strictjson.dumps(res, indent=2, sort_keys=True))
@@ -213,7 +214,6 @@ def cmd_simple(args: argparse.Namespace, verb: str, payload: dict[str, Any] | No
 def cmd_history(args: argparse.Namespace) -> int:
     from ..ledger.store import Ledger, LedgerError
 
-    from .render import escaped
 
     sd = _state_dir(args)
     try:
@@ -254,7 +254,6 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if args.lines < 0:
         return _die_usage(f"logs -n {args.lines}: the number of lines must be 0 (all) or more")
     from ..regularfile import NotARegularFile
-    from .render import escaped
 
     try:
         return logs(args, _state_dir(args))
@@ -318,12 +317,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         html, png = write_run_report(sd, out, args.run, unreadable=unreadable)
     except (FileNotFoundError, LedgerError) as e:  # no ledger, or not even the run can be read
-        from .render import escaped
 
         print(f"transformer-supervisor: report: {escaped(e)}; no report was written", file=sys.stderr)
         return 1
     except OSError as e:  # the out dir: a link or a file where the folder goes, not writable, full
-        from .render import escaped
 
         print(f"transformer-supervisor: report: cannot write {escaped(out)}: {escaped(e)}", file=sys.stderr)
         return 1

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping
 
-from ..humanize import duration, escaped, size, value as spell
+from ..humanize import duration, size, value as spell
+from ..textescape import escaped
 
 
 # -- text from the job or the filesystem ------------------------------------------------------

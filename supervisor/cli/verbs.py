@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
-from ..humanize import duration, escaped, size
+from ..humanize import duration, size
+from ..textescape import escaped
 from .parser import EXIT_FAILED, EXIT_GAVE_UP, EXIT_OK, EXIT_USAGE
 from .. import strictjson
 
@@ -129,12 +130,12 @@ def control_verb(sd: Path, verb: str, payload: Mapping[str, Any] | None = None, 
     except DaemonNotRunning as e:
         if json_out:
             out.write(json.dumps({"ok": False, "error": {"code": "not_running", "message": _text(e)}}) + "\n")
-        print(f"transformer-supervisor: {e}", file=err)
+        print(f"transformer-supervisor: {escaped(e)}", file=err)
         return EXIT_FAILED
     except ControlError as e:
         if json_out:
             out.write(json.dumps({"ok": False, "error": {"code": e.code, "message": _text(e)}}) + "\n")
-        print(f"transformer-supervisor: {verb} failed: {e}", file=err)
+        print(f"transformer-supervisor: {verb} failed: {escaped(e)}", file=err)
         return EXIT_FAILED
     reply: dict[str, Any] = dict(res) if isinstance(res, Mapping) else {"result": res}
     code = EXIT_OK
@@ -418,7 +419,7 @@ def _unreadable_run(error: str, log: Path) -> dict[str, Any]:
 def render_last_run(st: Mapping[str, Any]) -> str:
     """``status`` of a run whose daemon has exited, for people: like systemctl's ``inactive (dead)``
     block, the end first (state, exit, reason, when), then the last lines of the job's log."""
-    from ..narration import terminal_safe
+    from ..textescape import Mode, escape
     from .render import ended_text, escaped_lines
 
     code = st.get("exit_code")
@@ -443,6 +444,6 @@ def render_last_run(st: Mapping[str, Any]) -> str:
         lines.append(f"last {len(tail)} lines of the job's log (all of it: transformer-supervisor logs):")
         # The job's own lines, said as the console says them (colours dropped, a redrawn line as
         # its last state); every line, and each value from the ledger above, kept one line.
-        lines.extend(f"  {terminal_safe({'line': line})['line']}" for line in tail)
+        lines.extend(f"  {escape(line, Mode.TERMINAL)}" for line in tail)
     lines.append("every attempt: transformer-supervisor history")
     return escaped_lines(lines)

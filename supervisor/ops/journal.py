@@ -46,6 +46,7 @@ from ..eventids import MESSAGE_IDS
 from ..eventnames import member
 from ..humanize import value as spell
 from ..logsite import callsite
+from ..textescape import Mode, escape
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 IDENTIFIER = "transformer-supervisor"
@@ -152,7 +153,7 @@ def entry_fields(event_dict: Mapping[str, Any], message: str | None = None, leve
     if tb and tb not in text:
         text = f"{text}\n{tb.rstrip()}"
     fields: dict[str, str] = {
-        "MESSAGE": text,
+        "MESSAGE": escape(text, Mode.FIELD),  # a job's ESC or bidi control escaped, its lines kept
         "PRIORITY": str(PRIORITIES.get(lvl, 6)),
         "SYSLOG_IDENTIFIER": IDENTIFIER,
     }
@@ -166,9 +167,9 @@ def entry_fields(event_dict: Mapping[str, Any], message: str | None = None, leve
         text_value = field_value(value)
         if text_value is not None:
             name = field_name(str(key))
-            fields[_RENAMED.get(name, name)] = text_value
+            fields[_RENAMED.get(name, name)] = escape(text_value, Mode.FIELD)
     if tb and "TSUP_EXCEPTION" not in fields:
-        fields["TSUP_EXCEPTION"] = tb
+        fields["TSUP_EXCEPTION"] = escape(tb, Mode.FIELD)
     fields[MARKER] = "daemon"  # last: no key of the event can take the filter's field
     return fields
 
