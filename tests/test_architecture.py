@@ -100,7 +100,6 @@ CONCERNS = ("watch", "checkpoints", "health", "ops", "cluster", "job", "daemon",
 # Known crossings, each to be removed by the change named; a new one fails, and so does one that is gone
 # (take it off). config.model gathers each concern's config table, so the core reaches them through it.
 KNOWN_LAYER_CROSSINGS = {
-    ("supervisor.job.launch", "supervisor.daemon.ports"): "issue 36 (prepare_launch moves to daemon/)",
     ("supervisor.config.model", "supervisor.checkpoints.config"): "issue 36 (the schema types the core needs)",
     ("supervisor.config.model", "supervisor.cluster.config"): "issue 36 (the schema types the core needs)",
     ("supervisor.config.model", "supervisor.health.config"): "issue 36 (the schema types the core needs)",

@@ -3,18 +3,20 @@ concerns told before the job can print its first line, the spawn (the environmen
 beside the first one), then, once the machine has the job, its monitors, the snapshot of what it
 runs on and the concerns told it started. The runner feeds the machine between the two halves
 (``Spawned`` or ``SpawnFailed``); the launch preparation before them is :func:`prepare_launch`'s
-worker thread (:mod:`supervisor.job.launch`)."""
+worker thread, which drives the ports (the checkpoint store, the health gate)."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..config.model import Config
-from ..core.messages import Launch
+from ..core.messages import Launch, Prepared, PrepareLaunch
 from ..events import AttemptContext
-from ..core.observations import Detection
+from ..core.observations import Detection, MetricRecord
 from ..job.launch import heartbeat_dir, launch_spec
 from ..job.process import LaunchSpec
 from . import attemptrows
@@ -22,6 +24,34 @@ from .activity import AttemptActivity
 from .concernset import ConcernSet
 from .monitors import AttemptMonitors
 from .ports import Job, Ports
+
+
+def prepare_launch(cmd: PrepareLaunch, ports: Ports, cfg: Config, previous_pids: Sequence[int],
+                   metrics: Sequence[MetricRecord], wake: Callable[[], None]) -> Future[Prepared]:
+    """Book the last attempt, run the health gate, choose the checkpoint, on a worker thread:
+    hashing and load tests take seconds, and the main loop keeps answering signals, the control
+    socket and the systemd watchdog meanwhile. ``wake`` tells the loop the result is ready."""
+    fut: Future[Prepared] = Future()
+
+    def prepare() -> None:
+        try:
+            stuck = ports.checkpoints.book_last_attempt()  # no progress: failures without a newer checkpoint
+            if stuck:
+                fut.set_result(Prepared(no_progress=stuck))
+                return
+            verdict = ports.gate.check(previous_pids)
+            if verdict is not None and not verdict.passed:
+                fut.set_result(Prepared(gate=verdict))
+                return
+            resume = ports.checkpoints.choose(cmd.action, cmd.onset_step, cmd.explicit_checkpoint, metrics)
+            fut.set_result(Prepared(resume=resume, gate=verdict))
+        except BaseException as e:
+            fut.set_result(Prepared(error=e))
+        finally:
+            wake()  # the loop launches at once, not at its next tick
+
+    threading.Thread(target=prepare, name="launch-prepare", daemon=True).start()
+    return fut
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ from ..core.messages import (EXIT_GAVE_UP, Activity, ArmTimer, Boot, Command, De
                             EscalateStop, Event, Finish, FirstMetric, JobExited, Launch, PrepareLaunch, Prepared,
                             Record, RecordDetection, Reply, SignalJob, Spawned, SpawnFailed, CheckEnd, EndChecked,
                             StateChanged, StopJob, StopRequested, TimerFired, detection_dict)
-from ..job.launch import config_json, drop_heartbeat_dir_if_empty, prepare_launch
+from ..job.launch import config_json, drop_heartbeat_dir_if_empty
 from . import attemptrows
 from .activity import AttemptActivity
-from .attemptstart import AttemptStarter
+from .attemptstart import AttemptStarter, prepare_launch
 from .concernset import ConcernSet
 from .effects import AttemptField, AttemptWriter
 from .inbox import ControlAsked, DetectionArrived, EffectHanded, Inbox, Message, PipeEnded, SignalArrived, WakeUp

@@ -1,29 +1,24 @@
-"""Launching an attempt: the preparation off the main loop (bookkeeping, gate, checkpoint
-choice), exactly what is launched (argv, environment, working directory), and the record of what
-it runs on (library versions, git state, the world size)."""
+"""Launching an attempt: exactly what is launched (argv, environment, working directory), and the
+record of what it runs on (library versions, git state, the world size). The preparation before it
+(bookkeeping, gate, checkpoint choice) drives the daemon's ports: ``daemon/attemptstart.py``."""
 
 from __future__ import annotations
 
 import os
 import shlex
 import threading
-from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Mapping
 
 from ..config.model import Config
-from ..core.messages import Launch, Prepared, PrepareLaunch, jsonable
+from ..core.messages import Launch, jsonable
 from ..ownpaths import own_dir_fd, own_subdir_fd
 from .envsnapshot import snapshot, world_from_launch
 from . import torchelastic
 from .jobtty import wants_tty
 from ..core.policy import merge_args, scale_args
-from ..core.observations import MetricRecord
 from ..redact import redact_argv
 from .process import LaunchSpec, job_python, redact_env
-
-if TYPE_CHECKING:
-    from ..daemon.ports import Ports
 
 # systemd's own variables must not leak into the job: a job that inherits NOTIFY_SOCKET or
 # WATCHDOG_USEC could ping systemd on our behalf.
@@ -44,34 +39,6 @@ def config_json(cfg: Config) -> dict[str, Any]:
     if notify.get("webhook_url"):  # the URL carries the hook's token
         notify["webhook_url"] = "<redacted>"
     return js
-
-
-def prepare_launch(cmd: PrepareLaunch, ports: "Ports", cfg: Config, previous_pids: Sequence[int],
-                   metrics: Sequence[MetricRecord], wake: Callable[[], None]) -> "Future[Prepared]":
-    """Book the last attempt, run the health gate, choose the checkpoint, on a worker thread:
-    hashing and load tests take seconds, and the main loop keeps answering signals, the control
-    socket and the systemd watchdog meanwhile. ``wake`` tells the loop the result is ready."""
-    fut: Future[Prepared] = Future()
-
-    def prepare() -> None:
-        try:
-            stuck = ports.checkpoints.book_last_attempt()  # no progress: failures without a newer checkpoint
-            if stuck:
-                fut.set_result(Prepared(no_progress=stuck))
-                return
-            verdict = ports.gate.check(previous_pids)
-            if verdict is not None and not verdict.passed:
-                fut.set_result(Prepared(gate=verdict))
-                return
-            resume = ports.checkpoints.choose(cmd.action, cmd.onset_step, cmd.explicit_checkpoint, metrics)
-            fut.set_result(Prepared(resume=resume, gate=verdict))
-        except BaseException as e:
-            fut.set_result(Prepared(error=e))
-        finally:
-            wake()  # the loop launches at once, not at its next tick
-
-    threading.Thread(target=prepare, name="launch-prepare", daemon=True).start()
-    return fut
 
 
 def heartbeat_dir(state_dir: Path, attempt: int) -> Path:
