@@ -36,6 +36,7 @@ import urllib.request
 from typing import Any, Callable
 
 from .. import childio
+from ..errors import SupervisorError
 
 #: The bytes of a webhook's reply body that are read (the reply is not used: the status is).
 REPLY_BYTES = 4096
@@ -46,8 +47,10 @@ MAX_LOOKUPS = 4
 _lookups = threading.BoundedSemaphore(MAX_LOOKUPS)
 
 
-class PermanentError(Exception):
+class PermanentError(SupervisorError):
     """A failure another try would repeat (a 4xx answer, a hook command that does not exist)."""
+
+    code = "alert_undeliverable"
 
 
 class Redirected(PermanentError):

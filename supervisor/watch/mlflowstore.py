@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from ..core.observations import MetricRecord
+from ..errors import SupervisorError
 from .records import canonical_key, make_record, parse_number
 
 DB_NAMES = frozenset({"mlflow.db"})
@@ -44,9 +45,11 @@ _MAX = sys.float_info.max
 _NUMBER = "CASE WHEN typeof({0}) IN ('integer', 'real') THEN {0} END"
 
 
-class StoreUnreadable(Exception):
+class StoreUnreadable(SupervisorError):
     """The store cannot be read now (not a database, no metrics table yet, locked); the message
     says which. The caller warns once and tries again when the file changes."""
+
+    code = "store_unreadable"
 
 
 def is_file_store_metric(path: str) -> bool:
