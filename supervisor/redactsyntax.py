@@ -146,7 +146,9 @@ def _mask_assign(m: re.Match[str]) -> str:
     if "," in sep and (m.start() == 0 or m.string[m.start() - 1] != sep.lstrip("\\")[0]):
         return m.group(0)  # "the key", x: a quoted phrase, not a quoted name
     if name.lower().endswith("pass") and last_word_secret(name) and (
-            (not sep.strip() and not _word_before(m.string, m.start()).startswith("-"))
+            # ("--pass X" is a flag's password; "-pass pass:X" says where it is, read on)
+            (not sep.strip() and (not _word_before(m.string, m.start()).startswith("-")
+                                  or value.lower().startswith("pass:")))
             or value.lower() in _PASS_WORDS or (NUMBER_RE.fullmatch(value) and len(value) < 6)
             or _PASS_SOURCES_RE.fullmatch(value)):
         # "pass 2 of 3", "pass: ok", "pass=1": the word, not a password's name ("-pass pass:X" read on)

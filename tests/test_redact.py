@@ -130,6 +130,7 @@ def test_the_fifth_reviews_forms_and_the_decisions_about_their_look_alikes() -> 
     # mariadb like mysql; openssl's --pass flag; where openssl reads a password from is no password.
     assert redact_line("mariadb -uroot -pv3xx db") == f"mariadb -uroot -p{REDACTED} db"
     assert redact_line("openssl enc --pass v4xx -in a") == f"openssl enc --pass {REDACTED} -in a"
+    assert redact_line("openssl enc -pass pass:v4xy") == f"openssl enc -pass pass:{REDACTED}"  # where it is said
     kept = "openssl enc -passin env:PW -pass file:/etc/pw -passout stdin; mariadb -p db; --pass 2"
     assert redact_line(kept) == kept
     # XML: the name in an attribute, an attribute pair, CDATA, HTML-escaped; a metric's element stays.
