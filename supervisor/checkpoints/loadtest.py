@@ -66,6 +66,8 @@ class LoadTestResult:
     needs_pickle: bool = False
     nonfinite: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # the torch files (their place in a folder; a single file's name) loaded with weights_only=True
+    weights_only: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The SPEC shape of ``load_test`` in ``checkpoints --json``."""
@@ -171,7 +173,8 @@ def result_of(data: dict[str, Any]) -> LoadTestResult:
         passed=bool(data.get("passed")), seconds=float(data.get("seconds") or 0.0), error=data.get("error"),
         step=data.get("step") if isinstance(data.get("step"), int) else None,
         keys=tuple(data.get("keys") or ()), needs_pickle=bool(data.get("needs_pickle")),
-        nonfinite=tuple(data.get("nonfinite") or ()), notes=tuple(data.get("notes") or ()))
+        nonfinite=tuple(data.get("nonfinite") or ()), notes=tuple(data.get("notes") or ()),
+        weights_only=tuple(str(x) for x in data.get("weights_only") or ()))
 
 
 def run_warm_or_cold(req: LoadTestRequest, warm: WarmVerifier | None, *, python: str, timeout_s: float,

@@ -8,6 +8,9 @@ installed package is not named here): the allowlist and the weights-only load te
 guard; this catches the plain payloads. Pure."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 # Callables that run code or reach the system whatever their arguments: a checkpoint whose pickle
 # names one is refused outright, by the full gate too (a weights-only load test of the folder's
 # weights file would pass, and the job's own careless load of that file would run it). Anything
@@ -37,5 +40,34 @@ def runs_code(reason: str | None) -> bool:
     return reason is not None and RUNS_CODE in reason
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """The pickle scan's refusal of a checkpoint: the file it refused (its place in the folder; the
+    checkpoint's own name for a single file or the folder as a whole) and why (the scan's words)."""
 
-__all__ = ["RUNS_CODE", "names_code", "runs_code"]
+    file: str
+    why: str
+
+    def detail(self) -> str:
+        """``why`` without the file's name it begins with."""
+        return self.why.removeprefix(self.file).removeprefix(":").strip() or self.why
+
+
+def scan_verdict(refusal: Refusal | None, load_test: Any) -> str | None:
+    """The one rule: what the pickle scan's refusal makes of a checkpoint's readiness (the reason
+    it is not ready, or None). Every file the scan refused keeps it from being ready (the job may
+    load that file carelessly, and no test of ours read it: an rng_state.npy, a .pkl.gz, a DCP
+    byte item), with one exception: a torch file the passed load test itself loaded with
+    ``weights_only=True`` (``load_test.weights_only`` names it), and for a reason other than a
+    callable that runs code. There torch's own allowlist read that very file and accepted it,
+    so the scan's shorter list is not the last word (a dtype newer than the scan's table).
+    ``load_test``: a :class:`~.loadtest.LoadTestResult` or None (none ran)."""
+    if refusal is None:
+        return None
+    if (not runs_code(refusal.why) and load_test is not None and load_test.passed
+            and refusal.file in getattr(load_test, "weights_only", ())):
+        return None
+    return f"pickle scan refused {refusal.file}: {refusal.detail()}"
+
+
+__all__ = ["RUNS_CODE", "Refusal", "names_code", "runs_code", "scan_verdict"]

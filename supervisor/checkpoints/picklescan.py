@@ -14,12 +14,11 @@ safetensors file that is no pickle passes. A folder's pickle files are scanned a
 job may load ``a/b/c/x.pt`` as well as ``x.pt``; links to folders are not followed): those named
 so (``*.pt``, ``*.pth``, ``*.bin``, ``*.pkl``, ``*.pickle``, ``*.ckpt``, and those compressed:
 a compressed one read through its decompressor: :mod:`.npyscan`), numpy's ``*.npy`` / ``*.npz`` (an
-object array is a pickle: :mod:`.npyscan`), every DCP ``.metadata`` (which DCP's
-reader loads with a plain ``pickle.load``; its own data classes are allowed by name), and every
-other file whose first bytes may start one (:func:`sniffed`: ``model.pth.tar``, ``state.pickle``
-or ``weights`` are loaded by their content, not their name). The walk itself is bounded: at most
-``MAX_ENTRIES`` directory entries looked at, ``MAX_SNIFFED`` files sniffed, ``MAX_FILES`` pickle files.
-
+object array is a pickle: :mod:`.npyscan`), every DCP ``.metadata`` (loaded with a plain
+``pickle.load``; DCP's data classes allowed by name) and a DCP save's byte items (:mod:`.dcpscan`),
+and every other file whose first bytes may start one (:func:`sniffed`: ``model.pth.tar`` or
+``weights`` are loaded by their content, not their name). The walk is bounded: ``MAX_ENTRIES``
+directory entries looked at, ``MAX_SNIFFED`` files sniffed, ``MAX_FILES`` pickle files.
 Why this and not picklescan or fickling: both are *denylist* scanners (they flag known-dangerous
 imports such as ``os.system`` and pass the rest), while the job's ``weights_only`` load is an
 *allowlist*; a denylist passes a callable it has not heard of. An allowlist walk is fail-closed,
@@ -36,7 +35,8 @@ import zlib
 from pathlib import Path
 from typing import IO, Callable, cast
 
-from .pickledeny import RUNS_CODE, names_code
+from .dcpscan import DCP_METADATA, dcp_data, scan_byte_items
+from .pickledeny import RUNS_CODE, Refusal, names_code
 from .layouts import registry
 from .npyscan import (COMPRESSION_ERRORS, MAX_NPZ_MEMBERS, NPY_MAGIC, NUMPY_SUFFIXES, numpy_reconstruct, scan_compressed,
                       scan_npy)
@@ -70,7 +70,7 @@ COMPRESSED_PICKLES = tuple(s + z for s in PICKLE_SUFFIXES for z in (".gz", ".bz2
 MAX_SNIFFED = 2_000
 SNIFF_BYTES = 512
 # DCP's data files (raw tensor bytes at the offsets .metadata gives) are not read whole by any
-# loader: not sniffed (their byte items are a risk of their own, not covered by this scan).
+# loader: not sniffed; their byte items are read where .metadata places them (:mod:`.dcpscan`).
 NOT_SNIFFED = (".distcp", ".safetensors")
 # What makes unpickling call something: a callable comes only from an import (or the loader's
 # persistent_load); a stream that breaks off before any of these has run nothing.
@@ -109,21 +109,6 @@ def numpy_data(module: str, name: str) -> bool:
     if module in ("numpy.core.multiarray", "numpy._core.multiarray") and name == "_reconstruct":
         return True
     return (module == "numpy" and name in ("ndarray", "dtype")) or (module == "numpy.dtypes" and name.endswith("DType"))
-
-
-# torch.distributed.checkpoint's ``.metadata``: a plain pickle that DCP's reader loads with
-# pickle.load (no weights_only), so it is scanned too, allowing its own data classes by name.
-DCP_METADATA = ".metadata"
-_DCP_DATA = frozenset({
-    ("torch.distributed.checkpoint.metadata", n) for n in (
-        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
-        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
-} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("pathlib", "PosixPath"),
-     ("pathlib", "PurePosixPath")})
-
-
-def dcp_data(module: str, name: str) -> bool:
-    return (module, name) in _DCP_DATA
 
 
 def _also_allowed(path: Path) -> Callable[[str, str], bool]:
@@ -231,7 +216,7 @@ def _scan_tar(path: Path, budget: Budget, check: Callable[[str | None], None]) -
         _one(member("pickle"), check, "its data")
 
 
-def _scan_zip(path: Path, budget: Budget, also: Callable[[str, str], bool]) -> None:
+def _scan_zip(path: Path | IO[bytes], name: str, budget: Budget, also: Callable[[str, str], bool]) -> None:
     """torch.save's zip: each ``*.pkl`` member (``<name>/data.pkl``; the tensors' bytes are
     members of their own, never unpickled); numpy's ``.npz``: each ``*.npy`` member (:mod:`.npyscan`)."""
     try:
@@ -246,7 +231,7 @@ def _scan_zip(path: Path, budget: Budget, also: Callable[[str, str], bool]) -> N
         if len(npys) > MAX_NPZ_MEMBERS:
             raise Unreadable(f"a zip of more than {MAX_NPZ_MEMBERS:,} .npy members (the scan's bound)")
         for info in pkls + npys:
-            where = f"{path.name}:{info.filename}"
+            where = f"{name}:{info.filename}"
             with z.open(info) as f:
                 if info in npys:
                     scan_npy(BoundedReader(f, budget), _checker(where, _or_numpy(also)))
@@ -273,16 +258,33 @@ def _identity(path: Path) -> tuple[int, int, int]:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
+# A container's complaints (a bad CRC, a broken deflate, an encrypted member) are unreadable too.
+_READ_ERRORS = (Unreadable, tarfile.TarError, struct.error, zipfile.BadZipFile, zlib.error, EOFError, ValueError,
+                RuntimeError, NotImplementedError, *COMPRESSION_ERRORS)
+
+
+def _judged(name: str, scan: Callable[[], None]) -> str | None:
+    try:
+        scan()
+    except _Refused as exc:
+        return str(exc)
+    except _READ_ERRORS as exc:
+        return (f"{name}: cannot be read as a pickle, a torch zip or a legacy torch file ({exc}), so it is "
+                "not called checked")
+    return None
+
+
 def _scan_file(path: Path, budget: Budget) -> str | None:
     also = _also_allowed(path)
     before = _identity(path)
-    try:
+
+    def scan() -> None:
         with open(path, "rb") as f:
             head = f.read(len(NPY_MAGIC))
             if path.name.endswith(COMPRESSED_PICKLES):
                 scan_compressed(path, budget, lambda r: _scan_pickles(r, _checker(path.name, also)))
             elif head.startswith(ZIP_MAGIC):
-                _scan_zip(path, budget, also)
+                _scan_zip(path, path.name, budget, also)
             elif head == NPY_MAGIC:
                 f.seek(0)
                 scan_npy(BoundedReader(f, budget), _checker(path.name, _or_numpy(also)))
@@ -297,17 +299,23 @@ def _scan_file(path: Path, budget: Budget) -> str | None:
                         raise
                     # A whole safetensors file (a JSON header, then raw tensors) that is no
                     # pickle: nothing in it is code. What a pickle walk met first was judged.
-    except _Refused as exc:
-        return str(exc)
-    except (Unreadable, tarfile.TarError, struct.error, zipfile.BadZipFile, zlib.error, EOFError, ValueError,
-            RuntimeError, NotImplementedError, *COMPRESSION_ERRORS) as exc:
-        # A container's own complaints while a member is read (a bad CRC, a broken deflate
-        # stream, an encrypted member, an unknown compression) are as unreadable as the rest.
-        return (f"{path.name}: cannot be read as a pickle, a torch zip or a legacy torch file ({exc}), so it is "
-                "not called checked")
-    if _identity(path) != before:
-        return f"{path.name}: changed while it was checked"
-    return None
+    why = _judged(path.name, scan)
+    return f"{path.name}: changed while it was checked" if why is None and _identity(path) != before else why
+
+
+def _scan_item(f: IO[bytes], where: str, budget: Budget) -> str | None:
+    """One DCP byte item, as DCP's reader loads it (``torch.load`` of its bytes: a torch zip, else
+    legacy pickles), judged as a file is; numpy's plain arrays allowed (an rng state)."""
+    also = _or_numpy(lambda module, name: False)
+
+    def scan() -> None:
+        if f.read(len(ZIP_MAGIC)) == ZIP_MAGIC:
+            f.seek(0)
+            _scan_zip(f, where, budget, also)
+        else:
+            f.seek(0)
+            _scan_pickles(BoundedReader(f, budget), _checker(where, also))
+    return _judged(where, scan)
 
 
 class _TooMany(Exception):
@@ -408,27 +416,34 @@ def _pickle_files(root: Path) -> list[Path]:
 
 
 def unsafe_pickle(path: Path, budget: Budget | None = None) -> str | None:
-    """Why ``path`` is not handed over on its structural checks alone, or None: unpickling it
-    could run code outside the tensor-rebuild allowlist, or it cannot be read and so was not
-    checked (a format the scan does not know, a stream cut short, a file past the scan's bound
-    or changed while it was read, a folder past the walk's bound). One :class:`Budget` for the
-    whole checkpoint (the default bound unless one is given)."""
+    """Why ``path`` is not handed over on its structural checks alone, or None: unpickling it could
+    run code outside the tensor-rebuild allowlist, or it cannot be read and so was not checked (an
+    unknown format, a stream cut short, past the bound, changed while read). One :class:`Budget`."""
+    refusal = scan_refusal(path, budget)
+    return refusal.why if refusal is not None else None
+
+
+def scan_refusal(path: Path, budget: Budget | None = None) -> Refusal | None:
+    """:func:`unsafe_pickle` with the refused file named apart, for :func:`.pickledeny.scan_verdict`."""
     budget = budget or Budget()
     try:
         if path.is_file():
-            return _scan_file(path, budget)
+            why = _scan_file(path, budget)
+            return Refusal(path.name, why) if why else None
         if not path.is_dir():
-            return f"{path.name}: neither a regular file nor a folder, so it is not called checked"
+            return Refusal(path.name, f"{path.name}: neither a regular file nor a folder, so it is not called checked")
         try:
             files = _pickle_files(path)
         except _TooMany as exc:
-            return f"{path.name}: {exc}, so it is not called checked"
+            return Refusal(path.name, f"{path.name}: {exc}, so it is not called checked")
         for p in files:
             why = _scan_file(p, budget)
             if why:
                 rel = p.relative_to(path)
                 # Named by its place in the folder: a.pt three levels down is not the top one.
-                return why if rel.parent == Path(".") else f"{rel.parent}/{why}"
+                return Refusal(rel.as_posix(), why if rel.parent == Path(".") else f"{rel.parent}/{why}")
+        if (path / DCP_METADATA).is_file():  # a DCP save: its byte items, where .metadata puts them
+            return scan_byte_items(path, lambda f, where: _scan_item(f, where, budget))
     except OSError as exc:
-        return f"{path.name}: cannot be read now ({exc.strerror or exc}), so it is not called checked"
+        return Refusal(path.name, f"{path.name}: cannot be read now ({exc.strerror or exc}), so it is not called checked")
     return None

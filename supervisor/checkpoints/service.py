@@ -38,8 +38,8 @@ from .layouts.registry import keeps_last_good
 from .loadtest import LoadTestResult, LoadTests, resolve_job_python, version_token
 from .manifest import read_manifest, record_metric, stat_record
 from .quarantine import (LastGoodKeeper, QuarantineRecord, last_good_disk_bytes, last_good_path)
-from .pickledeny import runs_code
-from .picklescan import unsafe_pickle
+from .pickledeny import scan_verdict
+from .picklescan import scan_refusal
 from .quicklist import (TRAIN_LOSS, MetricsSeen, Readiness, RowBuilder, compare_config, current_config,
                         nonfinite_metric, val_metric_for)
 from .selection import CheckpointBook, Choice
@@ -85,7 +85,10 @@ class CheckpointService:
         self.last_refused: tuple[tuple[str, str], ...] = ()  # (path, why): unsafe pickles, last choose_for_resume
 
     def _verdict_store(self) -> VerdictStore:
-        settings = json.dumps([self.job_python, sorted(self.cfg.expected_keys), self.cfg.trust_pickles, self.cfg.mmap])
+        # "weights_only": verdicts that name the files loaded weights-only (pickledeny.scan_verdict
+        # reads them); one kept by an earlier version without them is tested again, not misread.
+        settings = json.dumps([self.job_python, sorted(self.cfg.expected_keys), self.cfg.trust_pickles, self.cfg.mmap,
+                               "weights_only"])
         return VerdictStore(self.state_dir / VERDICTS_FILE if self.state_dir.is_dir() else None, settings)
 
     # ------------------------------------------------------------------ discovery
@@ -155,9 +158,7 @@ class CheckpointService:
                     row.bad = True
                     row.no(f"marked bad: {self.book.bad_reason(path)}")
                 return row.build()
-            danger = None if self.cfg.trust_pickles else unsafe_pickle(path)
-            if runs_code(danger):  # never handed over, whatever its weights file's load test says
-                row.no(f"unsafe pickle: {danger}")
+            refusal = None if self.cfg.trust_pickles else scan_refusal(path)
             mread = self._manifest_of(path)
             manifest = mread.manifest
             if mread.problem:
@@ -214,6 +215,11 @@ class CheckpointService:
                 if not lt.passed:
                     row.no(f"load test failed: {lt.error}")
                 row.notes.extend(lt.notes)
+            # The scan's refusal, judged with the load test that ran on this version (none asked
+            # for: the one the daemon's or a verb's test left, so the report says the same).
+            refused = scan_verdict(refusal, lt or self.load_tests.cached(path, finite))
+            if refused:  # never handed over, whatever its weights file's load test says: said first
+                row.reasons.insert(0, refused)
             if self.book.is_bad(path):
                 row.bad = True
                 row.no(f"marked bad: {self.book.bad_reason(path)}")

@@ -67,7 +67,8 @@ class VerdictStore:
             return None
         try:
             return LoadTestResult(**{**v, "keys": tuple(v.get("keys") or ()),
-                                     "nonfinite": tuple(v.get("nonfinite") or ()), "notes": tuple(v.get("notes") or ())})
+                                     "nonfinite": tuple(v.get("nonfinite") or ()), "notes": tuple(v.get("notes") or ()),
+                                     "weights_only": tuple(v.get("weights_only") or ())})
         except TypeError:  # written by another version: ignored, the test runs again
             return None
 

@@ -40,3 +40,29 @@ def test_an_unsafe_newest_checkpoint_is_never_named_to_the_job(daemons, tmp_path
     assert not marker.exists(), "the malicious pickle was never loaded"
     kept = (ck / "step_20.pt").exists() or (ck / "quarantine" / "step_20.pt").exists()
     assert kept, "never deleted"
+
+
+@pytest.mark.slow
+def test_a_dcp_save_whose_byte_item_runs_code_is_never_named_to_the_job(daemons, tmp_path: Path) -> None:
+    """Issue 34: a torch.distributed.checkpoint save whose non-tensor (BytesIO) item pickles an
+    os.system reduce (DCP's reader torch.loads it with weights_only=False on resume) passed the
+    load test, which reads only the metadata's byte ranges: the daemon took it, under the overlap
+    hand-over and the full gate alike. Now the job resumes from the older clean save."""
+    import json
+
+    from tests.checkpoints.test_dcp_byte_items import _save
+
+    sd, ck, out, marker = tmp_path / "sd", tmp_path / "ck", tmp_path / "resumed", tmp_path / "ran"
+    _save(ck / "step-10", marker, bad=False)
+    _save(ck / "step-20", marker, bad=True)
+    d = daemons(["wrap", "--state-dir", str(sd), "--backoff", "0", "--checkpoint-dir", str(ck), "--"]
+                + [PY, "-c", RECORD, str(out)])
+    assert d.wait(180) == 0, d.stderr()[-3000:]
+    frm, argv = json.loads(out.read_text())
+    assert Path(frm).name == "step-10" and not any("step-20" in a for a in argv), (frm, argv)
+    h = history(sd)
+    assert [Path(a["checkpoint"]).name for a in h["attempts"]] == ["step-10"]
+    refused = [e for e in h["events"] if e["event"] == "checkpoint_refused_unsafe_pickle"]
+    assert refused and "[optim.evil]" in refused[0]["message"] and "posix.system" in refused[0]["message"], h["events"]
+    assert not marker.exists(), "the payload never ran"
+    assert (ck / "step-20" / "__0_0.distcp").exists(), "never deleted"
