@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..job.keeper import rotated_logs
+from ..textescape import escaped
 
 #: What a job's own text log or metric file is called (a --watch-file can follow it).
 TEXT_SUFFIXES = (".log", ".txt", ".out", ".jsonl", ".json", ".csv")
@@ -53,9 +54,10 @@ def kind_of(name: str) -> str | None:
 
 
 def said(name: str) -> str:
-    """A file name as a message may carry it: control bytes escaped (a newline in a name must not
-    forge a console or journal line), at most :data:`NAME_CHARS` characters."""
-    out = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in name)
+    """A file name as a message may carry it: control and format characters escaped by the one
+    escaper (a newline in a name must not forge a console or journal line, a bidi override must
+    not make its end look like its start), at most :data:`NAME_CHARS` characters."""
+    out = escaped(name)
     return out if len(out) <= NAME_CHARS else out[:NAME_CHARS - 1] + "…"
 
 

@@ -24,3 +24,13 @@ def test_a_folder_of_100x_max_walk_files_costs_the_walk_s_bound(tmp_path: Path) 
         tracemalloc.stop()
     assert 0 < len(found) <= MAX_WALK
     assert peak < 2 << 20, peak  # 50,000 DirEntry objects held at once were about 10 MB
+
+
+def test_a_written_files_name_is_said_through_the_one_escaper(tmp_path: Path) -> None:
+    """A name that carries a newline or a bidi override reaches metrics_blind's message escaped:
+    it can neither forge a line nor make its end read as its start."""
+    since = time.time() - 60
+    for name in ("a\nstep 9 loss nan.log", "gnp.\u202etxt.log"):
+        (tmp_path / name).write_text("x\n")
+    said = sorted(w.name for w in written_files([tmp_path], since, set()))
+    assert said == ["a\\nstep 9 loss nan.log", "gnp.\\u202etxt.log"], said
