@@ -77,8 +77,16 @@ class FileReader:
 
     # -- what it grew ------------------------------------------------------------------------------
 
-    def read(self, f: FileState, size: int) -> tuple[list[MetricRecord], bool]:
-        """The records of what ``f`` grew (up to ``READ_CHUNK``), and whether data was left unread."""
+    def read(self, f: FileState, size: int, final: bool = False) -> tuple[list[MetricRecord], bool]:
+        """The records of what ``f`` grew (up to ``READ_CHUNK``), and whether data was left unread.
+        ``final``: its writer is gone (the job exited), so a last line without a newline, read to
+        the file's end, is a complete line (``step 25 loss nan`` then exit 0 must be judged)."""
+        records, more = self._grown(f, size)
+        if final and not more and f.tb is None and f.db is None and f.dropped is None:
+            records += self._records_of(f, f.lines.flush())
+        return records, more
+
+    def _grown(self, f: FileState, size: int) -> tuple[list[MetricRecord], bool]:
         if f.db is not None:
             return self._read_db(f)
         if size < f.offset:
@@ -130,6 +138,16 @@ class FileReader:
             if f.lines.skipped > skipped:
                 self._warn(f, "metric_file_line_skipped", f"a line longer than {MAX_RECORD_LINE} bytes",
                            "skipped to its newline; the next lines are read")
+        except Exception as exc:  # bad content of one file must not stop the others
+            self._warn(f, "metric_file_unreadable", repr(exc), "its later content is still read")
+            return []
+        return self._records_of(f, lines)
+
+    def _records_of(self, f: FileState, lines: list[bytes]) -> list[MetricRecord]:
+        """Complete lines of a CSV, JSONL, MLflow file-store metric or text log -> records."""
+        if not lines:
+            return []
+        try:
             if f.kind == "log":
                 return self._log_records(f, lines)
             if f.kind == "mlflow":

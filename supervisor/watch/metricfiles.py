@@ -56,6 +56,7 @@ from ..events import AttemptContext, Emit
 from ..core.observations import MetricRecord
 from .dirwake import DirWake
 from .candidates import file_id, own_output
+from .consolecopies import ConsoleCopies
 from .fileread import FileReader, source_of
 from .mlflowstore import MlflowDb, is_db, is_file_store_metric
 from .parsers import MetricParser
@@ -139,14 +140,18 @@ class MetricFiles:
         # The supervisor's own output (the job's log copy where [job] log_file puts it, the daemon's
         # stdout/stderr redirected into the tree): never read back as the job's metrics.
         self.own_files = tuple(own_files)
+        self._console = ConsoleCopies()  # `wrap ... | tee train.log`: the copy of our console is ours too
         self._links_out: set[str] = set()  # links out of the tree seen by the last walk (said once each)
         self._mute = False  # a pass that reads without delivering (baseline of a later attempt)
-        # The exit's catch-up (catching_up): when it began, when the last whole pass without data
-        # left unread began (monotonic), and whether running out of time was said.
-        self._drain_from: float | None = None
-        self._clean_pass_at: float | None = None
+        # The job is gone (its exit, or a later attempt's baseline): a last line without a newline
+        # is a whole line (while it runs, a partial line is one being written).
+        self._final = False
+        # The exit's catch-up (catching_up): when it began (monotonic), the request the loop made
+        # (a count) and the last one a whole pass of the reader thread, begun after it, ended with
+        # nothing left unread; whether running out of time was said.
+        self._exit_at: float | None = None
+        self._exit_asked = self._exit_done = 0
         self._catch_up_said = False
-        self._last_more = False  # the last pass left data unread (a read budget)
         for r in roots:
             self.add_root(r)
 
@@ -179,7 +184,7 @@ class MetricFiles:
             self._baseline_wall = time.time()
             self.scan_now()
             return
-        self._mute = True
+        self._mute = self._final = True  # the ended attempt's job is gone: its last partial lines too
         try:
             while self.scan_now():
                 pass
@@ -192,7 +197,7 @@ class MetricFiles:
         if self._baseline_wall is None:
             self.baseline()  # only the first: a later one reads without delivering (what the new job wrote!)
         self._stopping.clear()
-        self._drain_from = self._clean_pass_at = None
+        self._final, self._exit_at = False, None
         if self._dirwake is not None:
             self._dirwake.start()
         self._thread = threading.Thread(target=self._run, name="tsup-metricfiles", daemon=True)
@@ -203,46 +208,36 @@ class MetricFiles:
 
     def catching_up(self) -> bool:
         """After the job's exit (asked before the exit is final): whether what the files held then
-        is still being read: a burst written before the exit (a NaN in its last record) is the
-        attempt's. At most :data:`EXIT_CATCH_UP_S` (a straggler writing on), then said."""
+        is still being read: a burst written before the exit (a NaN in its last record, a last line
+        without a newline) is the attempt's. At most :data:`EXIT_CATCH_UP_S` (a straggler writing
+        on), then said. False means every followed file was read and its records fed (their
+        detections queued for the loop) up to its size at the exit, or the time ran out."""
         if self._thread is None or not self._thread.is_alive():
             return False
         now = time.monotonic()
-        if self._drain_from is None:
-            # Nothing followed grew past what was read: one search now, on the caller's thread
-            # (bounded like any pass), finds a file first written in the job's last second.
-            if not self._pending() and not self.scan_now():
+        if self._exit_at is None:
+            self._exit_at, self._final = now, True
+            # One whole pass here, on the caller's thread, under the lock: a pass of the reader
+            # thread under way ends first (what it read is fed, its detections queued), then every
+            # file (one first written in the job's last second too) is read to its end now.
+            # Nothing read before the lock is trusted (an offset moves before its records are fed).
+            if not self.scan_now():
                 return False
-            self._drain_from = now
-            self._walk_due = True  # a file first written just before the exit is found too
+            # A read budget left data: the reader thread goes on; a whole pass of it that begins
+            # after this request and leaves nothing unread ends the wait.
+            self._exit_asked += 1
+            self._walk_due = True
             self._wake.set()
             return True
-        if self._clean_pass_at is not None and self._clean_pass_at >= self._drain_from:
+        if self._exit_done >= self._exit_asked:
             return False
-        if now - self._drain_from < EXIT_CATCH_UP_S:
+        if now - self._exit_at < EXIT_CATCH_UP_S:
             return True
         if not self._catch_up_said:
             self._catch_up_said = True
             log.warning("metric_files_not_caught_up", waited_s=EXIT_CATCH_UP_S,
                         next="the attempt's end is judged with the records read so far; the rest is still "
                              "read and judged as it comes, until the monitors stop")
-        return False
-
-    def _pending(self) -> bool:
-        """Whether the last pass left data unread or a followed file has grown since it was read
-        (a stat per followed file: cheap enough for the main loop, once per exit)."""
-        if self._last_more:
-            return True
-        for f in list(self._files.values()):
-            if f.dropped is not None:
-                continue
-            if f.db is not None:
-                return True  # a store's rows cannot be told from a stat: one more read
-            try:
-                if os.stat(f.path).st_size > f.offset:
-                    return True
-            except OSError:
-                continue
         return False
 
     def stop(self) -> None:
@@ -272,13 +267,13 @@ class MetricFiles:
             stopping = self._stopping.is_set()
             self._wake.clear()
             now = time.monotonic()
+            asked = self._exit_asked  # read before the pass: a request made later needs another
             walk = stopping or self._walk_due or now >= next_walk
             if walk:
                 next_walk = now + self.poll_interval_s
             more = self.scan_now(walk)
-            self._last_more = more
             if walk and not more:
-                self._clean_pass_at = now  # a whole search, every file read to its end
+                self._exit_done = asked  # a whole search, every file read to its end and fed
             if not walk:
                 read_cost = time.monotonic() - now
             if stopping:
@@ -400,7 +395,8 @@ class MetricFiles:
                         links_out.add(e.path)  # the job's tree only: a link out drives no detection
                         continue
                     st = e.stat()
-                    if file_id(st) in own:
+                    if file_id(st) in own or (e.path not in self._files
+                                              and self._console.holds(file_id(st), st.st_mtime)):
                         continue
                     found[e.path] = (kind, st)
                 except OSError:
@@ -428,7 +424,7 @@ class MetricFiles:
     # -- reading ------------------------------------------------------------------------------
 
     def _read(self, f: FileState, size: int) -> bool:
-        records, more = self._reader.read(f, size)
+        records, more = self._reader.read(f, size, self._final)
         if records and not self._mute:
             f.records += len(records)
             steps = [r.step for r in records if r.step is not None]

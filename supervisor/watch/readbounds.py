@@ -6,7 +6,8 @@ judged, and the "inside the tree" test for links.
   grows without a newline (a 2 GB sparse ``*.jsonl``) costs at most ``max_line`` bytes of memory
   however long it gets: past the cap the line is skipped to its newline, delivered as one empty
   line (it still counts as a line: a CSV's row count stays right) and counted in ``skipped``
-  (once, when the cap is passed: a line never ended is said at once).
+  (once, when the cap is passed: a line never ended is said at once). :meth:`BoundedLines.flush`
+  hands over the unfinished line once its writer is gone (the job's last line without a newline).
   Unlike :class:`supervisor.job.linesplit.LineSplitter` (pipes and tailed logs, for people and
   text rules) no head is delivered: half a JSON object or half a CSV row is no record.
 - :func:`open_followed`: opens without blocking (a FIFO put in the file's place must not hang the
@@ -48,6 +49,14 @@ class BoundedLines:
 
     def reset(self) -> None:
         self._tail, self._dropping = b"", False
+
+    def flush(self) -> list[bytes]:
+        """The unfinished line as a complete one (empty list: none, or an over-long one already
+        counted). Only for a writer that is gone (the job exited): its last line, written without
+        a newline, is all it will ever write of it; while it runs a partial line is being written."""
+        tail, dropping = self._tail, self._dropping
+        self.reset()
+        return [tail] if tail and not dropping else []
 
     def push(self, data: bytes) -> list[bytes]:
         end = data.rfind(b"\n") + 1
