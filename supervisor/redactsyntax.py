@@ -50,9 +50,23 @@ _XML_ESCAPED_RE = re.compile(r"(?i)&lt;(?P<tag>[A-Za-z_][\w:.-]{0,63}+)(?P<attrs
                              r"&gt;(?P<v>(?:[^&<\n]|&(?!lt;)){1,4096}+)&lt;/(?P=tag)&gt;")
 # The attribute that names an element's content (``name="password"``, ``key='api_key'``).
 _NAME_ATTR_RE = re.compile(r"(?i)(?<![\w-])(?:name|key)\s*=\s*(['\"])([^'\"<>\n]{1,128}+)\1")
-# A name/key attribute then a value attribute (``<add key="Password" value="X"/>``).
-_ATTR_PAIR_RE = re.compile(r"(?i)(?<![\w-])(?:name|key)\s*=\s*(['\"])(?P<n>[^'\"<>\n]{1,128}+)\1\s++"
-                           r"value\s*=\s*(?P<v>'[^'\n]*+'|\"[^\"\n]*+\")")
+# A name/key attribute and a value attribute of one element, in either order, with at most 8 other
+# attributes between them (``<add key="Password" value="X"/>``, ``<add key="Password"
+# xdt:Transform="Replace" value="X"/>``, ``<add value="X" key="Password"/>``). Each attribute
+# between is possessive and counted: no backtracking into a long run of them.
+_OTHER_ATTRS = r"(?:(?!(?:name|key|value)\s*=)[\w:.-]{1,64}+\s*=\s*(?:'[^'<>\n]*+'|\"[^\"<>\n]*+\")\s++){0,8}+"
+
+
+def _name_attr(n: str) -> str:
+    return rf"(?<![\w:.-])(?:name|key)\s*=\s*(?P<q{n}>['\"])(?P<{n}>[^'\"<>\n]{{1,128}}+)(?P=q{n})"
+
+
+def _value_attr(v: str) -> str:
+    return rf"(?<![\w:.-])value\s*=\s*(?P<{v}>'[^'\n]*+'|\"[^\"\n]*+\")"
+
+
+_ATTR_PAIR_RE = re.compile(rf"(?i){_name_attr('n')}\s++{_OTHER_ATTRS}{_value_attr('v')}"
+                           rf"|{_value_attr('v2')}\s++{_OTHER_ATTRS}{_name_attr('n2')}")
 
 # name (a marker anywhere in it, or a last word ending it), then what joins it to its value: a
 # subscript's or dict key's closing quote (escaped or not, a "]" after spaces) then "=", ":", "=>",
@@ -123,10 +137,12 @@ def _xml(m: re.Match[str]) -> str:
 
 
 def _attr_pair(m: re.Match[str]) -> str:
-    v = m["v"]
-    if not _secret_text(m["n"], v[1:-1]):
+    vg, ng = ("v", "n") if m["v"] is not None else ("v2", "n2")
+    v = m[vg]
+    if not _secret_text(m[ng], v[1:-1]):
         return m.group(0)
-    return m.group(0)[:m.start("v") - m.start()] + v[0] + REDACTED + v[0]
+    at, end = m.start(vg) - m.start(), m.end(vg) - m.start()
+    return m.group(0)[:at] + v[0] + REDACTED + v[0] + m.group(0)[end:]
 
 
 def _word_before(text: str, start: int) -> str:
