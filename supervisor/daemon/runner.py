@@ -1,11 +1,10 @@
 """The runner: the loop that feeds events to the state machine and carries out its commands.
 
-Monitors observe and put events on one queue; signal handlers only record; the loop takes the
-events in order, hands each to :class:`~supervisor.core.machine.Machine` (which decides, with
-the pure policy) and carries out the commands it returns through the ports
-(:mod:`supervisor.daemon.ports`): the only place that acts. The states and every allowed move are
-drawn in :mod:`supervisor.core.machine`; the daemon is put together by
-:func:`supervisor.daemon.wiring.build_daemon`.
+Monitors observe and put typed messages in one inbox; signal handlers only record; the loop takes
+them in order, hands each to :class:`~supervisor.core.machine.Machine` (which decides, with the
+pure policy) and carries out the commands it returns through the ports: the only place that acts.
+The states and every allowed move are drawn in :mod:`supervisor.core.machine`; the daemon is put
+together by :func:`supervisor.daemon.wiring.build_daemon`.
 """
 
 from __future__ import annotations
@@ -208,12 +207,13 @@ class Runner:
         events move the machine while a method runs)."""
         return self.state
 
-    def _drain_queue(self) -> None:
-        """Handle what is already queued, without waiting (bounded, so a flood cannot starve the tick)."""
+    def _drain_queue(self) -> bool:
+        """Handle what is queued, without waiting (bounded: a flood cannot starve the tick); True if emptied."""
         for _ in range(1000):
             if (m := self.inbox.get()) is None:
-                return
+                return True
             self._handle(m)
+        return False
 
     def _handle(self, m: Message) -> None:
         try:
@@ -348,8 +348,8 @@ class Runner:
         # the last one written, and its detection must be the root cause, not "crash".
         if not self.jobstop.output_done(self.job, now):
             return
-        self._drain_queue()
-        if self._state_now() is State.STOPPING:  # a detection arrived and started a stop
+        # A flood not emptied this turn: the next goes on (a detection in it comes before the end).
+        if not self._drain_queue() or self._state_now() is State.STOPPING:  # or one started a stop
             return
         if self.metrics.waiting and (self.jobstop.draining(now) or self.job.pumps_done(0)):
             # The attempt's last records first: whether it made progress (no backoff) and its

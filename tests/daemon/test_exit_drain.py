@@ -55,3 +55,23 @@ def test_the_exit_waits_for_output_printed_before_it_that_the_parsers_are_still_
     d.clock.advance(EXIT_DRAIN_S)
     d.step(3)
     assert d.runner.state.value == "finished", d.events()
+
+
+def test_a_detection_queued_behind_a_flood_at_the_exit_is_judged_before_the_end(tmp_path: Path) -> None:
+    """The exit is decided only once the inbox is empty: a NaN queued behind more than a turn's
+    share of messages (1,000 a drain) is the attempt's end, not a clean "finished"."""
+    import time
+
+    from supervisor.core.causes import Cause
+    from supervisor.core.observations import Detection
+    from supervisor.daemon.inbox import DetectionArrived, WakeUp
+
+    d = daemon(tmp_path)
+    for _ in range(2500):
+        d.runner.inbox.put(WakeUp())
+    d.runner.inbox.put(DetectionArrived(Detection(Cause.NAN, "loss is nan at step 9", "stdout", step=9,
+                                                  at=time.time())))
+    d.launcher.job.exits(0)
+    d.step(4)
+    assert d.runner.state.value != "finished", d.events()
+    assert d.ledger.named("failure_detected"), d.events()
