@@ -174,10 +174,12 @@ class WatchConcern(Concern):
         if self.logwatch is None or d is None:
             return
         from ..watch.candidates import Written, own_output, written_files
+        from ..watch.consolecopies import ConsoleCopies
 
         def find() -> list[Written]:
             cfg = d.cfg  # read when the notice is due: a checkpoint dir found meanwhile is searched too
-            own = own_output(d.state_dir, [cfg.log_file()])
+            # Our console too where it is piped into a file (`wrap ... | tee train.log`).
+            own = own_output(d.state_dir, [cfg.log_file()]) | ConsoleCopies().identities()
             ckpt = cfg.checkpoint_dir()
             roots = [Path(cfg.workdir())] + ([ckpt] if ckpt is not None else [])
             return written_files(roots, wall - 1.0, own, skip_dirs=[d.state_dir])

@@ -81,6 +81,14 @@ class ConsoleCopies:
         self._search()
         return ident in self._written()
 
+    def identities(self) -> set[tuple[int, int]]:
+        """Every file the readers of our console pipe write now (one search of /proc): for a
+        one-off look such as metrics_blind's list of the files an attempt wrote."""
+        if not self._pipes:
+            return set()
+        self._search()
+        return self._written()
+
     def _search(self) -> None:
         self._searched_at = time.time()
         self.searches += 1

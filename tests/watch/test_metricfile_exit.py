@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from supervisor.events import Cause, MetricRecord
+from supervisor.core.causes import Cause
+from supervisor.core.observations import MetricRecord
 from supervisor.watch.consolecopies import ConsoleCopies
 from supervisor.watch.readbounds import BoundedLines
 from tests.util import wait_for
@@ -131,6 +132,8 @@ def test_the_files_a_reader_of_our_console_pipe_writes_are_known_as_copies_of_it
 
         assert cc.holds(ident(copy), copy.stat().st_mtime)
         assert not cc.holds(ident(other), other.stat().st_mtime)
+        copies = ConsoleCopies(fds=[write_end]).identities()  # metrics_blind's one-off look
+        assert ident(copy) in copies and ident(other) not in copies  # (tee's stderr: pytest's capture file)
         searches = cc.searches
         assert not cc.holds(ident(other), 0.0) and cc.searches == searches  # older than the search: not again
         # Not a pipe (a terminal, a file): nothing is searched at all.
