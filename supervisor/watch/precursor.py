@@ -42,14 +42,17 @@ class _Robust:
         self._sorted: list[float] = []
         self.streak = 0
 
-    def observe(self, value: float, min_points: int, high: Callable[[float, float], bool]) -> float | None:
+    def observe(self, value: float, min_points: int, high: Callable[[float, float], bool],
+                could_be_high: Callable[[float], bool]) -> float | None:
         """The baseline's median when ``high(median, sigma)`` says ``value`` is high (the streak
-        grows), else None (the streak ends and the value joins the baseline)."""
+        grows), else None (the streak ends and the value joins the baseline). ``could_be_high(median)``
+        is a condition ``high`` needs whatever the sigma: when it is false the MAD is not computed
+        (most healthy records stop there: the main loop books every record through here)."""
         if len(self.values) < min_points:
             self.accept(value)
             return None
-        med, sigma = self.stats()
-        if high(med, sigma):
+        med = _middle(self._sorted)
+        if could_be_high(med) and high(med, self.sigma(med)):
             self.streak += 1
             return med
         self.streak = 0
@@ -66,14 +69,46 @@ class _Robust:
     def stats(self) -> tuple[float, float]:
         """The median and 1.4826 x the median absolute deviation (as statistics.median computes them)."""
         med = _middle(self._sorted)
-        mad = _middle(sorted([abs(v - med) for v in self._sorted]))
-        return med, 1.4826 * mad
+        return med, self.sigma(med)
+
+    def sigma(self, med: float) -> float:
+        """1.4826 x the median absolute deviation from ``med`` (the baseline's median), read off the
+        sorted values: the deviations below the median and those above it are two sorted runs, so
+        their middle is found by bisection, without sorting the deviations (the same figure)."""
+        s = self._sorted
+        n = len(s)
+        split = bisect.bisect_left(s, med)
+        h = n // 2
+        mad = _nth_deviation(s, med, split, h)
+        if not n % 2:
+            mad = (_nth_deviation(s, med, split, h - 1) + mad) / 2
+        return 1.4826 * mad
 
 
 def _middle(ordered: list[float]) -> float:
     n = len(ordered)
     h = n // 2
     return ordered[h] if n % 2 else (ordered[h - 1] + ordered[h]) / 2
+
+
+def _nth_deviation(s: list[float], med: float, split: int, t: int) -> float:
+    """The ``t``-th smallest (from 0) of ``abs(v - med)`` over the sorted ``s``: the deviations of
+    ``s[:split]`` (below ``med``) grow leftwards and those of ``s[split:]`` rightwards, two sorted runs
+    A and B; bisect how many of the t + 1 smallest come from A (``med - v`` is exactly ``abs(v - med)``
+    there: rounding is symmetric)."""
+    na, nb = split, len(s) - split
+    lo, hi = max(0, t + 1 - nb), min(t + 1, na)
+    while lo < hi:  # the fewest taken from A such that A's next is not below B's last taken
+        i = (lo + hi) // 2
+        j = t + 1 - i
+        if med - s[split - 1 - i] < s[split + j - 1] - med:
+            lo = i + 1
+        else:
+            hi = i
+    j = t + 1 - lo
+    from_a = med - s[split - lo] if lo else float("-inf")
+    from_b = s[split + j - 1] - med if j else float("-inf")
+    return from_a if from_a > from_b else from_b
 
 
 class PrecursorWatch:
@@ -90,7 +125,8 @@ class PrecursorWatch:
         self._first: int | None = None
         self._grad = _Robust(self.cfg.window)
         self._loss = _Robust(self.cfg.window)
-        self._scales: deque[tuple[int, float]] = deque(maxlen=self.cfg.window)  # (record index, scale)
+        # (record index, scale) of the window's scales that no newer one is as high as: a sliding maximum
+        self._scales: deque[tuple[int, float]] = deque()
         self._n = 0
 
     def feed(self, rec: MetricRecord) -> Precursor | None:
@@ -123,27 +159,33 @@ class PrecursorWatch:
         record's included. AMP halves it on an overflow and doubles it back after a stretch of
         clean steps: a lone halving is routine, a scale that keeps falling is not."""
         scale = next((rec.extra[k] for k in SCALE_KEYS if k in rec.extra), None)
+        scales = self._scales  # decreasing scales: the first is the window's highest, the last the newest
         if scale is not None and _finite(scale) and scale > 0:
-            self._scales.append((self._n, scale))
-        recent = [s for i, s in self._scales if self._n - i < self.cfg.window]
-        if not recent:
+            while scales and scales[-1][1] <= scale:
+                scales.pop()  # never the highest again while this newer one is in the window
+            scales.append((self._n, scale))
+        while scales and self._n - scales[0][0] >= self.cfg.window:
+            scales.popleft()  # out of the window for good: the record index only grows
+        if not scales:
             return 0
-        return int(math.floor(math.log2(max(recent) / recent[-1]) + 1e-9))
+        return int(math.floor(math.log2(scales[0][1] / scales[-1][1]) + 1e-9))
 
     def _judge(self, rec: MetricRecord) -> Precursor | None:
         cfg = self.cfg
         found: Precursor | None = None
         g = rec.grad_norm
         if g is not None and _finite(g):
-            med = self._grad.observe(g, cfg.min_points,
-                                     lambda m, s: g > m + cfg.grad_norm_z * s and g > cfg.grad_norm_factor * m)
+            med = self._grad.observe(g, cfg.min_points, lambda m, s: g > m + cfg.grad_norm_z * s,
+                                     lambda m: g > cfg.grad_norm_factor * m)
             if med is not None and self._grad.streak >= cfg.patience:
                 found = Precursor("grad_norm_ramp", rec.step,
                                   f"grad norm {g:.4g} above {cfg.grad_norm_factor:g}x its median {med:.4g} "
                                   f"for {self._grad.streak} records in a row")
         loss = rec.loss
         if found is None and loss is not None and _finite(loss):
-            med = self._loss.observe(loss, cfg.min_points, lambda m, s: s > 0 and loss > m + cfg.loss_z * s)
+            # loss_z > 0 and sigma >= 0: a loss at or below the median is never high
+            med = self._loss.observe(loss, cfg.min_points, lambda m, s: s > 0 and loss > m + cfg.loss_z * s,
+                                     lambda m: loss > m)
             if med is not None and self._loss.streak >= cfg.patience:
                 found = Precursor("loss_rising", rec.step,
                                   f"loss {loss:.4g} above its median {med:.4g} by more than {cfg.loss_z:g} "

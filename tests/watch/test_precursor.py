@@ -75,3 +75,35 @@ def test_rate_limited_warmup_respected_and_reset_per_attempt():
     w.reset(resume_step=500)
     assert all(w.feed(rec(s, 2.0, 1e6, at=10_000.0 + s)) is None for s in range(501, 515))
     assert not PrecursorWatch(dataclasses.replace(CFG, enabled=False)).feed(rec(999, 2.0, 1e9))
+
+
+def test_the_rolling_baseline_gives_statistics_median_and_mad_exactly():
+    """The MAD is read off the sorted window by bisection (no sort per record, the main loop's
+    cost in a burst): it must be the very figure statistics.median gives, ties and windows of odd
+    and even length included."""
+    import statistics
+
+    from supervisor.watch.precursor import _Robust
+
+    rng = random.Random(11)
+    for _ in range(2000):
+        window = rng.choice([10, 11, 50, 100])
+        robust = _Robust(window)
+        for _ in range(rng.randint(1, 3 * window)):
+            robust.accept(rng.choice([rng.random(), rng.randint(0, 3) * 0.5, rng.gauss(0, 1e3), 1.0]))
+        values = list(robust.values)
+        med = statistics.median(values)
+        assert robust.stats() == (med, 1.4826 * statistics.median([abs(v - med) for v in values]))
+
+
+def test_the_loss_scale_window_forgets_its_old_highest_value():
+    """The sliding maximum of the loss scale: a scale more than ``window`` records old no longer
+    counts (two halvings below a value 15 records back ask for nothing), one within it does."""
+    cfg = dataclasses.replace(CFG, window=10, min_points=5, warmup_steps=0, scale_drops=2, min_interval_s=0)
+    w = PrecursorWatch(cfg)
+    assert w.feed(rec(1, 2.0, scale=65536.0)) is None
+    assert [w.feed(rec(s, 2.0, scale=32768.0)) for s in range(2, 16)] == [None] * 14
+    assert w.feed(rec(16, 2.0, scale=16384.0)) is None  # 65536 fell out of the window at record 11
+    assert w.feed(rec(17, 2.0, scale=65536.0)) is None
+    found = w.feed(rec(18, 2.0, scale=16384.0))
+    assert found is not None and found.kind == "loss_scale_drops" and found.step == 18
