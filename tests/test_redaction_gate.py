@@ -169,6 +169,7 @@ def test_the_notify_command_stdin_and_env_and_the_webhook_body(tmp_path: Path) -
     assert not leaks(env) and LEARNED not in env and "TSUP_NOTIFY_MESSAGE" in env
 
 
+@pytest.mark.slow
 def test_a_megabyte_of_hostile_text_is_masked_in_linear_time() -> None:
     hostile = ["key" * 350_000, "a://b:" * 200_000, "password='" * 100_000, "a." * 500_000, "Basic " * 170_000,
                "authorization:" * 70_000, "token x1 " * 110_000, "eyJaaaaaaaaa." * 80_000, "\n".join(LINES) * 1000,

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -22,6 +24,7 @@ def test_mypy_finds_no_error() -> None:
     assert cp.returncode == 0, cp.stdout[-4000:] + cp.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_mypy_reads_tests_and_bench() -> None:
     """tests/ and bench/ at mypy's default level: typed functions checked, the package's imports
     followed silently (its own errors are the test above's)."""

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from supervisor.checkpoints.service import CheckpointService
 from supervisor.config.model import Config, load_config
 from supervisor.job.launch import config_json
@@ -65,6 +67,7 @@ def daemon_verdicts(ck: Path, sd: Path, cfg: Config) -> dict[str, tuple[bool, li
         svc.close()
 
 
+@pytest.mark.slow
 def test_state_dir_of_a_finished_run_gives_the_daemons_verdicts_with_progress(tmp_path):
     ck, sd, cfg = finished_run(tmp_path)
     cp = cli("--checkpoint-dir", str(ck), "--state-dir", str(sd), "--json")

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from supervisor.checkpoints.service import CheckpointService
 from supervisor.config.model import Config, load_config
 from supervisor.job.launch import config_json
@@ -47,6 +49,7 @@ def finished_run(tmp_path: Path) -> tuple[Path, Path, Config]:
     return ck, sd, cfg
 
 
+@pytest.mark.slow
 def test_relative_paths_from_elsewhere_give_the_daemons_verdicts_and_nan_is_not_ready(tmp_path):
     ck, sd, cfg = finished_run(tmp_path)
     elsewhere = tmp_path / "a" / "b"  # not the job's workdir, nor at its depth

@@ -40,6 +40,7 @@ def _checkpoint_dir(out: Path, tmp_path: Path) -> Path:
     return ck
 
 
+@pytest.mark.slow
 def test_the_checkpoints_verb_never_runs_a_payload_in_dcp_metadata(made: tuple[Path, Path], tmp_path: Path) -> None:
     out, marker = made
     ck = _checkpoint_dir(out, tmp_path)

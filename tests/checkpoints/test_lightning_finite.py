@@ -47,6 +47,7 @@ def finite_test(path: Path):
     return run_load_test(LoadTestRequest(path, check_finite=True), python=PY, timeout_s=120)
 
 
+@pytest.mark.slow
 def test_a_stock_checkpoint_with_inf_callback_state_passes_the_finite_check(stock: Path) -> None:
     good = stock / "epoch=0-step=5.ckpt"
     raw = torch.load(good, weights_only=True)

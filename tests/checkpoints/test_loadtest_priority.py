@@ -105,6 +105,7 @@ def test_the_load_test_runs_below_the_job_in_cpu_priority(tmp_path: Path) -> Non
     assert io[-1] in (3, None), io  # the idle IO class (3) where ioprio_get answers: the disk is the job's first
 
 
+@pytest.mark.slow
 def test_a_version_under_test_is_not_tested_again_beside_it(tmp_path: Path) -> None:
     """After a kill, the background test of the newest save and the one beside the relaunch ask
     for the same version: one subprocess, both callers get its result."""

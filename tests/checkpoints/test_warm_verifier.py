@@ -32,6 +32,7 @@ def _stand_in(tmp: Path, serve_body: str) -> str:
     return str(py)
 
 
+@pytest.mark.slow
 def test_many_checkpoints_one_process_and_the_same_verdicts_as_cold(tmp_path: Path) -> None:
     good = [F.torch_file(tmp_path / f"step_{s}.pt", s) for s in (10, 20, 30)]
     bad = F.torch_file(tmp_path / "step_40.pt", 40, nan=True)
@@ -69,6 +70,7 @@ def test_a_killed_warm_process_is_replaced_and_the_test_still_answers(tmp_path: 
         tests.cancel()
 
 
+@pytest.mark.slow
 def test_an_interpreter_whose_warm_mode_dies_falls_back_to_cold_tests_and_turns_it_off(tmp_path: Path) -> None:
     cks = [F.torch_file(tmp_path / f"step_{s}.pt", s) for s in range(1, MAX_CRASHES + 2)]
     tests = _tests(_stand_in(tmp_path, "exit 7"))

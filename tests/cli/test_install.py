@@ -215,6 +215,7 @@ def _venv(where: Path) -> Path:
     return py
 
 
+@pytest.mark.slow
 def test_real_wheel_then_supervisord(tmp_path: Path, wheel: Path, supervisord_wheel: Path):
     py = _venv(tmp_path / "v")
     tsup = tmp_path / "v" / "bin" / "transformer-supervisor"

@@ -109,6 +109,7 @@ def client_manifest(checkpoint: Path) -> dict[str, Any]:
 
 # -- Hugging Face Trainer -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_hf_outside_supervision_the_callback_is_a_noop(tmp_path: Path) -> None:
     out = tmp_path / "out"
     rc, res, err = run("cb_hf_train.py", [str(out), "--max-steps", "4", "--save-steps", "2"],
@@ -153,6 +154,7 @@ def test_hf_heartbeats_metrics_and_checkpoint_now(tmp_path: Path) -> None:
     assert rows_q["checkpoint-8"]["val_metric"]["step"] == 8
 
 
+@pytest.mark.slow
 def test_hf_stop_request_saves_a_checkpoint_and_stops_early(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = start("cb_hf_train.py", [str(out), "--max-steps", "2000", "--logging-steps", "5"],
@@ -175,6 +177,7 @@ def test_hf_stop_request_saves_a_checkpoint_and_stops_early(tmp_path: Path) -> N
 
 # -- Lightning ------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_lightning_outside_supervision_the_callback_is_a_noop(tmp_path: Path) -> None:
     root = tmp_path / "root"
     rc, res, err = run("cb_lightning_train.py", [str(root), "--max-steps", "6", "--ckpt-every", "3"],
@@ -210,6 +213,7 @@ def test_lightning_heartbeats_metrics_and_checkpoint_now(tmp_path: Path) -> None
         assert row["sha256_ok"] is True and row["ready"] is True, (name, row)
 
 
+@pytest.mark.slow
 def test_lightning_stop_request_saves_a_checkpoint_and_stops_early(tmp_path: Path) -> None:
     root, ck = tmp_path / "root", tmp_path / "ck"
     proc = start("cb_lightning_train.py", [str(root), "--max-steps", "20000", "--log-every", "5"],
@@ -233,6 +237,7 @@ def test_lightning_stop_request_saves_a_checkpoint_and_stops_early(tmp_path: Pat
     assert row["ready"] is True and row["step"] == step and row["load_test"]["passed"] is True, row
 
 
+@pytest.mark.slow
 def test_lightning_stop_during_validation_saves_the_last_step(tmp_path: Path) -> None:
     root, ck = tmp_path / "root", tmp_path / "ck"
     rc, res, err = run("cb_lightning_train.py", [str(root), "--max-steps", "200", "--val-every", "5",

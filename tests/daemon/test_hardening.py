@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import history, pid_alive
 from tests.util import wait_for
 
@@ -273,6 +275,7 @@ def _request_s(sd: Path, verb: str) -> float:
     return time.monotonic() - t
 
 
+@pytest.mark.slow
 def test_metric_flood_is_kept_or_counted_and_control_answers(daemons, tmp_path):
     import json
     import sqlite3

@@ -120,6 +120,7 @@ def test_oom_prints_cuda_out_of_memory_and_exits_1(tmp_path: Path) -> None:
     assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in proc.stderr
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_breaks_the_newest_fires_once_and_bad_resume_raises_lr(tmp_path: Path) -> None:
     faults = "corrupt_ckpt@10,bad_resume"
     first = run(argv(tmp_path, steps=15, every=5, faults=faults), job_env(tmp_path))

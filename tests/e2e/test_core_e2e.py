@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 
 from tests.conftest import helper, history, pid_alive
 from tests.util import wait_for
@@ -88,6 +89,7 @@ def test_killing_signal_is_named(daemons, tmp_path):
     assert a["signal"] == "SIGSEGV" and a["exit_code"] is None and a["cause"] == "crash"
 
 
+@pytest.mark.slow
 def test_env_and_resume_args_on_relaunch(daemons, tmp_path):
     sd, ck, out = tmp_path / "sd", tmp_path / "ck", tmp_path / "out"
     ck.mkdir(), out.mkdir()

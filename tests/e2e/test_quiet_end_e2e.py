@@ -13,6 +13,8 @@ import subprocess
 import sys
 from datetime import datetime
 
+import pytest
+
 from tests.conftest import ROOT, history
 
 PY = sys.executable
@@ -25,6 +27,7 @@ def _at(event: dict) -> float:
     return datetime.fromisoformat(event["at"]).timestamp()
 
 
+@pytest.mark.slow
 def test_a_quiet_job_over_nan_weights_is_called_blind_early_and_its_end_unwatched_with_nan_weights(tmp_path):
     work, ckpt = tmp_path / "work", tmp_path / "ckpt"
     work.mkdir()

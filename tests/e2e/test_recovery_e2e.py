@@ -22,6 +22,7 @@ def wrap(sd: Path, *flags: str) -> list[str]:
 RESUMED_FROM = "import os, sys; open(sys.argv[1], 'w').write(os.environ['TSUP_RESUME_FROM'])"
 
 
+@pytest.mark.slow
 def test_a_symlink_out_of_the_checkpoint_dir_is_never_resumed_from_unless_configured(daemons, tmp_path):
     ck, outside = tmp_path / "ck", tmp_path / "outside"
     torch_file(ck / "step_100.pt", 100)
@@ -172,6 +173,7 @@ def _lost_a_member(src: Path, dst: Path) -> None:
     old_mtime(dst)
 
 
+@pytest.mark.slow
 def test_overlap_launches_at_once_and_a_failed_load_test_stops_the_job_and_falls_back(daemons, tmp_path):
     for verify in ("before-launch", "overlap"):
         sd, ck, out = tmp_path / f"sd-{verify}", tmp_path / f"ck-{verify}", tmp_path / f"out-{verify}"

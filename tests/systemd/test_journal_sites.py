@@ -96,6 +96,7 @@ def _innermost_function(path: str, line: int) -> str:
     return min(spans, key=lambda s: s[1] - s[0])[2] if spans else "<module>"
 
 
+@pytest.mark.slow
 def test_daemon_entries_keep_their_marker_and_name_their_call_site(ct: Container) -> None:
     _write(ct, f"{WORK}/job.py", JOB)
     _write(ct, f"{WORK}/config.toml", CONFIG)

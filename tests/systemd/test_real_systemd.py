@@ -353,6 +353,7 @@ def test_success_exit_status_143(ct: Container) -> None:
     assert "Deactivated successfully" in log and "Failed with result" not in log, log
 
 
+@pytest.mark.slow
 def test_template_instance(ct: Container) -> None:
     """transformer-supervisor@NAME reads /etc/transformer-supervisor/NAME.toml."""
     ct.exec([f"{REPO}/scripts/install-systemd", "--use-venv", str(VENV)], timeout=120)

@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import history
 
 PY = sys.executable
@@ -63,6 +65,7 @@ def run(daemons, tmp_path: Path, *args: str) -> tuple[int, dict]:
     return d.wait(90), history(sd)
 
 
+@pytest.mark.slow
 def test_a_silent_but_busy_job_is_not_stopped_and_finishes(daemons, tmp_path: Path) -> None:
     code, h = run(daemons, tmp_path, "busy", str(3 * TIMEOUT_S))
     assert code == 0, h

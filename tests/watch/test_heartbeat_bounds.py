@@ -62,6 +62,7 @@ def hostile(hb: Path, outside: Path) -> None:
         (hb / f"metrics-rank{2000 + i}.jsonl").write_text("")
 
 
+@pytest.mark.slow
 def test_a_folder_of_100000_hostile_files_costs_each_check_a_bound_and_a_real_rank_is_found_and_judged(
         tmp_path: Path) -> None:
     hb, outside = tmp_path / "hb", tmp_path / "outside"

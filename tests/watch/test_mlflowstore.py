@@ -50,6 +50,7 @@ def test_a_real_mlflow_store_reads_back_nan_and_inf_with_their_steps(tmp_path: P
     assert db.read("s") == ([], False)
 
 
+@pytest.mark.slow
 def test_history_is_skipped_and_later_rows_are_read(tmp_path: Path) -> None:
     db = MlflowDb(str(_mlflow_run(tmp_path)))
     db.skip_history()

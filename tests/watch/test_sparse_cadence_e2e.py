@@ -55,6 +55,7 @@ for step in range(1, 81):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["save", "eval"])
 def test_a_pause_longer_than_a_sparse_job_s_timeout_is_no_hang(daemons, tmp_path: Path, mode: str) -> None:
     job = tmp_path / "job.py"
