@@ -6,5 +6,5 @@ scripts may use (heartbeats, metrics, stop/checkpoint flags, atomic checkpoint s
 
 __version__ = "0.1.0"
 #: marks this package as transformer-supervisor's: supervisord's ``supervisor`` package has the
-#: same import name (see :mod:`supervisor.cli.installcheck`)
+#: same import name (see :mod:`supervisor.installcheck`)
 __distribution__ = "transformer-supervisor"

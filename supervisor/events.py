@@ -15,7 +15,6 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 from .core.causes import Action, Cause
 from .core.observations import Detection, MetricRecord
-from .redact import MAX_TOTAL_CHARS, MAX_VALUE_CHARS, redact_argv
 
 __all__ = ["Action", "AttemptContext", "Cause", "Emit", "LineSink", "MetricSink", "Monitor"]
 
@@ -72,12 +71,3 @@ class Monitor(Protocol):
     def status(self) -> Mapping[str, object]: ...
 
 
-MAX_ARG_CHARS = MAX_VALUE_CHARS  # one argument as logged / stored
-MAX_ARGV_CHARS = MAX_TOTAL_CHARS  # the whole argv as logged / stored (a 25 MB argv once made a 131 MB ledger)
-
-
-def bounded_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` as we log and store it: each argument cut at MAX_ARG_CHARS and the list at
-    MAX_ARGV_CHARS in all, each cut said in place (``…(+N chars)``, ``…(+N more args)``), and
-    masked (supervisor.redact does both: the one place)."""
-    return redact_argv(argv)  # shown and stored, never a --password=x or a URL's password

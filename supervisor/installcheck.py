@@ -41,7 +41,7 @@ and reinstall supervisord where it was: pip install --force-reinstall supervisor
 
 
 def _here() -> Path:
-    return Path(__file__).resolve().parents[1]  # the supervisor package (this module is in supervisor/cli/)
+    return Path(__file__).resolve().parent  # the supervisor package (this module is at its top)
 
 
 def _may_hold_foreign() -> bool:

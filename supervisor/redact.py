@@ -49,6 +49,7 @@ import threading
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
+from .core.messages import Argv
 from .redactnames import (NOT_SECRETS as _NOT_SECRETS, SECRET_MARKERS, is_secret, masks_key, names_secret,
                           shell_dir_secret as _shell_dir_secret)
 from .redactsyntax import NUMBER_RE as _NUMBER_RE, REDACTED, mask_commands, mask_names
@@ -317,6 +318,8 @@ def redact_data(v: Any, also: Sequence[str] = ()) -> Any:
         return v
     if isinstance(v, Mapping):
         return {k: (REDACTED if masks_key(str(k), x) else redact_data(x, also)) for k, x in v.items()}
+    if isinstance(v, Argv):  # the core's argv, shown here (bounded, --token x masked), never by the core
+        return redact_data(redact_argv(v.args), also)
     if isinstance(v, (list, tuple, set, frozenset)):
         items = [redact_data(x, also) for x in v]
         return tuple(items) if isinstance(v, tuple) else items

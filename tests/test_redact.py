@@ -7,7 +7,7 @@ import signal
 import sys
 
 from supervisor.redact import (MAX_LINE_CHARS, MAX_TOTAL_CHARS, MAX_VALUE_CHARS, REDACTED, redact_argv, redact_env,
-                               redact_line, redact_url)
+                               redact_data, redact_line, redact_url)
 from tests.conftest import history
 from tests.util import wait_for
 
@@ -70,6 +70,19 @@ def test_a_huge_argv_is_cut_per_argument_and_in_all():
     assert got[3] == "a" * MAX_VALUE_CHARS + f"…(+{5000 - MAX_VALUE_CHARS} chars)"
     assert got[-1].endswith("more args)") and sum(map(len, got)) < MAX_TOTAL_CHARS + MAX_VALUE_CHARS
     assert redact_argv(["--api-key", "--token", "x"]) == ["--api-key", "--token", REDACTED]
+
+
+def test_the_cores_argv_is_shown_by_every_sink_bounded_and_masked():
+    """The machine keeps an argv as exec'd (core.messages.Argv); the log line and the ledger row
+    (redact_data, after jsonable) and a notification (Masker) show it as redact_argv does."""
+    from supervisor.core.messages import Argv, jsonable
+    from supervisor.ops.alertmsg import Masker
+
+    argv = Argv(("train.py", "--token", "tk-s3cr3t-9", "a" * 5000))
+    want = ["train.py", "--token", REDACTED, "a" * MAX_VALUE_CHARS + f"…(+{5000 - MAX_VALUE_CHARS} chars)"]
+    assert redact_data({"argv": argv}) == {"argv": want}
+    assert redact_data(jsonable({"argv": argv})) == {"argv": want}
+    assert Masker().value({"argv": argv}) == {"argv": want}
 
 def test_credentials_in_argv_and_env_values_never_reach_history_ledger_or_log(daemons, tmp_path):
     sd, ready = tmp_path / "sd", tmp_path / "ready"

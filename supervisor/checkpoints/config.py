@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..config.schema import meta
+from ..fieldmeta import meta
 
 
 def _valid_regex(value: object) -> str | None:

@@ -11,8 +11,8 @@ from typing import Any, Callable, Sequence
 
 # Nothing from the package at import time but the install check and the parser (stdlib only):
 # when supervisord's `supervisor` package was installed over ours, `from . import __version__` is
-# what fails, and main() must first say why (supervisor.cli.installcheck).
-from .installcheck import refuse_foreign
+# what fails, and main() must first say why (supervisor.installcheck).
+from ..installcheck import refuse_foreign
 from .parser import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE, build_parser
 from .. import strictjson
 from ..textescape import escaped

@@ -8,7 +8,8 @@ from types import ModuleType
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from ..config.schema import Problem, meta
+from ..config.schema import Problem
+from ..fieldmeta import meta
 
 if TYPE_CHECKING:  # ssl and the credential loaders only when a cluster is configured: a single-node
     import ssl  # daemon's start does not pay for them

@@ -1,7 +1,7 @@
 """Typed TOML -> frozen dataclass conversion that collects every problem.
 
 Each concern declares its config section as a frozen dataclass in its own module; every field
-has a default and ``metadata=meta(help, ...)``. :func:`build` walks the dataclass fields, so a new
+has a default and ``metadata=meta(help, ...)`` (:mod:`supervisor.fieldmeta`). :func:`build` walks the dataclass fields, so a new
 key needs no code here. Problems are collected, never raised one at a time, each naming its key
 path and what was expected: ``policy.max_restarts: expected a non-negative integer, got "ten"``.
 """
@@ -16,29 +16,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, fields, is_dataclass
-from typing import Any, Callable
-
-Check = Callable[[Any], "str | None"]
-
-
-def meta(
-    help: str,
-    *,
-    min: float | None = None,
-    max: float | None = None,
-    choices: tuple[str, ...] | None = None,
-    check: Check | None = None,
-    min_exclusive: bool = False,
-) -> dict[str, Any]:
-    """Field metadata: the one-line help (documents the key) and its constraints."""
-    return {
-        "help": help,
-        "min": min,
-        "max": max,
-        "choices": choices,
-        "check": check,
-        "min_exclusive": min_exclusive,
-    }
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)

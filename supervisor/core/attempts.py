@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..config.model import Config, signal_number
 from .observations import Detection
 from .causes import ACTIONS, CAUSES, Cause, Hold, StopStyle
 from .messages import EXIT_OK, Activity, Mode, Record, Resume, ShutdownPlan
 from .policy import Decision
+from .settings import RunSettings, signal_number
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Pending:
     explicit_checkpoint: str | None = None  # restart --from
 
 
-def shutdown_plan(cfg: Config, cause: Cause | None, decision: Decision | None) -> ShutdownPlan:
+def shutdown_plan(cfg: RunSettings, cause: Cause | None, decision: Decision | None) -> ShutdownPlan:
     """How to stop the job for ``cause`` (None: an operator stop) given what follows."""
     s = cfg.shutdown
     mode, grace = Mode(s.mode), s.grace_s
@@ -40,7 +40,7 @@ def shutdown_plan(cfg: Config, cause: Cause | None, decision: Decision | None) -
                         s.checkpoint_timeout_s, reason=cause.value if cause else "stop")
 
 
-def leftovers_plan(cfg: Config) -> ShutdownPlan:
+def leftovers_plan(cfg: RunSettings) -> ShutdownPlan:
     """Stopping what is left of the group after its leader exited: nothing to checkpoint."""
     s = cfg.shutdown
     return ShutdownPlan(Mode.GRACEFUL, s.leftover_grace_s, signal_number(s.stop_signal), reason="leftovers")
@@ -140,7 +140,7 @@ def relaunch_held(attempt: int, decision: Decision, hold: Hold, summary: str, ra
                    "waits_for": hold.cause.value})
 
 
-def gave_up(reason: str, cause: Cause, state_dir: Path) -> Record:
+def gave_up(reason: str, cause: Cause, state_dir: Path, **data: object) -> Record:
     return Record("gave_up", "critical", f"gave up: {reason}. The job is not restarted; a human should "
                                          f"look at the journal, `transformer-supervisor history` and the "
-                                         f"state dir {state_dir}", {"cause": cause.value})
+                                         f"state dir {state_dir}", {"cause": cause.value, **data})

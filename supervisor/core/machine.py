@@ -34,8 +34,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from ..events import bounded_argv
-from ..config.model import Config, signal_number
 from ..errors import Conflict, GiveUp, IllegalMove
 from .observations import Detection
 from . import attempts
@@ -43,8 +41,9 @@ from .attempts import Pending, shutdown_plan
 from .runend import end_verdict
 from .policy import Decision, Failure, PastAttempt, RemediesInForce, RepeatKey, decide
 from .resumecheck import handover
+from .settings import RunSettings, signal_number
 from .causes import ACTIONS, CAUSES, Action, Cause, Hold, StopStyle, gate_failure
-from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, Activity, ArmTimer, Boot, CheckEnd, CheckpointRequested,
+from .messages import (EXIT_GAVE_UP, EXIT_OK, FRESH_START, Activity, ArmTimer, Argv, Boot, CheckEnd, CheckpointRequested,
                        Command, ConditionCleared, Detected, EndChecked,
                        EndAttempt, EscalateStop, Event, ExitInfo, Finish, FirstMetric, JobExited, Launch,
                        PrepareLaunch, Prepared, Record, RecordDetection, Reply, RestartRequested, Resume, ShutdownPlan,
@@ -84,7 +83,7 @@ MOVES: Mapping[State, frozenset[State]] = MappingProxyType({
 class Machine:
     """One run's state; :meth:`handle` takes an event and returns the commands to carry out."""
 
-    def __init__(self, cfg: Config, state_dir: Path) -> None:
+    def __init__(self, cfg: RunSettings, state_dir: Path) -> None:
         self.cfg = cfg  # replaced on reload; read at each decision and launch
         self.state_dir = state_dir  # named in the give-up message
         self.state = State.PREPARING  # Boot prepares the first launch
@@ -218,15 +217,15 @@ class Machine:
         handed, resume_txt = handover(self.resume, bool(self.cfg.job.resume_args))
         self._record("job_started", "info",
                      f"attempt {self.attempt} started (pid {ev.pid}, restarts so far {self.counted_restarts}/"
-                     f"{self.cfg.policy.max_restarts}); {resume_txt}", pid=ev.pid, argv=bounded_argv(ev.argv),
+                     f"{self.cfg.policy.max_restarts}); {resume_txt}", pid=ev.pid, argv=Argv(tuple(ev.argv)),
                      checkpoint=self.resume.checkpoint, resume_step=self.resume.step, handed=handed)
         self.pending = Pending()
 
     def _spawn_failed(self, ev: SpawnFailed) -> None:
         self._do(EndAttempt(self.attempt, Cause.CRASH, Action.GIVE_UP, f"cannot start: {ev.error}", True,
                             spawned=False))
-        self._give_up(f"cannot start the job: {ev.error} (argv {bounded_argv(ev.argv)!r}, cwd {ev.cwd}); "
-                      "fix job.command / job.workdir", Cause.CRASH)
+        self._give_up(f"cannot start the job: {ev.error} (cwd {ev.cwd}; its argv in this event's argv); "
+                      "fix job.command / job.workdir", Cause.CRASH, argv=Argv(tuple(ev.argv)))
 
     def _first_metric(self, _ev: FirstMetric) -> None:
         if self.state in JOB_UP:
@@ -382,9 +381,9 @@ class Machine:
         else:
             self._finish(State.FINISHED, EXIT_OK, v.reason, verdict=v.verdict.value)
 
-    def _give_up(self, reason: str, cause: Cause) -> None:
+    def _give_up(self, reason: str, cause: Cause, **data: object) -> None:
         self._move(State.GAVE_UP, cause.value)
-        self._do(attempts.gave_up(reason, cause, self.state_dir))
+        self._do(attempts.gave_up(reason, cause, self.state_dir, **data))
         self._finish(State.GAVE_UP, EXIT_GAVE_UP, reason)
 
     def _finish(self, state: State, code: int, reason: str, **data: Any) -> None:

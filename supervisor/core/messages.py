@@ -280,6 +280,15 @@ class ArmTimer:
 
 
 @dataclass(frozen=True)
+class Argv:
+    """A command line in an event's data. The core keeps the argv as it was exec'd: shown, it is
+    bounded and its secrets masked by the sink's one redactor (redact.redact_argv), never here,
+    since the redactor's learned secrets are process state the pure core does not hold."""
+
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Record:
     """One event: a log line and a ledger row (``ledger_only``: a module logged it already)."""
 
@@ -370,7 +379,10 @@ Command = (PrepareLaunch | Launch | StopJob | EscalateStop | SignalJob | ArmTime
 
 # ----------------------------------------------------------------------------- JSON shapes
 def jsonable(v: Any) -> Any:
-    """Dataclasses, mappings, sequences and enums as plain JSON types."""
+    """Dataclasses, mappings, sequences and enums as plain JSON types; an :class:`Argv` is left to
+    the sink's redactor, which shows it as a list."""
+    if isinstance(v, Argv):
+        return v
     if is_dataclass(v) and not isinstance(v, type):
         return {f.name: jsonable(getattr(v, f.name)) for f in fields(v)}
     if isinstance(v, Mapping):

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
-from ..config.model import Config, Remedy, find_flag
 from .causes import ACTIONS, CAUSES, Action, Cause
+from .settings import Remedy, RunSettings, find_flag
 
 
 @dataclass(frozen=True)
@@ -250,7 +250,7 @@ def _consecutive_failures(history: Sequence[PastAttempt], healthy_after_s: float
     return n
 
 
-def relaunch_delay(cfg: Config, history: Sequence[PastAttempt], cause: Cause, action: Action, *,
+def relaunch_delay(cfg: RunSettings, history: Sequence[PastAttempt], cause: Cause, action: Action, *,
                    ran_s: float, progressed: bool, jitter_draw: float) -> tuple[float, str]:
     """(delay, why) before relaunching after ``cause``; rule 5 of the module docstring."""
     p = cfg.policy
@@ -269,7 +269,7 @@ def relaunch_delay(cfg: Config, history: Sequence[PastAttempt], cause: Cause, ac
                    f"(policy.backoff_initial_s = {p.backoff_initial_s:g}, factor {p.backoff_factor:g})")
 
 
-def backoff_delay(cfg: Config, consecutive: int, jitter_draw: float) -> float:
+def backoff_delay(cfg: RunSettings, consecutive: int, jitter_draw: float) -> float:
     """Delay before the next launch; ``jitter_draw`` in [-1, 1] (the caller draws it)."""
     p = cfg.policy
     if consecutive <= 0 or p.backoff_initial_s <= 0:
@@ -278,7 +278,7 @@ def backoff_delay(cfg: Config, consecutive: int, jitter_draw: float) -> float:
     return max(0.0, base * (1.0 + p.backoff_jitter * max(-1.0, min(1.0, jitter_draw))))
 
 
-def decide(cfg: Config, history: Sequence[PastAttempt], failure: Failure, *, now: float,
+def decide(cfg: RunSettings, history: Sequence[PastAttempt], failure: Failure, *, now: float,
            ran_s: float, jitter_draw: float = 0.0, progressed: bool = False,
            repeat: RepeatKey | None = None) -> Decision:
     """Decide what to do about ``failure`` that ended (or must end) the current attempt.
@@ -360,7 +360,7 @@ def _identical_repeat(history: Sequence[PastAttempt], cause: Cause, repeat: Repe
     return None
 
 
-def _futile_message(cfg: Config, cause: Cause, failure: Failure, prev: PastAttempt, repeat: RepeatKey | None,
+def _futile_message(cfg: RunSettings, cause: Cause, failure: Failure, prev: PastAttempt, repeat: RepeatKey | None,
                     remedies: Sequence[Remedy]) -> str:
     assert repeat is not None and prev.repeat is not None
     where = f"at step {repeat.step}" if repeat.step is not None else "before any step"

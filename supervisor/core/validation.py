@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..config.model import ValidationConfig
+from .settings import ValidationConfig
 from .observations import MetricRecord
 from .resumecheck import CHECK_NAME, RULE, resume_ignored
 

@@ -25,7 +25,7 @@ SECRET_KEYS = ("notify.webhook_url",)
 
 def _masked(v: Any) -> Any:
     """``v`` with the secret-looking values of any remedy env masked (``[on.<cause>]``)."""
-    from ..config.model import Remedy
+    from ..core.settings import Remedy
     from ..job.process import redact_env
 
     if isinstance(v, Remedy):

@@ -64,7 +64,7 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
         concerns.insert(len(concerns) - len(extra), LivePageConcern())
     store: CheckpointStore = checkpoints
     if cfg.cluster.enabled:  # multi-node: imported only then, so a single node carries none of it
-        from ..cluster.concern import ClusterCheckpoints, ClusterConcern
+        from .clusterconcern import ClusterCheckpoints, ClusterConcern
 
         cluster = ClusterConcern(cfg.cluster, cfg.job.name)
         concerns.insert(len(concerns) - len(extra), cluster)

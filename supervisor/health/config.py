@@ -5,7 +5,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..config.schema import meta
+from ..fieldmeta import meta
 from ..core.causes import Action
 
 _ACTIONS = tuple(a.value for a in Action)  # the built-in actions, named once in core/causes.py

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from ..events import bounded_argv
 from ..ownpaths import file_identity, open_in
 from .connection import CheckedReads, LockedConnection
 from .deferred import WRITE_WAIT_S, DeferredWrites
@@ -30,7 +29,7 @@ from .schema import LEDGER_FILE, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from .walcheckpoint import WalCheckpointer
 from .writeguard import WriteHealth, guarded
 from .. import strictjson
-from ..redact import redact_data, redact_text
+from ..redact import redact_argv, redact_data, redact_text
 
 __all__ = ["AttemptRow", "Ledger", "LedgerError"]
 
@@ -345,7 +344,7 @@ class Ledger:
         self.db.execute(
             "INSERT INTO attempts(run_id, attempt, argv_json, cwd, env_json, snapshot_json, started_at, "
             "checkpoint, resume_step, remedies_json, gate_json) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (run_id, attempt, json.dumps(bounded_argv(argv)), cwd, json.dumps(dict(env), sort_keys=True), _json(snapshot),
+            (run_id, attempt, json.dumps(redact_argv(argv)), cwd, json.dumps(dict(env), sort_keys=True), _json(snapshot),
              self.clock(), checkpoint, resume_step, _json(list(remedies)) or "[]", _json(gate)))
 
     @guarded

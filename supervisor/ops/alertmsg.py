@@ -13,9 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from ..core.messages import Argv
 from ..eventnames import EventName
 from ..humanize import value as spell
-from ..redact import MIN_SECRET_LEN, REDACTED, env_secrets, learn_secrets, masks_key, redact_text
+from ..redact import MIN_SECRET_LEN, REDACTED, env_secrets, learn_secrets, masks_key, redact_argv, redact_text
 from ..strictjson import finite
 
 GAVE_UP = EventName.GAVE_UP
@@ -52,6 +53,8 @@ class Masker:
                     for k, v2 in v.items()}
         if isinstance(v, (list, tuple, set, frozenset)):
             return [self.value(x) for x in v]
+        if isinstance(v, Argv):  # the core's argv: bounded and its --token x masked by the one redactor
+            return self.value(redact_argv(v.args))
         return self.text(str(v))
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
-from ..config.schema import Problem, meta
+from ..config.schema import Problem
+from ..fieldmeta import meta
 from ..eventnames import EventName
 
 

@@ -179,7 +179,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ..cli.installcheck import refuse_foreign
+    from ..installcheck import refuse_foreign
 
     refuse_foreign()
     ap = argparse.ArgumentParser(prog="python -m supervisor.ops.units",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from ..config.schema import meta
+from ..fieldmeta import meta
 
 
 def check_metric_regex(p: str) -> str | None:

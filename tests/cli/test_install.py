@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cli import installcheck
+from supervisor import installcheck
 
 ROOT = Path(__file__).resolve().parents[2]
 SUPERVISORD_VERSION = "4.3.0"

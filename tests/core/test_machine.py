@@ -10,7 +10,7 @@ import pytest
 from supervisor.config.model import config_from_table
 from supervisor.core.causes import CAUSES, Action, Cause, GateCheck, StopStyle
 from supervisor.core.machine import MOVES, Machine, State
-from supervisor.core.messages import (ArmTimer, Boot, CheckEnd, CheckpointRequested, Detected, EndAttempt,
+from supervisor.core.messages import (ArmTimer, Argv, Boot, CheckEnd, CheckpointRequested, Detected, EndAttempt,
                                       EndChecked, EscalateStop, ExitInfo, Finish, FirstMetric, JobExited, Launch, Mode, PrepareLaunch,
                                       Prepared, Record, RecordDetection, Reply, RestartRequested, Resume,
                                       ShutdownResult, SignalJob, Spawned, SpawnFailed, StopFinished, StopJob,
@@ -212,6 +212,8 @@ def test_an_unstartable_job_closes_its_attempt_and_gives_up():
     out = s(SpawnFailed(FileNotFoundError(2, "no such file"), ["nope"], "/tmp"))
     end = one(out, EndAttempt)
     assert not end.spawned and end.action is Action.GIVE_UP and s.m.state is State.GAVE_UP
+    gave_up = [c for c in out if isinstance(c, Record) and c.event == "gave_up"][0]
+    assert gave_up.data["argv"] == Argv(("nope",)) and "cannot start the job" in gave_up.message  # shown by the sink
 
 
 WATCHED = EndFacts(sources=(SourceSeen("stdout", ("kv",), 12, 40, W0 + T0 + 20),),  # 10 s before the exit

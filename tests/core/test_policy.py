@@ -156,7 +156,7 @@ def test_an_identical_repeat_gives_up_without_remedies_and_climbs_at_once_with_t
 
 def test_scale_remedies_multiply_a_flag_already_in_the_argv_in_both_forms_cumulatively():
     from supervisor.core.policy import combine_remedies, scale_args, scaled_value
-    from supervisor.config.model import Remedy
+    from supervisor.core.settings import Remedy
 
     assert scale_args(["python", "train.py", "--learning_rate=50.0"], {"--learning_rate": 0.5}) == [
         "python", "train.py", "--learning_rate=25.0"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.config.model import ValidationConfig
+from supervisor.core.settings import ValidationConfig
 from supervisor.core.resumecheck import MIN_GAP, resume_ignored
 from supervisor.core.validation import Baseline, Validator
 from supervisor.core.observations import MetricRecord

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from supervisor.config.model import ValidationConfig
+from supervisor.core.settings import ValidationConfig
 from supervisor.core.observations import MetricRecord
 from supervisor.core.validation import Baseline, Validator, _merge
 

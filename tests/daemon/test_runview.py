@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pytest
 
-from supervisor.cluster.concern import ClusterConcern
+from supervisor.daemon.clusterconcern import ClusterConcern
 from supervisor.config.model import config_from_table
 from supervisor.core.causes import Action, Cause
 from supervisor.core.machine import State

@@ -71,7 +71,7 @@ def test_a_ledger_locked_by_another_process_is_said_plainly(tmp_path: Path) -> N
 
 
 def test_a_huge_argv_is_stored_bounded_and_says_where_it_was_cut(tmp_path: Path) -> None:
-    from supervisor.events import MAX_ARG_CHARS, MAX_ARGV_CHARS
+    from supervisor.redact import MAX_TOTAL_CHARS as MAX_ARGV_CHARS, MAX_VALUE_CHARS as MAX_ARG_CHARS
 
     led = Ledger(tmp_path / "sd")
     run, _ = led.open_run("a", {})

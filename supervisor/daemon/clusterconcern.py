@@ -28,17 +28,17 @@ from ..core.machine import State
 from ..core.messages import EXIT_GAVE_UP, EXIT_OK, EndAttempt, Resume
 from ..core.observations import Detection, MetricRecord
 from ..logsite import Site, callsite, log_helper, logged_from
-from ..daemon.ports import Concern, DaemonView
-from .agent import ClusterAgent, ClusterGaveUp
-from .config import ClusterConfig
-from .coord import Rules
-from .etcd import EtcdClient
-from .launchprobe import launch_digest_or_none
-from .runkeys import EndRequest, Keys, Plan
+from .ports import Concern, DaemonView
+from ..cluster.agent import ClusterAgent, ClusterGaveUp
+from ..cluster.config import ClusterConfig
+from ..cluster.coord import Rules
+from ..cluster.etcd import EtcdClient
+from ..cluster.launchprobe import launch_digest_or_none
+from ..cluster.runkeys import EndRequest, Keys, Plan
 
 if TYPE_CHECKING:  # the checkpoint service's imports only with a checkpoint dir (see the concern's adopt)
     from ..checkpoints.discovery import Candidate
-    from ..daemon.checkpointconcern import CheckpointConcern
+    from .checkpointconcern import CheckpointConcern
 
 log = structlog.get_logger("supervisor.cluster")
 
