@@ -1,11 +1,18 @@
 """Metric files the job writes (supervisor/watch/metricfiles.py): what following them costs the
 daemon, and how long a NaN takes from the writer to a detection, per source.
 
-- cost: CPU time (process_time) of one pass that reads a new file of many steps through
-  MetricFiles -> LogWatcher.feed_records (every detector on), per 1,000 scalars. The files come
-  from the real writers: ``torch.utils.tensorboard.SummaryWriter`` in a child process (torch stays
-  out of this process), Lightning's CSV writer, and JSON lines. Also the idle pass: walking a tree
-  of directories that hold no metric file.
+- cost of following (the headline): the monitor's thread at its defaults (inotify wake, a search
+  every 1 s) follows a file that a child process writes step by step, as a training job does
+  (BENCH_FOLLOW_STEPS steps, 2 scalars a step, one step every BENCH_FOLLOW_PACE_S), through
+  MetricFiles -> LogWatcher.feed_records (every detector on); this process's CPU time (the
+  writers are children: their CPU is not in it) per 1,000 scalars and as a share of a core at
+  that pace. The writers are the real ones: ``torch.utils.tensorboard.SummaryWriter`` (torch
+  stays out of this process), Lightning's CSV writer (``save()`` after each log, as Lightning
+  calls it), and JSON lines flushed per step. Each wake reads what a step added, so the cost per
+  scalar depends on the pace: the row names it.
+- beside: one pass over a finished file of many steps (CPU time of the read alone, per 1,000
+  scalars: what catching up after a restart costs, not following), and the idle pass: walking a
+  tree of directories that hold no metric file.
 - detection delay: the writer writes a NaN into a file already followed (TensorBoard: a
   SummaryWriter child logging a step every 0.1 s, the delay measured from the scalar's own wall
   time; CSV and JSONL: appended here), the monitor's thread at its defaults (inotify wake, a
@@ -31,6 +38,32 @@ from supervisor.watch.metricfiles import MetricFiles
 from supervisor.watch.tbevents import read_file
 
 STEPS = 20_000  # 2 scalars a step (loss, lr): 40,000 scalars
+FOLLOW_STEPS = int(os.environ.get("BENCH_FOLLOW_STEPS", "300"))
+FOLLOW_PACE_S = float(os.environ.get("BENCH_FOLLOW_PACE_S", "0.1"))
+
+# A job's own loggers, one step at a time: argv = kind, out dir, steps, pace.
+STEP_WRITER = """
+import json, sys, time
+kind, out, steps, pace = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+if kind == "tb":
+    from torch.utils.tensorboard import SummaryWriter
+    w = SummaryWriter(out)
+    log = lambda s: (w.add_scalar("train/loss", 1.0 / (s + 1), s), w.add_scalar("train/learning_rate", 1e-3, s))
+elif kind == "csv":
+    from lightning.fabric.loggers.csv_logs import _ExperimentWriter
+    w = _ExperimentWriter(out)
+    log = lambda s: (w.log_metrics({"train_loss": 1.0 / (s + 1), "lr": 1e-3}, s), w.save())
+else:
+    import os
+    os.makedirs(out, exist_ok=True)
+    fh = open(os.path.join(out, "metrics.jsonl"), "a")
+    log = lambda s: (fh.write(json.dumps({"step": s, "loss": 1.0 / (s + 1), "lr": 1e-3}) + "\\n"), fh.flush())
+print("ready", flush=True)
+sys.stdin.readline()  # the monitor is following the folder by now
+for s in range(steps):
+    log(s)
+    time.sleep(pace)
+"""
 
 TB_WRITER = """
 import math, sys, time
@@ -86,6 +119,47 @@ def _cost_of(root: Path, make: Callable[[], object], scalars: int) -> float:
     return cpu / scalars * 1000
 
 
+def follow_cost() -> list[dict]:
+    """The monitor's own thread follows a file a child writes step by step; this process's CPU
+    over the whole follow (the writer's start-up excluded: the clock starts once it is ready)."""
+    rows = []
+    scalars = 2 * FOLLOW_STEPS
+    for kind, label in (("tb", "TensorBoard event file (SummaryWriter)"), ("csv", "Lightning CSVLogger metrics.csv "
+                        "(save() after each log)"), ("jsonl", "JSONL (flushed per step)")):
+        with tempfile.TemporaryDirectory() as d:
+            root = Path(d)
+            script = root / "stepw.py"
+            script.write_text(STEP_WRITER)
+            w = subprocess.Popen([sys.executable, str(script), kind, str(root / "out"), str(FOLLOW_STEPS),
+                                  str(FOLLOW_PACE_S)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True)
+            assert w.stdout is not None and w.stdin is not None
+            assert w.stdout.readline().strip() == "ready", f"{kind} writer did not start"
+            lw, _, _ = _watcher()
+            mf = MetricFiles([root], lw)
+            mf.start()
+            try:
+                t0, c0 = time.monotonic(), time.process_time()
+                w.stdin.write("go\n")
+                w.stdin.flush()
+                assert w.wait(FOLLOW_STEPS * FOLLOW_PACE_S * 10 + 120) == 0, f"{kind} writer failed"
+                deadline = time.monotonic() + 30
+                while _records(lw) < FOLLOW_STEPS - 1:  # the last writes reach the monitor
+                    assert time.monotonic() < deadline, f"{kind}: followed {_records(lw)} of {FOLLOW_STEPS} steps"
+                    time.sleep(0.05)
+                cpu, wall = time.process_time() - c0, time.monotonic() - t0
+            finally:
+                mf.stop()
+        rows.append({"id": f"metricfiles-follow-{kind}", "name": f"following a growing file: daemon CPU per 1,000 "
+                     f"scalars, {label}, written step by step by a child ({FOLLOW_STEPS} steps, 2 scalars a step, a "
+                     f"step every {FOLLOW_PACE_S:g} s; the monitor at its defaults: inotify wake, a search every 1 s)",
+                     "value": round(cpu / scalars * 1e6, 1), "unit": "ms", "target": "report"})
+        rows.append({"id": f"metricfiles-follow-{kind}-core", "name": f"same, {kind}: as a share of one core at that "
+                     f"pace ({scalars / wall:.0f} scalars/s)", "value": round(cpu / wall * 100, 2),
+                     "unit": "% of a core", "target": "report"})
+    return rows
+
+
 def cost() -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as d:
@@ -97,8 +171,8 @@ def cost() -> list[dict]:
         [src] = (staging / "runs").glob("events.out.tfevents.*")
         scalars = len(read_file(str(src))[0])
         per = _cost_of(root, lambda: os.link(src, root / src.name), scalars)
-        rows.append({"name": f"following files: daemon CPU per 1,000 scalars, TensorBoard event file "
-                             f"(SummaryWriter, {scalars} scalars, 2 a step)", "value": round(per * 1000, 2),
+        rows.append({"name": f"beside: a finished file read in one pass (catching up, not following): daemon CPU per "
+                             f"1,000 scalars, TensorBoard event file (SummaryWriter, {scalars} scalars, 2 a step)", "value": round(per * 1000, 2),
                      "unit": "ms", "target": "report"})
         from lightning.fabric.loggers.csv_logs import _ExperimentWriter
 
@@ -110,7 +184,7 @@ def cost() -> list[dict]:
         w.save()
         csv_src = staging / "csvlog" / "metrics.csv"
         per = _cost_of(root, lambda: os.link(csv_src, root / "metrics.csv"), 2 * STEPS)
-        rows.append({"name": f"following files: daemon CPU per 1,000 scalars, Lightning CSVLogger metrics.csv "
+        rows.append({"name": f"beside: a finished file in one pass: daemon CPU per 1,000 scalars, Lightning CSVLogger metrics.csv "
                              f"({2 * STEPS} values, 2 a row)", "value": round(per * 1000, 2), "unit": "ms",
                      "target": "report"})
         root = Path(d) / "jsonl"
@@ -118,7 +192,7 @@ def cost() -> list[dict]:
         jl = staging / "m.jsonl"
         jl.write_text("".join(json.dumps({"step": s, "loss": 1.0 / (s + 1), "lr": 1e-3}) + "\n" for s in range(STEPS)))
         per = _cost_of(root, lambda: os.link(jl, root / "metrics.jsonl"), 2 * STEPS)
-        rows.append({"name": f"following files: daemon CPU per 1,000 scalars, JSONL ({2 * STEPS} values, 2 a line)",
+        rows.append({"name": f"beside: a finished file in one pass: daemon CPU per 1,000 scalars, JSONL ({2 * STEPS} values, 2 a line)",
                      "value": round(per * 1000, 2), "unit": "ms", "target": "report"})
         tree = Path(d) / "tree"
         for i in range(500):
@@ -189,7 +263,7 @@ def delay(trials: int = 5) -> list[dict]:
 
 
 def run() -> list[dict]:
-    return cost() + delay()
+    return follow_cost() + cost() + delay()
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ def startup(tmp: Path) -> list[dict]:
     execs = sorted(r["job exec"] for r in ours)
     mo, ms = statistics.median(execs), statistics.median(shell)
     rows = [
-        {"name": f"daemon start -> job exec, ours at the defaults (wrap, fresh state dir; median of {RUNS}, "
+        {"id": "overhead-first-launch", "name": f"daemon start -> job exec, ours at the defaults (wrap, fresh state dir; median of {RUNS}, "
                  f"runs {', '.join(f'{x * 1000:.0f}' for x in execs)} ms)",
          "value": round(mo * 1000, 1), "unit": "ms", "target": "report"},
         {"name": "start -> job exec, shell until loop (peer; same runs, interleaved)",
@@ -115,7 +115,7 @@ def startup(tmp: Path) -> list[dict]:
     prev = 0.0
     for stage in STAGES:  # where ours spends it (medians of each stage's time since exec)
         at = statistics.median(r[stage] for r in ours if stage in r)
-        rows.append({"name": f"  ours, {STAGE_WHAT[stage]}", "value": round((at - prev) * 1000, 1), "unit": "ms",
+        rows.append({"id": f"overhead-stage-{'-'.join(stage.split())}", "name": f"  ours, {STAGE_WHAT[stage]}", "value": round((at - prev) * 1000, 1), "unit": "ms",
                      "target": "report"})
         prev = at
     rows.append({"name": "importing supervisor.config.model in a fresh interpreter (-X importtime, median of 3)",
@@ -214,10 +214,15 @@ def cpu_budget(tmp: Path) -> list[dict]:
         rows.append({"name": f"CPU per minute of training, from the job's first iteration on: {role} "
                              f"(whole run incl. start-up: {wh[role]:.2f} CPU s)",
                      "value": round(st[role], 2), "unit": "CPU s / min", "target": "report"})
-    ours = st["daemon"] + st["keeper"]
-    rows.append({"name": "daemon + keeper while the job trains, as a share of one core (the part that scales "
-                         "with the job's output)", "value": round(ours / 60 * 100, 1), "unit": "% of a core",
-                 "target": "budget: <= 10 % (docs/operating.md)"})
+    # The budget counts everything the supervisor runs beside the job: the verifier is its largest
+    # user (a torch import and a load test per save), so a budget without it flatters us.
+    ours = st["daemon"] + st["keeper"] + st["verifier"]
+    rows.append({"id": "overhead-cpu-budget", "name": "daemon + keeper + load-test verifier while the job trains, "
+                 "as a share of one core (everything the supervisor runs beside the job)",
+                 "value": round(ours / 60 * 100, 1), "unit": "% of a core", "target": "budget: <= 10 % (docs/operating.md)"})
+    rows.append({"id": "overhead-cpu-output", "name": "beside: daemon + keeper alone (the part that scales with the "
+                 "job's output; the verifier's scales with its saves)", "value": round((st["daemon"] + st["keeper"]) / 60 * 100, 1),
+                 "unit": "% of a core", "target": "report"})
     if per_save:
         rows.append({"name": "verifier CPU per save (its one torch import spread over the saves; nice 10, session nice 10, "
                              "idle IO class, the tsup-verify cgroup where the job has one)", "value": round(statistics.median(per_save), 2),
@@ -225,7 +230,7 @@ def cpu_budget(tmp: Path) -> list[dict]:
     rows.append({"name": "the job's own CPU per minute of training (same runs)", "value": round(st["job"], 1),
                  "unit": "CPU s / min", "target": "reference"})
     rb, ro = statistics.median(rates["bare"]), statistics.median(rates["ours"])
-    rows.append({"name": f"the job's step rate supervised / bare ({ro:.1f} / {rb:.1f} iterations/s)",
+    rows.append({"id": "overhead-step-rate", "name": f"the job's step rate supervised / bare ({ro:.1f} / {rb:.1f} iterations/s)",
                  "value": round(ro / rb, 3) if rb else "", "unit": "x", "target": ">= 0.97"})
     return rows
 

@@ -113,8 +113,9 @@ def ingestion(n: int = 300_000, batch: int = 256) -> list[dict]:
             plain = max(plain, count / max(1e-9, time.process_time() - t0))
         rows.append({"name": f"parsers alone, in-process (LogWatcher.feed, not end to end: see core pass-through), all "
                              f"detectors on, {fmt} metric line every {every} lines (CPU time, best of 3)",
-                     "value": round(best), "unit": "lines/s", "target": ">= 300000",
-                     "peer": f"plain decode+splitlines {plain:,.0f} lines/s"})
+                     "value": round(best), "unit": "lines/s", "target": ">= 300000"})
+        rows.append({"name": f"the same {fmt} bytes, plain decode + splitlines (the least any reader of them does; "
+                             "CPU time, best of 3) (peer)", "value": round(plain), "unit": "lines/s", "target": "peer"})
     return rows
 
 
@@ -183,7 +184,7 @@ def latency_logwatcher(trials: int = 300) -> list[dict]:
         assert stamp, "no detection"
         lat.append((stamp[0] - t0) / 1e6)
     return [{"name": "detection latency, LogWatcher feed(256-line batch) -> emit, p50", "value": round(_pct(lat, .5), 3),
-             "unit": "ms", "target": "<= 50 (p99, end to end)"},
+             "unit": "ms", "target": "report (the target is on the p99 below)"},
             {"name": "detection latency, LogWatcher feed(256-line batch) -> emit, p99", "value": round(_pct(lat, .99), 3),
              "unit": "ms", "target": "<= 50"}]
 
@@ -219,7 +220,7 @@ def latency_file(trials: int = 300) -> list[dict]:
             t.close()
     mode = "inotify" if t.status()["inotify_error"] is None else "poll"
     return [{"name": f"detection latency, line appended to a watched file -> emit ({mode}), p50",
-             "value": round(_pct(lat, .5), 3), "unit": "ms", "target": "<= 50 (p99)"},
+             "value": round(_pct(lat, .5), 3), "unit": "ms", "target": "report (the target is on the p99 below)"},
             {"name": f"detection latency, line appended to a watched file -> emit ({mode}), p99",
              "value": round(_pct(lat, .99), 3), "unit": "ms", "target": "<= 50"}]
 
