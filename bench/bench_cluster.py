@@ -403,7 +403,8 @@ def scale_rows(sizes: list[int], poll: bool = False, procs: int = PROCS) -> list
                 f = scale_trial(Path(d), n, watch=watch, procs=procs)
             p = min(procs, n)
             mode = "as threads of one process" if p == 1 else f"in {p} processes"
-            how = f"N={n} agents {mode}, {'watch' if watch else 'poll every 0.2 s (old)'}"
+            how = (f"N={n} agents {mode}, {'watch' if watch else 'poll every 0.2 s (old)'}; etcd on loopback, plain "
+                   "http, no TLS, no auth (a real cluster's TLS and auth are not in these figures)")
             rows += [
                 {"name": f"{how}: start -> every node in generation 1", "value": round(f["first_gen"], 2),
                  "unit": "s", "target": "report"},
@@ -438,7 +439,12 @@ def run() -> list[dict[str, object]]:
         peaks.append(m)
     with tempfile.TemporaryDirectory(prefix="bench-cluster-single-") as d:
         single = single_node_peak(Path(d))
-    how = f"3 daemons + real etcd on one machine, NaN on one node, {TRIALS} trials"
+    # The daemons run tests/cluster/daemons.node_config: its settings that are not the defaults are
+    # named, so a reader does not take these figures for the defaults'.
+    how = (f"3 daemons + real etcd on one machine, NaN on one node, {TRIALS} trials; etcd on loopback, plain http, "
+           "no TLS, no auth; not the defaults: policy.backoff_initial_s 0 and backoff_jitter 0 (relaunched at once), "
+           "cluster.lease_ttl_s 3 (default 10), request_timeout_s 1 (default 2), checkpoints.load_test false, validation off, "
+           "shutdown.grace_s 5")
     return scale_rows(SCALE) + [
         {"name": f"detection on one node -> every node's job stopped, median ({how})",
          "value": round(statistics.median(stops), 2), "unit": "s", "target": "report"},
