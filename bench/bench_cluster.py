@@ -405,22 +405,23 @@ def scale_rows(sizes: list[int], poll: bool = False, procs: int = PROCS) -> list
             mode = "as threads of one process" if p == 1 else f"in {p} processes"
             how = (f"N={n} agents {mode}, {'watch' if watch else 'poll every 0.2 s (old)'}; etcd on loopback, plain "
                    "http, no TLS, no auth (a real cluster's TLS and auth are not in these figures)")
+            tag = f"cluster-{n}-{'watch' if watch else 'poll'}"  # the anchors docs/multinode.md links to
             rows += [
-                {"name": f"{how}: start -> every node in generation 1", "value": round(f["first_gen"], 2),
+                {"id": f"{tag}-start", "name": f"{how}: start -> every node in generation 1", "value": round(f["first_gen"], 2),
                  "unit": "s", "target": "report"},
-                {"name": f"{how}: detection on one node -> every node stopped", "value": round(f["stopped"], 2),
+                {"id": f"{tag}-stopped", "name": f"{how}: detection on one node -> every node stopped", "value": round(f["stopped"], 2),
                  "unit": "s", "target": "report"},
-                {"name": f"{how}: detection on one node -> every node relaunched", "value": round(f["relaunched"], 2),
+                {"id": f"{tag}-relaunched", "name": f"{how}: detection on one node -> every node relaunched", "value": round(f["relaunched"], 2),
                  "unit": "s", "target": "report"},
-                {"name": f"{how}: slowest stop -> every node relaunched", "value": round(f["after_slowest_stop"], 2),
+                {"id": f"{tag}-after-slowest-stop", "name": f"{how}: slowest stop -> every node relaunched", "value": round(f["after_slowest_stop"], 2),
                  "unit": "s", "target": "<= 5"},
-                {"name": f"{how}: etcd requests at rest (all nodes)", "value": round(f["rest_rps"], 1),
+                {"id": f"{tag}-rest-rps", "name": f"{how}: etcd requests at rest (all nodes)", "value": round(f["rest_rps"], 1),
                  "unit": "req/s", "target": "report"},
                 {"name": f"{how}: etcd requests per fault (stop + relaunch, all nodes)",
                  "value": int(f["fault_requests"]), "unit": "req", "target": "report"},
                 {"name": f"{how}: CPU at rest, the N agents together (sum over their processes)",
                  "value": round(100 * f["rest_cpu"], 1), "unit": "% core", "target": "report"},
-                {"name": f"{how}: CPU at rest, etcd", "value": round(100 * f["etcd_cpu"], 1), "unit": "% core",
+                {"id": f"{tag}-etcd-cpu", "name": f"{how}: CPU at rest, etcd", "value": round(100 * f["etcd_cpu"], 1), "unit": "% core",
                  "target": "report"},
             ]
     return rows

@@ -211,7 +211,7 @@ def cpu_budget(tmp: Path) -> list[dict]:
                      f"{REPS} reps, medians; CPU = user + system of each process, sampled every 0.1 s",
              "value": "", "unit": "", "target": ""}]
     for role in ROLES:
-        rows.append({"name": f"CPU per minute of training, from the job's first iteration on: {role} "
+        rows.append({"id": f"overhead-cpu-{role}", "name": f"CPU per minute of training, from the job's first iteration on: {role} "
                              f"(whole run incl. start-up: {wh[role]:.2f} CPU s)",
                      "value": round(st[role], 2), "unit": "CPU s / min", "target": "report"})
     # The budget counts everything the supervisor runs beside the job: the verifier is its largest

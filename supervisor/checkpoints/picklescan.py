@@ -40,27 +40,10 @@ from .pickledeny import RUNS_CODE, Refusal, names_code
 from .layouts import registry
 from .npyscan import (COMPRESSION_ERRORS, MAX_NPZ_MEMBERS, NPY_MAGIC, NUMPY_SUFFIXES, numpy_reconstruct, scan_compressed,
                       scan_npy)
+from .picklenames import ELEMENT_SIZE, RNG_PREFIX, allowed, numpy_data
 from .picklestream import BoundedReader, Budget, Stream, Unreadable, read_stream
 from .structure import ZIP_MAGIC, structure_problem
 
-# torch.load(weights_only=True)'s own allowlist, by name (torch/_weights_only_unpickler.py).
-_ALLOWED_EXACT = frozenset({
-    ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"),
-    ("builtins", "slice"), ("builtins", "complex"), ("torch", "Size"), ("torch", "device"), ("torch", "dtype"),
-    ("torch", "Tensor"), ("torch.nn.parameter", "Parameter"), ("torch.serialization", "_get_layout"),
-    ("torch", "strided"), ("torch", "sparse_coo"), ("torch", "sparse_csr"), ("torch", "sparse_csc"),
-    ("torch", "sparse_bsr"), ("torch", "sparse_bsc"), ("torch", "_mkldnn"),
-    ("torch._tensor", "_rebuild_from_type_v2"), ("torch._utils", "_rebuild_tensor_v3"),
-    ("collections", "Counter"), ("_codecs", "encode"),  # _codecs.encode: bytes in a protocol-2 stream
-    ("torch", "per_tensor_affine"), ("torch", "per_tensor_symmetric"), ("torch", "per_channel_affine"),
-    ("torch", "per_channel_symmetric"), ("torch", "per_channel_affine_float_qparams"),
-})
-_TORCH_DTYPES = frozenset({
-    "float64", "float32", "float16", "bfloat16", "complex128", "complex64", "complex32", "int64", "int32",
-    "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool", "qint8", "quint8", "qint32", "quint4x2",
-    "quint2x4", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "double", "float", "half",
-    "long", "int", "short", "cfloat", "cdouble", "chalf",
-})
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
 # A pickle compressed (a job may gzip.open + pickle.load it): read through its decompressor within
 # the budget (.zst / .lz4: no reader, so not called checked; see .npyscan).
@@ -82,35 +65,6 @@ MAX_FILES = 1024  # a folder with more pickle files is not called checked (its l
 MAX_ENTRIES = 100_000
 MAX_TAR_MEMBERS = 64  # torch's tar has three (storages, tensors, pickle)
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER, a legacy file's first pickle
-# The legacy tar format's storage types (torch.<Kind>Storage) and their element sizes in bytes.
-_ELEMENT_SIZE = {"Double": 8, "Float": 4, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1,
-                 "Byte": 1, "Bool": 1, "ComplexDouble": 16, "ComplexFloat": 8, "QUInt8": 1, "QInt8": 1,
-                 "QInt32": 4, "QUInt4x2": 1, "QUInt2x4": 1}
-
-
-def allowed(module: str, name: str) -> bool:
-    if (module, name) in _ALLOWED_EXACT:
-        return True
-    if module == "torch._utils" and name.startswith("_rebuild_"):
-        return True
-    if module == "torch" and (name.endswith(("Storage", "Tensor")) or name in _TORCH_DTYPES
-                              or (name[:-1] in ("int", "uint") and name[-1:] in "1234567")):
-        return True
-    # not torch.storage._load_from_bytes: it would torch.load a nested stream
-    return module == "torch.storage" and name in ("UntypedStorage", "TypedStorage")
-
-
-# HF's rng_state*.pth: the numpy data types the Trainer itself allow-lists to load them with
-# weights_only=True (trainer_pt_utils.safe_globals), as the load test does: containers, no code.
-RNG_PREFIX = "rng_state"
-
-
-def numpy_data(module: str, name: str) -> bool:
-    if module in ("numpy.core.multiarray", "numpy._core.multiarray") and name == "_reconstruct":
-        return True
-    return (module == "numpy" and name in ("ndarray", "dtype")) or (module == "numpy.dtypes" and name.endswith("DType"))
-
-
 def _also_allowed(path: Path) -> Callable[[str, str], bool]:
     """What a file may import beyond the tensor-rebuild allowlist, by the role its name gives it."""
     if path.name.startswith(RNG_PREFIX):
@@ -201,10 +155,10 @@ def _scan_tar(path: Path, budget: Budget, check: Callable[[str | None], None]) -
         for _ in range(_count(r, check, "the storage count")):
             types = _one(r, check, "a storage's type").imports
             kind = types[0].rpartition(".")[2].removesuffix("Storage") if len(types) == 1 and types[0] else ""
-            if kind not in _ELEMENT_SIZE:
+            if kind not in ELEMENT_SIZE:
                 raise Unreadable(f"a storage of an unknown type ({', '.join(map(str, types)) or 'none'})")
             (numel,) = struct.unpack("<q", _raw(r, 8))
-            r.skip(numel * _ELEMENT_SIZE[kind])
+            r.skip(numel * ELEMENT_SIZE[kind])
         _one(r, check, "the storage views")
         r = member("tensors")
         for _ in range(_count(r, check, "the tensor count")):
