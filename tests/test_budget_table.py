@@ -44,6 +44,7 @@ NOT_READERS: dict[str, str] = {
     "supervisor/checkpoints/_loadtest_script.py": "runs in the job's Python, never in the daemon (loadtest.py reads it)",
     "supervisor/checkpoints/config.py": "config schema",
     "supervisor/checkpoints/pickledeny.py": "pure: the callables a scanned pickle may never name (picklescan.py reads)",
+    "supervisor/checkpoints/picklenames.py": "pure: the names a scanned pickle may import (picklescan.py reads)",
     "supervisor/checkpoints/keepfirst.py": "orchestration: snapshot, load test, keep (the rows of those modules)",
     "supervisor/checkpoints/resumechoice.py": "orchestration over the quicklist",
     "supervisor/checkpoints/selection.py": "pure: picks among quicklist rows",

@@ -42,6 +42,11 @@ class HeldLines:
     def feed_records(self, source: str, records: Sequence[MetricRecord]) -> None:
         self._pass(source, None, records)
 
+    def feed_ahead(self, source: str, lines: Sequence[str]) -> None:
+        target = self._target
+        if target is not None:  # not attached yet: the lines are judged in order once it is
+            target.feed_ahead(source, lines)
+
     def _pass(self, source: str, lines: Sequence[str] | None, records: Sequence[MetricRecord] | None) -> None:
         target = self._target  # attached: no lock on the pumps' way
         if target is None:

@@ -11,6 +11,7 @@ being handled, bytes of job.log not yet handled), for ``status`` and the metrics
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -62,6 +63,16 @@ class LagGauge:
 
     def handling(self, read_at: float) -> None:
         self._at = read_at
+
+    @property
+    def end(self) -> int:
+        """Where the handled output ends in job.log (-1: unknown)."""
+        return self._end
+
+    def behind(self) -> float:
+        """Seconds since the keeper read the chunk being handled now (0 when all is handled)."""
+        at = self._at
+        return 0.0 if at is None else max(0.0, self._clock() - at)
 
     def handled(self, end: int) -> None:
         """The chunk is handled (console, parsers); ``end``: where it ends in job.log."""
@@ -160,3 +171,132 @@ class LogReadback:
         if self._fd >= 0:
             os.close(self._fd)
         self._fd = -1
+
+
+# A non-finite value as a job prints one (nan, NaN, inf, -inf, Infinity: Python, JSON, C): the
+# look-ahead's prefilter, one C pass over the new bytes. Words that hold them ("info", "nanoGPT")
+# do not match; a line that only speaks of NaN does, and is then judged as any line is.
+NONFINITE = re.compile(rb"(?i)\b(?:nan|inf(?:inity)?)\b")
+AHEAD_CONTEXT = 16 << 10  # bytes before a hit read with it: the stream's last finite record (onset)
+AHEAD_READ = 8 << 20  # at most this much new output per look (the next look goes on from there)
+STDERR_SEEN = 4096  # stderr hit lines remembered to tell a job.log hit's stream
+
+
+class _Follower:
+    """One file the keeper appends, followed by file identity from an offset: the bytes added
+    since the last read. A rename (the keeper's rotation) is followed to the new file once the
+    old one is read to its end; a file that shrank (copytruncate) is read again from 0."""
+
+    def __init__(self, path: str, offset: int) -> None:
+        self.path = path
+        self.offset = offset
+        self.floor = offset  # the attempt's output starts here: context never reaches before it
+        self._fd = -1
+
+    def _reopen(self) -> bool:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        return True
+
+    def read_new(self, limit: int, context: int) -> tuple[bytes, int, bool]:
+        """(bytes from ``offset - context`` to the end, at most ``limit`` new ones; where the new
+        ones start in it; whether they start at the file's start). The caller moves ``offset``."""
+        if self._fd < 0 and not self._reopen():
+            return b"", 0, False
+        try:
+            size = os.fstat(self._fd).st_size
+            if size <= self.offset:
+                st = os.stat(self.path)
+                here = os.fstat(self._fd)
+                if (st.st_dev, st.st_ino) != (here.st_dev, here.st_ino):  # rotated: on to the new file
+                    if not self._reopen():
+                        return b"", 0, False
+                    self.offset = self.floor = 0
+                    size = os.fstat(self._fd).st_size
+                elif size < self.offset:
+                    self.offset = self.floor = 0  # truncated in place
+            start = max(self.floor, self.offset - context)
+            data = os.pread(self._fd, self.offset - start + min(limit, max(0, size - self.offset)), start)
+        except OSError:
+            return b"", 0, False
+        return data, self.offset - start, start == self.floor
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = -1
+
+
+class LogAhead:
+    """The non-finite values in the output the daemon has not handled yet, found ahead of it.
+
+    While a burst is read back (:class:`LogReadback`: the parsers seconds behind the job), a NaN
+    the job printed after it would wait its turn behind every line before it: a minute after a
+    million lines. :meth:`look` reads job.log from where the last look stopped to its end with one
+    C pass for a non-finite token (:data:`NONFINITE`), and gives each complete line that has one
+    with the lines before it (:data:`AHEAD_CONTEXT`), decoded as the splitter does, and its stream
+    (a line also found in job.stderr.log is stderr's; job.log interleaves both). The lines are
+    still parsed in order later; only the judgement of a NaN comes early."""
+
+    def __init__(self, log_path: str, start: int) -> None:
+        from .keeper import stderr_log_path
+
+        self._out = _Follower(log_path, start)
+        err = stderr_log_path(log_path) if log_path else ""
+        try:
+            err_start = os.stat(err).st_size if err else 0
+        except OSError:
+            err_start = 0
+        self._err = _Follower(err, err_start) if err else None
+        self._stderr_lines: set[bytes] = set()
+
+    def _hits(self, data: bytes, new_from: int) -> tuple[list[tuple[int, int]], int]:
+        """(start, end) of each complete line in ``data[new_from:]`` with a hit; how far is complete."""
+        done = data.rfind(b"\n", new_from) + 1
+        if done <= new_from:
+            return [], new_from
+        spans: list[tuple[int, int]] = []
+        for m in NONFINITE.finditer(data, new_from, done):
+            end = data.find(b"\n", m.end())
+            if spans and spans[-1][1] == end:
+                continue  # a second hit on the same line
+            spans.append((data.rfind(b"\n", 0, m.start()) + 1, end))
+        return spans, done
+
+    def skip_to(self, offset: int) -> None:
+        """Output before ``offset`` in job.log is handled already: no need to look at it."""
+        if offset > self._out.offset:
+            self._out.offset = offset
+
+    def look(self) -> list[tuple[str, list[str]]]:
+        """(stream, lines) per hit line in the output added since the last look, oldest first: the
+        hit line last, the lines before it (within :data:`AHEAD_CONTEXT`) first."""
+        if self._err is not None:
+            data, new_from, _ = self._err.read_new(AHEAD_READ, 0)
+            spans, done = self._hits(data, new_from)
+            self._err.offset += done - new_from
+            if len(self._stderr_lines) > STDERR_SEEN:
+                self._stderr_lines.clear()
+            self._stderr_lines.update(data[s:e] for s, e in spans)
+        data, new_from, whole = self._out.read_new(AHEAD_READ, AHEAD_CONTEXT)
+        spans, done = self._hits(data, new_from)
+        self._out.offset += done - new_from
+        found: list[tuple[str, list[str]]] = []
+        for s, e in spans:
+            if s == 0 and not whole:
+                continue  # a line longer than the context: its start is not here (parsed in turn)
+            # from a line's start: the file's, or after the first newline within the context
+            first = 0 if whole and s <= AHEAD_CONTEXT else data.find(b"\n", max(0, s - AHEAD_CONTEXT), s) + 1
+            lines = data[first:e].decode("utf-8", "replace").split("\n")
+            found.append(("stderr" if data[s:e] in self._stderr_lines else "stdout", lines))
+        return found
+
+    def close(self) -> None:
+        self._out.close()
+        if self._err is not None:
+            self._err.close()

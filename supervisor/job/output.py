@@ -13,17 +13,29 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import structlog
 
 from ..events import LineSink
-from .catchup import LagGauge, LogReadback
+from .catchup import LagGauge, LogAhead, LogReadback
 from .console import Consoles
 from .keeper import DATA_HEAD, EOF_STDERR, EOF_STDOUT, FRAME, GAP, NOTICE, ROTATED, STDERR, STDOUT
 from .linesplit import LineSplitter
 
 log = structlog.get_logger("supervisor.job.output")
+
+# Behind the job by this much, the output is also looked at ahead of the parsers for non-finite
+# values (:class:`~.catchup.LogAhead`); below it, every line is judged in order and only in order.
+AHEAD_AFTER_S = 1.0
+
+
+@runtime_checkable
+class AheadSink(Protocol):
+    """A sink that judges a line found ahead of the in-order reading (a non-finite value), given
+    with the lines before it; the same lines still come through ``feed`` later, in order."""
+
+    def feed_ahead(self, source: str, lines: Sequence[str]) -> None: ...
 
 
 class SinkFanout:
@@ -31,15 +43,27 @@ class SinkFanout:
 
     def __init__(self) -> None:
         self._sinks: list[LineSink] = []
+        self._ahead: list[AheadSink] = []
         self._lock = threading.Lock()
 
     def add(self, sink: LineSink) -> None:
         with self._lock:
             self._sinks = [*self._sinks, sink]
+            if isinstance(sink, AheadSink):
+                self._ahead = [*self._ahead, sink]
 
     def remove(self, sink: LineSink) -> None:
         with self._lock:
             self._sinks = [s for s in self._sinks if s is not sink]
+            self._ahead = [s for s in self._ahead if s is not sink]
+
+    @property
+    def judges_ahead(self) -> bool:
+        return bool(self._ahead)
+
+    def feed_ahead(self, source: str, lines: Sequence[str]) -> None:
+        for sink in self._ahead:  # copy-on-write list, as feed
+            sink.feed_ahead(source, lines)  # the caller reports a failure (the in-order path is unhurt)
 
     def feed(self, source: str, lines: Sequence[str]) -> None:
         for sink in self._sinks:  # copy-on-write list: safe without the lock
@@ -80,6 +104,7 @@ class KeeperLink(threading.Thread):
         self._failed = False
         self.gauge = LagGauge(log_path)
         self._readback = LogReadback(log_path, self.gauge)
+        self._ahead = LogAhead(log_path, max(0, self.gauge.end)) if log_path else None
 
     @property
     def ended(self) -> bool:
@@ -96,6 +121,19 @@ class KeeperLink(threading.Thread):
         if lines:
             self.lines += len(lines)
             self.fanout.feed(self._open.get(kind, "stdout"), lines)
+        if self._ahead is not None and self.gauge.behind() >= AHEAD_AFTER_S and self.fanout.judges_ahead:
+            self._look_ahead(self._ahead)
+
+    def _look_ahead(self, ahead: LogAhead) -> None:
+        """Seconds behind (a burst read back from job.log): a NaN the job printed since must not
+        wait for every line before it to be parsed; the output not handled yet is looked at for
+        non-finite values and those lines judged now (:class:`~.catchup.LogAhead`)."""
+        try:
+            ahead.skip_to(self.gauge.end)
+            for source, lines in ahead.look():
+                self.fanout.feed_ahead(source, lines)
+        except Exception as e:  # the in-order reading goes on whatever fails here
+            self._report(e)
 
     def _eof(self, kind: int) -> None:
         source = self._open.pop(kind, None)
@@ -228,6 +266,8 @@ class KeeperLink(threading.Thread):
             except OSError:
                 pass
             self._readback.close()
+            if self._ahead is not None:
+                self._ahead.close()
             self.gauge.idle()
             if self.gauge.read_back:
                 log.info("output_caught_up", keeper_pid=self.keeper_pid, read_back_bytes=self.gauge.read_back,

@@ -20,9 +20,11 @@ from ..events import Cause, Emit, MetricSink
 from ..core.observations import Detection, MetricRecord
 from ..logsite import log_helper
 from .config import DetectorsConfig
-from .detectors import Detector, build_detectors
+from .detectors import Detector, NanDetector, build_detectors
 from .epochsteps import EpochSteps
 from .blind import BlindWatch, Notice
+from .nanahead import NanAhead
+from .records import record_evidence
 from .nannotes import NanNotes
 from .parsers import METRIC_KEYWORDS, MetricParser
 from .sources import SourceBook
@@ -89,6 +91,8 @@ class LogWatcher:
         self._keywords = tuple(sorted(masks.items()))
         # The NaN warnings (nan_mentioned, eval_nonfinite): their notices wait here for the main loop.
         self._noters = [d for d in self._detectors if isinstance(d, NanNotes)]
+        # A NaN found ahead of the in-order reading while it is behind a burst (feed_ahead).
+        self._ahead = NanAhead(cfg) if any(isinstance(d, NanDetector) for d in self._detectors) else None
         self._notices: list[Notice] = []
         # Detectors that judge metric records (run on every parsed record).
         self._metric_mask = sum(2 << i for i, d in enumerate(self._detectors) if d.wants_metrics)
@@ -133,6 +137,18 @@ class LogWatcher:
             self._failed("logwatch_failed", exc, "this batch is skipped; later batches are still processed")
             return
         self._deliver(detections, records, steps, lines[-1], origin=origin_of(source, False))
+
+    def feed_ahead(self, source: str, lines: Sequence[str]) -> None:
+        """A non-finite value found ahead of the in-order reading (seconds behind the job), the lines
+        before it first: judged now (:mod:`.nanahead`); the lines still come through :meth:`feed`."""
+        with self._lock:
+            det = None if self._ahead is None or Cause.NAN in self._fired else self._ahead.judge(source, lines)
+            if det is None:
+                return
+            self._fired.add(det.cause)
+            self._detections += 1
+            self._last_detection = det
+        self._deliver([det], (), (), None)
 
     def feed_records(self, source: str, records: Sequence[MetricRecord]) -> None:
         """Records read from a file the job writes (:mod:`.metricfiles`: TensorBoard, CSV, JSONL),
@@ -419,14 +435,6 @@ def origin_of(source: str, from_file: bool) -> str:
     if from_file:
         return f"metric file {path}"
     return f"output ({source})" if source in ("stdout", "stderr") else f"log file {path}"
-
-
-def record_evidence(source: str, rec: MetricRecord) -> str:
-    """A record read from a file, spelled as a line for the evidence: ``step 60: loss=nan (tb:/x)``."""
-    parts = [f"{name}={getattr(rec, name)}" for name in ("loss", "val_loss", "grad_norm", "lr")
-             if getattr(rec, name) is not None]
-    head = f"step {rec.step}: " if rec.step is not None else ""
-    return f"{head}{', '.join(parts)} ({source})"
 
 
 def metric_dict(rec: MetricRecord) -> dict[str, object]:

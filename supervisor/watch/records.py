@@ -213,3 +213,11 @@ def record_from_mapping(d: Mapping[str, object], fmt: str, source: str, rank: in
     if local and "epoch" in extra:
         extra[COUNTER_KEY] = counter  # .epochsteps makes it global
     return make_record(values, fmt, source, rank, extra)
+
+
+def record_evidence(source: str, rec: MetricRecord) -> str:
+    """A record read from a file, spelled as a line for the evidence: ``step 60: loss=nan (tb:/x)``."""
+    parts = [f"{name}={getattr(rec, name)}" for name in ("loss", "val_loss", "grad_norm", "lr")
+             if getattr(rec, name) is not None]
+    head = f"step {rec.step}: " if rec.step is not None else ""
+    return f"{head}{', '.join(parts)} ({source})"
