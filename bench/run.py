@@ -88,7 +88,7 @@ def write_table(heading: str, body: str, full: bool, path: Path = BENCHMARKS, hi
         head = doc[: secs[0][0]]
         doc = head + "".join(new if (s, e) == latest else doc[s:e] for s, e in sorted([latest, *keep]))
     else:
-        same = [(s, e) for s, e in partials if doc[s:doc.index("\n", s)].endswith(heading.split(" (", 1)[-1])]
+        same = [(s, e) for s, e in partials if doc[s:doc.index("\n", s)].endswith(heading.rsplit(" (", 1)[-1])]
         moved = [doc[s:e] for s, e in same]
         for s, e in reversed(same):
             doc = doc[:s] + doc[e:]

@@ -40,7 +40,8 @@ def slug(heading: str) -> str:
 def anchors(path: Path) -> set[str]:
     """Every anchor of a markdown file, duplicates numbered as GitHub does (-1, -2, ...)."""
     seen: dict[str, int] = {}
-    out: set[str] = set()
+    # and each HTML anchor (BENCHMARKS.md's rows: <a id="..."></a>, which docs link to)
+    out: set[str] = set(re.findall(r'<a id="([^"]+)"></a>', path.read_text(encoding="utf-8")))
     fenced = False
     for line in path.read_text(encoding="utf-8").splitlines():
         if FENCE.match(line):
