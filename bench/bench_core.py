@@ -20,6 +20,9 @@
   in the ledger (end-to-end ingestion, daemon start-up included) against the job's own write rate,
   and the most the parsers were behind (they read a burst back from job.log: the job never waits
   for them). Every line on stdout and in job.log and every metric in the ledger is checked;
+- a NaN after a burst: BENCH_PASS_LINES lines of the nanoGPT mix, then a NaN line; its wall time (taken by
+  the job) -> the daemon's failure_detected event, median of BENCH_PASS_RUNS (the daemon still reading the
+  burst back: the NaN is found ahead of the in-order parsers, job/catchup.LogAhead);
 - detection latency: a NaN line written -> the daemon's failure_detected event;
 - control replies under a metric flood: ``reload`` requests (answered by the main loop) while the
   daemon handles BENCH_FLOOD_LINES metric lines the job printed at full speed (from its first metric
@@ -467,6 +470,56 @@ def passthrough(tmp: Path, mixes: tuple[tuple[str, str], ...] = MIXES) -> list[d
     return rows
 
 
+# The burst of the nanoGPT mix, then its NaN line (the wall time it was printed into argv[2]); then it waits
+# to be stopped (on.nan.action = give_up ends the run at the detection).
+BURST_NAN_JOB = """\
+import sys, time
+w = sys.stdout.write
+n = int(sys.argv[1])
+for i in range(n):
+    w(f"iter {i}: loss {2.0 + (i % 97) * 0.001:.4f}, time 12.34ms, mfu 1.20%\\n")
+sys.stdout.flush()
+t = time.time()
+w(f"iter {n}: loss nan, time 12.34ms, mfu 1.20%\\n")
+sys.stdout.flush()
+open(sys.argv[2], "w").write(repr(t))
+time.sleep(600)
+"""
+
+
+def burst_nan(tmp: Path) -> list[dict]:
+    """A NaN printed right after a PASS_LINES burst of the nanoGPT mix: its wall time (taken by the job)
+    to the daemon's failure_detected event (the daemon's own timestamp), median of PASS_RUNS; the daemon
+    is still reading the burst back then, and the in-order parsers would reach the NaN only after every
+    line before it (job/catchup.LogAhead looks ahead of them for non-finite values)."""
+    import datetime
+    import json
+
+    n, job, printed = PASS_LINES, tmp / "burst_nan_job.py", tmp / "burst_nan.at"
+    job.write_text(BURST_NAN_JOB)
+    k = f"{n / 1e6:g}M" if n >= 10**6 else f"{n:,}"
+    took: list[float] = []
+    for r in range(PASS_RUNS):
+        sd = tmp / f"sd-burst-nan{r}"
+        with open(tmp / "burst_nan.err", "wb") as e:
+            subprocess.run([PY, "-m", "supervisor", "--log-format", "json", "wrap", "--state-dir", str(sd), "--set",
+                            "on.nan.action=give_up", "--", PY, str(job), str(n), str(printed)], cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=e, timeout=900)
+        events = [json.loads(x) for x in (tmp / "burst_nan.err").read_text().splitlines() if x.startswith("{")]
+        [det] = [ev for ev in events if ev.get("event") == "failure_detected"]
+        assert det["step"] == n, det
+        at = datetime.datetime.fromisoformat(det["ts"].replace("Z", "+00:00")).timestamp()
+        took.append(at - float(printed.read_text()))
+        hist = json.loads(subprocess.run([PY, "-m", "supervisor", "history", "--json", "--state-dir", str(sd)],
+                                         cwd=ROOT, capture_output=True, check=True).stdout)
+        found = hist["attempts"][0]["detection"]
+        assert found["details"].get("found_ahead_of_parsing"), found
+    return [_row(f"NaN after a {k}-line burst (nanoGPT mix, every line a metric, printed as fast as it can): the "
+                 f"job's NaN line -> the daemon's failure_detected, median of {PASS_RUNS} (found ahead of the "
+                 "in-order parsers, which are still reading the burst back)", round(statistics.median(took), 2),
+                 "s", "<= 5")]
+
+
 # Each attempt's NaN at another step (100 apart): an identical repeat (same cause, step, checkpoint,
 # argv) is given up on at the second occurrence, which would end the trials after two.
 NAN_JOB = """\
@@ -596,11 +649,11 @@ def control_under_flood(tmp: Path) -> list[dict]:
                  round(idle[len(idle) // 2] * 1000, 1), "ms", "peer")]
 
 
-PARTS = {"restart": restart_overhead, "rss": rss_and_cpu, "passthrough": passthrough,
+PARTS = {"restart": restart_overhead, "rss": rss_and_cpu, "passthrough": passthrough, "burst_nan": burst_nan,
          "latency": detection_latency, "control": control_under_flood}
 # ``burst`` (the name README.md and docs/operating.md use): the nanoGPT mix of the pass-through part
-# alone. Not in a full run, which has it in ``passthrough``.
-EXTRA = {"burst": lambda tmp: passthrough(tmp, MIXES[:1])}
+# alone, and the NaN after such a burst. Not in a full run, which has them in ``passthrough`` and ``burst_nan``.
+EXTRA = {"burst": lambda tmp: passthrough(tmp, MIXES[:1]) + burst_nan(tmp)}
 
 
 def run(parts: list[str] | None = None) -> list[dict]:
