@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-ORDER = ["core", "watch", "metricfiles", "trainers", "busy", "checkpoints", "health", "reboot", "soak", "cluster", "recovery", "prewarm", "overhead"]
+ORDER = ["core", "watch", "metricfiles", "trainers", "busy", "torchrun", "checkpoints", "health", "reboot", "soak", "cluster", "recovery", "prewarm", "overhead"]
 BENCHMARKS = HERE.parent / "BENCHMARKS.md"
 HISTORY = HERE.parent / "BENCHMARKS-history.md"
 LATEST = "## Latest table"
