@@ -8,23 +8,28 @@ Fail-closed: a stream that does not run to its STOP opcode, an opcode genops doe
 name whose operands cannot be told statically, or a stream past the bound raises
 :class:`Unreadable`, and what cannot be read is never called checked.
 
-The bound, per checkpoint (one :class:`Budget` for all its files and streams): at most
-``MAX_PICKLE_BYTES`` read through the walk (an argument that claims more, such as a BINBYTES8 of a
-terabyte, is refused before any memory is taken for it) and ``MAX_OPCODES`` opcodes (0.6-1.5 µs
-each: at most about 3 s of one core on a loaded 2-core machine). Past either, the checkpoint is
-not called checked: it is load-tested before the launch instead of beside it. The walk keeps
-two stack slots and the memo's keys, with a value only for short strings (what a STACK_GLOBAL
-may fetch), at most ``MAX_MEMO`` of them (about 40 MiB); nesting depth costs nothing:
-5,000 nested lists are 10,000 opcodes like any others.
+The bound, per checkpoint (one :class:`Budget` for all its files and streams; a DCP ``.metadata``
+has one of its own, :mod:`.dcpscan`): at most ``MAX_PICKLE_BYTES`` read through the walk (an
+argument that claims more, such as a BINBYTES8 of a terabyte, is refused before any memory is
+taken for it) and ``MAX_OPCODES`` opcodes. Sized for real saves, measured (docs/reliability.md):
+a torch zip of 50,000 parameters with their Adam state is 6 million opcodes and 17 MB of pickle,
+walked in about 5 s of one core on the loaded 2-core machine (about 0.5-0.8 µs an opcode, a
+stream held in memory: :class:`WholeReader`); 16 million opcodes are at most about 13 s. Past
+either, the checkpoint is not called checked. The walk keeps two stack slots, the memo's key
+count (and the keys a PUT scattered) and the name-like short strings it holds (what a
+STACK_GLOBAL may fetch), at most ``MAX_MEMO`` of them (about 50 MiB); nesting depth costs
+nothing: 5,000 nested lists are 10,000 opcodes like any others.
 """
 from __future__ import annotations
 
+import io
 import pickletools
 from dataclasses import dataclass
 from typing import IO, Callable, cast
 
+
 MAX_PICKLE_BYTES = 64 << 20
-MAX_OPCODES = 2_000_000
+MAX_OPCODES = 16_000_000
 MAX_MEMO = 500_000
 NAME_MAX = 200  # longer strings are never module or attribute names we allow: not kept in the memo
 
@@ -107,6 +112,45 @@ class BoundedReader:
         self._f.seek(n, 1)
 
 
+class WholeReader(BoundedReader):
+    """A stream already read into memory within the budget (a zip's ``data.pkl``, a DCP
+    ``.metadata`` or byte item): genops calls BytesIO's own ``read`` instead of a Python method an
+    opcode, about a third of the walk's time on a large save. :func:`read_whole` makes one."""
+
+    def __init__(self, data: bytes, budget: Budget) -> None:
+        budget.spend_bytes(len(data))
+        super().__init__(io.BytesIO(data), budget)
+        self._bio = cast(io.BytesIO, self._f)
+        self._size = len(data)
+        self.read = self._bio.read  # type: ignore[method-assign,assignment]
+        self.readline = self._bio.readline  # type: ignore[method-assign]
+
+    def push_back(self, data: bytes) -> None:
+        self._bio.seek(-len(data), 1)  # the bytes just read
+
+    def at_end(self) -> bool:
+        return self._bio.tell() >= self._size
+
+    def skip(self, n: int) -> None:
+        if n < 0:
+            raise Unreadable(f"a negative length ({n})")
+        self._bio.seek(n, 1)
+
+
+def read_whole(f: IO[bytes], budget: Budget) -> WholeReader:
+    """All of ``f`` in memory, at most the budget's bytes left (past them: Unreadable, nothing more read)."""
+    chunks: list[bytes] = []
+    held = 0
+    while True:  # in chunks: a read(n) of a file allocates n bytes at once, however short the file
+        chunk = f.read(1 << 20)
+        if not chunk:
+            return WholeReader(b"".join(chunks), budget)
+        held += len(chunk)
+        if held > budget.bytes_left:
+            raise Unreadable(f"more than {budget.max_bytes >> 20} MiB of pickle data to walk (the scan's bound)")
+        chunks.append(chunk)
+
+
 @dataclass(frozen=True)
 class Stream:
     """What one pickle stream holds for the scan."""
@@ -115,32 +159,61 @@ class Stream:
     value: int | None  # the stream's value when it is one plain integer, else None
 
 
-def read_stream(r: BoundedReader, check: Callable[[str | None], None]) -> Stream | None:
+def _name_like(s: str) -> bool:
+    """A string an import could be made of (dotted identifiers): only these are kept in the memo.
+    A GET of any other string is not a name operand, so a STACK_GLOBAL on it is refused as
+    computed at load time (fail-closed); a real save's memo of tensor keys ("12", "layers.0.w")
+    then costs nothing."""
+    return all(part.isidentifier() for part in s.split("."))
+
+
+def read_stream(r: BoundedReader, check: Callable[[str | None], None],
+                refused: frozenset[str] = frozenset()) -> Stream | None:
     """The next pickle stream of ``r``; None at a clean end of the data. Raises Unreadable, and
     whatever ``check`` raises: it is called on each import as the walk meets it (a loader runs a
-    REDUCE before it reads on, so what a stream imports before it breaks off counts)."""
+    REDUCE before it reads on, so what a stream imports before it breaks off counts). ``refused``:
+    opcodes this kind of stream never holds (a set in a DCP ``.metadata``: 200 bytes built a byte)."""
     if r.at_end():
         return None
     imports: dict[str | None, None] = {}
     top: list[object] = [None, None]  # the two newest stack slots (STACK_GLOBAL's operands)
-    memo: dict[object, str | None] = {}  # memo index -> short string, or None for anything else
+    # The memo's keys as the loader holds them (MEMOIZE's key is their count): 0..dense-1 and the
+    # sparse ones a PUT set beyond; a value only for a name-like short string.
+    names: dict[object, str] = {}
+    dense, sparse = 0, set[object]()
     value: object = None
     on_stack = 0  # opcodes that put or take something: one INT alone makes a plain integer
+    budget = r.budget
+    left = budget.ops_left
     try:
         for op, arg, _pos in pickletools.genops(cast(IO[bytes], r)):  # genops calls read, readline
-            r.budget.spend_op()
+            left -= 1
+            if left < 0:
+                raise Unreadable(f"more than {budget.max_ops:,} pickle opcodes to walk (the scan's bound)")
             name = op.name
+            if name in refused:
+                raise Unreadable(f"a {name} opcode, which no such file holds")
             if name in _OFF_STACK:
                 continue
             if name in _PUT_OPS or name == "MEMOIZE":
-                # Every key is kept (MEMOIZE's key is the memo's size), a value only when it is
-                # a short string: a later GET of anything else cannot name an import.
-                memo[len(memo) if name == "MEMOIZE" else arg] = top[-1] if isinstance(top[-1], str) else None
-                if len(memo) > MAX_MEMO:
-                    raise Unreadable(f"a memo of more than {MAX_MEMO:,} entries (the scan's bound)")
+                key = dense + len(sparse) if name == "MEMOIZE" else arg
+                if key == dense:
+                    dense += 1
+                    while sparse and dense in sparse:
+                        sparse.discard(dense)
+                        dense += 1
+                elif not (isinstance(key, int) and 0 <= key < dense):
+                    sparse.add(key)
+                held = top[-1]
+                if isinstance(held, str) and _name_like(held):
+                    names[key] = held
+                elif names:
+                    names.pop(key, None)
+                if len(names) + len(sparse) > MAX_MEMO:
+                    raise Unreadable(f"a memo of more than {MAX_MEMO:,} names or scattered keys (the scan's bound)")
                 continue
             on_stack += 1
-            pushed: object = object()  # something on the stack that is not a name operand
+            pushed: object = None  # something on the stack that is not a name operand
             imported: str | None = ""
             if name in ("GLOBAL", "INST"):
                 imported = str(arg).replace(" ", ".", 1)
@@ -152,18 +225,19 @@ def read_stream(r: BoundedReader, check: Callable[[str | None], None]) -> Stream
             elif name in _STRING_OPS and isinstance(arg, str) and len(arg) <= NAME_MAX:
                 pushed = arg
             elif name in _GET_OPS:
-                pushed = memo.get(arg) or pushed
+                pushed = names.get(arg)
             elif name in _INT_OPS:
                 value = arg
-            if imported != "":
-                if imported not in imports:
-                    check(imported)
-                    imports[imported] = None
+            if imported != "" and imported not in imports:
+                check(imported)
+                imports[imported] = None
             top = [top[-1], pushed]
     except Unreadable:
         raise
     except (ValueError, EOFError, OverflowError, TypeError) as exc:
         # genops's own words: an unknown opcode, an argument cut short, no STOP before the end.
         raise Unreadable(f"not a whole pickle ({exc})") from None
+    finally:
+        budget.ops_left = left
     plain = on_stack == 1 and isinstance(value, int) and not isinstance(value, bool)
     return Stream(tuple(imports), value if plain and isinstance(value, int) else None)

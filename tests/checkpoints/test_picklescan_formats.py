@@ -126,7 +126,7 @@ def test_a_folder_walk_past_its_bounds_is_not_called_checked(made: tuple[Path, d
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Deeper is not unbounded: past the entries or the pickle files the walk looks at, the
     checkpoint is not called checked (load-tested before the launch). The bounds are lowered
-    here; the same code holds them at their defaults (100,000 entries, 1,024 pickle files)."""
+    here; the same code holds them at their defaults (100,000 entries, 10,000 pickle files)."""
     out, _ = made
     folder = tmp_path / "checkpoint-30"
     deep = folder / "x" / "y"
@@ -137,7 +137,7 @@ def test_a_folder_walk_past_its_bounds_is_not_called_checked(made: tuple[Path, d
     monkeypatch.setattr(picklescan, "MAX_FILES", 30)
     why = unsafe_pickle(folder)
     assert why == "checkpoint-30: more than 30 pickle files, the most the scan reads, so it is not called checked"
-    monkeypatch.setattr(picklescan, "MAX_FILES", 1024)
+    monkeypatch.setattr(picklescan, "MAX_FILES", 10_000)
     for i in range(400):
         (deep / f"log-{i}.txt").write_bytes(b"")  # not pickles, but entries the walk looks at
     monkeypatch.setattr(picklescan, "MAX_ENTRIES", 200)
