@@ -12,12 +12,14 @@ with ``np.load(..., allow_pickle=True)`` or ``pickle.load(gzip.open(...))`` is c
   ``numpy.dtypes`` classes) beside the tensor-rebuild allowlist: an object array of plain values
   (numbers, strings, lists, dicts, nested numeric arrays) passes, one of arbitrary objects is refused.
 - ``.npz``: a zip of ``.npy`` members, each read so (the zip reader in :mod:`.picklescan`).
-- A pickle compressed with gzip, bz2 or xz whose name says so (``optimizer.pt.gz``, ``state.pkl.xz``)
-  is decompressed through the scan's :class:`~.picklestream.BoundedReader`: the byte budget counts
+- A pickle compressed with gzip, bz2 or xz, told by its magic bytes whatever its name (``optimizer.pt.gz``,
+  ``state.pkl.xz``, ``extra.gz``), is decompressed through the scan's :class:`~.picklestream.BoundedReader`: the byte budget counts
   the decompressed bytes, so a bomb stops at 64 MiB and is not called checked. What is inside is read
-  as pickles (a plain pickle, a legacy torch file); a torch zip or tar inside a compressed file is not
+  as pickles (a plain pickle, a legacy torch file); a torch zip or tar inside a compressed pickle is not
   read (it would need the whole of it decompressed) and is not called checked, nor is a ``.zst`` /
-  ``.lz4`` file (no reader in the standard library).
+  ``.lz4`` pickle (no reader in the standard library). A compressed file of another name is sniffed
+  by its first decompressed bytes as any file is (:func:`.picklescan.sniffed`): a tar inside (a
+  ``code.tar.gz`` snapshot), text or JSON is no pickle and is not scanned.
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ MAX_HEADER_BYTES = 65_536  # numpy's own default is 10,000 (lifted by allow_pick
 MAX_NPZ_MEMBERS = 1024
 _OPENERS: dict[str, Callable[[Path], Any]] = {
     ".gz": lambda p: gzip.open(p, "rb"), ".bz2": lambda p: bz2.open(p, "rb"), ".xz": lambda p: lzma.open(p, "rb")}
+# Told by content, not by name: ``extra.gz`` or ``state`` may be a gzip of a pickle all the same.
+_MAGIC = ((b"\x1f\x8b", ".gz"), (b"BZh", ".bz2"), (b"\xfd7zXZ\x00", ".xz"))
 COMPRESSION_ERRORS = (gzip.BadGzipFile, lzma.LZMAError)
 
 
@@ -92,12 +96,20 @@ def scan_npy(r: BoundedReader, check: Callable[[str | None], None]) -> None:
             raise Unreadable("an object array whose pickle is missing")
 
 
-def scan_compressed(path: Path, budget: Budget, scan_pickles: Callable[[BoundedReader], None]) -> None:
-    """A compressed pickle, decompressed within the budget into ``scan_pickles``."""
-    opener = _OPENERS.get(path.suffix)
-    if opener is None:
-        raise Unreadable(f"a {path.suffix} file (no decompressor in the standard library)")
-    with opener(path) as f:
+def compression_of(head: bytes) -> str | None:
+    """The compression a file's first bytes show (``.gz``, ``.bz2``, ``.xz``), or None."""
+    return next((kind for magic, kind in _MAGIC if head.startswith(magic)), None)
+
+
+def decompressed_head(path: Path, kind: str, n: int) -> bytes:
+    """At most ``n`` bytes of what ``path`` decompresses to (what a sniff looks at: bounded)."""
+    with _OPENERS[kind](path) as f:
+        return bytes(f.read(n))
+
+
+def scan_compressed(path: Path, kind: str, budget: Budget, scan_pickles: Callable[[BoundedReader], None]) -> None:
+    """A compressed pickle (``kind`` told by its bytes), decompressed within the budget into ``scan_pickles``."""
+    with _OPENERS[kind](path) as f:
         r = BoundedReader(f, budget)
         if r.at_end():
             raise Unreadable("an empty file once decompressed")

@@ -38,8 +38,8 @@ from typing import IO, Callable, cast
 from .dcpscan import DCP_METADATA, MAX_METADATA_BYTES, METADATA_OPCODES, SET_OPS, dcp_data, scan_byte_items
 from .pickledeny import RUNS_CODE, Refusal, names_code
 from .layouts import registry
-from .npyscan import (COMPRESSION_ERRORS, MAX_NPZ_MEMBERS, NPY_MAGIC, NUMPY_SUFFIXES, numpy_reconstruct, scan_compressed,
-                      scan_npy)
+from .npyscan import (COMPRESSION_ERRORS, MAX_NPZ_MEMBERS, NPY_MAGIC, NUMPY_SUFFIXES, compression_of, decompressed_head,
+                      numpy_reconstruct, scan_compressed, scan_npy)
 from .picklenames import ELEMENT_SIZE, RNG_PREFIX, allowed, numpy_data
 from .picklestream import BoundedReader, Budget, Stream, Unreadable, read_stream, read_whole
 from .structure import ZIP_MAGIC, structure_problem
@@ -235,11 +235,14 @@ def _scan_file(path: Path, budget: Budget) -> str | None:
     def scan() -> None:
         with open(path, "rb") as f:
             head = f.read(len(NPY_MAGIC))
+            kind = compression_of(head)
             if path.name == DCP_METADATA:
                 f.seek(0)
                 _scan_metadata(f, _checker(path.name, also))
-            elif path.name.endswith(COMPRESSED_PICKLES):
-                scan_compressed(path, budget, lambda r: _scan_pickles(r, _checker(path.name, also)))
+            elif kind is not None:  # by its bytes: extra.gz is a gzip of a pickle as much as extra.pkl.gz
+                scan_compressed(path, kind, budget, lambda r: _scan_pickles(r, _checker(path.name, also)))
+            elif path.name.endswith(COMPRESSED_PICKLES) and not path.name.endswith((".gz", ".bz2", ".xz")):
+                raise Unreadable(f"a {path.suffix} file (no decompressor in the standard library)")
             elif head.startswith(ZIP_MAGIC):
                 _scan_zip(path, path.name, budget, also)
             elif head == NPY_MAGIC:
@@ -333,6 +336,16 @@ def sniffed(path: str) -> bool:
     with open(path, "rb") as f:
         head = f.read(SNIFF_BYTES)
         size = os.fstat(f.fileno()).st_size
+    kind = compression_of(head)
+    if kind is not None:  # what a gzip.open + pickle.load reads: its first decompressed bytes
+        try:
+            head = decompressed_head(Path(path), kind, SNIFF_BYTES + 1)
+        except (OSError, EOFError, *COMPRESSION_ERRORS):
+            return False  # no loader reads it whole either
+        if head[257:262] == b"ustar":
+            return False  # a tar inside (a code.tar.gz snapshot): an archive, not a pickle
+        size = len(head) if len(head) <= SNIFF_BYTES else 1 << 62  # goes on: what follows may be anything
+        head = head[:SNIFF_BYTES]
     if head.startswith((ZIP_MAGIC, b"\x80")) or head[257:262] == b"ustar":
         return True
     window = _Window(head, max(size, len(head)))
