@@ -13,7 +13,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from supervisor.config.model import Config, config_from_table
 from supervisor.core.messages import ExitInfo, Resume
-from supervisor.daemon.concerns import GoodputConcern, ValidationConcern
+from supervisor.daemon.plugin import Plugin
+from supervisor.daemon.progress import GoodputPlugin, ValidationPlugin
 from supervisor.daemon.watchconcern import WatchConcern
 from supervisor.daemon.ports import Concern, Ports
 from supervisor.events import Action, Cause
@@ -334,16 +335,16 @@ class Daemon:
 
 
 def daemon(tmp: Path, cfg: Config | None = None, *, steps: Sequence[int] = (), gate: GateVerdict | None = None,
-           concerns: Sequence[Concern] = ()) -> Daemon:
+           concerns: Sequence[Concern | Plugin] = ()) -> Daemon:
     """A daemon on fakes, started: the first attempt launched (from scratch), then checkpoints
     at ``steps`` appear."""
     cfg = cfg or config(tmp)
     clock, launcher, ledger = FakeClock(), FakeLauncher(), FakeLedger()
     checkpoints, fake_gate = FakeCheckpoints(), FakeGate(gate)
-    watch, goodput = WatchConcern(), GoodputConcern()
+    watch, goodput = WatchConcern(), GoodputPlugin()
     ports = Ports(clock=clock, launcher=launcher, ledger=ledger, checkpoints=checkpoints, gate=fake_gate,
                   notifier=FakeNotifier(), osapi=OsApi(), environment=FakeEnvironment())
-    runner = Runner(cfg, ports, [watch, goodput, ValidationConcern(goodput), *concerns], fanout=SinkFanout(), tick_s=0.002)
+    runner = Runner(cfg, ports, [watch, goodput, ValidationPlugin(goodput.tracks), *concerns], fanout=SinkFanout(), tick_s=0.002)
     d = Daemon(runner, clock, launcher, ledger, checkpoints, fake_gate, watch)
     assert runner.start()
     _OPEN.append(runner)

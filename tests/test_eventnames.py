@@ -44,7 +44,7 @@ def _trees() -> tuple[tuple[str, ast.Module], ...]:
 
 
 def _is_str(node: ast.expr | None) -> bool:
-    return isinstance(node, ast.Name) and node.id == "str"
+    return isinstance(node, ast.Name) and node.id in ("str", "EventName")  # a plug-in's Note takes a member
 
 
 def _event_index(node: ast.stmt) -> int | None:

@@ -23,6 +23,7 @@ from . import attemptrows
 from .activity import AttemptActivity
 from .concernset import ConcernSet
 from .monitors import AttemptMonitors
+from .plugin import AttemptStarted
 from .ports import Job, Ports
 
 
@@ -97,7 +98,7 @@ class AttemptStarter:
         return SpawnResult(spec, job, None, now, wall)
 
     def started(self, cfg: Config, cmd: Launch, run_id: str, spawned: SpawnResult,
-                emit: Callable[[Detection], None]) -> None:
+                emit: Callable[[Detection], None], history: Sequence[MetricRecord]) -> None:
         """After the machine took the job (``Spawned``): its monitors, its snapshot, the concerns told."""
         job, resume = spawned.job, cmd.resume
         assert job is not None
@@ -107,5 +108,5 @@ class AttemptStarter:
         self.monitors.start(self.concerns.monitors(), ctx, emit)
         # Now the GPU/host monitors have looked at least once: record what the attempt runs on.
         self.snapshots.launched(cmd.attempt, self.ports.environment.of_attempt(spawned.spec, self.concerns.snapshots()))
-        self.concerns.attempt_started(ctx, resume, spawned.wall)
+        self.concerns.attempt_started(AttemptStarted(ctx, resume, spawned.wall, history))
         self.ports.notifier.ready()

@@ -312,7 +312,7 @@ class CheckpointConcern(Concern):
         # ends meanwhile would otherwise lose the event (CI: 15 saves not kept, none in history).
         self._book_not_kept()
         d = self.daemon
-        if self.svc is None or d is None or not d.cfg.checkpoints.verify_in_background or not d.has_job:
+        if self.svc is None or d is None or not d.cfg.checkpoints.verify_in_background or not d.run_view().has_job:
             return
         newest = self.newest()
         key = _key(newest)

@@ -143,7 +143,7 @@ class CheckpointDiscoveryConcern(Concern):
             done, self._scanning = self._scanning, None
             if self._dir() is None and self.roots:  # else a scan at the attempt's end found it meanwhile
                 self._took(done.result)
-        if (self._dir() is None and self.roots and d.has_job and self._scanning is None
+        if (self._dir() is None and self.roots and d.run_view().has_job and self._scanning is None
                 and now - self._scanned_at >= SCAN_EVERY_S):
             self._scanned_at = now
             if self._pool is None:

@@ -1,27 +1,19 @@
-"""The concerns that plug into the runner: post-reboot validation, goodput, and the operator's
-side (control socket, Prometheus, systemd status). The job's output and heartbeats are
-:mod:`supervisor.daemon.watchconcern`."""
+"""The operator's side of the daemon: the control socket, Prometheus, systemd status. The job's
+output and heartbeats are :mod:`supervisor.daemon.watchconcern`, goodput and validation
+:mod:`supervisor.daemon.progress`."""
 
 from __future__ import annotations
 
 import threading
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping
 
 import structlog
 
-from ..core.causes import Cause
-from ..core.messages import EndAttempt, Resume
 from ..eventnames import EventName
-from ..events import AttemptContext
-from ..core.observations import Detection, MetricRecord
-from ..core.goodput import Track, goodput_of, tracks_from_rows
-from .effects import AttemptField
 from .linger import linger
 from .ports import Concern, DaemonView, Notifier
 
 if TYPE_CHECKING:  # imported at start, only what is configured (prometheus_client: 12 ms)
-    from ..core.validation import Validator, Verdict
     from ..ops.control import ControlServer
     from ..ops.metrics import Metrics
     from .checkpointconcern import CheckpointConcern
@@ -157,165 +149,3 @@ def status_line(st: Mapping[str, Any]) -> str:
     if lm.get("loss") is not None:
         parts.append(f"loss {lm['loss']:.4g}")
     return ", ".join(parts)
-
-
-class GoodputConcern(Concern):
-    """Each attempt's progress, for goodput (rebuilt from the ledger after a daemon restart)."""
-
-    name = "goodput"
-
-    def __init__(self) -> None:
-        self.tracks: dict[int, Track] = {}
-        self.daemon: DaemonView | None = None
-        self._cached: dict[str, Any] | None = None
-        self._cached_at = float("-inf")
-        self._interval: dict[str, Any] | None = None
-        self._interval_at = float("-inf")
-
-    def start(self, daemon: DaemonView) -> None:
-        self.daemon = daemon
-        try:
-            self.tracks = tracks_from_rows(daemon.history.attempts(daemon.run_id), daemon.history.metrics(daemon.run_id))
-        except Exception as e:
-            log.warning("goodput_history_unreadable", error=repr(e))
-
-    def startups(self, but: int) -> list[float]:
-        """Launch -> first step of every attempt except ``but``."""
-        return [s for a, t in self.tracks.items() if a != but and (s := t.startup()) is not None]
-
-    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
-        self.tracks[ctx.attempt] = Track(wall, resume.step if resume.checkpoint else None)
-
-    def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None:
-        assert self.daemon is not None
-        track = self.tracks.get(self.daemon.attempt)
-        if track is not None:
-            for m in batch:
-                if m.step is not None:
-                    track.add(m.at, m.step)
-
-    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
-        track = self.tracks.get(end.attempt)
-        if track is not None:
-            track.ended_at = wall
-            track.cause = end.cause.value if end.cause else None
-        self._cached_at = float("-inf")
-
-    def goodput(self) -> dict[str, Any] | None:
-        assert self.daemon is not None
-        now = self.daemon.clock.monotonic()
-        if now - self._cached_at < GOODPUT_EVERY_S and self._cached is not None:
-            return self._cached
-        self._cached_at = now
-        gp = goodput_of(self.tracks, self.daemon.clock.time())
-        self._cached = gp.to_json() if gp is not None else None
-        return self._cached
-
-    def status(self) -> dict[str, Any]:
-        gp = self.goodput()
-        return {"goodput": gp["ratio"] if gp else None, "goodput_detail": gp,
-                "checkpoint_interval": self.interval_advice()}
-
-    def interval_advice(self) -> dict[str, Any] | None:
-        """The checkpoint interval that maximises goodput for the failure rate measured so far
-        (checkpoints/cadence.py), recomputed at most once a minute."""
-        assert self.daemon is not None
-        now = self.daemon.clock.monotonic()
-        # Once a minute; until there is advice (a failure, a save and a step rhythm), every few seconds.
-        if now - self._interval_at < (INTERVAL_EVERY_S if self._interval is not None else GOODPUT_EVERY_S):
-            return self._interval
-        self._interval_at = now
-        d = self.daemon
-        # Imported at the first status, not at start: the checkpoint layouts it reads are not on
-        # the first launch's way (issue 25 build 1).
-        from ..checkpoints.cadence import interval_advice
-
-        try:
-            ckdir = d.cfg.checkpoints.dir
-            advice = interval_advice(d.history, d.run_id, Path(ckdir) if ckdir else None)
-        except Exception as e:  # advice only: never in the way of a status reply
-            log.warning("checkpoint_interval_advice_failed", error=repr(e))
-            advice = None
-        self._interval = advice.to_json() if advice is not None else None
-        return self._interval
-
-
-class ValidationConcern(Concern):
-    """Post-reboot validation: the first steps after every resume against the run before it
-    (:mod:`supervisor.core.validation`); a failure becomes a ``validation_failed`` detection."""
-
-    name = "validation"
-
-    def __init__(self, goodput: GoodputConcern) -> None:
-        self.goodput = goodput  # earlier attempts' start-up times
-        self.validator: Validator | None = None
-        self.last: dict[str, Any] | None = None
-        self.daemon: DaemonView | None = None
-
-    def start(self, daemon: DaemonView) -> None:
-        self.daemon = daemon
-
-    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
-        d = self.daemon
-        assert d is not None
-        self.validator = None
-        vc = d.cfg.validation
-        # A checkpoint the job is not known to take (only in TSUP_RESUME_FROM; resume_unavailable
-        # said so) is no resume to validate: its verdict would blame the job for what it never got.
-        if not (resume.checkpoint and resume.handed and vc.enabled):
-            return
-        from ..core.validation import Baseline, Validator
-
-        baseline = Baseline.from_history(list(d.metric_history), resume.step, self.goodput.startups(ctx.attempt))
-        self.validator = Validator(vc, baseline, resume.step, ctx.started_monotonic)
-        d.event("validation_started", "info",
-                f"validating the first {vc.steps} steps after resuming from step {resume.step}"
-                + (f" (reference loss {baseline.loss_at_resume:.4g})" if baseline.loss_at_resume is not None
-                   else " (no loss recorded at that step: loss check skipped)"),
-                reference_loss=baseline.loss_at_resume, grad_norm_p99=baseline.grad_norm_p99,
-                throughput_median=baseline.throughput_median)
-
-    def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None:
-        if self.validator is not None:
-            self._verdict(self.validator.feed(batch, now))
-
-    def tick(self, now: float) -> None:
-        if self.validator is not None and self.daemon is not None and self.daemon.has_job:
-            self._verdict(self.validator.poll(now))
-
-    def _verdict(self, verdict: Verdict | None) -> None:
-        if verdict is None:
-            return
-        d = self.daemon
-        assert d is not None
-        js = verdict.to_json()
-        self.last = js
-        d.apply(AttemptField(d.attempt, validation=js))
-        if verdict.passed:
-            d.event("validation_passed", "info", f"post-reboot validation {verdict.summary}", checks=js["checks"])
-            return
-        from ..core.resumecheck import CHECK_NAME as RESUME_CHECK
-
-        if [c.name for c in verdict.checks] == [RESUME_CHECK]:
-            # The job ignored the checkpoint (resume_ignored, said by ResumeWatchConcern): another
-            # relaunch with the same arguments would ignore it again, so the job keeps running.
-            d.event("validation_failed", "warning", f"post-reboot validation {verdict.summary}; no restart (it "
-                    "would ignore the checkpoint again): the job keeps running", checks=js["checks"])
-            return
-        d.event("validation_failed", "warning", f"post-reboot validation {verdict.summary}; the resumed state is "
-                "suspect", checks=js["checks"])
-        seen = self.validator.seen if self.validator else None
-        d.emit(Detection(Cause.VALIDATION_FAILED, f"post-reboot validation {verdict.summary}", "validation",
-                         step=max(seen) if seen else None, onset_step=verdict.resume_step, details=js,
-                         at=d.clock.time()))
-
-    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
-        if self.validator is not None and self.validator.verdict is None:
-            inc = self.validator.incomplete()
-            assert self.daemon is not None
-            self.daemon.apply(AttemptField(end.attempt, validation=inc))
-            self.last = inc
-        self.validator = None
-
-    def status(self) -> dict[str, Any]:
-        return {"validation": self.last}

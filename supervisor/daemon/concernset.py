@@ -1,44 +1,66 @@
-"""The runner's concerns taken together: started in order, every hook called on each, one that
-fails reported while the others go on, and what they add to the job's env, status and snapshots."""
+"""The runner's plug-ins taken together: started in order, every notice given to each that reacts
+to it and every hook called on each concern still in the old shape, one that fails reported while
+the others go on; the effects a reaction returns carried out by the runner, in order; and what they
+add to the job's env, status and snapshots."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import structlog
 
-from ..core.messages import EndAttempt, Resume
+from ..core.messages import Resume
 from ..core.runend import EndFacts
-from ..events import AttemptContext, Monitor
-from ..core.observations import MetricRecord
+from ..events import Monitor
+from .effects import Effect
+from .plugin import (AttemptEnded, AttemptStarted, Closes, DaemonStarted, GivesJobEnv, GivesMonitors, GivesStatus,
+                     MetricsBatch, Notice, Plugin, RunView, Tick, reaction)
 from .ports import Concern, DaemonView
 
 log = structlog.get_logger("supervisor.daemon.runner")
 
 
 class ConcernSet:
-    def __init__(self, concerns: Sequence[Concern]) -> None:
-        self.items = list(concerns)
+    """``view``: the turn's :class:`RunView`; ``apply``: carries out one effect (the runner's)."""
 
-    def __iter__(self) -> Iterator[Concern]:
+    def __init__(self, concerns: Sequence[Concern | Plugin], view: Callable[[], RunView] | None = None,
+                 apply: Callable[[Effect], None] = lambda e: None) -> None:
+        self.items = list(concerns)
+        self.view = view
+        self.apply = apply
+
+    def __iter__(self) -> Iterator[Concern | Plugin]:
         return iter(self.items)
 
-    def start(self, daemon: DaemonView) -> None:
+    def _run(self) -> RunView:
+        assert self.view is not None, "a plug-in was asked before the set had the runner's view"
+        return self.view()
+
+    def start(self, daemon: DaemonView, notice: DaemonStarted) -> None:
         """Start each in order. One that raises: the exception goes on, and only the ones already
         started are kept (they alone are closed)."""
-        started: list[Concern] = []
+        started: list[Concern | Plugin] = []
         try:
             for c in self.items:
-                c.start(daemon)
+                if isinstance(c, Concern):
+                    c.start(daemon)
+                elif (react := reaction(c, notice)) is not None:
+                    for e in react(self._run()):
+                        self.apply(e)
                 started.append(c)
         finally:
             self.items = started
 
-    def _guarded(self, hook: str, call: Callable[[Concern], object]) -> None:
-        """``call`` on every concern; one that fails is reported (naming ``hook``) and the others go on."""
+    def _guarded(self, hook: str, call: Callable[[Concern], object], notice: Notice | None = None) -> None:
+        """``call`` on every concern, ``notice`` to every plug-in that reacts to it (its effects
+        carried out); one that fails is reported (naming ``hook``) and the others go on."""
         for c in self.items:
             try:
-                call(c)
+                if isinstance(c, Concern):
+                    call(c)
+                elif notice is not None and (react := reaction(c, notice)) is not None:
+                    for e in react(self._run()):
+                        self.apply(e)
             except Exception as e:
                 log.exception("concern_failed", concern=c.name, hook=hook, error=repr(e),
                               message=f"{c.name} failed in {hook}; the daemon keeps going")
@@ -47,33 +69,38 @@ class ConcernSet:
     def before_spawn(self, attempt: int, resume: Resume) -> None:
         self._guarded("before_spawn", lambda c: c.before_spawn(attempt, resume))
 
-    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
-        self._guarded("attempt_started", lambda c: c.attempt_started(ctx, resume, wall))
+    def attempt_started(self, n: AttemptStarted) -> None:
+        self._guarded("attempt_started", lambda c: c.attempt_started(n.ctx, n.resume, n.wall), n)
 
-    def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None:
-        self._guarded("on_metrics", lambda c: c.on_metrics(batch, now))
+    def on_metrics(self, n: MetricsBatch) -> None:
+        self._guarded("on_metrics", lambda c: c.on_metrics(n.records, n.now), n)
 
     def job_hung(self, attempt: int, pids: Sequence[int]) -> None:
         self._guarded("job_hung", lambda c: c.job_hung(attempt, pids))
 
-    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
-        self._guarded("attempt_ended", lambda c: c.attempt_ended(end, resume, wall))
+    def attempt_ended(self, n: AttemptEnded) -> None:
+        self._guarded("attempt_ended", lambda c: c.attempt_ended(n.end, n.resume, n.wall), n)
 
-    def tick(self, now: float) -> None:
-        self._guarded("tick", lambda c: c.tick(now))
+    def tick(self, n: Tick) -> None:
+        self._guarded("tick", lambda c: c.tick(n.now), n)
 
-    def on_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
+    def on_event(self, event: str, level: str, message: str, data: Any) -> None:
         self._guarded("on_event", lambda c: c.on_event(event, level, message, data))
 
     def close(self) -> None:
-        self._guarded("close", lambda c: c.close())
+        for c in self.items:
+            try:
+                c.close() if isinstance(c, (Concern, Closes)) else None
+            except Exception as e:
+                log.exception("concern_failed", concern=c.name, hook="close", error=repr(e),
+                              message=f"{c.name} failed in close; the daemon keeps going")
 
     def end_facts(self, keepalive: Callable[[], bool]) -> EndFacts:
         """Each concern's part of the end; one that fails leaves its part as "not looked at"."""
         facts = EndFacts()
         for c in self.items:
             try:
-                facts = c.end_facts(facts, keepalive)
+                facts = c.end_facts(facts, keepalive) if isinstance(c, Concern) else facts
             except Exception as e:
                 log.exception("concern_failed", concern=c.name, hook="end_facts", error=repr(e),
                               message=f"{c.name} failed in end_facts; the end is said without its part")
@@ -82,26 +109,30 @@ class ConcernSet:
     def job_env(self) -> dict[str, str]:
         env: dict[str, str] = {}
         for c in self.items:
-            env.update(c.job_env())
+            env.update(c.job_env() if isinstance(c, Concern) else
+                       c.job_env(self._run()) if isinstance(c, GivesJobEnv) else {})
         return env
 
     def monitors(self) -> list[Monitor]:
-        return [m for c in self.items for m in c.monitors()]
+        return [m for c in self.items for m in (c.monitors() if isinstance(c, Concern) else
+                                                c.monitors(self._run()) if isinstance(c, GivesMonitors) else ())]
 
     def snapshots(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for c in self.items:
-            out.update(c.snapshot())
+            if isinstance(c, (Concern, GivesMonitors)):
+                out.update(c.snapshot())
         return out
 
     def statuses(self) -> list[Any]:
-        return [c.status() for c in self.items]
+        return [c.status() if isinstance(c, Concern) else c.status(self._run()) for c in self.items
+                if isinstance(c, (Concern, GivesStatus))]
 
     def live_statuses(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for c in self.items:
             try:
-                out.update(c.live_status())
+                out.update(c.live_status() if isinstance(c, Concern) else {})
             except Exception as e:  # a status part failing leaves the cached snapshot as it is
                 log.warning("concern_failed", concern=c.name, hook="live_status", error=repr(e),
                             message=f"{c.name} failed in live_status; status answers with the cached snapshot")

@@ -1,18 +1,72 @@
-"""What a concern asks the daemon to write, as a value: the one write path for the fields of an
-attempt's ledger row besides its launch and its end (:mod:`supervisor.daemon.attemptrows`).
-
-A concern never writes the ledger itself: it hands an :class:`AttemptField` to
-``DaemonView.apply``. On the main loop's thread it is written at once (in order with the attempt's
-end, which follows it); from any other thread (a checkpoint verifier) it is a message in the
-runner's inbox (``EffectHanded``), written by the main loop when it takes it, so that no field
-crosses threads through shared attributes and a write is never lost to a run that ends first (the
-runner writes what is left in its inbox at close)."""
+"""What a plug-in asks the daemon to do, as values (:data:`Effect`): the runner carries each out,
+on its main loop (``Runner.apply``); one returned or handed from another thread (a verifier, the
+environment probe) is a message in the runner's inbox (``EffectHanded``), carried out when the loop
+takes it, so nothing crosses threads through shared attributes and none is lost to a run that ends
+first (the runner carries out what is left in its inbox at close). An attempt's fields
+(:class:`AttemptField`) are the one write path of its ledger row besides its launch and its end
+(:mod:`supervisor.daemon.attemptrows`).
+"""
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, assert_never
+
+from ..core.observations import Detection
+from ..eventnames import EventName
+from ..logsite import Site, callsite, log_helper
+
+if TYPE_CHECKING:
+    from ..config.model import Config
+
+
+class Level(StrEnum):
+    """A note's level: the log method it goes out with, and the ledger's level column."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Note:
+    """One daemon event: a log line (``ledger_only``: a module logged it already), a ledger row."""
+
+    event: EventName
+    level: Level
+    message: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+    ledger_only: bool = False
+    site: Site | None = field(default_factory=callsite, compare=False, repr=False)  # the journal's CODE_*
+
+
+log_helper(Note.__init__)  # the place a note was made is its maker's line, not the dataclass's __init__
+
+
+@dataclass(frozen=True)
+class Detect:
+    """A detection for the machine, fed with the loop's clock like a monitor's."""
+
+    detection: Detection
+
+
+@dataclass(frozen=True)
+class RequestCheckpoint:
+    """Ask the job for a checkpoint as ``checkpoint-now`` does (a job not running refuses it)."""
+
+
+@dataclass(frozen=True)
+class UseConfig:
+    """Run on ``cfg`` from the next turn on (what discovery found, applied as if configured)."""
+
+    cfg: Config
+
+
+@dataclass(frozen=True)
+class RefreshStatus:
+    """Build the status cache again now: ``status`` read right after a console line must show it."""
 
 
 class AttemptUpdates(Protocol):
@@ -38,25 +92,45 @@ class AttemptField:
         return {k: v for k, v in named.items() if v is not None}
 
 
+Effect = Note | Detect | AttemptField | RequestCheckpoint | UseConfig | RefreshStatus
+
+
+@dataclass(frozen=True)
+class Carrier:
+    """How the runner carries out each kind of effect, on its main loop: one path per kind."""
+
+    note: Callable[[Note], None]
+    detect: Callable[[Detection], None]
+    write: Callable[[AttemptField], None]
+    request_checkpoint: Callable[[], None]
+    use_config: Callable[[Config], None]
+    refresh_status: Callable[[], object]
+
+    def __call__(self, effect: Effect) -> None:
+        match effect:
+            case Note():
+                self.note(effect)
+            case Detect(d):
+                self.detect(d)
+            case AttemptField():
+                self.write(effect)
+            case RequestCheckpoint():
+                self.request_checkpoint()
+            case UseConfig(cfg):
+                self.use_config(cfg)
+            case RefreshStatus():
+                self.refresh_status()
+            case _:
+                assert_never(effect)
+
+
 class AttemptWriter:
-    """Writes :class:`AttemptField` values into the run's ledger, from the main loop only.
+    """Writes :class:`AttemptField` values into the run's ledger, from the main loop only
+    (``run_id``: the run's id at the time of the write)."""
 
-    ``run_id``: the run's id at the time of the write; ``hand_over``: puts a field from another
-    thread in the main loop's inbox (the loop then calls ``write``)."""
-
-    def __init__(self, ledger: AttemptUpdates, run_id: Callable[[], str],
-                 hand_over: Callable[[AttemptField], None]) -> None:
+    def __init__(self, ledger: AttemptUpdates, run_id: Callable[[], str]) -> None:
         self.ledger = ledger
         self.run_id = run_id
-        self.hand_over = hand_over
-        self.loop_thread = threading.get_ident()  # the runner's thread (set again when it starts)
-
-    def apply(self, effect: AttemptField) -> None:
-        """From any thread: written now on the main loop, else handed to it as a message."""
-        if threading.get_ident() == self.loop_thread:
-            self.write(effect)
-        else:
-            self.hand_over(effect)
 
     def write(self, effect: AttemptField) -> None:
         """On the main loop: the fields into the attempt's row."""

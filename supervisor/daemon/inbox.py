@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..core.observations import Detection
-from .effects import AttemptField
+from .effects import Effect
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,9 @@ class WakeUp:
 
 @dataclass(frozen=True)
 class EffectHanded:
-    """An attempt's fields from another thread (a verifier, the environment probe): the loop writes them."""
+    """A plug-in's effect from another thread (a verifier, the environment probe): the loop carries it out."""
 
-    effect: AttemptField
+    effect: Effect
 
 
 Message = SignalArrived | DetectionArrived | ControlAsked | PipeEnded | WakeUp | EffectHanded

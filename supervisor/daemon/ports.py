@@ -19,13 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
-from ..core.machine import State
 from ..core.messages import EndAttempt, ExitInfo, GateResult, Resume
 from ..core.runend import EndFacts
-from ..core.policy import Decision
 from ..events import Action, AttemptContext, Monitor
 from ..core.observations import Detection, MetricRecord
-from .effects import AttemptField
+from .effects import Effect
+from .plugin import RunView
 
 if TYPE_CHECKING:
     from ..config.model import Config
@@ -140,20 +139,6 @@ class LedgerStore(Protocol):
     def close(self) -> None: ...
 
 
-class HistoryReader(Protocol):
-    """What concerns read of the ledger (goodput's tracks, the checkpoint interval advice): reads
-    only. Every write goes through the runner: events by ``DaemonView.event``, an attempt's
-    fields by ``DaemonView.apply``."""
-
-    def attempts(self, run_id: str) -> list["AttemptRow"]: ...
-
-    def metrics(self, run_id: str) -> Iterator[Any]: ...
-
-    def failure_record(self) -> tuple[float, int, list[float]]: ...
-
-    def recent_step_times(self, run_id: str, limit: int = 5000) -> list[float]: ...
-
-
 class CheckpointStore(Protocol):
     """Where attempts resume from. ``choose`` and ``book_last_attempt`` run on the
     launch-preparation thread (they verify and may take seconds)."""
@@ -207,23 +192,6 @@ class EnvironmentProbe(Protocol):
     def of_attempt(self, spec: "LaunchSpec", extra: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
-@dataclass(frozen=True)
-class RunView:
-    """The run as it stands, built by the runner when a concern asks (``DaemonView.run_view``):
-    a copy of what concerns read of the state machine, so that none reaches into it. Safe to
-    keep and to read from any thread."""
-
-    state: State
-    attempt: int  # -1 before the first launch
-    has_job: bool  # a job was spawned for the current attempt (it may have exited since)
-    root: Detection | None  # the first failure of this attempt (what a stop under way is for)
-    decision: Decision | None  # what follows the stop under way: a relaunch or a give-up (None: none decided)
-    resume: Resume  # where the current attempt started from
-    last_metric: MetricRecord | None  # the attempt's newest metric record kept
-    exit_code: int | None  # once the run is over: the daemon's exit code
-    exit_reason: str
-
-
 class DaemonView(Protocol):
     """What a concern may see and call of the running daemon."""
 
@@ -233,13 +201,8 @@ class DaemonView(Protocol):
     clock: Clock
     fanout: "SinkFanout"
 
-    @property
-    def history(self) -> HistoryReader:
-        """The ledger, to read (a concern never writes it: ``apply`` and ``event`` do)."""
-        ...
-
-    def apply(self, effect: AttemptField) -> None:
-        """Set fields of an attempt's ledger row, from any thread (:mod:`supervisor.daemon.effects`)."""
+    def apply(self, effect: Effect) -> None:
+        """Carry out an effect (an attempt's field, a note, ...), from any thread (:mod:`supervisor.daemon.effects`)."""
         ...
 
     def run_view(self) -> RunView:
@@ -254,11 +217,6 @@ class DaemonView(Protocol):
     @property
     def metric_history(self) -> Sequence[MetricRecord]: ...
 
-    @property
-    def has_job(self) -> bool:
-        """A job was spawned for the current attempt (it may have exited since)."""
-        ...
-
     def emit(self, d: Detection) -> None: ...
 
     def on_metric(self, rec: MetricRecord) -> None: ...
@@ -266,11 +224,6 @@ class DaemonView(Protocol):
     def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None: ...
 
     def control(self, verb: str, args: Mapping[str, Any], timeout: float = 20.0) -> Any: ...
-
-    def request_checkpoint(self) -> None:
-        """Ask the job for a checkpoint as ``checkpoint-now`` does, from the main loop, without
-        waiting for the answer (a job that is not running just refuses it)."""
-        ...
 
     def refresh_status_cache(self) -> dict[str, Any]: ...
 

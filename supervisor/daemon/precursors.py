@@ -3,50 +3,45 @@ metrics, and a ``checkpoint-now`` request when it sees a divergence coming, with
 an event (``divergence_precursor``)."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping
 
-from ..core.messages import Resume
-from ..events import AttemptContext
-from ..core.observations import MetricRecord
+from ..eventnames import EventName
 from ..watch.precursor import PrecursorWatch
-from .ports import Concern, DaemonView
+from .effects import Effect, Level, Note, RequestCheckpoint
+from .plugin import AttemptStarted, Effects, GivesStatus, MetricsBatch, OnAttempts, OnMetrics, RunView
 
 
-class PrecursorConcern(Concern):
+class PrecursorPlugin(OnAttempts, OnMetrics, GivesStatus):
     name = "precursor"
 
     def __init__(self) -> None:
-        self.daemon: DaemonView | None = None
         self.watch: PrecursorWatch | None = None
         self.requested = 0
 
-    def start(self, daemon: DaemonView) -> None:
-        self.daemon = daemon
-        self.watch = PrecursorWatch(daemon.cfg.detectors.precursor)
-
-    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
-        assert self.daemon is not None
-        cfg = self.daemon.cfg.detectors.precursor
-        if self.watch is None or self.watch.cfg != cfg:  # a reload changed it
+    def attempt_started(self, n: AttemptStarted, run: RunView) -> Effects:
+        cfg = run.cfg.detectors.precursor
+        if self.watch is None or self.watch.cfg != cfg:  # the first attempt, or a reload changed it
             self.watch = PrecursorWatch(cfg)
-        self.watch.reset(resume.step if resume.checkpoint else None)
+        self.watch.reset(n.resume.step if n.resume.checkpoint else None)
+        return ()
 
-    def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None:
-        d, watch = self.daemon, self.watch
-        if d is None or watch is None or not d.has_job:
-            return
-        for rec in batch:
+    def metrics(self, n: MetricsBatch, run: RunView) -> Effects:
+        watch = self.watch
+        if watch is None or not run.has_job:
+            return ()
+        out: list[Effect] = []
+        for rec in n.records:
             if rec.rank not in (None, 0):
                 continue  # one rank's view is enough; the others repeat it
             found = watch.feed(rec)
             if found is None:
                 continue
             self.requested += 1
-            d.event("divergence_precursor", "warning",
-                    f"a divergence may be coming at step {found.step}: {found.reason}; asking the job for a "
-                    "checkpoint now, so that a rollback lands close to it",
-                    kind=found.kind, step=found.step, reason=found.reason)
-            d.request_checkpoint()
+            out += [Note(EventName.DIVERGENCE_PRECURSOR, Level.WARNING,
+                         f"a divergence may be coming at step {found.step}: {found.reason}; asking the job for a "
+                         "checkpoint now, so that a rollback lands close to it",
+                         {"kind": found.kind, "step": found.step, "reason": found.reason}), RequestCheckpoint()]
+        return out
 
-    def status(self) -> dict[str, int]:
+    def status(self, run: RunView) -> Mapping[str, Any]:
         return {"precursor_checkpoints": self.requested}

@@ -30,12 +30,13 @@ from . import attemptrows
 from .activity import AttemptActivity
 from .attemptstart import AttemptStarter, prepare_launch
 from .concernset import ConcernSet
-from .effects import AttemptField, AttemptWriter
+from .effects import AttemptField, AttemptWriter, Carrier, Effect, Note
 from .inbox import ControlAsked, DetectionArrived, EffectHanded, Inbox, Message, PipeEnded, SignalArrived, WakeUp
 from .jobstop import JobStop
 from .metricbuffer import MetricBuffer
 from .monitors import AttemptMonitors
-from .ports import Concern, HistoryReader, Job, Ports, RunView
+from .plugin import AttemptEnded, DaemonStarted, MetricsBatch, Plugin, RunView, Tick
+from .ports import Concern, Job, Ports
 from .recovery import close_previous_life
 from .reload import reload_config
 from .requests import RUNNER_VERBS, answer, ask, go_on, install_signal_handlers, machine_request
@@ -53,7 +54,7 @@ PROBE_WAIT_AT_EXIT_S = 3.0
 
 
 class Runner:
-    def __init__(self, cfg: Config, ports: Ports, concerns: Sequence[Concern], *, fanout: SinkFanout,
+    def __init__(self, cfg: Config, ports: Ports, concerns: Sequence[Concern | Plugin], *, fanout: SinkFanout,
                  config_path: Path | None = None, rng: random.Random | None = None, tick_s: float = TICK_S) -> None:
         self.cfg = cfg
         self.tick_s = tick_s  # the longest wait for an event before the loop ticks
@@ -61,7 +62,7 @@ class Runner:
         self.ports = ports
         self.clock = ports.clock
         self.ledger = ports.ledger
-        self.concerns = ConcernSet(concerns)
+        self.concerns = ConcernSet(concerns, self.run_view, self.apply)
         self.fanout = fanout
         self.rng = rng or random.Random()
         self.inbox = Inbox()
@@ -74,16 +75,22 @@ class Runner:
         self.preparing: Future[Prepared] | None = None
         self.timer_at: float | None = None  # when TimerFired is due (monotonic)
         self.metrics = MetricBuffer()
-        self.writes = AttemptWriter(self.ledger, lambda: self.run_id, lambda e: self.inbox.put(EffectHanded(e)))
-        self.snapshots = attemptrows.Snapshots(self.apply, ports.environment)
+        self.writes = AttemptWriter(self.ledger, lambda: self.run_id)
+        self.loop_thread = threading.get_ident()  # the main loop's (set again when it starts)
+        self._view: RunView | None = None  # the turn's view, built at its first reader
+        self.snapshots = attemptrows.Snapshots(self.writes.write, ports.environment)
         self.activity = AttemptActivity(self.clock.monotonic)  # a blind attempt's work (the progress rule)
         fanout.add(self.activity)
         self.starter = AttemptStarter(ports, self.concerns, self.monitors, self.snapshots, self.activity,
                                       self.state_dir, on_eof=lambda src: self.inbox.put(PipeEnded(src)))
         self.status_cache = StatusCache(self.status, self.concerns.live_statuses, lambda: booting_status(self))
         self.recorder = EventRecorder(self.ledger, self.concerns, lambda: (self.run_id, self.attempt))
+        self.carry_out = Carrier(lambda n: self.recorder.event(n.event, n.level.value, n.message, code_site=n.site,
+                                                               ledger_only=n.ledger_only, **n.data),
+                                 self.emit, self.writes.write, lambda: self.inbox.put(ControlAsked("checkpoint-now", {})),
+                                 self.use_config, self.refresh_status_cache)  # checkpoint-now: nobody waits
 
-    # ================================================================== what concerns see
+    # ================================================================== what plug-ins see
     @property
     def attempt(self) -> int:
         return self.machine.attempt
@@ -96,41 +103,29 @@ class Runner:
     def exit_code(self) -> int | None:
         return self.machine.exit_code
 
-    @property
-    def exit_reason(self) -> str:
-        return self.machine.exit_reason
-
     def run_view(self) -> RunView:
-        m = self.machine
-        return RunView(state=m.state, attempt=m.attempt, has_job=self.job is not None, root=m.root,
-                       decision=m.pending.decision, resume=m.resume, last_metric=self.metrics.last,
-                       exit_code=m.exit_code, exit_reason=m.exit_reason)
+        """The turn's view: built once, again only after the machine moved or the config changed."""
+        if self._view is None:
+            m = self.machine
+            self._view = RunView(self.cfg, self.run_id, self.state_dir, m.state, m.attempt, self.job is not None, m.root,
+                                 m.pending.decision, m.resume, self.metrics.last, m.exit_code, m.exit_reason,
+                                 self.clock.monotonic(), self.clock.time())
+        return self._view
 
-    @property
-    def history(self) -> HistoryReader:
-        return self.ledger
-
-    def apply(self, effect: AttemptField) -> None:
-        """Thread-safe: the one write path of an attempt's fields (from another thread, a message)."""
-        self.writes.apply(effect)
+    def apply(self, effect: Effect) -> None:
+        """Carry out a plug-in's effect; from another thread it is a message the loop carries out."""
+        if threading.get_ident() != self.loop_thread:
+            return self.inbox.put(EffectHanded(effect))
+        self.carry_out(effect)
 
     @property
     def metric_history(self) -> Sequence[MetricRecord]:
         return self.metrics.history
 
-    @property
-    def has_job(self) -> bool:
-        return self.job is not None
-
-    def emit(self, d: Detection) -> None:
-        """Thread-safe: monitors call this from any thread."""
+    def emit(self, d: Detection) -> None:  # from any thread: the monitors'
         self.inbox.put(DetectionArrived(d))
 
-    def request_checkpoint(self) -> None:
-        self.inbox.put(ControlAsked("checkpoint-now", {}))  # answered by the loop; nobody waits
-
-    def on_metric(self, rec: MetricRecord) -> None:
-        """Thread-safe: parsers and the client metrics reader call this."""
+    def on_metric(self, rec: MetricRecord) -> None:  # from any thread: the parsers', the client metrics reader's
         self.metrics.put(rec)
 
     @log_helper  # (DaemonView.event: one event line, kept in the ledger)
@@ -155,11 +150,11 @@ class Runner:
         """Open the run, start the concerns, close what a previous daemon left, launch. False
         when a concern cannot start (the run is then ended as given up)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.writes.loop_thread = threading.get_ident()
+        self.loop_thread = threading.get_ident()
         self.run_id, continued = self.ledger.open_run(self.cfg.job.name, config_json(self.cfg))
         structlog.contextvars.bind_contextvars(run_id=self.run_id)
         try:
-            self.concerns.start(self)  # on failure only the concerns that started are kept, and closed
+            self.concerns.start(self, DaemonStarted(self.ledger))  # on failure only the started ones are kept
         except Exception as e:
             self.event("daemon_start_failed", "error", f"cannot start: {e}")
             self.ledger.end_run(self.run_id, State.GAVE_UP.value, EXIT_GAVE_UP, str(e))
@@ -175,6 +170,7 @@ class Runner:
 
     def step(self) -> None:
         """One turn of the loop: wait for an event (at most a tick), handle what is queued, tick."""
+        self._view = None
         self._wait_and_handle()
         self._tick()
 
@@ -186,8 +182,8 @@ class Runner:
         self.ports.notifier.stopping()
         self.concerns.close()
         for m in self.inbox.take_all():  # what verifier threads handed over before they were stopped
-            if isinstance(m, EffectHanded):
-                self.writes.write(m.effect)
+            if isinstance(m, EffectHanded) and isinstance(m.effect, (AttemptField, Note)):
+                self.apply(m.effect)
         self.ports.launcher.close()
         self.ledger.close()
 
@@ -203,8 +199,7 @@ class Runner:
             self._drain_queue()
 
     def _state_now(self) -> State:
-        """The state as it is now: a call the type checker does not narrow across (the queue's
-        events move the machine while a method runs)."""
+        """The state now: a call mypy does not narrow across (the queue's events move the machine)."""
         return self.state
 
     def _drain_queue(self) -> bool:
@@ -226,7 +221,7 @@ class Runner:
                 case ControlAsked(verb, args):
                     answer(m, lambda: self._on_control(verb, args))
                 case EffectHanded(effect):
-                    self.writes.write(effect)
+                    self.apply(effect)
                 case PipeEnded() | WakeUp():  # they only wake the loop; the tick acts
                     pass
                 case _:
@@ -261,7 +256,7 @@ class Runner:
             prepared, self.preparing = self.preparing.result(), None
             self._feed(prepared)
         self.snapshots.complete()
-        self.concerns.tick(now)
+        self.concerns.tick(Tick(now))
         self.ports.notifier.watchdog()
 
     # ================================================================== the machine
@@ -275,6 +270,7 @@ class Runner:
                 moved = moved or isinstance(cmd, (StateChanged, EndAttempt))
                 self._carry_out(cmd)
         if moved:
+            self._view = None
             self.status_cache.refresh_if_used()
         return reply
 
@@ -325,7 +321,7 @@ class Runner:
         self.job = job = spawned.job
         assert job is not None
         self._feed(Spawned(job.pid, job.pgid, spawned.spec.argv, spawned.now))
-        self.starter.started(self.cfg, cmd, self.run_id, spawned, self.emit)
+        self.starter.started(self.cfg, cmd, self.run_id, spawned, self.emit, tuple(self.metrics.history))
 
     # ================================================================== stopping
     def _stop(self, cmd: StopJob) -> None:
@@ -371,7 +367,7 @@ class Runner:
     def _end_attempt(self, cmd: EndAttempt) -> None:
         if cmd.spawned:
             self.monitors.stop()
-            self.concerns.attempt_ended(cmd, self.machine.resume, self.clock.time())
+            self.concerns.attempt_ended(AttemptEnded(cmd, self.machine.resume, self.clock.time()))
             self.snapshots.ended(cmd.attempt, self.concerns.snapshots, self.metrics.last,
                                  self.status_cache.snapshot.get("heartbeats"))
         attemptrows.end(self.ledger, self.run_id, cmd)
@@ -393,7 +389,8 @@ class Runner:
         if not batch:
             return
         self._feed(FirstMetric())
-        self.concerns.on_metrics(batch, self.clock.monotonic())
+        self._view = None  # its last metric moved
+        self.concerns.on_metrics(MetricsBatch(batch, self.clock.monotonic()))
         rows = [(r.at, r.step, r.loss, r.grad_norm, r.tokens_per_sec, r.val_loss) for r in batch]
         try:
             self.ledger.metrics_batch(self.run_id, max(self.attempt, 0), rows)
@@ -422,6 +419,7 @@ class Runner:
     def use_config(self, cfg: Config) -> None:
         """Run on ``cfg`` from now on (a checkpoint dir or resume args found for the job)."""
         self.cfg = self.machine.cfg = cfg
+        self._view = None
 
     def reload(self) -> dict[str, Any]:
         self.ports.notifier.reloading()
@@ -429,7 +427,7 @@ class Runner:
         if new is not None:
             if new.job != self.cfg.job:
                 self.ports.launcher.discard_standby()
-            self.cfg = self.machine.cfg = new
+            self.use_config(new)
             self.status_cache.refresh_if_used()  # `status` right after `reload` shows the new limits
         self.ports.notifier.ready()
         return reply

@@ -308,7 +308,7 @@ class StateLockConcern(Concern):
                 from ..job.launch import config_json
 
                 done.append(self.ledger.retake(d.run_id, d.cfg.job.name, config_json(d.cfg)))
-            if d.has_job:
+            if d.run_view().has_job:
                 from ..job.launch import make_heartbeat_dir
 
                 make_heartbeat_dir(self.lock.state_dir, d.attempt)

@@ -18,18 +18,20 @@ from .healthconcern import HealthConcern
 from .ckptdiscovery import CheckpointDiscoveryConcern
 from .alerting import NotifyConcern
 from .knownsecrets import teach_gate
-from .precursors import PrecursorConcern
-from .resumewatch import ResumeWatchConcern
-from .concerns import GoodputConcern, OpsConcern, ValidationConcern
+from .precursors import PrecursorPlugin
+from .progress import GoodputPlugin, ValidationPlugin
+from .resumewatch import ResumeWatchPlugin
+from .concerns import OpsConcern
 from .watchconcern import WatchConcern
 from ..job.launch import Environment
+from .plugin import Plugin
 from .ports import CheckpointStore, Concern, Ports
 from .statelock import StateLock, StateLockConcern
 from ..ownpaths import refuse_unsafe_as_root
 
 
 def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: BinaryIO | None = None,
-                 extra: Sequence[Concern] = ()) -> Runner:
+                 extra: Sequence[Concern | Plugin] = ()) -> Runner:
     """The daemon for ``cfg``: the job's stdout goes to our stdout and its stderr to our stderr
     (or both to ``passthrough`` when one is given: the demo's console or /dev/null) besides its
     log file; ``extra`` concerns plug in after the standard ones (the demo's narration)."""
@@ -51,12 +53,13 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     ledger.checkpoint_in_background()  # the WAL's fsyncs off the main loop (ledger/walcheckpoint.py)
     checkpoints = CheckpointConcern()
     health = HealthConcern(newest_checkpoint_bytes=checkpoints.newest_bytes)
-    goodput = GoodputConcern()
+    goodput = GoodputPlugin()
     # [notify] first: it sees the events the others record while they start. Then discovery:
     # the health and checkpoint concerns read the checkpoint dir it may find.
     ops = OpsConcern(notifier, checkpoints, status_interval_s=cfg.systemd.status_interval_s)
-    concerns: list[Concern] = [NotifyConcern(), CheckpointDiscoveryConcern(checkpoints), ops, WatchConcern(), health, checkpoints, goodput,
-                               ValidationConcern(goodput), ResumeWatchConcern(), PrecursorConcern(),
+    concerns: list[Concern | Plugin] = [
+        NotifyConcern(), CheckpointDiscoveryConcern(checkpoints), ops, WatchConcern(), health, checkpoints, goodput,
+        ValidationPlugin(goodput.tracks), ResumeWatchPlugin(), PrecursorPlugin(),
                                StateLockConcern(lock, ledger, rebind=[ops.rebind_control]), *extra]
     if cfg.web.listen:  # the live page: its own listener, imported only when configured
         from .webconcern import LivePageConcern

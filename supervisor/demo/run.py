@@ -15,18 +15,15 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, MutableMapping, Sequence, TextIO
+from typing import Any, Mapping, MutableMapping, TextIO
 
 import structlog
 
 from ..config.model import config_from_table
 from . import DEFAULT_STEPS, DemoLayout, demo_job_argv, format_faults
-from ..core.messages import Resume
-from ..daemon.ports import Concern
+from ..daemon.plugin import AttemptStarted, Effects, MetricsBatch, OnAttempts, OnMetrics, RunView
 from ..daemon.wiring import build_daemon
 from ..eventnames import EventName
-from ..events import AttemptContext
-from ..core.observations import MetricRecord
 from ..logsetup import logfmt_line, mask_secrets, quiet_library_logs
 from ..narration import narrate, stamp
 
@@ -56,7 +53,7 @@ class Narrator:
         raise structlog.DropEvent
 
 
-class DemoProgress(Concern):
+class DemoProgress(OnAttempts, OnMetrics):
     """The demo's narration of progress: a line every PROGRESS_EVERY steps."""
 
     name = "demo_progress"
@@ -66,17 +63,19 @@ class DemoProgress(Concern):
         self._next = PROGRESS_EVERY
         self._attempt = 0
 
-    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
-        self._attempt = ctx.attempt
-        self._next = ((resume.step or 0) // PROGRESS_EVERY + 1) * PROGRESS_EVERY
+    def attempt_started(self, n: AttemptStarted, run: RunView) -> Effects:
+        self._attempt = n.ctx.attempt
+        self._next = ((n.resume.step or 0) // PROGRESS_EVERY + 1) * PROGRESS_EVERY
+        return ()
 
-    def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None:
-        for m in batch:
+    def metrics(self, n: MetricsBatch, run: RunView) -> Effects:
+        for m in n.records:
             if m.step is not None and m.loss is not None and m.step >= self._next:
                 self.narrator.say(f"   step {m.step:>4}  loss {m.loss:.4f}  (attempt {self._attempt})")
                 self._next = (m.step // PROGRESS_EVERY + 1) * PROGRESS_EVERY
             elif m.step is not None and m.step < self._next - PROGRESS_EVERY:
                 self._next = (m.step // PROGRESS_EVERY + 1) * PROGRESS_EVERY  # after a rollback
+        return ()
 
 
 def demo_config(out: Path, faults: str, steps: int, seed: int) -> Any:
@@ -129,7 +128,7 @@ def run_demo(out: Path, faults: str | None, steps: int | None, seed: int, quiet:
     from ..report.collect import write_run_report
 
     html, png = write_run_report(cfg.state_dir(), out / "report", summary=facts)
-    narrator.say(f"== finished in {wall:.0f} s with exit code {code}: {runner.exit_reason}")
+    narrator.say(f"== finished in {wall:.0f} s with exit code {code}: {runner.run_view().exit_reason}")
     for line in attempts + [f"{k}: {v}" for k, v in facts.items()]:
         narrator.say("   " + line)
     narrator.say(f"== report: {html}" + (f"  (loss curve: {png})" if png else ""))

@@ -37,7 +37,8 @@ class View:
         self._lock = threading.Lock()
 
     def run_view(self) -> RunView:
-        return RunView(State.RUNNING, self._attempt, True, None, None, Resume(None, None, "fresh"), None, None, "")
+        return RunView(self.cfg, self.run_id, self.state_dir, State.RUNNING, self._attempt, True, None, None,
+                       Resume(None, None, "fresh"), None, None, "", self.clock.monotonic(), self.clock.time())
 
     @property
     def attempt(self) -> int:
@@ -46,10 +47,6 @@ class View:
     @property
     def metric_history(self) -> Sequence[MetricRecord]:
         return []
-
-    @property
-    def has_job(self) -> bool:
-        return True
 
     def apply(self, effect: AttemptField) -> None:
         with self._lock:

@@ -47,7 +47,7 @@ def test_rows_written_before_the_probe_are_completed_when_it_comes(tmp_path: Pat
     for n in (0, 1):
         led.begin_attempt(run_id, n, ["python"], str(tmp_path), {}, None, None, None, [], None)
     probe = SlowProbe()
-    snaps = Snapshots(AttemptWriter(led, lambda: run_id, hand_over=lambda e: None).apply, probe)
+    snaps = Snapshots(AttemptWriter(led, lambda: run_id).write, probe)
 
     snaps.launched(0, {"world": {"world_size": 1}, "host": {"load": 1}})
     assert _rows(led, run_id)[0] == {"world": {"world_size": 1}, "host": {"load": 1}}  # written now, without it
@@ -69,7 +69,7 @@ def test_a_row_rewritten_after_the_probe_is_not_rolled_back_by_the_completion(tm
     run_id, _ = led.open_run("job", {})
     led.begin_attempt(run_id, 0, ["python"], str(tmp_path), {}, None, None, None, [], None)
     probe = SlowProbe()
-    snaps = Snapshots(AttemptWriter(led, lambda: run_id, hand_over=lambda e: None).apply, probe)
+    snaps = Snapshots(AttemptWriter(led, lambda: run_id).write, probe)
     snaps.launched(0, {"world": {}})
     probe.answer()
     snaps.ended(0, lambda: {}, None, None)  # the probe came between: this write is whole

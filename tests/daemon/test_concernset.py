@@ -13,6 +13,7 @@ from supervisor.core.causes import Action, Cause
 from supervisor.core.messages import EndAttempt, Resume
 from supervisor.daemon.concernset import ConcernSet
 from supervisor.daemon.monitors import AttemptMonitors
+from supervisor.daemon.plugin import AttemptEnded, AttemptStarted, DaemonStarted, MetricsBatch, Tick
 from supervisor.daemon.ports import Concern
 from supervisor.events import AttemptContext, Emit
 from supervisor.core.observations import MetricRecord
@@ -62,11 +63,11 @@ class Recording(Concern):
 
 HOOKS: dict[str, tuple[Callable[[ConcernSet], None], tuple[Any, ...]]] = {
     "before_spawn": (lambda s: s.before_spawn(1, RESUME), (1, RESUME)),
-    "attempt_started": (lambda s: s.attempt_started(CTX, RESUME, 5.0), (CTX, RESUME, 5.0)),
-    "on_metrics": (lambda s: s.on_metrics(BATCH, 7.0), (BATCH, 7.0)),
+    "attempt_started": (lambda s: s.attempt_started(AttemptStarted(CTX, RESUME, 5.0, ())), (CTX, RESUME, 5.0)),
+    "on_metrics": (lambda s: s.on_metrics(MetricsBatch(BATCH, 7.0)), (BATCH, 7.0)),
     "job_hung": (lambda s: s.job_hung(1, [4000, 4001]), (1, [4000, 4001])),
-    "attempt_ended": (lambda s: s.attempt_ended(END, RESUME, 9.0), (END, RESUME, 9.0)),
-    "tick": (lambda s: s.tick(3.0), (3.0,)),
+    "attempt_ended": (lambda s: s.attempt_ended(AttemptEnded(END, RESUME, 9.0)), (END, RESUME, 9.0)),
+    "tick": (lambda s: s.tick(Tick(3.0)), (3.0,)),
     "on_event": (lambda s: s.on_event("x_happened", "info", "x", {"k": 1}), ("x_happened", "info", "x", {"k": 1})),
     "close": (lambda s: s.close(), ()),
 }
@@ -129,7 +130,7 @@ def test_a_concern_failing_to_start_leaves_only_the_started_ones_to_close() -> N
     first, second, third = Recording("first"), FailsToStart("second"), Recording("third")
     concerns = ConcernSet([first, second, third])
     with pytest.raises(RuntimeError, match="no socket"):
-        concerns.start(daemon=None)  # type: ignore[arg-type]  # no concern here reads the view
+        concerns.start(None, DaemonStarted(None))  # type: ignore[arg-type]  # no concern here reads them
     concerns.close()
     assert [c.name for c in concerns] == ["first"] and first.seen == [("close", ())] and third.seen == []
 

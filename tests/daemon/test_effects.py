@@ -23,12 +23,19 @@ def test_an_attempt_field_sets_only_the_columns_given() -> None:
         AttemptField(3).resume_step = 5  # type: ignore[misc]
 
 
-def test_on_the_loop_thread_a_field_is_written_at_once_without_waking_the_loop() -> None:
-    led, wakes = FakeLedger(), []
+def test_the_writer_writes_a_field_into_its_attempts_row() -> None:
+    led = FakeLedger()
     led.begin_attempt("run-1", 0, ["python"], "/", {}, None, None, None, [], None)
-    writer = AttemptWriter(led, lambda: "run-1", hand_over=lambda e: wakes.append(1))
-    writer.apply(AttemptField(0, resume_step=7))
-    assert [(a, f) for a, f, _t in led.updates] == [(0, {"resume_step": 7})] and wakes == []
+    writer = AttemptWriter(led, lambda: "run-1")
+    writer.write(AttemptField(0, resume_step=7))
+    assert [(a, f) for a, f, _t in led.updates] == [(0, {"resume_step": 7})]
+
+
+def test_on_the_loop_thread_an_effect_is_carried_out_at_once_without_waking_the_loop(tmp_path: Path) -> None:
+    d = daemon(tmp_path)
+    before = len(d.ledger.updates)
+    d.runner.apply(AttemptField(d.runner.attempt, resume_step=7))  # the test's thread runs the loop
+    assert [f for _a, f, _t in d.ledger.updates[before:]] == [{"resume_step": 7}] and d.runner.inbox.get() is None
 
 
 def test_fields_from_another_thread_are_messages_the_loop_writes_once_in_order(tmp_path: Path) -> None:

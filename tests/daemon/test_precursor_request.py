@@ -10,13 +10,13 @@ from typing import Iterator
 
 import pytest
 
-from supervisor.daemon.precursors import PrecursorConcern
+from supervisor.daemon.precursors import PrecursorPlugin
 from tests.fakes import Daemon, close_all, config, daemon, step_line
 
 
 @pytest.fixture
-def watched(tmp_path: Path) -> Iterator[tuple[Daemon, PrecursorConcern]]:
-    concern = PrecursorConcern()
+def watched(tmp_path: Path) -> Iterator[tuple[Daemon, PrecursorPlugin]]:
+    concern = PrecursorPlugin()
     cfg = config(tmp_path, detectors={"precursor": {"warmup_steps": 20, "min_points": 10}})
     d = daemon(tmp_path, cfg, concerns=[concern])
     try:
@@ -31,13 +31,13 @@ def _steps(d: Daemon, grads: list[float], first: int) -> None:
     d.step(3)  # the metrics reach the concerns, and the request the loop
 
 
-def test_a_grad_norm_ramp_sends_the_job_its_checkpoint_signal_once(watched: tuple[Daemon, PrecursorConcern]):
+def test_a_grad_norm_ramp_sends_the_job_its_checkpoint_signal_once(watched: tuple[Daemon, PrecursorPlugin]):
     d, concern = watched
     job = d.launcher.job
     _steps(d, [1.0 + 0.01 * (s % 7) for s in range(60)], 1)
-    assert job.signals == [] and concern.status() == {"precursor_checkpoints": 0}
+    assert job.signals == [] and concern.status(d.runner.run_view()) == {"precursor_checkpoints": 0}
     _steps(d, [2.0 ** k for k in range(1, 9)], 61)  # the ramp before a divergence
     assert job.signals.count(signal.SIGUSR1) == 1, job.signals  # checkpoint-now, rate-limited to one
-    assert concern.status() == {"precursor_checkpoints": 1}
+    assert concern.status(d.runner.run_view()) == {"precursor_checkpoints": 1}
     [ev] = d.ledger.named("divergence_precursor")
     assert "asking the job for a checkpoint now" in ev["message"] and ev["data"]["kind"] == "grad_norm_ramp"

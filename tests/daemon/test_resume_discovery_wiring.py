@@ -10,7 +10,7 @@ from pathlib import Path
 from supervisor.core.machine import State
 from supervisor.daemon.checkpointconcern import CheckpointConcern
 from supervisor.daemon.ckptdiscovery import CheckpointDiscoveryConcern
-from supervisor.daemon.resumewatch import ResumeWatchConcern
+from supervisor.daemon.resumewatch import ResumeWatchPlugin
 from supervisor.job.launch import heartbeat_dir
 from tests.util import wait_for
 from tests.helpers import ckpt_factory as F
@@ -80,7 +80,7 @@ def test_a_dir_appearing_under_the_workdir_is_found_and_unhandable_checkpoints_w
 
 
 def test_a_job_that_starts_over_after_a_resume_is_resume_ignored_and_not_restarted_for_it(tmp_path: Path) -> None:
-    d = daemon(tmp_path, config(tmp_path, validation={"steps": 5}), steps=[100], concerns=[ResumeWatchConcern()])
+    d = daemon(tmp_path, config(tmp_path, validation={"steps": 5}), steps=[100], concerns=[ResumeWatchPlugin()])
     d.lines(*[step_line(s, 2.0) for s in range(1, 106)])
     d.lines(step_line(106, "nan"))
     d.step()
@@ -100,7 +100,7 @@ def test_a_job_that_starts_over_after_a_resume_is_resume_ignored_and_not_restart
 
 
 def test_a_real_resume_is_not_resume_ignored(tmp_path: Path) -> None:
-    d = daemon(tmp_path, config(tmp_path, validation={"steps": 5}), steps=[100], concerns=[ResumeWatchConcern()])
+    d = daemon(tmp_path, config(tmp_path, validation={"steps": 5}), steps=[100], concerns=[ResumeWatchPlugin()])
     d.lines(*[step_line(s, 2.0) for s in range(1, 106)])
     d.lines(step_line(106, "nan"))
     d.step()

@@ -8,7 +8,8 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from types import SimpleNamespace
+from typing import Any, Iterator
 
 import pytest
 
@@ -162,13 +163,14 @@ def test_the_retake_waits_while_the_folder_itself_is_still_there(tmp_path: Path)
     said: list[str] = []
 
     class View:
-        has_job = False
+        def run_view(self) -> Any:
+            return SimpleNamespace(has_job=False)
 
         def event(self, event: str, level: str, message: str, **data: object) -> None:
             said.append(event)
 
     c = StateLockConcern(lock)
-    c.start(View())  # type: ignore[arg-type]  # a partial view: the lock reads has_job and event only
+    c.start(View())  # type: ignore[arg-type]  # a partial view: the lock reads the run's has_job and event only
     try:
         (sd / "daemon.lock").unlink()  # only a file went (an rm -rf may still be under way)
         c.tick(100.0)
@@ -187,13 +189,14 @@ def test_a_failed_retake_is_tried_again_then_stops_the_job_once(tmp_path: Path) 
     stops: list[int] = []
 
     class View:
-        has_job = False
+        def run_view(self) -> Any:
+            return SimpleNamespace(has_job=False)
 
         def event(self, event: str, level: str, message: str, **data: object) -> None:
             said.append((event, message))
 
     c = StateLockConcern(lock, stop=lambda: stops.append(1))
-    c.start(View())  # type: ignore[arg-type]  # a partial view: the lock reads has_job and event only
+    c.start(View())  # type: ignore[arg-type]  # a partial view: the lock reads the run's has_job and event only
     try:
         shutil.rmtree(sd)
         sd.write_text("a file where the state dir was")  # nothing can be made at the name

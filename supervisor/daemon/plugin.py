@@ -1,0 +1,175 @@
+"""The plug-in contract: what a plug-in is told (a frozen notice and the frozen :class:`RunView`
+of the loop's turn) and what it answers (effects, :mod:`supervisor.daemon.effects`).
+
+A plug-in has one small base class per capability it has (reacts to the daemon's start, to
+attempts, to metric batches, to ticks; gives status fields, monitors, the job's env; closes).
+Each reaction is ``(notice, run) -> effects``: it reads the notice and the view, keeps its own
+state, and returns what the daemon should do; the runner carries the effects out. A plug-in holds
+no reference to the daemon, the runner or another plug-in, and is no port (the architecture test
+fails on each), so every reaction is tested as a plain function call (tests/daemon/test_plugins.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
+
+from ..core.machine import State
+from ..core.messages import EndAttempt, Resume
+from ..core.observations import Detection, MetricRecord
+from ..core.policy import Decision
+from ..events import AttemptContext, Monitor
+from .effects import Effect
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ..config.model import Config
+    from ..ledger.store import AttemptRow
+
+Effects = Sequence[Effect]
+
+
+class HistoryReader(Protocol):
+    """What plug-ins read of the ledger (goodput's tracks, the checkpoint interval advice): reads
+    only. Every write is an effect the runner carries out (a note, an attempt's field)."""
+
+    def attempts(self, run_id: str) -> list[AttemptRow]: ...
+
+    def metrics(self, run_id: str) -> Iterator[Any]: ...
+
+    def failure_record(self) -> tuple[float, int, list[float]]: ...
+
+    def recent_step_times(self, run_id: str, limit: int = 5000) -> list[float]: ...
+
+
+@dataclass(frozen=True)
+class RunView:
+    """The run as it stands at one turn of the loop (built again only when the machine moved or
+    the config was replaced in the turn): the config in force and what plug-ins read of the state
+    machine, copied, so that none reaches into it and none sees the config change under its feet
+    (a reload or a found checkpoint dir takes effect at the next view). Safe to keep, any thread."""
+
+    cfg: Config
+    run_id: str
+    state_dir: Path
+    state: State
+    attempt: int  # -1 before the first launch
+    has_job: bool  # a job was spawned for the current attempt (it may have exited since)
+    root: Detection | None  # the first failure of this attempt (what a stop under way is for)
+    decision: Decision | None  # what follows the stop under way: a relaunch or a give-up (None: none decided)
+    resume: Resume  # where the current attempt started from
+    last_metric: MetricRecord | None  # the attempt's newest metric record kept
+    exit_code: int | None  # once the run is over: the daemon's exit code
+    exit_reason: str
+    now: float  # the turn's monotonic clock
+    wall: float  # the turn's wall clock
+
+
+@dataclass(frozen=True)
+class DaemonStarted:
+    """Once, after the run was opened: the ledger to read (goodput's history), never to write."""
+
+    history: HistoryReader
+
+
+@dataclass(frozen=True)
+class AttemptStarted:
+    """The job of ``ctx.attempt`` was spawned from ``resume``; ``history``: the metric records kept before it."""
+
+    ctx: AttemptContext
+    resume: Resume
+    wall: float
+    history: Sequence[MetricRecord]
+
+
+@dataclass(frozen=True)
+class AttemptEnded:
+    end: EndAttempt
+    resume: Resume  # where the ended attempt had started from
+    wall: float
+
+
+@dataclass(frozen=True)
+class MetricsBatch:
+    """Records the loop kept this turn, in order (``now``: monotonic)."""
+
+    records: Sequence[MetricRecord]
+    now: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    now: float  # monotonic
+
+
+Notice = DaemonStarted | AttemptStarted | AttemptEnded | MetricsBatch | Tick
+
+
+class Plugin:
+    """A part of the daemon that only reacts; its capabilities are the bases below."""
+
+    name = "plugin"
+
+
+class OnStart(Plugin):
+    def started(self, n: DaemonStarted, run: RunView) -> Effects:
+        raise NotImplementedError
+
+
+class OnAttempts(Plugin):
+    def attempt_started(self, n: AttemptStarted, run: RunView) -> Effects:
+        return ()
+
+    def attempt_ended(self, n: AttemptEnded, run: RunView) -> Effects:
+        return ()
+
+
+class OnMetrics(Plugin):
+    def metrics(self, n: MetricsBatch, run: RunView) -> Effects:
+        raise NotImplementedError
+
+
+class OnTicks(Plugin):
+    def tick(self, n: Tick, run: RunView) -> Effects:
+        raise NotImplementedError
+
+
+class GivesStatus(Plugin):
+    def status(self, run: RunView) -> Mapping[str, Any]:
+        raise NotImplementedError
+
+
+class GivesMonitors(Plugin):
+    def monitors(self, run: RunView) -> Sequence[Monitor]:
+        raise NotImplementedError
+
+    def snapshot(self) -> Mapping[str, Any]:
+        """What the attempt runs on, as its monitors saw it (for the ledger)."""
+        return {}
+
+
+class GivesJobEnv(Plugin):
+    def job_env(self, run: RunView) -> Mapping[str, str]:
+        raise NotImplementedError
+
+
+class Closes(Plugin):
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def reaction(p: Plugin, n: Notice) -> Callable[[RunView], Effects] | None:
+    """``p``'s reaction to ``n``, or None when it has not that capability."""
+    match n:
+        case DaemonStarted() if isinstance(p, OnStart):
+            return lambda run: p.started(n, run)
+        case AttemptStarted() if isinstance(p, OnAttempts):
+            return lambda run: p.attempt_started(n, run)
+        case AttemptEnded() if isinstance(p, OnAttempts):
+            return lambda run: p.attempt_ended(n, run)
+        case MetricsBatch() if isinstance(p, OnMetrics):
+            return lambda run: p.metrics(n, run)
+        case Tick() if isinstance(p, OnTicks):
+            return lambda run: p.tick(n, run)
+    return None
