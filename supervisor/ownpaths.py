@@ -24,9 +24,11 @@ __all__ = ["NotOurFolder", "UnsafePath", "open_in", "own_dir", "own_dir_fd", "ow
            "refuse_unsafe_as_root", "unsafe_component"]
 
 
-class NotOurFolder(OSError):
-    """``path`` is a symlink or not a folder where the supervisor keeps its own folder. An OSError,
-    so callers that already report a failed copy or move report this one too."""
+class NotOurFolder(SupervisorError, OSError):
+    """``path`` is a symlink or not a folder where the supervisor keeps its own folder. An OSError
+    too, so callers that already report a failed copy or move report this one too."""
+
+    code = "not_our_folder"
 
     def __init__(self, path: Path, what: str) -> None:
         super().__init__(f"{path} is {what}, not the supervisor's own folder; it is refused, never "

@@ -17,6 +17,8 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+from .errors import SupervisorError
+
 __all__ = ["NotARegularFile", "check_regular", "open_regular", "open_regular_binary", "read_regular_text", "refused"]
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
@@ -24,14 +26,16 @@ _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK,
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-class NotARegularFile(OSError):
+class NotARegularFile(SupervisorError, OSError):
     """``path`` is a symlink, a FIFO, a folder or a device where a regular file is read: refused,
-    nothing read. An OSError (EINVAL), so a reader that skips an unreadable file skips this one."""
+    nothing read. An OSError (EINVAL) too, so a reader that skips an unreadable file skips this one."""
+
+    code = "not_a_regular_file"
 
     def __init__(self, path: str | os.PathLike[str], what: str, found: str) -> None:
         message = (f"{path} is {found}, not {what}; it is not read (a link is never followed, a FIFO or "
                    f"a device never opened): move it aside")
-        super().__init__(errno.EINVAL, message)
+        OSError.__init__(self, errno.EINVAL, message)  # errno and strerror as an OSError's
         self.path, self.found, self.message = Path(path), found, message
 
     def __str__(self) -> str:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import ast
+import builtins
 from pathlib import Path
+from typing import Callable
 
 PKG = Path(__file__).resolve().parent.parent / "supervisor"
 
@@ -64,8 +66,9 @@ def test_no_import_cycles():
 
 
 # What the core may import outside core/: top-level leaves that import nothing but the core and
-# the standard library (errors: the error tree; fieldmeta: the help and bounds of a config field).
-CORE_LEAVES = frozenset({"supervisor.errors", "supervisor.fieldmeta"})
+# the standard library (errors: the error tree; fieldmeta: the help and bounds of a config field;
+# levels: how much an event matters).
+CORE_LEAVES = frozenset({"supervisor.errors", "supervisor.fieldmeta", "supervisor.levels"})
 EFFECTS = ("import threading", "import socket", "import subprocess", "import time", "import os")
 
 
@@ -182,3 +185,42 @@ def test_the_folder_check_sees_a_plugin_beside_its_concern_and_a_verb_used_below
          "supervisor.ops.units": {"supervisor.cli.installcheck"}, "supervisor.cli.main": {"supervisor.ops.units"},
          "supervisor.daemon.ports": set(), "supervisor.cli.installcheck": set()}
     assert folder_cycles(g) == {("cluster", "daemon"), ("cli", "ops")}
+
+
+# Modules that run in the job's Python (by path, or as the client library): not under the error tree.
+JOB_SIDE = ("supervisor.client", "supervisor.job.standby", "supervisor.checkpoints._loadtest_script")
+
+
+def exceptions_outside_the_tree(modules: dict[str, Path]) -> list[str]:
+    """Every exception class defined in ``modules`` (by its bases' names, through the classes of
+    the same modules) that does not derive from SupervisorError."""
+    bases: dict[str, set[str]] = {}
+    defined: list[tuple[str, str]] = []
+    for n, p in modules.items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ClassDef):
+                names = {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
+                         if isinstance(b, (ast.Name, ast.Attribute))}
+                bases.setdefault(node.name, set()).update(names)
+                defined.append((n, node.name))
+
+    def reaches(name: str, goal: Callable[[str], bool], seen: frozenset[str] = frozenset()) -> bool:
+        return goal(name) or any(reaches(b, goal, seen | {name}) for b in bases.get(name, ()) if b not in seen)
+
+    def builtin_exception(name: str) -> bool:
+        return isinstance(getattr(builtins, name, None), type) and issubclass(getattr(builtins, name), BaseException)
+
+    return [f"{n}.{c}" for n, c in defined
+            if reaches(c, builtin_exception) and not reaches(c, lambda b: b == "SupervisorError")]
+
+
+def test_every_daemon_side_exception_is_under_the_error_tree():
+    daemon_side = {n: p for n, p in _modules().items() if not n.startswith(JOB_SIDE)}
+    outside = exceptions_outside_the_tree(daemon_side)
+    assert not outside, f"exceptions outside supervisor.errors.SupervisorError (derive from it; keep OSError too): {outside}"
+
+
+def test_the_error_check_sees_an_exception_through_a_base(tmp_path: Path):
+    (tmp_path / "m.py").write_text("class A(OSError): pass\nclass B(A): pass\nclass C(SupervisorError, OSError): pass\n"
+                                   "class D(C): pass\nclass E: pass\n")
+    assert exceptions_outside_the_tree({"m": tmp_path / "m.py"}) == ["m.A", "m.B"]

@@ -32,6 +32,7 @@ import stat
 from pathlib import Path
 from typing import IO, Any, Callable
 
+from ..errors import SupervisorError
 from .pickledeny import Refusal
 
 DCP_METADATA = ".metadata"
@@ -74,8 +75,8 @@ class _Holder:
             self.state = state
 
 
-class _Unreadable(Exception):
-    pass
+class _Unreadable(SupervisorError):
+    """The .metadata cannot be read into stand-ins (the message says why): the save is refused."""
 
 
 class _Holders(pickle.Unpickler):

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, Callable, cast
 
 from .dcpscan import DCP_METADATA, MAX_METADATA_BYTES, METADATA_OPCODES, SET_OPS, dcp_data, scan_byte_items
+from ..errors import SupervisorError
 from .pickledeny import RUNS_CODE, Refusal, names_code
 from .layouts import registry
 from .npyscan import (COMPRESSION_ERRORS, MAX_NPZ_MEMBERS, NPY_MAGIC, NUMPY_SUFFIXES, compression_of, decompressed_head,
@@ -74,7 +75,7 @@ def _also_allowed(path: Path) -> Callable[[str, str], bool]:
     return lambda module, name: False
 
 
-class _Refused(Exception):
+class _Refused(SupervisorError):
     """A stream imports something outside the allowlist (the message says what)."""
 
 
@@ -291,11 +292,11 @@ def _scan_item(f: IO[bytes], where: str, budget: Budget) -> str | None:
     return _judged(where, scan)
 
 
-class _TooMany(Exception):
+class _TooMany(SupervisorError):
     """The folder holds more than the walk looks at (the message says what)."""
 
 
-class _Cut(Exception):
+class _Cut(SupervisorError):
     """The sniffed bytes end where the file goes on: what follows may be anything."""
 
     def __init__(self) -> None:

@@ -27,6 +27,7 @@ import pickletools
 from dataclasses import dataclass
 from typing import IO, Callable, cast
 
+from ..errors import SupervisorError
 
 MAX_PICKLE_BYTES = 64 << 20
 MAX_OPCODES = 16_000_000
@@ -42,8 +43,10 @@ _EXT_OPS = frozenset({"EXT1", "EXT2", "EXT4"})
 _OFF_STACK = frozenset({"PROTO", "FRAME", "STOP"})  # framing: a frame may fall between a name's two parts
 
 
-class Unreadable(Exception):
+class Unreadable(SupervisorError):
     """Why a stream cannot be checked statically (the message names what was met)."""
+
+    code = "pickle_unreadable"
 
 
 class Budget:

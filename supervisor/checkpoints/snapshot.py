@@ -29,21 +29,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .discovery import LAST_GOOD_DIR
+from ..errors import SupervisorError
 from .hashing import StatKey
 from .reflink import clone_file, copy_contents
 from ..ownpaths import open_in, own_dir_fd
 
 
-class NotKeptError(OSError):
+class NotKeptError(SupervisorError, OSError):
     """A version that could not be captured (no room for a copy, the copy failed): ``reason`` says
-    why. An OSError, so callers that already log a failed copy keep doing so."""
+    why. An OSError too, so callers that already log a failed copy keep doing so."""
+
+    code = "not_kept"
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
 
 
-class ChangedWhileCopied(Exception):
+class ChangedWhileCopied(SupervisorError):
     """The job rewrote the file in place while it was copied: not a version; taken when it settles."""
 
 

@@ -43,10 +43,6 @@ MAX_LINE_BYTES = 1 << 16
 POLL_S = 0.2  # how often -f looks for new bytes: a human reading a log never sees 0.2 s
 
 
-class LogsError(Exception):
-    """Why there is nothing to show (said on stderr, exit 1)."""
-
-
 def job_log_path(state_dir: Path, config: str | None, problems: list[str] | None = None) -> Path:
     """The job log the daemon for this state dir writes. A ledger that cannot be read (a
     garbled page) leaves the state dir's own job.log, and its error is added to ``problems``."""

@@ -34,8 +34,11 @@ class CredentialsError(SupervisorError):
         self.problem = message
 
 
-class _EncryptedKey(Exception):
+class _EncryptedKey(SupervisorError):
     """The private key asks for a passphrase, which a daemon has no one to ask."""
+
+    def __init__(self) -> None:
+        super().__init__("the private key asks for a passphrase")
 
 
 def _no_passphrase() -> str:

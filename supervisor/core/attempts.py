@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from ..levels import Level
 from .observations import Detection
 from .causes import ACTIONS, CAUSES, Cause, Hold, StopStyle
 from .messages import EXIT_OK, Activity, Mode, Record, Resume, ShutdownPlan
@@ -115,14 +116,14 @@ def what_next(decision: Decision) -> str:
 def remedies_applied(decision: Decision) -> Record:
     r = decision.remedies
     scaled = "".join(f"; {flag} x {factor:g}" for flag, factor in r.scale.items())
-    return Record("remedies_applied", "warning",
+    return Record("remedies_applied", Level.WARNING,
                   f"{decision.cause.value} repeated: applying remedies {list(r.rungs)} of "
                   f"[on.{decision.cause.value}] to the next attempts{scaled}",
                   {"env": dict(r.env), "args": list(r.args), "skip_batches": r.skip_batches, "scale": dict(r.scale)})
 
 
 def restart_scheduled(attempt: int, decision: Decision, summary: str, ran_s: float) -> Record:
-    return Record("restart_scheduled", "warning",
+    return Record("restart_scheduled", Level.WARNING,
                   f"attempt {attempt} failed: {decision.cause.value} ({summary}) after {ran_s:.1f} s; "
                   f"{decision.action.value} {decision.restarts_in_window}/{decision.max_restarts} "
                   f"in {decision.delay_s:.1f} s ({decision.delay_reason or 'no reason recorded'})",
@@ -133,7 +134,7 @@ def restart_scheduled(attempt: int, decision: Decision, summary: str, ran_s: flo
 
 def relaunch_held(attempt: int, decision: Decision, hold: Hold, summary: str, ran_s: float) -> Record:
     counted = "" if ACTIONS[decision.action].counted else " (not counted against the restart budget)"
-    return Record("relaunch_held", "warning",
+    return Record("relaunch_held", Level.WARNING,
                   f"attempt {attempt} failed: {decision.cause.value} ({summary}) after {ran_s:.1f} s; "
                   f"{decision.action.value}: the next attempt waits until {hold.until}{counted}",
                   {"cause": decision.cause.value, "action": decision.action.value, "until": hold.until,
@@ -141,6 +142,6 @@ def relaunch_held(attempt: int, decision: Decision, hold: Hold, summary: str, ra
 
 
 def gave_up(reason: str, cause: Cause, state_dir: Path, **data: object) -> Record:
-    return Record("gave_up", "critical", f"gave up: {reason}. The job is not restarted; a human should "
+    return Record("gave_up", Level.CRITICAL, f"gave up: {reason}. The job is not restarted; a human should "
                                          f"look at the journal, `transformer-supervisor history` and the "
                                          f"state dir {state_dir}", {"cause": cause.value, **data})

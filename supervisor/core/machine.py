@@ -35,6 +35,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from ..errors import Conflict, GiveUp, IllegalMove
+from ..levels import Level
 from .observations import Detection
 from . import attempts
 from .attempts import Pending, shutdown_plan
@@ -137,7 +138,7 @@ class Machine:
     def _do(self, *commands: Command) -> None:
         self._out.extend(commands)
 
-    def _record(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None:
+    def _record(self, event: str, level: Level, message: str, *, ledger_only: bool = False, **data: Any) -> None:
         self._do(Record(event, level, message, data, ledger_only))
 
     def _move(self, new: State, why: str) -> None:
@@ -188,7 +189,7 @@ class Machine:
             self._give_up(str(ev.error), ev.error.cause)
             return
         if ev.error is not None:
-            self._record("checkpoint_selection_failed", "error", f"choosing a checkpoint failed: {ev.error!r}; "
+            self._record("checkpoint_selection_failed", Level.ERROR, f"choosing a checkpoint failed: {ev.error!r}; "
                          "starting without one would lose progress, so giving up")
             self._give_up(f"could not choose a checkpoint to resume from: {ev.error}", Cause.CHECKPOINT_LOAD_ERROR)
             return
@@ -215,7 +216,7 @@ class Machine:
         self.pid, self.pgid = ev.pid, ev.pgid
         self.attempt_started = ev.now
         handed, resume_txt = handover(self.resume, bool(self.cfg.job.resume_args))
-        self._record("job_started", "info",
+        self._record("job_started", Level.INFO,
                      f"attempt {self.attempt} started (pid {ev.pid}, restarts so far {self.counted_restarts}/"
                      f"{self.cfg.policy.max_restarts}); {resume_txt}", pid=ev.pid, argv=Argv(tuple(ev.argv)),
                      checkpoint=self.resume.checkpoint, resume_step=self.resume.step, handed=handed)
@@ -243,16 +244,16 @@ class Machine:
         self.last_anomaly = d
         data = detection_dict(d)
         if self.root is not None or self.state is State.STOPPING:
-            self._record("detection_noted", "info", f"also seen while stopping: {d.summary}", **data)
+            self._record("detection_noted", Level.INFO, f"also seen while stopping: {d.summary}", **data)
             return
         decision = self._decide(Failure(d.cause, d.summary, d.suggested_action, d.step, d.onset_step),
                                 ev.now, ev.wall, ev.jitter)
         if not ACTIONS[decision.action].ends_attempt:
-            self._record("detection_warned", "warning", f"{d.summary} (from {d.source}); {decision.reason}", **data)
+            self._record("detection_warned", Level.WARNING, f"{d.summary} (from {d.source}); {decision.reason}", **data)
             return
         self.root = d
         self._do(RecordDetection(self.attempt, d))
-        self._record("failure_detected", "warning",
+        self._record("failure_detected", Level.WARNING,
                      f"attempt {self.attempt} failing: {d.cause.value}"
                      + (f" at step {d.step}" if d.step is not None else "") + f": {d.summary}; "
                      + attempts.what_next(decision), cause=d.cause.value, step=d.step, onset_step=d.onset_step,
@@ -293,7 +294,7 @@ class Machine:
             self.pending = replace(self.pending, decision=decision)
         if ev.group_alive:
             plan = attempts.leftovers_plan(self.cfg)
-            self._record("job_leftovers", "warning",
+            self._record("job_leftovers", Level.WARNING,
                          f"the job's main process ended ({info.summary}) but processes of its group remain; "
                          f"stopping them (SIGKILL after {plan.grace_s:g} s)")
             self._do(StopJob(plan, leftovers=True))
@@ -352,7 +353,7 @@ class Machine:
     def _cleared(self, ev: ConditionCleared) -> None:
         if self.state is not State.HELD or self.hold is None or ev.cause is not self.hold.cause:
             return  # nothing waits for it
-        self._record("relaunch_released", "info", f"{ev.cause.value} cleared ({ev.summary}); relaunching",
+        self._record("relaunch_released", Level.INFO, f"{ev.cause.value} cleared ({ev.summary}); relaunching",
                      cause=ev.cause.value)
         self.hold = None
         self._launch()
@@ -374,9 +375,9 @@ class Machine:
         v = end_verdict(ev.facts, attempt=self.attempt, ran_s=ev.asked.ran_s, wall=ev.asked.wall)
         self.end = data = v.to_json(ev.facts)
         if v.unwatched:
-            self._record("run_unwatched", "warning", v.unwatched, **data)
+            self._record("run_unwatched", Level.WARNING, v.unwatched, **data)
         if v.nonfinite:
-            self._record("checkpoint_nonfinite_at_end", "error", v.nonfinite, **data)
+            self._record("checkpoint_nonfinite_at_end", Level.ERROR, v.nonfinite, **data)
             self._give_up(v.reason, Cause.NAN)
         else:
             self._finish(State.FINISHED, EXIT_OK, v.reason, verdict=v.verdict.value)
@@ -389,14 +390,14 @@ class Machine:
     def _finish(self, state: State, code: int, reason: str, **data: Any) -> None:
         self._move(state, reason)
         if state is not State.GAVE_UP:
-            self._record("daemon_exiting", "info", reason, exit_code=code, **data)
+            self._record("daemon_exiting", Level.INFO, reason, exit_code=code, **data)
         self.exit_reason, self.exit_code = reason, code
         self._do(Finish(state.value, code, reason))
 
     # ------------------------------------------------------------------ requests
     def _stop_requested(self, ev: StopRequested) -> None:
         if ev.signal is not None:
-            self._record("signal_received", "info", f"received {ev.signal}"
+            self._record("signal_received", Level.INFO, f"received {ev.signal}"
                          + ("; stopping the job gracefully" if self.stop_requests == 0 else "; escalating to SIGKILL"))
         if self.stop_requests == 0:
             self.stop_signal = ev.signal
@@ -410,7 +411,7 @@ class Machine:
                 self._do(EscalateStop())
         elif self.state in (State.STARTING, State.RUNNING):
             s = self.cfg.shutdown
-            self._record("stop_requested", "info", f"stop requested; stopping the job ({s.mode}, grace "
+            self._record("stop_requested", Level.INFO, f"stop requested; stopping the job ({s.mode}, grace "
                                                    f"{s.grace_s:g} s), then the daemon exits {code}")
             self.pending = Pending(exit_after=True)
             self._begin_stop(shutdown_plan(self.cfg, None, None))
@@ -433,7 +434,7 @@ class Machine:
             return
         self.root = Detection(Cause.MANUAL, f"operator restart: {ev.reason}", "control", at=ev.wall)
         self.repeat = None
-        self._record("restart_requested", "warning", f"operator restart ({ev.reason}); stopping the job, then "
+        self._record("restart_requested", Level.WARNING, f"operator restart ({ev.reason}); stopping the job, then "
                      f"{action.value}" + (f" from {ev.checkpoint}" if ev.checkpoint else ""), cause="manual")
         self._begin_stop(shutdown_plan(self.cfg, Cause.MANUAL, decision))
         self._do(Reply({"accepted": True, "message": f"stopping the job, then {action.value}"}))
@@ -443,7 +444,7 @@ class Machine:
             raise Conflict(f"no running job (state {self.state.value})")
         name = self.cfg.shutdown.checkpoint_signal
         self._do(SignalJob(signal_number(name)))
-        self._record("checkpoint_requested", "info", f"sent {name} to the job: it should write a checkpoint "
+        self._record("checkpoint_requested", Level.INFO, f"sent {name} to the job: it should write a checkpoint "
                                                      "at its next step boundary and keep training")
         self._do(Reply({"signal": name, "pgid": self.pgid}))
 

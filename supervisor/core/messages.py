@@ -14,6 +14,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
+from ..levels import Level
 from .observations import Detection
 from .policy import Decision, PastAttempt, RepeatKey
 from .causes import Action, Cause, GateCheck
@@ -293,7 +294,7 @@ class Record:
     """One event: a log line and a ledger row (``ledger_only``: a module logged it already)."""
 
     event: str
-    level: str
+    level: Level
     message: str
     data: Mapping[str, Any] = field(default_factory=dict)
     ledger_only: bool = False

@@ -36,6 +36,7 @@ from typing import Callable, Iterable, Iterator
 import google_crc32c
 
 from ..core.observations import MetricRecord
+from ..errors import SupervisorError
 from .records import canonical_key, make_record
 
 def crc32c(data: bytes) -> int:
@@ -51,8 +52,8 @@ def masked_crc(data: bytes) -> int:
 
 # -- protobuf wire format ------------------------------------------------------------------------
 
-class WireError(ValueError):
-    """The payload is not valid protobuf wire format."""
+class WireError(SupervisorError, ValueError):
+    """The payload is not valid protobuf wire format (a ValueError too, as a parser's error is)."""
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:

@@ -47,6 +47,24 @@ def test_a_name_outside_the_vocabulary_is_recorded_and_said_once() -> None:
     assert [e["event"] for e in ledger.events] == ["event_name_unknown", "no_such_event_name", "no_such_event_name"]
 
 
+def test_a_level_is_a_member_and_its_spelling_reads_the_same_a_misspelt_one_fails() -> None:
+    """The event path takes a Level (supervisor/levels.py); the plain strings the plug-ins still
+    pass are read as one, and the log line, ledger row and concerns see the same level."""
+    import pytest
+
+    from supervisor.levels import Level
+
+    ledger, heard = FakeLedger(), Heard()
+    rec = EventRecorder(ledger, ConcernSet([heard]), lambda: ("run-1", 0))
+    with capture_logs() as logs:
+        rec.event("gave_up", Level.CRITICAL, "x")
+        rec.event("job_started", "debug", "y")
+        with pytest.raises(ValueError, match="'warn' is not a valid Level"):
+            rec.event("job_started", "warn", "z")
+    assert [e["log_level"] for e in logs] == ["critical", "debug"]
+    assert [e["level"] for e in ledger.events] == ["critical", "debug"] == [h[1] for h in heard.events]
+
+
 def test_status_is_built_until_cached_then_the_cache_under_what_threads_set_since() -> None:
     built: list[int] = []
     live: dict[str, Any] = {}
