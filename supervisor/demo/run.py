@@ -21,13 +21,12 @@ import structlog
 
 from ..config.model import config_from_table
 from . import DEFAULT_STEPS, DemoLayout, demo_job_argv, format_faults
-from ..daemon.plugin import AttemptStarted, Effects, MetricsBatch, OnAttempts, OnMetrics, RunView
 from ..daemon.wiring import build_daemon
+from .progress import DemoProgress
 from ..eventnames import EventName
 from ..logsetup import logfmt_line, mask_secrets, quiet_library_logs
 from ..narration import narrate, stamp
 
-PROGRESS_EVERY = 100
 
 
 class Narrator:
@@ -51,31 +50,6 @@ class Narrator:
         if text:
             self.say(text)
         raise structlog.DropEvent
-
-
-class DemoProgress(OnAttempts, OnMetrics):
-    """The demo's narration of progress: a line every PROGRESS_EVERY steps."""
-
-    name = "demo_progress"
-
-    def __init__(self, narrator: Narrator) -> None:
-        self.narrator = narrator
-        self._next = PROGRESS_EVERY
-        self._attempt = 0
-
-    def attempt_started(self, n: AttemptStarted, run: RunView) -> Effects:
-        self._attempt = n.ctx.attempt
-        self._next = ((n.resume.step or 0) // PROGRESS_EVERY + 1) * PROGRESS_EVERY
-        return ()
-
-    def metrics(self, n: MetricsBatch, run: RunView) -> Effects:
-        for m in n.records:
-            if m.step is not None and m.loss is not None and m.step >= self._next:
-                self.narrator.say(f"   step {m.step:>4}  loss {m.loss:.4f}  (attempt {self._attempt})")
-                self._next = (m.step // PROGRESS_EVERY + 1) * PROGRESS_EVERY
-            elif m.step is not None and m.step < self._next - PROGRESS_EVERY:
-                self._next = (m.step // PROGRESS_EVERY + 1) * PROGRESS_EVERY  # after a rollback
-        return ()
 
 
 def demo_config(out: Path, faults: str, steps: int, seed: int) -> Any:
@@ -121,7 +95,7 @@ def run_demo(out: Path, faults: str | None, steps: int | None, seed: int, quiet:
     narrator.say(f"   output in {out} (daemon events in daemon.log, the job's output in job.log)")
     passthrough = None if quiet else sys.stdout.buffer
     devnull = open(os.devnull, "wb") if quiet else None
-    runner = build_daemon(cfg, passthrough=devnull or passthrough, extra=[DemoProgress(narrator)])
+    runner = build_daemon(cfg, passthrough=devnull or passthrough, extra=[DemoProgress(narrator.say)])
     code = runner.run()
     wall = time.monotonic() - t0
     facts, attempts = _summary(out, cfg, wall)
