@@ -117,6 +117,7 @@ class FakeLauncher:
         self.jobs: list[FakeJob] = []
         self.fail_with: OSError | None = None
         self.ignore: Sequence[int] = ()
+        self.progressed_at: list[float] = []  # each turn that saw an attempt's training step
 
     def launch(self, spec: Any, log_path: Path | None, on_eof: Callable[[str], None]) -> FakeJob:
         self.specs.append(spec)
@@ -135,6 +136,12 @@ class FakeLauncher:
 
     def discard_standby(self) -> None:
         self.standby_discarded = True
+
+    def progressed(self, now: float) -> None:
+        self.progressed_at.append(now)
+
+    def standby_status(self) -> dict[str, Any]:
+        return {"state": "off"}
 
     @property
     def job(self) -> FakeJob:

@@ -83,11 +83,13 @@ class JobConfig:
         "run each attempt in a cgroup (v2) of its own where the daemon may create one (as root, or under "
         "systemd with Delegate=yes): a stop then reaches every process the job started, wherever it went; "
         "false, or where none can be made: tracked by session, process group and subreaper"))
-    prewarm: bool = field(default=False, metadata=meta(
-        "pre-warmed restart for a plain Python job (python script.py / python -m module): a standby "
-        "interpreter of the job's Python, options, env and cwd imports what the running attempt imported "
-        "(installed modules only) and runs the next attempt's exact argv; any doubt (torchrun, a shell, a "
-        "changed env variable or interpreter, no standby ready) starts cold, the reason in history"))
+    prewarm: bool = field(default=True, metadata=meta(
+        "pre-warmed restart for a plain Python job (python script.py / python -m module): once the attempt "
+        "has shown a training step and run 5 s past it, a standby interpreter of the job's Python, options, "
+        "env and cwd imports, at idle priority, what the attempt imported (installed modules only; ~300 MiB "
+        "for a torch job, its rss and CPU in status) and runs the next attempt's exact argv; any doubt "
+        "(torchrun, a shell, a changed env variable, interpreter or installed module, no standby ready) "
+        "starts cold, the reason in history; false on memory-tight nodes"))
     tty: str = field(default="auto", metadata=meta(
         "auto: where the supervisor's own stdout/stderr is a terminal (wrap or run in a shell), the job's "
         "stream gets a terminal too (a pty), so its live progress bars (Rich, tqdm) show while every byte "

@@ -110,6 +110,13 @@ class ProcessLauncher:
         if self.prewarm is not None:
             self.prewarm.discard()
 
+    def progressed(self, now: float) -> None:
+        if self.prewarm is not None:
+            self.prewarm.progressed(now)
+
+    def standby_status(self) -> dict[str, Any]:
+        return self.prewarm.status() if self.prewarm is not None else {"state": "off"}
+
     def close(self) -> None:
         if self.prewarm is not None:
             self.prewarm.close()

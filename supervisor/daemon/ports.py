@@ -96,6 +96,15 @@ class JobLauncher(Protocol):
         """The job's config changed: a standby made for the old one ([job] prewarm) goes now."""
         ...
 
+    def progressed(self, now: float) -> None:
+        """The attempt showed a training step (``now``: monotonic): the next attempt's standby
+        ([job] prewarm) starts once the attempt has run steadily."""
+        ...
+
+    def standby_status(self) -> dict[str, Any]:
+        """``status``'s ``prewarm`` block: the standby's state, pid, rss and CPU seconds."""
+        ...
+
 
 class LedgerStore(Protocol):
     """The run ledger (all SQL lives in :mod:`supervisor.ledger.store`)."""

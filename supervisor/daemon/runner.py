@@ -389,6 +389,8 @@ class Runner:
         if not batch:
             return
         self._feed(FirstMetric())
+        if any(r.step is not None for r in batch):
+            self.ports.launcher.progressed(self.clock.monotonic())  # [job] prewarm: the standby is due
         self._view = None  # its last metric moved
         self.concerns.on_metrics(MetricsBatch(batch, self.clock.monotonic()))
         rows = [(r.at, r.step, r.loss, r.grad_norm, r.tokens_per_sec, r.val_loss) for r in batch]
@@ -439,7 +441,7 @@ class Runner:
                            pids=self.job.pids() if self.job is not None and self.state in JOB_UP else [],
                            last_metric=self.metrics.last,
                            restart_in_s=(self.timer_at if self.timer_at is not None else now) - now,
-                           extras=[{"metrics_dropped": self.metrics.dropped,
+                           extras=[{"metrics_dropped": self.metrics.dropped, "prewarm": self.ports.launcher.standby_status(),
                                     # how far the console and the parsers are behind the job's output
                                     "output_lag": self.job.output_lag().as_status() if self.job is not None else None},
                                    *self.concerns.statuses()])

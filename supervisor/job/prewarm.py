@@ -13,6 +13,15 @@ standby imported or a ``.pth`` file or installed distribution on its path change
 changed (<module>)``: an upgrade or hot-fix is never run stale), the standby died, refused or did
 not answer in time.
 
+When the standby starts, and at what cost. Not at the launch: the attempt's own start-up
+(interpreter, imports, data, the first step's compilation) is what the first launch is timed by,
+and a standby importing beside it made it slower. It starts once the attempt has shown a training
+step (a parsed step or a client heartbeat with one) and run :data:`STEADY_S` past it, at idle
+priority while it waits: nice 19 and SCHED_IDLE where the standby may undo both before it runs the
+job (root, or an RLIMIT_NICE that allows it: standby.py), the lowest CPU weight where it gets a
+cgroup of its own (left when it moves into the attempt's), and the idle IO class (set and undone
+here, thread by thread). Its memory and CPU are in ``status`` and the metrics (:meth:`Prewarm.status`).
+
 The ledger records the job's exact command either way; the standby is what runs it.
 """
 
@@ -20,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,51 +36,26 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+import psutil
 import structlog
 
 from .argvarea import padding
-from .cgroup import JobCgroup, stop_and_remove
+from .cgroup import JobCgroup, set_weights, stop_and_remove
+from .prewarmplan import Plan, env_difference, import_env, interpreter_identity, plan
 from .process import LaunchSpec, enter_cgroup, popen_job
 
 log = structlog.get_logger("supervisor.job.prewarm")
 
 RUNNER = str(Path(__file__).with_name("standby.py"))
-# Set per attempt (launch.launch_spec): they differ between any two attempts, so they are the
-# request's to set; a standby is started without them (nothing can depend on them at import, and
-# the running attempt's orphan search, which looks for its TSUP_ATTEMPT, never takes the standby).
-PER_ATTEMPT = ("TSUP_ATTEMPT", "TSUP_RESUME_FROM", "TSUP_RESUME_STEP", "TSUP_SKIP_BATCHES",
-               "TSUP_HEARTBEAT_DIR", "TORCHELASTIC_ERROR_FILE")
-# Interpreter options that take no argument and those that take one: the standby starts with the
-# same ones. Anything else (-c, -i, combined flags) is a doubt: cold.
-FLAGS = frozenset({"-u", "-O", "-OO", "-B", "-s", "-S", "-E", "-I", "-P", "-b", "-bb", "-q", "-d", "-R"})
-FLAGS_WITH_VALUE = frozenset({"-X", "-W"})
 REPLY_TIMEOUT_S = 20.0  # a standby answers between two imports: one big import (torch) may be under way
 KEEP_MODULE_LISTS = 3
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A plain Python job: how the standby runs it."""
-
-    python: str  # argv[0], as given
-    options: tuple[str, ...]
-    kind: str  # "script" | "module"
-    target: str  # the script's path (as given) or the module's name
-    args: tuple[str, ...]  # after the script or module
-
-    def argv(self) -> list[str]:
-        """The command this plan runs (the attempt's, as planned)."""
-        main = [self.target] if self.kind == "script" else ["-m", self.target]
-        return [self.python, *self.options, *main, *self.args]
-
-    def exclude(self, cwd: str) -> list[str]:
-        """The job's own folders: nothing found there is preloaded."""
-        dirs = [cwd]
-        if self.kind == "script":
-            dirs.append(os.path.dirname(os.path.join(cwd, self.target)) or cwd)
-        return dirs
+# How long an attempt runs past its first training step before the next attempt's standby starts.
+# A restart in an attempt's first seconds is rare, and a standby started then takes CPU, memory
+# bandwidth and ~300 MiB (a torch job) while the job still warms up (allocator, compilation, data
+# workers); past it, the attempt is steady and the standby's imports take only idle CPU.
+STEADY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -85,61 +68,6 @@ class Outcome:
 
     def __str__(self) -> str:
         return "used" if self.used else f"cold: {self.reason}"
-
-
-def plan(argv: Sequence[str]) -> Plan | str:
-    """The plan for ``argv``, or why it is not a plain Python job (then: cold)."""
-    if not argv:
-        return "no command"
-    base = os.path.basename(argv[0])
-    if not base.startswith("python") or not all(c.isalnum() or c in ".-_" for c in base[6:]) or base.endswith("-config"):
-        return f"not a plain Python job ({base} is not a Python interpreter)"
-    opts: list[str] = []
-    i = 1
-    while i < len(argv):
-        a = argv[i]
-        if a in FLAGS:
-            opts.append(a)
-        elif a in FLAGS_WITH_VALUE and i + 1 < len(argv):
-            opts += [a, argv[i + 1]]
-            i += 1
-        elif a == "-m" and i + 1 < len(argv):
-            return Plan(argv[0], tuple(opts), "module", argv[i + 1], tuple(argv[i + 2:]))
-        elif a.startswith("-"):
-            return f"interpreter option {a} is not supported by prewarm"
-        else:
-            return Plan(argv[0], tuple(opts), "script", a, tuple(argv[i + 1:]))
-        i += 1
-    return "no script or module in the command"
-
-
-def interpreter_identity(python: str, env: Mapping[str, str], cwd: str) -> tuple[str, int, int] | None:
-    """Which file runs as ``python`` (the job's PATH, its cwd): a replaced interpreter is a doubt."""
-    path = python if "/" in python else shutil.which(python, path=env.get("PATH", os.defpath))
-    if not path:
-        return None
-    try:
-        real = os.path.realpath(os.path.join(cwd, path))
-        st = os.stat(real)
-    except OSError:
-        return None
-    return real, st.st_ino, st.st_mtime_ns
-
-
-def import_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment the standby starts with: the attempt's, less its per-attempt keys."""
-    return {k: v for k, v in env.items() if k not in PER_ATTEMPT}
-
-
-def env_difference(standby: Mapping[str, str], attempt: Mapping[str, str]) -> str | None:
-    """The first variable (sorted) that differs, besides the per-attempt ones; None when none.
-    Any of them could have been read at import time (CUDA_VISIBLE_DEVICES, PYTHONPATH,
-    LD_LIBRARY_PATH, a library's own switches): no list of the ones that matter is trusted."""
-    now = import_env(attempt)
-    for k in sorted(set(standby) | set(now)):
-        if standby.get(k) != now.get(k):
-            return k
-    return None
 
 
 def modules_log(state_dir: str, attempt: int) -> str:
@@ -179,6 +107,31 @@ class Standby:
             if own_fd >= 0:
                 os.close(own_fd)
         self.pid = self.popen.pid
+        self._io: tuple[int, int] | None = _idle_io(self.pid) if nice else None
+
+    def restore_io(self) -> str | None:
+        """Every thread back to the IO priority a cold start inherits (an import may have started
+        threads, which took the idle class); why not, or None."""
+        if self._io is None:
+            return None
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{self.pid}/task")]
+            for tid in tids:
+                psutil.Process(tid).ionice(*self._io)
+        except (OSError, ValueError, psutil.Error) as e:
+            return f"cannot restore the job's IO priority ({e})"
+        self._io = None
+        return None
+
+    def usage(self) -> dict[str, Any]:
+        """What the standby holds while it waits: resident memory and CPU seconds (imports)."""
+        try:
+            p = psutil.Process(self.pid)
+            with p.oneshot():
+                cpu, rss = p.cpu_times(), p.memory_info().rss
+            return {"rss_bytes": rss, "cpu_s": round(cpu.user + cpu.system, 3)}
+        except (psutil.Error, OSError):
+            return {}
 
     def doubt(self, p: Plan, env: Mapping[str, str], cwd: str) -> str | None:
         """Why this standby cannot run the attempt; None when it can."""
@@ -269,6 +222,13 @@ class Prewarm:
         self._lock = threading.Lock()
         self._standby: Standby | None = None
         self._closed = False
+        # The standby the running attempt is to get, until it has run steadily (see STEADY_S):
+        # (its plan, launch spec, cgroup parent), and when its first step was seen.
+        self._due: tuple[Plan, LaunchSpec, Path | None] | None = None
+        self._first_step_at: float | None = None
+        self._starting = False
+        self._none_why = "no attempt launched yet"  # why there is no standby and none is due
+        self._wake = threading.Event()  # set at close: a standby still waiting to start never does
 
     def take(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> tuple[Plan | None, Standby | None, str]:
         """The plan and the standby for this attempt (or why none: cold). A standby that cannot
@@ -302,12 +262,14 @@ class Prewarm:
         except OSError as e:
             if cg is not None:
                 cg.remove()
+            with self._lock:
+                self._starting, self._none_why = False, f"the standby could not start ({e})"
             log.warning("prewarm_standby_failed", error=str(e),
                         message=f"cannot start the standby interpreter ({e}); the next attempt starts cold")
             return
         with self._lock:
             old, self._standby = self._standby, sb
-            closed = self._closed
+            closed, self._starting = self._closed, False
         if old is not None:
             old.kill()
         if closed:
@@ -324,7 +286,8 @@ class Prewarm:
         """Kill the standby for good (the daemon exits)."""
         with self._lock:
             sb, self._standby = self._standby, None
-            self._closed = True
+            self._closed, self._due = True, None
+        self._wake.set()
         if sb is not None:
             sb.kill()
 
@@ -340,6 +303,12 @@ class Prewarm:
             if procs_fd >= 0 and not sb.enter(procs_fd):
                 sb.kill()
                 why = "the standby could not enter the attempt's cgroup"
+            elif procs_fd < 0 and sb.cgroup is not None:
+                sb.kill()  # its own cgroup has the idle weight: the job never runs there
+                why = "the attempt has no cgroup for the standby to move into"
+            elif (failed_io := sb.restore_io()) is not None:
+                sb.kill()
+                why = failed_io
             else:
                 failed = sb.hand_over(p, spec.argv, spec.env, spec.cwd, out_w, err_w, log_path)
                 if failed is None:
@@ -357,19 +326,71 @@ class Prewarm:
         return popen_job(spec, out_w, err_w, procs_fd), Outcome(False, why)
 
     def after_launch(self, spec: LaunchSpec, cgroup_parent: Path | None) -> None:
-        """The standby for the attempt after ``spec``'s, following what ``spec``'s imports."""
+        """The standby for the attempt after ``spec``'s is due: it starts once this attempt has
+        run steadily (:meth:`progressed`), following what ``spec``'s imports."""
         p = plan(spec.argv)
-        state, attempt, run = (spec.env.get(k, "") for k in ("TSUP_STATE_DIR", "TSUP_ATTEMPT", "TSUP_RUN_ID"))
-        if isinstance(p, str) or not state or not attempt.isdigit():
-            return
+        state, attempt = spec.env.get("TSUP_STATE_DIR", ""), spec.env.get("TSUP_ATTEMPT", "")
+        with self._lock:
+            self._due, self._first_step_at = None, None
+            if isinstance(p, str) or not state or not attempt.isdigit():
+                self._none_why = p if isinstance(p, str) else "the attempt has no state dir or number"
+                return
+            self._due = (p, spec, cgroup_parent)
         prune_module_lists(state, int(attempt))
-        self.start_next(p, spec.env, spec.cwd, modules_log(state, int(attempt)), cgroup_parent,
-                        f"tsup-standby-{run or os.getpid()}")
+
+    def progressed(self, now: float) -> None:
+        """The running attempt showed a training step (``now``: monotonic): its standby starts
+        :data:`STEADY_S` after the first one (on a thread: a job may print its next step much
+        later), unless the next launch came first."""
+        with self._lock:
+            if self._due is None or self._closed or self._first_step_at is not None:
+                return
+            self._first_step_at, due = now, self._due
+        threading.Thread(target=self._start_when_steady, args=(due,), name="prewarm-standby", daemon=True).start()
+
+    def _start_when_steady(self, due: tuple[Plan, LaunchSpec, Path | None]) -> None:
+        self._wake.wait(STEADY_S)
+        with self._lock:
+            if self._due is not due or self._closed:
+                return  # another attempt was launched meanwhile (it has its own), or the daemon exits
+            self._due, self._starting = None, True
+        p, spec, cgroup_parent = due
+        attempt, run = int(spec.env["TSUP_ATTEMPT"]), spec.env.get("TSUP_RUN_ID", "")
+        self._start(p, spec.env, spec.cwd, modules_log(spec.env["TSUP_STATE_DIR"], attempt), cgroup_parent,
+                    f"tsup-standby-{run or os.getpid()}")
+
+    def status(self) -> dict[str, Any]:
+        """``status``'s ``prewarm`` block: where the next attempt's standby is, and what it holds."""
+        with self._lock:
+            sb, due, first, starting, why = self._standby, self._due, self._first_step_at, self._starting, self._none_why
+        if sb is not None:
+            alive = sb.popen.poll() is None
+            return {"state": "ready" if alive else "exited", "pid": sb.pid, **(sb.usage() if alive else {})}
+        if starting:
+            return {"state": "starting"}
+        if due is not None:
+            return {"state": "due", "reason": (f"starts {STEADY_S:g} s after the attempt's first step" if first is None
+                                               else f"the attempt's first step was seen; starts {STEADY_S:g} s after it")}
+        return {"state": "none", "reason": why}
+
+
+def _idle_io(pid: int) -> tuple[int, int] | None:
+    """The idle IO class for the standby (it reads the job's packages from disk while the job may
+    be reading its data); the class and value to restore, or None where it could not be set."""
+    try:
+        p = psutil.Process(pid)
+        was = p.ionice()
+        p.ionice(psutil.IOPRIO_CLASS_IDLE)
+        return int(was.ioclass), int(was.value or 0)
+    except (psutil.Error, OSError, AttributeError):
+        return None
 
 
 def _standby_cgroup(parent: Path | None, name: str) -> JobCgroup | None:
     """A cgroup of its own beside the attempts' (never named like theirs: an attempt's cgroup
-    creation sweeps its run's ``tsup-<run>-`` names)."""
+    creation sweeps its run's ``tsup-<run>-`` names), with the lowest CPU and IO weight where
+    those controllers are ours: idle priority that needs no privilege to undo, since the standby
+    leaves this cgroup for the attempt's when it is handed the job."""
     if parent is None:
         return None
     path = parent / name
@@ -377,9 +398,10 @@ def _standby_cgroup(parent: Path | None, name: str) -> JobCgroup | None:
         if path.exists():
             stop_and_remove(JobCgroup(path))  # a crashed daemon's standby
         path.mkdir(mode=0o755)
-        return JobCgroup(path)
     except OSError:
         return None
+    set_weights(path)
+    return JobCgroup(path)
 
 
 def prune_module_lists(state_dir: str, attempt: int) -> None:

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 HEAD = struct.Struct("!I")  # the request's JSON length
 MAX_REQUEST = 64 << 20
 FOLLOW_POLL_S = 0.2  # how often the growing module list of the running attempt is read again
-NICE = 10  # while importing: the running attempt goes first
+NICE = 19  # while importing, with SCHED_IDLE: the running attempt goes first, always
 NEVER = ("__main__", "supervisor")  # top-level names never preloaded
 
 
@@ -164,25 +164,33 @@ def cuda_initialised() -> bool:
 
 # -- priority ------------------------------------------------------------------------------
 def lower_priority() -> int | None:
-    """Lower our CPU priority for the imports, only where we may raise it back before the job
-    runs (root, or an RLIMIT_NICE that allows it); the original nice value, or None."""
+    """Idle CPU priority for the imports (nice 19, and SCHED_IDLE: only CPU time nothing else
+    wants), only where we may raise it back before the job runs (root, or an RLIMIT_NICE that
+    allows it: leaving SCHED_IDLE is checked as a nice change); the original nice value, or None.
+    Elsewhere the daemon's idle IO class, the cgroup weight where there is one, and the start
+    after the attempt's first steps are what keep the standby out of the job's way."""
     import resource
 
     try:
         orig = os.getpriority(os.PRIO_PROCESS, 0)
         soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
         may = os.geteuid() == 0 or soft == resource.RLIM_INFINITY or 20 - soft <= orig
-        if not may or orig >= NICE:
-            return None
+        if not may or orig >= NICE or os.sched_getscheduler(0) != os.SCHED_OTHER:
+            return None  # (a job started under another policy gets nothing we could not give back)
         os.setpriority(os.PRIO_PROCESS, 0, NICE)
-        return orig
     except OSError:
         return None
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (OSError, AttributeError):
+        pass  # nice 19 alone
+    return orig
 
 
 def restore_priority(orig: int | None) -> None:
-    """Every thread back to the job's nice value (on Linux it is per thread: one an import
-    started inherited the lowered one)."""
+    """Every thread back to the job's scheduling policy and nice value (on Linux both are per
+    thread: one an import started inherited the lowered ones). The policy first: leaving
+    SCHED_IDLE is allowed at nice 19 where raising the nice value may be refused."""
     if orig is None:
         return
     try:
@@ -191,6 +199,8 @@ def restore_priority(orig: int | None) -> None:
         tids = [0]
     for tid in tids:
         try:
+            if os.sched_getscheduler(tid) != os.SCHED_OTHER:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
             os.setpriority(os.PRIO_PROCESS, tid, orig)
         except ProcessLookupError:
             continue

@@ -196,6 +196,16 @@ class _StatusCollector(Collector):
                              "the job, in seconds (the job is never slowed by it)", lag.get("seconds"))
             yield from gauge("output_lag_bytes", "Bytes of job.log the daemon's parsers have not read yet",
                              lag.get("bytes"))
+        pw = status.get("prewarm")
+        if isinstance(pw, Mapping):  # [job] prewarm's standby while it waits: what it costs the node
+            yield from gauge("prewarm_rss_bytes", "Resident memory of the waiting prewarm standby (the next "
+                             "attempt's interpreter, its imports done)", pw.get("rss_bytes"))
+            cpu = _float(pw.get("cpu_s"))
+            if cpu is not None:
+                c = CounterMetricFamily(PREFIX + "prewarm_cpu_seconds", "CPU seconds the waiting prewarm standby "
+                                        "used (its imports, at idle priority; a new standby starts at 0)")
+                c.add_metric([], cpu)
+                yield c
         good_at = _float(status.get("last_good_checkpoint_at"))
         if good_at is None:
             good_at = stamp(status.get("seconds_since_last_good_checkpoint"))

@@ -53,6 +53,8 @@ def test_rank_crash_under_torchrun_is_restarted_outside_and_resumed(daemons, tmp
     assert d.wait(180) == 0
     attempts = history(sd)["attempts"]
     assert [a["cause"] for a in attempts] == ["crash", None]
+    # [job] prewarm is on by default; a per-node launcher is no plain Python job: cold, said why.
+    assert {a["prewarm"] for a in attempts} == {"cold: not a plain Python job (torchrun is not a Python interpreter)"}
     assert attempts[1]["argv"][:len(_cmd(tmp_path))] == attempts[0]["argv"]  # the exact torchrun command
     # Resumed from the newest checkpoint written before the crash tore the ranks down (rank 0 may
     # have reached step 9 by then).

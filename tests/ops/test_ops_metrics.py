@@ -144,6 +144,16 @@ def test_output_lag_is_exported_while_a_job_runs():
     assert not any(k[0].startswith("tsup_output_lag") for k in samples(m.render().decode()))
 
 
+def test_the_waiting_prewarm_standbys_memory_and_cpu_are_exported_only_while_one_waits():
+    m = Metrics()
+    m.update({**STATUS, "prewarm": {"state": "ready", "pid": 77, "rss_bytes": 301_989_888, "cpu_s": 2.25}})
+    s = samples(m.render().decode())
+    assert s[("tsup_prewarm_rss_bytes", ())] == 301_989_888 and s[("tsup_prewarm_cpu_seconds_total", ())] == 2.25
+    for block in ({"state": "due", "reason": "starts 5 s after the attempt's first step"}, {"state": "off"}, None):
+        m.update({**STATUS, "prewarm": block})
+        assert not any(k[0].startswith("tsup_prewarm") for k in samples(m.render().decode())), block
+
+
 def _advice() -> dict:
     from supervisor.core.interval import advise
 
