@@ -298,6 +298,9 @@ def _ours_notes(r: Result) -> str:
     resumes = [str(a.get("resume_step")) for a in atts[1:]]
     if resumes:
         parts.append("resumed at " + ", ".join(resumes).replace("None", "scratch"))
+    pw = [str(a.get("prewarm") or "off").split(":")[0] for a in atts[1:]]
+    if pw:
+        parts.append("relaunch prewarm " + ", ".join(pw))  # [job] prewarm, on by default: used or cold
     ev = [e.get("event") for e in h.get("events") or []]
     for name, what in (("checkpoint_quarantined", "quarantined"), ("checkpoint_restored_last_good", "last good restored"),
                        ("remedies_applied", "remedy applied"), ("gave_up", "gave up")):
@@ -361,7 +364,8 @@ def run() -> list[dict]:
         fresh, resumed = startup(tmp)
         bound = max(fresh, resumed) + 1.0
         row("settings", f"tests/trainer_scripts/nanogpt_train.py {' '.join(MODEL)} (unmodified nanoGPT-style, one ckpt.pt overwritten "
-            f"at each eval); ours: wrap at the defaults; torchrun --standalone --nproc-per-node=1 "
+            f"at each eval); ours: wrap at the defaults ([job] prewarm on: its standby starts 5 s past an attempt's first "
+            f"step, so a relaunch after the one-kill's iter {KILL_AT} is cold; see the prewarm suite); torchrun --standalone --nproc-per-node=1 "
             f"--max-restarts={PEER_RESTARTS}; bash until loop; peers resume through bench/jobs/peer_launch.py "
             f"(resume if ckpt.pt loads, else scratch); one job computing at a time; load average at start "
             f"{load0:.1f} on {len(os.sched_getaffinity(0))} cores", "", "")
