@@ -87,6 +87,12 @@ def _literal(node: ast.expr) -> str | None:
     return None
 
 
+def _is_level(node: ast.expr) -> bool:
+    """A level: a literal one, or a member written ``Level.X`` (supervisor/levels.py)."""
+    return _literal(node) in LEVELS or (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                                         and node.value.id == "Level")
+
+
 def _is_logger(node: ast.expr) -> bool:
     if isinstance(node, ast.Name):
         return node.id in LOGGERS
@@ -113,9 +119,9 @@ def scan(trees: list[tuple[str, ast.Module]], *, defs: tuple[tuple[str, ast.Modu
             if isinstance(f, ast.Attribute) and f.attr in LEVELS and _is_logger(f.value):
                 name = _literal(node.args[0]) if node.args else None
             elif callee in QUEUES and len(node.args) == 1 and isinstance(t := node.args[0], ast.Tuple) \
-                    and len(t.elts) >= 3 and _literal(t.elts[1]) in LEVELS:
+                    and len(t.elts) >= 3 and _is_level(t.elts[1]):
                 name = _literal(t.elts[0])  # an (event, level, message, ...) tuple queued for the loop
-            elif len(node.args) >= 3 and _literal(node.args[1]) in LEVELS and _literal(node.args[0]) is not None:
+            elif len(node.args) >= 3 and _is_level(node.args[1]) and _literal(node.args[0]) is not None:
                 name = _literal(node.args[0])  # through a callback: report("monitor_failed", "error", ...)
             elif callee is not None and (i := known.get(callee)) is not None:
                 if len(node.args) > i and not isinstance(node.args[i], ast.Starred):
@@ -157,6 +163,7 @@ def f(q, daemon, ledger, run_id, name):
     Notice2("form_dataclass", "info")
     _say(1, "form_helper", "info")
     self.report("form_callback", "error", f"through a callable attribute")
+    self.emit("form_level_member", Level.ERROR, "a Level member is a level")
     q.append(("form_queued", "warning", "m", {}))
     q.append(("not_an_event", 3))
     daemon.event(name, "info", "a literal message is no name")
@@ -164,7 +171,8 @@ def f(q, daemon, ledger, run_id, name):
     # Scanned with the package, whose defs (daemon.event, the ledger's event, Record) it calls.
     found = [e.name for e in scan([("pkg/mod.py", ast.parse(src))], defs=_trees())]
     assert sorted(found) == sorted(["form_log", "form_chained", "form_made_at_first_use", "form_daemon", "gave_up", "EventName.NO_SUCH_MEMBER",
-                                    "form_keyword", "form_dataclass", "form_helper", "form_callback", "form_queued"])
+                                    "form_keyword", "form_dataclass", "form_helper", "form_callback", "form_level_member",
+                                    "form_queued"])
 
 
 def test_the_scan_sees_each_kind_of_emitter():

@@ -32,6 +32,7 @@ import structlog
 
 from ..core.causes import Cause, action_named
 from ..errors import GiveUp, SupervisorError
+from ..levels import Level
 from ..logsite import log_helper
 from .agentlease import AgentLease
 from .agentreads import AgentReads
@@ -65,7 +66,7 @@ class ClusterClosed(SupervisorError):
     code = "closed"
 
 
-EventSink = Callable[[str, str, str, Mapping[str, Any]], None]
+EventSink = Callable[[str, Level, str, Mapping[str, Any]], None]
 
 
 class ClusterAgent(AgentReads, AgentLease):
@@ -172,17 +173,17 @@ class ClusterAgent(AgentReads, AgentLease):
                                                           same(self.keys.node(self.node_id), "LEASE", req.lease)])
             existing = None if won else self.client.get(key)
         except EtcdError as e:
-            self._emit("cluster_end_request_failed", "warning", f"could not ask the cluster to end generation "
+            self._emit("cluster_end_request_failed", Level.WARNING, f"could not ask the cluster to end generation "
                        f"{gen} ({e}); the job stops here, and the others notice when this node's lease expires")
             return
         if won:
-            self._emit("cluster_generation_end_requested", "warning", f"asked the cluster to end generation "
+            self._emit("cluster_generation_end_requested", Level.WARNING, f"asked the cluster to end generation "
                        f"{gen}: {cause} here ({summary}); every node stops its job", **req.__dict__)
         elif existing is not None:
-            self._emit("cluster_generation_end_folded", "info", f"generation {gen} is already ending "
+            self._emit("cluster_generation_end_folded", Level.INFO, f"generation {gen} is already ending "
                        f"({existing.value[:200]}); this node's {cause} folds into it", cause=cause)
         else:  # our record is not on the lease the request names (re-registering): it would not count
-            self._emit("cluster_end_request_failed", "warning", f"could not ask the cluster to end generation "
+            self._emit("cluster_end_request_failed", Level.WARNING, f"could not ask the cluster to end generation "
                        f"{gen}: this node is registering again; the job stops here, and the leader ends the "
                        "generation when this node's record says it stopped")
 
@@ -274,7 +275,7 @@ class ClusterAgent(AgentReads, AgentLease):
         except EtcdUnavailable as e:
             if self._reachable:
                 self._reachable = False
-                self._emit("cluster_etcd_unreachable", "warning", f"etcd does not answer ({e}); local supervision "
+                self._emit("cluster_etcd_unreachable", Level.WARNING, f"etcd does not answer ({e}); local supervision "
                            "goes on and no new generation can be planned without etcd; a running job stops only "
                            f"{self.coord.fence_after():.1f} s after the last keepalive, before a generation without "
                            "this node could start")
@@ -288,7 +289,7 @@ class ClusterAgent(AgentReads, AgentLease):
             self._reachable = True
             if self.mirror is not None:
                 self.mirror.resync()  # its connection may be one etcd no longer serves
-            self._emit("cluster_etcd_back", "info", "etcd answers again; this node is registered")
+            self._emit("cluster_etcd_back", Level.INFO, "etcd answers again; this node is registered")
         # The same keys make the same view, unless a leader key under suspicion is timing out.
         if version is None or self.trust.bad_leader_since is not None or self._seen != version:
             self._believe(kvs, now)
@@ -320,7 +321,7 @@ class ClusterAgent(AgentReads, AgentLease):
         raw = View.parse(self.keys, ((kv.key, kv.value, kv.mod_revision) for kv in kvs if not kv.key.startswith(node_p)))
         view, ignored = self.trust.check(self.keys, kvs, raw, now)
         for why in ignored:
-            self._emit("cluster_key_ignored", "warning", f"{why}; a stray or forged write (keep etcd behind TLS "
+            self._emit("cluster_key_ignored", Level.WARNING, f"{why}; a stray or forged write (keep etcd behind TLS "
                        "client certificates or auth)")
         self.view = view
         with self._cond:
@@ -343,22 +344,22 @@ class ClusterAgent(AgentReads, AgentLease):
         if isinstance(cmd, Campaign):  # create, or replace a stale key still as it was read
             if lease and self.client.put_if(self.keys.leader, self.node_id,
                                             [same(self.keys.leader, "MOD", cmd.expect_rev)], lease=lease):
-                self._emit("cluster_leader", "info", f"node {self.node_id} leads the run (membership, generations, "
+                self._emit("cluster_leader", Level.INFO, f"node {self.node_id} leads the run (membership, generations, "
                            "the checkpoint step)" + (" in place of a leader key that did not hold up (see "
                                                      "cluster_key_ignored)" if cmd.expect_rev else ""))
         elif isinstance(cmd, RequestEnd):
             req, key = replace(cmd.request, lease=lease), self.keys.end(cmd.request.gen)
             if self.client.put_if(key, req.to_json(), [same(key, "MOD", cmd.expect_rev), leading]):
-                self._emit("cluster_generation_end_requested", "warning", f"ending generation {req.gen}: "
+                self._emit("cluster_generation_end_requested", Level.WARNING, f"ending generation {req.gen}: "
                            f"{req.summary}", **req.__dict__)
         elif isinstance(cmd, WritePlan):
             plan = replace(cmd.plan, lease=lease)
             if self.client.put_if(self.keys.plan, plan.to_json(), [same(self.keys.plan, "MOD", cmd.expect_rev), leading]):
-                level = "critical" if plan.give_up else "info"
+                level = Level.CRITICAL if plan.give_up else Level.INFO
                 self._emit("cluster_plan_written", level, plan.give_up or plan.reason, **_plan_data(plan))
         elif isinstance(cmd, StopLocal):
             r = cmd.request
-            self._emit("cluster_generation_ended", "warning", f"generation {r.gen} ends: {r.cause} on node {r.by} "
+            self._emit("cluster_generation_ended", Level.WARNING, f"generation {r.gen} ends: {r.cause} on node {r.by} "
                        f"({r.summary}); stopping the local job", **r.__dict__)
             self.on_stop(r)
         elif isinstance(cmd, Join):
@@ -369,7 +370,7 @@ class ClusterAgent(AgentReads, AgentLease):
                 self._cond.notify_all()
             self._now.set()  # the record says "running" at the next turn, at once
             self._wake.set()
-            self._emit("cluster_generation_joined", "info", f"joining generation {cmd.plan.gen} as rank {cmd.rank} "
+            self._emit("cluster_generation_joined", Level.INFO, f"joining generation {cmd.plan.gen} as rank {cmd.rank} "
                        f"of {len(cmd.plan.nodes)}: {cmd.plan.reason}", rank=cmd.rank, **_plan_data(cmd.plan))
         elif isinstance(cmd, Abandon):
             with self._cond:
@@ -377,7 +378,7 @@ class ClusterAgent(AgentReads, AgentLease):
                 self._cond.notify_all()
 
     @log_helper
-    def _emit(self, event: str, level: str, message: str, **data: Any) -> None:
+    def _emit(self, event: str, level: Level, message: str, **data: Any) -> None:
         self.on_event(event, level, message, data)
 
 

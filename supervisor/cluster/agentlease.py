@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ..levels import Level
 from .coord import Rules
 from .digest import encode as encode_digest
 from .etcd import EtcdClient
@@ -35,14 +36,14 @@ class AgentLease:
     _digest_sent: Mapping[str, str] | None
 
     if TYPE_CHECKING:
-        def _emit(self, event: str, level: str, message: str, **data: Any) -> None: ...
+        def _emit(self, event: str, level: Level, message: str, **data: Any) -> None: ...
 
     def _keep_lease(self, now: float) -> None:
         if self.lease is not None and now >= self._keepalive_at:
             try:
                 self.client.keepalive(self.lease)
             except LeaseExpired:
-                self._emit("cluster_lease_lost", "warning", "this node's lease expired (etcd was out of reach "
+                self._emit("cluster_lease_lost", Level.WARNING, "this node's lease expired (etcd was out of reach "
                            "longer than its TTL); registering again")
                 self.lease, self._published = None, None
             else:

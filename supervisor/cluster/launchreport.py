@@ -11,6 +11,7 @@ from typing import Callable, Mapping
 
 import structlog
 
+from ..levels import Level
 from .digest import Mismatch, mismatch
 from .etcd import EtcdClient, same
 from .etcdtypes import EtcdError
@@ -64,11 +65,11 @@ class LaunchReport:
                 return  # nothing to compare (the others left after a give-up say nothing of agreement)
             differ, nodes = mismatch(waiting), sorted(waiting)
         if differ and differ != self.said:
-            self.emit("cluster_launch_mismatch", "error", f"{differ}; no generation starts until they agree (restart "
+            self.emit("cluster_launch_mismatch", Level.ERROR, f"{differ}; no generation starts until they agree (restart "
                       f"the odd node with the others' command, config, code and packages); after wait_for_nodes_s "
                       f"({self.wait_for_nodes_s:g} s) the run gives up", nodes=nodes)
         elif not differ and self.said:
-            self.emit("cluster_launch_agreed", "info", "the waiting nodes' launches agree now")
+            self.emit("cluster_launch_agreed", Level.INFO, "the waiting nodes' launches agree now")
         self.said = differ
 
 

@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from ..levels import Level
 from ..redact import redact_line
 from .candidates import Written
 from .parsers import MetricParser
@@ -86,7 +87,7 @@ class Notice:
     """An event for the daemon to log, keep in the ledger and show in ``status``."""
 
     event: str  # metrics_blind | metrics_seen
-    level: str
+    level: Level
     message: str
     data: Mapping[str, Any] = field(default_factory=dict)
 
@@ -201,7 +202,7 @@ class BlindWatch:
             if self._seen_pending is not None:
                 source, fmt, step = self._seen_pending
                 self._seen_pending, self._blind = None, None
-                return Notice("metrics_seen", "info",
+                return Notice("metrics_seen", Level.INFO,
                               f"metrics parsed at last: {fmt} records from {source}"
                               + (f" (step {step})" if step is not None else "")
                               + "; NaN, spikes and step progress are watched again", {
@@ -237,7 +238,7 @@ class BlindWatch:
                        + (". Sample lines:\n" + "\n".join(f"  | {s}" for s in samples) if samples else ".")
                        + "\nFix:\n" + "\n".join(f"  {f}" for f in fixes))
             # The samples and the fix are in the message (SPEC); the data keeps what a tool reads.
-            return Notice("metrics_blind", "warning", message, {
+            return Notice("metrics_blind", Level.WARNING, message, {
                 "lines": self._lines, "seconds": round(span, 1), "bound": bound, "regex": regex,
                 "written": [w.name for w in written[:SAMPLES]]})
 

@@ -32,6 +32,7 @@ from typing import Mapping
 from ..events import Cause
 from ..core.observations import Detection, MetricRecord
 from ..redact import redact_line
+from ..levels import Level
 from .blind import Notice
 from .textrules import NAN_TEXT_KEYWORDS, NAN_TEXT_RULES
 
@@ -118,7 +119,7 @@ class NanNotes:
         self.eval_said.update(new)
         self.eval_notices += 1
         at = rec.step if rec.step is not None else step
-        self.pending.append(Notice("eval_nonfinite", "warning", eval_message(new, at, self.last_train), {
+        self.pending.append(Notice("eval_nonfinite", Level.WARNING, eval_message(new, at, self.last_train), {
             "fields": {k: str(v) for k, v in new.items()}, "step": at, "source": source,
             "line": redact_line(line.rstrip(), limit=self.evidence_chars),
             "train_loss": None if self.last_train is None else self.last_train[1],
@@ -135,7 +136,7 @@ class NanNotes:
                 continue
             self.mentioned = True
             where = f" at step {step}" if step is not None else ""
-            self.pending.append(Notice("nan_mentioned", "warning", (
+            self.pending.append(Notice("nan_mentioned", Level.WARNING, (
                 f"a line of the job's output speaks of NaN/inf{where} ({rule.summary}), but no metric value in it "
                 "is non-finite: the job is not stopped (a rollback needs a non-finite value in a metric: a parsed "
                 "field, a metric file, the client). Said once per run. If this line does mean the run diverged, "
