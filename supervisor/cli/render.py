@@ -183,6 +183,15 @@ def status_table(result: Mapping[str, Any]) -> str:
         if lag.get("unparsed_bytes"):
             text += f"; {num_text(lag['unparsed_bytes'])} bytes could not be read back (output_unparsed)"
         rows.append(("output", text))
+    shown.add("prewarm")
+    pw = result.get("prewarm")
+    if isinstance(pw, Mapping) and pw.get("state") not in (None, "off"):  # [job] prewarm's standby, its cost
+        text = str(pw.get("state"))
+        if pw.get("rss_bytes") is not None:
+            text += f" (pid {pw.get('pid')}, {size(pw['rss_bytes'])} resident, {num_text(pw.get('cpu_s'))} CPU-s)"
+        elif pw.get("reason"):
+            text += f": {pw['reason']}"
+        rows.append(("prewarm", text))
     shown.add("heartbeats")
     hb = result.get("heartbeats")
     if isinstance(hb, Mapping):

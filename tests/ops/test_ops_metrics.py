@@ -154,6 +154,21 @@ def test_the_waiting_prewarm_standbys_memory_and_cpu_are_exported_only_while_one
         assert not any(k[0].startswith("tsup_prewarm") for k in samples(m.render().decode())), block
 
 
+def test_the_prewarm_block_is_rendered_for_people_by_status():
+    import re
+
+    from supervisor.cli.render import status_table
+
+    def line(block: dict) -> list[str]:
+        return re.findall(r"^prewarm +(.*)$", status_table({**STATUS, "prewarm": block}), re.M)
+
+    ready = {"state": "ready", "pid": 77, "rss_bytes": 301_989_888, "cpu_s": 2.25}
+    assert line(ready) == ["ready (pid 77, 288.0 MiB resident, 2.25 CPU-s)"]
+    due = {"state": "due", "reason": "starts 5 s after the attempt's first step"}
+    assert line(due) == ["due: starts 5 s after the attempt's first step"]
+    assert line({"state": "off"}) == []
+
+
 def _advice() -> dict:
     from supervisor.core.interval import advise
 
