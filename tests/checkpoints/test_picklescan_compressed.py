@@ -16,13 +16,14 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
 from supervisor.checkpoints.picklescan import scan_refusal, sniffed
 from supervisor.checkpoints.picklestream import MAX_PICKLE_BYTES
 
-OPENERS = {"extra.gz": gzip.open, "state.bz2": bz2.open, "rng.xz": lzma.open}
+OPENERS: dict[str, Callable[..., Any]] = {"extra.gz": gzip.open, "state.bz2": bz2.open, "rng.xz": lzma.open}
 CARELESS = "import bz2, gzip, lzma, pickle, sys; pickle.load({opener}.open(sys.argv[1]))"
 
 
