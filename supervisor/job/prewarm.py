@@ -276,9 +276,11 @@ class Prewarm:
             self.close()
 
     def discard(self) -> None:
-        """Kill the standby made for a config that changed; the next launch starts a new one."""
+        """Kill the standby made for a config that changed (and forget the one due for the running
+        attempt: it would be made from that config too); the next launch's comes after its steps."""
         with self._lock:
-            sb, self._standby = self._standby, None
+            sb, self._standby, self._due = self._standby, None, None
+            self._none_why = "the job's config changed; the next attempt's standby follows its first step"
         if sb is not None:
             sb.kill()
 

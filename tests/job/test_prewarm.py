@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -14,6 +16,9 @@ from supervisor.job import standby
 from supervisor.job.prewarm import Plan, Prewarm, Standby, plan
 from tests.conftest import pid_alive
 from tests.util import wait_for
+
+if TYPE_CHECKING:
+    from supervisor.job.process import LaunchSpec
 
 PY = sys.executable
 
@@ -188,3 +193,51 @@ def test_discard_kills_the_standby_and_the_next_launch_finds_none(tmp_path):
     pw.discard()
     wait_for(lambda: not pid_alive(sb.pid), what="the discarded standby to be gone")
     assert pw.take(argv, env, str(tmp_path))[2].startswith("no standby was ready")
+
+
+def _spec(tmp_path: Path, env: dict[str, str]) -> "LaunchSpec":
+    from supervisor.job.process import LaunchSpec
+
+    (tmp_path / "show.py").write_text(SHOW)
+    env = {**env, "TSUP_STATE_DIR": str(tmp_path / "state"), "TSUP_ATTEMPT": "0", "TSUP_RUN_ID": "r1"}
+    return LaunchSpec((PY, "show.py", "0"), str(tmp_path), env, {}, cgroup=False, prewarm=True)
+
+
+def test_the_standby_is_due_at_the_launch_and_starts_only_steady_s_after_the_first_step(tmp_path, monkeypatch):
+    from supervisor.job import prewarm
+
+    monkeypatch.setattr(prewarm, "STEADY_S", 0.3)
+    pw = Prewarm()
+    try:
+        pw.after_launch(_spec(tmp_path, _env()), None)
+        assert pw.status()["state"] == "due" and pw._standby is None
+        t0 = time.monotonic()
+        pw.progressed(t0)
+        pw.progressed(t0 + 0.01)  # later steps change nothing: one start, timed from the first
+        block = wait_for(lambda: (b := pw.status()).get("state") == "ready" and b.get("rss_bytes") and b, 30,
+                         what="the standby after its steady wait")
+        assert time.monotonic() - t0 >= 0.3 and pid_alive(block["pid"]) and block["cpu_s"] >= 0
+    finally:
+        pw.close()
+
+
+def test_a_discard_or_the_next_launch_before_the_wait_is_over_starts_no_standby(tmp_path, monkeypatch):
+    import threading
+
+    from supervisor.job import prewarm
+
+    monkeypatch.setattr(prewarm, "STEADY_S", 0.2)
+    pw = Prewarm()
+    spec = _spec(tmp_path, _env())
+    waits = []
+    try:
+        for cancel in (pw.discard, lambda: pw.after_launch(spec, None)):
+            pw.after_launch(spec, None)
+            pw.progressed(time.monotonic())
+            cancel()
+            waits += [t for t in threading.enumerate() if t.name == "prewarm-standby"]
+        for t in waits:
+            t.join(10)  # each steady wait is over, and found its attempt gone
+        assert pw._standby is None and pw.status()["state"] in ("none", "due"), pw.status()
+    finally:
+        pw.close()
