@@ -252,7 +252,7 @@ class FakeGate:
         self.verdict = verdict
         self.previous: list[list[int]] = []
 
-    def check(self, previous_pids: Sequence[int]) -> GateVerdict | None:
+    def check(self, cfg: Config, previous_pids: Sequence[int]) -> GateVerdict | None:
         self.previous.append(list(previous_pids))
         return self.verdict
 

@@ -22,16 +22,20 @@ from ..job.process import LaunchSpec
 from . import attemptrows
 from .activity import AttemptActivity
 from .concernset import ConcernSet
+from ..eventnames import EventName
+from .effects import Effect, Level, Note
 from .monitors import AttemptMonitors
 from .plugin import AttemptStarted
 from .ports import Job, Ports
 
 
 def prepare_launch(cmd: PrepareLaunch, ports: Ports, cfg: Config, previous_pids: Sequence[int],
-                   metrics: Sequence[MetricRecord], wake: Callable[[], None]) -> Future[Prepared]:
+                   metrics: Sequence[MetricRecord], wake: Callable[[], None],
+                   hand: Callable[[Effect], None]) -> Future[Prepared]:
     """Book the last attempt, run the health gate, choose the checkpoint, on a worker thread:
     hashing and load tests take seconds, and the main loop keeps answering signals, the control
-    socket and the systemd watchdog meanwhile. ``wake`` tells the loop the result is ready."""
+    socket and the systemd watchdog meanwhile. ``wake`` tells the loop the result is ready; ``hand``
+    gives it an effect to carry out (the gate's verdict, booked)."""
     fut: Future[Prepared] = Future()
 
     def prepare() -> None:
@@ -40,7 +44,12 @@ def prepare_launch(cmd: PrepareLaunch, ports: Ports, cfg: Config, previous_pids:
             if stuck:
                 fut.set_result(Prepared(no_progress=stuck))
                 return
-            verdict = ports.gate.check(previous_pids)
+            verdict = ports.gate.check(cfg, previous_pids)
+            if verdict is not None:
+                hand(Note(EventName.HEALTH_GATE, Level.INFO if verdict.passed else Level.ERROR,
+                          f"pre-launch health gate: {verdict.summary()}", {"passed": verdict.passed,
+                                                                           "waited_s": verdict.waited_s},
+                          ledger_only=True))
             if verdict is not None and not verdict.passed:
                 fut.set_result(Prepared(gate=verdict))
                 return

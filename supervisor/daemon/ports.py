@@ -3,7 +3,7 @@
 Real implementations: :class:`~supervisor.job.osapi.Clock`, :class:`~supervisor.daemon.adapters.ProcessLauncher`
 (:class:`~supervisor.job.process.JobProcess`), :class:`~supervisor.ledger.store.Ledger`,
 :class:`~supervisor.daemon.checkpointconcern.CheckpointConcern`,
-:class:`~supervisor.daemon.healthconcern.HealthConcern`,
+:class:`~supervisor.daemon.healthconcern.LaunchGatePort`,
 :class:`~supervisor.ops.notify.Notifier`. Small fakes for tests: ``tests/fakes.py``.
 
 A :class:`Concern` plugs a part of the daemon (watchers, validation, goodput, checkpoints,
@@ -165,12 +165,15 @@ class CheckpointStore(Protocol):
 
 
 class GateVerdictLike(GateResult, Protocol):
+    @property
+    def waited_s(self) -> float: ...
+
     def to_dict(self) -> dict[str, object]: ...
 
 
 class HealthGate(Protocol):
-    def check(self, previous_pids: Sequence[int]) -> GateVerdictLike | None:
-        """The pre-launch health gate (may wait for GPU memory); None when there is none."""
+    def check(self, cfg: "Config", previous_pids: Sequence[int]) -> GateVerdictLike | None:
+        """The pre-launch health gate on ``cfg`` (may wait for GPU memory); None when there is none."""
         ...
 
 

@@ -309,7 +309,7 @@ class Runner:
             self.job.close()
             self.job = None
         self.preparing = prepare_launch(cmd, self.ports, self.cfg, previous_pids, list(self.metrics.history),
-                                        wake=lambda: self.inbox.put(WakeUp()))
+                                        wake=lambda: self.inbox.put(WakeUp()), hand=self.apply)
 
     def _spawn(self, cmd: Launch) -> None:
         self.jobstop.reset()

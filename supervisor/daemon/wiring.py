@@ -14,7 +14,7 @@ from ..job.output import SinkFanout
 from .runner import Runner
 from .adapters import ProcessLauncher
 from .checkpointconcern import CheckpointConcern
-from .healthconcern import HealthConcern
+from .healthconcern import Backend, HealthMonitors, LaunchGatePort
 from .ckptdiscovery import CheckpointDiscoveryConcern
 from .alerting import NotifyConcern
 from .knownsecrets import teach_gate
@@ -52,7 +52,8 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     ledger = Ledger(state_dir)
     ledger.checkpoint_in_background()  # the WAL's fsyncs off the main loop (ledger/walcheckpoint.py)
     checkpoints = CheckpointConcern()
-    health = HealthConcern(newest_checkpoint_bytes=checkpoints.newest_bytes)
+    gpus = Backend(cfg.gpu.backend)  # one backend: the gate's (a port) and the monitors' (a plug-in)
+    health = HealthMonitors(gpus, newest_checkpoint_bytes=checkpoints.newest_bytes)
     goodput = GoodputPlugin()
     # [notify] first: it sees the events the others record while they start. Then discovery:
     # the health and checkpoint concerns read the checkpoint dir it may find.
@@ -77,6 +78,6 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     environment = Environment()
     launcher.note = environment.note  # [job] prewarm's outcome goes into the attempt's record
     ports = Ports(clock=Clock(), launcher=launcher,
-                  ledger=ledger, checkpoints=store, gate=health, notifier=notifier, osapi=osapi,
+                  ledger=ledger, checkpoints=store, gate=LaunchGatePort(gpus), notifier=notifier, osapi=osapi,
                   environment=environment)
     return Runner(cfg, ports, concerns, fanout=fanout, config_path=config_path)

@@ -12,10 +12,11 @@ from supervisor.core.causes import Action, Cause
 from supervisor.core.machine import State
 from supervisor.core.messages import EndAttempt, Resume
 from supervisor.daemon.checkpointconcern import CheckpointConcern, remedy_keys
-from supervisor.daemon.effects import AttemptField
-from supervisor.daemon.healthconcern import HealthConcern
-from supervisor.daemon.ports import RunView
+from supervisor.daemon.effects import AttemptField, Note
+from supervisor.daemon.healthconcern import Backend, HealthMonitors, LaunchGatePort
+from supervisor.daemon.plugin import DaemonStarted, RunView, Tick
 from supervisor.core.observations import Detection, MetricRecord
+from supervisor.eventnames import EventName
 from supervisor.job.output import SinkFanout
 from tests.helpers import ckpt_factory as F
 
@@ -214,50 +215,60 @@ def test_remedy_keys_name_the_flags_and_env_the_ladders_change(tmp_path: Path) -
     assert sorted(remedy_keys(cfg)) == ["SEED", "lr"]
 
 
-# -- the health concern ------------------------------------------------------------------------
+# -- the health gate (a port) and monitors (a plug-in) -----------------------------------------
 
-def health_started(tmp: Path, backend: str) -> tuple[HealthConcern, View]:
+def health_started(tmp: Path, backend: str) -> tuple[HealthMonitors, LaunchGatePort, RunView, list[Any]]:
     cfg = config_from_table({"job": {"command": ["python", "train.py"], "workdir": str(tmp)},
                              "state": {"dir": str(tmp / "state")}, "gpu": {"backend": backend}})
     (tmp / "state").mkdir(exist_ok=True)
-    view = View(cfg, tmp / "state")
-    concern = HealthConcern(lambda: 1234)
-    concern.start(view)
-    return concern, view
+    run = View(cfg, tmp / "state").run_view()
+    gpus = Backend(backend)
+    monitors = HealthMonitors(gpus, lambda: 1234)
+    said = list(monitors.started(DaemonStarted(FakeLedger()), run))
+    return monitors, LaunchGatePort(gpus), run, said
 
 
-def test_without_gpus_the_gate_passes_on_the_host_checks_and_books_its_verdict(tmp_path: Path) -> None:
-    concern, view = health_started(tmp_path, "none")
-    verdict = concern.check([])
-    assert verdict is not None and verdict.passed
-    (gate,) = view.named("health_gate")
-    assert gate["passed"] is True and gate["message"].startswith("pre-launch health gate: ")
-    assert [type(m).__name__ for m in concern.monitors()] == ["GpuMonitor", "HostMonitor"]
-    assert "host" in concern.snapshot()
-    concern.close()
+def test_without_gpus_the_gate_passes_on_the_host_checks_and_returns_its_verdict(tmp_path: Path) -> None:
+    monitors, gate, run, said = health_started(tmp_path, "none")
+    verdict = gate.check(run.cfg, [])
+    assert verdict is not None and verdict.passed and verdict.summary().startswith("pre-launch gate passed")
+    assert said == [] and [type(m).__name__ for m in monitors.monitors(run)] == ["GpuMonitor", "HostMonitor"]
+    assert "host" in monitors.snapshot()
+    monitors.close()
 
 
 def test_gpus_that_cannot_be_seen_are_said_blind_never_healthy(tmp_path: Path) -> None:
-    """This machine has no NVIDIA driver: the real NVML backend either fails to start (the concern
-    says so, and supervises without GPU checks) or reports blind; never a healthy GPU."""
-    concern, view = health_started(tmp_path, "nvml")
-    if concern.gpu_mon is None:
-        (blind,) = view.named("gpu_blind")
-        assert "GPU backend unavailable" in blind["message"] and concern.check([]) is None
-        assert concern.status() == {} and concern.monitors() == []
+    """This machine has no NVIDIA driver: the real NVML backend either fails to start (the plug-in
+    says so, the gate is none, and the daemon supervises without GPU checks) or reports blind;
+    never a healthy GPU."""
+    monitors, gate, run, said = health_started(tmp_path, "nvml")
+    if monitors.gpu_mon is None:
+        (blind,) = said
+        assert isinstance(blind, Note) and blind.event is EventName.GPU_BLIND
+        assert "GPU backend unavailable" in blind.message and gate.check(run.cfg, []) is None
+        assert monitors.status(run) == {} and monitors.monitors(run) == []
     else:
-        gpus = concern.status()["gpus"]  # None: not seen yet; a list: each GPU as the backend sees it
+        gpus = monitors.status(run)["gpus"]  # None: not seen yet; a list: each GPU as the backend sees it
         assert gpus is None or all(g.get("state") != "healthy" for g in gpus), gpus
-    concern.close()
+    monitors.close()
+
+
+def test_what_the_gpu_monitor_cannot_see_is_said_at_the_next_tick(tmp_path: Path) -> None:
+    monitors, _, run, _ = health_started(tmp_path, "none")
+    monitors._blind.append("NVML lost the device")  # as the monitor's thread reports it
+    [note] = monitors.tick(Tick(1.0), run)
+    assert isinstance(note, Note) and note.ledger_only and "NVML lost the device" in note.message
+    assert monitors.tick(Tick(2.0), run) == []
+    monitors.close()
 
 
 def test_a_monitor_whose_snapshot_fails_is_reported_not_raised(tmp_path: Path) -> None:
-    concern, _ = health_started(tmp_path, "none")
+    monitors, _, _, _ = health_started(tmp_path, "none")
 
     class Broken:
         def snapshot(self) -> dict[str, Any]:
             raise OSError("proc unreadable")
 
-    concern.host_mon = Broken()  # type: ignore[assignment]  # only its snapshot() is read here
-    assert concern.snapshot()["host"] == {"error": "OSError('proc unreadable')"}
-    concern.close()
+    monitors.host_mon = Broken()  # type: ignore[assignment]  # only its snapshot() is read here
+    assert monitors.snapshot()["host"] == {"error": "OSError('proc unreadable')"}
+    monitors.close()

@@ -135,6 +135,10 @@ def test_the_gates_typed_verdict_becomes_the_give_up_cause(tmp_path: Path, broke
     assert d.runner.exit_code == 3 and d.runner.state is State.GAVE_UP and not d.launcher.specs
     gave_up = d.ledger.named("gave_up")[0]
     assert gave_up["data"]["cause"] == cause and "health gate failed" in gave_up["message"]
+    # The port returned its verdict; the loop booked it, before the give-up it led to.
+    (booked,) = d.ledger.named("health_gate")
+    assert booked["level"] == "error" and booked["data"]["passed"] is False and d.events().index("health_gate") < (
+        d.events().index("gave_up"))
 
 
 def test_crash_restart_then_clean_exit(tmp_path: Path):
