@@ -23,7 +23,8 @@ from . import attemptrows
 from .activity import AttemptActivity
 from .concernset import ConcernSet
 from ..eventnames import EventName
-from .effects import Effect, Level, Note
+from ..levels import Level
+from .effects import Effect, Note
 from .monitors import AttemptMonitors
 from .plugin import AttemptStarted
 from .ports import Job, Ports

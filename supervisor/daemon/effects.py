@@ -10,24 +10,15 @@ first (the runner carries out what is left in its inbox at close). An attempt's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, assert_never
 
 from ..core.observations import Detection
 from ..eventnames import EventName
+from ..levels import Level
 from ..logsite import Site, callsite, log_helper
 
 if TYPE_CHECKING:
     from ..config.model import Config
-
-
-class Level(StrEnum):
-    """A note's level: the log method it goes out with, and the ledger's level column."""
-
-    DEBUG = "debug"
-    INFO = "info"
-    WARNING = "warning"
-    ERROR = "error"
 
 
 @dataclass(frozen=True)

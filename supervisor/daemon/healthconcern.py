@@ -11,9 +11,10 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..eventnames import EventName
+from ..levels import Level
 from ..events import Monitor
 from .concerns import close_each
-from .effects import Level, Note
+from .effects import Note
 from .plugin import Closes, DaemonStarted, Effects, GivesMonitors, GivesStatus, OnStart, OnTicks, RunView, Tick
 from .ports import GateVerdictLike
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..eventnames import EventName
+from ..levels import Level
 from ..watch.precursor import PrecursorWatch
-from .effects import Effect, Level, Note, RequestCheckpoint
+from .effects import Effect, Note, RequestCheckpoint
 from .plugin import AttemptStarted, Effects, GivesStatus, MetricsBatch, OnAttempts, OnMetrics, RunView
 
 

@@ -15,7 +15,8 @@ from ..core.causes import Cause
 from ..core.goodput import Track, goodput_of, tracks_from_rows
 from ..core.observations import Detection
 from ..eventnames import EventName
-from .effects import AttemptField, Detect, Effect, Level, Note
+from ..levels import Level
+from .effects import AttemptField, Detect, Effect, Note
 from .plugin import (AttemptEnded, AttemptStarted, DaemonStarted, Effects, GivesStatus, HistoryReader, MetricsBatch,
                      OnAttempts, OnMetrics, OnStart, OnTicks, RunView, Tick)
 

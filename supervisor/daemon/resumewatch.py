@@ -12,7 +12,8 @@ from typing import Any, Mapping
 from ..core.messages import Resume
 from ..core.resumecheck import RULE, resume_ignored
 from ..eventnames import EventName
-from .effects import Level, Note
+from ..levels import Level
+from .effects import Note
 from .plugin import AttemptStarted, Effects, GivesStatus, MetricsBatch, OnAttempts, OnMetrics, RunView
 
 

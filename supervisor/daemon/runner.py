@@ -85,7 +85,7 @@ class Runner:
                                       self.state_dir, on_eof=lambda src: self.inbox.put(PipeEnded(src)))
         self.status_cache = StatusCache(self.status, self.concerns.live_statuses, lambda: booting_status(self))
         self.recorder = EventRecorder(self.ledger, self.concerns, lambda: (self.run_id, self.attempt))
-        self.carry_out = Carrier(lambda n: self.recorder.event(n.event, n.level.value, n.message, code_site=n.site,
+        self.carry_out = Carrier(lambda n: self.recorder.event(n.event, n.level, n.message, code_site=n.site,
                                                                ledger_only=n.ledger_only, **n.data),
                                  self.emit, self.writes.write, lambda: self.inbox.put(ControlAsked("checkpoint-now", {})),
                                  self.use_config, self.refresh_status_cache)  # checkpoint-now: nobody waits

@@ -13,13 +13,14 @@ from supervisor.core.causes import Action, Cause
 from supervisor.core.machine import State
 from supervisor.core.messages import EndAttempt, Resume
 from supervisor.core.observations import MetricRecord
-from supervisor.daemon.effects import AttemptField, Detect, Level, Note, RequestCheckpoint
+from supervisor.daemon.effects import AttemptField, Detect, Note, RequestCheckpoint
 from supervisor.daemon.plugin import (AttemptEnded, AttemptStarted, DaemonStarted, MetricsBatch, OnMetrics, RunView,
                                       Tick, reaction)
 from supervisor.daemon.precursors import PrecursorPlugin
 from supervisor.daemon.progress import GoodputPlugin, ValidationPlugin
 from supervisor.daemon.resumewatch import ResumeWatchPlugin
 from supervisor.eventnames import EventName
+from supervisor.levels import Level
 from supervisor.events import AttemptContext
 
 from ..fakes import FakeLedger, config
