@@ -154,8 +154,9 @@ def run() -> list[dict]:
     rows: list[dict] = [{"name": f"settings: 2 gloo ranks on the CPU, torchrun --standalone --nproc-per-node=2; ours: wrap at "
                          f"the defaults around --max-restarts=0 (the daemon restarts the whole torchrun); peer: torchrun "
                          f"--max-restarts=1 alone (it restarts the workers in its agent); rank 1 SIGKILLs itself at step "
-                         f"4; medians of {REPS} interleaved runs of the slowest rank's stamps; runs that failed and were "
-                         f"run again: {said}", "value": "", "unit": "",
+                         f"4; the slowest rank's stamps, medians of the interleaved runs that finished (ours "
+                         f"{len(got['ours'])} of {len(got['ours']) + len(failed['ours'])}, the peer {len(got['torchrun'])} of "
+                         f"{len(got['torchrun']) + len(failed['torchrun'])}); failed runs: {said}", "value": "", "unit": "",
                          "target": ""}]
     for key, what in PARTS:
         rows.append({"id": f"torchrun-restart-{key}", "name": f"torchrun restart, ours: {what}",
