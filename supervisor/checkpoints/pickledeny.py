@@ -43,10 +43,13 @@ def runs_code(reason: str | None) -> bool:
 @dataclass(frozen=True)
 class Refusal:
     """The pickle scan's refusal of a checkpoint: the file it refused (its place in the folder; the
-    checkpoint's own name for a single file or the folder as a whole) and why (the scan's words)."""
+    checkpoint's own name for a single file or the folder as a whole) and why (the scan's words).
+    ``transient``: for a reason that may pass by itself (a file that cannot be read now, a reader
+    past its deadline on a loaded machine), so the verdict is not remembered (:mod:`.scancache`)."""
 
     file: str
     why: str
+    transient: bool = False
 
     def detail(self) -> str:
         """``why`` without the file's name it begins with."""

@@ -20,7 +20,7 @@ from ..core.causes import ACTIONS, Action
 from .config import CheckpointsConfig
 from .discovery import Candidate, Layout, newest_complete
 from .layouts.registry import keeps_last_good
-from .picklescan import unsafe_pickle
+from .scancache import cached_refusal
 from .quarantine import QuarantineRecord, preserve_last_good, quarantine, restore_last_good
 from .quicklist import MetricsSeen, Readiness, is_corrupt, val_metric_for
 from .loadtest import LoadTests
@@ -79,7 +79,8 @@ def overlap_choice(svc: ChoiceSource) -> Choice | None:
         problems, step, verified = svc.structural(target)
         if problems or verified:
             return None
-        unsafe = None if svc.cfg.trust_pickles else unsafe_pickle(target.path)
+        refusal = None if svc.cfg.trust_pickles else cached_refusal(target.path)  # scanned once a version
+        unsafe = refusal.why if refusal is not None else None
         if unsafe:
             # Never handed to the job on its structural checks alone: the full gate below
             # load-tests it first (weights_only=True, which refuses pickled code) and picks the

@@ -39,7 +39,7 @@ from .loadtest import LoadTestResult, LoadTests, resolve_job_python, version_tok
 from .manifest import read_manifest, record_metric, stat_record
 from .quarantine import (LastGoodKeeper, QuarantineRecord, last_good_disk_bytes, last_good_path)
 from .pickledeny import scan_verdict
-from .picklescan import scan_refusal
+from .scancache import cached_refusal
 from .quicklist import (TRAIN_LOSS, MetricsSeen, Readiness, RowBuilder, compare_config, current_config,
                         nonfinite_metric, val_metric_for)
 from .selection import CheckpointBook, Choice
@@ -158,7 +158,7 @@ class CheckpointService:
                     row.bad = True
                     row.no(f"marked bad: {self.book.bad_reason(path)}")
                 return row.build()
-            refusal = None if self.cfg.trust_pickles else scan_refusal(path)
+            refusal = None if self.cfg.trust_pickles else cached_refusal(path)  # scanned once a version
             mread = self._manifest_of(path)
             manifest = mread.manifest
             if mread.problem:
