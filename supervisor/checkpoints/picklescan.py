@@ -45,6 +45,7 @@ from .npyscan import (COMPRESSION_ERRORS, MAX_NPZ_MEMBERS, NPY_MAGIC, NUMPY_SUFF
 from .picklenames import ELEMENT_SIZE, RNG_PREFIX, allowed, numpy_data
 from .picklestream import BoundedReader, Budget, Stream, Unreadable, read_stream, read_whole
 from .structure import ZIP_MAGIC, structure_problem
+from .zipstrict import check_zip
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
 # A pickle compressed (a job may gzip.open + pickle.load it): read through its decompressor within
@@ -141,7 +142,9 @@ def _scan_tar(path: Path, budget: Budget, check: Callable[[str | None], None]) -
             m = tar.next()
             if m is None:
                 break
-            members[m.name] = m  # tar.extract takes the last of a name, as this does
+            if m.name in members:  # torch's tar.extract takes the last of a name: no honest save has two
+                raise Unreadable(f"a tar file with two members named {m.name!r:.60}: readers may take either")
+            members[m.name] = m
         else:
             raise Unreadable(f"a tar file of more than {MAX_TAR_MEMBERS} members")
         missing = [n for n in ("storages", "tensors", "pickle") if n not in members or not members[n].isfile()]
@@ -180,7 +183,10 @@ def _scan_zip(path: Path | IO[bytes], name: str, budget: Budget, also: Callable[
     except (zipfile.BadZipFile, ValueError, EOFError) as exc:
         raise Unreadable(f"a zip file that cannot be read ({exc})") from None
     with z:
-        pkls = [i for i in z.infolist() if i.filename.endswith(".pkl")]
+        assert z.fp is not None  # open until the with ends
+        check_zip(z.fp, z)  # one archive, the one torch's reader reads, or not called checked
+        # torch finds a member ignoring case (miniz): archive/DATA.PKL is its data.pkl too.
+        pkls = [i for i in z.infolist() if i.filename.lower().endswith(".pkl")]
         npys = [i for i in z.infolist() if i.filename.endswith(".npy")]
         if not pkls and not npys:
             raise Unreadable("a zip file with no pickle in it (no data.pkl) and no .npy")

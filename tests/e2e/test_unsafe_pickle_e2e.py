@@ -66,3 +66,32 @@ def test_a_dcp_save_whose_byte_item_runs_code_is_never_named_to_the_job(daemons,
     assert refused and "[optim.evil]" in refused[0]["message"] and "posix.system" in refused[0]["message"], h["events"]
     assert not marker.exists(), "the payload never ran"
     assert (ck / "step-20" / "__0_0.distcp").exists(), "never deleted"
+
+
+def test_a_zip_polyglot_newest_checkpoint_is_never_named_to_the_job(daemons, tmp_path: Path) -> None:
+    """Issue 34 D1: two torch zips of one length glued together; zipfile (the scan) read the
+    second (harmless), torch's reader loads the first (an os.system payload), so under verify =
+    "overlap" the job ran it. Now the scan refuses the archive, the job resumes from step_10."""
+    import json
+
+    from tests.checkpoints.test_zip_polyglot import _pair
+
+    sd, ck, out, marker = tmp_path / "sd", tmp_path / "ck", tmp_path / "resumed", tmp_path / "ran"
+    torch_file(ck / "step_10.pt", 10)
+    a, b = _pair(marker)
+    (ck / "step_20.pt").write_bytes(a + b)
+    old_mtime(ck / "step_20.pt")
+    # The job loads as a careless one would (weights_only=False): the payload would run.
+    job = ("import os, sys, json, torch; frm = os.environ.get('TSUP_RESUME_FROM', ''); "
+           "frm and torch.load(frm, weights_only=False); " + RECORD.split("; ", 1)[1])
+    d = daemons(["wrap", "--state-dir", str(sd), "--backoff", "0", "--checkpoint-dir", str(ck), "--"]
+                + [PY, "-c", job, str(out)])
+    assert d.wait(120) == 0, d.stderr()[-3000:]
+    frm, argv = json.loads(out.read_text())
+    assert Path(frm).name == "step_10.pt" and not any("step_20" in a for a in argv), (frm, argv)
+    h = history(sd)
+    assert [Path(a["checkpoint"]).name for a in h["attempts"]] == ["step_10.pt"]
+    refused = [e for e in h["events"] if e["event"] == "checkpoint_refused_unsafe_pickle"]
+    assert refused and "data before its archive" in refused[0]["message"], h["events"]
+    assert not marker.exists(), "the payload never ran"
+    assert (ck / "step_20.pt").exists() or (ck / "quarantine" / "step_20.pt").exists(), "never deleted"
