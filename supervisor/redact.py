@@ -50,13 +50,15 @@ from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from .core.messages import Argv
-from .redactnames import (NOT_SECRETS as _NOT_SECRETS, SECRET_MARKERS, is_secret, masks_key, names_secret,
+from .textescape import without_hidden
+from .redactnames import (NOT_SECRETS as _NOT_SECRETS, SECRET_MARKERS, is_secret, masks_key, names_password,
+                          names_secret,
                           shell_dir_secret as _shell_dir_secret)
 from .redactsyntax import NUMBER_RE as _NUMBER_RE, REDACTED, mask_commands, mask_names
 
-__all__ = ["MAX_LINE_CHARS", "MAX_TEXT_CHARS", "MAX_TOTAL_CHARS", "MAX_VALUE_CHARS", "MIN_SECRET_LEN", "REDACTED",
+__all__ = ["LineMasker", "PEM_MAX_LINES", "MAX_LINE_CHARS", "MAX_TEXT_CHARS", "MAX_TOTAL_CHARS", "MAX_VALUE_CHARS", "MIN_SECRET_LEN", "REDACTED",
            "SECRET_MARKERS", "cut", "env_secrets", "is_secret", "learn_secrets", "masks_key", "names_secret",
-           "redact_argv", "redact_data", "redact_env", "redact_line", "redact_text", "redact_url", "redact_value"]
+           "redact_argv", "redact_data", "redact_env", "redact_line", "redact_lines", "redact_text", "redact_url", "redact_value"]
 
 MAX_VALUE_CHARS = 1024  # one argument, env name or env value as shown / stored
 MAX_LINE_CHARS = 4096  # one free-text line (the parsers read no more of a line either)
@@ -73,8 +75,9 @@ _PEM_BODY_RE = re.compile(r"[A-Za-z0-9+/=\s\\:,-]*+")
 # A cookie header's or a cookie-named key's value, whole: up to its closing quote, else to the line's end.
 _COOKIE_RE = re.compile(r"(?i)(?<![A-Za-z0-9])((?:set-)?cookies?['\"]?\s*[=:]\s*)"
                         r"(?:(['\"])(?:[^'\"\\\n]|\\.)++|[^\n]++)")
-# The arguments of an auth object (requests' HTTPBasicAuth('user', 'pw'), aiohttp's BasicAuth(...)).
-_AUTH_CALL_RE = re.compile(r"(Auth\()[^()\n]{1,512}+(?=\))")
+# The arguments of an auth object (requests' HTTPBasicAuth('user', 'pw'), aiohttp's BasicAuth(...)) or
+# of pydantic's secret types (``SecretStr('pw')``).
+_AUTH_CALL_RE = re.compile(r"((?:Auth|Secret(?:Str|Bytes))\()[^()\n]{1,512}+(?=\))")
 
 # ://user:password@ -- only the password goes; a user alone (git@host) is no secret. Anchored at
 # "://" (not at the scheme), so a long run of letters is never scanned again from each of them.
@@ -91,49 +94,63 @@ _AUTH_RE = re.compile(r"(?i)\b((?:proxy-)?authorization['\"]?\s*[=:]\s*['\"]?)"
                       r"((?:bearer|basic|token|digest|negotiate|apikey)\s+)?[^\s'\",;]++")
 _TOKEN_SHAPES_RE = re.compile(
     r"\b(?:hf_[A-Za-z0-9]{16,}+|sk-[A-Za-z0-9_-]{20,}+|gh[pousr]_[A-Za-z0-9]{20,}+|github_pat_\w{20,}+"
-    r"|(?:AKIA|ASIA)[0-9A-Z]{16}\b|xox[abprs]-[A-Za-z0-9-]{10,}+"
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}\b|xox[abeprs]-[A-Za-z0-9-]{10,}+|AIza[0-9A-Za-z_-]{30,}+"
+    r"|[sr]k_(?:live|test)_[A-Za-z0-9]{10,}+|npm_[A-Za-z0-9]{30,}+|glpat-[A-Za-z0-9_-]{16,}+|LS0tLS1CRUdJTi[A-Za-z0-9+/]{20,}+=*"
     r"|eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+)")
+# A chat webhook's URL path is its token (Slack's hooks, Discord's webhooks): the path goes.
+_CHAT_HOOK_RE = re.compile(r"(?i)((?:hooks\.slack\.com/(?:services|workflows|triggers)|discord(?:app)?\.com/api/webhooks)/)"
+                           r"[\w/-]++")
+# A signed URL's signature (Azure SAS ``sig=``, S3's ``X-Amz-Signature=``, GCS's ``X-Goog-Signature=``).
+_URL_SIGNATURE_RE = re.compile(r"(?i)([?&;](?:sig|signature|x-amz-signature|x-goog-signature)=)[^&\s'\"#]++")
 _SECRET_FLAG_RE = re.compile(r"^(--?[\w-]*(?:token|key|secret|password|passwd|passphrase|credential)[\w-]*)(=)(.+)$",
                              re.IGNORECASE)
 
-_known: tuple[str, ...] = ()
+_known: tuple[tuple[str, re.Pattern[str] | None], ...] = ()  # (value, its whole-token pattern)
 _known_lock = threading.Lock()
 
 
 def env_secrets(*envs: Mapping[str, str]) -> list[str]:
     """The values to cut out of every text: secret-named variables' values, and the password of a
-    URL inside any value (``DATABASE_URL=postgres://u:PASS@h/db``)."""
+    URL inside any value (``DATABASE_URL=postgres://u:PASS@h/db``). A value that reads as a word or
+    a count (:func:`_plain`: ``SORT_KEY=step``, ``PIN_TOKEN=4242``) only under a password's name
+    (``DB_PASSWORD=sunshine``, ``PIN_PASSWORD=12345``): a person chose it, and it is a secret."""
     out: list[str] = []
     for env in envs:
         for k, v in env.items():
-            if names_secret(k) or _shell_dir_secret(k, v):
+            if (names_secret(k) or _shell_dir_secret(k, v)) and (not _plain(v) or names_password(k)):
                 out.append(v)
             if "://" in v:
                 out.extend(m.group(2) for m in _URL_USERINFO_RE.finditer(v[:MAX_VALUE_CHARS]))
     return out
 
 
+def _plain(v: str) -> bool:
+    """Whether ``v`` reads as a word or a count (letters only, or digits only, under 12 characters):
+    cut out of a text only as a whole token (``12345`` not out of ``step 123456``)."""
+    return len(v) < 12 and (v.isdigit() or v.isalpha())
+
+
 def _learnable(v: str | None) -> bool:
-    """Whether ``v`` may be cut out of every text: it looks like a secret, not like a word or a
-    count the texts are full of (``SORT_KEY=step`` must not mask every "step", nor ``PIN=42`` a 42)."""
+    """Whether ``v`` may be cut out of every text: 4 characters or more (``1``, ``yes`` would cut
+    ordinary words out of every text) and no word of a switch (``true``, ``none``, ``off``)."""
     if not v or not MIN_SECRET_LEN <= len(v) <= MAX_LINE_CHARS or v == REDACTED:
         return False
-    if v.strip().lower() in _NOT_SECRETS or (v.isdigit() and len(v) < 6):
-        return False
-    return len(v) >= 12 or not v.isalpha() or not (v.islower() or v.isupper())
+    return v.strip().lower() not in _NOT_SECRETS
 
 
 def learn_secrets(values: Iterable[str | None]) -> None:
     """Cut these values out of every text from now on (process-wide; a value once learned stays,
     so a secret dropped by a reload is still masked in what is said about it). Only values that
-    look like secrets (:func:`_learnable`); at most :data:`MAX_KNOWN`, longest first (a secret that
-    contains another is cut out whole)."""
+    may be secrets (:func:`_learnable`); at most :data:`MAX_KNOWN`, longest first (a secret that
+    contains another is cut out whole). A plain one (:func:`_plain`) only as a whole token."""
     global _known
     new = {v for v in values if v is not None and _learnable(v)}
     with _known_lock:
-        if new <= set(_known):
+        if new <= {v for v, _ in _known}:
             return
-        _known = tuple(sorted(new | set(_known), key=lambda s: (-len(s), s))[:MAX_KNOWN])
+        values_now = sorted(new | {v for v, _ in _known}, key=lambda s: (-len(s), s))[:MAX_KNOWN]
+        _known = tuple((v, re.compile(rf"(?<!\w)(?<!\d\.){re.escape(v)}(?!\w)(?!\.\d)") if _plain(v) else None)
+                       for v in values_now)
 
 
 def cut(text: str, limit: int) -> tuple[str, str]:
@@ -177,7 +194,7 @@ def _blocks(text: str) -> str:
     low = text.lower()
     if "cookie" in low:
         text = _COOKIE_RE.sub(_cookie, text)
-    if "Auth(" in text:
+    if "Auth(" in text or "Secret" in text:
         text = _AUTH_CALL_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
     return text
 
@@ -197,9 +214,12 @@ def _url_user(m: re.Match[str]) -> str:
 
 
 def _inside(value: str, also: Sequence[str] = ()) -> str:
-    for secret in (*also, *_known):
+    for secret in also:
         if secret in value:
             value = value.replace(secret, REDACTED)
+    for secret, whole_token in _known:
+        if secret in value:
+            value = whole_token.sub(REDACTED, value) if whole_token else value.replace(secret, REDACTED)
     if "://" in value:
         value = _URL_USERINFO_RE.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(3)}", value)
         value = _URL_USER_RE.sub(_url_user, value)
@@ -210,6 +230,10 @@ def _inside(value: str, also: Sequence[str] = ()) -> str:
         value = _BEARER_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
     if "Basic" in value:
         value = _BASIC_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
+    if "hooks" in low or "webhooks" in low:
+        value = _CHAT_HOOK_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
+    if "sig" in low and "=" in value:
+        value = _URL_SIGNATURE_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
     value = mask_commands(value)
     return _TOKEN_SHAPES_RE.sub(REDACTED, value)
 
@@ -285,7 +309,16 @@ def _redact_arg(arg: str, after_secret_flag: bool) -> tuple[str, bool]:
 
 
 def _mask(text: str, also: Sequence[str] = ()) -> str:
-    return _inside(mask_names(_blocks(text)), also)
+    """``text`` masked; where an escape sequence or an invisible character splits a name
+    (``pass\\x1b[0mword=x``, ``pass\\u200bword=x``) its value goes too: the text without them is read,
+    and if that masks more, it is what is shown (those characters dropped from this text only)."""
+    shown = _inside(mask_names(_blocks(text)), also)
+    plain = without_hidden(text)
+    if plain is text:
+        return shown
+    alt = _inside(mask_names(_blocks(plain)), also)
+    gained = alt.count(REDACTED) - plain.count(REDACTED) > shown.count(REDACTED) - text.count(REDACTED)
+    return alt if gained else shown
 
 
 def redact_line(line: str, limit: int = MAX_LINE_CHARS) -> str:
@@ -296,6 +329,54 @@ def redact_line(line: str, limit: int = MAX_LINE_CHARS) -> str:
     kept, more = cut(line, limit)
     kept = _mask(kept)
     return (_mask_tail(kept) + more) if more else kept
+
+
+#: The most lines of one stream masked after a private key's BEGIN line with no END line yet: a
+#: key is ~50 lines (RSA 4096); past this bound the stream is read line by line again.
+PEM_MAX_LINES = 200
+
+
+class LineMasker:
+    """:func:`redact_line` for the consecutive lines of one stream (a job's output), which a line
+    alone cannot see: after a line that opens a PEM private key (``-----BEGIN ... PRIVATE
+    KEY-----`` with no END after it) every line is masked whole, up to its END line (what follows
+    END on that line is read as usual), at most :data:`PEM_MAX_LINES` lines. One per stream; not
+    thread-safe on its own (its owner holds the lock it reads the stream under)."""
+
+    def __init__(self) -> None:
+        self._left = 0  # lines still masked whole (inside a key's body)
+
+    def line(self, line: str, limit: int = MAX_LINE_CHARS) -> str:
+        """``line`` as shown, masked with what the lines before it said."""
+        if self._left:
+            end = _PEM_END_RE.search(line, 0, MAX_LINE_CHARS)
+            if end is None:
+                self._left -= 1
+                return REDACTED
+            self._left = 0
+            rest = line[end.end():]
+            return REDACTED + (redact_line(rest, limit) if rest else "")
+        shown = redact_line(line, limit)
+        self.skip(line)
+        return shown
+
+    def skip(self, line: str) -> None:
+        """A line not shown, read only for what it says of the next ones (a key's BEGIN or END)."""
+        if self._left:
+            if _PEM_END_RE.search(line, 0, MAX_LINE_CHARS) is not None:
+                self._left = 0
+            else:
+                self._left -= 1
+        elif "-----BEGIN " in line:
+            begins = list(_PEM_BEGIN_RE.finditer(line, 0, MAX_LINE_CHARS))
+            if begins and _PEM_END_RE.search(line, begins[-1].end(), MAX_LINE_CHARS) is None:
+                self._left = PEM_MAX_LINES
+
+
+def redact_lines(lines: Iterable[str], limit: int = MAX_LINE_CHARS) -> list[str]:
+    """Consecutive lines of one stream, each as shown (:class:`LineMasker`)."""
+    masker = LineMasker()
+    return [masker.line(line, limit) for line in lines]
 
 
 def redact_text(text: str, also: Sequence[str] = ()) -> str:

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 __all__ = ["NOT_SECRETS", "SECRET_LAST_WORDS", "SECRET_MARKERS", "SHELL_DIRS", "is_secret", "last_word_secret",
-           "masks_key", "names_secret", "names_where", "shell_dir_secret", "text_secret_name"]
+           "masks_key", "names_password", "names_secret", "names_where", "shell_dir_secret", "text_secret_name"]
 
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL")
 # Short words that name a secret only as a name's last word (``MYSQL_PWD``, ``pwd``, ``DB_PASS``, ``basic_auth``,
@@ -21,6 +21,7 @@ SHELL_DIRS = frozenset({"PWD", "OLDPWD"})
 _SECRET_WORDS = frozenset({"token", "key", "secret", "secrets", "password", "passwd", "passphrase", "credential",
                            "credentials", "apikey"})
 _SECRET_WORD_ENDINGS = ("token", "secret", "password", "passwd", "apikey", "credential", "credentials")
+_PASSWORD_WORDS = ("password", "passwd", "passphrase")
 _WORD_SPLIT_RE = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 # An exception's name says what went wrong, not what it holds (KeyError, TokenExpiredError).
 _EXCEPTION_ENDINGS = ("Error", "Exception", "Warning", "Interrupt")
@@ -72,6 +73,13 @@ def names_secret(name: str) -> bool:
         if w in _SECRET_WORDS or (w and w.endswith(_SECRET_WORD_ENDINGS)):
             return True
     return last_word_secret(name)
+
+
+def names_password(name: str) -> bool:
+    """Whether ``name`` names a secret a person chose (``DB_PASSWORD``, ``PIN_PASSWORD``,
+    ``MYSQL_PWD``, ``ssh_passphrase``): its value is one even when it reads as a word or a number."""
+    words = [w.lower().rstrip("0123456789") for w in _WORD_SPLIT_RE.split(name) if w]
+    return any(w.endswith(_PASSWORD_WORDS) for w in words) or (bool(words) and words[-1] in ("pwd", "pass"))
 
 
 def text_secret_name(name: str) -> bool:

@@ -39,6 +39,25 @@ NUMBER_RE = re.compile(r"[-+]?\d[\d.,]*(?:e[-+]?\d+)?%?", re.IGNORECASE)
 _MYSQL_RE = re.compile(r"(?i)\b(?:mysql|mariadb)(?:dump|admin|import|check|show|slap|pump|sh)?+\b")
 _CMD_END_RE = re.compile(r"[\n;|&]")  # where that command ends
 _GLUED_P_RE = re.compile(r"(?<=\s)(-p['\"]?)([^\s'\"]++)")
+# curl's user and password (``curl -u admin:PW``, ``--user admin:PW``, ``-uadmin:PW``): the password
+# goes. In a curl command only: elsewhere ``-u 1000:1000`` is docker's uid:gid.
+_CURL_RE = re.compile(r"(?i)\bcurl\b")
+_CURL_USER_RE = re.compile(r"(?<=\s)(-u\s*+['\"]?[^\s:'\"]{0,256}+:|--user(?:=|\s++)['\"]?[^\s:'\"]{0,256}+:)([^\s'\"]++)")
+# sshpass's ``-p PW`` / ``-pPW`` (elsewhere ``-p 8080`` is a port).
+_SSHPASS_RE = re.compile(r"(?i)\bsshpass\b")
+_SSHPASS_P_RE = re.compile(r"(?<=\s)(-p\s*+['\"]?)([^\s'\"]++)")
+# ``wandb login KEY`` (its flags before the key skipped): a key has digits and 12 characters or more.
+_WANDB_RE = re.compile(r"(?i)\bwandb\s++login\b")
+_WANDB_KEY_RE = re.compile(r"\A((?:\s++--?[\w-]++)*+\s++['\"]?)(?=[^\s'\"]*?\d)([^\s'\"-][^\s'\"]{11,}+)")
+#: (a word that must be in the text, the command, its password argument).
+_COMMANDS = (("mysql", _MYSQL_RE, _GLUED_P_RE), ("mariadb", _MYSQL_RE, _GLUED_P_RE), ("curl", _CURL_RE, _CURL_USER_RE),
+             ("sshpass", _SSHPASS_RE, _SSHPASS_P_RE), ("wandb", _WANDB_RE, _WANDB_KEY_RE))
+# A prompt's answer echoed: ``Password for user admin: X``, ``Passphrase for key '/k': X``.
+_PROMPT_RE = re.compile(r"(?i)\b((?:password|passphrase) for [^:\n]{1,128}+:[ \t]*+)([^\s<][^\s]*+)")
+# An HTML password field's value (``<input type="password" value="X">``), attributes in any order.
+_INPUT_RE = re.compile(r"(?i)<input\b[^<>\n]{0,1024}+>")
+_INPUT_PASSWORD_RE = re.compile(r"(?i)\btype\s*=\s*['\"]?password\b")
+_INPUT_VALUE_RE = re.compile(r"(?i)(\bvalue\s*=\s*['\"]?)([^'\"\s>]++)")
 
 # An element's text: a CDATA section whole (``]]>`` ends it), or text up to the next tag.
 _XML_TEXT = r"(?P<v><!\[CDATA\[(?:[^\]\n]|\](?!\]>))*+\]\]>|[^<\n]{1,4096}+)"
@@ -97,18 +116,24 @@ NAME_MARKS = (*SECRET_MARKERS, "PWD", "PASS", "AUTH", "COOKIE", "SESS")
 
 
 def mask_commands(text: str) -> str:
-    """mysql's and mariadb's glued password (``-pX``) masked in each command that runs their
-    client (to its line's end or a ``;``, ``|``, ``&``)."""
-    if "mysql" not in text.lower() and "mariadb" not in text.lower():
-        return text
+    """The passwords of the command lines that take one as an argument (:data:`_COMMANDS`), masked
+    in each command that runs such a client (to its line's end or a ``;``, ``|``, ``&``)."""
+    low = text.lower()
+    for word, command_re, arg_re in _COMMANDS:
+        if word in low:
+            text = _mask_command(text, command_re, arg_re)
+    return text
+
+
+def _mask_command(text: str, command_re: re.Pattern[str], arg_re: re.Pattern[str]) -> str:
     out: list[str] = []
     pos = 0
-    for m in _MYSQL_RE.finditer(text):
+    for m in command_re.finditer(text):
         if m.start() < pos:
             continue
         stop = _CMD_END_RE.search(text, m.end())
         end = len(text) if stop is None else stop.start()
-        out += [text[pos:m.end()], _GLUED_P_RE.sub(lambda g: f"{g.group(1)}{REDACTED}", text[m.end():end])]
+        out += [text[pos:m.end()], arg_re.sub(lambda g: f"{g.group(1)}{REDACTED}", text[m.end():end])]
         pos = end
     return "".join(out) + text[pos:] if out else text
 
@@ -155,11 +180,20 @@ def _word_before(text: str, start: int) -> str:
     return text[j:start]
 
 
+def _quoted_name(text: str, start: int, quote: str) -> bool:
+    """Whether the name at ``start`` opens with ``quote``, a flag's dashes and words before it
+    allowed: ``'db_password', x``, and an argv list's ``['--password', 'x']``, ``("--api-key", "x")``."""
+    j = start
+    while j > 0 and start - j < 64 and (text[j - 1] == "-" or text[j - 1].isalnum() or text[j - 1] == "_"):
+        j -= 1
+    return j > 0 and text[j - 1] == quote
+
+
 def _mask_assign(m: re.Match[str]) -> str:
     name, sep, value, q = m["name"], m["sep"], m["v"], m["q"]
     if value == REDACTED or (not q and value.lower() in NOT_SECRETS):
         return m.group(0)
-    if "," in sep and (m.start() == 0 or m.string[m.start() - 1] != sep.lstrip("\\")[0]):
+    if "," in sep and not _quoted_name(m.string, m.start(), sep.lstrip("\\")[0]):
         return m.group(0)  # "the key", x: a quoted phrase, not a quoted name
     if name.lower().endswith("pass") and last_word_secret(name) and (
             # ("--pass X" is a flag's password; "-pass pass:X" says where it is, read on)
@@ -218,4 +252,15 @@ def mask_names(text: str) -> str:
         text = _XML_ESCAPED_RE.sub(_xml, text)
     if "VALUE" in up:
         text = _ATTR_PAIR_RE.sub(_attr_pair, text)
+        if "<INPUT" in up:
+            text = _INPUT_RE.sub(_input, text)
+    if " FOR " in up:
+        text = _PROMPT_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
     return _assignments(text)
+
+
+def _input(m: re.Match[str]) -> str:
+    tag = m.group(0)
+    if not _INPUT_PASSWORD_RE.search(tag):
+        return tag
+    return _INPUT_VALUE_RE.sub(lambda v: f"{v.group(1)}{REDACTED}", tag)

@@ -31,7 +31,7 @@ import enum
 import re
 from typing import Any
 
-__all__ = ["Mode", "escape", "escaped"]
+__all__ = ["Mode", "escape", "escaped", "without_hidden"]
 
 
 class Mode(enum.Enum):
@@ -50,6 +50,10 @@ _FIELD_RE = re.compile(f"(?!\n)[{_UNSAFE}]")
 # ST, or a two-character one; a lone ESC too. Dropped on a terminal: escaping them would fill the
 # console with a progress bar's codes.
 _SEQUENCES_RE = re.compile(r"\x1b\[[0-?]*+[ -/]*+[@-~]|\x1b\][^\x07\x1b]*+(?:\x07|\x1b\\)?|\x1b[@-_]?")
+# What a reader does not see in a line: escape sequences and invisible format characters (the
+# joiners included: ``pass\u200dword`` reads as "password").
+_HIDDEN_RE = re.compile(_SEQUENCES_RE.pattern + r"|[\xad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064"
+                        r"\u2066-\u206f\ufeff\U000e0001\U000e0020-\U000e007f]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -80,3 +84,9 @@ def escape(text: str, mode: Mode = Mode.LINE) -> str:
 def escaped(text: Any) -> str:
     """Any value's text fit for one line of a terminal (:data:`Mode.LINE`)."""
     return escape(str(text))
+
+
+def without_hidden(text: str) -> str:
+    """``text`` as a reader sees it: escape sequences and invisible format characters dropped (the
+    redactor reads a name split by one as the name it shows). ``text`` itself when it has none."""
+    return _HIDDEN_RE.sub("", text) if _HIDDEN_RE.search(text) else text

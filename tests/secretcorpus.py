@@ -100,6 +100,33 @@ SECRET_LINES: tuple[tuple[str, str], ...] = (
     ("<string name='api_key'>zqZ3xandroid</string>", "zqZ3xandroid"),
     ('<entry key="password">zqZ4xjava</entry>', "zqZ4xjava"),
     ("the token password=zqZ5xafter", "zqZ5xafter"),
+    # The sixth review's (issue 34 D3, D5, R3): an argv printed as a Python list, tuple or JSON array,
+    # curl's user:password, more token shapes, signed URLs, chat webhooks, pydantic, prompts, HTML.
+    ("check argv ['--password', 'zqD3xlist1', '--lr', '0.1']", "zqD3xlist1"),
+    ('argv ["--password", "zqD3xjson"]', "zqD3xjson"),
+    ("('--api-key', 'zqD3xtuple')", "zqD3xtuple"),
+    ("sys.argv = ['train.py', '--db-password=zqD3xeqlist', '--lr=3e-4']", "zqD3xeqlist"),
+    ("curl -u admin:zqD5xcurl https://x", "zqD5xcurl"),
+    ("curl --user admin:zqD5xcuser https://x", "zqD5xcuser"),
+    ("curl -uadmin:zqD5xglued https://x", "zqD5xglued"),
+    ("maps key AIzaSyD5xgcp0abcdefghijklmnopqrstuvw", "AIzaSyD5xgcp0abcdefghijklmnopqrstuvw"),
+    ("https://acct.blob.core.windows.net/c/b?sv=2020-08-04&sig=zqD5xsas%3D&se=2030", "zqD5xsas"),
+    ("https://b.s3.amazonaws.com/o?X-Amz-Signature=zqD5xamzsig&X-Amz-Date=1", "zqD5xamzsig"),
+    ("https://storage.googleapis.com/b/o?X-Goog-Signature=zqD5xgoog", "zqD5xgoog"),
+    ("stripe sk_live_zqD5xstripe0123456789", "sk_live_zqD5xstripe0123456789"),
+    ("stripe rk_test_zqD5xrestrict0123456", "rk_test_zqD5xrestrict0123456"),
+    ("npm_zqD5xnpm0123456789abcdefghijklmnopqr", "npm_zqD5xnpm0123456789abcdefghijklmnopqr"),
+    ("gitlab glpat-zqD5xgitlab0123456789", "glpat-zqD5xgitlab0123456789"),
+    ("slack xoxp-12345-zqD5xslackuser", "zqD5xslackuser"),
+    ("post to https://hooks.slack.com/services/T000/B000/zqD5xslackhook", "zqD5xslackhook"),
+    ("SecretStr('zqD5xpydantic')", "zqD5xpydantic"),
+    ("wandb login zqD5xwandb0123456789abcdef", "zqD5xwandb0123456789abcdef"),
+    ("sshpass -p zqD5xsshpass ssh node1", "zqD5xsshpass"),
+    ('<input type="password" name="pw" value="zqD5xhtml">', "zqD5xhtml"),
+    ("Password for user admin: zqD5xprompt", "zqD5xprompt"),
+    ("b64 LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVktLS0tLQpNSUlFcEFJzqD5x", "LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVktLS0tLQpNSUlF"),
+    ("pass\x1b[0mword=zqR3xansi", "zqR3xansi"),
+    ("pass\u200bword=zqR3xzws", "zqR3xzws"),
 )
 
 #: Lines no sink may change: numbers under names that count things, prose, a traceback's last line.
@@ -134,6 +161,11 @@ KEPT_LINES: tuple[str, ...] = (
     "step 5 loss 2.31 token count 1024 tokens/s 4500 max_tokens=512 /tmp/keys/password.txt",
     "mariadb -u root -p train; openssl enc -pass env:PASSVAR -in a",
     "docstring = '''Train the model.''' all tests pass 3 of 3",
+    # Look-alikes of the sixth review's rules: ports, uid:gid, hashes and run ids, a list of plain flags.
+    "ssh -p 8080 node1; docker run -u 1000:1000 img; curl -s https://x/a?page=2",
+    "commit 3f2a9c1e8b7d6a5f4e3d2c1b0a9f8e7d6c5b4a39 sha256=9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822c",
+    "run 20261207-184625-3392f9 argv ['--lr', '0.1', '--max-tokens', '512'] ('--seed', 7)",
+    'wandb login succeeded; Password for the run is not needed; <input type="text" value="step">',
 )
 
 

@@ -25,8 +25,8 @@ from supervisor.ops.config import NotifyConfig
 from supervisor.ops.control import ControlServer
 from supervisor.ops.controlclient import request
 from supervisor.ops.journal import JournalProcessor, JournalSender
-from supervisor.redact import (REDACTED, env_secrets, learn_secrets, redact_argv, redact_data, redact_env,
-                              redact_text)
+from supervisor.redact import (PEM_MAX_LINES, REDACTED, LineMasker, env_secrets, learn_secrets, redact_argv,
+                              redact_data, redact_env, redact_lines, redact_text)
 from supervisor.report.collect import write_run_report
 from tests.ops.notifyhelp import Webhook, hook_command
 from tests.secretcorpus import KEPT_LINES, SECRET_LINES, leaks
@@ -230,7 +230,7 @@ def test_names_beyond_the_markers_both_ways_in_env_data_and_text() -> None:
 def test_what_is_learned_from_an_env_is_its_secrets_only() -> None:
     env = {"HF_TOKEN": "hf_learned_1", "TOKENIZERS_PARALLELISM": "false", "KEY_FILE": "/etc/k.pem",
            "DB": "postgres://u:dbpw-learned@h/db", "MAX_TOKENS": "512", "API_KEY": "yes"}
-    assert env_secrets(env) == ["hf_learned_1", "dbpw-learned", "yes"]
+    assert env_secrets(env) == ["hf_learned_1", "dbpw-learned"]  # "yes" reads as a word, under no password's name
     learn_secrets(env_secrets(env))
     # "yes" is no secret to cut out of every text, a path no secret at all, a count neither.
     shown = redact_text("hf_learned_1 dbpw-learned yes /etc/k.pem false 512")
@@ -238,3 +238,77 @@ def test_what_is_learned_from_an_env_is_its_secrets_only() -> None:
     # A secret-named variable holding a plain word or a small number is not cut out of every text.
     learn_secrets(env_secrets({"SORT_KEY": "step", "PIN_TOKEN": "4242", "DB_PASSWORD": "Sunshine"}))
     assert redact_text("step 4242 of the run, Sunshine") == f"step 4242 of the run, {REDACTED}"
+
+
+def test_a_password_that_reads_as_a_word_or_a_pin_is_masked_as_a_whole_token_at_every_sink() -> None:
+    """D6 (issue 34): ``DB_PASSWORD="sunshine"`` and ``PIN_PASSWORD="12345"`` printed by the job were
+    masked at the notify sinks only. Now the one gate knows them (learned from a password's name),
+    masks them as whole tokens only (a step 123456 keeps its digits), and never learns a value of
+    1-3 characters or a switch's word."""
+    env = {"DB_PASSWORD": "sunshine", "PIN_PASSWORD": "12345", "SORT_KEY": "step", "PAD_TOKEN": "pad",
+           "USE_PASSWORD": "true", "MYSQL_PWD": "0", "SSH_PASSPHRASE": "correcthorse"}
+    assert sorted(env_secrets(env)) == ["0", "12345", "correcthorse", "sunshine", "true"]
+    learn_secrets(env_secrets(env))  # "0" and "true" are offered but never learned
+    line = "x5 secret sunshine and 12345 at step 123456, sunshines, step 0 true correcthorse"
+    assert redact_text(line) == (f"x5 secret {REDACTED} and {REDACTED} at step 123456, sunshines, step 0 true "
+                                 f"{REDACTED}")
+    data = redact_data({"samples": ["pin 12345", "loss 1.12345"], "message": "pw sunshine."})
+    assert data == {"samples": [f"pin {REDACTED}", "loss 1.12345"], "message": f"pw {REDACTED}."}
+    assert Masker.of(env).value({"m": "sunshine 12345"}) == {"m": f"{REDACTED} {REDACTED}"}  # the same rule
+
+
+def test_the_hooks_env_carries_no_raw_escape_or_osc52() -> None:
+    """R6: JSON escapes control characters itself; the hook's env values are bytes, so they pass textescape."""
+    alert = Alert("metrics_blind", "warning", "x1 \x1b]52;c;cm0gLXJmIH4K\x07 osc52\n  | x2 \x1b[2J\u202eevil",
+                  "job", "r1", "host", 0, time.time(), {"line": "a\x1b[31mb"})
+    env = alert.env(Masker())
+    assert not any(c in v for v in env.values() for c in "\x1b\x07\u202e"), env
+    assert env["TSUP_NOTIFY_MESSAGE"] == "x1 \\x1b]52;c;cm0gLXJmIH4K\\x07 osc52\n  | x2 \\x1b[2J\\u202eevil"
+    assert env["TSUP_NOTIFY_LINE"] == "a\\x1b[31mb"
+
+
+def test_a_pem_key_printed_over_lines_is_masked_body_and_all() -> None:
+    """D4: each sample line was masked alone, so only the BEGIN line went. One stream's lines
+    remember an open key: every line to its END is masked, bounded by PEM_MAX_LINES."""
+    pem = ["-----BEGIN RSA PRIVATE KEY-----", "MIIEpAIBAAKCAQEApemBodyOne0abcdefghijklmnop", "pemBodyTwo/+abcdefghij==",
+           "-----END RSA PRIVATE KEY----- step 5 password=pemAfter1", "step 6 loss 2.1"]
+    shown = redact_lines(["step 4", *pem])
+    assert shown == ["step 4", REDACTED, REDACTED, REDACTED, f"{REDACTED} step 5 password={REDACTED}", "step 6 loss 2.1"]
+    for kind in ("PRIVATE KEY", "EC PRIVATE KEY", "OPENSSH PRIVATE KEY", "ENCRYPTED PRIVATE KEY"):
+        assert redact_lines([f"key: -----BEGIN {kind}-----", "bodyAAAA", f"-----END {kind}-----"]) == [
+            f"key: {REDACTED}", REDACTED, REDACTED]
+    # A certificate is no secret; a key with no END masks PEM_MAX_LINES lines, then reads on.
+    assert redact_lines(["-----BEGIN CERTIFICATE-----", "MIIBcert"]) == ["-----BEGIN CERTIFICATE-----", "MIIBcert"]
+    masker = LineMasker()
+    shown = [masker.line(x) for x in ["-----BEGIN PRIVATE KEY-----", *["AAAA"] * PEM_MAX_LINES, "step 7 loss 2"]]
+    assert shown[-1] == "step 7 loss 2" and set(shown[:-1]) == {REDACTED}
+    # Lines not shown still tell the masker (a batch's earlier lines, of which only the latest are kept).
+    masker = LineMasker()
+    masker.skip("-----BEGIN PRIVATE KEY-----")
+    assert masker.line("MIIEbodyline") == REDACTED
+
+
+def test_a_name_split_by_an_escape_or_an_invisible_character_is_still_a_name() -> None:
+    """R3: ``pass\x1b[0mword=X`` and ``pass\u200bword=X`` read as password=X on a terminal."""
+    for line in ("pass\x1b[0mword=zqR3xansi", "pass\u200bword=zqR3xzws", "api\u200d_key: zqR3xzwj",
+                 "\x1b[1mhf_token\x1b[0m=zqR3xbold"):
+        assert "zqR3x" not in redact_text(line), line
+    kept = "\x1b[32mstep 5 loss 2.31\x1b[0m \u200bok"
+    assert redact_text(kept) == kept  # nothing to mask: the codes stay
+
+
+@pytest.mark.slow
+def test_the_new_patterns_stay_linear_on_their_worst_cases() -> None:
+    hostile = ["curl -u " + "a" * 1_000_000, "curl" + " -u a:" * 150_000, "sshpass -p" * 100_000,
+               "wandb login" + " --x" * 250_000, "Password for " + "a" * 1_000_000, "password for a:" * 70_000,
+               "<input type=password " + "a" * 1_000_000, "<input " * 140_000, "?sig=" * 200_000,
+               "hooks.slack.com/services/" + "a/" * 450_000, "AIza" * 250_000, "sk_live_" * 120_000,
+               "SecretStr(" * 100_000, "pass\x1b[0m" * 100_000, "\u200b" * 1_000_000, "['--password', " * 60_000,
+               "'--" + "-" * 1_000_000 + "password', x", "-----BEGIN PRIVATE KEY-----\n" * 35_000]
+    for text in hostile:
+        t0 = time.monotonic()
+        redact_text(text)
+        assert time.monotonic() - t0 < 5.0, text[:20]
+    t0 = time.monotonic()
+    redact_lines(["-----BEGIN PRIVATE KEY-----"] * 20_000 + ["x" * 4096] * 200)
+    assert time.monotonic() - t0 < 5.0

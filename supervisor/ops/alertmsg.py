@@ -18,6 +18,7 @@ from ..eventnames import EventName
 from ..humanize import value as spell
 from ..redact import MIN_SECRET_LEN, REDACTED, env_secrets, learn_secrets, masks_key, redact_argv, redact_text
 from ..strictjson import finite
+from ..textescape import Mode, escape
 
 GAVE_UP = EventName.GAVE_UP
 RESTART_LOOP = EventName.RESTART_LOOP
@@ -31,11 +32,12 @@ class Masker:
 
     @classmethod
     def of(cls, *envs: Mapping[str, str], extra: Iterable[str | None] = ()) -> "Masker":
-        values = set(env_secrets(*envs))
-        values.update(v for v in extra if v)
-        learn_secrets(values)  # every sink masks them from now on, not only this one
+        # The env's secrets are learned by the one gate, which every sink asks (a word-like password
+        # as a whole token there, the same at every sink); only the sink's own (the webhook URL) stay here.
+        own = {v for v in extra if v}
+        learn_secrets([*env_secrets(*envs), *own])
         # Longest first: a secret that contains another is cut out whole.
-        return cls(tuple(sorted((v for v in values if len(v) >= MIN_SECRET_LEN), key=len, reverse=True)))
+        return cls(tuple(sorted((v for v in own if len(v) >= MIN_SECRET_LEN), key=len, reverse=True)))
 
     def text(self, s: str) -> str:
         return redact_text(s, self.secrets)
@@ -97,7 +99,9 @@ class Alert:
             name = "".join(c if c.isalnum() else "_" for c in k).upper()
             if isinstance(v, (str, int, float, bool)) and f"TSUP_NOTIFY_{name}" not in out:
                 out[f"TSUP_NOTIFY_{name}"] = spell(v)  # true/false, as the log and the journal say it
-        return {k: v.replace("\0", "") for k, v in out.items()}
+        # JSON escapes control characters; an env value reaches the hook as its bytes: an ESC or an
+        # OSC 52 the job printed would drive the terminal of whoever prints it (newlines kept).
+        return {k: escape(v.replace("\0", ""), Mode.FIELD) for k, v in out.items()}
 
 
 class RateLimit:

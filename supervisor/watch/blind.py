@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ..levels import Level
-from ..redact import redact_line
+from ..redact import LineMasker, redact_line
 from .candidates import Written
 from .parsers import MetricParser
 
@@ -144,6 +144,7 @@ class BlindWatch:
         self._lossy: deque[str] = deque(maxlen=SAMPLES)  # lines with a loss-like word and a number
         self._numeric: deque[str] = deque(maxlen=SAMPLES)  # lines with a digit
         self._recent: deque[str] = deque(maxlen=SAMPLES)
+        self._stream = LineMasker()  # this attempt's output as one stream, for secrets over several lines
 
     @property
     def enabled(self) -> bool:
@@ -176,11 +177,15 @@ class BlindWatch:
                 self._first_at = now
             self._last_at = now
             self._lines += n
-            for line in lines[-3 * SAMPLES:]:  # the latest lines show the steady state; bounded work
+            shown_from = max(0, len(lines) - 3 * SAMPLES)  # the latest lines show the steady state; bounded work
+            for line in lines[:shown_from]:
+                self._stream.skip(line)  # a private key's BEGIN there masks its body below
+            for line in lines[shown_from:]:
                 s = line.strip()
                 if not s:
                     continue
-                s = redact_line(s, limit=_SAMPLE_CHARS)  # masked as it is cut: a split URL password too
+                # Masked as it is cut (a split URL password too), with the lines before it (a PEM key's body).
+                s = self._stream.line(s, limit=_SAMPLE_CHARS)
                 self._recent.append(s)
                 if any(c.isdigit() for c in s):
                     self._numeric.append(s)
