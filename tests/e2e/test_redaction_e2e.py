@@ -168,3 +168,57 @@ def test_a_remedys_env_and_a_reloaded_url_password_are_masked(daemons, tmp_path:
     assert events["restart_scheduled"]["data"]["remedies"][0]["env"] == env
     assert events["config_reloaded"]["data"]["changed"] == {
         "job.env.DATABASE_URL": ["postgres://trainer:<redacted>@db:5432/x"] * 2}
+
+
+SEVENTH_JOB = r"""
+import os, sys, time
+lines = ["-----BEGIN RSA PRIVATE KEY-----", "MIIEpAIBAAKCAQEAzqP4xpemline1abcdefghijkl", "zqP4xpemline2abcdefghijklmnopqrstuv==",
+         "-----END RSA PRIVATE KEY-----", "check argv ['--password', 'zqD3xargvlist', '--lr', '0.1']",
+         "curl -u admin:zqD5xcurl2 https://x 1",
+         "x5 secret " + os.environ["DB_PASSWORD"] + " and " + os.environ["PIN_PASSWORD"] + " num at step 123456",
+         "x1 \x1b]52;c;cm0gLXJmIH4K\x07 osc52 clipboard"]
+for line in lines:
+    print(line, flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+"""
+SEVENTH_SECRETS = ("zqP4xpemline1", "zqP4xpemline2", "zqD3xargvlist", "zqD5xcurl2", "sunshine", " 12345 ")
+
+
+def test_a_pem_key_an_argv_list_and_a_word_password_reach_no_sink(daemons, tmp_path: Path) -> None:
+    """The sixth review (issue 34 D3, D4, D6, R6): a PEM key printed over four lines (only its BEGIN
+    line was masked), an argv printed as a Python list, curl's -u, and ``[job] env`` passwords that
+    read as a word and a PIN (masked at the notify sinks only) reach none of the journal, the
+    ledger, ``status --json``, ``history --json``, the hook, the webhook, the report; the hook's env
+    carries no raw ESC (OSC 52). A step number that contains the PIN keeps its digits."""
+    job, go, sd = tmp_path / "job.py", tmp_path / "go", tmp_path / "sd"
+    job.write_text(SEVENTH_JOB)
+    hook = Webhook()
+    cmd, out = hook_command(tmp_path)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[job]\ncommand = {json.dumps([PY, str(job), str(go)])}\n"
+                   'env = { DB_PASSWORD = "sunshine", PIN_PASSWORD = "12345" }\n'
+                   f'[state]\ndir = "{sd}"\n[detectors]\nblind_after_lines = 8\nblind_after_s = 0\n'
+                   f"[notify]\ncommand = {json.dumps(cmd)}\nwebhook_url = {json.dumps(hook.url)}\n"
+                   'events = ["metrics_blind"]\n')
+    try:
+        d = daemons(["run", "--config", str(cfg)])
+        wait_for(lambda: "event=metrics_blind" in d.stderr(), 30, 0.05, "metrics_blind on the console")
+        status = _cli("status", "--json", "--state-dir", str(sd))
+        wait_for(lambda: hook.received and out.exists() and Path(str(out) + ".env").exists(), 20,
+                 what="the webhook and the hook command told")
+        body = json.dumps(hook.bodies())
+    finally:
+        hook.close()
+    go.touch()
+    assert d.wait(30) == 0, d.stderr()[-3000:]
+    hist = _cli("history", "--json", "--state-dir", str(sd))
+    report = Path(_cli("report", "--state-dir", str(sd), "--out", str(tmp_path / "rep")).split()[1]).read_text()
+    journal = d.stderr().split("event=metrics_blind", 1)[1]  # the job's own lines pass through before it
+    hook_env = Path(str(out) + ".env").read_text()
+    assert not _leaks(SEVENTH_SECRETS, journal=journal, ledger=_ledger_bytes(sd), status=status, history=hist,
+                      hook_stdin=out.read_text(), hook_env=hook_env, webhook=body, report=report)
+    samples = json.loads(status)["metrics_blind"]["samples"]
+    assert "check argv ['--password', '<redacted>', '--lr', '0.1']" in samples, samples
+    assert "x5 secret <redacted> and <redacted> num at step 123456" in samples, samples
+    assert "\x1b" not in hook_env and "\\x1b]52" in hook_env, hook_env
