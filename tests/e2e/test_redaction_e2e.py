@@ -222,3 +222,20 @@ def test_a_pem_key_an_argv_list_and_a_word_password_reach_no_sink(daemons, tmp_p
     assert "check argv ['--password', '<redacted>', '--lr', '0.1']" in samples, samples
     assert "x5 secret <redacted> and <redacted> num at step 123456" in samples, samples
     assert "\x1b" not in hook_env and "\\x1b]52" in hook_env, hook_env
+
+
+def test_the_checkpoints_verb_masks_a_secret_in_a_file_name(tmp_path: Path) -> None:
+    """R7 (issue 34): ``checkpoints`` printed ``step_13_hf_token=<value>.pt`` as it is; its table,
+    its ``--json`` and its progress lines pass the gate."""
+    import pickle
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    with open(ck / "step_13_hf_token=zqR7xfilename9.pt", "wb") as f:
+        pickle.dump({"model": {}}, f, protocol=2)
+    for extra in ((), ("--json",)):
+        cp = subprocess.run([PY, "-m", "supervisor", "checkpoints", "--checkpoint-dir", str(ck), "--state-dir",
+                             str(tmp_path / "sd"), "--no-load-test", *extra], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+        assert cp.returncode == 0, cp.stderr
+        assert "zqR7x" not in cp.stdout + cp.stderr and "hf_token=<redacted>" in cp.stdout, cp.stdout + cp.stderr
