@@ -34,6 +34,7 @@ from .config import CheckpointsConfig
 from .discovery import Candidate, Discovery, Layout, newest_complete, sort_newest_first
 from .hashing import DigestCache, tree_digest
 from .integrity import check_integrity, stat_changed, write_own_manifest
+from .layouts.names import name_step
 from .layouts.registry import keeps_last_good
 from .loadtest import LoadTestResult, LoadTests, resolve_job_python, version_token
 from .manifest import read_manifest, record_metric, stat_record
@@ -144,6 +145,8 @@ class CheckpointService:
             cur_cfg = current[0]
             path = cand.path
             row = RowBuilder(path=path, step=cand.step, layout=str(cand.layout), mtime=cand.mtime)
+            if cand.layout is Layout.FILE and (doubt := name_step(path.name).doubt):
+                row.notes.append(doubt)  # its step came from its manifest or its content
             if not path.exists():
                 row.exists = row.complete = False
                 row.no("the checkpoint does not exist (moved or deleted)")

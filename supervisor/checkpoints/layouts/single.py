@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .names import checkpoint_file, step_in_name
+from .names import NameStep, checkpoint_file, name_step
 from .spec import Found, Layout, LayoutSpec, LoadKind
 
 
 def recognise(path: Path) -> Found | None:
-    if not checkpoint_file(path) or path.name.endswith(".safetensors") or step_in_name(path.name) is not None:
+    if not checkpoint_file(path) or path.name.endswith(".safetensors") or name_step(path.name) != NameStep(None):
         return None
     return Found(None)
 
