@@ -287,7 +287,7 @@ def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: 
     from ..checkpoints.quicklist import render_table
     from ..checkpoints.discovery import sort_newest_first
     from ..checkpoints.service import CheckpointService
-    from ..redact import redact_data, redact_text
+    from ..redact import redact_data
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -315,23 +315,18 @@ def checkpoints_verb(checkpoint_dir: Path, cfg: Any, json_out: bool, state_dir: 
             for i, cand in enumerate(cands, 1):
                 row = svc.evaluate(cand, None, current)
                 rows.append(row)
-                shown = redact_text(f"{cand.path.name}: {_verdict(row)}")  # a file's name may hold a secret
-                err.write(f"checkpoints: [{i}/{len(cands)}] {escaped(shown)}\n")
+                err.write(f"checkpoints: [{i}/{len(cands)}] {escaped(redact_data(f'{cand.path.name}: {_verdict(row)}'))}\n")
                 err.flush()
     finally:
         svc.close()
     rows = sort_newest_first(rows)
     writing = in_progress(Path(checkpoint_dir), getattr(svc.discovery, "unsettled", ()))
-    if json_out:
-        listed = [w.to_json() for w in writing] + [r.to_json() for r in rows]
-        out.write(strictjson.dumps(redact_data(listed), indent=2) + "\n")  # the gate: names and reasons
-        return EXIT_OK
-    parts = [render_table(rows) if rows or not writing else "no complete checkpoint yet"]
-    if writing:
-        parts.append(render_writing(writing))
-    # The one gate for what the verb prints: a checkpoint's file name can carry a secret
-    # (``step_13_hf_token=<value>.pt``), and so can a reason quoting it.
-    out.write(redact_text("\n".join(parts)) + "\n")
+    if json_out:  # through the gate: a checkpoint's file name can carry a secret (step_1_hf_token=x.pt)
+        text = strictjson.dumps(redact_data([w.to_json() for w in writing] + [r.to_json() for r in rows]), indent=2)
+    else:
+        parts = [render_table(rows) if rows or not writing else "no complete checkpoint yet"]
+        text = redact_data("\n".join(parts + ([render_writing(writing)] if writing else [])))
+    out.write(text + "\n")
     return EXIT_OK
 
 
