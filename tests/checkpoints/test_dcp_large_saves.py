@@ -62,10 +62,11 @@ for p in range(params):
             storage[MetadataIndex(fqn, torch.Size([r * 16, 0]), r)] = _StorageInfo(
                 f"__{r}_0.distcp", 4096 + (p * states + s) * 4096, 4096)
 for r in range(ranks):
-    fqn = f"optim.param_groups.{r}"
-    sdm[fqn] = BytesStorageMetadata()
-    storage[MetadataIndex(fqn)] = _StorageInfo(f"__{r}_0.distcp", 0, len(evil if r == 37 else good))
+    sdm[f"optim.param_groups.{r}"] = BytesStorageMetadata()
 for name in ("clean", "bad"):
+    for r in range(ranks):
+        storage[MetadataIndex(f"optim.param_groups.{r}")] = _StorageInfo(
+            f"__{r}_0.distcp", 0, len(evil if (name == "bad" and r == 37) else good))
     d = os.path.join(root, name); os.makedirs(d)
     with open(os.path.join(d, ".metadata"), "wb") as f:
         pickle.dump(Metadata(state_dict_metadata=sdm, storage_data=storage), f)
@@ -77,15 +78,18 @@ print(len(storage))
 """
 
 # The scan in a process of its own, as the daemon runs it: its verdict, time and peak RSS (the
-# walk's memory), and the children's peak RSS (the child that read the stand-ins).
+# walk's memory), and the children's peak RSS (the child that read the stand-ins; forked from this
+# small process, so its ru_maxrss is its own).
 SCAN = """
 import json, resource, sys, time
 from pathlib import Path
 from supervisor.checkpoints.picklescan import scan_refusal
 t0 = time.monotonic()
 got = scan_refusal(Path(sys.argv[1]))
+# VmHWM, not ru_maxrss: that one keeps the pytest process's size from before the exec.
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"why": got and got.why, "file": got and got.file, "s": time.monotonic() - t0,
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "rss_mib": hwm / 1024,
                   "child_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
 
