@@ -17,8 +17,9 @@ When the standby starts, and at what cost. Not at the launch: the attempt's own 
 (interpreter, imports, data, the first step's compilation) is what the first launch is timed by,
 and a standby importing beside it made it slower. It starts once the attempt has shown a training
 step (a parsed step or a client heartbeat with one) and run :data:`STEADY_S` past it, at idle
-priority while it waits: nice 19 and SCHED_IDLE where the standby may undo both before it runs the
-job (root, or an RLIMIT_NICE that allows it: standby.py), the lowest CPU weight where it gets a
+priority while it waits: its session's autogroup nice 19 (CPU is shared between sessions first),
+nice 19 and SCHED_IDLE where the standby may undo both before it runs the job (root, or an
+RLIMIT_NICE that allows it: standby.py), the lowest CPU weight where it gets a
 cgroup of its own (left when it moves into the attempt's), and the idle IO class (set and undone
 here, thread by thread). Its memory and CPU are in ``status`` and the metrics (:meth:`Prewarm.status`).
 

@@ -163,35 +163,61 @@ def cuda_initialised() -> bool:
 
 
 # -- priority ------------------------------------------------------------------------------
-def lower_priority() -> int | None:
-    """Idle CPU priority for the imports (nice 19, and SCHED_IDLE: only CPU time nothing else
-    wants), only where we may raise it back before the job runs (root, or an RLIMIT_NICE that
-    allows it: leaving SCHED_IDLE is checked as a nice change); the original nice value, or None.
-    Elsewhere the daemon's idle IO class, the cgroup weight where there is one, and the start
-    after the attempt's first steps are what keep the standby out of the job's way."""
+def _autogroup_nice() -> int | None:
+    """This session's autogroup nice (``/autogroup-N nice K``); None where there is none."""
+    try:
+        with open("/proc/self/autogroup") as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _set_autogroup_nice(n: int) -> None:
+    with open("/proc/self/autogroup", "w") as f:  # OSError where there is none
+        f.write(str(n))
+
+
+def lower_priority() -> tuple[int | None, int | None]:
+    """Idle CPU priority for the imports; what to restore: (nice value, autogroup nice). With
+    sched_autogroup (most distributions) CPU is first shared between sessions, and the standby has
+    one of its own: its autogroup nice goes to 19 (back to 0 needs no privilege). The threads get
+    nice 19 and SCHED_IDLE where we may undo both before the job runs (root, or an RLIMIT_NICE
+    that allows it; leaving SCHED_IDLE is checked as a nice change)."""
     import resource
 
+    group = _autogroup_nice()
+    try:
+        if group is not None and group < NICE:
+            _set_autogroup_nice(NICE)
+        else:
+            group = None
+    except OSError:
+        group = None
     try:
         orig = os.getpriority(os.PRIO_PROCESS, 0)
         soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
         may = os.geteuid() == 0 or soft == resource.RLIM_INFINITY or 20 - soft <= orig
         if not may or orig >= NICE or os.sched_getscheduler(0) != os.SCHED_OTHER:
-            return None  # (a job started under another policy gets nothing we could not give back)
+            return None, group  # (a job started under another policy gets nothing we could not give back)
         os.setpriority(os.PRIO_PROCESS, 0, NICE)
     except OSError:
-        return None
+        return None, group
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (OSError, AttributeError):
         pass  # nice 19 alone
-    return orig
+    return orig, group
 
 
-def restore_priority(orig: int | None) -> None:
-    """Every thread back to the job's scheduling policy and nice value (on Linux both are per
-    thread: one an import started inherited the lowered ones). The policy first: leaving
-    SCHED_IDLE is allowed at nice 19 where raising the nice value may be refused."""
-    if orig is None:
+def restore_priority(orig: tuple[int | None, int | None]) -> None:
+    """Autogroup nice, then each thread's policy (first: allowed at nice 19) and nice, as the job's."""
+    nice, group = orig
+    if group is not None:
+        try:
+            _set_autogroup_nice(group)
+        except OSError as e:
+            raise Refused(f"cannot restore the job's session CPU priority ({e})") from e
+    if nice is None:
         return
     try:
         tids = [int(t) for t in os.listdir("/proc/self/task")]
@@ -201,7 +227,7 @@ def restore_priority(orig: int | None) -> None:
         try:
             if os.sched_getscheduler(tid) != os.SCHED_OTHER:
                 os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-            os.setpriority(os.PRIO_PROCESS, tid, orig)
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
         except ProcessLookupError:
             continue
         except OSError as e:
@@ -233,7 +259,8 @@ def main_path(req: dict) -> tuple[str, str]:
     return kind, target
 
 
-def prepare(req: dict, fds: list[int], orig_nice: int | None, seen: CodeSeen | None = None) -> tuple[str, str]:
+def prepare(req: dict, fds: list[int], orig_prio: tuple[int | None, int | None],
+            seen: CodeSeen | None = None) -> tuple[str, str]:
     """Everything that can still refuse (before the reply): after it, only the job can fail."""
     if len(fds) != 2:
         raise Refused(f"expected the job's stdout and stderr, got {len(fds)} fds")
@@ -245,7 +272,7 @@ def prepare(req: dict, fds: list[int], orig_nice: int | None, seen: CodeSeen | N
     changed = seen.changed() if seen is not None else None
     if changed:
         raise Stale(changed)
-    restore_priority(orig_nice)
+    restore_priority(orig_prio)
     try:
         os.chdir(req["cwd"])
     except OSError as e:
@@ -393,7 +420,7 @@ def main(args: list[str]) -> int:
     if sys.path and os.path.realpath(sys.path[0] or ".") == here:
         del sys.path[0]  # our own folder is not the job's: nothing may be imported from it
     seen = load_codeseen()  # what is imported already (site, its .pth files) and sys.path
-    orig_nice = lower_priority() if conf.get("nice", True) else None
+    orig_prio = lower_priority() if conf.get("nice", True) else (None, None)
     if conf.get("follow"):
         wait_and_preload(sock, conf["follow"], Allowed(install_roots(), conf.get("exclude") or []), seen)
     try:
@@ -401,7 +428,7 @@ def main(args: list[str]) -> int:
     except (EOFError, OSError, ValueError):
         return 0  # the daemon went away or gave up on us: nothing ran, nothing to say
     try:
-        kind, target = prepare(req, fds, orig_nice, seen)
+        kind, target = prepare(req, fds, orig_prio, seen)
     except Refused as e:
         sock.sendall(f"{'stale' if isinstance(e, Stale) else 'refuse'} {e}\n".encode())
         return 0

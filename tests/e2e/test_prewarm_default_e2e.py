@@ -48,6 +48,15 @@ def _ready(sd: Path) -> dict | None:
     return block if block.get("state") == "ready" and block.get("rss_bytes") else None
 
 
+def _autogroup_nice(pid: int) -> int | None:
+    """The session's autogroup nice (sched_autogroup shares CPU between sessions first)."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _may_restore_nice() -> bool:
     import resource
 
@@ -79,6 +88,9 @@ def test_at_the_defaults_the_standby_waits_for_steady_steps_idles_and_serves_a_k
     assert started >= first_step_at + STEADY_S - 0.02, started - first_step_at
     assert block["rss_bytes"] > 1 << 20 and block["cpu_s"] >= 0, block
     wait_for(lambda: sb.ionice().ioclass == psutil.IOPRIO_CLASS_IDLE, 10, what="the idle IO class")
+    job_group = _autogroup_nice(int((out / "pid-0").read_text()))
+    if job_group is not None:  # its own session's share of the CPU yields to the job's session
+        wait_for(lambda: _autogroup_nice(sb.pid) == 19, 10, what="the standby's session at autogroup nice 19")
     if _may_restore_nice():  # only where the standby can give the job its priority back
         wait_for(lambda: os.sched_getscheduler(sb.pid) == os.SCHED_IDLE and sb.nice() == 19, 10,
                  what="SCHED_IDLE at nice 19")
@@ -90,6 +102,7 @@ def test_at_the_defaults_the_standby_waits_for_steady_steps_idles_and_serves_a_k
     # Handed the job: its priority is the job's own again, every thread of it.
     assert me.ionice().ioclass != psutil.IOPRIO_CLASS_IDLE
     assert os.sched_getscheduler(sb.pid) == os.SCHED_OTHER and me.nice() == psutil.Process().nice()
+    assert _autogroup_nice(sb.pid) == job_group  # the session now the job's: the share a cold start's has
     (out / "stop").touch()
     assert d.wait(60) == 0, d.stderr()[-3000:]
     rows = history(sd)["attempts"]
