@@ -233,7 +233,7 @@ class FakeCheckpoints:
     def book_last_attempt(self) -> str | None:
         return self.no_progress
 
-    def choose(self, action: Action, onset_step: int | None, explicit: str | None,
+    def choose(self, cfg: Config, action: Action, onset_step: int | None, explicit: str | None,
                metrics: Sequence[MetricRecord]) -> Resume:
         self.calls.append((action, onset_step, explicit))
         if explicit:
@@ -245,6 +245,9 @@ class FakeCheckpoints:
 
     def emergency_checkpoint_probe(self) -> Callable[[], bool] | None:
         return None
+
+    def ready_steps(self) -> dict[int, str]:
+        return {s: f"ckpt/step_{s}.pt" for s in self.steps}
 
 
 class FakeGate:

@@ -9,7 +9,7 @@ the CLI call.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -31,12 +31,19 @@ from .structure import structure_problem
 log = structlog.get_logger("supervisor.checkpoints")
 
 
-class ChoiceSource(Protocol):
-    """What the choice reads and sets on the service (the service is one; a protocol, not an
-    import of it, since the service calls in here)."""
+@dataclass(frozen=True)
+class Outcome:
+    """A choice (None: none ready) and what it met on the way, for the ledger's events: the
+    checkpoints moved to quarantine/ and those refused for unsafe pickles, (path, why)."""
 
-    last_quarantined: tuple[QuarantineRecord, ...]  # set by each choice: the ledger's events
-    last_refused: tuple[tuple[str, str], ...]  # (path, why) refused for unsafe pickles
+    choice: Choice | None
+    quarantined: tuple[QuarantineRecord, ...] = ()
+    refused: tuple[tuple[str, str], ...] = ()
+
+
+class ChoiceSource(Protocol):
+    """What the choice reads of the service (the service is one; a protocol, not an import of
+    it, since the service calls in here)."""
 
     @property
     def cfg(self) -> CheckpointsConfig: ...
@@ -68,10 +75,11 @@ def action_mode(action: object) -> Mode:
     return "rollback" if before_onset else "restart"
 
 
-def overlap_choice(svc: ChoiceSource) -> Choice | None:
+def overlap_choice(svc: ChoiceSource) -> Outcome | None:
     """checkpoints.verify = "overlap": the newest checkpoint when its structural checks pass
     and its load test has not run yet (it then runs beside the job's start-up); None to let
-    the full gate decide (nothing written, a structural failure, or already verified)."""
+    the full gate decide (nothing written, a structural failure, or already verified), or the
+    newest refused (``Outcome.refused``, no choice) for an unsafe pickle."""
     with svc._lock:
         target = newest_complete(svc.scan())
         if target is None:
@@ -89,30 +97,35 @@ def overlap_choice(svc: ChoiceSource) -> Choice | None:
             # (torch.serialization.add_safe_globals) that its own load accepts.
             log.warning("checkpoint_refused_unsafe_pickle", path=str(target.path), reason=unsafe,
                         next="not handed over before its load test; the full check runs before the launch")
-            svc.last_refused = ((str(target.path), unsafe),)
-            return None
+            return Outcome(None, refused=((str(target.path), unsafe),))
         reason = (f"newest checkpoint (step {step if step is not None else '?'}): structural checks passed; "
                   "its load test runs beside the job's start-up (checkpoints.verify = \"overlap\")")
-        svc.last_quarantined = ()
         log.info("checkpoint_chosen", path=str(target.path), step=step, mode="restart", reason=reason,
                  next="the job is launched now; should the load test fail, it is stopped and relaunched "
                       "from an older verified checkpoint")
-        return Choice(path=target.path, step=step, layout=str(target.layout), reason=reason, verify_pending=True)
-
+        return Outcome(Choice(path=target.path, step=step, layout=str(target.layout), reason=reason,
+                              verify_pending=True))
 
 
 def choose_for_resume(svc: ChoiceSource, action: object, onset_step: int | None,
                       metrics_seen: MetricsSeen | None = None, *, overlap: bool = False) -> Choice | None:
+    """:func:`choose`'s choice alone."""
+    return choose(svc, action, onset_step, metrics_seen, overlap=overlap).choice
+
+
+def choose(svc: ChoiceSource, action: object, onset_step: int | None,
+           metrics_seen: MetricsSeen | None = None, *, overlap: bool = False) -> Outcome:
     """The checkpoint to relaunch from, verified now; corrupt or bad ones met on the way are
     quarantined (moved, never deleted) and the next older one is tried. ``overlap``: a restart
     may take the newest checkpoint on its structural checks alone (``Choice.verify_pending``);
     a rollback always verifies first (its finite check decides between candidates)."""
     mode = action_mode(action)
-    svc.last_refused = ()
+    refused: tuple[tuple[str, str], ...] = ()
     if overlap and mode == "restart" and svc.cfg.load_test:
         early = overlap_choice(svc)
-        if early is not None:
+        if early is not None and early.choice is not None:
             return early
+        refused = early.refused if early is not None else ()
     with svc._lock:
         current = svc._current_config()
         limit = onset_step - svc.cfg.margin_steps if mode == "rollback" and onset_step is not None else None
@@ -140,18 +153,17 @@ def choose_for_resume(svc: ChoiceSource, action: object, onset_step: int | None,
                 choice = finish_choice(svc, choice)
                 quarantined.extend(choice.quarantined)
                 choice = replace(choice, quarantined=tuple(quarantined))
-                svc.last_quarantined = tuple(quarantined)
                 log.info("checkpoint_chosen", path=str(choice.path), step=choice.step, mode=mode,
                          reason=choice.reason, quarantined=[str(q.source) for q in quarantined],
                          next="the job is relaunched from it")
-                return choice
+                return Outcome(choice, tuple(quarantined), refused)
         _, reason = select_explained(rows, mode=mode, onset_step=onset_step,
                                      margin_steps=svc.cfg.margin_steps, bad=svc.book.bad_paths(), worse=worse)
         log.warning("checkpoint_none_ready", mode=mode, onset_step=onset_step, reason=reason,
                     quarantined=[str(q.source) for q in quarantined],
                     next="the policy decides: a fresh start or give up")
-        svc.last_quarantined = tuple(quarantined)
-        return None
+        return Outcome(None, tuple(quarantined), refused)
+
 
 def worse_val(svc: ChoiceSource, cands: list[Candidate], limit: int | None,
               metrics_seen: MetricsSeen | None) -> dict[Path, str] | None:

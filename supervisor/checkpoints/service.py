@@ -38,7 +38,7 @@ from .layouts.names import name_step
 from .layouts.registry import keeps_last_good
 from .loadtest import LoadTestResult, LoadTests, resolve_job_python, version_token
 from .manifest import read_manifest, record_metric, stat_record
-from .quarantine import (LastGoodKeeper, QuarantineRecord, last_good_disk_bytes, last_good_path)
+from .quarantine import (LastGoodKeeper, last_good_disk_bytes, last_good_path)
 from .pickledeny import scan_verdict
 from .scancache import cached_refusal
 from .quicklist import (TRAIN_LOSS, MetricsSeen, Readiness, RowBuilder, compare_config, current_config,
@@ -48,7 +48,7 @@ from .keepfirst import SnapshotFirst
 from .snapshot import Headroom
 from .structure import structure_problem
 from .verdicts import FILE_NAME as VERDICTS_FILE, VerdictStore
-from .resumechoice import choose_for_resume
+from .resumechoice import Outcome, choose
 
 log = structlog.get_logger("supervisor.checkpoints")
 
@@ -82,8 +82,6 @@ class CheckpointService:
         self.last_good = LastGoodKeeper(cfg.last_good_max_bytes, self.headroom)
         self.keep_first = SnapshotFirst(cfg, self.load_tests, self.last_good, self.headroom,
                                         in_place=self._load_test_unlocked, manifest=self._kept_manifest)
-        self.last_quarantined: tuple[QuarantineRecord, ...] = ()  # from the last choose_for_resume
-        self.last_refused: tuple[tuple[str, str], ...] = ()  # (path, why): unsafe pickles, last choose_for_resume
 
     def _verdict_store(self) -> VerdictStore:
         # "weights_only": verdicts that name the files loaded weights-only (pickledeny.scan_verdict
@@ -372,7 +370,12 @@ class CheckpointService:
                           metrics_seen: MetricsSeen | None = None, *, overlap: bool = False) -> Choice | None:
         """The checkpoint to relaunch from, verified now; corrupt or bad ones met on the way are
         quarantined (moved, never deleted) and the next older one is tried (resumechoice.py)."""
-        return choose_for_resume(self, action, onset_step, metrics_seen, overlap=overlap)
+        return self.choose(action, onset_step, metrics_seen, overlap=overlap).choice
+
+    def choose(self, action: object, onset_step: int | None, metrics_seen: MetricsSeen | None = None, *,
+               overlap: bool = False) -> Outcome:
+        """:meth:`choose_for_resume` with what it met on the way: quarantined, refused (the ledger's events)."""
+        return choose(self, action, onset_step, metrics_seen, overlap=overlap)
 
     def close(self) -> list[str]:
         """The supervisor is exiting: stop the load tests under way (never their verdict); the

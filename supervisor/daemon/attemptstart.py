@@ -54,7 +54,7 @@ def prepare_launch(cmd: PrepareLaunch, ports: Ports, cfg: Config, previous_pids:
             if verdict is not None and not verdict.passed:
                 fut.set_result(Prepared(gate=verdict))
                 return
-            resume = ports.checkpoints.choose(cmd.action, cmd.onset_step, cmd.explicit_checkpoint, metrics)
+            resume = ports.checkpoints.choose(cfg, cmd.action, cmd.onset_step, cmd.explicit_checkpoint, metrics)
             fut.set_result(Prepared(resume=resume, gate=verdict))
         except BaseException as e:
             fut.set_result(Prepared(error=e))

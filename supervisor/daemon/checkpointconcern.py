@@ -174,14 +174,14 @@ class CheckpointConcern(Concern):
                 f"checkpoint (steps resumed from: {self.svc.steps_seen()}; "
                 f"checkpoints.no_progress_attempts = {self.daemon.cfg.checkpoints.no_progress_attempts})")
 
-    def choose(self, action: Action, onset_step: int | None, explicit: str | None,
+    def choose(self, cfg: Config, action: Action, onset_step: int | None, explicit: str | None,
                metrics: Sequence[MetricRecord]) -> Resume:
         """On the preparation thread: verify, quarantine, choose (seconds); whether the job is
         known to take the choice (``takes_checkpoint``, set by the checkpoint discovery)."""
-        resume = self._choose(action, onset_step, explicit, metrics)
+        resume = self._choose(cfg, action, onset_step, explicit, metrics)
         return replace(resume, handed=False) if resume.checkpoint and not self.takes_checkpoint() else resume
 
-    def _choose(self, action: Action, onset_step: int | None, explicit: str | None,
+    def _choose(self, cfg: Config, action: Action, onset_step: int | None, explicit: str | None,
                 metrics: Sequence[MetricRecord]) -> Resume:
         if explicit:
             return Resume(explicit, None, "the operator's choice (restart --from)")
@@ -192,19 +192,20 @@ class CheckpointConcern(Concern):
         assert self.daemon is not None
         svc, event = self.svc, self.daemon.event
         svc.set_writer_active(False)  # the previous attempt's group is gone
-        overlap = self.daemon.cfg.checkpoints.verify == "overlap"
+        overlap = cfg.checkpoints.verify == "overlap"
         if not overlap:  # with overlap, the version chosen is kept once its load test passes
             svc.preserve_single_checkpoints()
-        choice = svc.choose_for_resume(action, onset_step, metrics_from_records(list(metrics)), overlap=overlap)
+        outcome = svc.choose(action, onset_step, metrics_from_records(list(metrics)), overlap=overlap)
+        choice = outcome.choice
         _take_all(self._to_verify)  # a choice whose attempt never started (its spawn failed) is stale
         if choice is not None and choice.verify_pending:
             self._to_verify.put(VerifyBesideStart(choice.path, choice.layout))
-        for path, why in svc.last_refused:
+        for path, why in outcome.refused:
             event("checkpoint_refused_unsafe_pickle", "warning",
                   f"checkpoint {path} was not handed to the job on its structural checks: {why}; it was "
                   "load-tested first (weights_only), and an older verified checkpoint is used if that fails",
                   path=path, reason=why)
-        for q in svc.last_quarantined:
+        for q in outcome.quarantined:
             event("checkpoint_quarantined", "warning",  # the service logged it; keep it in the ledger
                   f"checkpoint {q.source} is bad ({q.reason}); moved to {q.dest} (never deleted)",
                   ledger_only=True, source=str(q.source), dest=str(q.dest), reason=q.reason)
@@ -217,6 +218,13 @@ class CheckpointConcern(Concern):
               + (f"; passed over {len(choice.skipped)} newer" if choice.skipped else ""), ledger_only=True,
               path=str(choice.path), step=choice.step, skipped=[list(x) for x in choice.skipped] or None, readiness=rd)
         return Resume(str(choice.path), choice.step, choice.reason)
+
+    def ready_steps(self) -> dict[int, str]:
+        svc = self.svc
+        if svc is None:
+            return {}
+        svc.set_writer_active(False)  # the previous attempt's group is gone
+        return {int(r.step): str(r.path) for r in reversed(svc.quicklist()) if r.ready and not r.bad and r.step is not None}
 
     def emergency_checkpoint_probe(self) -> Callable[[], bool] | None:
         if self.svc is None:  # no checkpoint dir configured: nothing to wait for

@@ -28,7 +28,7 @@ from ..core.machine import State
 from ..core.messages import EXIT_GAVE_UP, EXIT_OK, EndAttempt, Resume
 from ..core.observations import Detection, MetricRecord
 from ..logsite import Site, callsite, log_helper, logged_from
-from .ports import Concern, DaemonView
+from .ports import CheckpointStore, Concern, DaemonView
 from ..cluster.agent import ClusterAgent, ClusterGaveUp
 from ..cluster.config import ClusterConfig
 from ..cluster.coord import Rules
@@ -36,9 +36,8 @@ from ..cluster.etcd import EtcdClient
 from ..cluster.launchprobe import launch_digest_or_none
 from ..cluster.runkeys import EndRequest, Keys, Plan
 
-if TYPE_CHECKING:  # the checkpoint service's imports only with a checkpoint dir (see the concern's adopt)
-    from ..checkpoints.discovery import Candidate
-    from .checkpointconcern import CheckpointConcern
+if TYPE_CHECKING:
+    from ..config.model import Config
 
 log = structlog.get_logger("supervisor.cluster")
 
@@ -164,8 +163,8 @@ class ClusterCheckpoints:
     """The checkpoint port of a node in a multi-node run: the local store, with the launch
     barrier in :meth:`choose` (on the launch preparation thread)."""
 
-    def __init__(self, inner: CheckpointConcern, concern: ClusterConcern) -> None:
-        self.inner = inner
+    def __init__(self, inner: CheckpointStore, concern: ClusterConcern) -> None:
+        self.inner = inner  # the local store, through its interface only
         self.concern = concern
 
     def book_last_attempt(self) -> str | None:
@@ -174,17 +173,16 @@ class ClusterCheckpoints:
     def emergency_checkpoint_probe(self) -> Callable[[], bool] | None:
         return self.inner.emergency_checkpoint_probe()
 
-    def newest(self) -> Candidate | None:
-        return self.inner.newest()
+    def ready_steps(self) -> dict[int, str]:
+        return self.inner.ready_steps()
 
-    def choose(self, action: Action, onset_step: int | None, explicit: str | None,
+    def choose(self, cfg: Config, action: Action, onset_step: int | None, explicit: str | None,
                metrics: Sequence[MetricRecord]) -> Resume:
         agent = self.concern.agent
         assert agent is not None
-        rows = self._ready_rows()
+        rows = self.inner.ready_steps()
         # ClusterGaveUp (a GiveUp) goes up as it is: the machine gives up with its cause.
-        d = self.concern.daemon
-        plan = agent.wait_for_generation(sorted(rows), digest=launch_digest_or_none(d.cfg if d is not None else None))
+        plan = agent.wait_for_generation(sorted(rows), digest=launch_digest_or_none(cfg))
         self.concern.plan = plan
         if explicit:
             log.warning("cluster_explicit_checkpoint_ignored", path=explicit,
@@ -196,15 +194,3 @@ class ClusterCheckpoints:
             raise ClusterGaveUp(f"the checkpoint of step {plan.step} chosen for generation {plan.gen} is no longer "
                                 "ready on this node")
         return Resume(path, plan.step, f"generation {plan.gen}: {plan.reason}")
-
-    def _ready_rows(self) -> dict[int, str]:
-        """Step -> path of every checkpoint verified ready here (empty without a checkpoint dir)."""
-        svc = self.inner.svc
-        if svc is None:
-            return {}
-        svc.set_writer_active(False)  # the previous attempt's group is gone
-        out: dict[int, str] = {}
-        for row in svc.quicklist():
-            if row.ready and not row.bad and row.step is not None:
-                out.setdefault(int(row.step), str(row.path))
-        return out

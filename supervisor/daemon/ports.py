@@ -156,8 +156,15 @@ class CheckpointStore(Protocol):
         """Book the last attempt against its checkpoint; a reason to give up on no progress."""
         ...
 
-    def choose(self, action: Action, onset_step: int | None, explicit: str | None,
-               metrics: Sequence[MetricRecord]) -> Resume: ...
+    def choose(self, cfg: "Config", action: Action, onset_step: int | None, explicit: str | None,
+               metrics: Sequence[MetricRecord]) -> Resume:
+        """Verify, quarantine, choose on ``cfg`` (the config in force when the launch was prepared)."""
+        ...
+
+    def ready_steps(self) -> dict[int, str]:
+        """Step -> path of every checkpoint verified ready here (empty without a checkpoint dir);
+        the previous attempt's writer is gone (the cluster's barrier publishes these)."""
+        ...
 
     def emergency_checkpoint_probe(self) -> Callable[[], bool] | None:
         """For a hybrid stop: true once a new checkpoint appeared; None without a checkpoint dir."""

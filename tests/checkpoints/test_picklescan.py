@@ -65,9 +65,10 @@ def test_overlap_never_hands_over_an_unsafe_newest_checkpoint(tmp_path: Path) ->
     (tmp_path / "state").mkdir()
     cfg = CheckpointsConfig(settle_s=1.0, expected_keys=("model", "optimizer"))
     svc = CheckpointService(cfg, tmp_path / "ck", tmp_path / "state", sys.executable, ["python", "train.py"], tmp_path)
-    choice = svc.choose_for_resume("restart", None, overlap=True)
+    outcome = svc.choose("restart", None, overlap=True)
+    choice = outcome.choice
     assert choice is not None and choice.path == good and choice.step == 100, choice
-    assert [p for p, _ in svc.last_refused] == [str(evil)]
+    assert [p for p, _ in outcome.refused] == [str(evil)]
     # The full gate load-tested it first (weights_only: refused) and took the older one; the file
     # is kept (in place or in quarantine/), never deleted, never unpickled with code.
     assert (tmp_path / "ck" / "quarantine" / "step_200.pt").exists() or evil.exists()

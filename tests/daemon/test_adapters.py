@@ -102,9 +102,9 @@ def test_without_a_checkpoint_dir_every_resume_is_fresh_and_nothing_is_watched(t
     assert concern.svc is None
     assert concern.status() == {}  # no service: nothing to show, and no error
     assert concern.emergency_checkpoint_probe() is None
-    r = concern.choose(Action.RESTART, None, None, [])
+    r = concern.choose(view.cfg, Action.RESTART, None, None, [])
     assert r == Resume(None, None, "no checkpoint dir configured or found")
-    assert concern.choose(Action.RESTART, None, "/x/ckpt", []).checkpoint == "/x/ckpt"  # restart --from wins
+    assert concern.choose(view.cfg, Action.RESTART, None, "/x/ckpt", []).checkpoint == "/x/ckpt"  # restart --from wins
     assert concern.book_last_attempt() is None and view.events == []
 
 
@@ -135,7 +135,7 @@ def test_choose_names_the_newest_ready_checkpoint_and_books_it_in_the_ledger_onl
     for step in (10, 20):
         F.old_mtime(F.torch_file(out / f"step_{step}.pt", step))
     concern, view = started(tmp_path, dir=str(out), load_test=False, verify="before-launch")
-    r = concern.choose(Action.RESTART, None, None, [])
+    r = concern.choose(view.cfg, Action.RESTART, None, None, [])
     assert r.checkpoint == str(out / "step_20.pt") and r.step == 20, r
     (chosen,) = view.named("checkpoint_chosen")
     assert chosen["path"] == str(out / "step_20.pt") and chosen["step"] == 20
@@ -158,7 +158,7 @@ def test_a_checkpoint_failed_from_twice_without_a_newer_one_is_marked_bad(tmp_pa
         F.old_mtime(F.torch_file(out / f"step_{step}.pt", step))
     concern, view = started(tmp_path, dir=str(out), load_test=False, verify="before-launch")
     for attempt in (1, 2):
-        resume = concern.choose(Action.RESTART, None, None, [])
+        resume = concern.choose(view.cfg, Action.RESTART, None, None, [])
         assert resume.checkpoint == str(out / "step_20.pt")
         concern.attempt_started(type("Ctx", (), {"attempt": attempt})(), resume, 0.0)
         concern.attempt_ended(EndAttempt(attempt, Cause.CRASH, Action.RESTART, "exit 1", True), resume, 0.0)
@@ -167,7 +167,7 @@ def test_a_checkpoint_failed_from_twice_without_a_newer_one_is_marked_bad(tmp_pa
         prep.join()
     bad = view.named("checkpoint_marked_bad")
     assert [b["path"] for b in bad] == [str(out / "step_20.pt")] and bad[0]["cause"] == "crash"
-    assert concern.choose(Action.RESTART, None, None, []).checkpoint == str(out / "step_10.pt")
+    assert concern.choose(view.cfg, Action.RESTART, None, None, []).checkpoint == str(out / "step_10.pt")
 
 
 def test_a_choice_to_verify_beside_its_start_is_dropped_when_that_start_never_comes(tmp_path: Path) -> None:
@@ -176,10 +176,10 @@ def test_a_choice_to_verify_beside_its_start_is_dropped_when_that_start_never_co
     out = tmp_path / "out"
     out.mkdir()
     F.old_mtime(F.torch_file(out / "step_10.pt", 10))
-    concern, _ = started(tmp_path, dir=str(out), verify="overlap")
-    assert concern.choose(Action.RESTART, None, None, []).checkpoint == str(out / "step_10.pt")
+    concern, view = started(tmp_path, dir=str(out), verify="overlap")
+    assert concern.choose(view.cfg, Action.RESTART, None, None, []).checkpoint == str(out / "step_10.pt")
     assert concern._to_verify.qsize() == 1  # chosen unverified: its load test waits for the start
-    explicit = concern.choose(Action.RESTART, None, str(out / "step_10.pt.other"), [])  # the spawn failed; --from
+    explicit = concern.choose(view.cfg, Action.RESTART, None, str(out / "step_10.pt.other"), [])  # the spawn failed; --from
     concern.attempt_started(type("Ctx", (), {"attempt": 2})(), explicit, 0.0)
     assert concern._verifier is None and concern._to_verify.qsize() == 0
 
@@ -190,7 +190,7 @@ def test_an_attempt_that_is_not_counted_books_nothing(tmp_path: Path) -> None:
     F.old_mtime(F.torch_file(out / "step_10.pt", 10))
     concern, view = started(tmp_path, dir=str(out), load_test=False, verify="before-launch")
     for attempt in (1, 2, 3):
-        resume = concern.choose(Action.RESTART, None, None, [])
+        resume = concern.choose(view.cfg, Action.RESTART, None, None, [])
         concern.attempt_ended(EndAttempt(attempt, Cause.MANUAL, Action.RESTART, "restart verb", False), resume, 0.0)
         assert concern.book_last_attempt() is None
     assert view.named("checkpoint_marked_bad") == []

@@ -97,3 +97,29 @@ def test_the_cluster_concern_asks_the_others_to_stop_from_what_the_view_says(tmp
     assert (cause, action, step, onset) == ("nan", "rollback", 5, 4)
     d.runner.close()
     assert agent.ended == ["closed gave_up=None"]
+
+
+def test_the_cluster_store_works_over_the_local_stores_interface_and_the_config_it_is_given(tmp_path: Path) -> None:
+    """ClusterCheckpoints publishes the steps the local store (any CheckpointStore: here the fake)
+    says are ready, and resumes from the plan's step; it reads neither a service nor a daemon."""
+    from supervisor.cluster.runkeys import Plan
+    from supervisor.daemon.clusterconcern import ClusterCheckpoints
+
+    from ..fakes import FakeCheckpoints
+
+    cfg = config(tmp_path)
+    published: list[list[int]] = []
+
+    class Barrier:
+        node_id = "n1"
+
+        def wait_for_generation(self, steps: list[int], digest: Any = None) -> Plan:
+            published.append(steps)
+            return Plan(3, ("n1",), 100, "n1", "127.0.0.1", "the newest step every node has")
+
+    concern = ClusterConcern(cfg.cluster, "job")
+    concern.agent = Barrier()  # type: ignore[assignment]  # only the barrier is asked
+    store = ClusterCheckpoints(FakeCheckpoints(steps=[200, 100]), concern)
+    resume = store.choose(cfg, Action.ROLLBACK, 150, None, [])
+    assert published == [[100, 200]] and (resume.checkpoint, resume.step) == ("ckpt/step_100.pt", 100)
+    assert concern.plan is not None and concern.plan.gen == 3
