@@ -68,9 +68,11 @@ class RunView:
 
 @dataclass(frozen=True)
 class DaemonStarted:
-    """Once, after the run was opened: the ledger to read (goodput's history), never to write."""
+    """Once, after the run was opened: the ledger to read (goodput's history), never to write, and
+    ``status`` as the control socket answers it (the status cache: from any thread, never the loop)."""
 
     history: HistoryReader
+    status: Callable[[], Mapping[str, Any]]
 
 
 @dataclass(frozen=True)

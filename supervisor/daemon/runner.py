@@ -154,7 +154,7 @@ class Runner:
         self.run_id, continued = self.ledger.open_run(self.cfg.job.name, config_json(self.cfg))
         structlog.contextvars.bind_contextvars(run_id=self.run_id)
         try:
-            self.concerns.start(self, DaemonStarted(self.ledger))  # on failure only the started ones are kept
+            self.concerns.start(self, DaemonStarted(self.ledger, self.status_cache.answer))  # a failure: the started kept
         except Exception as e:
             self.event("daemon_start_failed", "error", f"cannot start: {e}")
             self.ledger.end_run(self.run_id, State.GAVE_UP.value, EXIT_GAVE_UP, str(e))

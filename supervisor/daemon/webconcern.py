@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 import structlog
 
 from ..eventnames import EventName
-from .ports import Concern, DaemonView
+from ..levels import Level
+from .effects import Note
+from .plugin import Closes, DaemonStarted, Effects, OnStart, RunView
 
 if TYPE_CHECKING:
     from ..ops.livedata import LiveData
@@ -20,33 +22,32 @@ if TYPE_CHECKING:
 log = structlog.get_logger("supervisor.daemon")
 
 
-class LivePageConcern(Concern):
+class LivePagePlugin(OnStart, Closes):
     name = "web"
 
     def __init__(self) -> None:
         self.page: LivePage | None = None
         self.data: LiveData | None = None
 
-    def start(self, daemon: DaemonView) -> None:
-        listen = daemon.cfg.web.listen
+    def started(self, n: DaemonStarted, run: RunView) -> Effects:
+        listen = run.cfg.web.listen
         if not listen:
-            return
+            return ()
         try:
             from ..ops.config import is_loopback_listen
             from ..ops.livedata import LiveData
             from ..ops.livepage import LivePage
 
-            self.data = LiveData(lambda: daemon.control("status", {}), daemon.state_dir)
+            self.data = LiveData(n.status, run.state_dir)
             self.page = LivePage(listen, self.data.payload, loopback=is_loopback_listen(listen))
             host, port = self.page.start()
         except Exception as e:  # a taken port, a missing page file: the run is supervised without the page
             self.page = None
-            daemon.event(EventName.WEB_UNAVAILABLE, "error", f"cannot serve the live page on {listen}: {e}; "
-                         "supervising without it", listen=listen, error=repr(e))
-            return
+            return [Note(EventName.WEB_UNAVAILABLE, Level.ERROR, f"cannot serve the live page on {listen}: {e}; "
+                         "supervising without it", {"listen": listen, "error": repr(e)})]
         shown = f"[{host}]" if ":" in host else host
-        daemon.event(EventName.WEB_LISTENING, "info", f"the live page is at http://{shown}:{port}/ (read-only)",
-                     listen=listen, port=port)
+        return [Note(EventName.WEB_LISTENING, Level.INFO, f"the live page is at http://{shown}:{port}/ (read-only)",
+                     {"listen": listen, "port": port})]
 
     def close(self) -> None:
         for part in (self.page, self.data):

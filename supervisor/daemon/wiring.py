@@ -63,9 +63,9 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
         ValidationPlugin(goodput.tracks), ResumeWatchPlugin(), PrecursorPlugin(),
                                StateLockConcern(lock, ledger, rebind=[ops.rebind_control]), *extra]
     if cfg.web.listen:  # the live page: its own listener, imported only when configured
-        from .webconcern import LivePageConcern
+        from .webconcern import LivePagePlugin
 
-        concerns.insert(len(concerns) - len(extra), LivePageConcern())
+        concerns.insert(len(concerns) - len(extra), LivePagePlugin())
     store: CheckpointStore = checkpoints
     if cfg.cluster.enabled:  # multi-node: imported only then, so a single node carries none of it
         from .clusterconcern import ClusterCheckpoints, ClusterConcern

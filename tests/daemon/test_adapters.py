@@ -224,7 +224,7 @@ def health_started(tmp: Path, backend: str) -> tuple[HealthMonitors, LaunchGateP
     run = View(cfg, tmp / "state").run_view()
     gpus = Backend(backend)
     monitors = HealthMonitors(gpus, lambda: 1234)
-    said = list(monitors.started(DaemonStarted(FakeLedger()), run))
+    said = list(monitors.started(DaemonStarted(FakeLedger(), dict), run))
     return monitors, LaunchGatePort(gpus), run, said
 
 

@@ -130,7 +130,7 @@ def test_a_concern_failing_to_start_leaves_only_the_started_ones_to_close() -> N
     first, second, third = Recording("first"), FailsToStart("second"), Recording("third")
     concerns = ConcernSet([first, second, third])
     with pytest.raises(RuntimeError, match="no socket"):
-        concerns.start(None, DaemonStarted(None))  # type: ignore[arg-type]  # no concern here reads them
+        concerns.start(None, DaemonStarted(None, dict))  # type: ignore[arg-type]  # no concern here reads them
     concerns.close()
     assert [c.name for c in concerns] == ["first"] and first.seen == [("close", ())] and third.seen == []
 

@@ -89,7 +89,7 @@ def test_goodput_rebuilds_its_tracks_from_the_ledger_and_follows_each_attempt(tm
     led.begin_attempt("run-1", 0, ["python"], "/", {}, None, None, None, [], None)
     tracks: dict[int, Any] = {}
     g, run = GoodputPlugin(tracks), view(tmp_path, run_id="run-1", attempt=1)
-    assert g.started(DaemonStarted(led), run) == () and list(tracks) == [0]  # the dict handed in is the one kept
+    assert g.started(DaemonStarted(led, dict), run) == () and list(tracks) == [0]  # the dict handed in is the one kept
     g.attempt_started(started(1, wall=run.wall - 100.0), run)
     g.metrics(batch((101, 2.0, 1.0), (102, 1.9, 1.0)), run)
     assert tracks[1].startup() == pytest.approx(101 + 100.0)  # launch -> the first step's record
@@ -133,3 +133,24 @@ def test_a_plugin_reacts_only_to_the_notices_of_its_capabilities(tmp_path: Path)
     assert reaction(c, Tick(1.0)) is None and reaction(c, started()) is None
     react = reaction(c, batch((1, 2.0, 1.0)))
     assert react is not None and names(react(run)) == [EventName.METRICS_SEEN]
+
+
+def test_the_live_page_says_where_it_listens_or_why_it_cannot(tmp_path: Path):
+    import socket
+
+    from supervisor.daemon.webconcern import LivePagePlugin
+
+    (tmp_path / "state").mkdir()
+    page = LivePagePlugin()
+    run = view(tmp_path, cfg=config(tmp_path, web={"listen": "127.0.0.1:0"}))
+    try:
+        [note] = page.started(DaemonStarted(FakeLedger(), lambda: {"state": "running"}), run)
+        assert note.event is EventName.WEB_LISTENING and note.data["port"] > 0 and page.page is not None
+    finally:
+        page.close()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = view(tmp_path, cfg=config(tmp_path, web={"listen": f"127.0.0.1:{taken.getsockname()[1]}"}))
+        [note] = LivePagePlugin().started(DaemonStarted(FakeLedger(), dict), busy)
+    assert note.event is EventName.WEB_UNAVAILABLE and note.level is Level.ERROR and "supervising without it" in note.message
