@@ -1,7 +1,7 @@
 """The ``[notify]`` concern: the chosen daemon events, and ``restart_loop``, to a human.
 
 It sees every event the daemon records (the runner's ``event``: log, journal, ledger, history)
-through the ``on_event`` hook, picks the ones in ``[notify] events`` and hands them to
+as a ``Noted`` notice (``OnNotes``), picks the ones in ``[notify] events`` and hands them to
 :class:`~supervisor.ops.alerts.Alerter`, which sends them on threads of its own. ``restart_loop``
 is not an event of the daemon: it is said here when ``restart_loop_count`` restarts were
 scheduled within ``restart_loop_window_s`` (the daemon keeps restarting while the policy's budget
@@ -16,14 +16,17 @@ import collections
 import os
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Mapping
 
 import structlog
 
 from ..eventnames import EventName
-from .ports import Concern, DaemonView
+from ..levels import Level
+from .plugin import Closes, DaemonStarted, Effects, GivesStatus, Noted, OnNotes, OnStart, OnTicks, RunView, Tick
 
 if TYPE_CHECKING:  # imported only when [notify] names a command or a webhook
+    from ..config.model import Config
     from ..ops.alerts import Alerter
 
 log = structlog.get_logger("supervisor.daemon.alerting")
@@ -49,63 +52,68 @@ class RestartLoop:
         return n
 
 
-class NotifyConcern(Concern):
+class NotifyPlugin(OnStart, OnTicks, OnNotes, GivesStatus, Closes):
     name = "notify"
 
     def __init__(self) -> None:
-        self.daemon: DaemonView | None = None
+        self.cfg: Config | None = None  # the config in force, as of the last turn (a reload changes it)
         self.alerter: Alerter | None = None
         self.loop: RestartLoop | None = None
         self.events: frozenset[str] = frozenset()
         self.host = socket.gethostname()
-        self._lock = threading.Lock()  # on_event comes from any thread
+        self._lock = threading.Lock()  # noted comes from any thread
 
-    def start(self, daemon: DaemonView) -> None:
-        nc = daemon.cfg.notify
+    def started(self, n: DaemonStarted, run: RunView) -> Effects:
+        nc = run.cfg.notify
         if not (nc.command or nc.webhook_url):
-            return
+            return ()
         from ..ops.alertmsg import Masker
         from ..ops.alerts import Alerter
 
-        self.daemon = daemon
+        self.cfg = run.cfg
         self.events = frozenset(nc.events)
         self.loop = RestartLoop(nc.restart_loop_count, nc.restart_loop_window_s)
-        masker = Masker.of(daemon.cfg.job.env, dict(os.environ), extra=[nc.webhook_url])
-        self.alerter = Alerter(nc, masker, monotonic=daemon.clock.monotonic)
+        masker = Masker.of(run.cfg.job.env, dict(os.environ), extra=[nc.webhook_url])
+        self.alerter = Alerter(nc, masker, monotonic=time.monotonic)
         self.alerter.start()
+        return ()
 
-    def on_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
+    def tick(self, n: Tick, run: RunView) -> Effects:
+        if self.alerter is not None:
+            self.cfg = run.cfg
+        return ()
+
+    def noted(self, n: Noted) -> Effects:
         if self.alerter is None:
-            return
-        if event == EventName.RESTART_SCHEDULED and EventName.RESTART_LOOP in self.events:
-            self._restart_loop(message, data)
-        if event in self.events:
-            self._send(event, level, message, data)
+            return ()
+        if n.event == EventName.RESTART_SCHEDULED and EventName.RESTART_LOOP in self.events:
+            self._restart_loop(n)
+        if n.event in self.events:
+            self._send(n, n.event, n.level, n.message, n.data)
+        return ()
 
-    def _restart_loop(self, message: str, data: Mapping[str, Any]) -> None:
-        assert self.daemon is not None and self.loop is not None
+    def _restart_loop(self, n: Noted) -> None:
+        assert self.cfg is not None and self.loop is not None
         with self._lock:
-            n = self.loop.restart(self.daemon.clock.monotonic())
-        if n is not None:
-            p = self.daemon.cfg.policy
-            self._send(EventName.RESTART_LOOP, "error",
-                       f"{n} restarts within {self.loop.window_s:g} s ([notify] restart_loop_window_s); the latest: "
-                       f"{message}. The daemon keeps restarting until policy.max_restarts ({p.max_restarts} in "
+            count = self.loop.restart(n.now)
+        if count is not None:
+            p = self.cfg.policy
+            self._send(n, EventName.RESTART_LOOP, Level.ERROR,
+                       f"{count} restarts within {self.loop.window_s:g} s ([notify] restart_loop_window_s); the latest: "
+                       f"{n.message}. The daemon keeps restarting until policy.max_restarts ({p.max_restarts} in "
                        f"{p.restart_window_s:g} s) is spent, then gives up",
-                       {"restarts": n, "window_s": self.loop.window_s, **dict(data)})
+                       {"restarts": count, "window_s": self.loop.window_s, **dict(n.data)})
 
-    def _send(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
+    def _send(self, n: Noted, event: str, level: Level, message: str, data: Mapping[str, Any]) -> None:
         from ..ops.alertmsg import Alert
 
-        d, alerter = self.daemon, self.alerter
-        assert d is not None and alerter is not None  # on_event sends only once started with one
-        attempt = d.attempt if d.attempt >= 0 else None
-        alerter.submit(Alert(event, level, message, d.cfg.job.name, d.run_id, self.host, attempt,
-                             d.clock.time(), dict(data)))
+        cfg, alerter = self.cfg, self.alerter
+        assert cfg is not None and alerter is not None  # noted sends only once started with one
+        alerter.submit(Alert(event, level, message, cfg.job.name, n.run_id, self.host, n.attempt, n.at, dict(data)))
 
-    def status(self) -> Mapping[str, Any]:
+    def status(self, run: RunView) -> Mapping[str, Any]:
         return {"notify": self.alerter.counts()} if self.alerter is not None else {}
 
     def close(self) -> None:
-        if self.alerter is not None and self.daemon is not None:
-            self.alerter.close(self.daemon.cfg.notify.shutdown_wait_s)
+        if self.alerter is not None and self.cfg is not None:
+            self.alerter.close(self.cfg.notify.shutdown_wait_s)

@@ -14,7 +14,7 @@ from ..core.runend import EndFacts
 from ..events import Monitor
 from .effects import Effect
 from .plugin import (AttemptEnded, AttemptStarted, Closes, DaemonStarted, GivesJobEnv, GivesMonitors, GivesStatus,
-                     MetricsBatch, Notice, Plugin, RunView, Tick, reaction)
+                     MetricsBatch, Noted, Notice, OnNotes, Plugin, RunView, Tick, reaction)
 from .ports import Concern, DaemonView
 
 log = structlog.get_logger("supervisor.daemon.runner")
@@ -84,8 +84,18 @@ class ConcernSet:
     def tick(self, n: Tick) -> None:
         self._guarded("tick", lambda c: c.tick(n.now), n)
 
-    def on_event(self, event: str, level: str, message: str, data: Any) -> None:
-        self._guarded("on_event", lambda c: c.on_event(event, level, message, data))
+    def on_event(self, n: Noted) -> None:
+        """Every recorded event, from the thread that recorded it (no view: see ``Noted``)."""
+        for c in self.items:
+            try:
+                if isinstance(c, Concern):
+                    c.on_event(n.event, n.level, n.message, n.data)
+                elif isinstance(c, OnNotes):
+                    for e in c.noted(n):
+                        self.apply(e)
+            except Exception as e:
+                log.exception("concern_failed", concern=c.name, hook="on_event", error=repr(e),
+                              message=f"{c.name} failed in on_event; the daemon keeps going")
 
     def close(self) -> None:
         for c in self.items:

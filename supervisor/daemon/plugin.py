@@ -19,6 +19,7 @@ from ..core.messages import EndAttempt, Resume
 from ..core.observations import Detection, MetricRecord
 from ..core.policy import Decision
 from ..events import AttemptContext, Monitor
+from ..levels import Level
 from .effects import Effect
 
 if TYPE_CHECKING:
@@ -108,6 +109,22 @@ class Tick:
 Notice = DaemonStarted | AttemptStarted | AttemptEnded | MetricsBatch | Tick
 
 
+@dataclass(frozen=True)
+class Noted:
+    """One daemon event as recorded (log, journal, ledger), told from the thread that recorded it:
+    the one notice without a view (its reaction is short, on any thread); ``at``/``now``: the
+    daemon's wall and monotonic clocks then."""
+
+    event: str
+    level: Level
+    message: str
+    data: Mapping[str, Any]
+    run_id: str
+    attempt: int | None
+    at: float
+    now: float
+
+
 class Plugin:
     """A part of the daemon that only reacts; its capabilities are the bases below."""
 
@@ -153,6 +170,11 @@ class GivesMonitors(Plugin):
 
 class GivesJobEnv(Plugin):
     def job_env(self, run: RunView) -> Mapping[str, str]:
+        raise NotImplementedError
+
+
+class OnNotes(Plugin):
+    def noted(self, n: Noted) -> Effects:
         raise NotImplementedError
 
 

@@ -12,7 +12,9 @@ from ..eventnames import EventName, UnknownNames
 from ..levels import Level
 from ..logsite import Site, log_helper as log_helper, logged_from  # (re-exported: the runner marks its own helper)
 from .concernset import ConcernSet
-from .ports import LedgerStore
+from ..job.osapi import Clock as OsClock
+from .plugin import Noted
+from .ports import Clock, LedgerStore
 
 log = structlog.get_logger("supervisor.daemon.runner")
 
@@ -20,10 +22,12 @@ log = structlog.get_logger("supervisor.daemon.runner")
 class EventRecorder:
     """``where`` says the run id and the attempt (-1: none yet) at the moment of the event."""
 
-    def __init__(self, ledger: LedgerStore, concerns: ConcernSet, where: Callable[[], tuple[str, int]]) -> None:
+    def __init__(self, ledger: LedgerStore, concerns: ConcernSet, where: Callable[[], tuple[str, int]],
+                 clock: Clock | None = None) -> None:
         self.ledger = ledger
         self.concerns = concerns
         self.where = where
+        self.clock = clock or OsClock()
         self._unknown_names = UnknownNames()
 
     @log_helper
@@ -46,7 +50,9 @@ class EventRecorder:
                         **{k: v for k, v in data.items() if v is not None})
         # A failed write (a full disk) does not raise: the ledger logs it once, counts and drops it.
         self.ledger.event(run_id, attempt, event, level, message, jsonable(data) if data else None)
-        self.concerns.on_event(event, level, message, data)  # [notify]: tell a human
+        # [notify]: tell a human
+        self.concerns.on_event(Noted(event, level, message, data, run_id, attempt, self.clock.time(),
+                                     self.clock.monotonic()))
 
     def record(self, cmd: Record) -> None:
         """The state machine's event, its CODE_* fields where the machine made it (not here)."""

@@ -84,7 +84,7 @@ class Runner:
         self.starter = AttemptStarter(ports, self.concerns, self.monitors, self.snapshots, self.activity,
                                       self.state_dir, on_eof=lambda src: self.inbox.put(PipeEnded(src)))
         self.status_cache = StatusCache(self.status, self.concerns.live_statuses, lambda: booting_status(self))
-        self.recorder = EventRecorder(self.ledger, self.concerns, lambda: (self.run_id, self.attempt))
+        self.recorder = EventRecorder(self.ledger, self.concerns, lambda: (self.run_id, self.attempt), self.clock)
         self.carry_out = Carrier(lambda n: self.recorder.event(n.event, n.level, n.message, code_site=n.site,
                                                                ledger_only=n.ledger_only, **n.data),
                                  self.emit, self.writes.write, lambda: self.inbox.put(ControlAsked("checkpoint-now", {})),

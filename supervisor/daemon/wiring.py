@@ -16,7 +16,7 @@ from .adapters import ProcessLauncher
 from .checkpointconcern import CheckpointConcern
 from .healthconcern import Backend, HealthMonitors, LaunchGatePort
 from .ckptdiscovery import CheckpointDiscoveryConcern
-from .alerting import NotifyConcern
+from .alerting import NotifyPlugin
 from .knownsecrets import teach_gate
 from .precursors import PrecursorPlugin
 from .progress import GoodputPlugin, ValidationPlugin
@@ -59,7 +59,7 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     # the health and checkpoint concerns read the checkpoint dir it may find.
     ops = OpsConcern(notifier, checkpoints, status_interval_s=cfg.systemd.status_interval_s)
     concerns: list[Concern | Plugin] = [
-        NotifyConcern(), CheckpointDiscoveryConcern(checkpoints), ops, WatchConcern(), health, checkpoints, goodput,
+        NotifyPlugin(), CheckpointDiscoveryConcern(checkpoints), ops, WatchConcern(), health, checkpoints, goodput,
         ValidationPlugin(goodput.tracks), ResumeWatchPlugin(), PrecursorPlugin(),
                                StateLockConcern(lock, ledger, rebind=[ops.rebind_control]), *extra]
     if cfg.web.listen:  # the live page: its own listener, imported only when configured

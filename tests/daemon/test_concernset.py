@@ -13,7 +13,8 @@ from supervisor.core.causes import Action, Cause
 from supervisor.core.messages import EndAttempt, Resume
 from supervisor.daemon.concernset import ConcernSet
 from supervisor.daemon.monitors import AttemptMonitors
-from supervisor.daemon.plugin import AttemptEnded, AttemptStarted, DaemonStarted, MetricsBatch, Tick
+from supervisor.daemon.plugin import AttemptEnded, AttemptStarted, DaemonStarted, MetricsBatch, Noted, Tick
+from supervisor.levels import Level
 from supervisor.daemon.ports import Concern
 from supervisor.events import AttemptContext, Emit
 from supervisor.core.observations import MetricRecord
@@ -68,7 +69,8 @@ HOOKS: dict[str, tuple[Callable[[ConcernSet], None], tuple[Any, ...]]] = {
     "job_hung": (lambda s: s.job_hung(1, [4000, 4001]), (1, [4000, 4001])),
     "attempt_ended": (lambda s: s.attempt_ended(AttemptEnded(END, RESUME, 9.0)), (END, RESUME, 9.0)),
     "tick": (lambda s: s.tick(Tick(3.0)), (3.0,)),
-    "on_event": (lambda s: s.on_event("x_happened", "info", "x", {"k": 1}), ("x_happened", "info", "x", {"k": 1})),
+    "on_event": (lambda s: s.on_event(Noted("x_happened", Level.INFO, "x", {"k": 1}, "run-1", 1, 0.0, 0.0)),
+                 ("x_happened", "info", "x", {"k": 1})),
     "close": (lambda s: s.close(), ()),
 }
 

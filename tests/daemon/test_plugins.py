@@ -154,3 +154,32 @@ def test_the_live_page_says_where_it_listens_or_why_it_cannot(tmp_path: Path):
         busy = view(tmp_path, cfg=config(tmp_path, web={"listen": f"127.0.0.1:{taken.getsockname()[1]}"}))
         [note] = LivePagePlugin().started(DaemonStarted(FakeLedger(), dict), busy)
     assert note.event is EventName.WEB_UNAVAILABLE and note.level is Level.ERROR and "supervising without it" in note.message
+
+
+def test_notify_sends_the_chosen_events_and_says_a_restart_loop_from_the_notices_alone(tmp_path: Path):
+    """[notify] as a plug-in: each recorded event is a Noted notice (any thread, no view); the
+    chosen ones go to the hook, and three restarts within the window are one restart_loop."""
+    import sys
+
+    from supervisor.daemon.alerting import NotifyPlugin
+    from supervisor.daemon.plugin import Noted
+    from tests.util import wait_for
+
+    out = tmp_path / "sent"
+    hook = [sys.executable, "-c", f"import sys; open({str(out)!r}, 'a').write(sys.stdin.read() + '\\n')"]
+    cfg = config(tmp_path, notify={"command": hook, "events": ["gave_up", "restart_loop"]})
+    p = NotifyPlugin()
+    assert p.started(DaemonStarted(FakeLedger(), dict), view(tmp_path, cfg=cfg)) == ()
+    try:
+        def noted(event: str, now: float) -> Noted:
+            return Noted(event, Level.WARNING, f"{event} said", {}, "run-1", 1, 1_700_000_000.0 + now, now)
+
+        assert p.noted(noted("restart_scheduled", 0.0)) == () and p.noted(noted("job_started", 1.0)) == ()
+        p.noted(noted("restart_scheduled", 2.0))
+        p.noted(noted("restart_scheduled", 3.0))  # the third within the window
+        p.noted(noted("gave_up", 4.0))
+        wait_for(lambda: out.exists() and out.read_text().count("\n") >= 2, 20, 0.05, "two alerts through the hook")
+        sent = out.read_text()
+        assert "restart_loop" in sent and "gave_up" in sent and "job_started" not in sent
+    finally:
+        p.close()
