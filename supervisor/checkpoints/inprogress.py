@@ -23,6 +23,7 @@ from typing import Any, Iterable
 
 from .discovery import CHECKPOINT_SUFFIXES, LAST_GOOD_DIR, QUARANTINE_DIR, is_temp_name, recognise
 from .layouts import registry
+from .layouts.names import name_step
 from .listing import newest_entries
 from .manifest import MANIFEST_SUFFIX, stat_record
 from ..humanize import size
@@ -30,7 +31,6 @@ from ..textescape import escaped
 
 # A temp name that looks like a checkpoint's: a checkpoint suffix or a step folder's name.
 _STEP_DIR = re.compile(r"^(?:step|ckpt|checkpoint|iter|epoch|global_step)[-_]?(\d+)$")
-_NUMBER = re.compile(r"(\d+)")
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,7 @@ def _looks_like_checkpoint(name: str) -> bool:
 
 
 def _step(name: str) -> int | None:
-    nums = _NUMBER.findall(name.lstrip("."))
-    return int(nums[0]) if nums else None
+    return name_step(name.lstrip(".")).step  # the one reading of a name's step (layouts/names.py)
 
 
 def _why_writing(p: Path) -> str | None:

@@ -5,14 +5,12 @@ metric files read back. Drawn by :mod:`.plot`, written by :mod:`.page`."""
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
-_STEP_IN_NAME = re.compile(r"(\d+)(?!.*\d)")
-
+from ..checkpoints.layouts.names import name_step
 
 class MetricPoint(NamedTuple):
     """One loss observation: wall-clock time (epoch seconds), step, loss, attempt number."""
@@ -128,8 +126,7 @@ def _checkpoint_step(path: str | None, checkpoints: Sequence[Mapping[str, Any]])
     for row in checkpoints:
         if row.get("path") == path and row.get("step") is not None:
             return int(row["step"])
-    match = _STEP_IN_NAME.search(Path(path).name)
-    return int(match.group(1)) if match else None
+    return name_step(Path(path).name).step  # never the last number of several (step_1000_v2.pt)
 
 
 def restart_markers(data: ReportData) -> list[Marker]:
