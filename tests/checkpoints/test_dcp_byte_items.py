@@ -164,8 +164,8 @@ def test_a_garbled_or_huge_metadata_is_refused_in_bounded_memory(tmp_path: Path)
 
 @pytest.mark.slow
 def test_millions_of_items_are_refused_within_the_bound(tmp_path: Path) -> None:
-    """1.5 million byte items (a 40 MB metadata): the opcode walk's bound refuses it before a
-    single object is built; each later bound is shown by lowering it."""
+    """1.5 million byte items (a 134 MB metadata): the size bound (128 MiB) refuses it before a
+    byte is walked or a single object is built; each later bound is shown by lowering it."""
     many = _fake(tmp_path / "many", n=1_500_000, length=5)
     got, peak, took = _timed(lambda: scan_refusal(many))
     assert got is not None and got.file == ".metadata" and "not called checked" in got.why, got
