@@ -177,7 +177,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "if st.st_mtime < since or file_id(st) in own:", "if st.st_mtime < since:",
              ("tests/watch/test_blind.py",)),
     Mutation("[notify] never hears of an event (nobody is told of a give-up)", "supervisor/daemon/recorder.py",
-             'self.concerns.on_event(event, level, message, data)', "pass",
+             'self.concerns.on_event(Noted(event, level, message, data, run_id, attempt, self.clock.time(),\n'
+             '                                     self.clock.monotonic()))', "pass",
              ("tests/ops/test_notify_e2e.py",)),
     Mutation("[notify] secrets not masked by key", "supervisor/ops/alertmsg.py",
              "REDACTED if masks_key(str(k), v2) else", "REDACTED if False else",
