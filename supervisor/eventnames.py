@@ -182,6 +182,7 @@ class EventName(StrEnum):
     METRICS_BLIND = "metrics_blind"
     METRICS_SEEN = "metrics_seen"
     EVAL_NONFINITE = "eval_nonfinite"
+    GRAD_OVERFLOW = "grad_overflow"
     NAN_MENTIONED = "nan_mentioned"
     OUTPUT_LIVENESS_OFF = "output_liveness_off"
     OUTPUT_LIVENESS_ON = "output_liveness_on"

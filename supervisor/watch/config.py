@@ -145,8 +145,13 @@ class NanDetectorConfig:
 
     enabled: bool = field(default=True, metadata=meta("detect NaN/Inf loss or grad norm"))
     consecutive: int = field(default=1, metadata=meta(
-        "non-finite records in a row before it fires (raise for fp16 with a dynamic loss scaler)",
-        min=1))
+        "records with a non-finite loss (or other field) in a row before it fires", min=1))
+    overflow_steps: int = field(default=20, metadata=meta(
+        "records in a row whose grad norm is inf while their loss is finite (or nan beside a loss scale) "
+        "before it fires: one such record is a step the fp16 loss scaler skipped (AMP's GradScaler, DeepSpeed, "
+        "HF Trainer print it; a grad_overflow warning, never a stop), this many in a row is a run that no longer "
+        "trains. A non-finite loss, and a nan grad norm with no loss scale beside it (HF's NaN filter hides "
+        "the loss of a diverged run), fire at once (consecutive). 1: any non-finite grad norm rolls back", min=1))
     fields: tuple[str, ...] = field(default=("loss", "grad_norm"), metadata=meta(
         "which metric fields must stay finite: a non-finite value in one is a nan detection (Megatron's "
         '"number of nan iterations" above 0 too). A non-finite eval metric (val_loss, eval_loss, eval/..., '

@@ -49,7 +49,7 @@ from ..core.observations import Detection, MetricRecord
 from ..health.xid import classify_xid
 from ..redact import redact_line
 from .config import DetectorsConfig, LossSpikeConfig, NanDetectorConfig, TextDetectorConfig
-from .nannotes import NAN_ITERATIONS, NanNotes
+from .nannotes import NAN_ITERATIONS, NanNotes, overflow_skip
 from .textrules import (CKPT_KEYWORDS, CKPT_RULES, CUDA_ANCHORS, CUDA_ERROR, GPU_RULES, NCCL_CUDA_OOM, NCCL_KEYWORDS,
                         NCCL_RULES, NCCL_UNHANDLED, OOM_KEYWORDS, OOM_RULES, XID_LINE, TextRule)
 
@@ -202,11 +202,40 @@ class NanDetector:
         # (source, rank) -> (non-finite records in a row, step of the first, last step counted)
         self.runs: dict[tuple[str, int | None], tuple[int, int | None, int | None]] = {}
         self.last_finite: dict[tuple[str, int | None], int] = {}  # stream -> step of its last finite record
+        # stream -> (skipped fp16 steps in a row: grad norm not finite, loss finite; step of the first, last)
+        self.overflows: dict[tuple[str, int | None], tuple[int, int | None, int | None]] = {}
 
     def reset(self, resume_step: int | None) -> None:
         self.fired = False
         self.runs.clear()
         self.last_finite.clear()
+        self.overflows.clear()
+
+    def _skipped(self, source: str, line: str, rec: MetricRecord, step: int | None, value: float) -> Detection | None:
+        """A step the fp16 loss scaler skipped (grad norm not finite, loss finite): a detection only at
+        ``overflow_steps`` of them in a row; one is routine (:mod:`.nannotes` says it: grad_overflow)."""
+        key = (source, rec.rank)
+        self.runs.pop(key, None)  # its loss is finite: a run of non-finite losses ends here
+        count, onset, last = self.overflows.get(key, (0, rec.step, None))
+        if rec.step is None or rec.step != last:  # ranks printing the same step count once
+            count += 1
+        self.overflows[key] = (count, onset, rec.step)
+        if count < self.cfg.overflow_steps:
+            return None
+        self.fired = True
+        at = rec.step if rec.step is not None else step
+        onset = at if onset is None else onset
+        ok = self.last_finite.get(key)
+        if ok is not None and onset is not None and ok + 1 < onset:
+            onset = ok + 1
+        where = f" at step {at}" if at is not None else ""
+        return Detection(
+            at=rec.at, cause=Cause.NAN, source=source, step=at, onset_step=onset, value=value,
+            summary=f"grad_norm is {value}{where}, {count} records in a row since step {onset} with a finite loss: "
+                    "past [detectors.nan] overflow_steps the loss scaler is not skipping an overflow, the run "
+                    "no longer trains",
+            evidence=truncate(line, self.evidence_chars),
+            details={"field": "grad_norm", "consecutive": count, "fmt": rec.fmt, "overflow": True})
 
     def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None:
         if self.fired or rec is None:
@@ -220,6 +249,10 @@ class NanDetector:
         if bad is None and rec.extra.get(NAN_ITERATIONS, 0) > 0:
             bad = (NAN_ITERATIONS, rec.extra[NAN_ITERATIONS])
         key = (source, rec.rank)
+        if bad is not None and bad[0] == "grad_norm" and overflow_skip(rec):
+            return self._skipped(source, line, rec, step, bad[1])
+        if self.overflows and rec.grad_norm is not None:
+            self.overflows.pop(key, None)  # a finite grad norm: the scaler found a scale that works
         if bad is None:
             if rec.step is not None:
                 self.last_finite[key] = rec.step
@@ -393,7 +426,8 @@ def _nan(cfg: DetectorsConfig, ev: int) -> list[Detector]:
     out: list[Detector] = [NanDetector(cfg.nan, ev)]
     if cfg.nan.patterns:  # the user's lines that mean NaN: the only text that stops a job
         out.append(TextDetector(Cause.NAN, [], (), TextDetectorConfig(patterns=cfg.nan.patterns), ev))
-    out.append(NanNotes(text=cfg.nan.text, eval_fields_judged="val_loss" in cfg.nan.fields, evidence_chars=ev))
+    out.append(NanNotes(text=cfg.nan.text, eval_fields_judged="val_loss" in cfg.nan.fields, evidence_chars=ev,
+                        overflow_steps=cfg.nan.overflow_steps))
     return out
 
 

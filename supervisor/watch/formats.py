@@ -14,6 +14,22 @@ from .records import (KEYS, LOSS_FIELDS, NUM, NUM_END, canonical_key, field_of, 
                       parse_human, parse_number, record_from_mapping)
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# Every other escape sequence (OSC: a terminal title or hyperlink, up to BEL or ST; DCS, SOS, PM, APC;
+# a two-byte escape) and every other control character (C0 but tab, DEL, C1) a job may print right
+# after a value ("loss nan\x07", "loss=nan\x00"): a separator for parsing, as a terminal shows none
+# of them. The line shown (console, job.log, evidence) keeps them; only the parsing reads past them.
+CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_ESCAPE_RE = re.compile(r"\x1b(?:[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|[ -/]*[0-~])?")
+# A number or non-finite spelling in quotes outside a dict ("loss 'nan'", 'loss "nan"'): its value.
+QUOTED_VALUE = re.compile(r"""(['"])([-+]?(?:\d[\d.,]*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|(?i:nan|inf(?:inity)?)))\1""")
+
+
+def plain(line: str) -> str:
+    """``line`` as its fields are read: colour codes (CSI) dropped (they sit inside tokens:
+    ``\x1b[1mloss\x1b[0m``), every other escape sequence and control character a space."""
+    if "\x1b" in line:
+        line = _ESCAPE_RE.sub(" ", ANSI_RE.sub("", line))
+    return CONTROL_RE.sub(" ", line)
 RANK_PREFIX = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:\s?")
 
 _NANOGPT_ITER = re.compile(rf"^iter (\d+): loss ({NUM})(?:, time ({NUM})ms)?(?:, mfu ({NUM})%)?(?:,|$)")

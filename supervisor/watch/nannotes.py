@@ -39,6 +39,8 @@ from .textrules import NAN_TEXT_KEYWORDS, NAN_TEXT_RULES
 #: Megatron-LM's count of iterations with a NaN loss in the logging interval (an ``extra`` field of
 #: its iteration line): a value > 0 is a non-finite training value, judged by the NanDetector.
 NAN_ITERATIONS = "number of nan iterations"
+SKIPPED_ITERATIONS = "number of skipped iterations"  # Megatron's count of steps its loss scaler skipped
+_SCALER_KEY = re.compile(r"(?i)scale")  # loss_scale, "loss scale", scaler, grad_scale: a dynamic loss scaler's
 
 # An eval metric's key, anywhere in a path: val_loss, eval/accuracy, validation/loss, test_loss,
 # metrics/val_ppl. (val_loss itself is a record field: the parsers map eval_loss, val/loss, ... to it.)
@@ -66,14 +68,31 @@ def has_nonfinite_value(rec: MetricRecord) -> bool:
     return any(_bad(v) for v in rec.extra.values())
 
 
+def overflow_skip(rec: MetricRecord) -> bool:
+    """A step the fp16 loss scaler skipped: its grad norm is infinite (the scaled gradients
+    overflowed) while its loss is finite, or not finite beside a loss scale or a skipped-iteration
+    count in the same record. AMP's GradScaler, DeepSpeed and the HF Trainer print it and go on with a
+    smaller scale; only many in a row (``[detectors.nan] overflow_steps``) are a divergence. A NaN
+    grad norm with nothing of a scaler beside it is not one: HF's default ``logging_nan_inf_filter``
+    prints a diverged run exactly so (a finite loss, ``'grad_norm': nan``), and that fires at once."""
+    g = rec.grad_norm
+    if g is None or g - g == 0 or rec.loss is None or rec.loss - rec.loss != 0 or rec.extra.get(NAN_ITERATIONS, 0) > 0:
+        return False
+    return math.isinf(g) or any(_SCALER_KEY.search(k) for k in rec.extra) or rec.extra.get(SKIPPED_ITERATIONS, 0) > 0
+
+
 class NanNotes:
     """``nan_mentioned`` (once per run) and ``eval_nonfinite`` (once per attempt and metric)."""
 
     cause = Cause.NAN
     wants_metrics = True
 
-    def __init__(self, *, text: bool, eval_fields_judged: bool, evidence_chars: int) -> None:
+    def __init__(self, *, text: bool, eval_fields_judged: bool, evidence_chars: int,
+                 overflow_steps: int = 20) -> None:
         self.text = text
+        self.overflow_steps = overflow_steps
+        self.overflows = 0  # this attempt's skipped steps (grad_overflow: said at the 1st, 10th, 100th ...)
+        self._next_overflow_note = 1
         # val_loss named in [detectors.nan] fields: the NanDetector rolls back on it, no warning here.
         self.eval_fields_judged = eval_fields_judged
         self.keywords: tuple[str, ...] = NAN_TEXT_KEYWORDS if text else ()
@@ -87,6 +106,8 @@ class NanNotes:
     def reset(self, resume_step: int | None) -> None:
         self.eval_said.clear()
         self.eval_notices = 0
+        self.overflows = 0
+        self._next_overflow_note = 1
 
     def take(self) -> list[Notice]:
         out, self.pending = self.pending, []
@@ -96,6 +117,8 @@ class NanNotes:
         if rec is not None:
             if rec.loss is not None and math.isfinite(rec.loss) and not rec.extra.get("eval"):
                 self.last_train = (rec.step if rec.step is not None else step, rec.loss)
+            if overflow_skip(rec):
+                self._overflow(source, line, rec, step)
             self._eval(source, line, rec, step)
             if has_nonfinite_value(rec):
                 return None  # a value: the NanDetector's (or the eval warning's), not a mention
@@ -126,6 +149,22 @@ class NanNotes:
             "next": "not rolled back; the run goes on" + (
                 f" (the last eval_nonfinite of this attempt: at most {MAX_EVAL_NOTICES})"
                 if self.eval_notices >= MAX_EVAL_NOTICES else "")}))
+
+    def _overflow(self, source: str, line: str, rec: MetricRecord, step: int | None) -> None:
+        self.overflows += 1
+        if self.overflows < self._next_overflow_note:
+            return
+        self._next_overflow_note *= 10  # a week of fp16 skips is a handful of warnings, not thousands
+        at = rec.step if rec.step is not None else step
+        where = f" at step {at}" if at is not None else ""
+        self.pending.append(Notice("grad_overflow", Level.WARNING, (
+            f"the grad norm is {rec.grad_norm}{where} while the loss is finite ({rec.loss:.4g}): a step the fp16 "
+            f"loss scaler skipped (its gradients overflowed; it goes on with a smaller scale). {self.overflows} "
+            f"such record(s) this attempt. Not rolled back: only {self.overflow_steps} in a row are "
+            "([detectors.nan] overflow_steps); a non-finite loss is at once"),
+            {"line": redact_line(line.rstrip(), limit=self.evidence_chars), "source": source, "step": at,
+             "overflows": self.overflows, "overflow_steps": self.overflow_steps,
+             "next": f"the run goes on; said again at the {self._next_overflow_note}th skipped step of this attempt"}))
 
     def _mention(self, source: str, line: str, step: int | None) -> None:
         for rule in NAN_TEXT_RULES:

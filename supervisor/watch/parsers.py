@@ -80,7 +80,8 @@ from typing import Sequence
 
 from ..core.observations import MetricRecord
 from .formats import (
-    ANSI_RE,
+    CONTROL_RE,
+    QUOTED_VALUE,
     RANK_PREFIX,
     csv_header,
     last_segment,
@@ -93,6 +94,7 @@ from .formats import (
     parse_nanogpt,
     parse_nanotron,
     parse_torchtitan,
+    plain,
 )
 from .generic import parse_generic
 from .records import LOSS_FIELDS, canonical_key, make_record, parse_number, record_from_mapping
@@ -207,9 +209,9 @@ class MetricParser:
         if "\r" in line:
             line = last_segment(line)
         nested = False
-        if "\x1b" in line:
+        if CONTROL_RE.search(line):
             nested = "\x1b[A" in line  # tqdm moved the cursor up: an inner (nested) bar
-            line = ANSI_RE.sub("", line)
+            line = plain(line)  # a control byte or escape right after a value ("loss nan\x07") ends it
         rank: int | None = None
         if line.startswith("[") or line.startswith(" ["):
             m = RANK_PREFIX.match(line)
@@ -235,6 +237,8 @@ class MetricParser:
                 msg, bound = json_parts(line)
                 rec = self.parse(msg, source) if msg is not None else None
                 return bound_record(bound, msg, rec, source, rank) if bound is not None else rec
+            if ("'" in line or '"' in line) and "{" not in line:
+                line = QUOTED_VALUE.sub(r"\2", line)  # "loss 'nan'": a value in quotes is the value
             if "tep" in line or "STEP" in line:
                 rec = parse_kv(line, source, rank)
                 if rec is not None:

@@ -188,3 +188,97 @@ def test_a_crafted_unit_chain_costs_linear_time() -> None:
     rec = parse_generic("step 1 loss nan µ" + "ms/" * 5000 + "x")
     assert rec is not None and rec.step == 1 and rec.loss is not None and math.isnan(rec.loss)
     assert time.perf_counter() - t < 1.0
+
+
+# ------------------------------------------- control bytes after a value, quotes (issue 34, D2 and RISK)
+
+# A control byte or escape sequence right after a NaN hid it (the run ended "finished" over a NaN):
+# each is a separator for parsing, as a terminal shows none of them. As the job writes them.
+CONTROL_NAN = [
+    b"step 25 loss nan\x07", b"step 25 loss nan\x00", b"step 25 loss=nan\x01", b"step 25 loss=nan\x7f",
+    b"step 25 loss nan\x1b]0;title\x07", b"step 25 loss nan\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\",
+    b"step 25 loss=nan\x00\x00 more", b"step 25 loss=NaN\x00\x01", b"step 25 loss nan\x1b[K", b"step 25 loss nan\x1bc",
+    b"step 25 loss nan\x1bP1$r0m\x1b\\", b"\x00step 25 loss nan", b"step 25\x0bloss\x0cnan", b"step 25 loss nan\xc2\x9b",
+    b"step 25 loss 'nan'", b'step 25 loss "nan"', b"step 25 loss: '-inf'", b"step=25 loss='NaN' lr=1e-4",
+]
+# ... and the same bytes never make a finite line a NaN, nor a word a value.
+CONTROL_BENIGN = [
+    b"step 25 loss=1.9000\x00 ok nan", b"step 25 loss 1.9\x07 (no nan)", b"\x1b]0;nan\x07step 25 loss 1.9",
+    b"step 25 loss '1.9' nan_count 0", b"loss is 'nan'? False", b"step 25 msg='nan' loss 1.9",
+]
+
+
+@pytest.mark.parametrize("raw", CONTROL_NAN, ids=repr)
+def test_a_nan_value_before_a_control_byte_or_in_quotes_stops(raw: bytes) -> None:
+    w, dets, _ = watch()
+    line = raw.decode("utf-8", "replace")
+    w.feed("stdout", ["step 24 | loss 2.10", line])
+    assert [(d.cause, d.step) for d in dets] == [(Cause.NAN, 25)], line
+    assert dets[0].onset_step == 25
+
+
+@pytest.mark.parametrize("raw", CONTROL_BENIGN, ids=repr)
+def test_control_bytes_and_quotes_never_make_prose_a_nan(raw: bytes) -> None:
+    w, dets, recs = watch()
+    w.feed("stdout", ["step 24 | loss 2.10", raw.decode("utf-8", "replace"), "step 26 | loss 2.08"])
+    assert dets == [] and all(math.isfinite(r.loss) for r in recs if r.loss is not None), (raw, dets)
+
+
+# ---------------------------------------------------------- fp16 overflow skips (issue 34, R1)
+
+OVERFLOW = lines_of("overflow.txt")
+
+
+@pytest.mark.parametrize("line", OVERFLOW)
+def test_a_nonfinite_grad_norm_beside_a_finite_loss_is_a_warning_even_at_the_same_step_again(line: str) -> None:
+    # AMP / DeepSpeed / HF print it on every skipped fp16 step: a rollback, then the same line at the
+    # same step, gave up (exit 3) on a healthy run. Now a warning, and a second attempt is the same.
+    w, dets, _ = watch()
+    for attempt in range(2):
+        w.reset(attempt, None if attempt == 0 else 20)
+        w.feed("stdout", ["step 24 | loss 2.10", line, "step 26 | loss 2.08 | grad_norm 0.9"])
+        assert dets == [], (line, dets)
+        [n] = w.take_notices()
+        assert n.event == "grad_overflow" and n.level == "warning" and n.data["overflows"] == 1, n
+        assert "Not rolled back" in n.message and "overflow_steps" in n.message
+
+
+@pytest.mark.parametrize("line", OVERFLOW)
+def test_overflow_steps_1_rolls_back_on_any_nonfinite_grad_norm(line: str) -> None:
+    w, dets, _ = watch(DetectorsConfig(nan=NanDetectorConfig(overflow_steps=1)))
+    w.feed("stdout", ["step 24 | loss 2.10", line])
+    [d] = dets
+    assert d.cause is Cause.NAN and d.details["field"] == "grad_norm" and d.details["overflow"] is True
+
+
+def test_overflow_steps_in_a_row_are_a_divergence_and_a_finite_grad_norm_ends_the_run() -> None:
+    w, dets, _ = watch()
+    k = NanDetectorConfig().overflow_steps
+    w.feed("stdout", ["step 9 loss 2.0 grad_norm 1.0"])
+    w.feed("stdout", [f"step {s} loss 1.9 grad_norm inf" for s in range(10, 10 + k - 1)])
+    w.feed("stdout", ["step 40 loss 1.9 grad_norm 0.8", "step 41 loss 1.9 grad_norm 0.8"])  # the scaler recovered
+    w.feed("stdout", [f"step {s} loss 1.9 grad_norm inf" for s in range(50, 50 + k - 1)])
+    assert dets == []
+    w.feed("stdout", [f"step {50 + k - 1} loss 1.9 grad_norm -inf", "step 99 loss nan"])
+    [d] = dets
+    assert d.cause is Cause.NAN and d.step == 50 + k - 1 and d.onset_step == 42 and d.details["consecutive"] == k
+    # the notices: the 1st and the 10th skipped step of the attempt, with the count
+    assert [n.data["overflows"] for n in w.take_notices()] == [1, 10]
+
+
+def test_a_nonfinite_loss_still_fires_at_once_amid_overflow_skips() -> None:
+    w, dets, _ = watch()
+    w.feed("stdout", ["step 9 loss 2.0 grad_norm 1.0", "step 10 loss 1.9 grad_norm inf", "step 11 loss nan grad_norm inf"])
+    [d] = dets
+    assert d.cause is Cause.NAN and d.step == 11 and d.details["field"] == "loss" and d.onset_step == 10
+
+
+def test_a_nan_grad_norm_with_no_loss_scale_beside_it_fires_at_once() -> None:
+    # HF's default logging_nan_inf_filter prints a diverged run as a finite loss and 'grad_norm': nan
+    # (tests/corpus/hf5_filter_on): no scaler in sight, so no overflow skip: a rollback at once.
+    w, dets, _ = watch()
+    w.feed("stdout", ["{'loss': 3.9, 'grad_norm': 1.5, 'learning_rate': 4e-05, 'epoch': 0.3}",
+                      "step 24 | loss 2.10", "step 25 | loss 3.1 | grad_norm nan"])
+    [d] = dets
+    assert d.cause is Cause.NAN and d.step == 25 and d.details["field"] == "grad_norm" and "overflow" not in d.details
+    assert [n.event for n in w.take_notices()] == []
