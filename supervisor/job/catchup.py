@@ -14,7 +14,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import structlog
 
@@ -177,9 +177,53 @@ class LogReadback:
 # look-ahead's prefilter, one C pass over the new bytes. Words that hold them ("info", "nanoGPT")
 # do not match; a line that only speaks of NaN does, and is then judged as any line is.
 NONFINITE = re.compile(rb"(?i)\b(?:nan|inf(?:inity)?)\b")
+# A hit right after a metric key (loss, norm: the NaN detector's fields; "nan iterations") with only
+# separators, quotes or a torch wrapper between: a value's place. Such hits are judged first when a
+# look holds more than AHEAD_MAX_HITS ("step 9 loss 1.99 (no nan)" x 200,000 must not crowd out
+# "step 10 loss nan"); the others after them, within the cap.
+VALUE_AT = re.compile(rb"(?i)(?:loss|norm|iterations)[\w/.\]\)]*['\"]?\s*[=:|]?\s*['\"]?(?:tensor\(\[?)?[-+]?"
+                      rb"(?:nan|inf(?:inity)?)\b")
 AHEAD_CONTEXT = 16 << 10  # bytes before a hit read with it: the stream's last finite record (onset)
 AHEAD_READ = 8 << 20  # at most this much new output per look (the next look goes on from there)
+AHEAD_MAX_HITS = 64  # hit lines given per look; the rest are left to the in-order parsers (later, exact)
+AHEAD_SHARE = 0.2  # of a core: after a look that cost t seconds of CPU, the next waits 4 t (dense hits)
+AHEAD_CHEAP_S = 0.002  # a look that cost less (and met no cap) holds no later one back
 STDERR_SEEN = 4096  # stderr hit lines remembered to tell a job.log hit's stream
+
+
+class AheadLines(Sequence[str]):
+    """A hit line and the lines before it (within :data:`AHEAD_CONTEXT`), decoded only when read:
+    ``[-1]`` (the hit) decodes one line; iterating decodes the context once. Every hit of one look
+    shares the look's buffer, so a burst of hits costs its count, never count x context (a list of
+    16 KiB of decoded lines per hit took gigabytes at 200,000 hits)."""
+
+    __slots__ = ("_data", "_first", "_start", "_end", "_lines")
+
+    def __init__(self, data: bytes, first: int, start: int, end: int) -> None:
+        self._data, self._first, self._start, self._end = data, first, start, end
+        self._lines: list[str] | None = None
+
+    def _all(self) -> list[str]:
+        if self._lines is None:
+            self._lines = self._data[self._first:self._end].decode("utf-8", "replace").split("\n")
+        return self._lines
+
+    def __getitem__(self, i: int) -> str:  # type: ignore[override]  # no slices: the judge reads [-1] or all
+        if i == -1 and self._lines is None:
+            return self._data[self._start:self._end].decode("utf-8", "replace")
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == (list(other) if isinstance(other, (list, tuple, AheadLines)) else other)
+
+    def __repr__(self) -> str:
+        return f"AheadLines({self._all()!r})"
 
 
 class _Follower:
@@ -254,46 +298,76 @@ class LogAhead:
             err_start = 0
         self._err = _Follower(err, err_start) if err else None
         self._stderr_lines: set[bytes] = set()
+        self._cpu = time.thread_time  # the look's own cost: the output thread's CPU time
+        self._not_before = 0.0  # (thread CPU clock) a dense look's budget: no look before this
+        self.left_in_order = 0  # hit lines past the cap per look: judged by the in-order parsers only
 
-    def _hits(self, data: bytes, new_from: int) -> tuple[list[tuple[int, int]], int]:
-        """(start, end) of each complete line in ``data[new_from:]`` with a hit; how far is complete."""
+    def _hits(self, data: bytes, new_from: int, cap: int) -> tuple[list[tuple[int, int]], int, int]:
+        """(start, end) of complete lines in ``data[new_from:]`` with a hit, in file order, at most
+        ``cap`` (those with a value's place first: :data:`VALUE_AT`); how far is complete; how many
+        hit lines were past the cap. Memory: the cap, whatever the hit count."""
         done = data.rfind(b"\n", new_from) + 1
         if done <= new_from:
-            return [], new_from
-        spans: list[tuple[int, int]] = []
+            return [], new_from, 0
+        left = 0
+        hinted: list[tuple[int, int]] = []
+        other: list[tuple[int, int]] = []
+        end = -1
         for m in NONFINITE.finditer(data, new_from, done):
-            end = data.find(b"\n", m.end())
-            if spans and spans[-1][1] == end:
+            if m.start() < end:
                 continue  # a second hit on the same line
-            spans.append((data.rfind(b"\n", 0, m.start()) + 1, end))
-        return spans, done
+            start, end = data.rfind(b"\n", 0, m.start()) + 1, data.find(b"\n", m.end())
+            if VALUE_AT.search(data, start, end):
+                if len(hinted) < cap:
+                    hinted.append((start, end))
+                    continue
+            elif len(other) < cap:
+                other.append((start, end))
+                continue
+            left += 1
+        if len(hinted) + len(other) > cap:
+            left += len(hinted) + len(other) - cap
+            other = other[:cap - len(hinted)]
+        return sorted(hinted + other), done, left
 
     def skip_to(self, offset: int) -> None:
         """Output before ``offset`` in job.log is handled already: no need to look at it."""
         if offset > self._out.offset:
             self._out.offset = offset
 
-    def look(self) -> list[tuple[str, list[str]]]:
+    def look(self) -> list[tuple[str, Sequence[str]]]:
         """(stream, lines) per hit line in the output added since the last look, oldest first: the
-        hit line last, the lines before it (within :data:`AHEAD_CONTEXT`) first."""
+        hit line last, the lines before it (within :data:`AHEAD_CONTEXT`) first (:class:`AheadLines`).
+
+        Bounded whatever the hit density: at most :data:`AHEAD_MAX_HITS` hit lines a look (those with
+        a value's place first: :data:`VALUE_AT`; the rest are parsed in order only, counted in
+        :attr:`left_in_order`), their context read from the look's one buffer when judged, and a look
+        that cost t of CPU is followed by none for t / :data:`AHEAD_SHARE` (the output waits in job.log,
+        looked at by the next one). Memory: the buffer (:data:`AHEAD_READ` + context) and the cap."""
+        began = self._cpu()
+        if began < self._not_before:
+            return []
         if self._err is not None:
             data, new_from, _ = self._err.read_new(AHEAD_READ, 0)
-            spans, done = self._hits(data, new_from)
+            spans, done, _ = self._hits(data, new_from, STDERR_SEEN)
             self._err.offset += done - new_from
             if len(self._stderr_lines) > STDERR_SEEN:
                 self._stderr_lines.clear()
             self._stderr_lines.update(data[s:e] for s, e in spans)
         data, new_from, whole = self._out.read_new(AHEAD_READ, AHEAD_CONTEXT)
-        spans, done = self._hits(data, new_from)
+        spans, done, left = self._hits(data, new_from, AHEAD_MAX_HITS)
         self._out.offset += done - new_from
-        found: list[tuple[str, list[str]]] = []
+        self.left_in_order += left
+        found: list[tuple[str, Sequence[str]]] = []
         for s, e in spans:
             if s == 0 and not whole:
                 continue  # a line longer than the context: its start is not here (parsed in turn)
             # from a line's start: the file's, or after the first newline within the context
             first = 0 if whole and s <= AHEAD_CONTEXT else data.find(b"\n", max(0, s - AHEAD_CONTEXT), s) + 1
-            lines = data[first:e].decode("utf-8", "replace").split("\n")
-            found.append(("stderr" if data[s:e] in self._stderr_lines else "stdout", lines))
+            found.append(("stderr" if data[s:e] in self._stderr_lines else "stdout", AheadLines(data, first, s, e)))
+        spent = self._cpu() - began
+        if left or spent > AHEAD_CHEAP_S:  # a dense or costly look: the budget holds the next ones back
+            self._not_before = self._cpu() + spent * (1 / AHEAD_SHARE - 1)
         return found
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ from typing import Sequence
 from ..core.observations import Detection, MetricRecord
 from .config import DetectorsConfig
 from .detectors import NanDetector
+from .nannotes import has_nonfinite_value
 from .parsers import MetricParser
 
 # Records whose step the log watcher rewrites from its own state (a bar's position, an epoch-local
@@ -36,7 +37,14 @@ class NanAhead:
                                     max_line_chars=cfg.parsers.max_line_chars)
 
     def judge(self, source: str, lines: Sequence[str]) -> Detection | None:
-        """The detection of the window's last line (its hit), or None: not a NaN, or not sure."""
+        """The detection of the window's last line (its hit), or None: not a NaN, or not sure.
+        The hit line alone is parsed first: a line that only speaks of NaN ("(no nan)") costs one
+        parse, and the lines before it are read only for a non-finite value (the onset's context)."""
+        if not lines:
+            return None
+        hit = self._parser.parse(lines[-1], source)
+        if hit is None or not has_nonfinite_value(hit):
+            return None
         nan = NanDetector(self.cfg.nan, self.cfg.evidence_chars)  # fresh: only this window's records
         for line in lines:
             rec = self._parser.parse(line, source)

@@ -59,3 +59,43 @@ def test_a_nan_after_a_burst_is_detected_before_the_burst_is_parsed(daemons, tmp
     # path needs the whole burst parsed first.
     assert seen_after < 30, f"the NaN was seen {seen_after:.1f} s after it was printed"
     assert sum(1 for _ in open(sd / "job.log", "rb")) == LINES + 1  # every line kept
+
+
+# Issue 34 D1: finite step lines that each say "nan" as a word, as fast as Python prints them, then
+# exit 0. The look-ahead built a decoded 16 KiB context per hit (2-9.5 GB RSS, a core for minutes)
+# and the output silence while it did so was judged a hang of a job that had exited 0.
+PROSE_BURST_JOB = """\
+import sys
+n = int(sys.argv[1])
+w = sys.stdout.write
+for s in range(1, n + 1):
+    w(f"step {s} loss {2.0 - s * 1e-7:.6f} (no nan)\\n")
+sys.stdout.flush()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lines", [50_000, 200_000])
+def test_a_burst_of_nan_words_keeps_the_daemon_small_and_ends_finished(daemons, tmp_path: Path, lines: int) -> None:
+    import psutil
+
+    sd, job = tmp_path / "sd", tmp_path / "job.py"
+    job.write_text(PROSE_BURST_JOB)
+    d = daemons(["wrap", "--state-dir", str(sd), "--set", "gpu.backend=none", "--set", "job.prewarm=false",
+                 "--", PY, str(job), str(lines)])
+    proc = psutil.Process(d.proc.pid)
+    peak = 0
+    deadline = time.monotonic() + 240
+    while d.proc.poll() is None and time.monotonic() < deadline:
+        try:
+            peak = max(peak, proc.memory_info().rss)
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)  # a sampling period, not a wait for a condition: the loop's condition is the exit
+    assert d.wait(10) == 0, d.stderr()[-3000:]
+    assert peak < 300 << 20, f"the daemon's RSS reached {peak >> 20} MiB"
+    h = history(sd)
+    [attempt] = h["attempts"]
+    names = [e["event"] for e in h["events"]]
+    assert "failure_detected" not in names and "restart_scheduled" not in names, names
+    assert attempt["exit_code"] == 0, attempt
