@@ -90,6 +90,9 @@ class HangGate:
                 log.warning("hang_look_failed", error=repr(exc), next="the hang is reported without a look")
                 return det
             self.last = res
+            if not res.look.procs:  # nobody left to be hung: the job ended, its exit (not a silence) decides
+                self._next_look = now + self.cfg.look_s
+                return None
             if not res.verdict.busy:
                 return self._with_look(det, res, "hung")
             if busy_for >= self.cfg.max_busy_s:

@@ -105,3 +105,24 @@ def test_progress_ends_the_suspicion_and_the_bound_starts_over(tmp_path: Path):
     assert gate.offer(1000.0 + MAX_BUSY_S - 1.0, HANG) is None and gate._look is not None
     _look_done(gate)
     _bounded(gate.offer(1000.0 + MAX_BUSY_S + 1.0, HANG), MAX_BUSY_S + 1.0)  # counted from 1000 s, not 0
+
+
+class NoneLeft(AlwaysBusy):
+    """The job's processes are gone (it exited; its output is still being read)."""
+
+    def processes(self, root_pid: int) -> dict[int, str]:
+        return {}
+
+
+def test_a_silence_after_every_process_of_the_job_is_gone_is_no_hang(tmp_path: Path) -> None:
+    """A job that exited while its output is still being parsed is silent, not hung: the look
+    finds no process, the detection is held (the exit decides the attempt's end), and the next
+    look waits its window."""
+    cfg = replace(HeartbeatConfig(), look_s=0.05, max_busy_s=MAX_BUSY_S, dump_stacks=False)
+    gate = HangGate(cfg, probe=NoneLeft(), on_busy=None)
+    gate.start(AttemptContext("r", 0, 4242, 4242, 0.0, tmp_path, tmp_path / "hb", None, None, None))
+    assert gate.offer(100.0, HANG) is None  # a look starts
+    res = _look_done(gate)
+    assert res is not None and not res.look.procs
+    assert gate.offer(101.0, HANG) is None  # held: no process to be hung
+    assert gate.offer(101.01, HANG) is None and gate._look is None  # the next look waits look_s
