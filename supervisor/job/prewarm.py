@@ -109,19 +109,35 @@ class Standby:
                 os.close(own_fd)
         self.pid = self.popen.pid
         self._io: tuple[int, int] | None = _idle_io(self.pid) if nice else None
+        self._nice = os.getpriority(os.PRIO_PROCESS, 0)  # what a cold start of the job inherits
+        self._idle = nice  # at idle priority until lift()
 
-    def restore_io(self) -> str | None:
-        """Every thread back to the IO priority a cold start inherits (an import may have started
-        threads, which took the idle class); why not, or None."""
-        if self._io is None:
+    def lift(self) -> str | None:
+        """Before the hand-over, from here: the standby's session, then each thread, back to the
+        priority a cold start gets (autogroup nice 0, a new session's; the daemon's nice and IO
+        class). An import still under way (the request waits for it) then finishes at the job's
+        speed, not as idle CPU on a busy node; the standby restores the same itself after it. Why
+        the IO class could not be restored, or None."""
+        if not self._idle:
             return None
         try:
-            tids = [int(t) for t in os.listdir(f"/proc/{self.pid}/task")]
-            for tid in tids:
-                psutil.Process(tid).ionice(*self._io)
+            with open(f"/proc/{self.pid}/autogroup", "w") as f:  # raising it back needs no privilege
+                f.write("0")
+        except OSError:
+            pass  # no autogroup here
+        try:
+            for tid in (int(t) for t in os.listdir(f"/proc/{self.pid}/task")):
+                if self._io is not None:
+                    psutil.Process(tid).ionice(*self._io)
+                try:
+                    if os.sched_getscheduler(tid) != os.SCHED_OTHER:
+                        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                    os.setpriority(os.PRIO_PROCESS, tid, self._nice)
+                except PermissionError:
+                    pass  # then the standby itself may (RLIMIT_NICE), or refuses: cold
         except (OSError, ValueError, psutil.Error) as e:
-            return f"cannot restore the job's IO priority ({e})"
-        self._io = None
+            return f"cannot restore the job's priority ({e})"
+        self._idle = False
         return None
 
     def usage(self) -> dict[str, Any]:
@@ -309,9 +325,9 @@ class Prewarm:
             elif procs_fd < 0 and sb.cgroup is not None:
                 sb.kill()  # its own cgroup has the idle weight: the job never runs there
                 why = "the attempt has no cgroup for the standby to move into"
-            elif (failed_io := sb.restore_io()) is not None:
+            elif (failed := sb.lift()) is not None:
                 sb.kill()
-                why = failed_io
+                why = failed
             else:
                 failed = sb.hand_over(p, spec.argv, spec.env, spec.cwd, out_w, err_w, log_path)
                 if failed is None:
