@@ -211,23 +211,34 @@ class NanDetector:
         self.last_finite.clear()
         self.overflows.clear()
 
+    def _run(self, runs: dict[tuple[str, int | None], tuple[int, int | None, int | None]],
+             key: tuple[str, int | None], rec: MetricRecord, step: int | None,
+             needed: int) -> tuple[int, int | None, int | None] | None:
+        """``rec`` counted in ``key``'s run of bad records; at ``needed`` of them (count, step, onset),
+        the onset no later than just after the stream's last finite record."""
+        count, onset, last = runs.get(key, (0, rec.step, None))
+        if rec.step is None or rec.step != last:  # ranks printing the same step count once
+            count += 1
+        runs[key] = (count, onset, rec.step)
+        if count < needed:
+            return None
+        self.fired = True
+        at = rec.step if rec.step is not None else step  # a format without steps (HF) borrows the last seen
+        onset = at if onset is None else onset
+        ok = self.last_finite.get(key)
+        if ok is not None and onset is not None and ok + 1 < onset:
+            onset = ok + 1
+        return count, at, onset
+
     def _skipped(self, source: str, line: str, rec: MetricRecord, step: int | None, value: float) -> Detection | None:
         """A step the fp16 loss scaler skipped (grad norm not finite, loss finite): a detection only at
         ``overflow_steps`` of them in a row; one is routine (:mod:`.nannotes` says it: grad_overflow)."""
         key = (source, rec.rank)
         self.runs.pop(key, None)  # its loss is finite: a run of non-finite losses ends here
-        count, onset, last = self.overflows.get(key, (0, rec.step, None))
-        if rec.step is None or rec.step != last:  # ranks printing the same step count once
-            count += 1
-        self.overflows[key] = (count, onset, rec.step)
-        if count < self.cfg.overflow_steps:
+        run = self._run(self.overflows, key, rec, step, self.cfg.overflow_steps)
+        if run is None:
             return None
-        self.fired = True
-        at = rec.step if rec.step is not None else step
-        onset = at if onset is None else onset
-        ok = self.last_finite.get(key)
-        if ok is not None and onset is not None and ok + 1 < onset:
-            onset = ok + 1
+        count, at, onset = run
         where = f" at step {at}" if at is not None else ""
         return Detection(
             at=rec.at, cause=Cause.NAN, source=source, step=at, onset_step=onset, value=value,
@@ -259,21 +270,10 @@ class NanDetector:
             if self.runs:
                 self.runs.pop(key, None)
             return None
-        count, onset, last = self.runs.get(key, (0, rec.step, None))
-        if rec.step is None or rec.step != last:  # ranks printing the same step count once
-            count += 1
-        self.runs[key] = (count, onset, rec.step)
-        if count < self.cfg.consecutive:
+        run = self._run(self.runs, key, rec, step, self.cfg.consecutive)
+        if run is None:
             return None
-        self.fired = True
-        name, value = bad
-        # Formats without a step (HF Trainer) borrow the last step seen elsewhere (client, logs).
-        at = rec.step if rec.step is not None else step
-        if onset is None:
-            onset = at
-        ok = self.last_finite.get(key)
-        if ok is not None and onset is not None and ok + 1 < onset:
-            onset = ok + 1
+        (count, at, onset), (name, value) = run, bad
         where = f" at step {at}" if at is not None else ""
         said = f"Megatron counted {value:g} nan iterations" if name == NAN_ITERATIONS else f"{name} is {value}"
         return Detection(
