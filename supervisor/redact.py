@@ -71,6 +71,9 @@ MAX_KNOWN = 64  # learned secret values kept: each costs one scan of every text
 # line cut short), the body's base64 run (line breaks, "\n" escapes and PEM's own headers included).
 _PEM_BEGIN_RE = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}?PRIVATE KEY(?: BLOCK)?-----")
 _PEM_END_RE = re.compile(r"-----END [^\n-]{1,60}+-----")
+# A line inside a key's body: base64, or one of its RFC 1421 headers (Proc-Type:, DEK-Info:); any
+# other line ends the block unsaid, so a BEGIN line cut short does not hide the lines after it.
+_PEM_LINE_RE = re.compile(r"\s*+(?:[A-Za-z0-9+/=]{1,128}+|[A-Za-z-]{1,32}+: [ -~]{0,128}+)?\s*+")
 _PEM_BODY_RE = re.compile(r"[A-Za-z0-9+/=\s\\:,-]*+")
 # A cookie header's or a cookie-named key's value, whole: up to its closing quote, else to the line's end.
 _COOKIE_RE = re.compile(r"(?i)(?<![A-Za-z0-9])((?:set-)?cookies?['\"]?\s*[=:]\s*)"
@@ -339,8 +342,9 @@ PEM_MAX_LINES = 200
 class LineMasker:
     """:func:`redact_line` for the consecutive lines of one stream (a job's output), which a line
     alone cannot see: after a line that opens a PEM private key (``-----BEGIN ... PRIVATE
-    KEY-----`` with no END after it) every line is masked whole, up to its END line (what follows
-    END on that line is read as usual), at most :data:`PEM_MAX_LINES` lines. One per stream; not
+    KEY-----`` with no END after it) every line of its body (base64, headers) is masked whole, up
+    to its END line (what follows END on that line is read as usual) or the first line that is no
+    key's, at most :data:`PEM_MAX_LINES` lines. One per stream; not
     thread-safe on its own (its owner holds the lock it reads the stream under)."""
 
     def __init__(self) -> None:
@@ -350,12 +354,13 @@ class LineMasker:
         """``line`` as shown, masked with what the lines before it said."""
         if self._left:
             end = _PEM_END_RE.search(line, 0, MAX_LINE_CHARS)
-            if end is None:
+            if end is None and _PEM_LINE_RE.fullmatch(line[:MAX_LINE_CHARS]) is not None:
                 self._left -= 1
                 return REDACTED
             self._left = 0
-            rest = line[end.end():]
-            return REDACTED + (redact_line(rest, limit) if rest else "")
+            if end is not None:
+                rest = line[end.end():]
+                return REDACTED + (redact_line(rest, limit) if rest else "")
         shown = redact_line(line, limit)
         self.skip(line)
         return shown
@@ -365,9 +370,12 @@ class LineMasker:
         if self._left:
             if _PEM_END_RE.search(line, 0, MAX_LINE_CHARS) is not None:
                 self._left = 0
-            else:
+                return
+            if _PEM_LINE_RE.fullmatch(line[:MAX_LINE_CHARS]) is not None:
                 self._left -= 1
-        elif "-----BEGIN " in line:
+                return
+            self._left = 0  # not a key's line: the block ended unsaid (a one-line key cut short)
+        if "-----BEGIN " in line:
             begins = list(_PEM_BEGIN_RE.finditer(line, 0, MAX_LINE_CHARS))
             if begins and _PEM_END_RE.search(line, begins[-1].end(), MAX_LINE_CHARS) is None:
                 self._left = PEM_MAX_LINES

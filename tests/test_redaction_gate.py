@@ -286,6 +286,11 @@ def test_a_pem_key_printed_over_lines_is_masked_body_and_all() -> None:
     masker = LineMasker()
     masker.skip("-----BEGIN PRIVATE KEY-----")
     assert masker.line("MIIEbodyline") == REDACTED
+    # A BEGIN line cut short (a key quoted on one line) hides no ordinary line after it: the first
+    # line that is no key's (not base64, not a Proc-Type:/DEK-Info: header) ends the block.
+    shown = redact_lines(["private_key: -----BEGIN PRIVATE KEY-----MIIEvzqC3x", "Proc-Type: 4,ENCRYPTED",
+                          "MIIEbody==", '{"step": 7, "loss": 2.1}', "step 8 loss 2.0"])
+    assert shown[1:3] == [REDACTED, REDACTED] and shown[3:] == ['{"step": 7, "loss": 2.1}', "step 8 loss 2.0"], shown
 
 
 def test_a_name_split_by_an_escape_or_an_invisible_character_is_still_a_name() -> None:
