@@ -134,6 +134,7 @@ def test_a_stood_in_metadata_is_read_and_its_items_judged(tmp_path: Path) -> Non
     assert scan_refusal(_fake(tmp_path / "ok", length=5)) is None
 
 
+@pytest.mark.slow
 def test_an_item_past_the_end_or_outside_the_folder_or_a_fifo_is_refused(tmp_path: Path) -> None:
     got = scan_refusal(_fake(tmp_path / "eof", offset=10**12, length=5))
     assert got is not None and "past the file's end (5 bytes)" in got.why and "not called checked" in got.why, got

@@ -144,6 +144,7 @@ def test_the_child_locates_the_byte_items_of_a_stood_in_metadata(tmp_path: Path)
     assert dcpscan._byte_items(folder) == [(f"i{k}", "__0_0.distcp", 0, 5) for k in range(3)]
 
 
+@pytest.mark.slow
 def test_the_childs_memory_bound_refuses_what_it_cannot_hold(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """200,000 items (about 100 MiB of stand-ins) under a 200 MiB address space (a bare

@@ -6,10 +6,13 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import history
 from tests.helpers.ckpt_factory import torch_file
 
 
+@pytest.mark.slow
 def test_the_daemon_resumes_from_the_newest_of_a_v2_suffixed_name(daemons, tmp_path: Path) -> None:
     """Through the real daemon: step_900.pt (older) and step_1000_v2.pt (newer); the job is
     handed step_1000_v2.pt (it was handed step_900.pt, 100 steps lost)."""

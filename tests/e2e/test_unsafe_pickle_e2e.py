@@ -68,6 +68,7 @@ def test_a_dcp_save_whose_byte_item_runs_code_is_never_named_to_the_job(daemons,
     assert (ck / "step-20" / "__0_0.distcp").exists(), "never deleted"
 
 
+@pytest.mark.slow
 def test_a_zip_polyglot_newest_checkpoint_is_never_named_to_the_job(daemons, tmp_path: Path) -> None:
     """Issue 34 D1: two torch zips of one length glued together; zipfile (the scan) read the
     second (harmless), torch's reader loads the first (an os.system payload), so under verify =
