@@ -18,7 +18,7 @@ CALLS_BACK = ("emit", "apply")
 # The concerns still in the old shape (one base with optional hooks and a DaemonView): none may be
 # added; each one converted leaves this list.
 OLD_SHAPE = frozenset({"CheckpointDiscoveryConcern", "OpsConcern", "WatchConcern",
-                       "CheckpointConcern", "StateLockConcern", "ClusterConcern"})
+                       "CheckpointConcern", "ClusterConcern"})
 
 
 def _sources() -> dict[str, str]:

@@ -46,9 +46,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import SupervisorError
+from ..eventnames import EventName
+from ..levels import Level
 from ..logsite import log_helper
 from ..ownpaths import file_identity, open_in, refuse_unsafe_as_root
-from .ports import Concern, DaemonView
+from .effects import Effect, Note
+from .plugin import Closes, Effects, GivesStatus, OnTicks, RunView, Tick
 
 if TYPE_CHECKING:
     from ..ledger.store import Ledger
@@ -250,7 +253,7 @@ class StateLock:
         self.release()
 
 
-class StateLockConcern(Concern):
+class StateLockPlugin(OnTicks, GivesStatus, Closes):
     """Holds the lock for the daemon's life; checks every tick that the state dir is still ours
     and re-takes it when it is not (see the module docstring); shows the ledger's dropped writes
     in ``status`` (and so in the metrics). ``rebind``: what re-opens its files in the re-created
@@ -271,79 +274,62 @@ class StateLockConcern(Concern):
         # How the job is stopped when the dir cannot be re-taken: SIGTERM to ourselves (the handler
         # queues it; the loop stops the job gracefully). Injected by tests.
         self.stop = stop or (lambda: os.kill(os.getpid(), signal.SIGTERM))
-        self._daemon: DaemonView | None = None
         self._next = 0.0
         self.reported: str | None = None  # why the dir is not ours (the episode in progress)
         self._lost_at = 0.0
         self.retaken = 0  # episodes ended by a re-take
         self.gave_up: str | None = None
 
-    def start(self, daemon: DaemonView) -> None:
-        self._daemon = daemon
-
-    def tick(self, now: float) -> None:
+    def tick(self, n: Tick, run: RunView) -> Effects:
+        now = n.now
         if self.gave_up is not None or now < self._next or self.lock.fd < 0:
-            return
+            return ()
         self._next = now + self.CHECK_EVERY_S
+        said: list[Effect] = []
         if self.reported is None:
             why = self.lock.lost()
             if why is None:
-                return
+                return ()
             self.reported, self._lost_at = why, now
-            self._say("state_dir_lost", "error",
-                      f"{why} while this daemon (pid {os.getpid()}) runs: the job keeps running under it; the "
-                      f"daemon re-creates the state dir and moves its ledger and control socket there "
-                      f"(state_dir_retaken follows), or stops the job if it cannot (state_dir_unusable)")
+            said.append(_note(EventName.STATE_DIR_LOST, Level.ERROR,
+                              f"{why} while this daemon (pid {os.getpid()}) runs: the job keeps running under it; the "
+                              f"daemon re-creates the state dir and moves its ledger and control socket there "
+                              f"(state_dir_retaken follows), or stops the job if it cannot (state_dir_unusable)"))
         if self.lock.dir_still_there() and now - self._lost_at < self.SETTLE_S:
-            return
-        self._retake(self.reported, now)
+            return said
+        return [*said, *self._retake(self.reported, now, run)]
 
-    def _retake(self, why: str, now: float) -> None:
-        d = self._daemon
+    def _retake(self, why: str, now: float, run: RunView) -> Effects:
         try:
-            assert d is not None, "ticked before it was started"
             self.lock.retake()
             done = [f"re-created {self.lock.state_dir} (mode 0700) with a fresh lock"]
             if self.ledger is not None:
                 from ..job.launch import config_json
 
-                done.append(self.ledger.retake(d.run_id, d.cfg.job.name, config_json(d.cfg)))
-            if d.run_view().has_job:
+                done.append(self.ledger.retake(run.run_id, run.cfg.job.name, config_json(run.cfg)))
+            if run.has_job:
                 from ..job.launch import make_heartbeat_dir
 
-                make_heartbeat_dir(self.lock.state_dir, d.attempt)
+                make_heartbeat_dir(self.lock.state_dir, run.attempt)
             for again in self.rebind:
                 again()
         except Exception as e:  # whatever stops the re-take, the answer is the same
-            if now - self._lost_at >= self.GIVE_UP_AFTER_S:
-                self._give_up(why, e)
-            return
+            return self._give_up(why, e) if now - self._lost_at >= self.GIVE_UP_AFTER_S else ()
         self.reported, self.retaken = None, self.retaken + 1
-        self._say("state_dir_retaken", "warning",
-                  f"{why}: this daemon (pid {os.getpid()}) took it back: {'; '.join(done)}; the control socket "
-                  f"is bound again (`status` and `stop` work). The job ran on throughout; its earlier output "
-                  f"(job.log) and the checkpoint notes kept in the old dir are gone with it")
+        return [_note(EventName.STATE_DIR_RETAKEN, Level.WARNING,
+                      f"{why}: this daemon (pid {os.getpid()}) took it back: {'; '.join(done)}; the control socket "
+                      f"is bound again (`status` and `stop` work). The job ran on throughout; its earlier output "
+                      f"(job.log) and the checkpoint notes kept in the old dir are gone with it")]
 
-    def _give_up(self, why: str, e: BaseException) -> None:
+    def _give_up(self, why: str, e: BaseException) -> Effects:
         self.gave_up = f"{why}; it cannot be re-created (tried for {self.GIVE_UP_AFTER_S:g} s): {e}"
-        self._say("state_dir_unusable", "error",
-                  f"{self.gave_up}. A daemon that can neither record nor be reached must not keep a job: it "
-                  f"stops the job now as SIGTERM would (exit 143). Make {self.lock.state_dir} creatable "
-                  f"and writable by this user, then start again (the job resumes from its newest checkpoint)")
-        self.stop()
+        self.stop()  # only queues a SIGTERM: the note below is recorded before the loop stops the job
+        return [_note(EventName.STATE_DIR_UNUSABLE, Level.ERROR,
+                      f"{self.gave_up}. A daemon that can neither record nor be reached must not keep a job: it "
+                      f"stops the job now as SIGTERM would (exit 143). Make {self.lock.state_dir} creatable "
+                      f"and writable by this user, then start again (the job resumes from its newest checkpoint)")]
 
-    @log_helper
-    def _say(self, event: str, level: str, msg: str) -> None:
-        try:
-            if self._daemon is None:
-                raise RuntimeError("not started")
-            self._daemon.event(event, level, msg, pid=os.getpid())
-        except Exception:  # the ledger lived in that dir; the log line still goes out
-            import structlog
-
-            getattr(structlog.get_logger("supervisor"), level)(event, message=msg, pid=os.getpid())
-
-    def status(self) -> dict[str, Any]:
+    def status(self, run: RunView) -> dict[str, Any]:
         led = self.ledger
         return {"state_dir_lost": self.gave_up or self.reported, "state_dir_retaken": self.retaken,
                 "ledger_write_errors": led.write_errors if led is not None else 0,
@@ -353,3 +339,9 @@ class StateLockConcern(Concern):
 
     def close(self) -> None:
         self.lock.release()
+
+
+@log_helper
+def _note(event: EventName, level: Level, msg: str) -> Note:
+    # The ledger lived in that dir: a write that fails there is counted and dropped, the log line still goes out.
+    return Note(event, level, msg, {"pid": os.getpid()})

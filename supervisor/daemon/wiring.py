@@ -26,7 +26,7 @@ from .watchconcern import WatchConcern
 from ..job.launch import Environment
 from .plugin import Plugin
 from .ports import CheckpointStore, Concern, Ports
-from .statelock import StateLock, StateLockConcern
+from .statelock import StateLock, StateLockPlugin
 from ..ownpaths import refuse_unsafe_as_root
 
 
@@ -61,7 +61,7 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     concerns: list[Concern | Plugin] = [
         NotifyPlugin(), CheckpointDiscoveryConcern(checkpoints), ops, WatchConcern(), health, checkpoints, goodput,
         ValidationPlugin(goodput.tracks), ResumeWatchPlugin(), PrecursorPlugin(),
-                               StateLockConcern(lock, ledger, rebind=[ops.rebind_control]), *extra]
+                               StateLockPlugin(lock, ledger, rebind=[ops.rebind_control]), *extra]
     if cfg.web.listen:  # the live page: its own listener, imported only when configured
         from .webconcern import LivePagePlugin
 

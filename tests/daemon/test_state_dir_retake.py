@@ -13,7 +13,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from supervisor.daemon.statelock import StateLock, StateLockConcern
+from supervisor.daemon.plugin import Tick
+from supervisor.daemon.statelock import StateLock, StateLockPlugin
 from supervisor.ledger.store import Ledger
 from tests.conftest import ROOT, history, pid_alive
 from tests.daemon.test_hardening import SLEEPER, wrap
@@ -157,27 +158,26 @@ def test_a_ledger_that_cannot_be_copied_is_started_fresh_for_the_same_run_and_sa
     assert h["state"] == "running" and [e["event"] for e in h["events"]] == ["after"]
 
 
+def _view(tmp: Path) -> Any:
+    """The run as the plug-in reads it: no job (no heartbeat folder to re-make)."""
+    return SimpleNamespace(has_job=False, run_id="run-1", attempt=-1)
+
+
+def _said(effects: Any) -> list[tuple[str, str]]:
+    return [(e.event, e.message) for e in effects]
+
+
 def test_the_retake_waits_while_the_folder_itself_is_still_there(tmp_path: Path) -> None:
     sd = tmp_path / "sd"
     lock = StateLock.acquire(sd)
-    said: list[str] = []
-
-    class View:
-        def run_view(self) -> Any:
-            return SimpleNamespace(has_job=False)
-
-        def event(self, event: str, level: str, message: str, **data: object) -> None:
-            said.append(event)
-
-    c = StateLockConcern(lock)
-    c.start(View())  # type: ignore[arg-type]  # a partial view: the lock reads the run's has_job and event only
+    c = StateLockPlugin(lock)
     try:
         (sd / "daemon.lock").unlink()  # only a file went (an rm -rf may still be under way)
-        c.tick(100.0)
-        assert said == ["state_dir_lost"] and not (sd / "daemon.lock").exists()
-        c.tick(100.0 + c.SETTLE_S)
-        assert said == ["state_dir_lost", "state_dir_retaken"] and (sd / "daemon.lock").exists()
-        assert c.status()["state_dir_lost"] is None and c.status()["state_dir_retaken"] == 1
+        said = _said(c.tick(Tick(100.0), _view(tmp_path)))
+        assert [e for e, _ in said] == ["state_dir_lost"] and not (sd / "daemon.lock").exists()
+        said = _said(c.tick(Tick(100.0 + c.SETTLE_S), _view(tmp_path)))
+        assert [e for e, _ in said] == ["state_dir_retaken"] and (sd / "daemon.lock").exists()
+        assert c.status(_view(tmp_path))["state_dir_lost"] is None and c.status(_view(tmp_path))["state_dir_retaken"] == 1
     finally:
         lock.release()
 
@@ -185,28 +185,17 @@ def test_the_retake_waits_while_the_folder_itself_is_still_there(tmp_path: Path)
 def test_a_failed_retake_is_tried_again_then_stops_the_job_once(tmp_path: Path) -> None:
     sd = tmp_path / "sd"
     lock = StateLock.acquire(sd)
-    said: list[tuple[str, str]] = []
     stops: list[int] = []
-
-    class View:
-        def run_view(self) -> Any:
-            return SimpleNamespace(has_job=False)
-
-        def event(self, event: str, level: str, message: str, **data: object) -> None:
-            said.append((event, message))
-
-    c = StateLockConcern(lock, stop=lambda: stops.append(1))
-    c.start(View())  # type: ignore[arg-type]  # a partial view: the lock reads the run's has_job and event only
+    c = StateLockPlugin(lock, stop=lambda: stops.append(1))
     try:
         shutil.rmtree(sd)
         sd.write_text("a file where the state dir was")  # nothing can be made at the name
-        c.tick(100.0)
+        said = _said(c.tick(Tick(100.0), _view(tmp_path)))
         assert [e for e, _ in said] == ["state_dir_lost"] and stops == []  # tried, tried again next second
-        c.tick(100.0 + c.GIVE_UP_AFTER_S)
+        said += _said(c.tick(Tick(100.0 + c.GIVE_UP_AFTER_S), _view(tmp_path)))
         assert [e for e, _ in said] == ["state_dir_lost", "state_dir_unusable"] and stops == [1]
         assert "File exists" in said[-1][1] and "exit 143" in said[-1][1]
-        c.tick(200.0)
-        assert stops == [1] and len(said) == 2  # said and done once
+        assert c.tick(Tick(200.0), _view(tmp_path)) == () and stops == [1]  # said and done once
         assert sd.read_text() == "a file where the state dir was"  # nothing replaced
     finally:
         lock.release()
