@@ -5,76 +5,84 @@ output and heartbeats are :mod:`supervisor.daemon.watchconcern`, goodput and val
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import structlog
 
 from ..eventnames import EventName
+from ..levels import Level
+from .effects import Effect, Note
 from .linger import linger
-from .ports import Concern, DaemonView, Notifier
+from .plugin import Closes, DaemonStarted, Effects, Noted, OnNotes, OnStart, OnTicks, RunView, Tick
+from .ports import Notifier
 
 if TYPE_CHECKING:  # imported at start, only what is configured (prometheus_client: 12 ms)
+    from pathlib import Path
+
+    from ..checkpoints.service import CheckpointService
+    from ..config.model import Config
     from ..ops.control import ControlServer
     from ..ops.metrics import Metrics
-    from .checkpointconcern import CheckpointConcern
 
 log = structlog.get_logger("supervisor.daemon")
 
 STATUS_EVERY_S = 0.25  # the status cache, the Prometheus gauges, systemd's STATUS= line
-GOODPUT_EVERY_S = 5.0
-INTERVAL_EVERY_S = 60.0
 
 
-class OpsConcern(Concern):
-    """The control socket, the Prometheus endpoint or textfile, systemd's status line."""
+class OpsPlugin(OnStart, OnTicks, OnNotes, Closes):
+    """The control socket, the Prometheus endpoint or textfile, systemd's status line. ``svc_of``:
+    the checkpoint service that verifies a ``restart --from`` (None: no checkpoint dir)."""
 
     name = "ops"
 
-    def __init__(self, notifier: Notifier, checkpoints: CheckpointConcern | None = None, *,
+    def __init__(self, notifier: Notifier, svc_of: Callable[[], CheckpointService | None] = lambda: None, *,
                  status_interval_s: float = 5.0) -> None:
         self.notifier = notifier
         self.status_interval_s = status_interval_s  # systemd.status_interval_s: STATUS= at most this often
         self._status_sent_at = float("-inf")
-        self.checkpoints = checkpoints  # the CheckpointConcern: `restart --from` is verified by its service
+        self.svc_of = svc_of
         self.control: ControlServer | None = None
         self.metrics: Metrics | None = None
-        self.daemon: DaemonView | None = None
+        self.refresh: Callable[[], Mapping[str, Any]] | None = None  # the status built now (on the loop)
+        self.cfg: Config | None = None  # as of the last tick: a `restart --from` is checked against it
+        self.state_dir: Path | None = None
         self._last_status = float("-inf")
         self._status_line = ""
         self._loop_thread = threading.get_ident()
 
-    def start(self, daemon: DaemonView) -> None:
+    def started(self, n: DaemonStarted, run: RunView) -> Effects:
         from ..ops.control import ControlServer
-
-        self.daemon = daemon
-        self._loop_thread = threading.get_ident()  # start() runs on the main loop's thread
         from .restartfrom import gate_restart_from
 
-        self.control = ControlServer(daemon.state_dir, gate_restart_from(
-            daemon.control, lambda: daemon.cfg, daemon.state_dir,
-            lambda: self.checkpoints.svc if self.checkpoints is not None else None))
+        self.refresh, self.cfg, self.state_dir = n.refresh, run.cfg, run.state_dir
+        self._loop_thread = threading.get_ident()  # started on the main loop's thread
+        self.control = ControlServer(run.state_dir, gate_restart_from(n.control, lambda: self.cfg or run.cfg,
+                                                                      run.state_dir, self.svc_of))
         self.control.start()
-        mc = daemon.cfg.metrics
-        if mc.listen or mc.textfile:
-            from ..ops.metrics import Metrics  # prometheus_client: 12 ms of imports, only when asked for
+        mc, name = run.cfg.metrics, run.cfg.job.name
+        if not (mc.listen or mc.textfile):
+            return ()
+        from ..ops.metrics import Metrics  # prometheus_client: 12 ms of imports, only when asked for
 
-            self.metrics = Metrics(mc, name=daemon.cfg.job.name)
-            try:
-                self.metrics.start()
-            except OSError as e:  # a taken port must not stop the supervision of a training run
-                daemon.event("metrics_unavailable", "error", f"cannot serve Prometheus metrics on {mc.listen}: "
-                             f"{e}; supervising without the endpoint")
-            path = self.metrics.textfile_path()
-            if path:
-                from ..ops.textfiles import same_name_elsewhere
+        said: list[Effect] = []
+        self.metrics = Metrics(mc, name=name)
+        try:
+            self.metrics.start()
+        except OSError as e:  # a taken port must not stop the supervision of a training run
+            said.append(Note(EventName.METRICS_UNAVAILABLE, Level.ERROR, f"cannot serve Prometheus metrics on "
+                             f"{mc.listen}: {e}; supervising without the endpoint"))
+        path = self.metrics.textfile_path()
+        if path:
+            from ..ops.textfiles import same_name_elsewhere
 
-                others = same_name_elsewhere(path, daemon.cfg.job.name)
-                if others:
-                    daemon.event("metrics_textfile_name_taken", "warning",
+            others = same_name_elsewhere(path, name)
+            if others:
+                said.append(Note(EventName.METRICS_TEXTFILE_NAME_TAKEN, Level.WARNING,
                                  f"{', '.join(others)} beside this run's textfile {path} also export a run named "
-                                 f"{daemon.cfg.job.name!r}: node_exporter rejects the series both repeat (neither "
-                                 "run's state is collected); give this run its own [job] name, or delete the other "
-                                 "file if its run is over", textfile=path, others=others)
+                                 f"{name!r}: node_exporter rejects the series both repeat (neither run's state is "
+                                 "collected); give this run its own [job] name, or delete the other file if its run "
+                                 "is over", {"textfile": path, "others": others}))
+        return said
 
     def rebind_control(self) -> None:
         """Bind the control socket again in a re-created state dir (the old file went with the old
@@ -84,15 +92,16 @@ class OpsConcern(Concern):
         old = self.control
         if old is None:
             return
-        self.control = ControlServer(self.daemon.state_dir if self.daemon else old.path.parent, old.handler)
+        self.control = ControlServer(self.state_dir or old.path.parent, old.handler)
         old.close()  # unlinks only its own file: the new dir has none yet
         self.control.start()
 
-    def tick(self, now: float) -> None:
-        if self.daemon is None or now - self._last_status < STATUS_EVERY_S:
-            return
-        self._last_status = now
-        st = self.daemon.refresh_status_cache()
+    def tick(self, n: Tick, run: RunView) -> Effects:
+        self.cfg = run.cfg
+        if self.refresh is None or n.now - self._last_status < STATUS_EVERY_S:
+            return ()
+        self._last_status = now = n.now
+        st = self.refresh()
         if self.metrics is not None:
             try:
                 self.metrics.update(st)
@@ -104,18 +113,20 @@ class OpsConcern(Concern):
         if line != self._status_line and now - self._status_sent_at >= self.status_interval_s:
             self._status_line, self._status_sent_at = line, now
             self.notifier.status(line)
+        return ()
 
-    def on_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
+    def noted(self, n: Noted) -> Effects:
         # The give-up ends the loop: no tick publishes the gave_up state, and the daemon may stay
         # up a while (notify.shutdown_wait_s) with its listener answering. Publish it now, on the
         # loop's own thread only (events from other threads leave it to the next tick).
-        if event == EventName.GAVE_UP and threading.get_ident() == self._loop_thread:
+        if n.event == EventName.GAVE_UP and threading.get_ident() == self._loop_thread:
             self._publish_final()
+        return ()
 
     def _publish_final(self) -> None:
-        if self.metrics is not None and self.daemon is not None:
+        if self.metrics is not None and self.refresh is not None:
             try:  # the final state (stopped, gave_up) reaches the textfile before the daemon is gone
-                self.metrics.final(self.daemon.refresh_status_cache())
+                self.metrics.final(self.refresh())
             except Exception as e:
                 log.warning("metrics_final_failed", error=repr(e), next="the textfile keeps the last state written")
 

@@ -69,11 +69,15 @@ class RunView:
 
 @dataclass(frozen=True)
 class DaemonStarted:
-    """Once, after the run was opened: the ledger to read (goodput's history), never to write, and
-    ``status`` as the control socket answers it (the status cache: from any thread, never the loop)."""
+    """Once, after the run was opened: the ledger to read (goodput's history), never to write,
+    ``status`` as the control socket answers it (the status cache: from any thread, never the loop),
+    ``refresh``: the status built now (the cache refreshed: on the loop only, a tick or a note), and
+    ``control``: the control socket's requests handed to the loop, each waited for (its threads)."""
 
     history: HistoryReader
     status: Callable[[], Mapping[str, Any]]
+    refresh: Callable[[], Mapping[str, Any]] = dict
+    control: Callable[[str, Mapping[str, Any]], Any] = lambda verb, args: None
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,8 @@ class Runner:
         self.run_id, continued = self.ledger.open_run(self.cfg.job.name, config_json(self.cfg))
         structlog.contextvars.bind_contextvars(run_id=self.run_id)
         try:
-            self.concerns.start(self, DaemonStarted(self.ledger, self.status_cache.answer))  # a failure: the started kept
+            self.concerns.start(self, DaemonStarted(self.ledger, self.status_cache.answer, self.refresh_status_cache,
+                                                    self.control))  # a failure: the started kept
         except Exception as e:
             self.event("daemon_start_failed", "error", f"cannot start: {e}")
             self.ledger.end_run(self.run_id, State.GAVE_UP.value, EXIT_GAVE_UP, str(e))
@@ -403,9 +404,8 @@ class Runner:
     def _on_signal(self, sig: int) -> None:
         if sig in (signal.SIGTERM, signal.SIGINT):
             self._feed(StopRequested(signal=signal.Signals(sig).name))
-        elif sig == signal.SIGHUP:
+        elif sig == signal.SIGHUP:  # (SIGCHLD only wakes the loop; the tick reaps)
             self.reload()
-        # SIGCHLD only wakes the loop; the tick reaps
 
     def _on_control(self, verb: str, args: Mapping[str, Any]) -> Any:
         if verb in RUNNER_VERBS:

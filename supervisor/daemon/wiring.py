@@ -21,7 +21,7 @@ from .knownsecrets import teach_gate
 from .precursors import PrecursorPlugin
 from .progress import GoodputPlugin, ValidationPlugin
 from .resumewatch import ResumeWatchPlugin
-from .concerns import OpsConcern
+from .concerns import OpsPlugin
 from .watchconcern import WatchConcern
 from ..job.launch import Environment
 from .plugin import Plugin
@@ -57,7 +57,7 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     goodput = GoodputPlugin()
     # [notify] first: it sees the events the others record while they start. Then discovery:
     # the health and checkpoint concerns read the checkpoint dir it may find.
-    ops = OpsConcern(notifier, checkpoints, status_interval_s=cfg.systemd.status_interval_s)
+    ops = OpsPlugin(notifier, lambda: checkpoints.svc, status_interval_s=cfg.systemd.status_interval_s)
     concerns: list[Concern | Plugin] = [
         NotifyPlugin(), CheckpointDiscoveryConcern(checkpoints), ops, WatchConcern(), health, checkpoints, goodput,
         ValidationPlugin(goodput.tracks), ResumeWatchPlugin(), PrecursorPlugin(),

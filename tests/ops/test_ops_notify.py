@@ -62,24 +62,22 @@ def test_an_extension_asks_at_least_stop_extend_s(listener):
     n.close()
 
 
-def test_the_status_line_goes_out_at_most_every_status_interval(listener) -> None:
-    from supervisor.daemon.concerns import OpsConcern
+def test_the_status_line_goes_out_at_most_every_status_interval(listener, tmp_path) -> None:
+    from supervisor.daemon.concerns import OpsPlugin
+    from supervisor.daemon.plugin import Tick
+    from tests.daemon.test_plugins import view
 
     path, sock = listener
     notifier = Notifier({"NOTIFY_SOCKET": path})
-    ops = OpsConcern(notifier, status_interval_s=5.0)
+    ops = OpsPlugin(notifier, status_interval_s=5.0)
     states = iter(["starting", "running", "running", "stopping"])
-
-    class View:
-        def refresh_status_cache(self):
-            return {"state": next(states)}
-
-    ops.daemon = View()  # type: ignore[assignment]
-    ops.tick(100.0)
+    ops.refresh = lambda: {"state": next(states)}  # the status as the loop builds it (set at the start)
+    run = view(tmp_path)
+    assert ops.tick(Tick(100.0), run) == ()
     first = recv(sock)["STATUS"]
-    ops.tick(101.0)  # changed, but within the interval: held
+    ops.tick(Tick(101.0), run)  # changed, but within the interval: held
     assert nothing_pending(sock)
-    ops.tick(106.0)  # the interval passed: the changed line goes out
+    ops.tick(Tick(106.0), run)  # the interval passed: the changed line goes out
     second = recv(sock)["STATUS"]
     assert first != second
     notifier.close()
