@@ -22,14 +22,17 @@ import structlog
 
 from ..checkpoints.appearing import Appeared, scan
 from ..checkpoints.finddir import FoundDir, command_argv, dir_from_command
-from ..core.messages import EndAttempt, Resume
-from ..events import AttemptContext
+from ..eventnames import EventName
 from ..job.launch import heartbeat_dir
 from ..job.resumeinfer import InferredResume, infer_resume, reads_resume_env
-from .ports import Concern, DaemonView
+from ..levels import Level
+from .effects import Effect, Note, UseConfig
+from .plugin import (AttemptEnded, AttemptStarted, Closes, DaemonStarted, Effects, GivesStatus, OnAttempts, OnStart,
+                     OnTicks, RunView, Tick)
 
 if TYPE_CHECKING:
-    from .checkpointconcern import CheckpointConcern
+    from ..checkpoints.discovery import Candidate
+    from ..config.model import Config
 
 log = structlog.get_logger("supervisor.daemon")
 
@@ -41,16 +44,21 @@ UNHANDED_EVERY_S = 5.0
 FIX = "--resume-arg=--resume={checkpoint}"
 
 
-class CheckpointDiscoveryConcern(Concern):
+class CheckpointDiscoveryPlugin(OnStart, OnAttempts, OnTicks, GivesStatus, Closes):
     """Finds the checkpoint dir and resume args the config leaves out; must start before the
-    checkpoint and health concerns, which read the checkpoint dir when they start."""
+    checkpoint and health concerns, which read the checkpoint dir when they start. Given by the
+    wiring: ``adopt(cfg, replace)``, the checkpoint store opening its service on a found dir, and
+    ``newest()``, the newest checkpoint seen (the wiring also hands the store ``hands_checkpoint``)."""
 
     name = "checkpoint_discovery"
 
-    def __init__(self, checkpoints: CheckpointConcern) -> None:
-        self.checkpoints = checkpoints  # adopt(cfg) opens its service on a found dir
-        checkpoints.takes_checkpoint = self.hands_checkpoint  # each choice says whether it reaches the job
-        self.daemon: DaemonView | None = None
+    def __init__(self, adopt: Callable[..., None] = lambda cfg, replace=False: None,
+                 newest: Callable[[], Candidate | None] = lambda: None) -> None:
+        self.adopt = adopt
+        self.newest = newest
+        self.cfg: Config | None = None  # the config in force as this last saw or made it
+        self.state_dir: Path | None = None
+        self.attempt = -1
         self.found: FoundDir | None = None  # a dir not from the config (from the command or a scan)
         self.configured: Path | None = None
         self.roots: list[Path] = []  # where the scan looks while no dir is known
@@ -65,25 +73,25 @@ class CheckpointDiscoveryConcern(Concern):
         self._pool: ThreadPoolExecutor | None = None
         self._scanning: Future[Appeared | None] | None = None
 
+    def _see(self, run: RunView) -> None:
+        self.cfg, self.state_dir, self.attempt = run.cfg, run.state_dir, run.attempt
+
     # ------------------------------------------------------------------ start
-    def start(self, daemon: DaemonView) -> None:
-        self.daemon = daemon
+    def started(self, n: DaemonStarted, run: RunView) -> Effects:
+        self._see(run)
         try:
-            self._discover()
+            return self._discover(run)
         except Exception as e:  # a guess gone wrong must never stop the supervision of the job
-            self._given_up(e)
+            return self._given_up(e)
 
-    def _given_up(self, e: Exception) -> None:
-        assert self.daemon is not None
+    def _given_up(self, e: Exception) -> Effects:
         self.roots = []
-        self.daemon.event("checkpoint_discovery_failed", "warning", f"could not look for the checkpoint dir or the "
-                          f"resume flag ({e!r}); the job runs as configured (set --checkpoint-dir and --resume-arg)")
+        return [Note(EventName.CHECKPOINT_DISCOVERY_FAILED, Level.WARNING, f"could not look for the checkpoint dir "
+                     f"or the resume flag ({e!r}); the job runs as configured (set --checkpoint-dir and --resume-arg)")]
 
-    def _discover(self) -> None:
-        daemon = self.daemon
-        assert daemon is not None
-        cfg = daemon.cfg
-        self.since = daemon.clock.time() - 1.0  # mtimes have coarse resolution on some filesystems
+    def _discover(self, run: RunView) -> Effects:
+        cfg, said = run.cfg, list[Effect]()
+        self.since = run.wall - 1.0  # mtimes have coarse resolution on some filesystems
         argv = command_argv(cfg.job.command, cfg.job.shell)
         workdir = cfg.workdir()
         env = {**(os.environ if cfg.job.inherit_env else {}), **cfg.job.env}  # the job's PYTHONPATH, where a `python -m` module is looked for
@@ -91,172 +99,159 @@ class CheckpointDiscoveryConcern(Concern):
         if not cfg.job.resume_args:
             self.inferred = infer_resume(argv, workdir, env)
             if self.inferred is not None:
-                daemon.event("resume_inferred", "info", f"resume: {self.inferred.why}",
-                             args=list(self.inferred.args), trainer=self.inferred.trainer)
+                said.append(Note(EventName.RESUME_INFERRED, Level.INFO, f"resume: {self.inferred.why}",
+                                 {"args": list(self.inferred.args), "trainer": self.inferred.trainer}))
         if cfg.checkpoints.dir:
             self.configured = cfg.checkpoint_dir()
         else:
             found = dir_from_command(argv, workdir)
             if found is not None and not found.root:
-                self._found(found, "")
+                said += self._found(found, "")
             else:
                 self.roots = [found.path] if found is not None else [workdir]
-                daemon.event("checkpoint_dir_unknown", "info",
-                             "no checkpoint dir configured or named in the command"
-                             + (f" ({found.found_by}: {found.path})" if found is not None else "")
-                             + f"; watching {self.roots[0]} for checkpoint-shaped files the job writes "
-                             "(set --checkpoint-dir / [checkpoints] dir to be explicit)",
-                             roots=[str(r) for r in self.roots])
-        self._apply()
+                said.append(Note(EventName.CHECKPOINT_DIR_UNKNOWN, Level.INFO,
+                                 "no checkpoint dir configured or named in the command"
+                                 + (f" ({found.found_by}: {found.path})" if found is not None else "")
+                                 + f"; watching {self.roots[0]} for checkpoint-shaped files the job writes "
+                                 "(set --checkpoint-dir / [checkpoints] dir to be explicit)",
+                                 {"roots": [str(r) for r in self.roots]}))
+        return [*said, *self._apply()]
 
-    def _found(self, found: FoundDir, detail: str) -> None:
-        assert self.daemon is not None
+    def _found(self, found: FoundDir, detail: str) -> Effects:
         self.found = found
-        self.daemon.event("checkpoint_dir_found", "info",
-                          f"checkpoint dir {found.path} (found by {found.found_by}{detail}); checkpoints there are "
-                          "verified and resumed from as if configured (set --checkpoint-dir / [checkpoints] dir to "
-                          "override)", path=str(found.path), found_by=found.found_by)
+        return [Note(EventName.CHECKPOINT_DIR_FOUND, Level.INFO,
+                     f"checkpoint dir {found.path} (found by {found.found_by}{detail}); checkpoints there are "
+                     "verified and resumed from as if configured (set --checkpoint-dir / [checkpoints] dir to "
+                     "override)", {"path": str(found.path), "found_by": found.found_by})]
 
-    def _apply(self, moved: bool = False) -> None:
+    def _apply(self, moved: bool = False) -> Effects:
         """The running config with what was found (also again after a reload dropped it)."""
-        d = self.daemon
-        assert d is not None
-        cfg = d.cfg
-        new = cfg
+        cfg = new = self.cfg
+        assert cfg is not None and new is not None, "applied before it was started"
         if self.found is not None and (moved or not cfg.checkpoints.dir):
             new = dataclasses.replace(new, checkpoints=dataclasses.replace(new.checkpoints, dir=str(self.found.path)))
         if self.inferred is not None and not cfg.job.resume_args:
             new = dataclasses.replace(new, job=dataclasses.replace(new.job, resume_args=self.inferred.args))
-        if new is not cfg:
-            d.use_config(new)
-            self.checkpoints.adopt(new, replace=moved)
+        if new is cfg:
+            return ()
+        self.cfg = new  # in force from the runner's next view; the store's service opens on it now
+        self.adopt(new, replace=moved)
+        return [UseConfig(new)]
 
     # ------------------------------------------------------------------ while it runs
-    def tick(self, now: float) -> None:
-        d = self.daemon
-        if d is None:
-            return
-        if (self.found is not None and not d.cfg.checkpoints.dir) or (
-                self.inferred is not None and not d.cfg.job.resume_args):
-            self._apply()  # a reload of a config file without them
+    def tick(self, n: Tick, run: RunView) -> Effects:
+        self._see(run)
+        now, said = n.now, list[Effect]()
+        if (self.found is not None and not run.cfg.checkpoints.dir) or (
+                self.inferred is not None and not run.cfg.job.resume_args):
+            said += self._apply()  # a reload of a config file without them
         if self._scanning is not None and self._scanning.done():
             done, self._scanning = self._scanning, None
             if self._dir() is None and self.roots:  # else a scan at the attempt's end found it meanwhile
-                self._took(done.result)
-        if (self._dir() is None and self.roots and d.run_view().has_job and self._scanning is None
+                said += self._took(done.result)
+        if (self._dir() is None and self.roots and run.has_job and self._scanning is None
                 and now - self._scanned_at >= SCAN_EVERY_S):
             self._scanned_at = now
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-scan")
-            self._scanning = self._pool.submit(scan, list(self.roots), since=self.since, skip=[d.state_dir])
+            self._scanning = self._pool.submit(scan, list(self.roots), since=self.since, skip=[run.state_dir])
         if not self._warned and self._dir() is not None and now - self._unhanded_at >= UNHANDED_EVERY_S:
             self._unhanded_at = now
-            self._check_unhanded()
+            said += self._check_unhanded()
+        return said
 
-    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
-        self._attempt_wall = wall
+    def attempt_started(self, n: AttemptStarted, run: RunView) -> Effects:
+        self._see(run)
+        self._attempt_wall = n.wall
+        return ()
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)  # a scan in flight ends on its own
 
-    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
+    def attempt_ended(self, n: AttemptEnded, run: RunView) -> Effects:
+        self._see(run)
         # The job may have saved and died within one scan interval: look before the relaunch chooses.
         if self._dir() is None:
-            self._scan()
-        elif self.by_scan:
-            self._moved()
+            return self._took(lambda: scan(self.roots, since=self.since, skip=[run.state_dir])) if self.roots else ()
+        return self._moved(run.state_dir) if self.by_scan else ()
 
-    def _moved(self) -> None:
+    def _moved(self, state_dir: Path) -> Effects:
         """A dir found by a scan, and this attempt saved elsewhere (Lightning starts a new
         version_N/ at every run, its checkpoints inside): follow the job to its new folder."""
-        d = self.daemon
-        assert d is not None and self.found is not None
+        assert self.found is not None
         try:
-            hit = scan(self.roots, since=self._attempt_wall - 1.0, skip=[d.state_dir])
+            hit = scan(self.roots, since=self._attempt_wall - 1.0, skip=[state_dir])
         except Exception as e:
-            self._given_up(e)
-            return
+            return self._given_up(e)
         if hit is None or hit.folder == self.found.path:
-            return
+            return ()
         previous = self.found.path
         self.found = FoundDir(hit.folder, self.found.found_by)
-        d.event("checkpoint_dir_moved", "info",
-                f"the job now saves its checkpoints in {hit.folder} ({hit.entry.name} appeared there this attempt), "
-                f"no longer in {previous}: resumes are chosen from the new folder (set --checkpoint-dir to pin one)",
-                path=str(hit.folder), previous=str(previous))
-        self._apply(moved=True)
+        return [Note(EventName.CHECKPOINT_DIR_MOVED, Level.INFO,
+                     f"the job now saves its checkpoints in {hit.folder} ({hit.entry.name} appeared there this "
+                     f"attempt), no longer in {previous}: resumes are chosen from the new folder (set "
+                     "--checkpoint-dir to pin one)", {"path": str(hit.folder), "previous": str(previous)}),
+                *self._apply(moved=True)]
 
     def _dir(self) -> Path | None:
         return self.configured or (self.found.path if self.found else None)
 
-    def _scan(self) -> None:
-        """A scan at once (the attempt ended: the relaunch is about to choose)."""
-        d = self.daemon
-        assert d is not None
-        if self.roots:
-            self._took(lambda: scan(self.roots, since=self.since, skip=[d.state_dir]))
-
-    def _took(self, outcome: Callable[[], Appeared | None]) -> None:
+    def _took(self, outcome: Callable[[], Appeared | None]) -> Effects:
         """A scan's outcome (the scan itself, or a finished one's result) applied."""
         try:
             hit = outcome()
         except Exception as e:  # said once; the scan is not tried again (every 5 s it would say it again)
-            self._given_up(e)
-            return
+            return self._given_up(e)
         if hit is None:
-            return
+            return ()
         root = self.roots[0]
         try:
             where = hit.entry.relative_to(root)
         except ValueError:
             where = hit.entry
         self.by_scan = True
-        self._found(FoundDir(hit.folder, f"a checkpoint-shaped entry appearing under {root}"),
-                    f": {where}, layout {hit.layout.value}")
-        self._apply()
+        return [*self._found(FoundDir(hit.folder, f"a checkpoint-shaped entry appearing under {root}"),
+                             f": {where}, layout {hit.layout.value}"), *self._apply()]
 
-    def _check_unhanded(self) -> None:
+    def _check_unhanded(self) -> Effects:
         """Checkpoints exist but the job cannot be handed one: no resume args (configured or
         inferred), its script does not read TSUP_RESUME_FROM (nor import supervisor.client), and
         it has written no client heartbeat or metric file this attempt nor the one before (a
         relaunched client job writes its first heartbeat only once its imports are done, seconds
         after the checkpoints it resumes from are seen here). Warned once."""
-        d = self.daemon
-        assert d is not None
         if self.hands_checkpoint():
-            return
-        newest = self.checkpoints.newest()
+            return ()
+        newest = self.newest()
         if newest is None:
-            return
+            return ()
         self._warned = True
-        d.event("resume_unavailable", "warning",
-                f"checkpoints exist ({newest.path}) but nothing hands one to the job: no job.resume_args, no "
-                "known trainer resume flag, and the job does not read TSUP_RESUME_FROM (no supervisor.client); a "
-                f"restart would start it from scratch. Fix: tell it how to resume, e.g. wrap {FIX} (or "
-                "[job] resume_args = [\"--resume\", \"{checkpoint}\"]) with your script's own flag",
-                checkpoint=str(newest.path), fix=FIX)
+        return [Note(EventName.RESUME_UNAVAILABLE, Level.WARNING,
+                     f"checkpoints exist ({newest.path}) but nothing hands one to the job: no job.resume_args, no "
+                     "known trainer resume flag, and the job does not read TSUP_RESUME_FROM (no supervisor.client); "
+                     f"a restart would start it from scratch. Fix: tell it how to resume, e.g. wrap {FIX} (or "
+                     "[job] resume_args = [\"--resume\", \"{checkpoint}\"]) with your script's own flag",
+                     {"checkpoint": str(newest.path), "fix": FIX})]
 
     def hands_checkpoint(self) -> bool:
         """The job is known to take a checkpoint handed to it: resume args (configured or
         inferred), or it reads TSUP_RESUME_FROM (its source, or a client heartbeat of this attempt
-        or the one before: a relaunch's choice is made before its job runs)."""
-        d = self.daemon
-        return (d is None or bool(d.cfg.job.resume_args) or self.reads_env or self._client_seen()
-                or (d.attempt > 0 and self._client_seen(d.attempt - 1)))
+        or the one before: a relaunch's choice is made before its job runs). From the preparation
+        thread too: plain reads of what the loop's last reaction saw."""
+        cfg = self.cfg
+        return (cfg is None or bool(cfg.job.resume_args) or self.reads_env or self._client_seen(self.attempt)
+                or (self.attempt > 0 and self._client_seen(self.attempt - 1)))
 
-    def _client_seen(self, attempt: int | None = None) -> bool:
-        d = self.daemon
-        assert d is not None
+    def _client_seen(self, attempt: int) -> bool:
+        assert self.state_dir is not None
         try:
-            return any(heartbeat_dir(d.state_dir, max(d.attempt if attempt is None else attempt, 0)).iterdir())
+            return any(heartbeat_dir(self.state_dir, max(attempt, 0)).iterdir())
         except OSError:
             return False
 
     # ------------------------------------------------------------------ status
-    def status(self) -> dict[str, Any]:
-        d = self.daemon
-        if d is None:
+    def status(self, run: RunView) -> dict[str, Any]:
+        if self.cfg is None:
             return {}
         if self.configured is not None:
             where: dict[str, Any] = {"path": str(self.configured), "found_by": "config"}
@@ -264,7 +259,7 @@ class CheckpointDiscoveryConcern(Concern):
             where = {"path": str(self.found.path), "found_by": self.found.found_by}
         else:
             where = {"path": None, "found_by": None, "looking_under": [str(r) for r in self.roots]}
-        args = list(d.cfg.job.resume_args)
+        args = list(run.cfg.job.resume_args)
         resume: dict[str, Any]
         if self.inferred is not None and tuple(args) == self.inferred.args:
             resume = {"args": args, "source": "inferred", "note": self.inferred.why}

@@ -15,7 +15,7 @@ from .runner import Runner
 from .adapters import ProcessLauncher
 from .checkpointconcern import CheckpointConcern
 from .healthconcern import Backend, HealthMonitors, LaunchGatePort
-from .ckptdiscovery import CheckpointDiscoveryConcern
+from .ckptdiscovery import CheckpointDiscoveryPlugin
 from .alerting import NotifyPlugin
 from .knownsecrets import teach_gate
 from .precursors import PrecursorPlugin
@@ -58,8 +58,10 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     # [notify] first: it sees the events the others record while they start. Then discovery:
     # the health and checkpoint concerns read the checkpoint dir it may find.
     ops = OpsPlugin(notifier, lambda: checkpoints.svc, status_interval_s=cfg.systemd.status_interval_s)
+    discovery = CheckpointDiscoveryPlugin(checkpoints.adopt, checkpoints.newest)
+    checkpoints.takes_checkpoint = discovery.hands_checkpoint  # each choice says whether it reaches the job
     concerns: list[Concern | Plugin] = [
-        NotifyPlugin(), CheckpointDiscoveryConcern(checkpoints), ops, WatchConcern(), health, checkpoints, goodput,
+        NotifyPlugin(), discovery, ops, WatchConcern(), health, checkpoints, goodput,
         ValidationPlugin(goodput.tracks), ResumeWatchPlugin(), PrecursorPlugin(),
                                StateLockPlugin(lock, ledger, rebind=[ops.rebind_control]), *extra]
     if cfg.web.listen:  # the live page: its own listener, imported only when configured

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from supervisor.core.machine import State
 from supervisor.daemon.checkpointconcern import CheckpointConcern
-from supervisor.daemon.ckptdiscovery import CheckpointDiscoveryConcern
+from supervisor.daemon.ckptdiscovery import CheckpointDiscoveryPlugin
 from supervisor.daemon.resumewatch import ResumeWatchPlugin
 from supervisor.job.launch import heartbeat_dir
 from tests.util import wait_for
@@ -22,7 +22,9 @@ from ..fakes import config, daemon, step_line
 
 def discovery() -> list:
     ckpts = CheckpointConcern()
-    return [CheckpointDiscoveryConcern(ckpts), ckpts]
+    found = CheckpointDiscoveryPlugin(ckpts.adopt, ckpts.newest)
+    ckpts.takes_checkpoint = found.hands_checkpoint  # as the wiring does
+    return [found, ckpts]
 
 
 def test_an_hf_script_gets_its_output_dir_and_resume_flag_as_if_configured(tmp_path: Path) -> None:
@@ -169,3 +171,24 @@ def test_a_client_job_relaunched_is_not_warned_before_its_first_heartbeat(tmp_pa
         d.step()
     assert "resume_unavailable" not in d.events(), [e["message"] for e in d.ledger.events
                                                     if e["event"] == "resume_unavailable"]
+
+
+def test_discovery_answers_its_start_with_notes_and_the_config_to_run_on(tmp_path: Path) -> None:
+    """As plain calls: the found dir and the inferred flag come back as notes and one UseConfig;
+    the store is asked to open its service on the new config (the wiring's adopt)."""
+    from supervisor.daemon.effects import Note, UseConfig
+    from supervisor.daemon.plugin import DaemonStarted
+
+    from ..fakes import FakeLedger
+    from .test_plugins import view
+
+    (tmp_path / "train.py").write_text("from transformers import Trainer, TrainingArguments\n")
+    cfg = config(tmp_path, job={"command": ["python", "train.py", "--output_dir", "out"]})
+    adopted: list[tuple[Path | None, bool]] = []
+    p = CheckpointDiscoveryPlugin(lambda c, replace=False: adopted.append((c.checkpoint_dir(), replace)))
+    said = p.started(DaemonStarted(FakeLedger(), dict), view(tmp_path, cfg=cfg))
+    assert [e.event for e in said if isinstance(e, Note)] == ["resume_inferred", "checkpoint_dir_found"]
+    [use] = [e for e in said if isinstance(e, UseConfig)]
+    assert use.cfg.checkpoint_dir() == tmp_path / "out" and use.cfg.job.resume_args
+    assert adopted == [(tmp_path / "out", False)] and p.hands_checkpoint()
+    assert p.status(view(tmp_path, cfg=use.cfg))["resume"]["source"] == "inferred"
