@@ -137,6 +137,7 @@ class EventName(StrEnum):
     PREWARM_STANDBY_FAILED = "prewarm_standby_failed"
     MONITOR_FAILED = "monitor_failed"
     OUTPUT_CAUGHT_UP = "output_caught_up"
+    OUTPUT_CATCH_UP_CUT = "output_catch_up_cut"
     OUTPUT_KEEPER_LOST = "output_keeper_lost"
     OUTPUT_KEEPER_RESTART_FAILED = "output_keeper_restart_failed"
     OUTPUT_KEEPER_RESTARTED = "output_keeper_restarted"

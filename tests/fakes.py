@@ -107,6 +107,9 @@ class FakeJob:
     def output_lag(self) -> OutputLag:
         return OutputLag()  # no keeper, nothing behind
 
+    def cut_output(self) -> OutputLag:
+        return OutputLag()
+
     def close(self) -> None:
         self.closed = True
 

@@ -76,6 +76,10 @@ class Job(Protocol):
         """How far the handling of the job's output (console, parsers) is behind the job."""
         ...
 
+    def cut_output(self) -> "OutputLag":
+        """Stop handling the job's output (a stop's bounded catch-up is over); the lag when cut."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -105,6 +105,15 @@ class KeeperLink(threading.Thread):
         self.gauge = LagGauge(log_path)
         self._readback = LogReadback(log_path, self.gauge)
         self._ahead = LogAhead(log_path, max(0, self.gauge.end)) if log_path else None
+        # Set by :meth:`cut` (from the loop's thread; a bool is read atomically): the frames still
+        # to come are dropped unhandled, so this thread ends with the keeper, not after the backlog.
+        self._cut = False
+
+    def cut(self) -> None:
+        """Stop handling the job's output: a stop's catch-up ran out of its bound (the daemon must
+        exit within a scheduler's kill wait). What is not handled yet is in job.log already; it is
+        neither passed to the console nor parsed. Each stream's end is still reported."""
+        self._cut = True
 
     @property
     def ended(self) -> bool:
@@ -113,6 +122,8 @@ class KeeperLink(threading.Thread):
 
     def _data(self, kind: int, chunk: bytes) -> None:
         self.bytes += len(chunk)
+        if self._cut:
+            return
         if self.passthrough is not None:
             console = self.passthrough.err if kind == STDERR else self.passthrough.out
             if console is not None:
@@ -141,7 +152,7 @@ class KeeperLink(threading.Thread):
             return
         try:
             rest = self._splitters[kind].flush()
-            if rest:
+            if rest and not self._cut:
                 self.lines += len(rest)
                 self.fanout.feed(source, rest)
         except Exception as e:  # on_eof must still run
@@ -152,6 +163,8 @@ class KeeperLink(threading.Thread):
         if kind in (STDOUT, STDERR):
             self._data(kind, payload)
         elif kind == GAP:
+            if self._cut:
+                return  # not read back: the bytes are in job.log, the catch-up was cut
             for stream, chunk in self._readback.ranges(payload):
                 self._data(stream, chunk)
         elif kind == EOF_STDOUT:
@@ -269,7 +282,7 @@ class KeeperLink(threading.Thread):
             if self._ahead is not None:
                 self._ahead.close()
             self.gauge.idle()
-            if self.gauge.read_back:
+            if self.gauge.read_back and not self._cut:  # a cut catch-up was said by the stop
                 log.info("output_caught_up", keeper_pid=self.keeper_pid, read_back_bytes=self.gauge.read_back,
                          max_lag_s=round(self.gauge.max_seconds, 3),
                          message=f"the job printed faster than the daemon handles output: {self.gauge.read_back} "

@@ -260,6 +260,13 @@ class JobProcess:
         it writes job.log at the job's speed)."""
         return self.link.gauge.lag(self.exited_at)
 
+    def cut_output(self) -> OutputLag:
+        """Stop handling the job's output now (a stop's catch-up ran out of its bound); how far
+        behind it was when cut (its ``bytes`` stay unparsed, in job.log)."""
+        lag = self.output_lag()
+        self.link.cut()
+        return lag
+
     def respawn_keeper(self) -> tuple[int, int] | None:
         """The keeper died before the job's output ended (killed from outside): a new one on the
         daemon's duplicate read ends, writing the same job.log; (its socket fd, its pid), or None
