@@ -75,6 +75,10 @@ _PEM_END_RE = re.compile(r"-----END [^\n-]{1,60}+-----")
 # other line ends the block unsaid, so a BEGIN line cut short does not hide the lines after it.
 _PEM_LINE_RE = re.compile(r"\s*+(?:[A-Za-z0-9+/=]{1,128}+|[A-Za-z-]{1,32}+: [ -~]{0,128}+)?\s*+")
 _PEM_BODY_RE = re.compile(r"[A-Za-z0-9+/=\s\\:,-]*+")
+# A line (or a whole value) that is one token of 40+ base64 characters: a key's body line, whatever
+# came before it (its BEGIN on another stream, in another sample, or nowhere). Masked whole when
+# it holds an upper- and a lowercase letter and a digit (:func:`_key_line`): hex (SHAs) and words stay.
+_KEY_LINE_RE = re.compile(r"(?m)^[ \t]*+([A-Za-z0-9+/=]{40,}+)[ \t\r]*+$")
 # A cookie header's or a cookie-named key's value, whole: up to its closing quote, else to the line's end.
 _COOKIE_RE = re.compile(r"(?i)(?<![A-Za-z0-9])((?:set-)?cookies?['\"]?\s*[=:]\s*)"
                         r"(?:(['\"])(?:[^'\"\\\n]|\\.)++|[^\n]++)")
@@ -185,6 +189,21 @@ def _pem(text: str) -> str:
     return "".join(out) + text[pos:] if out else text
 
 
+def _key_line(m: re.Match[str]) -> str:
+    """A base64 line masked whole when it reads as key material: an upper- and a lowercase letter
+    and a digit, and not a path (two "/"-separated words or more that change case or turn digits seldom,
+    random base64 at most characters: ``/mnt/Data/Experiments/run2024/checkpoints`` stays)."""
+    token = m.group(1)
+    if not (any(c.isupper() for c in token) and any(c.islower() for c in token) and any(c.isdigit() for c in token)):
+        return m.group(0)
+    if len([w for w in token.split("/") if w]) > 1:
+        kinds = [c.isupper() + 2 * c.isdigit() if c.isalnum() else -1 for c in token]
+        turns = sum(1 for a, b in zip(kinds, kinds[1:]) if a != b and a >= 0 and b >= 0)
+        if turns * 5 < len(token):
+            return m.group(0)
+    return m.group(0).replace(token, REDACTED)
+
+
 def _cookie(m: re.Match[str]) -> str:
     return f"{m.group(1)}{m.group(2) or ''}{REDACTED}"
 
@@ -194,6 +213,7 @@ def _blocks(text: str) -> str:
     private keys in PEM, cookie values (``a=b; c=d``), an auth object's arguments."""
     if "-----BEGIN " in text:
         text = _pem(text)
+    text = _KEY_LINE_RE.sub(_key_line, text)
     low = text.lower()
     if "cookie" in low:
         text = _COOKIE_RE.sub(_cookie, text)

@@ -125,6 +125,8 @@ SECRET_LINES: tuple[tuple[str, str], ...] = (
     ('<input type="password" name="pw" value="zqD5xhtml">', "zqD5xhtml"),
     ("Password for user admin: zqD5xprompt", "zqD5xprompt"),
     ("b64 LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVktLS0tLQpNSUlFcEFJzqD5x", "LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVktLS0tLQpNSUlF"),
+    # A key's body line alone (its BEGIN went to another stream, or before a hang): masked whole.
+    ("MIIEowIBAAKCAQEAzqK7xbodyline0Pq1Rs2Tu3Vw4Xy5Za6Bc7De8Fg9Hi+/=", "zqK7xbodyline0Pq1Rs2"),
     ("pass\x1b[0mword=zqR3xansi", "zqR3xansi"),
     ("pass\u200bword=zqR3xzws", "zqR3xzws"),
 )
@@ -166,6 +168,13 @@ KEPT_LINES: tuple[str, ...] = (
     "commit 3f2a9c1e8b7d6a5f4e3d2c1b0a9f8e7d6c5b4a39 sha256=9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822c",
     "run 20261207-184625-3392f9 argv ['--lr', '0.1', '--max-tokens', '512'] ('--seed', 7)",
     'wandb login succeeded; Password for the run is not needed; <input type="text" value="step">',
+    # Lines that are one long token but no key's body: hex digests either case, a uuid, a run id, a path.
+    "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    "  3F2A9C1E8B7D6A5F4E3D2C1B0A9F8E7D6C5B4A39",
+    "3f2a9c1e-8b7d-4a5f-9e3d-2c1b0a9f8e7d",
+    "20261207-184625-3392f9",
+    "/mnt/Data/Experiments/run2024/checkpoints/Step1000",
+    "checkpoints/Run2024Final/model/Weights00001of00004",
 )
 
 

@@ -293,6 +293,25 @@ def test_a_pem_key_printed_over_lines_is_masked_body_and_all() -> None:
     assert shown[1:3] == [REDACTED, REDACTED] and shown[3:] == ['{"step": 7, "loss": 2.1}', "step 8 loss 2.0"], shown
 
 
+def test_a_key_body_line_alone_is_masked_whatever_came_before_it() -> None:
+    """PS/PS2: the job printed BEGIN, then a body line, then hung; the body line alone became the
+    hang's last line (BEGIN on stdout, body on stderr; or BEGIN in an earlier batch). A line or a
+    value that is one base64 token of 40+ characters with both cases and a digit is masked whole,
+    statelessly, in every text; hex, ids and paths stay (KEPT_LINES)."""
+    body = "MIIEpAIBAAKCAQEAzqK9xhangbody1abcdefghijklmnopqrstuvwxyz0123"
+    for text in (body, f"  {body}\t", f"Traceback:\n{body}\r\nstep 5",
+                 "/" + body, "ItqRbFE3N8Xy9v+Qk2mJ0a/PzRt4WcLs7u1HgDfKe5o/Wq=="):
+        assert "zqK9x" not in redact_text(text) and "PzRt4" not in redact_text(text), text
+    assert redact_data({"last_line": body}) == {"last_line": REDACTED}
+    assert redact_argv(["python", "t.py", body]) == ["python", "t.py", REDACTED]
+    shown = redact_text(f"hang; last line: {redact_text(body + 'x' * 300)[:200]}")  # cut, then masked
+    assert "zqK9x" not in shown
+    # Not alone on its line: prose around it is read by the other rules (a token is no key by shape).
+    assert redact_text(f"run {body[:39]}") == f"run {body[:39]}"
+    for kept in ("a" * 64, "A1" * 30, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN", "/data/Runs/exp42/ckpts/Step1000/Model"):
+        assert redact_text(kept) == kept
+
+
 def test_a_name_split_by_an_escape_or_an_invisible_character_is_still_a_name() -> None:
     """R3: ``pass\x1b[0mword=X`` and ``pass\u200bword=X`` read as password=X on a terminal."""
     for line in ("pass\x1b[0mword=zqR3xansi", "pass\u200bword=zqR3xzws", "api\u200d_key: zqR3xzwj",
@@ -309,7 +328,8 @@ def test_the_new_patterns_stay_linear_on_their_worst_cases() -> None:
                "<input type=password " + "a" * 1_000_000, "<input " * 140_000, "?sig=" * 200_000,
                "hooks.slack.com/services/" + "a/" * 450_000, "AIza" * 250_000, "sk_live_" * 120_000,
                "SecretStr(" * 100_000, "pass\x1b[0m" * 100_000, "\u200b" * 1_000_000, "['--password', " * 60_000,
-               "'--" + "-" * 1_000_000 + "password', x", "-----BEGIN PRIVATE KEY-----\n" * 35_000]
+               "'--" + "-" * 1_000_000 + "password', x", "-----BEGIN PRIVATE KEY-----\n" * 35_000,
+               "aB3/" * 250_000, "aB3/" * 10 + "\n" * 100_000, ("x" * 39 + "\n") * 25_000, " " * 1_000_000 + "!"]
     for text in hostile:
         t0 = time.monotonic()
         redact_text(text)
