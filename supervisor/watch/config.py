@@ -150,7 +150,10 @@ class NanDetectorConfig:
         "records in a row whose grad norm is inf while their loss is finite (or nan beside a loss scale) "
         "before it fires: one such record is a step the fp16 loss scaler skipped (AMP's GradScaler, DeepSpeed, "
         "HF Trainer print it; a grad_overflow warning, never a stop), this many in a row is a run that no longer "
-        "trains. A non-finite loss, and a nan grad norm with no loss scale beside it (HF's NaN filter hides "
+        "trains. Where the record prints a loss scale (loss_scale, \"loss scale\", scaler), a record at a lower scale "
+        "than the one before starts the count over (the scaler at work: an fp16 warm-up from 2^32 skips ~32 steps); "
+        "only records at a scale that no longer falls, or at its floor (1, or a printed min_loss_scale), count. "
+        "A non-finite loss, and a nan grad norm with no loss scale beside it (HF's NaN filter hides "
         "the loss of a diverged run), fire at once (consecutive). 1: any non-finite grad norm rolls back", min=1))
     fields: tuple[str, ...] = field(default=("loss", "grad_norm"), metadata=meta(
         "which metric fields must stay finite: a non-finite value in one is a nan detection (Megatron's "

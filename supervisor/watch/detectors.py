@@ -50,6 +50,7 @@ from ..health.xid import classify_xid
 from ..redact import redact_line
 from .config import DetectorsConfig, LossSpikeConfig, NanDetectorConfig, TextDetectorConfig
 from .nannotes import NAN_ITERATIONS, NanNotes, overflow_skip
+from .lossscale import ScaleStreaks
 from .textrules import (CKPT_KEYWORDS, CKPT_RULES, CUDA_ANCHORS, CUDA_ERROR, GPU_RULES, NCCL_CUDA_OOM, NCCL_KEYWORDS,
                         NCCL_RULES, NCCL_UNHANDLED, OOM_KEYWORDS, OOM_RULES, XID_LINE, TextRule)
 
@@ -204,6 +205,7 @@ class NanDetector:
         self.last_finite: dict[tuple[str, int | None], int] = {}  # stream -> step of its last finite record
         # stream -> (skipped fp16 steps in a row: grad norm not finite, loss finite; step of the first, last)
         self.overflows: dict[tuple[str, int | None], tuple[int, int | None, int | None]] = {}
+        self.scales = ScaleStreaks()  # a falling loss scale is the scaler at work: its streak does not count
 
     def reset(self, resume_step: int | None) -> None:
         self.fired = False
@@ -231,22 +233,20 @@ class NanDetector:
         return count, at, onset
 
     def _skipped(self, source: str, line: str, rec: MetricRecord, step: int | None, value: float) -> Detection | None:
-        """A step the fp16 loss scaler skipped (grad norm not finite, loss finite): a detection only at
-        ``overflow_steps`` of them in a row; one is routine (:mod:`.nannotes` says it: grad_overflow)."""
+        """A step the fp16 loss scaler skipped (grad norm not finite, loss finite): a detection only at ``overflow_steps``
+        in a row at a loss scale that no longer falls (:mod:`.lossscale`); one is routine (grad_overflow)."""
         key = (source, rec.rank)
         self.runs.pop(key, None)  # its loss is finite: a run of non-finite losses ends here
+        if self.scales.falling(key, rec, fresh=key not in self.overflows):  # the scaler at work: the count starts over
+            self.overflows[key] = (0, *self.overflows[key][1:])  # (the streak's first step stays its onset)
         run = self._run(self.overflows, key, rec, step, self.cfg.overflow_steps)
         if run is None:
             return None
         count, at, onset = run
-        where = f" at step {at}" if at is not None else ""
         return Detection(
             at=rec.at, cause=Cause.NAN, source=source, step=at, onset_step=onset, value=value,
-            summary=f"grad_norm is {value}{where}, {count} records in a row since step {onset} with a finite loss: "
-                    "past [detectors.nan] overflow_steps the loss scaler is not skipping an overflow, the run "
-                    "no longer trains",
-            evidence=truncate(line, self.evidence_chars),
-            details={"field": "grad_norm", "consecutive": count, "fmt": rec.fmt, "overflow": True})
+            summary=self.scales.summary(key, value, at, count, onset), evidence=truncate(line, self.evidence_chars),
+            details=self.scales.details(key, count, rec.fmt))
 
     def observe(self, source: str, line: str, rec: MetricRecord | None, step: int | None) -> Detection | None:
         if self.fired or rec is None:

@@ -72,7 +72,8 @@ def overflow_skip(rec: MetricRecord) -> bool:
     """A step the fp16 loss scaler skipped: its grad norm is infinite (the scaled gradients
     overflowed) while its loss is finite, or not finite beside a loss scale or a skipped-iteration
     count in the same record. AMP's GradScaler, DeepSpeed and the HF Trainer print it and go on with a
-    smaller scale; only many in a row (``[detectors.nan] overflow_steps``) are a divergence. A NaN
+    smaller scale; only many in a row while the printed scale no longer falls (``[detectors.nan]
+    overflow_steps``, :mod:`.lossscale`) are a divergence. A NaN
     grad norm with nothing of a scaler beside it is not one: HF's default ``logging_nan_inf_filter``
     prints a diverged run exactly so (a finite loss, ``'grad_norm': nan``), and that fires at once."""
     g = rec.grad_norm
@@ -160,8 +161,8 @@ class NanNotes:
         self.pending.append(Notice("grad_overflow", Level.WARNING, (
             f"the grad norm is {rec.grad_norm}{where} while the loss is finite ({rec.loss:.4g}): a step the fp16 "
             f"loss scaler skipped (its gradients overflowed; it goes on with a smaller scale). {self.overflows} "
-            f"such record(s) this attempt. Not rolled back: only {self.overflow_steps} in a row are "
-            "([detectors.nan] overflow_steps); a non-finite loss is at once"),
+            f"such record(s) this attempt. Not rolled back: only {self.overflow_steps} in a row at a loss scale that no "
+            "longer falls are ([detectors.nan] overflow_steps); a non-finite loss is at once"),
             {"line": redact_line(line.rstrip(), limit=self.evidence_chars), "source": source, "step": at,
              "overflows": self.overflows, "overflow_steps": self.overflow_steps,
              "next": f"the run goes on; said again at the {self._next_overflow_note}th skipped step of this attempt"}))
