@@ -60,6 +60,13 @@ class LagGauge:
         self.max_seconds = 0.0
         self.unparsed = 0
         self.read_back = 0  # bytes read back from job.log (the keeper sent their place, not them)
+        self._logs_at_start = _logs_size(log_path)  # job.log and its rotations: earlier attempts' bytes
+
+    def unread(self, handled: int) -> int:
+        """Bytes this attempt's keeper wrote to job.log (rotated ones too) that are not among the
+        ``handled`` ones; across rotations, where an offset alone cannot say (fewer when a
+        rotation dropped the oldest log since the start)."""
+        return max(0, _logs_size(self.log_path) - self._logs_at_start - handled)
 
     def handling(self, read_at: float) -> None:
         self._at = read_at
@@ -106,6 +113,18 @@ class LagGauge:
         seconds = max(0.0, self._clock() - at)
         return OutputLag(seconds, size, max(seconds, self.max_seconds), self.unparsed,
                          exited_at is not None and at <= exited_at)
+
+
+def _logs_size(log_path: str) -> int:
+    if not log_path:
+        return 0
+    total = 0
+    for path in [log_path, *rotated_logs(log_path)]:
+        try:
+            total += os.stat(path).st_size
+        except OSError:
+            continue
+    return total
 
 
 class LogReadback:

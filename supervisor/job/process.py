@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -265,7 +265,9 @@ class JobProcess:
         behind it was when cut (its ``bytes`` stay unparsed, in job.log)."""
         lag = self.output_lag()
         self.link.cut()
-        return lag
+        # The lag's bytes are job.log's size past the handled offset: wrong once job.log rotated
+        # under a backlog (that offset is in job.log.1): counted over the logs instead.
+        return replace(lag, bytes=self.link.gauge.unread(self.link.bytes))
 
     def respawn_keeper(self) -> tuple[int, int] | None:
         """The keeper died before the job's output ended (killed from outside): a new one on the
