@@ -10,15 +10,14 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "supervisor"
-CAPABILITIES = frozenset({"Plugin", "OnStart", "OnAttempts", "OnMetrics", "OnTicks", "GivesStatus", "GivesMonitors",
-                          "GivesJobEnv", "Closes"})
+CAPABILITIES = frozenset({"Plugin", "OnStart", "OnAttempts", "OnMetrics", "OnTicks", "OnNotes", "GivesStatus",
+                          "GivesLiveStatus", "GivesMonitors", "GivesJobEnv", "Closes"})
 FORBIDDEN_MODULES = ("supervisor.daemon.runner", "supervisor.daemon.wiring")
 FORBIDDEN_NAMES = frozenset({"DaemonView", "Runner", "Concern", "ConcernSet"})
 CALLS_BACK = ("emit", "apply")
 # The concerns still in the old shape (one base with optional hooks and a DaemonView): none may be
 # added; each one converted leaves this list.
-OLD_SHAPE = frozenset({"WatchConcern",
-                       "CheckpointConcern", "ClusterConcern"})
+OLD_SHAPE = frozenset({"WatchConcern", "CheckpointConcern"})
 
 
 def _sources() -> dict[str, str]:
@@ -80,8 +79,8 @@ def violations(sources: dict[str, str], ports_src: str) -> list[str]:
             if ann is not None:
                 held = {n.id for n in ast.walk(ann) if isinstance(n, ast.Name)} | {
                     n.value for n in ast.walk(ann) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-                out += [f"{path}:{node.lineno}: {name} holds the plug-in {h}" for h in sorted(held & set(plugins))
-                        if h != name]
+                line = getattr(node, "lineno", 0)
+                out += [f"{path}:{line}: {name} holds the plug-in {h}" for h in sorted(held & set(plugins)) if h != name]
     return out
 
 

@@ -13,8 +13,8 @@ from ..core.messages import Resume
 from ..core.runend import EndFacts
 from ..events import Monitor
 from .effects import Effect
-from .plugin import (AttemptEnded, AttemptStarted, Closes, DaemonStarted, GivesJobEnv, GivesMonitors, GivesStatus,
-                     MetricsBatch, Noted, Notice, OnNotes, Plugin, RunView, Tick, reaction)
+from .plugin import (AttemptEnded, AttemptStarted, Closes, DaemonStarted, GivesJobEnv, GivesLiveStatus, GivesMonitors,
+                     GivesStatus, MetricsBatch, Noted, Notice, OnNotes, Plugin, RunView, Tick, reaction)
 from .ports import Concern, DaemonView
 
 log = structlog.get_logger("supervisor.daemon.runner")
@@ -100,7 +100,8 @@ class ConcernSet:
     def close(self) -> None:
         for c in self.items:
             try:
-                c.close() if isinstance(c, (Concern, Closes)) else None
+                for e in (c.close() if isinstance(c, (Concern, Closes)) else None) or ():
+                    self.apply(e)
             except Exception as e:
                 log.exception("concern_failed", concern=c.name, hook="close", error=repr(e),
                               message=f"{c.name} failed in close; the daemon keeps going")
@@ -142,7 +143,7 @@ class ConcernSet:
         out: dict[str, Any] = {}
         for c in self.items:
             try:
-                out.update(c.live_status() if isinstance(c, Concern) else {})
+                out.update(c.live_status() if isinstance(c, (Concern, GivesLiveStatus)) else {})
             except Exception as e:  # a status part failing leaves the cached snapshot as it is
                 log.warning("concern_failed", concern=c.name, hook="live_status", error=repr(e),
                             message=f"{c.name} failed in live_status; status answers with the cached snapshot")

@@ -182,8 +182,16 @@ class OnNotes(Plugin):
         raise NotImplementedError
 
 
+class GivesLiveStatus(Plugin):
+    def live_status(self) -> Mapping[str, Any]:
+        """Status fields read on every ``status`` request over the cached snapshot, from the
+        control threads (plain reads, or a bounded wait on a thread of its own)."""
+        raise NotImplementedError
+
+
 class Closes(Plugin):
-    def close(self) -> None:
+    def close(self) -> Effects | None:
+        """At the daemon's exit; its last effects (notes) are carried out before the ledger closes."""
         raise NotImplementedError
 
 

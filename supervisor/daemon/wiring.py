@@ -70,11 +70,11 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
         concerns.insert(len(concerns) - len(extra), LivePagePlugin())
     store: CheckpointStore = checkpoints
     if cfg.cluster.enabled:  # multi-node: imported only then, so a single node carries none of it
-        from .clusterconcern import ClusterCheckpoints, ClusterConcern
+        from .clusterconcern import ClusterCheckpoints, ClusterLink, ClusterPlugin
 
-        cluster = ClusterConcern(cfg.cluster, cfg.job.name)
-        concerns.insert(len(concerns) - len(extra), cluster)
-        store = ClusterCheckpoints(checkpoints, cluster)
+        link = ClusterLink()  # the agent the plug-in starts, the plan the store's barrier sets
+        concerns.insert(len(concerns) - len(extra), ClusterPlugin(cfg.cluster, cfg.job.name, link))
+        store = ClusterCheckpoints(checkpoints, link)
     launcher = (ProcessLauncher(fanout, passthrough, osapi, passthrough) if passthrough is not None
                 else ProcessLauncher(fanout, sys.stdout.buffer, osapi, sys.stderr.buffer))
     environment = Environment()

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pytest
 
-from supervisor.daemon.clusterconcern import ClusterConcern
+from supervisor.daemon.clusterconcern import ClusterLink, ClusterPlugin
 from supervisor.config.model import config_from_table
 from supervisor.core.causes import Action, Cause
 from supervisor.core.machine import State
@@ -86,7 +86,7 @@ def test_the_cluster_concern_asks_the_others_to_stop_from_what_the_view_says(tmp
         agents.append(FakeAgent(*a, **kw))
         return agents[-1]
 
-    cluster = ClusterConcern(cc, "job", agent_factory=factory)  # type: ignore[arg-type]  # the fake agent
+    cluster = ClusterPlugin(cc, "job", agent_factory=factory)  # type: ignore[arg-type]  # the fake agent
     d = daemon(tmp_path, config(tmp_path), concerns=[cluster])
     (agent,) = agents
     d.launcher.job.ignore.add(signal.SIGTERM)
@@ -117,9 +117,43 @@ def test_the_cluster_store_works_over_the_local_stores_interface_and_the_config_
             published.append(steps)
             return Plan(3, ("n1",), 100, "n1", "127.0.0.1", "the newest step every node has")
 
-    concern = ClusterConcern(cfg.cluster, "job")
-    concern.agent = Barrier()  # type: ignore[assignment]  # only the barrier is asked
-    store = ClusterCheckpoints(FakeCheckpoints(steps=[200, 100]), concern)
+    link = ClusterLink(agent=Barrier())  # type: ignore[arg-type]  # only the barrier is asked
+    store = ClusterCheckpoints(FakeCheckpoints(steps=[200, 100]), link)
     resume = store.choose(cfg, Action.ROLLBACK, 150, None, [])
     assert published == [[100, 200]] and (resume.checkpoint, resume.step) == ("ckpt/step_100.pt", 100)
-    assert concern.plan is not None and concern.plan.gen == 3
+    assert link.plan is not None and link.plan.gen == 3
+
+
+def test_the_cluster_plugin_returns_another_nodes_end_and_the_agents_events_from_its_next_tick(tmp_path: Path) -> None:
+    """As plain calls: what the agent's thread hands over (another node ended the generation, a
+    mirrored decision) comes back from the next tick as a detection stamped with the turn's wall
+    clock and a note; the events left at close are returned for the runner to record."""
+    from supervisor.cluster.runkeys import EndRequest
+    from supervisor.daemon.effects import Detect, Note
+    from supervisor.daemon.plugin import DaemonStarted, Tick
+
+    from ..fakes import FakeLedger
+    from .test_plugins import view
+
+    cc = config_from_table({"job": {"command": ["x"]}, "cluster": {"endpoints": ["http://127.0.0.1:9"],
+                                                                   "nodes": 2}}).cluster
+    hooks: dict[str, Any] = {}
+
+    def factory(*a: Any, **kw: Any) -> FakeAgent:
+        hooks.update(kw)
+        return FakeAgent(*a, **kw)
+
+    link = ClusterLink()
+    p = ClusterPlugin(cc, "job", link, agent_factory=factory)  # type: ignore[arg-type]  # the fake agent
+    [started] = p.started(DaemonStarted(FakeLedger(), dict), view(tmp_path))
+    assert isinstance(started, Note) and started.event == "cluster_started" and link.agent is not None
+    run = view(tmp_path)
+    hooks["on_stop"](EndRequest(4, "n2", "nan", "loss nan at step 7", 7, 6))
+    hooks["on_event"]("cluster_generation_ended", "warning", "generation 4 ended by n2", {"generation": 4})
+    said = p.tick(Tick(run.now), run)
+    assert [type(e).__name__ for e in said] == ["Note", "Detect"]
+    detect = said[1]
+    assert isinstance(detect, Detect) and detect.detection.at == run.wall and detect.detection.source == "cluster:n2"
+    assert p.tick(Tick(run.now), run) == []
+    hooks["on_event"]("cluster_etcd_back", "info", "etcd answers again", {})
+    assert [e.event for e in p.close() or () if isinstance(e, Note)] == ["cluster_etcd_back"]
