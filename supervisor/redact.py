@@ -191,12 +191,13 @@ def _pem(text: str) -> str:
 
 def _key_line(m: re.Match[str]) -> str:
     """A base64 line masked whole when it reads as key material: an upper- and a lowercase letter
-    and a digit, and not a path (two "/"-separated words or more that change case or turn digits seldom,
-    random base64 at most characters: ``/mnt/Data/Experiments/run2024/checkpoints`` stays)."""
+    and a digit, and no path (two "/"-separated words or more, no "+" or "=" padding, that seldom
+    change case or turn digits, as random base64 does at most characters:
+    ``/mnt/Data/Experiments/run2024/checkpoints`` stays)."""
     token = m.group(1)
     if not (any(c.isupper() for c in token) and any(c.islower() for c in token) and any(c.isdigit() for c in token)):
         return m.group(0)
-    if len([w for w in token.split("/") if w]) > 1:
+    if "+" not in token and not token.endswith("=") and len([w for w in token.split("/") if w]) > 1:
         kinds = [c.isupper() + 2 * c.isdigit() if c.isalnum() else -1 for c in token]
         turns = sum(1 for a, b in zip(kinds, kinds[1:]) if a != b and a >= 0 and b >= 0)
         if turns * 5 < len(token):
@@ -296,6 +297,12 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+# curl's ``-u user:password`` (``--user``, ``--proxy-user``) in an argv: the password goes; a
+# ``uid:gid`` of digits (``docker run -u 1000:1000``) stays.
+_USER_FLAGS = frozenset({"-u", "--user", "-U", "--proxy-user"})
+_USER_PASSWORD_RE = re.compile(r"([^:\s]*+:)(?![0-9]++$)(.++)")
+
+
 def _flag_name(arg: str) -> str | None:
     return arg if arg.startswith("-") and len(arg) > 1 and "=" not in arg else None
 
@@ -313,6 +320,8 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
             break
         arg, more = cut(whole, MAX_VALUE_CHARS)
         shown, masked_whole = _redact_arg(arg, mask_next)
+        if i and argv[i - 1] in _USER_FLAGS and (m := _USER_PASSWORD_RE.fullmatch(shown)) and m.group(2) != REDACTED:
+            shown, masked_whole = f"{m.group(1)}{REDACTED}", True
         mask_next = _flag_name(arg) is not None and is_secret(arg)  # a masked value is no flag
         if more and not masked_whole:  # a secret's length is not said either
             shown = _mask_tail(shown) + more

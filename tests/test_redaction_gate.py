@@ -312,6 +312,22 @@ def test_a_key_body_line_alone_is_masked_whatever_came_before_it() -> None:
         assert redact_text(kept) == kept
 
 
+def test_a_notify_commands_argv_is_masked_as_the_jobs_and_stored_masked() -> None:
+    """NC: ``[notify] command`` was logged raw in notify_ready and stored raw in the ledger's
+    runs.config_json (the gate reads each argument alone). curl's ``-u user:pw`` goes too; a
+    ``uid:gid`` of digits and a user alone stay."""
+    from supervisor.config.model import config_from_table
+    from supervisor.job.launch import config_json
+
+    hook = ["/usr/bin/curl", "-u", "admin:zqN1xcurl", "--api-key", "zqN2xkey", "--password", "zqN3xpw", "https://a.example/x"]
+    shown = ["/usr/bin/curl", "-u", "admin:<redacted>", "--api-key", REDACTED, "--password", REDACTED, "https://a.example/x"]
+    assert redact_argv(hook) == shown
+    assert redact_argv(["docker", "run", "-u", "1000:1000", "img"]) == ["docker", "run", "-u", "1000:1000", "img"]
+    assert redact_argv(["curl", "--user", "admin", "https://a.example/x"]) == ["curl", "--user", "admin", "https://a.example/x"]
+    cfg = config_from_table({"job": {"command": ["python", "t.py"]}, "notify": {"command": hook}})
+    assert config_json(cfg)["notify"]["command"] == shown
+
+
 def test_a_name_split_by_an_escape_or_an_invisible_character_is_still_a_name() -> None:
     """R3: ``pass\x1b[0mword=X`` and ``pass\u200bword=X`` read as password=X on a terminal."""
     for line in ("pass\x1b[0mword=zqR3xansi", "pass\u200bword=zqR3xzws", "api\u200d_key: zqR3xzwj",

@@ -38,6 +38,8 @@ def config_json(cfg: Config) -> dict[str, Any]:
     notify = js.get("notify") or {}
     if notify.get("webhook_url"):  # the URL carries the hook's token
         notify["webhook_url"] = "<redacted>"
+    if isinstance(notify.get("command"), list):  # run from the config, never from here: masked like the job's
+        notify["command"] = redact_argv([str(a) for a in notify["command"]])
     return js
 
 

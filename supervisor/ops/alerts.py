@@ -27,7 +27,7 @@ from typing import Callable
 
 import structlog
 
-from ..redact import redact_url
+from ..redact import redact_argv, redact_url
 from .alertmsg import GAVE_UP, Alert, Masker, RateLimit
 from .config import NotifyConfig
 from .delivery import PermanentError, Redirected, Try, post_webhook, run_hook
@@ -207,7 +207,9 @@ class Alerter:
     def start(self) -> None:
         for s in self.sinks:
             s.thread.start()
-        log.info("notify_ready", command=list(self.cfg.command) or None,
+        # Its argv as the job's is shown (``-u user:pw``, ``--api-key x`` masked): the gate at the sink
+        # reads each argument alone, so a secret after its flag would pass it.
+        log.info("notify_ready", command=redact_argv(self.cfg.command) or None,
                  webhook=redact_url(self.cfg.webhook_url) if self.cfg.webhook_url else None,
                  events=list(self.cfg.events), next="these events are sent as they happen")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -239,3 +240,49 @@ def test_the_checkpoints_verb_masks_a_secret_in_a_file_name(tmp_path: Path) -> N
                             text=True, timeout=120)
         assert cp.returncode == 0, cp.stderr
         assert "zqR7x" not in cp.stdout + cp.stderr and "hf_token=<redacted>" in cp.stdout, cp.stdout + cp.stderr
+
+
+HANG_JOB = r"""
+import sys, time
+for s in range(1, 6):
+    print(f"step {s} loss 1.0", flush=True)
+    time.sleep(0.2)  # a cadence of steps: the silence after them is a hang
+print("-----BEGIN RSA PRIVATE KEY-----", flush=True)
+print("MIIEpAIBAAKCAQEAzqH1xhangbodyOut0abcdefghijklmnopqrstuvwxyz0123", flush=True)
+time.sleep(0.3)
+sys.stderr.write("zqH2xhangbodyErr1ABCDEFGHIJKLMNOPqrstuvwxyz0123456789+/==\n")
+sys.stderr.flush()
+time.sleep(600)
+"""
+HANG_SECRETS = ("zqH1xhangbody", "zqH2xhangbody", "zqN1xcurlpw", "zqN2xapikey", "zqN3xpasswd")
+
+
+def test_a_key_body_as_a_hangs_last_line_and_the_notify_commands_secrets_reach_no_sink(daemons, tmp_path: Path) -> None:
+    """PS/PS2 and NC (issue 34): the job printed a PEM key's BEGIN, its body (on stdout, then on
+    stderr) and hung: the body line, the hang's last line, is masked in hang_detected,
+    failure_detected's evidence, the journal, history --json and the ledger's bytes. The notify
+    command's argv secrets (curl's ``-u user:pw``, ``--api-key x``, ``--password x``) are masked in
+    notify_ready and in the ledger's stored config (the daemon runs the hook from its config)."""
+    job, sd, cfg = tmp_path / "job.py", tmp_path / "sd", tmp_path / "c.toml"
+    job.write_text(HANG_JOB)
+    hook = ["/bin/true", "-u", "admin:zqN1xcurlpw", "--api-key", "zqN2xapikey", "--password", "zqN3xpasswd",
+            "https://alerts.example/x"]
+    cfg.write_text(f"[job]\ncommand = {json.dumps([PY, str(job)])}\nprewarm = false\n"
+                   f'[state]\ndir = "{sd}"\n[gpu]\nbackend = "none"\n[host]\nstorage_probe = false\n'
+                   "[heartbeat]\ntimeout_s = 4\nlook_s = 1\n[policy]\nmax_restarts = 0\n"
+                   f"[notify]\ncommand = {json.dumps(hook)}\n")
+    d = daemons(["run", "--config", str(cfg)])
+    assert d.wait(90) == 3, d.stderr()[-3000:]  # the hang, no restart left: gave up
+    hist = _cli("history", "--json", "--state-dir", str(sd))
+    journal = d.stderr().split("event=hang_detected", 1)[1]  # the job's own lines pass through before it
+    assert not _leaks(HANG_SECRETS, journal=journal, ledger=_ledger_bytes(sd), history=hist)
+    assert not _leaks(HANG_SECRETS[2:], console=d.stderr())
+    events = {e["event"]: e for e in json.loads(hist)["events"]}
+    assert "last line: '<redacted>'" in json.dumps(events["failure_detected"]), events["failure_detected"]
+    hang = [line for line in d.stderr().splitlines() if line.startswith("event=hang_detected")]
+    assert hang and "last_line=<redacted>" in hang[0], hang
+    ready = [line for line in d.stderr().splitlines() if "notify_ready" in line]
+    assert ready and "admin:<redacted>" in ready[0], ready
+    table = json.loads(sqlite3.connect(sd / "ledger.sqlite").execute("SELECT config_json FROM runs").fetchone()[0])
+    assert table["notify"]["command"] == ["/bin/true", "-u", "admin:<redacted>", "--api-key", "<redacted>",
+                                          "--password", "<redacted>", "https://alerts.example/x"]
