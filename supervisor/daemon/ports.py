@@ -246,13 +246,7 @@ class DaemonView(Protocol):
 
     def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None: ...
 
-    def control(self, verb: str, args: Mapping[str, Any], timeout: float = 20.0) -> Any: ...
-
     def refresh_status_cache(self) -> dict[str, Any]: ...
-
-    def use_config(self, cfg: "Config") -> None:
-        """Run on ``cfg`` from now on (what discovery found, applied as if configured)."""
-        ...
 
 
 class Concern:
