@@ -112,6 +112,9 @@ _URL_SIGNATURE_RE = re.compile(r"(?i)([?&;](?:sig|signature|x-amz-signature|x-go
 _SECRET_FLAG_RE = re.compile(r"^(--?[\w-]*(?:token|key|secret|password|passwd|passphrase|credential)[\w-]*)(=)(.+)$",
                              re.IGNORECASE)
 
+# A Hydra override (``db.password=x``, L1) goes when a word of its key names a secret (not ``tokenizer=x``).
+_OVERRIDE_RE = re.compile(r"^([+~]{0,2}[\w.]{1,200}+)(=)(.+)$", re.DOTALL)
+
 _known: tuple[tuple[str, re.Pattern[str] | None], ...] = ()  # (value, its whole-token pattern)
 _known_lock = threading.Lock()
 
@@ -334,8 +337,9 @@ def _redact_arg(arg: str, after_secret_flag: bool) -> tuple[str, bool]:
     """One argument as shown, and whether its whole value was masked."""
     if after_secret_flag and not _NUMBER_RE.fullmatch(arg) and not arg.startswith("-"):
         return REDACTED, True
-    m = _SECRET_FLAG_RE.match(arg)
-    if m and not _NUMBER_RE.fullmatch(m.group(3)):
+    m = _SECRET_FLAG_RE.match(arg) or _OVERRIDE_RE.match(arg)
+    if m and (arg.startswith("-") or names_secret(m.group(1))) and (
+            not _NUMBER_RE.fullmatch(m.group(3)) or names_password(m.group(1))):
         return f"{m.group(1)}={REDACTED}", True
     return _values(arg), False
 

@@ -312,7 +312,7 @@ def test_a_key_body_line_alone_is_masked_whatever_came_before_it() -> None:
         assert redact_text(kept) == kept
 
 
-def test_a_notify_commands_argv_is_masked_as_the_jobs_and_stored_masked() -> None:
+def test_a_notify_commands_argv_and_hydra_overrides_are_masked_and_stored_masked() -> None:
     """NC: ``[notify] command`` was logged raw in notify_ready and stored raw in the ledger's
     runs.config_json (the gate reads each argument alone). curl's ``-u user:pw`` goes too; a
     ``uid:gid`` of digits and a user alone stay."""
@@ -324,6 +324,11 @@ def test_a_notify_commands_argv_is_masked_as_the_jobs_and_stored_masked() -> Non
     assert redact_argv(hook) == shown
     assert redact_argv(["docker", "run", "-u", "1000:1000", "img"]) == ["docker", "run", "-u", "1000:1000", "img"]
     assert redact_argv(["curl", "--user", "admin", "https://a.example/x"]) == ["curl", "--user", "admin", "https://a.example/x"]
+    # L1: Hydra overrides whose key names a secret go, numbers too under a password's name; others stay.
+    assert redact_argv(["db.password=zqL1x", "+model.api_key=zqL2x", "db.password=1234", "tokenizer=gpt2",
+                        "max_tokens=512", "a.b=c=password"]) == [
+        f"db.password={REDACTED}", f"+model.api_key={REDACTED}", f"db.password={REDACTED}", "tokenizer=gpt2",
+        "max_tokens=512", "a.b=c=password"]
     cfg = config_from_table({"job": {"command": ["python", "t.py"]}, "notify": {"command": hook}})
     assert config_json(cfg)["notify"]["command"] == shown
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import sqlite3
 import subprocess
 import sys
@@ -254,7 +255,7 @@ sys.stderr.write("zqH2xhangbodyErr1ABCDEFGHIJKLMNOPqrstuvwxyz0123456789+/==\n")
 sys.stderr.flush()
 time.sleep(600)
 """
-HANG_SECRETS = ("zqH1xhangbody", "zqH2xhangbody", "zqN1xcurlpw", "zqN2xapikey", "zqN3xpasswd")
+HANG_SECRETS = ("zqH1xhangbody", "zqH2xhangbody", "zqN1xcurlpw", "zqN2xapikey", "zqN3xpasswd", "zqL1xhydra", "zqL2xhydra")
 
 
 def test_a_key_body_as_a_hangs_last_line_and_the_notify_commands_secrets_reach_no_sink(daemons, tmp_path: Path) -> None:
@@ -262,12 +263,15 @@ def test_a_key_body_as_a_hangs_last_line_and_the_notify_commands_secrets_reach_n
     stderr) and hung: the body line, the hang's last line, is masked in hang_detected,
     failure_detected's evidence, the journal, history --json and the ledger's bytes. The notify
     command's argv secrets (curl's ``-u user:pw``, ``--api-key x``, ``--password x``) are masked in
-    notify_ready and in the ledger's stored config (the daemon runs the hook from its config)."""
+    notify_ready and in the ledger's stored config (the daemon runs the hook from its config). L1:
+    the job's Hydra overrides ``db.password=x`` are masked in the ledger's attempts too (the daemon
+    relaunches from its config, not from the ledger), which is 0600 in a 0700 state dir."""
     job, sd, cfg = tmp_path / "job.py", tmp_path / "sd", tmp_path / "c.toml"
     job.write_text(HANG_JOB)
     hook = ["/bin/true", "-u", "admin:zqN1xcurlpw", "--api-key", "zqN2xapikey", "--password", "zqN3xpasswd",
             "https://alerts.example/x"]
-    cfg.write_text(f"[job]\ncommand = {json.dumps([PY, str(job)])}\nprewarm = false\n"
+    argv = [PY, str(job), "db.password=zqL1xhydra", "+model.api_key=zqL2xhydra", "max_tokens=512"]
+    cfg.write_text(f"[job]\ncommand = {json.dumps(argv)}\nprewarm = false\n"
                    f'[state]\ndir = "{sd}"\n[gpu]\nbackend = "none"\n[host]\nstorage_probe = false\n'
                    "[heartbeat]\ntimeout_s = 4\nlook_s = 1\n[policy]\nmax_restarts = 0\n"
                    f"[notify]\ncommand = {json.dumps(hook)}\n")
@@ -277,6 +281,10 @@ def test_a_key_body_as_a_hangs_last_line_and_the_notify_commands_secrets_reach_n
     journal = d.stderr().split("event=hang_detected", 1)[1]  # the job's own lines pass through before it
     assert not _leaks(HANG_SECRETS, journal=journal, ledger=_ledger_bytes(sd), history=hist)
     assert not _leaks(HANG_SECRETS[2:], console=d.stderr())
+    assert json.loads(hist)["attempts"][0]["argv"][2:] == ["db.password=<redacted>", "+model.api_key=<redacted>",
+                                                           "max_tokens=512"]
+    assert stat.S_IMODE(sd.stat().st_mode) == 0o700
+    assert {stat.S_IMODE(p.stat().st_mode) for p in sd.iterdir() if p.name.startswith("ledger.sqlite")} == {0o600}
     events = {e["event"]: e for e in json.loads(hist)["events"]}
     assert "last line: '<redacted>'" in json.dumps(events["failure_detected"]), events["failure_detected"]
     hang = [line for line in d.stderr().splitlines() if line.startswith("event=hang_detected")]
