@@ -18,8 +18,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-import structlog
-
 from ..checkpoints.appearing import Appeared, scan
 from ..checkpoints.finddir import FoundDir, command_argv, dir_from_command
 from ..eventnames import EventName
@@ -33,8 +31,6 @@ from .plugin import (AttemptEnded, AttemptStarted, Closes, DaemonStarted, Effect
 if TYPE_CHECKING:
     from ..checkpoints.discovery import Candidate
     from ..config.model import Config
-
-log = structlog.get_logger("supervisor.daemon")
 
 # A bounded walk of the working tree (up to appearing.MAX_ENTRIES stats), on a thread of its own:
 # on the loop, each stat waited out a GIL switch interval while the output thread parsed a burst,
