@@ -12,7 +12,7 @@ from supervisor.core.causes import Action, Cause
 from supervisor.core.machine import State
 from supervisor.core.messages import EndAttempt, Resume
 from supervisor.daemon.checkpointconcern import CheckpointConcern, remedy_keys
-from supervisor.daemon.effects import AttemptField, Note
+from supervisor.daemon.effects import AttemptField, Effect, Note
 from supervisor.daemon.healthconcern import Backend, HealthMonitors, LaunchGatePort
 from supervisor.daemon.plugin import DaemonStarted, RunView, Tick
 from supervisor.core.observations import Detection, MetricRecord
@@ -49,9 +49,14 @@ class View:
     def metric_history(self) -> Sequence[MetricRecord]:
         return []
 
-    def apply(self, effect: AttemptField) -> None:
+    def apply(self, effect: Effect) -> None:
         with self._lock:
-            self.applied.append(effect)
+            if isinstance(effect, AttemptField):
+                self.applied.append(effect)
+            elif isinstance(effect, Note):
+                self.events.append((str(effect.event), str(effect.level), effect.message, dict(effect.data)))
+            else:
+                raise AssertionError(f"the checkpoint concern applies no {type(effect).__name__}")
 
     def emit(self, d: Detection) -> None:
         with self._lock:

@@ -145,6 +145,7 @@ def test_the_live_page_says_where_it_listens_or_why_it_cannot(tmp_path: Path):
     run = view(tmp_path, cfg=config(tmp_path, web={"listen": "127.0.0.1:0"}))
     try:
         [note] = page.started(DaemonStarted(FakeLedger(), lambda: {"state": "running"}), run)
+        assert isinstance(note, Note)
         assert note.event is EventName.WEB_LISTENING and note.data["port"] > 0 and page.page is not None
     finally:
         page.close()
@@ -153,6 +154,7 @@ def test_the_live_page_says_where_it_listens_or_why_it_cannot(tmp_path: Path):
         taken.listen()
         busy = view(tmp_path, cfg=config(tmp_path, web={"listen": f"127.0.0.1:{taken.getsockname()[1]}"}))
         [note] = LivePagePlugin().started(DaemonStarted(FakeLedger(), dict), busy)
+    assert isinstance(note, Note)
     assert note.event is EventName.WEB_UNAVAILABLE and note.level is Level.ERROR and "supervising without it" in note.message
 
 

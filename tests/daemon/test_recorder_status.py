@@ -109,13 +109,14 @@ def test_the_launch_steps_show_as_starting_with_their_phase(tmp_path) -> None:
 
     from ..fakes import config
 
-    m = Machine(config(tmp_path), tmp_path / "state")
+    cfg = config(tmp_path)
+    m = Machine(cfg, tmp_path / "state")
     assert m.state is State.PREPARING  # the first launch is being prepared (gate, checkpoint choice)
-    st = status_dict(m, run_id="r", cfg=m.cfg, state_dir=tmp_path, pids=[], last_metric=None,
+    st = status_dict(m, run_id="r", cfg=cfg, state_dir=tmp_path, pids=[], last_metric=None,
                      restart_in_s=None, extras=[])
     assert (st["state"], st["phase"]) == ("starting", "preparing") and st["pids"] == []
     assert "starting (preparing)" in status_table(st)
     m.state = State.RUNNING
-    st = status_dict(m, run_id="r", cfg=m.cfg, state_dir=tmp_path, pids=[7], last_metric=None,
+    st = status_dict(m, run_id="r", cfg=cfg, state_dir=tmp_path, pids=[7], last_metric=None,
                      restart_in_s=None, extras=[])
     assert (st["state"], st["phase"]) == ("running", "running") and "(running)" not in status_table(st)
