@@ -33,6 +33,7 @@ NOT_READERS: dict[str, str] = {
     "supervisor/watch/hanggate.py": "decides when to look; look.py reads",
     "supervisor/watch/liveness.py": "pure: timeouts from times",
     "supervisor/watch/nannotes.py": "pure: notes over records already parsed",
+    "supervisor/watch/lossscale.py": "pure: the fp16 overflow rule over records already parsed",
     "supervisor/watch/nanahead.py": "pure: judges lines job/catchup.LogAhead already read (bounded there: AHEAD_CONTEXT "
                                      "before each hit, AHEAD_READ a look; lines past max_line_chars not parsed)",
     "supervisor/watch/parsers.py": "pure: line parsers over lines already bounded",
