@@ -1,6 +1,6 @@
 """A tiny "training" job for the cluster tests (no torch): prints JSON metric lines, writes a
-checkpoint file with a client manifest every SAVE steps, resumes from TSUP_RESUME_STEP, and
-records every launch (the TSUP_* cluster variables) in OUT/launches.jsonl.
+checkpoint file (a plain pickle) with a client manifest every SAVE steps, resumes from
+TSUP_RESUME_STEP, and records every launch (the TSUP_* cluster variables) in OUT/launches.jsonl.
 
 Usage: cluster_job.py OUT CKDIR TOTAL STEP_S SAVE [NAN_NODE NAN_STEP [BAD_NODE BAD_GEN]]
 NaN is printed at NAN_STEP on node NAN_NODE in generation 1 only (its wall time in OUT/nan_at);
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import sys
 import time
@@ -49,7 +50,9 @@ def main() -> None:
         if step % save == 0:
             p = ckdir / f"step_{step}.pt"
             tmp = ckdir / f".step_{step}.tmp"
-            tmp.write_bytes(f"{node} {step}".encode())
+            # A plain pickle, as a torch save is: the daemon's pickle scan must read a .pt (one
+            # it cannot read is refused, so never ready, and no step would be common to all).
+            tmp.write_bytes(pickle.dumps({"node": node, "step": step}))
             os.replace(tmp, p)
             record_checkpoint(p, step=step)
 

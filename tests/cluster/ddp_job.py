@@ -41,7 +41,9 @@ def main() -> None:
         if step % 10 == 0:
             p = ck / f"step_{step}.pt"
             tmp = ck / f".step_{step}.tmp"
-            tmp.write_bytes(f"{node_rank} {step}".encode())
+            # A real torch save: the daemon's pickle scan must read a .pt (one it cannot read is
+            # refused, so never ready, and no step would be common to both nodes).
+            torch.save({"node_rank": node_rank, "step": step}, tmp)
             os.replace(tmp, p)
             record_checkpoint(p, step=step)
     dist.barrier()
