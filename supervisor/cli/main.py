@@ -85,7 +85,7 @@ def _one_malloc_arena() -> None:
 M_ARENA_MAX = -8  # glibc's malloc.h
 
 
-def _run_daemon(cfg: Any, config_path: Path | None, log_format: str | None) -> int:
+def _run_daemon(cfg: Any, source: Any, log_format: str | None) -> int:
     from .. import logsetup
     from ..ops.journal import JournalProcessor
     from ..daemon.wiring import build_daemon
@@ -102,7 +102,7 @@ def _run_daemon(cfg: Any, config_path: Path | None, log_format: str | None) -> i
     from ..ownpaths import UnsafePath
 
     try:
-        daemon = build_daemon(cfg, config_path=config_path)
+        daemon = build_daemon(cfg, config=source)
     except (StateDirLocked, StateDirUnusable, LedgerError, UnsafePath) as e:
         print(f"transformer-supervisor: {e.message}", file=sys.stderr)
         return EXIT_USAGE
@@ -121,16 +121,16 @@ def _run_daemon(cfg: Any, config_path: Path | None, log_format: str | None) -> i
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..config.model import load_config
+    from ..config.model import ConfigSource, load_config
 
     cfg = _config(lambda: load_config(args.config))
     if cfg is None:
         return EXIT_USAGE
-    return _run_daemon(cfg, Path(args.config).resolve(), args.log_format)
+    return _run_daemon(cfg, ConfigSource.of_file(Path(args.config).resolve()), args.log_format)
 
 
 def cmd_wrap(args: argparse.Namespace) -> int:
-    from ..config.model import config_from_table
+    from ..config.model import ConfigSource, config_from_table
 
     from .overrides import wrap_flag_problems, wrap_table
 
@@ -142,7 +142,10 @@ def cmd_wrap(args: argparse.Namespace) -> int:
     cfg = _config(lambda: config_from_table(wrap_table(args), args.config or "wrap flags"))
     if cfg is None:
         return EXIT_USAGE
-    return _run_daemon(cfg, Path(args.config).resolve() if args.config else None, args.log_format)
+    # A reload reads the file again with the same flags over it (the command among them).
+    source = ConfigSource(Path(args.config).resolve(), lambda: config_from_table(wrap_table(args), args.config)) \
+        if args.config else None
+    return _run_daemon(cfg, source, args.log_format)
 
 
 def _check_config(args: argparse.Namespace) -> int:

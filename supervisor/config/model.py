@@ -14,7 +14,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..checkpoints.config import CheckpointsConfig
 from ..cluster.config import ClusterConfig, cluster_problems
@@ -311,3 +311,18 @@ def load_config(path: str | Path, *, need_command: bool = True) -> Config:
     p = Path(path)
     return config_from_table(read_toml(p), str(p), need_command=need_command)
 
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where the daemon's config comes from, for a reload: the file read again and whatever the
+    command line put over it (``wrap --config FILE --backoff 0 -- CMD``: the file has no command;
+    reading it alone refused every reload with "job.command: required")."""
+
+    path: Path
+    load: Callable[[], Config]
+
+    @staticmethod
+    def of_file(path: str | Path) -> ConfigSource:
+        p = Path(path)
+        return ConfigSource(p, lambda: load_config(p))

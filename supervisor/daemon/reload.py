@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import schema as configschema
-from ..config.model import Config, ConfigError, load_config
+from ..config.model import Config, ConfigError, ConfigSource
 from ..job.process import is_secret
 from .knownsecrets import teach_gate
 
@@ -40,18 +40,18 @@ def _masked(v: Any) -> Any:
     return v
 
 
-def reload_config(current: Config, config_path: Path | None, state_dir: Path,
+def reload_config(current: Config, source: ConfigSource | None, state_dir: Path,
                   event: Callable[..., None]) -> tuple[Config | None, dict[str, Any]]:
     """The new config (None: keep the running one) and the reply to the operator."""
-    if config_path is None:
+    if source is None:
         event("reload_ignored", "warning", "reload requested but the daemon runs without a config file "
               "(wrap with flags only); nothing to reload")
         return None, {"reloaded": False, "reason": "no config file"}
     try:
-        new = load_config(config_path)
+        new = source.load()
     except ConfigError as e:
         problems = [str(p) for p in e.problems]
-        event("reload_rejected", "error", f"reload of {config_path} rejected, keeping the running config: "
+        event("reload_rejected", "error", f"reload of {source.path} rejected, keeping the running config: "
               + "; ".join(problems), problems=problems)
         return None, {"reloaded": False, "problems": problems}
     teach_gate(new)  # before the diff is recorded: a secret the new config brings is masked in it
@@ -66,7 +66,7 @@ def reload_config(current: Config, config_path: Path | None, state_dir: Path,
         event("reload_needs_restart", "warning",
               f"{len(later)} changed key(s) take effect only after a daemon restart: {', '.join(later)}", keys=later)
     event("config_reloaded", "info",
-          f"config reloaded from {config_path}: {len(changed)} key(s) changed"
+          f"config reloaded from {source.path}: {len(changed)} key(s) changed"
           + (f" ({', '.join(sorted(changed))})" if changed else "") + "; applied at the next launch",
           changed={k: (["<redacted>", "<redacted>"] if is_secret(k.rsplit(".", 1)[-1]) or k in SECRET_KEYS
                        else [str(_masked(a)), str(_masked(b))])

@@ -14,12 +14,11 @@ import random
 import signal
 import threading
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any, Mapping, Sequence, assert_never
 
 import structlog
 
-from ..config.model import Config
+from ..config.model import Config, ConfigSource
 from ..core.machine import JOB_UP, Machine, State
 from ..core.messages import (EXIT_GAVE_UP, Activity, ArmTimer, Boot, Command, Detected, EndAttempt,
                             EscalateStop, Event, Finish, FirstMetric, JobExited, Launch, PrepareLaunch, Prepared,
@@ -55,10 +54,10 @@ PROBE_WAIT_AT_EXIT_S = 3.0
 
 class Runner:
     def __init__(self, cfg: Config, ports: Ports, concerns: Sequence[Concern | Plugin], *, fanout: SinkFanout,
-                 config_path: Path | None = None, rng: random.Random | None = None, tick_s: float = TICK_S) -> None:
+                 config: ConfigSource | None = None, rng: random.Random | None = None, tick_s: float = TICK_S) -> None:
         self.cfg = cfg
         self.tick_s = tick_s  # the longest wait for an event before the loop ticks
-        self.config_path = config_path
+        self.config_source = config  # what a reload reads again
         self.ports = ports
         self.clock = ports.clock
         self.ledger = ports.ledger
@@ -425,7 +424,7 @@ class Runner:
 
     def reload(self) -> dict[str, Any]:
         self.ports.notifier.reloading()
-        new, reply = reload_config(self.cfg, self.config_path, self.state_dir, self.event)
+        new, reply = reload_config(self.cfg, self.config_source, self.state_dir, self.event)
         if new is not None:
             if new.job != self.cfg.job:
                 self.ports.launcher.discard_standby()

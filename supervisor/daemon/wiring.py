@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import BinaryIO, Sequence
 
-from ..config.model import Config
+from ..config.model import Config, ConfigSource
 from ..ledger.store import Ledger
 from ..ops.notify import Notifier
 from ..job.osapi import Clock, OsApi
@@ -30,7 +30,7 @@ from .statelock import StateLock, StateLockPlugin
 from ..ownpaths import refuse_unsafe_as_root
 
 
-def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: BinaryIO | None = None,
+def build_daemon(cfg: Config, *, config: ConfigSource | None = None, passthrough: BinaryIO | None = None,
                  extra: Sequence[Concern | Plugin] = ()) -> Runner:
     """The daemon for ``cfg``: the job's stdout goes to our stdout and its stderr to our stderr
     (or both to ``passthrough`` when one is given: the demo's console or /dev/null) besides its
@@ -82,4 +82,4 @@ def build_daemon(cfg: Config, *, config_path: Path | None = None, passthrough: B
     ports = Ports(clock=Clock(), launcher=launcher,
                   ledger=ledger, checkpoints=store, gate=LaunchGatePort(gpus), notifier=notifier, osapi=osapi,
                   environment=environment)
-    return Runner(cfg, ports, concerns, fanout=fanout, config_path=config_path)
+    return Runner(cfg, ports, concerns, fanout=fanout, config=config)

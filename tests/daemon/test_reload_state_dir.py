@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from supervisor.config.model import load_config
+from supervisor.config.model import ConfigSource, load_config
 from supervisor.daemon.reload import reload_config
 
 
@@ -17,7 +17,7 @@ def test_a_reload_keeps_the_running_state_dir_and_takes_the_rest(tmp_path: Path)
     path.write_text(f'[job]\ncommand = ["python", "train.py"]\n[state]\ndir = "{tmp_path / "elsewhere"}"\n'
                     "[policy]\nmax_restarts = 7\n")
     said: list[tuple[str, str, str, dict[str, Any]]] = []
-    new, reply = reload_config(current, path, current.state_dir().resolve(),
+    new, reply = reload_config(current, ConfigSource.of_file(path), current.state_dir().resolve(),
                                lambda ev, lvl, msg, **data: said.append((ev, lvl, msg, data)))
     assert new is not None and new.state_dir() == current.state_dir() and new.policy.max_restarts == 7
     assert [s[0] for s in said] == ["reload_partial", "config_reloaded"], said

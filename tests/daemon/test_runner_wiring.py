@@ -3,14 +3,15 @@ validation and launch spec; fake job, ledger, checkpoints, gate and clock. Detec
 -> stop -> the checkpoint chosen -> the next launch, in milliseconds."""
 from __future__ import annotations
 
-import time
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import pytest
 
+from supervisor.config.model import ConfigSource
 from supervisor.core.causes import Action, Cause, GateCheck
 from supervisor.core.machine import State
 from supervisor.daemon.ports import Concern
@@ -22,8 +23,6 @@ from supervisor.ops.control import ControlError, ControlServer
 from supervisor.ops.controlclient import request
 
 from ..fakes import config, daemon, step_line
-
-
 
 
 class HungSpy(Concern):
@@ -201,7 +200,7 @@ def test_status_shows_a_reloaded_limit_at_once(tmp_path: Path):
     toml = tmp_path / "tsup.toml"
     toml.write_text(f'[job]\ncommand = ["python", "train.py"]\nworkdir = "{tmp_path}"\n'
                     f'[state]\ndir = "{tmp_path / "state"}"\n[policy]\nmax_restarts = 7\n')
-    d.runner.config_path = toml
+    d.runner.config_source = ConfigSource.of_file(toml)
     assert control(d, "reload")["reloaded"]
     assert d.runner.control("status", {})["max_restarts"] == 7  # no periodic refresh ran
 

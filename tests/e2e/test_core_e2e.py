@@ -269,6 +269,26 @@ def test_sighup_reload_valid_and_invalid(daemons, tmp_path):
     assert d.wait(30) == 143  # stopped by SIGTERM before the job finished: 128 + 15
 
 
+def test_a_reload_of_wrap_with_a_config_file_keeps_the_command_and_the_flags(daemons, tmp_path):
+    """`wrap --config FILE --backoff 0 -- CMD`: the file has no command; a reload reads it again
+    with the same flags over it (every reload was refused: "job.command: required")."""
+    sd, out = tmp_path / "sd", tmp_path / "out"
+    out.mkdir()
+    cfgp = tmp_path / "c.toml"
+    cfgp.write_text('[policy]\nmax_restarts = 3\n')
+    d = daemons(["wrap", "--config", str(cfgp), "--state-dir", str(sd), "--backoff", "0", "--",
+                 PY, str(JOBS), "flush_on_term", str(out)])
+    wait_for(lambda: (out / "ready").exists(), 20, what="job ready")
+    cfgp.write_text('[policy]\nmax_restarts = 4\n')
+    d.signal(signal.SIGHUP)
+    wait_for(lambda: "config_reloaded" in d.stderr() or "reload_rejected" in d.stderr(), 10, what="the reload")
+    assert "reload_rejected" not in d.stderr(), d.stderr()[-2000:]
+    [line] = [x for x in d.stderr().splitlines() if "config_reloaded" in x]
+    assert "policy.max_restarts" in line and "job.command" not in line and "backoff" not in line, line
+    d.signal(signal.SIGTERM)
+    assert d.wait(30) == 143
+
+
 def test_unstartable_command_gives_up_clearly(daemons, tmp_path):
     sd = tmp_path / "sd"
     d = daemons(wrap(sd) + ["/nonexistent/python3", "train.py"])

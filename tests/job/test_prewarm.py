@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from supervisor.config.model import ConfigSource
 from supervisor.job import standby
 from supervisor.job.prewarm import Plan, Prewarm, Standby, plan
 from tests.conftest import pid_alive
@@ -170,7 +171,7 @@ def test_a_reload_that_changes_the_job_discards_the_standby_one_that_does_not_ke
     try:
         toml = tmp_path / "tsup.toml"
         base = f'[job]\ncommand = ["python", "train.py"]\nworkdir = "{tmp_path}"\n[state]\ndir = "{tmp_path / "state"}"\n'
-        d.runner.config_path = toml
+        d.runner.config_source = ConfigSource.of_file(toml)
         for text, discarded in ((base + "[policy]\nmax_restarts = 7\n", False),
                                 (base.replace("[state]", 'env = { CUDA_VISIBLE_DEVICES = "1" }\n[state]'), True)):
             toml.write_text(text)
