@@ -295,9 +295,12 @@ def _ours_notes(r: Result) -> str:
     causes = [a.get("cause") for a in atts if a.get("cause")]
     if causes:
         parts.append("causes " + ", ".join(causes))
-    resumes = [str(a.get("resume_step")) for a in atts[1:]]
+    # A checkpoint handed over before its step was read (a single overwritten file, verified beside
+    # the start) has no step yet: "a checkpoint, step not yet known", not a fresh start.
+    resumes = [str(a["resume_step"]) if a.get("resume_step") is not None
+               else "a checkpoint (step not yet known)" if a.get("checkpoint") else "scratch" for a in atts[1:]]
     if resumes:
-        parts.append("resumed at " + ", ".join(resumes).replace("None", "scratch"))
+        parts.append("resumed at " + ", ".join(resumes))
     pw = [str(a.get("prewarm") or "off").split(":")[0] for a in atts[1:]]
     if pw:
         parts.append("relaunch prewarm " + ", ".join(pw))  # [job] prewarm, on by default: used or cold
