@@ -470,21 +470,8 @@ def passthrough(tmp: Path, mixes: tuple[tuple[str, str], ...] = MIXES) -> list[d
     return rows
 
 
-# The burst of the nanoGPT mix, then its NaN line (the wall time it was printed into argv[2]); then it waits
-# to be stopped (on.nan.action = give_up ends the run at the detection).
-BURST_NAN_JOB = """\
-import sys, time
-w = sys.stdout.write
-n = int(sys.argv[1])
-for i in range(n):
-    w(f"iter {i}: loss {2.0 + (i % 97) * 0.001:.4f}, time 12.34ms, mfu 1.20%\\n")
-sys.stdout.flush()
-t = time.time()
-w(f"iter {n}: loss nan, time 12.34ms, mfu 1.20%\\n")
-sys.stdout.flush()
-open(sys.argv[2], "w").write(repr(t))
-time.sleep(600)
-"""
+# The burst of the nanoGPT mix, then its NaN line: bench/jobs/burst_nan.py (the e2e test runs it too).
+BURST_NAN_JOB = ROOT / "bench" / "jobs" / "burst_nan.py"
 
 
 def burst_nan(tmp: Path) -> list[dict]:
@@ -495,8 +482,7 @@ def burst_nan(tmp: Path) -> list[dict]:
     import datetime
     import json
 
-    n, job, printed = PASS_LINES, tmp / "burst_nan_job.py", tmp / "burst_nan.at"
-    job.write_text(BURST_NAN_JOB)
+    n, job, printed = PASS_LINES, BURST_NAN_JOB, tmp / "burst_nan.at"
     k = f"{n / 1e6:g}M" if n >= 10**6 else f"{n:,}"
     took: list[float] = []
     for r in range(PASS_RUNS):

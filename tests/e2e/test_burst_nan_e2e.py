@@ -15,32 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import history
+from tests.conftest import ROOT, history
 from tests.util import wait_for
 
 PY = sys.executable
 LINES = 200_000
 
-# The burst, then the NaN (its wall time into argv[2]), then it waits to be stopped.
-BURST_NAN_JOB = """\
-import sys, time
-w = sys.stdout.write
-n = int(sys.argv[1])
-for i in range(n):
-    w(f"iter {i}: loss {2.0 + (i % 97) * 0.001:.4f}, time 12.34ms, mfu 1.20%\\n")
-sys.stdout.flush()
-t = time.time()
-w(f"iter {n}: loss nan, time 12.34ms, mfu 1.20%\\n")
-sys.stdout.flush()
-open(sys.argv[2], "w").write(repr(t))
-time.sleep(300)
-"""
+# The burst, then the NaN (its wall time into argv[2]), then it waits to be stopped: the bench's job.
+BURST_NAN_JOB = ROOT / "bench" / "jobs" / "burst_nan.py"
 
 
 @pytest.mark.slow
 def test_a_nan_after_a_burst_is_detected_before_the_burst_is_parsed(daemons, tmp_path: Path) -> None:
-    sd, job, printed = tmp_path / "sd", tmp_path / "job.py", tmp_path / "printed"
-    job.write_text(BURST_NAN_JOB)
+    sd, job, printed = tmp_path / "sd", BURST_NAN_JOB, tmp_path / "printed"
     d = daemons(["wrap", "--state-dir", str(sd), "--set", "on.nan.action=give_up", "--",
                  PY, str(job), str(LINES), str(printed)])
     wait_for(lambda: printed.exists() and printed.read_text(), timeout=120)
