@@ -19,6 +19,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -85,22 +86,33 @@ def _leaks(secrets: tuple[str, ...], **texts: str) -> dict[str, list[str]]:
     return {where: found for where, text in texts.items() if (found := [s for s in secrets if s in text])}
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_a_blind_jobs_sample_lines_reach_no_sink_unmasked(daemons, tmp_path: Path, case: str) -> None:
-    lines, line_secrets, expected, tail_shows = CASES[case]
-    blind_secrets = (*line_secrets, *ENV_SECRETS)
+class BlindRun(NamedTuple):
+    """What one metrics_blind run left at each sink."""
+
+    d: Any  # the daemon
+    sd: Path
+    status: str  # status --json while it ran
+    webhook: str  # the webhook's bodies
+    history: str  # history --json after it
+    hook_out: Path  # the hook command's stdin (and its env beside it, + ".env")
+    report: str
+
+
+def _blind_run(daemons: Any, tmp_path: Path, job_text: str, env_toml: str, blind_after_lines: int,
+               daemon_env: dict[str, str] | None = None) -> BlindRun:
+    """A job (``job_text``, waiting for its go file) under ``run`` with ``[job] env`` ``env_toml``,
+    a hook command and a local webhook told of metrics_blind: run to its end, every sink read."""
     job, go, sd = tmp_path / "job.py", tmp_path / "go", tmp_path / "sd"
-    job.write_text(_blind_job(lines))
+    job.write_text(job_text)
     hook = Webhook()
     cmd, out = hook_command(tmp_path)
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f"[job]\ncommand = {json.dumps([PY, str(job), str(go)])}\n"
-                   'env = { JOB_SECRET_TOKEN = "jobenvsecret-2468" }\n'
-                   f'[state]\ndir = "{sd}"\n[detectors]\nblind_after_lines = 5\nblind_after_s = 0\n'
+    cfg.write_text(f"[job]\ncommand = {json.dumps([PY, str(job), str(go)])}\n{env_toml}\n"
+                   f'[state]\ndir = "{sd}"\n[detectors]\nblind_after_lines = {blind_after_lines}\nblind_after_s = 0\n'
                    f"[notify]\ncommand = {json.dumps(cmd)}\nwebhook_url = {json.dumps(hook.url)}\n"
                    'events = ["metrics_blind"]\n')
     try:
-        d = daemons(["run", "--config", str(cfg)], env={"DAEMON_SERVICE_TOKEN": "daemonsecret-1357"})
+        d = daemons(["run", "--config", str(cfg)], **({"env": daemon_env} if daemon_env else {}))
         wait_for(lambda: "event=metrics_blind" in d.stderr(), 30, 0.05, "metrics_blind on the console")
         status = _cli("status", "--json", "--state-dir", str(sd))
         wait_for(lambda: hook.received and out.exists() and Path(str(out) + ".env").exists(), 20,
@@ -111,6 +123,17 @@ def test_a_blind_jobs_sample_lines_reach_no_sink_unmasked(daemons, tmp_path: Pat
     go.touch()
     assert d.wait(30) == 0, d.stderr()[-3000:]
     hist = _cli("history", "--json", "--state-dir", str(sd))
+    report = Path(_cli("report", "--state-dir", str(sd), "--out", str(tmp_path / "rep")).split()[1]).read_text()
+    return BlindRun(d, sd, status, body, hist, out, report)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_blind_jobs_sample_lines_reach_no_sink_unmasked(daemons, tmp_path: Path, case: str) -> None:
+    lines, line_secrets, expected, tail_shows = CASES[case]
+    blind_secrets = (*line_secrets, *ENV_SECRETS)
+    run = _blind_run(daemons, tmp_path, _blind_job(lines), 'env = { JOB_SECRET_TOKEN = "jobenvsecret-2468" }', 5,
+                     daemon_env={"DAEMON_SERVICE_TOKEN": "daemonsecret-1357"})
+    d, sd, status, body, hist, out = run.d, run.sd, run.status, run.webhook, run.history, run.hook_out
     # With no daemon, status shows the end of the job's log: the job's own text, through the gate too
     # (the env values learned are the CLI's own: here the daemon's, which the job printed).
     after = subprocess.run([PY, "-m", "supervisor", "status", "--json", "--state-dir", str(sd)], cwd=ROOT,
@@ -119,10 +142,9 @@ def test_a_blind_jobs_sample_lines_reach_no_sink_unmasked(daemons, tmp_path: Pat
     assert after.returncode == 3 and tail_shows in after.stdout, after.stdout
     known_here = tuple(s for s in blind_secrets if s != "jobenvsecret-2468")  # [job] env: the daemon's knowledge
     assert not _leaks(known_here, status_after_exit=after.stdout)
-    report = Path(_cli("report", "--state-dir", str(sd), "--out", str(tmp_path / "rep")).split()[1]).read_text()
     assert not _leaks(blind_secrets, journal=d.stderr(), ledger=_ledger_bytes(sd), status=status, history=hist,
                       hook_stdin=out.read_text(), hook_env=Path(str(out) + ".env").read_text(), webhook=body,
-                      report=report)
+                      report=run.report)
     # What was masked is still said: the samples are there, with their secrets replaced.
     [ev] = [e for e in json.loads(hist)["events"] if e["event"] == "metrics_blind"]
     samples = json.loads(status)["metrics_blind"]["samples"]
@@ -193,29 +215,8 @@ def test_a_pem_key_an_argv_list_and_a_word_password_reach_no_sink(daemons, tmp_p
     read as a word and a PIN (masked at the notify sinks only) reach none of the journal, the
     ledger, ``status --json``, ``history --json``, the hook, the webhook, the report; the hook's env
     carries no raw ESC (OSC 52). A step number that contains the PIN keeps its digits."""
-    job, go, sd = tmp_path / "job.py", tmp_path / "go", tmp_path / "sd"
-    job.write_text(SEVENTH_JOB)
-    hook = Webhook()
-    cmd, out = hook_command(tmp_path)
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(f"[job]\ncommand = {json.dumps([PY, str(job), str(go)])}\n"
-                   'env = { DB_PASSWORD = "sunshine", PIN_PASSWORD = "12345" }\n'
-                   f'[state]\ndir = "{sd}"\n[detectors]\nblind_after_lines = 8\nblind_after_s = 0\n'
-                   f"[notify]\ncommand = {json.dumps(cmd)}\nwebhook_url = {json.dumps(hook.url)}\n"
-                   'events = ["metrics_blind"]\n')
-    try:
-        d = daemons(["run", "--config", str(cfg)])
-        wait_for(lambda: "event=metrics_blind" in d.stderr(), 30, 0.05, "metrics_blind on the console")
-        status = _cli("status", "--json", "--state-dir", str(sd))
-        wait_for(lambda: hook.received and out.exists() and Path(str(out) + ".env").exists(), 20,
-                 what="the webhook and the hook command told")
-        body = json.dumps(hook.bodies())
-    finally:
-        hook.close()
-    go.touch()
-    assert d.wait(30) == 0, d.stderr()[-3000:]
-    hist = _cli("history", "--json", "--state-dir", str(sd))
-    report = Path(_cli("report", "--state-dir", str(sd), "--out", str(tmp_path / "rep")).split()[1]).read_text()
+    run = _blind_run(daemons, tmp_path, SEVENTH_JOB, 'env = { DB_PASSWORD = "sunshine", PIN_PASSWORD = "12345" }', 8)
+    d, sd, status, body, hist, out, report = run
     journal = d.stderr().split("event=metrics_blind", 1)[1]  # the job's own lines pass through before it
     hook_env = Path(str(out) + ".env").read_text()
     assert not _leaks(SEVENTH_SECRETS, journal=journal, ledger=_ledger_bytes(sd), status=status, history=hist,
