@@ -84,7 +84,9 @@ def test_logs_f_follows_a_running_job_and_ends_when_the_daemon_exits(daemons, tm
                              cwd=str(ROOT), stdout=out, stderr=subprocess.PIPE)
     try:
         # Lines written after it started reach it: it follows, not only prints the tail.
-        first = wait_for(lambda: out_path.read_bytes().split(b"\n", 1)[0], 30, what="the tail")
+        # A whole first line (the follower may have written a part of it when first looked at).
+        first = wait_for(lambda: b"\n" in (got := out_path.read_bytes()) and got.split(b"\n", 1)[0], 30,
+                         what="the tail")
         n = int(first.split()[1])
         wait_for(lambda: b"line %d\n" % (n + 5) in out_path.read_bytes(), 30, what="followed lines")
         assert f.poll() is None  # the daemon runs: it keeps following

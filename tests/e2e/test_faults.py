@@ -281,6 +281,18 @@ def _metric_steps(run: Run, attempt: int) -> set[int]:
         db.close()
 
 
+def _events(run: Run, name: str) -> list[int | None]:
+    """The attempts of the ledger's ``name`` events so far (none while the ledger is not made:
+    read-only, so that the test never makes it)."""
+    db = sqlite3.connect(f"file:{run.sd / 'ledger.sqlite'}?mode=ro", uri=True)
+    try:
+        return [a for (a,) in db.execute("SELECT attempt FROM events WHERE event = ?", (name,))]
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        db.close()
+
+
 def _drive_rotation(run: Run) -> None:
     d = run.daemon()
     wait_for(lambda: (run.out / "ready").exists(), 30, what="job ready")
@@ -308,6 +320,10 @@ def _daemon_kill9(printing: bool) -> Callable[[Run], None]:
 def _drive_daemon_kill9(run: Run, printing: bool) -> None:
     d1 = run.daemon()
     wait_for(lambda: (run.out / "ready").exists(), 30, what="job ready")
+    # The job can be ready before its daemon, descheduled on a loaded machine, has recorded the
+    # start it made (the pid is known only after the spawn): the kill is meant for a daemon that
+    # supervises a running job, so it waits for that row (a kill between the two is another case).
+    wait_for(lambda: _events(run, "job_started"), 30, what="the first daemon's job_started in the ledger")
     job = int((run.out / "attempt0").read_text())
     os.kill(d1.proc.pid, signal.SIGKILL)  # only the daemon: the job runs in a session of its own
     d1.proc.wait(10)
