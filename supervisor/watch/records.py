@@ -15,7 +15,14 @@ from .epochsteps import COUNTER_KEY
 # A number as trainers print it, non-finite spellings included. Each character has one way to match
 # (the fraction only after a "."): "\d[\d,]*\.?\d*" could split a digit run two ways and made a
 # crafted run of digits cost time quadratic in its length on every failed match.
-NUM = r"[-+]?(?:\d[\d,]*(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|infinity|Infinity|INFINITY)"
+# MSVC's C runtime spells them its own way, as a Windows job prints a float: ``-nan(ind)``,
+# ``nan(snan)`` (VS 2015+), ``1.#QNAN``, ``-1.#IND``, ``1.#INF``, ``1.#SNAN`` with printf's padding
+# digits (``1.#QNAN0``, ``-1.#IND00``; older runtimes). Tried before the digits, so "1." is not taken
+# alone from "1.#QNAN"; each is anchored on "#" or "(": no backtracking.
+NUM = (r"[-+]?(?:1\.#(?:QNAN|SNAN|IND|INF)\d*|\d[\d,]*(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?"
+       r"|(?:nan|NaN|NAN)(?:\((?:ind|IND|snan|SNAN)\))?|inf|Inf|INF|infinity|Infinity|INFINITY)")
+# The same MSVC spellings, lower-cased, as parse_number reads a whole value: sign, kind.
+_MSVC = re.compile(r"([-+]?)(?:1\.#(qnan|snan|ind|inf)\d*|nan\((?:ind|snan)\))")
 
 # After a NUM in a "key value" field: a non-finite spelling may not run on into letters ("nanmean",
 # "infs", "NaNs" are words, not a NaN with a unit); a figure may ("2.31ms"). A lookaround: no backtracking.
@@ -53,7 +60,8 @@ LOSS_FIELDS = ("loss", "val_loss", "grad_norm")
 
 
 def parse_number(text: str) -> float | None:
-    """``"1,234"``, ``"7.3E+00"``, ``"1.2%"``, ``"nan"``, ``"-Infinity"`` -> float; else None."""
+    """``"1,234"``, ``"7.3E+00"``, ``"1.2%"``, ``"nan"``, ``"-Infinity"``, ``"-nan(ind)"``, ``"1.#QNAN"`` -> float;
+    else None."""
     try:
         return float(text)  # float() itself accepts nan, -nan, inf, Infinity in any case
     except ValueError:
@@ -70,6 +78,8 @@ def parse_number(text: str) -> float | None:
         pass
     # Lightning pads numbers to 5 characters: "nan.0", "inf.0", "-inf."
     t = s.lower()
+    if (m := _MSVC.fullmatch(t)) is not None:  # "-nan(ind)", "1.#QNAN", "-1.#INF00" (MSVC)
+        return (-math.inf if m.group(1) == "-" else math.inf) if m.group(2) == "inf" else math.nan
     if t.endswith("."):
         return _SPECIALS.get(t[:-1])
     if t.endswith(".0"):
