@@ -21,8 +21,9 @@ marker (:func:`names_secret`: ``password: 12345678`` and ``{"HF_TOKEN": ...}`` g
 ``{"tokenizers": "0.15"}`` stay). In text, a
 secret-named key's value is masked in every syntax a Python job prints, XML and command lines
 included (:mod:`supervisor.redactsyntax` lists them).
-Before names are read: a private key in PEM whole (``-----BEGIN ... PRIVATE KEY-----`` to the next
-``-----END ...-----``, or to the end of its base64 when cut short), a cookie header's value whole,
+Before names are read: a private key in PEM whole, wherever it sits in the text, and base64 key
+material (:mod:`supervisor.redactpem`; over the lines of a stream, :class:`LineMasker`, and the
+strings of a list at the gate, one stream too), a cookie header's value whole,
 an auth object's arguments (``HTTPBasicAuth(...)``). Then credentials *inside* values, whatever
 the name: a URL's password (``postgres://u:PASS@h/db`` keeps the user and host), a URL's user
 with no password that looks like a token (``https://<PAT>@github.com``; ``git@``, ``jane.doe@``
@@ -46,7 +47,7 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from .core.messages import Argv
@@ -54,6 +55,7 @@ from .textescape import without_hidden
 from .redactnames import (NOT_SECRETS as _NOT_SECRETS, SECRET_MARKERS, is_secret, masks_key, names_password,
                           names_secret,
                           shell_dir_secret as _shell_dir_secret)
+from .redactpem import PEM_MAX_LINES, PemStream, mask_keys
 from .redactsyntax import NUMBER_RE as _NUMBER_RE, REDACTED, mask_commands, mask_names
 
 __all__ = ["LineMasker", "PEM_MAX_LINES", "MAX_LINE_CHARS", "MAX_TEXT_CHARS", "MAX_TOTAL_CHARS", "MAX_VALUE_CHARS", "MIN_SECRET_LEN", "REDACTED",
@@ -67,18 +69,6 @@ MAX_TEXT_CHARS = 1 << 20  # any one text at a sink (a message, a traceback, a da
 MIN_SECRET_LEN = 4  # a shorter learned "secret" ("1", "yes") would cut ordinary words out of every text
 MAX_KNOWN = 64  # learned secret values kept: each costs one scan of every text
 
-# A private key in PEM, whole: its BEGIN line, then the first END line after it; with none (a sample
-# line cut short), the body's base64 run (line breaks, "\n" escapes and PEM's own headers included).
-_PEM_BEGIN_RE = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}?PRIVATE KEY(?: BLOCK)?-----")
-_PEM_END_RE = re.compile(r"-----END [^\n-]{1,60}+-----")
-# A line inside a key's body: base64, or one of its RFC 1421 headers (Proc-Type:, DEK-Info:); any
-# other line ends the block unsaid, so a BEGIN line cut short does not hide the lines after it.
-_PEM_LINE_RE = re.compile(r"\s*+(?:[A-Za-z0-9+/=]{1,128}+|[A-Za-z-]{1,32}+: [ -~]{0,128}+)?\s*+")
-_PEM_BODY_RE = re.compile(r"[A-Za-z0-9+/=\s\\:,-]*+")
-# A line (or a whole value) that is one token of 40+ base64 characters: a key's body line, whatever
-# came before it (its BEGIN on another stream, in another sample, or nowhere). Masked whole when
-# it holds an upper- and a lowercase letter and a digit (:func:`_key_line`): hex (SHAs) and words stay.
-_KEY_LINE_RE = re.compile(r"(?m)^[ \t]*+([A-Za-z0-9+/=]{40,}+)[ \t\r]*+$")
 # A cookie header's or a cookie-named key's value, whole: up to its closing quote, else to the line's end.
 _COOKIE_RE = re.compile(r"(?i)(?<![A-Za-z0-9])((?:set-)?cookies?['\"]?\s*[=:]\s*)"
                         r"(?:(['\"])(?:[^'\"\\\n]|\\.)++|[^\n]++)")
@@ -175,39 +165,6 @@ def _mask_tail(kept: str) -> str:
     return _URL_USERINFO_TAIL_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", kept)
 
 
-def _pem(text: str) -> str:
-    """Each private key in PEM masked whole (linear: one scan for END lines at most)."""
-    out: list[str] = []
-    pos, no_end_from = 0, len(text) + 1
-    while (m := _PEM_BEGIN_RE.search(text, pos)) is not None:
-        end = _PEM_END_RE.search(text, m.end()) if m.end() < no_end_from else None
-        if end is None:
-            no_end_from = min(no_end_from, m.end())
-            stop = _PEM_BODY_RE.match(text, m.end())
-            done = stop.end() if stop else m.end()
-        else:
-            done = end.end()
-        out += [text[pos:m.start()], REDACTED]
-        pos = done
-    return "".join(out) + text[pos:] if out else text
-
-
-def _key_line(m: re.Match[str]) -> str:
-    """A base64 line masked whole when it reads as key material: an upper- and a lowercase letter
-    and a digit, and no path (two "/"-separated words or more, no "+" or "=" padding, that seldom
-    change case or turn digits, as random base64 does at most characters:
-    ``/mnt/Data/Experiments/run2024/checkpoints`` stays)."""
-    token = m.group(1)
-    if not (any(c.isupper() for c in token) and any(c.islower() for c in token) and any(c.isdigit() for c in token)):
-        return m.group(0)
-    if "+" not in token and not token.endswith("=") and len([w for w in token.split("/") if w]) > 1:
-        kinds = [c.isupper() + 2 * c.isdigit() if c.isalnum() else -1 for c in token]
-        turns = sum(1 for a, b in zip(kinds, kinds[1:]) if a != b and a >= 0 and b >= 0)
-        if turns * 5 < len(token):
-            return m.group(0)
-    return m.group(0).replace(token, REDACTED)
-
-
 def _cookie(m: re.Match[str]) -> str:
     return f"{m.group(1)}{m.group(2) or ''}{REDACTED}"
 
@@ -215,9 +172,7 @@ def _cookie(m: re.Match[str]) -> str:
 def _blocks(text: str) -> str:
     """What is masked before names are read, since a name's rule would mask only its first word:
     private keys in PEM, cookie values (``a=b; c=d``), an auth object's arguments."""
-    if "-----BEGIN " in text:
-        text = _pem(text)
-    text = _KEY_LINE_RE.sub(_key_line, text)
+    text = mask_keys(text)
     low = text.lower()
     if "cookie" in low:
         text = _COOKIE_RE.sub(_cookie, text)
@@ -367,51 +322,35 @@ def redact_line(line: str, limit: int = MAX_LINE_CHARS) -> str:
     return (_mask_tail(kept) + more) if more else kept
 
 
-#: The most lines of one stream masked after a private key's BEGIN line with no END line yet: a
-#: key is ~50 lines (RSA 4096); past this bound the stream is read line by line again.
-PEM_MAX_LINES = 200
-
-
 class LineMasker:
     """:func:`redact_line` for the consecutive lines of one stream (a job's output), which a line
-    alone cannot see: after a line that opens a PEM private key (``-----BEGIN ... PRIVATE
-    KEY-----`` with no END after it) every line of its body (base64, headers) is masked whole, up
-    to its END line (what follows END on that line is read as usual) or the first line that is no
-    key's, at most :data:`PEM_MAX_LINES` lines. One per stream; not
-    thread-safe on its own (its owner holds the lock it reads the stream under)."""
+    alone cannot see: the body of a PEM private key whose BEGIN line came before
+    (:class:`~supervisor.redactpem.PemStream`: up to its END line, what follows END on that line
+    read as usual). One per stream; not thread-safe on its own (its owner holds the lock it reads
+    the stream under)."""
 
     def __init__(self) -> None:
-        self._left = 0  # lines still masked whole (inside a key's body)
+        self._pem = PemStream()
 
     def line(self, line: str, limit: int = MAX_LINE_CHARS) -> str:
         """``line`` as shown, masked with what the lines before it said."""
-        if self._left:
-            end = _PEM_END_RE.search(line, 0, MAX_LINE_CHARS)
-            if end is None and _PEM_LINE_RE.fullmatch(line[:MAX_LINE_CHARS]) is not None:
-                self._left -= 1
-                return REDACTED
-            self._left = 0
-            if end is not None:
-                rest = line[end.end():]
-                return REDACTED + (redact_line(rest, limit) if rest else "")
-        shown = redact_line(line, limit)
-        self.skip(line)
-        return shown
+        return _streamed(self._pem, line, lambda rest: redact_line(rest, limit))
 
     def skip(self, line: str) -> None:
         """A line not shown, read only for what it says of the next ones (a key's BEGIN or END)."""
-        if self._left:
-            if _PEM_END_RE.search(line, 0, MAX_LINE_CHARS) is not None:
-                self._left = 0
-                return
-            if _PEM_LINE_RE.fullmatch(line[:MAX_LINE_CHARS]) is not None:
-                self._left -= 1
-                return
-            self._left = 0  # not a key's line: the block ended unsaid (a one-line key cut short)
-        if "-----BEGIN " in line:
-            begins = list(_PEM_BEGIN_RE.finditer(line, 0, MAX_LINE_CHARS))
-            if begins and _PEM_END_RE.search(line, begins[-1].end(), MAX_LINE_CHARS) is None:
-                self._left = PEM_MAX_LINES
+        got = self._pem.inside(line)
+        self._pem.after(line if got is None else got[1])
+
+
+def _streamed(pem: PemStream, line: str, mask: Callable[[str], str]) -> str:
+    """One line of a stream as shown: a key's body line masked, else ``mask`` of it."""
+    got = pem.inside(line)
+    if got is not None:
+        shown, rest = got
+        pem.after(rest)
+        return shown + (mask(rest) if rest else "")
+    pem.after(line)
+    return mask(line)
 
 
 def redact_lines(lines: Iterable[str], limit: int = MAX_LINE_CHARS) -> list[str]:
@@ -442,7 +381,12 @@ def redact_data(v: Any, also: Sequence[str] = ()) -> Any:
         return {k: (REDACTED if masks_key(str(k), x) else redact_data(x, also)) for k, x in v.items()}
     if isinstance(v, Argv):  # the core's argv, shown here (bounded, --token x masked), never by the core
         return redact_data(redact_argv(v.args), also)
-    if isinstance(v, (list, tuple, set, frozenset)):
+    if isinstance(v, (list, tuple)):  # in order: the lines of a stream (samples), a key's body after its BEGIN
+        pem = PemStream()
+        items = [_streamed(pem, x, lambda s: redact_text(s, also)) if isinstance(x, str) else redact_data(x, also)
+                 for x in v]
+        return tuple(items) if isinstance(v, tuple) else items
+    if isinstance(v, (set, frozenset)):
         items = [redact_data(x, also) for x in v]
         return tuple(items) if isinstance(v, tuple) else items
     shown = str(v)

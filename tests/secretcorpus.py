@@ -127,6 +127,10 @@ SECRET_LINES: tuple[tuple[str, str], ...] = (
     ("b64 LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVktLS0tLQpNSUlFcEFJzqD5x", "LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVktLS0tLQpNSUlF"),
     # A key's body line alone (its BEGIN went to another stream, or before a hang): masked whole.
     ("MIIEowIBAAKCAQEAzqK7xbodyline0Pq1Rs2Tu3Vw4Xy5Za6Bc7De8Fg9Hi+/=", "zqK7xbodyline0Pq1Rs2"),
+    # A key in prose on one line, and a body token amid other text (a prefix, quotes) with no BEGIN.
+    ("config dump: -----BEGIN PRIVATE KEY----- MIIEvQIBADANBgkqhkiG9w0BAQEFAASCzqK8xone -----END PRIVATE KEY----- ok",
+     "zqK8xone"),
+    ("[rank0]: tls: 'MIIEowIBAAKCAQEAzqK9xprefixed0Pq1Rs2Tu3Vw4Xy5Za6Bc7De8Fg9', done", "zqK9xprefixed0Pq1"),
     ("pass\x1b[0mword=zqR3xansi", "zqR3xansi"),
     ("pass\u200bword=zqR3xzws", "zqR3xzws"),
 )
@@ -175,6 +179,8 @@ KEPT_LINES: tuple[str, ...] = (
     "20261207-184625-3392f9",
     "/mnt/Data/Experiments/run2024/checkpoints/Step1000",
     "checkpoints/Run2024Final/model/Weights00001of00004",
+    # Long tokens amid prose that read as names, not random base64 (few turns of case or digit).
+    "built TransformerEncoderLayer2WithAttentionPoolingHead from /mnt/Data/Experiments/run2024/checkpoints",
 )
 
 
