@@ -174,6 +174,7 @@ class EventName(StrEnum):
     METRIC_FILE_REEXAMINED = "metric_file_reexamined"
     METRIC_FILE_TRUNCATED = "metric_file_truncated"
     METRIC_FILE_UNREADABLE = "metric_file_unreadable"
+    METRIC_FILE_UNTRUSTED = "metric_file_untrusted"
     METRIC_FILES_INOTIFY_UNAVAILABLE = "metric_files_inotify_unavailable"
     METRIC_FILES_NOT_CAUGHT_UP = "metric_files_not_caught_up"
     METRIC_FILES_ROOT_ADDED = "metric_files_root_added"

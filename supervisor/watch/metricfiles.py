@@ -27,13 +27,14 @@ stop or a rollback is the job's own tree, as for checkpoint discovery.
 
 Files that exist at the baseline (taken before the run's first launch) are history: read from
 their end (an old NaN must not be replayed). Files first seen later are read from their start,
-unless their mtime is older than the baseline (a slow scan's late find of an old file).
+unless their mtime is older than the baseline (a slow scan's late find of an old file). A text
+log is the job's only when the job is seen writing it (:mod:`.writers`): a NaN in a file someone
+else writes into the tree (``notes.txt``) is ``metric_file_untrusted``, never a rollback.
 
-Bounded cost: the walk is limited to ``depth`` levels below each root, ``max_dirs``
-directories, ``MAX_ENTRIES`` directory entries and ``MAX_FILES`` files per pass (logged once when
-capped), and skips ``.git``, hidden directories,
-virtual environments (a ``pyvenv.cfg`` inside), ``site-packages``, ``node_modules``,
-``__pycache__``, ``quarantine`` and the paths in ``exclude`` (the state dir, whose client metric
+Bounded cost: the walk is limited to ``depth`` levels below each root, ``max_dirs`` directories,
+``MAX_ENTRIES`` directory entries and ``MAX_FILES`` files per pass (logged once when capped), and
+skips ``.git``, hidden directories, virtual environments (a ``pyvenv.cfg`` inside), ``site-packages``,
+``node_modules``, ``__pycache__``, ``quarantine`` and the paths in ``exclude`` (the state dir, whose client metric
 files the heartbeat monitor already reads). Per file: ``READ_BUDGET`` bytes a pass, an unfinished
 line of at most ``MAX_RECORD_LINE`` bytes, one TensorBoard record, a bounded resync CRC rate
 (:mod:`.readbounds`, :mod:`.tbevents`). A file that fails to parse is reported, rate-limited
@@ -64,6 +65,7 @@ from .filerows import JSONL_PROBE_LINES, FileState
 from .quiet import FirstFew, QuietLog
 from .readbounds import READ_CHUNK, inside
 from .tbevents import TBReader
+from .writers import Writers
 
 log = structlog.get_logger("supervisor.watch")
 
@@ -130,12 +132,11 @@ class MetricFiles:
         self._thread: threading.Thread | None = None
         self._walk_due = True  # the next pass searches the tree (else: reads the files followed)
         self._dirwake = DirWake(self._wake) if use_inotify else None
-        self._capped_logged = False
-        self._scan_failed = False
-        self._sink_failed = False
+        self._capped_logged = self._scan_failed = self._sink_failed = False
         self.scans = 0
         self.capped = False
         self._reader = FileReader(QuietLog(log), parser)
+        self._writers = Writers()  # whose a text log is: a NaN in a file the job never wrote is not acted on
         self._followed = FirstFew("metric_file_followed", log, "its metrics go to the detectors as the job writes them")
         # The supervisor's own output (the job's log copy where [job] log_file puts it, the daemon's
         # stdout/stderr redirected into the tree): never read back as the job's metrics.
@@ -192,6 +193,7 @@ class MetricFiles:
             self._mute = False
 
     def start(self, ctx: AttemptContext | None = None, emit: Emit | None = None) -> None:
+        self._writers.attempt(ctx.pid if ctx is not None else None)
         if self._thread is not None and self._thread.is_alive():
             return
         if self._baseline_wall is None:
@@ -426,6 +428,7 @@ class MetricFiles:
     def _read(self, f: FileState, size: int) -> bool:
         records, more = self._reader.read(f, size, self._final)
         if records and not self._mute:
+            records = self._writers.admit(f.path, f.ident, f.kind, records)
             f.records += len(records)
             steps = [r.step for r in records if r.step is not None]
             if steps:

@@ -1,0 +1,102 @@
+"""Never harm the run over a file the job never wrote (issue 34, X1), through the real daemon with
+no metric config: a NaN line in ``notes.txt`` / ``notes.log`` written into the job's workdir by
+another process during a healthy run is ``metric_file_untrusted`` (a warning naming the file) and
+the run finishes with exit 0 on its first attempt; a NaN the job writes into its own log is still
+rolled back, whether the job opens, appends and closes the file per step or holds it open (a NaN
+in its first line). The rules: supervisor/watch/writers.py (tests/watch/test_writers.py).
+"""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_metricfiles_e2e import workdir
+from tests.e2e.test_trainers_e2e import PY, attempts, events, supervise, wrap  # noqa: F401 (fixture)
+from tests.util import wait_for
+
+slow = pytest.mark.slow
+
+HEALTHY = r'''
+import os, sys, time
+work, release = sys.argv[1], sys.argv[2]
+open(os.path.join(work, "..", "started"), "w").close()
+t, s = time.monotonic(), 0
+while not os.path.exists(release) and time.monotonic() - t < 90:
+    s += 1
+    print(f"step {s} loss {2.0 / s:.4f}", flush=True)
+    time.sleep(0.05)
+'''
+
+# First attempt: a NaN at step 15; later ones: clean (a marker beside the workdir). Nothing per
+# step on stdout: the file is the only place the NaN is.
+APPEND_CLOSE = r'''
+import os, sys, time
+work = sys.argv[1]
+faulty = not os.path.exists(os.path.join(work, "..", "marker"))
+open(os.path.join(work, "..", "marker"), "a").close()
+for s in range(1, 41):
+    with open(os.path.join(work, "log.txt"), "a") as f:
+        f.write(f"step {s} loss {'nan' if faulty and s == 15 else f'{1.0 / s:.4f}'}\n")
+    time.sleep(0.05)
+'''
+
+HELD_OPEN = r'''
+import logging, os, sys, time
+work = sys.argv[1]
+faulty = not os.path.exists(os.path.join(work, "..", "marker"))
+open(os.path.join(work, "..", "marker"), "a").close()
+os.makedirs(os.path.join(work, "out"), exist_ok=True)
+log = logging.getLogger("train")
+log.addHandler(logging.FileHandler(os.path.join(work, "out", "train.log")))
+log.setLevel(logging.INFO)
+if faulty:
+    log.info("step 1 loss nan")  # the first line: no history in the file, the writer holds it open
+    time.sleep(90)
+for s in range(1, 11):
+    log.info("step %d loss %.4f", s, 1.0 / s)
+    time.sleep(0.05)
+'''
+
+
+def job(tmp: Path, name: str, text: str, *args: str) -> list[str]:
+    (tmp / "work").mkdir(exist_ok=True)
+    (tmp / f"{name}.py").write_text(text)
+    return [PY, str(tmp / f"{name}.py"), str(tmp / "work"), *args]
+
+
+@slow
+def test_a_nan_in_a_file_another_process_writes_into_the_workdir_never_rolls_back(supervise, tmp_path: Path) -> None:
+    release, work = tmp_path / "release", tmp_path / "work"
+    d = supervise(wrap(tmp_path, config=workdir(work)) + job(tmp_path, "healthy", HEALTHY, str(release)))
+    try:
+        wait_for(lambda: (tmp_path / "started").exists(), 60, what="the job's start")
+        for name in ("notes.txt", "notes.log"):  # not the job's: another process writes them
+            subprocess.run([PY, "-c", f"open({str(work / name)!r}, 'w').write('step 4 loss nan\\n')"],
+                           check=True, timeout=30)
+        said = wait_for(lambda: (lambda e: e if len(e) == 2 else None)(events(d, "metric_file_untrusted")), 60,
+                        what="both files said untrusted")
+    finally:
+        release.touch()
+    assert d.wait(120) == 0, d.stderr()[-3000:]
+    assert {e["path"] for e in said} == {str(work / "notes.txt"), str(work / "notes.log")}, said
+    assert all(e["level"] == "warning" and "watch_files" in e["next"] for e in said), said
+    a = attempts(tmp_path / "sd")
+    assert len(a) == 1 and a[0]["exit_code"] == 0 and not a[0].get("cause"), a
+    assert events(d, "failure_detected") == []
+
+
+@slow
+@pytest.mark.parametrize("name,text,log", [("append_close", APPEND_CLOSE, "log.txt"),
+                                           ("held_open", HELD_OPEN, "out/train.log")])
+def test_a_nan_the_job_writes_into_its_own_log_is_still_rolled_back(supervise, tmp_path: Path,
+                                                                    name: str, text: str, log: str) -> None:
+    work = tmp_path / "work"
+    d = supervise(wrap(tmp_path, config=workdir(work)) + job(tmp_path, name, text))
+    assert d.wait(180) == 0, d.stderr()[-3000:]
+    a = attempts(tmp_path / "sd")
+    assert a[0]["cause"] == "nan" and len(a) == 2 and a[1]["exit_code"] == 0, a
+    [nan] = events(d, "failure_detected")
+    assert nan["source"] == f"log:{work / log}", nan
+    assert events(d, "metric_file_untrusted") == []
