@@ -12,9 +12,10 @@ read from a text log is acted on only when the file is the job's:
   (path and identity) is the job's for the rest of the run. A ``logging.FileHandler``, loguru, a
   file kept open by the loop: found at the first look.
 - **Else, its own history**: a writer that opens, appends and closes per step is never seen
-  holding it. Such a file is trusted when it carried the job's progress this attempt: at least
+  holding it. Such a file is trusted when it carried the job's progress: at least
   ``MIN_STEPS`` records with a finite value and a step, read before the non-finite one (a loop
-  that logs every step; ``step 1..29`` then ``step 30 loss nan`` written in the job's last moment).
+  that logs every step; ``step 1..29`` then ``step 30 loss nan`` written in the job's last moment);
+  counted over the run, so a resumed attempt whose first record is a NaN is still acted on.
   A file that fails both is not acted on: ``metric_file_untrusted`` (a warning, once per file and
   attempt) names it, says why and how to have it trusted (name it in ``[job] watch_files``: the
   tailer reads it and its NaNs are acted on, as with every file the config names).
@@ -26,7 +27,7 @@ narrow matches and are not judged here.
 
 Bounded: a look lists the job's tree from one pass over ``/proc`` (a parent link each, psutil's
 cost of ``children(recursive=True)``), then reads the fd links of at most ``MAX_PIDS`` processes,
-``MAX_FDS`` links in all. Linux only; without ``/proc`` nothing is ever seen held open and the
+``MAX_FDS`` links in all; at most ``MAX_KNOWN`` files are remembered. Linux only; without ``/proc`` nothing is ever seen held open and the
 history rule alone decides.
 """
 
@@ -36,7 +37,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import psutil
 import structlog
@@ -52,6 +53,7 @@ MAX_FDS = 4096
 SCAN_EVERY_S = 1.0
 SCAN_BACKOFF_MAX_S = 30.0
 MIN_STEPS = 2
+MAX_KNOWN = 4096
 _FIELDS = ("loss", "grad_norm", "lr", "tokens_per_sec", "val_loss")
 
 
@@ -66,11 +68,13 @@ def alarming(rec: MetricRecord) -> bool:
 
 @dataclass
 class _Evidence:
-    """What one not-confirmed file showed this attempt."""
+    """What one file not yet known as the job's showed (kept across attempts: a log the job
+    appended its steps to in one attempt is still its log in the next)."""
 
+    real: str  # its real path, as /proc's fd links name it
     steps: int = 0  # finite records with a step
-    looked: bool = False  # looked for in the job's open files since it was first read
-    warned: bool = False
+    looked: bool = False  # looked for in the job's open files this attempt
+    warned: bool = False  # said untrusted this attempt
 
 
 def job_tree(pid: int) -> list[int]:
@@ -114,9 +118,8 @@ class Writers:
                  tree: Callable[[int], list[int]] = job_tree) -> None:
         self.clock, self.proc, self.tree = clock, proc, tree
         self._pid: int | None = None
-        self._confirmed: set[tuple[str, tuple[int, int]]] = set()  # (path, (dev, ino)): the job's, for the run
+        self._trusted: dict[tuple[str, tuple[int, int]], None] = {}  # (path, (dev, ino)): the job's, for the run
         self._evidence: dict[tuple[str, tuple[int, int]], _Evidence] = {}
-        self._real: dict[str, str] = {}
         self._next_scan = 0.0
         self._gap = SCAN_EVERY_S
         self.scans = 0
@@ -124,17 +127,21 @@ class Writers:
 
     def attempt(self, pid: int | None) -> None:
         """A new attempt's job (None: no job known, every record is admitted as before)."""
-        self._evidence, self._real = {}, {}
+        for ev in self._evidence.values():
+            ev.looked = ev.warned = False
         self._next_scan, self._gap, self._pid = 0.0, SCAN_EVERY_S, pid
 
     def admit(self, path: str, ident: tuple[int, int], kind: str, records: list[MetricRecord]) -> list[MetricRecord]:
         """``records`` read from ``path`` less the non-finite ones the job is not known to have written."""
         key = (path, ident)
-        if self._pid is None or kind != "log" or key in self._confirmed:
+        if self._pid is None or kind != "log" or key in self._trusted:
             return records
-        ev = self._evidence.setdefault(key, _Evidence())
+        ev = self._evidence.get(key)
+        if ev is None:
+            ev = self._evidence[key] = _Evidence(os.path.realpath(path))
+            _bound(self._evidence)
         due = self.clock() >= self._next_scan or (not ev.looked and any(map(alarming, records)))
-        if due and self._look(path, key):
+        if due and self._look(key):
             return records
         out: list[MetricRecord] = []
         for rec in records:
@@ -148,23 +155,25 @@ class Writers:
                 if not ev.warned:
                     ev.warned = True
                     self._warn(path, rec, ev.steps)
+        if ev.steps >= MIN_STEPS:
+            self._trust(key)
         return out
 
-    def _look(self, path: str, key: tuple[str, tuple[int, int]]) -> bool:
-        """Look for the not-confirmed files in the job's open files; whether ``path`` was found."""
+    def _trust(self, key: tuple[str, tuple[int, int]]) -> None:
+        self._evidence.pop(key, None)
+        self._trusted[key] = None
+        _bound(self._trusted)
+
+    def _look(self, key: tuple[str, tuple[int, int]]) -> bool:
+        """Look for the files not yet known as the job's in its open files; whether ``key`` was found."""
         assert self._pid is not None
         self.scans += 1
-        for p, _ in self._evidence:
-            if p not in self._real:
-                self._real[p] = os.path.realpath(p)
-        wanted = {self._real[p] for p, _ in self._evidence}
-        found = held_open(self.tree(self._pid), wanted, self.proc)
+        found = held_open(self.tree(self._pid), {ev.real for ev in self._evidence.values()}, self.proc)
         for k, ev in list(self._evidence.items()):
             ev.looked = True
-            if self._real[k[0]] in found:
-                self._confirmed.add(k)
-                del self._evidence[k]
-        if key in self._confirmed:
+            if ev.real in found:
+                self._trust(k)
+        if key in self._trusted:
             return True
         self._next_scan = self.clock() + self._gap
         self._gap = min(SCAN_BACKOFF_MAX_S, self._gap * 2)
@@ -172,11 +181,18 @@ class Writers:
 
     def _warn(self, path: str, rec: MetricRecord, steps: int) -> None:
         log.warning("metric_file_untrusted", path=path, step=rec.step,
-                    why=f"no process of the job was seen holding it open, and it held {steps} of the job's "
-                        f"steps before the non-finite value ({MIN_STEPS} needed): it may be another writer's file",
+                    why=f"no process of the job was seen holding it open, and it logged {steps} step(s) before "
+                        f"the non-finite value ({MIN_STEPS} needed): it may be a file the job never wrote",
                     next=f"the run goes on; a non-finite value in this file is acted on once the job is seen "
                          f"writing it (holding it open, or {MIN_STEPS} steps logged there first). If the job writes "
                          "it, name it in [job] watch_files: its lines are then read and acted on")
+
+
+def _bound(table: dict[Any, Any]) -> None:
+    """At most ``MAX_KNOWN`` files remembered: the oldest is forgotten (a job that makes a new log
+    every step must not grow the table for the life of the daemon)."""
+    while len(table) > MAX_KNOWN:
+        del table[next(iter(table))]
 
 
 __all__ = ["MIN_STEPS", "Writers", "alarming", "held_open", "job_tree"]

@@ -140,6 +140,16 @@ def test_one_file_short_of_steps_is_withheld_and_looked_for_once_per_schedule(tm
     assert wr.admit(path, ident, "log", rec) == rec and len(looks) == 2  # the schedule (backing off)
     assert wr.admit(path, ident, "log", nan) == nan  # MIN_STEPS steps read from it now: the job's log
     assert wr.withheld == 1
+    # The next attempt (a resume): the file the job logged its steps to is still its log, a NaN in
+    # its first record there is acted on; a file short of steps is said again, once.
+    wr.attempt(4343)
+    assert wr.admit(path, ident, "log", nan) == nan
+    other = str(tmp_path / "notes.txt")
+    with capture_logs() as logs:
+        assert wr.admit(other, (1, 3), "log", nan) == [] and wr.admit(other, (1, 3), "log", nan) == []
+        wr.attempt(4444)
+        assert wr.admit(other, (1, 3), "log", nan) == []
+    assert [e["path"] for e in logs if e["event"] == "metric_file_untrusted"] == [other, other]
     assert alarming(MetricRecord(None, 1.0, extra={"x": float("inf")}, at=0.0))
     assert not alarming(MetricRecord(3, 1.0, grad_norm=2.0, at=0.0))
 
