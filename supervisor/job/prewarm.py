@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -44,7 +45,7 @@ import structlog
 
 from .argvarea import padding
 from .cgroup import JobCgroup, set_weights, stop_and_remove
-from .prewarmplan import Plan, env_difference, import_env, interpreter_identity, plan
+from .prewarmplan import STANDBY_MARK, Plan, env_difference, import_env, interpreter_identity, plan
 from .process import LaunchSpec, enter_cgroup, popen_job
 
 log = structlog.get_logger("supervisor.job.prewarm")
@@ -66,6 +67,7 @@ class Outcome:
     used: bool
     reason: str = ""
     note: str = ""  # used, but its command line is still the standby's: why (argvarea.py)
+    mark: str = ""  # the runner's STANDBY_MARK entry: how the attempt's orphans are found (process.py)
 
     def __str__(self) -> str:
         return "used" if self.used else f"cold: {self.reason}"
@@ -83,6 +85,8 @@ class Standby:
                  cgroup: JobCgroup | None = None, procs_fd: int = -1, nice: bool = True) -> None:
         self.plan = plan_
         self.env = import_env(env)
+        token = secrets.token_hex(8)
+        self.mark = f"{STANDBY_MARK}={token}"  # in its /proc environ, not in self.env (compared)
         self.cwd = cwd
         self.identity = interpreter_identity(plan_.python, env, cwd)
         self.cgroup = cgroup
@@ -96,7 +100,7 @@ class Standby:
         procs_fd = own_fd if own_fd >= 0 else procs_fd
         try:
             self.popen: subprocess.Popen[bytes] = subprocess.Popen(
-                cmd + [room] if room else cmd, cwd=cwd, env=self.env,
+                cmd + [room] if room else cmd, cwd=cwd, env={**self.env, STANDBY_MARK: token},
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True, pass_fds=(theirs.fileno(),),
                 preexec_fn=(lambda: enter_cgroup(procs_fd)) if procs_fd >= 0 else None)
@@ -331,14 +335,14 @@ class Prewarm:
             else:
                 failed = sb.hand_over(p, spec.argv, spec.env, spec.cwd, out_w, err_w, log_path)
                 if failed is None:
-                    return sb.popen, Outcome(True, note=sb.note)
+                    return sb.popen, Outcome(True, note=sb.note, mark=sb.mark)
                 why = failed
         if p is not None:
             try:
                 fresh = Standby(p, spec.env, spec.cwd, "", procs_fd=procs_fd, nice=False)
                 failed = fresh.hand_over(p, spec.argv, spec.env, spec.cwd, out_w, err_w, log_path)
                 if failed is None:
-                    return fresh.popen, Outcome(False, why)
+                    return fresh.popen, Outcome(False, why, mark=fresh.mark)
                 why = f"{why}; the runner refused too ({failed})"
             except OSError as e:  # the plain launch below meets the same error, and says it
                 why = f"{why}; the runner could not start ({e})"

@@ -15,6 +15,10 @@ from typing import Mapping, Sequence
 # the running attempt's orphan search, which looks for its TSUP_ATTEMPT, never takes the standby).
 PER_ATTEMPT = ("TSUP_ATTEMPT", "TSUP_RESUME_FROM", "TSUP_RESUME_STEP", "TSUP_SKIP_BATCHES",
                "TSUP_HEARTBEAT_DIR", "TORCHELASTIC_ERROR_FILE")
+# Each runner's own mark, only in the environment it is started with (not the job's os.environ):
+# /proc/PID/environ of the runner, and of what the job forks without an exec, is that start's, so
+# an orphan of the attempt it runs is found by this mark, not by a TSUP_ATTEMPT (process.py).
+STANDBY_MARK = "TSUP_STANDBY"
 # Interpreter options that take no argument and those that take one: the standby starts with the
 # same ones. Anything else (-c, -i, combined flags) is a doubt: cold.
 FLAGS = frozenset({"-u", "-O", "-OO", "-B", "-s", "-S", "-E", "-I", "-P", "-b", "-bb", "-q", "-d", "-R"})

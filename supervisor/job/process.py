@@ -179,11 +179,13 @@ class JobProcess:
                 if ref is not None:
                     self.known[pid] = ref
 
-    def _walk_args(self) -> tuple[int | None, tuple[bytes, ...], frozenset[int]]:
-        """What a walk needs (treewalk.walk): the leader while it runs, the attempt's marker,
-        the pids already known."""
-        marker = tuple(f"{k}={self.spec.env[k]}".encode() for k in ("TSUP_RUN_ID", "TSUP_ATTEMPT") if k in self.spec.env)
-        return (self.pid if self.status is None else None), marker, frozenset(self.known)
+    def _walk_args(self) -> tuple[int | None, tuple[tuple[bytes, ...], ...], frozenset[int]]:
+        """What a walk needs (treewalk.walk): the leader while it runs, the attempt's markers,
+        the pids already known. An attempt run by the prewarm runner has its /proc environ from
+        the runner's start (no TSUP_ATTEMPT: the standby was started before it had one), and so has
+        what it forks without an exec: those carry the runner's own ``TSUP_STANDBY`` mark."""
+        markers = attempt_markers(self.spec.env, getattr(self.prewarm, "mark", ""))
+        return (self.pid if self.status is None else None), markers, frozenset(self.known)
 
     def _walk_now(self) -> None:
         """The walk of :meth:`refresh_tree`, at once: a stop acts on the tree as it is. A
@@ -319,6 +321,15 @@ class JobProcess:
         _reap(self.keeper, 1.0)
         if self.cgroup is not None and not self.cgroup.populated() and self.cgroup.remove():
             self.cgroup = None
+
+
+def attempt_markers(env: Mapping[str, str], mark: str = "") -> tuple[tuple[bytes, ...], ...]:
+    """The environment entries an orphan of the attempt carries, each set whole (treewalk.orphans):
+    its TSUP_RUN_ID with its TSUP_ATTEMPT (never one alone: another attempt, or the next one's
+    standby, shares the run id), and the prewarm runner's own ``mark`` where one runs it."""
+    full = "TSUP_RUN_ID" in env and "TSUP_ATTEMPT" in env
+    ids = (tuple(f"{k}={env[k]}".encode() for k in ("TSUP_RUN_ID", "TSUP_ATTEMPT")),) if full else ()
+    return ids + (((mark.encode(),),) if mark else ())
 
 
 def _job_cgroup(spec: LaunchSpec, parent: Path) -> JobCgroup | None:

@@ -24,11 +24,12 @@ from .osapi import OsApi, ProcRef
 log = structlog.get_logger("supervisor.job.treewalk")
 
 
-def orphans(refs: Iterable[ProcRef], marker: Iterable[bytes], skip: Iterable[int]) -> list[ProcRef]:
+def orphans(refs: Iterable[ProcRef], markers: Iterable[tuple[bytes, ...]], skip: Iterable[int]) -> list[ProcRef]:
     """Of the daemon's own descendants ``refs`` (re-parented to it, the subreaper), those whose
-    environment carries every ``marker`` (``TSUP_RUN_ID=...``, ``TSUP_ATTEMPT=...``), except the
-    pids in ``skip``."""
-    want = list(marker)
+    environment carries every entry of one of ``markers`` (``TSUP_RUN_ID=...`` and
+    ``TSUP_ATTEMPT=...``; or the ``TSUP_STANDBY=...`` of the prewarm runner the attempt runs in),
+    except the pids in ``skip``."""
+    wants = [m for m in markers if m]
     known = set(skip)
     found = []
     for ref in refs:
@@ -36,26 +37,27 @@ def orphans(refs: Iterable[ProcRef], marker: Iterable[bytes], skip: Iterable[int
             continue
         try:
             with open(f"/proc/{ref.pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
+                env = set(f.read().split(b"\0"))
         except OSError:
             continue
-        if all(m in env for m in want):
+        if any(all(m in env for m in want) for want in wants):
             found.append(ref)
     return found
 
 
-def walk(osapi: OsApi, leader: int | None, marker: tuple[bytes, ...], skip: frozenset[int]) -> list[ProcRef]:
+def walk(osapi: OsApi, leader: int | None, markers: tuple[tuple[bytes, ...], ...],
+         skip: frozenset[int]) -> list[ProcRef]:
     """Every process of the job that a walk can see: the leader's descendants (while it runs:
-    ``leader`` None once it exited) and, with a full ``marker``, the orphans that carry it (one
-    pass over /proc for both)."""
+    ``leader`` None once it exited) and, with ``markers`` (each one full: process.py), the orphans
+    that carry one of them (one pass over /proc for both)."""
     me = os.getpid()
-    roots = tuple(r for r in (leader, me if len(marker) == 2 else None) if r is not None)
+    roots = tuple(r for r in (leader, me if markers else None) if r is not None)
     if not roots:
         return []
     trees = osapi.descendants_of(roots)
     refs = list(trees[leader]) if leader is not None else []
-    if len(marker) == 2:
-        refs += orphans(trees[me], marker, skip | {r.pid for r in refs})
+    if markers:
+        refs += orphans(trees[me], markers, skip | {r.pid for r in refs})
     return refs
 
 
@@ -67,7 +69,8 @@ class TreeWalker:
         self._pool: ThreadPoolExecutor | None = None
         self._walk: Future[list[ProcRef]] | None = None
 
-    def poll(self, leader: int | None, marker: tuple[bytes, ...], skip: frozenset[int]) -> list[ProcRef]:
+    def poll(self, leader: int | None, markers: tuple[tuple[bytes, ...], ...],
+             skip: frozenset[int]) -> list[ProcRef]:
         """What the last walk found, once it finished (else nothing yet); starts the next walk
         with these arguments when none is in flight."""
         found: list[ProcRef] = []
@@ -81,7 +84,7 @@ class TreeWalker:
                             message="a walk of the job's process tree failed; the next refresh walks again")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="job-tree-walk")
-        self._walk = self._pool.submit(walk, self.osapi, leader, marker, skip)
+        self._walk = self._pool.submit(walk, self.osapi, leader, markers, skip)
         return found
 
     def close(self) -> None:

@@ -7,15 +7,18 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from supervisor.job.cgroup import own_cgroup
+from supervisor.job.prewarm import STEADY_S
 from tests.conftest import ROOT, Daemon, history, pid_alive, started_daemons
 from tests.util import wait_for
 
@@ -46,23 +49,27 @@ while True:
 '''
 
 
-def run_and_stop(tmp_path: Path, scrub: bool, cgroup: bool, prewarm: bool = False) -> tuple[int, str, str]:
+def run_and_stop(tmp_path: Path, scrub: bool, cgroup: bool, prewarm: bool = False, head: str = "",
+                 before: Callable[[Path, Path], None] | None = None) -> tuple[int, str, str]:
     """Start the escaper under a daemon, stop it, return the grandchild's pid, the run id and the
-    daemon's stderr."""
+    daemon's stderr. ``head``: the job's code before the escaper's; ``before(state dir, out)``: run
+    once the daemon started, before the grandchild is waited for."""
     sd, out = tmp_path / "sd", tmp_path / "out"
     out.mkdir()
     job = tmp_path / "escaper.py"
-    job.write_text(ESCAPER)
+    job.write_text(head + ESCAPER)
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[job]\nname = "escaper"\ncommand = ["{PY}", "{job}", "{out}", "{"scrub" if scrub else "keep"}"]\n'
                    f'cgroup = {"true" if cgroup else "false"}\nprewarm = {"true" if prewarm else "false"}\n[state]\ndir = "{sd}"\n[gpu]\nbackend = "none"\n'
-                   '[shutdown]\ngrace_s = 1\n')
+                   '[policy]\nbackoff_initial_s = 0\n[shutdown]\ngrace_s = 1\n')
     own = tmp_path / "daemon"
     own.mkdir()
     gpid = 0
     with started_daemons(lambda: Daemon(["run", "--config", str(cfg)], own)) as start:
         d = start()
         try:
+            if before is not None:
+                before(sd, out)
             wait_for(lambda: (out / "gpid").exists(), 30, what="the grandchild ready")
             gpid = int((out / "gpid").read_text())
             cp = subprocess.run([PY, "-m", "supervisor", "stop", "--state-dir", str(sd)], cwd=str(ROOT),
@@ -90,12 +97,45 @@ def test_without_a_cgroup_the_subreaper_finds_the_double_forked_grandchild(tmp_p
     assert "cgroup = false" in err
 
 
-@pytest.mark.xfail(strict=True, reason="known defect (issue 34 note, session 41): with [job] prewarm on, the "
-                   "default since 67ff000, a stop without a cgroup leaves the SIGTERM-ignoring grandchild the "
-                   "subreaper should find (no shutdown_escalated); fixed when this passes")
 def test_without_a_cgroup_and_with_prewarm_the_subreaper_finds_the_double_forked_grandchild(tmp_path):
-    _gpid, _run_id, err = run_and_stop(tmp_path, scrub=False, cgroup=False, prewarm=True)
-    assert "cgroup = false" in err
+    """Issue 34: with prewarm every attempt of a plain Python job runs in the prewarm runner, the
+    first one too (cold, through a fresh runner). What the job forks without an exec has the
+    runner's /proc environ (no TSUP_ATTEMPT): it is found by the runner's TSUP_STANDBY mark."""
+    _gpid, run_id, err = run_and_stop(tmp_path, scrub=False, cgroup=False, prewarm=True)
+    assert "cgroup = false" in err and "event=shutdown_escalated" in err
+    assert history(tmp_path / "sd")["attempts"][0]["prewarm"].startswith("cold: "), run_id
+
+
+# Attempt 0 prints steps (the next attempt's standby starts STEADY_S past the first) until told to
+# fail; attempt 1, run in that standby, is the escaper.
+STEPS_THEN_FAIL = r'''
+import os, sys, time
+if os.environ["TSUP_ATTEMPT"] == "0":
+    step = 0
+    while not os.path.exists(os.path.join(sys.argv[1], "fail")):
+        step += 1
+        print(f"step {step}: loss {1.0 / step:.4f}", flush=True)
+        time.sleep(0.1)
+    sys.exit(1)
+'''
+
+
+def test_without_a_cgroup_an_attempt_handed_to_the_standby_has_its_grandchild_found_too(tmp_path):
+    """The restart's attempt runs in the standby started for it while attempt 0 ran (``used``):
+    its forked grandchild carries that standby's mark, not the first runner's, and is stopped."""
+    def standby_ready_then_fail(sd: Path, out: Path) -> None:
+        def ready() -> bool:
+            cp = subprocess.run([PY, "-m", "supervisor", "status", "--json", "--state-dir", str(sd)],
+                                cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+            return cp.returncode == 0 and (json.loads(cp.stdout).get("prewarm") or {}).get("state") == "ready"
+        wait_for(ready, 60 + STEADY_S, interval=0.3, what="the next attempt's standby ready")
+        (out / "fail").touch()
+
+    _gpid, _run_id, err = run_and_stop(tmp_path, scrub=False, cgroup=False, prewarm=True, head=STEPS_THEN_FAIL,
+                                       before=standby_ready_then_fail)
+    assert "event=shutdown_escalated" in err
+    rows = history(tmp_path / "sd")["attempts"]
+    assert [r["prewarm"] for r in rows][1:] == ["used"], rows
 
 
 def test_a_cgroup_that_cannot_be_made_falls_back_and_says_so(tmp_path):

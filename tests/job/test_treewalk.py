@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from supervisor.job.osapi import OsApi, ProcRef
+from supervisor.job.process import attempt_markers
 from supervisor.job.treewalk import TreeWalker, walk
 from tests.util import wait_for
 
@@ -64,14 +65,21 @@ def test_walk_takes_orphans_with_the_attempts_marker_only(tmp_path: Path) -> Non
     env = {**os.environ, "TSUP_RUN_ID": "r1", "TSUP_ATTEMPT": "3"}
     ours = subprocess.Popen(["sleep", "600"], env=env)
     other = subprocess.Popen(["sleep", "600"], env={**env, "TSUP_ATTEMPT": "2"})
+    # Issue 34: forked by the prewarm runner that runs attempt 3 (its environ: no TSUP_ATTEMPT, its mark).
+    runners = {"TSUP_RUN_ID": "r1", "TSUP_STANDBY": "ab12"}
+    forked = subprocess.Popen(["sleep", "600"], env={**os.environ, **runners})
+    next_standby = subprocess.Popen(["sleep", "600"], env={**os.environ, **runners, "TSUP_STANDBY": "cd34"})
     try:
-        marker = (b"TSUP_RUN_ID=r1", b"TSUP_ATTEMPT=3")
-        pids = {r.pid for r in walk(OsApi(), None, marker, frozenset())}
-        assert ours.pid in pids and other.pid not in pids
-        assert ours.pid not in {r.pid for r in walk(OsApi(), None, marker, frozenset({ours.pid}))}  # known: skipped
-        assert walk(OsApi(), None, marker[:1], frozenset()) == []  # no full marker: no orphan is the job's
+        markers = attempt_markers(env, "TSUP_STANDBY=ab12")
+        assert markers == ((b"TSUP_RUN_ID=r1", b"TSUP_ATTEMPT=3"), (b"TSUP_STANDBY=ab12",))
+        pids = {r.pid for r in walk(OsApi(), None, markers, frozenset())}
+        assert ours.pid in pids and forked.pid in pids and other.pid not in pids and next_standby.pid not in pids
+        assert ours.pid not in {r.pid for r in walk(OsApi(), None, markers, frozenset({ours.pid}))}  # known: skipped
+        assert forked.pid not in {r.pid for r in walk(OsApi(), None, markers[:1], frozenset())}  # not run by a runner
+        # No full marker (no TSUP_ATTEMPT): no orphan is the job's, not even one with the run id.
+        assert attempt_markers({"TSUP_RUN_ID": "r1"}) == () and walk(OsApi(), None, (), frozenset()) == []
     finally:
-        for p in (ours, other):
+        for p in (ours, other, forked, next_standby):
             p.kill()
             p.wait()
 
