@@ -56,7 +56,7 @@ from .redactnames import (NOT_SECRETS as _NOT_SECRETS, SECRET_MARKERS, is_secret
                           names_secret,
                           shell_dir_secret as _shell_dir_secret)
 from .redactpem import PEM_MAX_LINES, PemStream, mask_keys
-from .redactsyntax import NUMBER_RE as _NUMBER_RE, REDACTED, mask_commands, mask_names
+from .redactsyntax import NUMBER_RE as _NUMBER_RE, REDACTED, argv_passwords, mask_commands, mask_names
 
 __all__ = ["LineMasker", "PEM_MAX_LINES", "MAX_LINE_CHARS", "MAX_TEXT_CHARS", "MAX_TOTAL_CHARS", "MAX_VALUE_CHARS", "MIN_SECRET_LEN", "REDACTED",
            "SECRET_MARKERS", "cut", "env_secrets", "is_secret", "learn_secrets", "masks_key", "names_secret",
@@ -272,6 +272,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
     out: list[str] = []
     mask_next = False
     total = 0
+    passwords = argv_passwords(argv)  # a client's -pX / -p X (mysql, sshpass, mongo), redis-cli's -a X
     for i, whole in enumerate(argv):
         if total >= MAX_TOTAL_CHARS:
             out.append(f"…(+{len(argv) - i} more args)")
@@ -280,11 +281,29 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
         shown, masked_whole = _redact_arg(arg, mask_next)
         if i and argv[i - 1] in _USER_FLAGS and (m := _USER_PASSWORD_RE.fullmatch(shown)) and m.group(2) != REDACTED:
             shown, masked_whole = f"{m.group(1)}{REDACTED}", True
+        if i in passwords and not masked_whole:
+            shown, masked_whole = arg[:passwords[i]] + REDACTED, True
         mask_next = _flag_name(arg) is not None and is_secret(arg)  # a masked value is no flag
         if more and not masked_whole:  # a secret's length is not said either
             shown = _mask_tail(shown) + more
         out.append(shown)
         total += len(shown)
+    return out
+
+
+_FLAG_RE = re.compile(r"--?[A-Za-z][\w.-]{0,62}")  # an option's name alone (not "-----END ...-----")
+
+
+def _argv_masks(args: Sequence[str]) -> dict[int, int]:
+    """Of a list of strings read as an argv, the values of secret-named flags (``--token X``) and of
+    a client's password option (:func:`~supervisor.redactsyntax.argv_passwords`): index -> the
+    characters of it still shown."""
+    out = argv_passwords(args)
+    for i in range(1, len(args)):
+        prev, x = args[i - 1], args[i]
+        if _FLAG_RE.fullmatch(prev) is not None and is_secret(prev) and not x.startswith("-") \
+                and not _NUMBER_RE.fullmatch(x) and x != REDACTED:
+            out.setdefault(i, 0)
     return out
 
 
@@ -385,6 +404,9 @@ def redact_data(v: Any, also: Sequence[str] = ()) -> Any:
         pem = PemStream()
         items = [_streamed(pem, x, lambda s: redact_text(s, also)) if isinstance(x, str) else redact_data(x, also)
                  for x in v]
+        if all(isinstance(x, str) for x in v):  # maybe an argv as a plain list: --token X, a client's -p X
+            for i, keep in _argv_masks(v).items():
+                items[i] = v[i][:keep] + REDACTED
         return tuple(items) if isinstance(v, tuple) else items
     if isinstance(v, (set, frozenset)):
         items = [redact_data(x, also) for x in v]

@@ -19,17 +19,19 @@ XML: an element named for a secret (``<password>v</password>``, its text in CDAT
 ``name``/``key`` attribute is (Android's ``<string name="password">v</string>``, Java's ``<entry
 key="password">v</entry>``), an attribute pair (.NET's ``<add key="Password" value="v"/>``,
 ``<param name="token" value='v'/>``), each HTML-escaped too (``&lt;password&gt;v&lt;/password&gt;``).
-Commands: mysql's and mariadb's glued ``-pX`` (in a command that runs their client only).
+Commands: mysql's and mariadb's glued ``-pX``, sshpass's and MongoDB's tools' ``-p X``, redis-cli's ``-a X``
+(in a command that runs their client only; in an argv too: :func:`argv_passwords`).
 Every regex is linear in its input (possessive and atomic parts, bounded runs). Pure.
 """
 from __future__ import annotations
 
 import re
+from typing import Sequence
 
 from .redactnames import (NOT_SECRETS, SECRET_MARKERS, SHELL_DIRS, last_word_secret, names_secret, shell_dir_secret,
                           text_secret_name)
 
-__all__ = ["NUMBER_RE", "REDACTED", "mask_commands", "mask_names"]
+__all__ = ["NUMBER_RE", "REDACTED", "argv_passwords", "mask_commands", "mask_names"]
 
 REDACTED = "<redacted>"
 NUMBER_RE = re.compile(r"[-+]?\d[\d.,]*(?:e[-+]?\d+)?%?", re.IGNORECASE)
@@ -49,9 +51,54 @@ _SSHPASS_P_RE = re.compile(r"(?<=\s)(-p\s*+['\"]?)([^\s'\"]++)")
 # ``wandb login KEY`` (its flags before the key skipped): a key has digits and 12 characters or more.
 _WANDB_RE = re.compile(r"(?i)\bwandb\s++login\b")
 _WANDB_KEY_RE = re.compile(r"\A((?:\s++--?[\w-]++)*+\s++['\"]?)(?=[^\s'\"]*?\d)([^\s'\"-][^\s'\"]{11,}+)")
+# MongoDB's tools' ``-p PW`` / ``-pPW`` (mongo, mongosh, mongodump, ...), redis-cli's ``-a PW`` / ``-aPW``.
+_MONGO_RE = re.compile(r"(?i)\bmongo(?:sh|dump|restore|export|import|stat|top|files)?+\b")
+_REDIS_RE = re.compile(r"(?i)\bredis-cli\b")
+_REDIS_A_RE = re.compile(r"(?<=\s)(-a\s*+['\"]?)([^\s'\"]++)")
 #: (a word that must be in the text, the command, its password argument).
 _COMMANDS = (("mysql", _MYSQL_RE, _GLUED_P_RE), ("mariadb", _MYSQL_RE, _GLUED_P_RE), ("curl", _CURL_RE, _CURL_USER_RE),
-             ("sshpass", _SSHPASS_RE, _SSHPASS_P_RE), ("wandb", _WANDB_RE, _WANDB_KEY_RE))
+             ("sshpass", _SSHPASS_RE, _SSHPASS_P_RE), ("wandb", _WANDB_RE, _WANDB_KEY_RE),
+             ("mongo", _MONGO_RE, _SSHPASS_P_RE), ("redis-cli", _REDIS_RE, _REDIS_A_RE))
+
+# The same clients in an argv, whose arguments are masked one by one (the text rules above need
+# the client's name in the same text): which short option is the password, and whether its value
+# may be the next argument (``-p PW``) or only glued to it (``-pPW``). A bare ``-p`` is ambiguous
+# and left alone everywhere else, on purpose: it is a port for psql, redis-cli, ssh and most
+# servers (``-p 8080``), docker's publish, mkdir's parents; and mysql's ``-p X`` prompts for the
+# password and X is the database. So ``-p`` is read as a password only in the arguments after a
+# client that reads it so, once (``sshpass -p PW ssh -p 22 host``: 22 is ssh's port), up to the
+# next shell separator; ``--password X`` / ``--passwd X`` / ``--pass X`` go by their names anywhere
+# (``redact.redact_argv``; psql's ``--password`` is a switch, so its next word is masked too: a
+# small price).
+_ARGV_PASSWORD = {"mysql": ("-p", False), "mariadb": ("-p", False), "sshpass": ("-p", True), "mongo": ("-p", True),
+                  "redis-cli": ("-a", True)}
+_ARGV_CLIENT_RE = re.compile(r"(?i)(?:mysql|mariadb)(?:dump|admin|import|check|show|slap|pump|sh)?|sshpass"
+                             r"|mongo(?:sh|dump|restore|export|import|stat|top|files)?|redis-cli")
+_ARGV_SEPARATORS = frozenset({";", "|", "&&", "||", "&"})
+
+
+def argv_passwords(argv: Sequence[str]) -> dict[int, int]:
+    """The arguments of ``argv`` that are a client's password (see :data:`_ARGV_PASSWORD`): index ->
+    how many of its first characters stay shown (``-pPW`` keeps ``-p``; ``PW`` after ``-p`` none)."""
+    out: dict[int, int] = {}
+    flag, spaced = "", False
+    for i, arg in enumerate(argv):
+        if arg in _ARGV_SEPARATORS:
+            flag = ""
+            continue
+        name = arg.rsplit("/", 1)[-1].removesuffix(".exe")
+        if _ARGV_CLIENT_RE.fullmatch(name):
+            client = name.lower()
+            key = next(k for k in _ARGV_PASSWORD if client.startswith(k))
+            flag, spaced = _ARGV_PASSWORD[key]
+            continue
+        if not flag:
+            continue
+        if arg == flag and spaced and i + 1 < len(argv):
+            out[i + 1], flag = 0, ""  # one password a client: sshpass's command after it has its own -p
+        elif arg.startswith(flag) and len(arg) > len(flag) and i not in out:
+            out[i], flag = len(flag), ""
+    return out
 # A prompt's answer echoed: ``Password for user admin: X``, ``Passphrase for key '/k': X``.
 _PROMPT_RE = re.compile(r"(?i)\b((?:password|passphrase) for [^:\n]{1,128}+:[ \t]*+)([^\s<][^\s]*+)")
 # An HTML password field's value (``<input type="password" value="X">``), attributes in any order.
