@@ -99,6 +99,7 @@ class EventName(StrEnum):
     CHECKPOINT_LOAD_TEST = "checkpoint_load_test"
     CHECKPOINT_LOAD_TEST_CANCELLED = "checkpoint_load_test_cancelled"
     CHECKPOINT_LOAD_TEST_TIMEOUT = "checkpoint_load_test_timeout"
+    CHECKPOINT_LOAD_TEST_UNTESTED = "checkpoint_load_test_untested"
     CHECKPOINT_MANIFEST_FALLBACK = "checkpoint_manifest_fallback"
     CHECKPOINT_MANIFEST_METRIC_NOT_WRITTEN = "checkpoint_manifest_metric_not_written"
     CHECKPOINT_MANIFEST_WRITTEN = "checkpoint_manifest_written"

@@ -13,6 +13,7 @@ names files a folder load passes over.
 Torch files load with ``weights_only=True`` (no pickled code runs) and ``mmap=True`` (no full
 read; falls back without mmap for the legacy format). A file that needs pickled code is reported
 as ``needs_pickle`` and loaded with ``weights_only=False`` only if the request trusts pickles.
+A python that cannot import torch reports ``untested`` (why): no verdict on the checkpoint.
 
 An HF Trainer folder (checkpoint-N/) is tested with what the Trainer itself reads when it resumes
 from it, loaded the way it loads them: the weights (``model*.safetensors`` bounds-checked, or
@@ -21,8 +22,7 @@ from it, loaded the way it loads them: the weights (``model*.safetensors`` bound
 Trainer itself allow-lists for it (``trainer_pt_utils.safe_globals``: ndarray, dtype and numpy's
 array reconstructor, data only, no code); and ``trainer_state.json``, parsed (it gives the step).
 ``training_args.bin`` is skipped (in ``skip``): the Trainer never reads it on resume, and it is a
-pickle of the TrainingArguments class that only loads by running code (the transformers import
-included).
+pickle of the TrainingArguments class that only loads by running code (transformers' import too).
 """
 from __future__ import annotations
 
@@ -35,8 +35,7 @@ from typing import Any
 
 MARKER = "TSUP_LOADTEST_RESULT "
 STEP_KEYS = ("step", "global_step", "iter_num", "iteration", "train_step", "num_steps")
-# HF's RNG states: python/numpy/torch generator states; numpy's need the numpy allow-list.
-RNG_PREFIX = "rng_state"
+RNG_PREFIX = "rng_state"  # HF's RNG states (python/numpy/torch); numpy's need the numpy allow-list
 # ioprio_set / ioprio_get by machine (the syscall numbers differ; no libc wrapper exists).
 IOPRIO_SYSCALLS = {"x86_64": (251, 252), "aarch64": (30, 31), "riscv64": (30, 31), "ppc64le": (273, 274),
                    "s390x": (282, 283), "i686": (289, 290), "armv7l": (314, 315)}
@@ -45,7 +44,19 @@ HF_STATE_FILE = "trainer_state.json"
 
 
 class NeedsPickle(Exception):
-    pass
+    """weights_only=True refused a pickled global (the file needs code to load)."""
+
+
+class Untestable(Exception):
+    """The test cannot run in this python (no torch, a broken install): no verdict on the checkpoint."""
+
+
+def need_torch() -> Any:
+    try:
+        import torch
+    except Exception as exc:  # ModuleNotFoundError, or a broken install's OSError
+        raise Untestable(f"{sys.executable} cannot import torch ({type(exc).__name__}: {str(exc)[:200]})") from exc
+    return torch
 
 
 def _reason_line(msg: str) -> str:
@@ -72,7 +83,7 @@ def numpy_safe_globals() -> list[Any]:
 
 
 def load_torch(path: str, *, mmap: bool, trust: bool, notes: list[str], allow: list[Any] | None = None) -> Any:
-    import torch
+    torch = need_torch()
 
     if not allow:
         return _load_torch(path, mmap=mmap, trust=trust, notes=notes)
@@ -81,7 +92,7 @@ def load_torch(path: str, *, mmap: bool, trust: bool, notes: list[str], allow: l
 
 
 def _load_torch(path: str, *, mmap: bool, trust: bool, notes: list[str]) -> Any:
-    import torch
+    torch = need_torch()
 
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -109,7 +120,7 @@ def _load_torch(path: str, *, mmap: bool, trust: bool, notes: list[str]) -> Any:
 
 
 def walk_tensors(obj: Any, prefix: str, out: list[tuple[str, Any]], depth: int = 0) -> None:
-    import torch
+    torch = need_torch()
 
     if depth > 50:
         return
@@ -139,7 +150,7 @@ def weights_of(obj: Any, scopes: list[dict[str, Any]], notes: list[str]) -> Any:
 
 
 def nonfinite_tensors(obj: Any, limit: int = 20) -> list[str]:
-    import torch
+    torch = need_torch()
 
     tensors: list[tuple[str, Any]] = []
     walk_tensors(obj, "", tensors)
@@ -209,10 +220,9 @@ def test_safetensors(path: str, req: dict[str, Any], res: dict[str, Any]) -> Non
         res["nonfinite"] = nonfinite_tensors(load_file(path, device="cpu"))
 
 
-# DCP's .metadata: its reader loads it with a plain pickle.load, which calls whatever it names, and
-# this process runs as the daemon's user (under any verify mode, before any scan). So it is read
-# through an allowlist: DCP's own data classes and the names torch's weights_only load accepts
-# here (sizes, dtypes, layouts); any other name is refused before it is imported or called.
+# DCP's .metadata: its reader's plain pickle.load calls whatever it names, as the daemon's user
+# (any verify mode, before any scan). So it is read through an allowlist: DCP's own data classes
+# and the names torch's weights_only load accepts (sizes, dtypes, layouts); nothing else is called.
 DCP_NAMES = {("torch.distributed.checkpoint.metadata", n) for n in (
     "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
     "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")} | {
@@ -223,7 +233,7 @@ DCP_NAMES = {("torch.distributed.checkpoint.metadata", n) for n in (
 def read_dcp_metadata(path: str, trust: bool, notes: list[str]) -> Any:
     import pickle
 
-    import torch
+    torch = need_torch()
 
     class Allowlisted(pickle.Unpickler):
         def find_class(self, module: str, name: str) -> Any:
@@ -360,6 +370,8 @@ def run(req: dict[str, Any]) -> dict[str, Any]:
             res["error"] = f"non-finite values in {len(res['nonfinite'])} tensor(s): {', '.join(res['nonfinite'][:5])}"
         else:
             res["passed"] = True
+    except Untestable as exc:  # the caller says "not tested": the structural checks decide
+        res["untested"], res["error"] = str(exc), f"not tested: {exc}"
     except NeedsPickle as exc:
         res["needs_pickle"] = True
         res["error"] = ("needs pickled code to load (weights_only=True refused it: " + str(exc)
@@ -372,9 +384,8 @@ def run(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def idle_io() -> None:
-    """The idle IO class for this process (and the threads torch starts later, which inherit it):
-    its reads of the checkpoint get the disk only when the job (its data loader, its own saves)
-    leaves it idle. Honoured by the BFQ and CFQ IO schedulers; the others ignore IO classes."""
+    """The idle IO class for this process and the threads torch starts: the disk only when the job
+    leaves it idle (BFQ and CFQ honour IO classes; the other schedulers ignore them)."""
     nrs = IOPRIO_SYSCALLS.get(os.uname().machine)
     if nrs is None:
         return
@@ -388,13 +399,10 @@ def idle_io() -> None:
 
 
 def main() -> int:
-    # Below the job in CPU priority: an overlapped load test runs beside the job's own start-up
-    # (both import torch on the same cores) and the background one beside its training; a load
-    # test the restart waits on has no job to compete with. Where the kernel groups CPU time by
-    # session (sched_autogroup, the default on most distributions) a task's nice only ranks it
-    # within its session, and this one runs in a session of its own, as the job does: so the
-    # session's nice is lowered too (measured with two CPU hogs on 2 cores: the job's torch
-    # import took 4.25 s beside a nice-10 load test, 3.14 s beside this, 3.46 s alone).
+    # Below the job in CPU priority (it runs beside the job's start-up or training). Under
+    # sched_autogroup a nice ranks a task only within its session, and this runs in its own: so
+    # the session's nice too (2 cores, two CPU hogs: the job's torch import took 4.25 s beside a
+    # nice-10 load test, 3.14 s beside this, 3.46 s alone).
     try:
         with open("/proc/self/autogroup", "w") as f:
             f.write("10")
@@ -416,12 +424,9 @@ def main() -> int:
 
 def serve() -> int:
     """The warm verifier: one request per stdin line, one result line each, until stdin closes.
-
-    torch is imported once (by the first load) instead of once per checkpoint: the interpreter
-    start and the import cost more than the load of a small checkpoint. Each load's objects are
-    dropped before the next request; a crash or a hang ends this process and the supervisor
-    starts a fresh one for the next request.
-    """
+    torch is imported once (by the first load), not once per checkpoint. Each load's objects are
+    dropped before the next request; a crash or a hang ends this process (the supervisor starts
+    a fresh one for the next request)."""
     import gc
 
     out = sys.stdout

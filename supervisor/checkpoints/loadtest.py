@@ -27,6 +27,8 @@ from ..errors import SupervisorError
 from .hashing import StatKey
 from .layouts import registry
 from .manifest import stat_record
+from .pickledeny import scan_verdict
+from .scancache import cached_refusal
 from .warm import WarmVerifier
 
 log = structlog.get_logger("supervisor.checkpoints")
@@ -37,6 +39,8 @@ _MARKER = "TSUP_LOADTEST_RESULT "
 #: error lines; what a load prints beyond that is read and counted, never kept.
 OUTPUT_TAIL_BYTES = 256 * 1024
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+#: Signals that end a load that crashed on what it read (a bad mmap of a file cut short: SIGBUS)
+_LOAD_CRASHES = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE, signal.SIGILL})
 
 
 class LoadTestCancelled(SupervisorError):
@@ -68,10 +72,22 @@ class LoadTestResult:
     notes: tuple[str, ...] = field(default_factory=tuple)
     # the torch files (their place in a folder; a single file's name) loaded with weights_only=True
     weights_only: tuple[str, ...] = ()
+    # why the test could not run (the job's python has no torch, is missing, died before a
+    # verdict): no verdict on the checkpoint, never a reason to quarantine it; never persisted
+    untested: str | None = None
+    # the pickle scan's refusal of this checkpoint (set on a readiness row, never cached): a load
+    # that passed is then not shown as passed (pickledeny.scan_verdict)
+    refused: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The SPEC shape of ``load_test`` in ``checkpoints --json``."""
-        return {"passed": self.passed, "seconds": self.seconds, "error": self.error}
+        """The SPEC shape of ``load_test`` in ``checkpoints --json`` (+ ``untested``/``refused`` when set)."""
+        out: dict[str, Any] = {"passed": self.passed and not self.refused, "seconds": self.seconds,
+                               "error": self.refused or self.error}
+        if self.untested:
+            out["untested"] = self.untested
+        if self.refused:
+            out["refused"], out["loaded"] = self.refused, self.passed
+        return out
 
 
 def resolve_job_python(configured: str | None, job_argv: Sequence[str], job_cwd: Path | None = None) -> str:
@@ -132,7 +148,8 @@ def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: P
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
                                 start_new_session=True)
     except OSError as exc:
-        return LoadTestResult(False, 0.0, f"cannot start the load test with {python}: {exc.strerror or exc}")
+        why = f"cannot start the load test with {python}: {exc.strerror or exc}"
+        return LoadTestResult(False, 0.0, why, untested=why)
     if started is not None:
         started(proc)
     # Both pipes to bounded tails (childio): a checkpoint's load that prints without end costs
@@ -156,7 +173,13 @@ def run_load_test(req: LoadTestRequest, *, python: str, timeout_s: float, cwd: P
     tail = (err.strip().splitlines() or ["no output"])[-1][:300]
     code = res.returncode or 0
     how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-    return LoadTestResult(False, 0.0, f"load test process failed ({how}): {tail}")
+    if -code in _LOAD_CRASHES:  # the load itself crashed: a verdict on what it read
+        return LoadTestResult(False, 0.0, f"load test process failed ({how}): {tail}")
+    # No verdict line otherwise: the script turns every failure of a load into one, so the process
+    # was killed (SIGKILL: the OOM killer), its interpreter failed before the script ran, or it
+    # printed garbage: nothing said about the checkpoint (not tested, never quarantined for it).
+    why = f"the load test process ended without a verdict ({how}): {tail}"
+    return LoadTestResult(False, 0.0, why, untested=why)
 
 
 def request_payload(req: LoadTestRequest) -> str:
@@ -174,7 +197,8 @@ def result_of(data: dict[str, Any]) -> LoadTestResult:
         step=data.get("step") if isinstance(data.get("step"), int) else None,
         keys=tuple(data.get("keys") or ()), needs_pickle=bool(data.get("needs_pickle")),
         nonfinite=tuple(data.get("nonfinite") or ()), notes=tuple(data.get("notes") or ()),
-        weights_only=tuple(str(x) for x in data.get("weights_only") or ()))
+        weights_only=tuple(str(x) for x in data.get("weights_only") or ()),
+        untested=str(data["untested"]) if data.get("untested") else None)
 
 
 def run_warm_or_cold(req: LoadTestRequest, warm: WarmVerifier | None, *, python: str, timeout_s: float,
@@ -240,6 +264,7 @@ class LoadTests:
         self._running_lock = threading.Lock()
         self._procs: dict[tuple[str, Any, bool], subprocess.Popen[Any]] = {}  # the tests' processes, while they run
         self._cancelled = False
+        self._untested_said: set[str] = set()
 
     def cached(self, path: Path, finite: bool = False) -> LoadTestResult | None:
         """The result for the version on disk now that answers the request, if one ran."""
@@ -301,10 +326,9 @@ class LoadTests:
                 self._procs.pop(key, None)
             mine.set_exception(e)
             raise
-        log.info("checkpoint_load_test", path=str(path), passed=res.passed, seconds=res.seconds, error=res.error,
-                 check_finite=check_finite)
+        self._said(path, res, check_finite)
         self._results[key] = res  # stored before the entry under way goes: no window for a second test
-        if self.store is not None:
+        if self.store is not None and not res.untested:  # a test that could not run is no verdict to keep
             self.store.put(path, token, check_finite, res)
         self._steps[path] = (token, res.step)
         with self._running_lock:
@@ -312,6 +336,23 @@ class LoadTests:
             self._procs.pop(key, None)
         mine.set_result(res)
         return res
+
+    def _said(self, path: Path, res: LoadTestResult, check_finite: bool) -> None:
+        """The test's log line: never ``passed=True`` for a checkpoint the pickle scan refused (a
+        weights-only load of its weights proves nothing about the file refused); a test that could
+        not run is said once per reason, with what to do."""
+        if res.untested:
+            if res.untested not in self._untested_said and len(self._untested_said) < 64:
+                self._untested_said.add(res.untested)
+                log.warning("checkpoint_load_test_untested", path=str(path), python=self.python, reason=res.untested,
+                            next="checkpoints are judged on their structural checks alone and none is quarantined "
+                                 "for this; set [checkpoints] python to an interpreter that has torch (or install "
+                                 "torch for the job's python) to have them load-tested")
+            return
+        refused = scan_verdict(cached_refusal(path), res) if res.passed and not self.trust_pickles else None
+        log.info("checkpoint_load_test", path=str(path), passed=res.passed and not refused, seconds=res.seconds,
+                 error=refused or res.error, check_finite=check_finite,
+                 **({"refused": refused, "loaded": res.passed} if refused else {}))
 
     def _started(self, key: tuple[str, Any, bool], proc: subprocess.Popen[Any]) -> None:
         if self.cgroup is not None:

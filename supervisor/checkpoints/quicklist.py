@@ -267,7 +267,9 @@ def render_table(rows: Sequence[Readiness]) -> str:
     table: list[tuple[str, ...]] = [head]
     for r in rows:
         vm = f"{r.val_metric.name}={r.val_metric.value:.4g}@{r.val_metric.step}" if r.val_metric else "-"
-        lt = "-" if r.load_test is None else (f"ok {r.load_test.seconds:.2f}s" if r.load_test.passed else "No")
+        lt = "-" if r.load_test is None else ("refused" if r.load_test.refused else "not tested"
+                                              if r.load_test.untested else f"ok {r.load_test.seconds:.2f}s"
+                                              if r.load_test.passed else "No")
         table.append((str(r.step) if r.step is not None else "?", "yes" if r.ready else "No", _yn(r.complete),
                       _yn(r.sha256_ok), _yn(r.config_matches), escaped(vm), lt, escaped(r.path)))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
@@ -318,7 +320,8 @@ class RowBuilder:
 
     def build(self) -> Readiness:
         ready = (self.exists and self.complete and self.sha256_ok is not False and self.config_matches is not False
-                 and (self.load_test is None or self.load_test.passed) and not self.bad and not self.reasons)
+                 and (self.load_test is None or self.load_test.passed or bool(self.load_test.untested))
+                 and not self.bad and not self.reasons)
         return Readiness(path=self.path, step=self.step, layout=self.layout, exists=self.exists,
                          complete=self.complete, sha256_ok=self.sha256_ok, config_matches=self.config_matches,
                          config_diff=dict(self.config_diff), val_metric=self.val_metric, load_test=self.load_test,
@@ -327,10 +330,13 @@ class RowBuilder:
 
 
 def is_corrupt(row: Readiness) -> bool:
-    """Unusable as stored (not a matter of config, trust or time): quarantine it."""
+    """Unusable as stored (not a matter of config, trust or time): quarantine it. A load test
+    that could not run (``untested``: no torch, no interpreter, died before a verdict) says
+    nothing about the checkpoint, nor does the pickle scan's refusal of a load that passed."""
     if row.bad or not row.complete or row.sha256_ok is False:
         return True
     lt = row.load_test
-    return lt is not None and not lt.passed and not lt.needs_pickle and "timed out" not in (lt.error or "") \
+    return lt is not None and not lt.passed and not lt.needs_pickle and not lt.untested \
+        and "timed out" not in (lt.error or "") \
         and "missing top-level keys" not in (lt.error or "") and "cannot start" not in (lt.error or "") \
         and "non-finite" not in (lt.error or "")

@@ -24,6 +24,7 @@ import json
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -213,7 +214,9 @@ class CheckpointService:
                 row.load_test = lt
                 if row.step is None:
                     row.step = lt.step
-                if not lt.passed:
+                if lt.untested:  # no verdict on the checkpoint: the structural checks above decide
+                    row.notes.append(f"not load-tested ({lt.untested}): judged on its structural checks alone")
+                elif not lt.passed:
                     row.no(f"load test failed: {lt.error}")
                 row.notes.extend(lt.notes)
             # The scan's refusal, judged with the load test that ran on this version (none asked
@@ -221,6 +224,8 @@ class CheckpointService:
             refused = scan_verdict(refusal, lt or self.load_tests.cached(path, finite))
             if refused:  # never handed over, whatever its weights file's load test says: said first
                 row.reasons.insert(0, refused)
+                if row.load_test is not None:  # shown as refused, never as a load test that passed
+                    row.load_test = replace(row.load_test, refused=refused)
             if self.book.is_bad(path):
                 row.bad = True
                 row.no(f"marked bad: {self.book.bad_reason(path)}")
@@ -342,7 +347,7 @@ class CheckpointService:
             if problem:
                 return [problem], step, False
             done = self.load_tests.cached(path)
-            if done is not None and not done.passed:
+            if done is not None and not done.passed and not done.untested:
                 return [f"load test failed: {done.error}"], step, False
             return [], step if step is not None or done is None else done.step, done is not None
 

@@ -4,12 +4,19 @@ tensors (milliseconds for any size: only the file's end and its directory are re
 A ``torch.save`` file (zip format, the default since torch 1.6) ends with a central directory
 that lists every member with its offset and size; a save cut short has none, or names bytes past
 the end of the file. A safetensors file starts with the length of its JSON header, and the header
-names each tensor's byte range. Whatever passes here may still fail to load (a wrong key, a
-pickled class); the load test decides that. Legacy (non-zip) torch files and folders pass.
+names each tensor's byte range: both must lie inside the file (a length or a range past its end
+is refused, the reason naming the file and the offsets), alone or inside a folder (an HF
+``checkpoint-N/``'s ``model.safetensors``: ``verify = "overlap"`` hands a folder over on these
+checks alone). Whatever passes here may still fail to load (a wrong key, a pickled class); the
+load test decides that. Legacy (non-zip) torch files pass, and folders without safetensors files.
+Bounds: a header up to ``MAX_SAFETENSORS_HEADER`` bytes read; in a folder, ``MAX_FOLDER_ENTRIES``
+entries walked (links not followed) and ``MAX_FOLDER_SAFETENSORS`` files' headers read; past
+those the rest is left to the load test.
 """
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zipfile
 from pathlib import Path
@@ -17,10 +24,16 @@ from pathlib import Path
 ZIP_MAGIC = b"PK\x03\x04"
 #: The safetensors library refuses a header over 100 MB (its MAX_HEADER_SIZE); so do we, before reading it.
 MAX_SAFETENSORS_HEADER = 100_000_000
+#: In a folder: the entries walked and the safetensors headers read, at most (a DCP save of
+#: 150,000 files costs a walk of this many entries; the load test reads everything anyway).
+MAX_FOLDER_ENTRIES = 20_000
+MAX_FOLDER_SAFETENSORS = 256
 
 
 def structure_problem(path: Path) -> str | None:
     """Why ``path`` is not a whole checkpoint container, or None (also for what is not checked)."""
+    if path.is_dir():
+        return _folder_problem(path)
     if not path.is_file():
         return None
     try:
@@ -51,28 +64,69 @@ def _zip_problem(path: Path) -> str | None:
     return None
 
 
-def _safetensors_problem(path: Path, head: bytes) -> str | None:
+def _folder_problem(root: Path) -> str | None:
+    """The first safetensors file in ``root`` (any depth, by name) that is not whole, or None."""
+    seen = read = 0
+    todo = [root]
+    try:
+        while todo:
+            folder = todo.pop()
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+            for e in entries:
+                seen += 1
+                if seen > MAX_FOLDER_ENTRIES:
+                    return None
+                if e.is_dir(follow_symlinks=False):
+                    todo.append(Path(e.path))
+                elif e.name.endswith(".safetensors") and e.is_file(follow_symlinks=False):
+                    read += 1
+                    if read > MAX_FOLDER_SAFETENSORS:
+                        return None
+                    p = Path(e.path)
+                    with open(p, "rb") as f:
+                        head = f.read(8)
+                    why = _safetensors_problem(p, head, p.relative_to(root).as_posix())
+                    if why:
+                        return why
+    except OSError as exc:
+        return f"cannot read the checkpoint: {exc.strerror or exc}"
+    return None
+
+
+def _safetensors_problem(path: Path, head: bytes, name: str | None = None) -> str | None:
+    """``name``: how the reason names the file (its place in a folder); its own name by default."""
+    name = name or path.name
     size = path.stat().st_size
     if len(head) < 8:
-        return f"truncated: a safetensors file of {size} bytes has no header"
+        return f"truncated: {name}: a safetensors file of {size} bytes has no header"
     (n,) = struct.unpack("<Q", head)
     if n > MAX_SAFETENSORS_HEADER:  # the format's own limit: a bigger one is never read into memory
-        return f"the safetensors header claims {n} bytes, more than the format allows ({MAX_SAFETENSORS_HEADER})"
+        return (f"{name}: the safetensors header claims {n} bytes, more than the format allows "
+                f"({MAX_SAFETENSORS_HEADER}): corrupt or not safetensors")
     if 8 + n > size:
-        return f"truncated: the safetensors header ({n} bytes) runs past the end of the file ({size} bytes)"
+        return (f"truncated: {name}: its safetensors header length ({n} bytes, bytes 8-{8 + n}) runs past the end "
+                f"of the file ({size} bytes)")
     with open(path, "rb") as f:
         f.seek(8)
         try:
             header = json.loads(f.read(n))
         except ValueError as exc:
-            return f"the safetensors header is not valid JSON: {exc}"
+            return f"{name}: the safetensors header is not valid JSON: {exc}"
     if not isinstance(header, dict):
-        return "the safetensors header is not an object"
-    try:
-        end = max((int(v["data_offsets"][1]) for k, v in header.items()
-                   if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v), default=0)
-    except (TypeError, ValueError, IndexError, KeyError):
-        return "the safetensors header has malformed data_offsets"
-    if 8 + n + end > size:
-        return f"truncated: the safetensors tensors end at byte {8 + n + end}, past the end of the file ({size} bytes)"
+        return f"{name}: the safetensors header is not an object"
+    data = size - 8 - n  # the data section: offsets count from its start
+    for key, v in header.items():
+        if key == "__metadata__":
+            continue
+        offs = v.get("data_offsets") if isinstance(v, dict) else None
+        if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int for o in offs)):
+            return (f"{name}: tensor {key[:80]!r} has malformed data_offsets ({str(offs)[:80]}): "
+                    "corrupt or not safetensors")
+        lo, hi = offs
+        if hi > data or lo > data:
+            return (f"truncated: {name}: tensor {key[:80]!r} at bytes {lo}-{hi} of the data section runs past the end "
+                    f"of the file (the data section is {data} bytes from byte {8 + n}; the file is {size} bytes)")
+        if not 0 <= lo <= hi:
+            return f"{name}: tensor {key[:80]!r} has data_offsets {lo}-{hi}, not a byte range: corrupt"
     return None

@@ -266,7 +266,8 @@ def recorded_job(sd: Path) -> tuple[list[str], Path | None, str | None, str | No
 def _verdict(row: Any) -> str:
     if row.ready:
         lt = row.load_test
-        return "ready" + (f" (load test {lt.seconds:.2f} s)" if lt is not None else "")
+        return "ready" + ("" if lt is None else f" on its structural checks (not load-tested: {lt.untested})"
+                          if lt.untested else f" (load test {lt.seconds:.2f} s)")
     return "not ready: " + (row.reasons[0] if row.reasons else "see the table")
 
 

@@ -71,6 +71,13 @@ def _with_verdict(row: dict[str, Any], svc: Any) -> dict[str, Any]:
     lt = svc.load_tests.cached(Path(row["path"])) if row.get("load_test") is None else None
     if lt is None:
         return row
+    from ..checkpoints.pickledeny import scan_verdict
+    from ..checkpoints.scancache import cached_refusal
+
+    # A load that passed on a checkpoint the pickle scan refused is shown refused, as the verb shows it.
+    refused = None if svc.cfg.trust_pickles else scan_verdict(cached_refusal(Path(row["path"])), lt)
+    if refused:
+        lt = dataclasses.replace(lt, refused=refused)
     row = {**row, "load_test": lt.to_json()}
     if not lt.passed:
         row["ready"] = False

@@ -86,7 +86,9 @@ def test_the_verb_its_json_and_the_daemons_choice_say_the_scans_refusal(tmp_path
     rows = {Path(r["path"]).name: r for r in json.loads(cp.stdout)}
     for name, why in REFUSED.items():
         assert rows[name]["ready"] is False and rows[name]["reasons"][0] == why, rows[name]
-        assert rows[name]["load_test"]["passed"], "the weights' load test passed: the scan decided"
+        # the weights' load test passed, the scan decided: shown refused, never as passed
+        lt = rows[name]["load_test"]
+        assert lt["loaded"] and lt["passed"] is False and lt["refused"] == why == lt["error"], lt
     assert rows["checkpoint-20"]["ready"] and rows["checkpoint-20"]["reasons"] == []
     assert rows["checkpoint-80"]["ready"] and rows["checkpoint-80"]["reasons"] == [], rows["checkpoint-80"]
     # the table and the progress lines say the same, the reason first
