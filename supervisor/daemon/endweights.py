@@ -71,6 +71,8 @@ def weights_of(path: str, res: LoadTestResult) -> WeightsCheck:
     """A load test's result with ``check_finite`` as the end's weights check."""
     if res.nonfinite:
         return WeightsCheck(path, False, tuple(res.nonfinite))
+    if res.untested:  # no verdict: the job's python cannot load it (no torch), not a failed test
+        return WeightsCheck(path, None, note=f"{path} was not load-tested: {res.untested}")
     if not res.passed:
         return WeightsCheck(path, None, note=f"the load test of {path} failed: {res.error}")
     skipped = next((n for n in res.notes if n.startswith(_NOT_JUDGED)), None)
