@@ -233,6 +233,7 @@ class EventName(StrEnum):
     NOTIFY_DROPPED = "notify_dropped"
     NOTIFY_FAILED = "notify_failed"
     NOTIFY_HELD_BACK = "notify_held_back"
+    NOTIFY_HOOK_LEFTOVERS = "notify_hook_leftovers"
     NOTIFY_INTERNAL_ERROR = "notify_internal_error"
     NOTIFY_QUEUE_RECOVERED = "notify_queue_recovered"
     NOTIFY_READY = "notify_ready"

@@ -5,7 +5,8 @@ Why a total deadline: urllib's ``timeout`` bounds each socket operation, so a we
 trickles a byte a second held its sender for the whole run, and every later notice (the give-up
 one too) waited behind it. Here a :class:`Try` has one deadline for connect, send and reply
 together; when it passes, the try's socket is shut down (its blocked read returns at once) or the
-hook's process group is killed. The sink's exit uses the same cut for a try still running then.
+hook is killed with everything it started (ops/hooktree.py). The sink's exit uses the same cut for a
+try still running then.
 
 Looking up the webhook's host name is within the deadline too: the system resolver blocks
 outside any socket, for as long as its own timeouts and retries say (30 s and more when a DNS
@@ -35,8 +36,13 @@ import urllib.parse
 import urllib.request
 from typing import Any, Callable
 
+import structlog
+
 from .. import childio
 from ..errors import SupervisorError
+from .hooktree import HookTree
+
+log = structlog.get_logger("supervisor.ops")
 
 #: The bytes of a webhook's reply body that are read (the reply is not used: the status is).
 REPLY_BYTES = 4096
@@ -106,21 +112,35 @@ class Try:
 def run_hook(command: tuple[str, ...], body: bytes, env: dict[str, str], t: Try) -> None:
     """Exec the hook (never a shell: no quoting of event text can run anything) in a session of
     its own, the event JSON on its stdin; its stdout is discarded and its stderr read to a
-    bounded tail. Past the try's deadline, or cut, it is killed with whatever it started."""
+    bounded tail. Past the try's deadline, or cut, it is killed with whatever it started; once it
+    exits, what it left running is killed too (:class:`~supervisor.ops.hooktree.HookTree`)."""
+    tree = HookTree()
     try:
         proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, env=env, close_fds=True, start_new_session=True)
+                                stderr=subprocess.PIPE, env=tree.env(env), close_fds=True, start_new_session=True,
+                                **tree.popen_kw())
     except OSError as e:  # not found, not executable: another try would fail the same way
+        tree.end_unstarted()
         raise PermanentError(f"cannot run {command[0]}: {e.strerror or e}") from e
-    t.on_cut(lambda: childio.kill_group(proc))
+    tree.started()
+
+    def cut() -> None:
+        tree.end(proc)
+    t.on_cut(cut)
     try:
         res = childio.drain(proc, timeout_s=t.left(), stdin=body, keep=HOOK_STDERR_BYTES)
     finally:
         t.on_cut(None)
+        # Whatever the outcome, nothing the hook started outlives its try (hooktree.py says why).
+        left = tree.end(proc)
     if res.timed_out or t.cut_reason is not None:
-        childio.kill_group(proc)
         raise TimeoutError(t.cut_reason or f"the hook command ran past {t.timeout_s:.3g} s and was killed "
-                           "with its process group")
+                           "with everything it started")
+    if left:
+        log.warning("notify_hook_leftovers", pids=left[:20],
+                    message=f"the hook command exited and left {len(left)} process(es) running (background or "
+                            "detached); they were killed: a hook's work ends when it exits",
+                    next="send in the foreground of the hook command if the notice needs them")
     if res.returncode != 0:
         tail = res.stderr_tail()
         raise RuntimeError(f"the hook command exited {res.returncode}" + (f": {tail}" if tail else ""))
