@@ -82,7 +82,7 @@ class LoadTestResult:
     def to_json(self) -> dict[str, Any]:
         """The SPEC shape of ``load_test`` in ``checkpoints --json`` (+ ``untested``/``refused`` when set)."""
         out: dict[str, Any] = {"passed": self.passed and not self.refused, "seconds": self.seconds,
-                               "error": self.refused or self.error}
+                               "error": self.refused if self.refused and self.passed else self.error}
         if self.untested:
             out["untested"] = self.untested
         if self.refused:
