@@ -15,7 +15,7 @@ from supervisor.config.model import Config, config_from_table
 from supervisor.core.messages import ExitInfo, Resume
 from supervisor.daemon.plugin import Plugin
 from supervisor.daemon.progress import GoodputPlugin, ValidationPlugin
-from supervisor.daemon.watchconcern import WatchConcern
+from supervisor.daemon.watchconcern import WatchPlugin
 from supervisor.daemon.ports import Concern, Ports
 from supervisor.events import Action, Cause
 from supervisor.core.observations import MetricRecord
@@ -322,7 +322,7 @@ class Daemon:
     ledger: FakeLedger
     checkpoints: FakeCheckpoints
     gate: FakeGate
-    watch: WatchConcern
+    watch: WatchPlugin
 
     def step(self, n: int = 1) -> None:
         for _ in range(n):
@@ -354,10 +354,11 @@ def daemon(tmp: Path, cfg: Config | None = None, *, steps: Sequence[int] = (), g
     cfg = cfg or config(tmp)
     clock, launcher, ledger = FakeClock(), FakeLauncher(), FakeLedger()
     checkpoints, fake_gate = FakeCheckpoints(), FakeGate(gate)
-    watch, goodput = WatchConcern(), GoodputPlugin()
+    watch, goodput, fanout = WatchPlugin(clock), GoodputPlugin(), SinkFanout()
     ports = Ports(clock=clock, launcher=launcher, ledger=ledger, checkpoints=checkpoints, gate=fake_gate,
                   notifier=FakeNotifier(), osapi=OsApi(), environment=FakeEnvironment())
-    runner = Runner(cfg, ports, [watch, goodput, ValidationPlugin(goodput.tracks), *concerns], fanout=SinkFanout(), tick_s=0.002)
+    runner = Runner(cfg, ports, [watch, goodput, ValidationPlugin(goodput.tracks), *concerns], fanout=fanout, tick_s=0.002)
+    fanout.add(watch.lines)  # as the wiring does
     d = Daemon(runner, clock, launcher, ledger, checkpoints, fake_gate, watch)
     assert runner.start()
     _OPEN.append(runner)

@@ -11,13 +11,13 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "supervisor"
 CAPABILITIES = frozenset({"Plugin", "OnStart", "OnAttempts", "OnMetrics", "OnTicks", "OnNotes", "GivesStatus",
-                          "GivesLiveStatus", "GivesMonitors", "GivesJobEnv", "Closes"})
+                          "GivesLiveStatus", "GivesMonitors", "GivesJobEnv", "GivesEndFacts", "Closes"})
 FORBIDDEN_MODULES = ("supervisor.daemon.runner", "supervisor.daemon.wiring")
 FORBIDDEN_NAMES = frozenset({"DaemonView", "Runner", "Concern", "ConcernSet"})
 CALLS_BACK = ("emit", "apply")
 # The concerns still in the old shape (one base with optional hooks and a DaemonView): none may be
 # added; each one converted leaves this list.
-OLD_SHAPE = frozenset({"WatchConcern", "CheckpointConcern"})
+OLD_SHAPE = frozenset({"CheckpointConcern"})
 
 
 def _sources() -> dict[str, str]:

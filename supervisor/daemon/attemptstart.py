@@ -26,7 +26,7 @@ from ..eventnames import EventName
 from ..levels import Level
 from .effects import Effect, Note
 from .monitors import AttemptMonitors
-from .plugin import AttemptStarted
+from .plugin import AttemptSpawning, AttemptStarted
 from .ports import Job, Ports
 
 
@@ -93,7 +93,7 @@ class AttemptStarter:
         ports, clock = self.ports, self.ports.clock
         spec = launch_spec(cfg, cmd, run_id=run_id, state_dir=self.state_dir, job_env=self.concerns.job_env())
         attemptrows.begin(ports.ledger, run_id, cmd, spec)
-        self.concerns.before_spawn(cmd.attempt, cmd.resume)
+        self.concerns.before_spawn(AttemptSpawning(cmd.attempt, cmd.resume))
         self.activity.reset(clock.monotonic(), clock.time())
         try:
             job = ports.launcher.launch(spec, cfg.log_file(), self.on_eof)

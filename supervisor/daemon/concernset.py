@@ -9,12 +9,12 @@ from typing import Any, Callable, Iterator, Sequence
 
 import structlog
 
-from ..core.messages import Resume
 from ..core.runend import EndFacts
 from ..events import Monitor
 from .effects import Effect
-from .plugin import (AttemptEnded, AttemptStarted, Closes, DaemonStarted, GivesJobEnv, GivesLiveStatus, GivesMonitors,
-                     GivesStatus, MetricsBatch, Noted, Notice, OnNotes, Plugin, RunView, Tick, reaction)
+from .plugin import (AttemptEnded, AttemptSpawning, AttemptStarted, Closes, DaemonStarted, GivesEndFacts, GivesJobEnv,
+                     GivesLiveStatus, GivesMonitors, GivesStatus, JobHung, MetricsBatch, Noted, Notice, OnNotes, Plugin,
+                     RunView, Tick, reaction)
 from .ports import Concern, DaemonView
 
 log = structlog.get_logger("supervisor.daemon.runner")
@@ -66,8 +66,8 @@ class ConcernSet:
                               message=f"{c.name} failed in {hook}; the daemon keeps going")
 
     # One method per hook, each calling the concern's own: a checker sees every call.
-    def before_spawn(self, attempt: int, resume: Resume) -> None:
-        self._guarded("before_spawn", lambda c: c.before_spawn(attempt, resume))
+    def before_spawn(self, n: AttemptSpawning) -> None:
+        self._guarded("before_spawn", lambda c: c.before_spawn(n.attempt, n.resume), n)
 
     def attempt_started(self, n: AttemptStarted) -> None:
         self._guarded("attempt_started", lambda c: c.attempt_started(n.ctx, n.resume, n.wall), n)
@@ -75,8 +75,8 @@ class ConcernSet:
     def on_metrics(self, n: MetricsBatch) -> None:
         self._guarded("on_metrics", lambda c: c.on_metrics(n.records, n.now), n)
 
-    def job_hung(self, attempt: int, pids: Sequence[int]) -> None:
-        self._guarded("job_hung", lambda c: c.job_hung(attempt, pids))
+    def job_hung(self, n: JobHung) -> None:
+        self._guarded("job_hung", lambda c: c.job_hung(n.attempt, n.pids), n)
 
     def attempt_ended(self, n: AttemptEnded) -> None:
         self._guarded("attempt_ended", lambda c: c.attempt_ended(n.end, n.resume, n.wall), n)
@@ -111,7 +111,10 @@ class ConcernSet:
         facts = EndFacts()
         for c in self.items:
             try:
-                facts = c.end_facts(facts, keepalive) if isinstance(c, Concern) else facts
+                if isinstance(c, Concern):
+                    facts = c.end_facts(facts, keepalive)
+                elif isinstance(c, GivesEndFacts):
+                    facts = c.end_facts(facts, keepalive, self._run())
             except Exception as e:
                 log.exception("concern_failed", concern=c.name, hook="end_facts", error=repr(e),
                               message=f"{c.name} failed in end_facts; the end is said without its part")

@@ -18,6 +18,7 @@ from ..core.machine import State
 from ..core.messages import EndAttempt, Resume
 from ..core.observations import Detection, MetricRecord
 from ..core.policy import Decision
+from ..core.runend import EndFacts
 from ..events import AttemptContext, Monitor
 from ..levels import Level
 from .effects import Effect
@@ -78,6 +79,19 @@ class DaemonStarted:
     status: Callable[[], Mapping[str, Any]]
     refresh: Callable[[], Mapping[str, Any]] = dict
     control: Callable[[str, Mapping[str, Any]], Any] = lambda verb, args: None
+    # From threads of the plug-in's own (readers of the job's output): ``hand`` an effect to the
+    # runner's inbox (carried out on the loop; a Detect fed like a monitor's), ``keep`` a metric
+    # record of the job's (the loop's metric buffer, which keeps them a chunk per turn).
+    hand: Callable[[Effect], None] = lambda effect: None
+    keep: Callable[[MetricRecord], None] = lambda record: None
+
+
+@dataclass(frozen=True)
+class AttemptSpawning:
+    """Right before the job of ``attempt`` is spawned from ``resume``: before its first line can arrive."""
+
+    attempt: int
+    resume: Resume
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,14 @@ class AttemptStarted:
     resume: Resume
     wall: float
     history: Sequence[MetricRecord]
+
+
+@dataclass(frozen=True)
+class JobHung:
+    """Before the hung job of ``attempt`` is stopped (``pids``: its processes), on the loop, which waits."""
+
+    attempt: int
+    pids: Sequence[int]
 
 
 @dataclass(frozen=True)
@@ -110,7 +132,7 @@ class Tick:
     now: float  # monotonic
 
 
-Notice = DaemonStarted | AttemptStarted | AttemptEnded | MetricsBatch | Tick
+Notice = DaemonStarted | AttemptSpawning | AttemptStarted | JobHung | AttemptEnded | MetricsBatch | Tick
 
 
 @dataclass(frozen=True)
@@ -141,7 +163,13 @@ class OnStart(Plugin):
 
 
 class OnAttempts(Plugin):
+    def attempt_spawning(self, n: AttemptSpawning, run: RunView) -> Effects:
+        return ()
+
     def attempt_started(self, n: AttemptStarted, run: RunView) -> Effects:
+        return ()
+
+    def job_hung(self, n: JobHung, run: RunView) -> Effects:
         return ()
 
     def attempt_ended(self, n: AttemptEnded, run: RunView) -> Effects:
@@ -177,6 +205,15 @@ class GivesJobEnv(Plugin):
         raise NotImplementedError
 
 
+class GivesEndFacts(Plugin):
+    def end_facts(self, facts: EndFacts, keepalive: Callable[[], bool], run: RunView) -> EndFacts:
+        """The job exited 0: ``facts`` with this plug-in's part of the end filled in (what it watched,
+        what it checked: supervisor.core.runend). On the loop, which waits for it: call ``keepalive``
+        (systemd's watchdog) at least every few seconds of a long check, and give the check up (said
+        as not done) once it returns False (a stop was asked for)."""
+        raise NotImplementedError
+
+
 class OnNotes(Plugin):
     def noted(self, n: Noted) -> Effects:
         raise NotImplementedError
@@ -200,8 +237,12 @@ def reaction(p: Plugin, n: Notice) -> Callable[[RunView], Effects] | None:
     match n:
         case DaemonStarted() if isinstance(p, OnStart):
             return lambda run: p.started(n, run)
+        case AttemptSpawning() if isinstance(p, OnAttempts):
+            return lambda run: p.attempt_spawning(n, run)
         case AttemptStarted() if isinstance(p, OnAttempts):
             return lambda run: p.attempt_started(n, run)
+        case JobHung() if isinstance(p, OnAttempts):
+            return lambda run: p.job_hung(n, run)
         case AttemptEnded() if isinstance(p, OnAttempts):
             return lambda run: p.attempt_ended(n, run)
         case MetricsBatch() if isinstance(p, OnMetrics):

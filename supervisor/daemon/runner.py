@@ -29,12 +29,12 @@ from . import attemptrows
 from .activity import AttemptActivity
 from .attemptstart import AttemptStarter, prepare_launch
 from .concernset import ConcernSet
-from .effects import AttemptField, AttemptWriter, Carrier, Effect, Note
+from .effects import AttemptField, AttemptWriter, Carrier, Detect, Effect, Note
 from .inbox import ControlAsked, DetectionArrived, EffectHanded, Inbox, Message, PipeEnded, SignalArrived, WakeUp
 from .jobstop import JobStop
 from .metricbuffer import MetricBuffer
 from .monitors import AttemptMonitors
-from .plugin import AttemptEnded, DaemonStarted, MetricsBatch, Plugin, RunView, Tick
+from .plugin import AttemptEnded, DaemonStarted, JobHung, MetricsBatch, Plugin, RunView, Tick
 from .ports import Concern, Job, Ports
 from .recovery import close_previous_life
 from .reload import reload_config
@@ -154,7 +154,7 @@ class Runner:
         structlog.contextvars.bind_contextvars(run_id=self.run_id)
         try:
             self.concerns.start(self, DaemonStarted(self.ledger, self.status_cache.answer, self.refresh_status_cache,
-                                                    self.control))  # a failure: the started kept
+                                                    self.control, self.apply, self.on_metric))  # a failure: the started kept
         except Exception as e:
             self.event("daemon_start_failed", "error", f"cannot start: {e}")
             self.ledger.end_run(self.run_id, State.GAVE_UP.value, EXIT_GAVE_UP, str(e))
@@ -215,7 +215,7 @@ class Runner:
             match m:
                 case SignalArrived(number):
                     self._on_signal(number)
-                case DetectionArrived(d):
+                case DetectionArrived(d) | EffectHanded(Detect(d)):  # a reader's: fed now, like a monitor's
                     self._feed(Detected(d, self.clock.monotonic(), self.clock.time(), self.rng.uniform(-1, 1),
                                         activity=self._activity()))
                 case ControlAsked(verb, args):
@@ -329,7 +329,7 @@ class Runner:
         assert self.job is not None
         now = self.clock.monotonic()
         if cmd.dump_stacks:
-            self.concerns.job_hung(self.attempt, self.job.pids())
+            self.concerns.job_hung(JobHung(self.attempt, self.job.pids()))
         self.monitors.stop()
         self.jobstop.begin(cmd, self.job, now, self.ports)
 

@@ -4,19 +4,24 @@ files it writes (tailed lines, metric files), watched for every attempt."""
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
-from ..core.messages import EndAttempt, Resume
 from ..core.runend import EndFacts, SourceSeen
-from ..events import AttemptContext, Monitor
+from ..eventnames import EventName
+from ..events import Monitor
 from ..core.observations import Detection, MetricRecord
+from ..levels import Level
 from .concerns import close_each
-from .ports import Concern, DaemonView
+from .effects import Detect, Effect, Note, RefreshStatus
+from .plugin import (AttemptEnded, AttemptSpawning, AttemptStarted, Closes, DaemonStarted, Effects, GivesEndFacts,
+                     GivesJobEnv, GivesMonitors, GivesStatus, JobHung, OnAttempts, OnStart, OnTicks, RunView, Tick)
 
 if TYPE_CHECKING:  # imported once the first job is spawned: none of the watchers is on its way
     from ..config.model import Config
+    from .ports import Clock
     from ..watch.heartbeat import HeartbeatMonitor
     from ..watch.logwatch import LogWatcher
     from ..watch.look import LookResult
@@ -79,191 +84,212 @@ class HeldLines:
             self._held, self._dropping = [], True
 
 
-class WatchConcern(Concern):
-    """The job's output (log watcher and detectors), its heartbeats and liveness, tailed files."""
+class WatchPlugin(OnStart, OnAttempts, OnTicks, GivesMonitors, GivesJobEnv, GivesStatus, GivesEndFacts, Closes):
+    """The job's output (log watcher and detectors), its heartbeats and liveness, tailed files.
+
+    The job's lines reach it through :attr:`lines` (the wiring adds it to the output fanout); the
+    readers' detections and metric records go to the runner through ``DaemonStarted.hand`` (a
+    ``Detect`` in its inbox) and ``keep`` (its metric buffer). What the main loop's watchers say
+    (a suspected hang, a build that failed) is returned from the next reaction."""
 
     name = "watch"
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
+        if clock is None:
+            from ..job.osapi import Clock as RealClock
+
+            clock = RealClock()
+        self.clock = clock  # the daemon's: the watchers' times and the run's clocks agree
         self.heartbeat: HeartbeatMonitor | None = None
         self.logwatch: LogWatcher | None = None
         self.tailer: FileTailer | None = None
         self.metric_files: MetricFiles | None = None
         self._roots_of: Config | None = None  # the config whose checkpoint dir the metric files last took
-        self.daemon: DaemonView | None = None
+        self.cfg: Config | None = None  # the config of the last view (a reload, a found checkpoint dir)
+        self.state_dir: Path | None = None
+        self._hand: Callable[[Effect], None] = lambda effect: None
+        self._keep: Callable[[MetricRecord], None] = lambda record: None
+        self._said: deque[Note] = deque()  # said on the main loop outside a reaction, returned from the next
         self.lines = HeldLines()
         self._built = False
-        self._reset: tuple[int, int | None] | None = None  # before_spawn's reset, for a log watcher built later
+        self._reset: tuple[int, int | None] | None = None  # attempt_spawning's reset, for a log watcher built later
 
-    def start(self, daemon: DaemonView) -> None:
-        """Only what must be there before the first spawn: the place on the job's output, and the
-        tailed files' baseline (what they hold before the job starts). The watchers themselves
-        are built right after the spawn (:meth:`build`)."""
-        self.daemon = daemon
-        cfg = daemon.cfg
-        daemon.fanout.add(self.lines)
+    def started(self, n: DaemonStarted, run: RunView) -> Effects:
+        """Only what must be there before the first spawn: the tailed files' baseline (what they
+        hold before the job starts). The watchers themselves are built right after the spawn
+        (:meth:`build`)."""
+        self.cfg, self.state_dir, self._hand, self._keep = run.cfg, run.state_dir, n.hand, n.keep
+        cfg = run.cfg
         if cfg.job.watch_files:
             from ..watch.tail import FileTailer
 
             self.tailer = FileTailer(list(cfg.job.watch_files), cfg.workdir(), self.lines)
         if cfg.detectors.metric_files or cfg.job.watch_files:
-            self.metric_files = metric_files_monitor(cfg, daemon.state_dir, self.lines)
+            self.metric_files = metric_files_monitor(cfg, run.state_dir, self.lines)
+        return ()
 
-    def build(self) -> None:
+    def build(self, run: RunView) -> None:
         """The heartbeat monitor and the log watcher with its detectors, once (the first attempt's
         monitors are asked for right after its spawn). A failure is said and the daemon goes on
         without them (no detection from the job's output; job.log keeps every line)."""
         if self._built:
             return
         self._built = True
-        d = self.daemon
-        assert d is not None
         try:
-            self._build(d)
+            self._build(run.cfg)
         except Exception as e:
             self.lines.drop()
             self.heartbeat = self.logwatch = None
-            d.event("monitor_failed", "error", f"the log watcher and heartbeat monitor could not be built ({e!r}); "
-                    "the job runs on without detection from its output or heartbeats (job.log still has every "
-                    "line)", monitor="LogWatcher", error=repr(e))
+            self._said.append(Note(EventName.MONITOR_FAILED, Level.ERROR, f"the log watcher and heartbeat monitor "
+                                   f"could not be built ({e!r}); the job runs on without detection from its output "
+                                   "or heartbeats (job.log still has every line)",
+                                   {"monitor": "LogWatcher", "error": repr(e)}))
 
-    def _build(self, daemon: DaemonView) -> None:
+    def _build(self, cfg: Config) -> None:
         from ..watch.hanggate import system_gate
         from ..watch.heartbeat import HeartbeatMonitor
         from ..watch.logwatch import LogWatcher
 
-        cfg = daemon.cfg
-        concern = self
+        plugin = self
 
         class _ToLogWatch:
             # The heartbeat monitor tails the client's metric files into the log watcher, which in
             # turn tells the heartbeat monitor about progress: this breaks the construction cycle.
             def feed(self, source: str, lines: Any) -> None:
-                if concern.logwatch is not None:  # made right after the heartbeat monitor
-                    concern.logwatch.feed(source, lines)
+                if plugin.logwatch is not None:  # made right after the heartbeat monitor
+                    plugin.logwatch.feed(source, lines)
 
-        self.heartbeat = HeartbeatMonitor(cfg.heartbeat, metrics_sink=_ToLogWatch(), wall=daemon.clock.time,
+        hand = self._hand
+        self.heartbeat = HeartbeatMonitor(cfg.heartbeat, metrics_sink=_ToLogWatch(), wall=self.clock.time,
                                           gate=system_gate(cfg.heartbeat, self._hang_suspected))
-        logwatch = LogWatcher(cfg.detectors, daemon.emit, daemon.on_metric, progress=self.heartbeat,
-                              clock=daemon.clock.monotonic)
+        logwatch = LogWatcher(cfg.detectors, lambda d: hand(Detect(d)), self._keep, progress=self.heartbeat,
+                              clock=self.clock.monotonic)
         if self._reset is not None:
             logwatch.reset(*self._reset)
         self.logwatch = logwatch
         self.lines.attach(logwatch)
 
-    def monitors(self) -> list[Monitor]:
-        self.build()
+    def monitors(self, run: RunView) -> list[Monitor]:
+        self.build(run)
         return [m for m in (self.heartbeat, self.tailer, self.metric_files) if m is not None]
 
-    def job_env(self) -> dict[str, str]:
+    def job_env(self, run: RunView) -> dict[str, str]:
         from ..watch.config import client_env
 
-        assert self.daemon is not None
-        return client_env(self.daemon.cfg.heartbeat)
+        return client_env(run.cfg.heartbeat)
 
-    def before_spawn(self, attempt: int, resume: Resume) -> None:
+    def attempt_spawning(self, n: AttemptSpawning, run: RunView) -> Effects:
         """Detectors start afresh for the new attempt before its first line can arrive; the
         tailed files' history is what they hold before the job starts, not when the tailer does."""
         if self.tailer is not None:
             self.tailer.baseline()
         if self.metric_files is not None:
             self.metric_files.baseline()
-        self._reset = (attempt, resume.step if resume.checkpoint else None)
+        self._reset = (n.attempt, n.resume.step if n.resume.checkpoint else None)
         if self.logwatch is not None:
             self.logwatch.reset(*self._reset)
+        return ()
 
-    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
+    def attempt_started(self, n: AttemptStarted, run: RunView) -> Effects:
         """metrics_blind names the files this attempt writes (its metrics may be there), never the
         supervisor's own output (told apart by file identity: supervisor.watch.candidates)."""
-        d = self.daemon
-        if self.logwatch is None or d is None:
-            return
+        self.cfg = run.cfg
+        said = self._take_said()  # the watchers' build, right before (monitors)
+        if self.logwatch is None:
+            return said
         from ..watch.candidates import Written, own_output, written_files
         from ..watch.consolecopies import ConsoleCopies
 
+        state_dir, wall = run.state_dir, n.wall
+
         def find() -> list[Written]:
-            cfg = d.cfg  # read when the notice is due: a checkpoint dir found meanwhile is searched too
+            cfg = self.cfg or run.cfg  # the last view's when due: a checkpoint dir found meanwhile is searched too
             # Our console too where it is piped into a file (`wrap ... | tee train.log`).
-            own = own_output(d.state_dir, [cfg.log_file()]) | ConsoleCopies().identities()
+            own = own_output(state_dir, [cfg.log_file()]) | ConsoleCopies().identities()
             ckpt = cfg.checkpoint_dir()
             roots = [Path(cfg.workdir())] + ([ckpt] if ckpt is not None else [])
-            return written_files(roots, wall - 1.0, own, skip_dirs=[d.state_dir])
+            return written_files(roots, wall - 1.0, own, skip_dirs=[state_dir])
 
         self.logwatch.blind.find_written = find
+        return said
 
-    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
+    def attempt_ended(self, n: AttemptEnded, run: RunView) -> Effects:
         """The attempt's last NaN warnings (its output is read to the end by now), before the next."""
-        self._nan_notices()
+        said = self._take_said() + self._nan_notes()
         if self.logwatch is not None:  # no run time passes for metrics_blind between attempts, nor after
             self.logwatch.blind.ended()
+        return said
 
-    def job_hung(self, attempt: int, pids: Sequence[int]) -> None:
+    def job_hung(self, n: JobHung, run: RunView) -> Effects:
         """Before a hung job is killed: every process's Python stack, into the state dir."""
-        d = self.daemon
-        assert d is not None
-        hb = d.cfg.heartbeat
+        hb, pids = run.cfg.heartbeat, n.pids
         if not hb.dump_stacks or not pids:
-            return
+            return ()
         looked = self.heartbeat.fired_stacks() if self.heartbeat is not None else None
         if looked is not None:  # the look that judged it hung took them a moment ago
-            d.event("stacks_dumped", "warning", f"the Python stacks of the hung job (the samples of each process, "
-                    f"taken by the look that found it hung) are in {looked}", path=looked)
-            return
+            return [Note(EventName.STACKS_DUMPED, Level.WARNING, f"the Python stacks of the hung job (the samples "
+                         f"of each process, taken by the look that found it hung) are in {looked}", {"path": looked})]
         from ..watch.stacks import dump_stacks
 
-        path = dump_stacks(pids, d.state_dir / "stacks", native=hb.dump_stacks_native,
-                           timeout_s=hb.dump_stacks_timeout_s, label=f"attempt{attempt}-hang")
+        path = dump_stacks(pids, run.state_dir / "stacks", native=hb.dump_stacks_native,
+                           timeout_s=hb.dump_stacks_timeout_s, label=f"attempt{n.attempt}-hang")
         if path is not None:
-            d.event("stacks_dumped", "warning", f"saved the Python stacks of the hung job ({len(pids)} "
-                    f"processes) to {path} before stopping it", path=str(path))
-        else:
-            d.event("stacks_unavailable", "warning", "py-spy is not installed: no stack dump of the hung job "
-                    "(reinstall transformer-supervisor with its dependencies)", ledger_only=True)
+            return [Note(EventName.STACKS_DUMPED, Level.WARNING, f"saved the Python stacks of the hung job "
+                         f"({len(pids)} processes) to {path} before stopping it", {"path": str(path)})]
+        return [Note(EventName.STACKS_UNAVAILABLE, Level.WARNING, "py-spy is not installed: no stack dump of the "
+                     "hung job (reinstall transformer-supervisor with its dependencies)", ledger_only=True)]
 
-    def tick(self, now: float) -> None:
-        """``metrics_blind`` (once per run) and ``metrics_seen``: logged here, on the main loop,
-        like every daemon event (journal, console, ledger), never from a reader thread."""
-        if self.logwatch is None or self.daemon is None:
-            return
-        if self.metric_files is not None and self.daemon.cfg is not self._roots_of:
-            self._follow_checkpoint_dir(self.daemon.cfg)
-        notice = self.logwatch.blind_notice(now)
+    def tick(self, n: Tick, run: RunView) -> Effects:
+        """``metrics_blind`` (once per run) and ``metrics_seen``: said here, on the main loop, like
+        every daemon event (journal, console, ledger), never from a reader thread."""
+        self.cfg = run.cfg
+        said: list[Effect] = list(self._take_said())
+        if self.logwatch is None:
+            return said
+        if self.metric_files is not None and run.cfg is not self._roots_of:
+            self._follow_checkpoint_dir(run.cfg)
+        notice = self.logwatch.blind_notice(n.now)
         if notice is not None:
-            self.daemon.event(notice.event, notice.level, notice.message, **notice.data)
             # `status` read right after the console line must show it, not a snapshot from before.
-            self.daemon.refresh_status_cache()
-        self._nan_notices()
+            said += [Note(cast(EventName, notice.event), notice.level, notice.message, notice.data), RefreshStatus()]
+        return said + self._nan_notes()
 
-    def _nan_notices(self) -> None:
+    def _take_said(self) -> list[Effect]:
+        said: list[Effect] = []
+        while self._said:
+            said.append(self._said.popleft())
+        return said
+
+    def _nan_notes(self) -> list[Effect]:
         """``nan_mentioned`` and ``eval_nonfinite``: warnings, never a stop (watch/nannotes.py)."""
-        if self.logwatch is None or self.daemon is None:
-            return
-        for n in self.logwatch.take_notices():
-            self.daemon.event(n.event, n.level, n.message, **n.data)
+        if self.logwatch is None:
+            return []
+        return [Note(cast(EventName, m.event), m.level, m.message, m.data) for m in self.logwatch.take_notices()]
 
-    def end_facts(self, facts: EndFacts, keepalive: Callable[[], bool]) -> EndFacts:
+    def end_facts(self, facts: EndFacts, keepalive: Callable[[], bool], run: RunView) -> EndFacts:
         """The metric sources seen in this daemon's life: the log watcher's book, which every source
         (output lines, metric files, the client's reports) feeds, each record noted there."""
-        d = self.daemon
-        if self.logwatch is None or d is None:
+        if self.logwatch is None:
             return facts  # no watcher: nothing was seen
-        mono, wall = d.clock.monotonic(), d.clock.time()
+        mono, wall = self.clock.monotonic(), self.clock.time()
         return replace(facts, sources=tuple(SourceSeen(s.source, s.formats, s.records, s.last_step,
                                                        wall - max(0.0, mono - s.at))
                                             for s in self.logwatch.sources.states()))
 
     def _hang_suspected(self, det: Detection, look: LookResult, busy_for_s: float) -> None:
-        """A silent job the look found busy (the heartbeat monitor's poll, on the main loop)."""
-        d = self.daemon
-        assert d is not None
-        left = d.cfg.heartbeat.max_busy_s - busy_for_s
-        d.event("hang_suspected", "warning", f"{det.summary}, but the job is busy: {look.verdict.reason}; "
-                f"not stopped (looked again later; a hang anyway in {left:.0f} s, [heartbeat] max_busy_s)",
-                summary=det.summary, busy_for_s=round(busy_for_s, 1), max_busy_s=d.cfg.heartbeat.max_busy_s,
-                look=look.to_json(), stacks=str(look.stacks_file) if look.stacks_file else None,
-                next="extended: the job is looked at again after the timeout")
+        """A silent job the look found busy (the heartbeat monitor's poll, on the main loop): said
+        at this turn's tick."""
+        assert self.cfg is not None  # set at the start, before any watcher is built
+        max_busy_s = self.cfg.heartbeat.max_busy_s
+        left = max_busy_s - busy_for_s
+        self._said.append(Note(
+            EventName.HANG_SUSPECTED, Level.WARNING, f"{det.summary}, but the job is busy: {look.verdict.reason}; "
+            f"not stopped (looked again later; a hang anyway in {left:.0f} s, [heartbeat] max_busy_s)",
+            {"summary": det.summary, "busy_for_s": round(busy_for_s, 1), "max_busy_s": max_busy_s,
+             "look": look.to_json(), "stacks": str(look.stacks_file) if look.stacks_file else None,
+             "next": "extended: the job is looked at again after the timeout"}))
 
-    def status(self) -> dict[str, Any]:
+    def status(self, run: RunView) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.logwatch is not None:
             # Which of the job's outputs yield metrics, and the last step of each; and whether the

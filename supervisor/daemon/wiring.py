@@ -22,7 +22,7 @@ from .precursors import PrecursorPlugin
 from .progress import GoodputPlugin, ValidationPlugin
 from .resumewatch import ResumeWatchPlugin
 from .concerns import OpsPlugin
-from .watchconcern import WatchConcern
+from .watchconcern import WatchPlugin
 from ..job.launch import Environment
 from .plugin import Plugin
 from .ports import CheckpointStore, Concern, Ports
@@ -52,6 +52,8 @@ def build_daemon(cfg: Config, *, config: ConfigSource | None = None, passthrough
     ledger = Ledger(state_dir)
     ledger.checkpoint_in_background()  # the WAL's fsyncs off the main loop (ledger/walcheckpoint.py)
     checkpoints = CheckpointConcern()
+    clock = Clock()
+    watch = WatchPlugin(clock)
     gpus = Backend(cfg.gpu.backend)  # one backend: the gate's (a port) and the monitors' (a plug-in)
     health = HealthMonitors(gpus, newest_checkpoint_bytes=checkpoints.newest_bytes)
     goodput = GoodputPlugin()
@@ -61,7 +63,7 @@ def build_daemon(cfg: Config, *, config: ConfigSource | None = None, passthrough
     discovery = CheckpointDiscoveryPlugin(checkpoints.adopt, checkpoints.newest)
     checkpoints.takes_checkpoint = discovery.hands_checkpoint  # each choice says whether it reaches the job
     concerns: list[Concern | Plugin] = [
-        NotifyPlugin(), discovery, ops, WatchConcern(), health, checkpoints, goodput,
+        NotifyPlugin(), discovery, ops, watch, health, checkpoints, goodput,
         ValidationPlugin(goodput.tracks), ResumeWatchPlugin(), PrecursorPlugin(),
                                StateLockPlugin(lock, ledger, rebind=[ops.rebind_control]), *extra]
     if cfg.web.listen:  # the live page: its own listener, imported only when configured
@@ -79,7 +81,9 @@ def build_daemon(cfg: Config, *, config: ConfigSource | None = None, passthrough
                 else ProcessLauncher(fanout, sys.stdout.buffer, osapi, sys.stderr.buffer))
     environment = Environment()
     launcher.note = environment.note  # [job] prewarm's outcome goes into the attempt's record
-    ports = Ports(clock=Clock(), launcher=launcher,
+    ports = Ports(clock=clock, launcher=launcher,
                   ledger=ledger, checkpoints=store, gate=LaunchGatePort(gpus), notifier=notifier, osapi=osapi,
                   environment=environment)
-    return Runner(cfg, ports, concerns, fanout=fanout, config=config)
+    runner = Runner(cfg, ports, concerns, fanout=fanout, config=config)
+    fanout.add(watch.lines)  # the job's lines to the log watcher (held until it is built), after the runner's sinks
+    return runner

@@ -13,7 +13,8 @@ from supervisor.core.causes import Action, Cause
 from supervisor.core.messages import EndAttempt, Resume
 from supervisor.daemon.concernset import ConcernSet
 from supervisor.daemon.monitors import AttemptMonitors
-from supervisor.daemon.plugin import AttemptEnded, AttemptStarted, DaemonStarted, MetricsBatch, Noted, Tick
+from supervisor.daemon.plugin import (AttemptEnded, AttemptSpawning, AttemptStarted, DaemonStarted, JobHung, MetricsBatch,
+                                      Noted, Tick)
 from supervisor.levels import Level
 from supervisor.daemon.ports import Concern
 from supervisor.events import AttemptContext, Emit
@@ -63,10 +64,10 @@ class Recording(Concern):
 
 
 HOOKS: dict[str, tuple[Callable[[ConcernSet], None], tuple[Any, ...]]] = {
-    "before_spawn": (lambda s: s.before_spawn(1, RESUME), (1, RESUME)),
+    "before_spawn": (lambda s: s.before_spawn(AttemptSpawning(1, RESUME)), (1, RESUME)),
     "attempt_started": (lambda s: s.attempt_started(AttemptStarted(CTX, RESUME, 5.0, ())), (CTX, RESUME, 5.0)),
     "on_metrics": (lambda s: s.on_metrics(MetricsBatch(BATCH, 7.0)), (BATCH, 7.0)),
-    "job_hung": (lambda s: s.job_hung(1, [4000, 4001]), (1, [4000, 4001])),
+    "job_hung": (lambda s: s.job_hung(JobHung(1, [4000, 4001])), (1, [4000, 4001])),
     "attempt_ended": (lambda s: s.attempt_ended(AttemptEnded(END, RESUME, 9.0)), (END, RESUME, 9.0)),
     "tick": (lambda s: s.tick(Tick(3.0)), (3.0,)),
     "on_event": (lambda s: s.on_event(Noted("x_happened", Level.INFO, "x", {"k": 1}, "run-1", 1, 0.0, 0.0)),

@@ -24,14 +24,14 @@ from tests.util import wait_for
 def test_status_while_the_concerns_start_answers_starting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sd = tmp_path / "sd"
     entered, release = threading.Event(), threading.Event()
-    real_start = watchconcern.WatchConcern.start
+    real_start = watchconcern.WatchPlugin.started
 
-    def held_start(self: Any, daemon: Any) -> None:  # the concern right after the control socket's
+    def held_start(self: Any, n: Any, run: Any) -> Any:  # the plug-in right after the control socket's
         entered.set()
         release.wait(60)
-        real_start(self, daemon)
+        return real_start(self, n, run)
 
-    monkeypatch.setattr(watchconcern.WatchConcern, "start", held_start)
+    monkeypatch.setattr(watchconcern.WatchPlugin, "started", held_start)
     cfg = config_from_table({"job": {"command": [sys.executable, "-c", "print('step 1 loss 1.0')"]},
                              "state": {"dir": str(sd)}}, "test")
     with open("/dev/null", "wb") as devnull:

@@ -284,26 +284,29 @@ def test_the_watch_concern_follows_the_workdir_and_checkpoint_dir_by_default_nev
 def test_a_checkpoint_dir_found_while_running_is_searched_too(tmp_path: Path) -> None:
     # The checkpoint-dir discovery (or a reload) swaps the daemon's config; the watch concern's
     # tick gives its dir to the metric files (HF logs into output_dir/runs/ beside checkpoint-N/).
-    from types import SimpleNamespace
+    from dataclasses import replace
 
     from supervisor.config.model import config_from_table
-    from supervisor.daemon.watchconcern import WatchConcern, metric_files_monitor
+    from supervisor.core.machine import State
+    from supervisor.core.messages import Resume
+    from supervisor.daemon.plugin import RunView, Tick
+    from supervisor.daemon.watchconcern import WatchPlugin, metric_files_monitor
 
     wd, out = tmp_path / "wd", tmp_path / "out"
     wd.mkdir()
     out.mkdir()
     cfg = config_from_table({"job": {"command": ["true"], "workdir": str(wd)}})
     w = Watch([])
-    concern = WatchConcern()
+    concern = WatchPlugin()
     concern.logwatch = w.lw
     concern.metric_files = metric_files_monitor(cfg, tmp_path / "sd", w.lw)
-    concern.daemon = SimpleNamespace(cfg=cfg, event=lambda *a, **k: None, refresh_status_cache=lambda: {})
+    run = RunView(cfg, "run-1", tmp_path / "sd", State.RUNNING, 0, True, None, None, Resume(None, None, "fresh"),
+                  None, None, "", now=1.0, wall=0.0)
     concern.metric_files.baseline()
-    concern.tick(1.0)
+    concern.tick(Tick(1.0), run)
     assert concern.metric_files.roots == (str(wd.resolve()),)
-    concern.daemon.cfg = config_from_table({"job": {"command": ["true"], "workdir": str(wd)},
-                                            "checkpoints": {"dir": str(out)}})
-    concern.tick(2.0)
+    found = config_from_table({"job": {"command": ["true"], "workdir": str(wd)}, "checkpoints": {"dir": str(out)}})
+    concern.tick(Tick(2.0), replace(run, cfg=found))
     assert concern.metric_files.roots == (str(wd.resolve()), str(out.resolve()))
     (out / "runs").mkdir()
     shutil.copy(CORPUS / "hf_tb.tfevents", out / "runs" / TB)
