@@ -178,7 +178,7 @@ class LiveData:
                 led.close()
             shown = [{"path": r.get("path"), "step": r.get("step"), "ready": r.get("ready"),
                       "reasons": list(r.get("reasons") or [])[:3], "val_metric": r.get("val_metric"),
-                      "load_test": (r.get("load_test") or {}).get("passed")} for r in rows[:CHECKPOINT_ROWS]]
+                      "load_test": load_test_word(r.get("load_test"))} for r in rows[:CHECKPOINT_ROWS]]
             self._ckpt = {"rows": shown, "as_of": time.time(), "error": None, "more": max(0, len(rows) - CHECKPOINT_ROWS)}
         except Exception as e:  # the table only: the rest of the page goes on
             self._ckpt = {**self._ckpt, "error": f"the checkpoint table could not be read: {e}"}
@@ -197,6 +197,19 @@ class LiveData:
         with self._lock:
             self._closed = True
             self._close_ledger()
+
+
+def load_test_word(lt: Mapping[str, Any] | None) -> str | None:
+    """The page's word for a checkpoint's load test, as the ``checkpoints`` verb says it: a test
+    that could not run (no torch in the job's Python) is no failure of the checkpoint, and a
+    refused one that loaded is no pass (None: none ran)."""
+    if not lt:
+        return None
+    if lt.get("untested"):
+        return "not tested"
+    if lt.get("refused"):
+        return "refused"
+    return "passed" if lt.get("passed") else "failed"
 
 
 def _bounded(doc: dict[str, Any]) -> bytes:

@@ -221,3 +221,15 @@ def test_the_checkpoint_table_is_the_report_s_read_on_a_thread_of_its_own(tmp_pa
     rows = d["checkpoints"]["rows"]
     assert [(Path(r["path"]).name, r["ready"]) for r in rows] == [("step_100.pt", False)], rows
     assert rows[0]["reasons"] and d["checkpoints"]["error"] is None
+
+
+def test_the_page_says_a_load_test_as_the_checkpoints_verb_does():
+    """A test that could not run (no torch in the job's Python) is not a failed checkpoint, and a
+    refused checkpoint whose weights loaded is not a pass (it read "failed" / "passed" before)."""
+    from supervisor.ops.livedata import load_test_word
+
+    assert load_test_word(None) is None and load_test_word({}) is None
+    assert load_test_word({"passed": False, "untested": "no module named torch"}) == "not tested"
+    assert load_test_word({"passed": False, "loaded": True, "refused": "pickle names os.system"}) == "refused"
+    assert load_test_word({"passed": True}) == "passed"
+    assert load_test_word({"passed": False, "error": "truncated"}) == "failed"
