@@ -17,7 +17,10 @@ import structlog
 from .config import CheckpointsConfig
 from .layouts.registry import keeps_last_good
 from .loadtest import LoadTests, version_token
+from .pickledeny import scan_verdict
+from .picklescan import scan_refusal
 from .quarantine import LastGoodKeeper, last_good_path
+from .scancache import cached_refusal
 from .snapshot import ChangedWhileCopied, Headroom, NotKeptError, discard, promote, take_snapshot
 from .structure import structure_problem
 
@@ -68,6 +71,15 @@ class SnapshotFirst:
                 self.load_tests.alias(snap.path, token, path, snap.version)
             if not res.passed:
                 return True  # a version that fails is never kept; the live file is judged on its own
+            # A version the pickle scan refuses is never kept either: its load test may pass
+            # (weights_only reads around a payload a careless loader would run), and a refused
+            # copy in last_good/ reads as a verified one. The live file's cached verdict when it
+            # is still this version (the service asks the same), else the copy's own scan.
+            same = version_token(path) == snap.version
+            refused = scan_verdict(cached_refusal(path) if same else scan_refusal(snap.path), res)
+            if refused:
+                self.report_not_kept(path, refused)
+                return True
             dest = promote(snap)
             self.load_tests.alias(snap.path, token, dest, version_token(dest))
             self.manifest(dest, layout, res.step)

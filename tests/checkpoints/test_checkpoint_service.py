@@ -241,3 +241,31 @@ def test_a_restart_choice_does_not_wait_for_a_background_load_test(tmp_path: Pat
         release.touch()
         bg.join(timeout=60)
     assert rows and rows[0] is not None and rows[0].ready, rows  # type: ignore[attr-defined]
+
+
+class _Payload:
+    def __reduce__(self):
+        import os
+        return (os.system, ("true",))
+
+
+def test_a_single_file_the_scan_refuses_is_never_kept_as_the_last_good_copy(tmp_path: Path) -> None:
+    """A torch zip whose weights load with weights_only=True (its load test passes) but which
+    carries a second pickle that runs code: refused, and no copy of it lands in last_good/ (where
+    it read as a verified version)."""
+    import pickle
+    import zipfile
+
+    ck = tmp_path / "ck"
+    p = F.nanogpt(ck, 1000)
+    with zipfile.ZipFile(p, "a") as z:
+        prefix = z.namelist()[0].split("/", 1)[0]
+        z.writestr(f"{prefix}/extra.pkl", pickle.dumps(_Payload(), protocol=2))
+    F.old_mtime(p)
+    assert torch.load(p, weights_only=True)["iter_num"] == 1000  # what the load test sees
+    svc = make(tmp_path)
+    svc.verify_newest()  # the daemon's verification of a new save: where last_good/ is kept
+    assert not (ck / "last_good" / "ckpt.pt").exists()
+    assert any("pickle scan refused" in why for _path, why in svc.take_not_kept()), "the refusal is said"
+    c = svc.choose_for_resume("restart", None)
+    assert c is None or c.path != p, c
