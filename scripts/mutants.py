@@ -137,7 +137,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        if v is not None:\n            return FoundDir(", "        if False:\n            return FoundDir(",
              ("tests/checkpoints/test_finddir.py", "tests/daemon/test_resume_discovery_wiring.py")),
     Mutation("a found checkpoint dir not applied to the running config", "supervisor/daemon/ckptdiscovery.py",
-             "        return [UseConfig(new)]", "        return ()",
+             "        return [UseConfig(new), *self.adopt(new, replace=moved)]", "        return ()",
              ("tests/daemon/test_resume_discovery_wiring.py",)),
     Mutation("the HF resume flag not inferred", "supervisor/job/resumeinfer.py",
              "    if has_flag(argv, \"--output_dir\") and _HF_MARKERS.search(src):", "    if False:",

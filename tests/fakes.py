@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from supervisor.config.model import Config, config_from_table
 from supervisor.core.messages import ExitInfo, Resume
+from supervisor.daemon.checkpointstore import Booked, Chosen
 from supervisor.daemon.plugin import Plugin
 from supervisor.daemon.progress import GoodputPlugin, ValidationPlugin
 from supervisor.daemon.watchconcern import WatchPlugin
@@ -233,18 +234,18 @@ class FakeCheckpoints:
     calls: list[tuple[Action, int | None, str | None]] = field(default_factory=list)
     no_progress: str | None = None
 
-    def book_last_attempt(self) -> str | None:
-        return self.no_progress
+    def book_last_attempt(self) -> Booked:
+        return Booked(no_progress=self.no_progress)
 
     def choose(self, cfg: Config, action: Action, onset_step: int | None, explicit: str | None,
-               metrics: Sequence[MetricRecord]) -> Resume:
+               metrics: Sequence[MetricRecord]) -> Chosen:
         self.calls.append((action, onset_step, explicit))
         if explicit:
-            return Resume(explicit, None, "the operator's choice")
+            return Chosen(Resume(explicit, None, "the operator's choice"))
         ok = [s for s in self.steps if action is not Action.ROLLBACK or onset_step is None or s < onset_step]
         if not ok:
-            return Resume(None, None, "no ready checkpoint")
-        return Resume(f"ckpt/step_{max(ok)}.pt", max(ok), "newest ready")
+            return Chosen(Resume(None, None, "no ready checkpoint"))
+        return Chosen(Resume(f"ckpt/step_{max(ok)}.pt", max(ok), "newest ready"))
 
     def emergency_checkpoint_probe(self) -> Callable[[], bool] | None:
         return None

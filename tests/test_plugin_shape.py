@@ -17,7 +17,7 @@ FORBIDDEN_NAMES = frozenset({"DaemonView", "Runner", "Concern", "ConcernSet"})
 CALLS_BACK = ("emit", "apply")
 # The concerns still in the old shape (one base with optional hooks and a DaemonView): none may be
 # added; each one converted leaves this list.
-OLD_SHAPE = frozenset({"CheckpointConcern"})
+OLD_SHAPE: frozenset[str] = frozenset()
 
 
 def _sources() -> dict[str, str]:

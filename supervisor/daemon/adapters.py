@@ -1,6 +1,6 @@
 """The real job launcher port: the job's processes, their output, how they ended.
 
-The checkpoint store and the health gate are :mod:`supervisor.daemon.checkpointconcern` and
+The checkpoint store and the health gate are :mod:`supervisor.daemon.checkpointstore` and
 :mod:`supervisor.daemon.healthconcern`."""
 
 from __future__ import annotations

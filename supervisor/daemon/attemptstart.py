@@ -36,14 +36,17 @@ def prepare_launch(cmd: PrepareLaunch, ports: Ports, cfg: Config, previous_pids:
     """Book the last attempt, run the health gate, choose the checkpoint, on a worker thread:
     hashing and load tests take seconds, and the main loop keeps answering signals, the control
     socket and the systemd watchdog meanwhile. ``wake`` tells the loop the result is ready; ``hand``
-    gives it an effect to carry out (the gate's verdict, booked)."""
+    gives it an effect to carry out (the gate's verdict, the store's notes: a message in its inbox,
+    taken before the result)."""
     fut: Future[Prepared] = Future()
 
     def prepare() -> None:
         try:
-            stuck = ports.checkpoints.book_last_attempt()  # no progress: failures without a newer checkpoint
-            if stuck:
-                fut.set_result(Prepared(no_progress=stuck))
+            booked = ports.checkpoints.book_last_attempt()  # no progress: failures without a newer checkpoint
+            for note in booked.notes():
+                hand(note)
+            if booked.no_progress:
+                fut.set_result(Prepared(no_progress=booked.no_progress))
                 return
             verdict = ports.gate.check(cfg, previous_pids)
             if verdict is not None:
@@ -54,8 +57,10 @@ def prepare_launch(cmd: PrepareLaunch, ports: Ports, cfg: Config, previous_pids:
             if verdict is not None and not verdict.passed:
                 fut.set_result(Prepared(gate=verdict))
                 return
-            resume = ports.checkpoints.choose(cfg, cmd.action, cmd.onset_step, cmd.explicit_checkpoint, metrics)
-            fut.set_result(Prepared(resume=resume, gate=verdict))
+            chosen = ports.checkpoints.choose(cfg, cmd.action, cmd.onset_step, cmd.explicit_checkpoint, metrics)
+            for note in chosen.notes():  # what the choice met (quarantined, refused) and chose
+                hand(note)
+            fut.set_result(Prepared(resume=chosen.resume, gate=verdict))
         except BaseException as e:
             fut.set_result(Prepared(error=e))
         finally:

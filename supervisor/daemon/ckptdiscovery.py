@@ -43,12 +43,13 @@ FIX = "--resume-arg=--resume={checkpoint}"
 class CheckpointDiscoveryPlugin(OnStart, OnAttempts, OnTicks, GivesStatus, Closes):
     """Finds the checkpoint dir and resume args the config leaves out; must start before the
     checkpoint and health concerns, which read the checkpoint dir when they start. Given by the
-    wiring: ``adopt(cfg, replace)``, the checkpoint store opening its service on a found dir, and
-    ``newest()``, the newest checkpoint seen (the wiring also hands the store ``hands_checkpoint``)."""
+    wiring: ``adopt(cfg, replace)``, the checkpoint store opening its service on a found dir (what
+    it says, returned with the found config), and ``newest()``, the newest checkpoint seen (the
+    wiring also hands the store ``hands_checkpoint``)."""
 
     name = "checkpoint_discovery"
 
-    def __init__(self, adopt: Callable[..., None] = lambda cfg, replace=False: None,
+    def __init__(self, adopt: Callable[..., Effects] = lambda cfg, replace=False: (),
                  newest: Callable[[], Candidate | None] = lambda: None) -> None:
         self.adopt = adopt
         self.newest = newest
@@ -131,8 +132,7 @@ class CheckpointDiscoveryPlugin(OnStart, OnAttempts, OnTicks, GivesStatus, Close
         if new is cfg:
             return ()
         self.cfg = new  # in force from the runner's next view; the store's service opens on it now
-        self.adopt(new, replace=moved)
-        return [UseConfig(new)]
+        return [UseConfig(new), *self.adopt(new, replace=moved)]
 
     # ------------------------------------------------------------------ while it runs
     def tick(self, n: Tick, run: RunView) -> Effects:

@@ -32,6 +32,7 @@ from ..core.observations import Detection, MetricRecord
 from ..eventnames import EventName
 from ..levels import Level
 from ..logsite import callsite, log_helper
+from .checkpointstore import Booked, Chosen
 from .effects import Detect, Effect, Note
 from .plugin import (AttemptEnded, Closes, DaemonStarted, Effects, GivesJobEnv, GivesLiveStatus, GivesStatus,
                      OnAttempts, OnStart, OnTicks, RunView, Tick)
@@ -183,7 +184,7 @@ class ClusterCheckpoints:
         self.inner = inner  # the local store, through its interface only
         self.link = link
 
-    def book_last_attempt(self) -> str | None:
+    def book_last_attempt(self) -> Booked:
         return self.inner.book_last_attempt()
 
     def emergency_checkpoint_probe(self) -> Callable[[], bool] | None:
@@ -193,7 +194,7 @@ class ClusterCheckpoints:
         return self.inner.ready_steps()
 
     def choose(self, cfg: Config, action: Action, onset_step: int | None, explicit: str | None,
-               metrics: Sequence[MetricRecord]) -> Resume:
+               metrics: Sequence[MetricRecord]) -> Chosen:
         agent = self.link.agent
         assert agent is not None, "a launch prepared before the cluster plug-in started its agent"
         rows = self.inner.ready_steps()
@@ -204,9 +205,9 @@ class ClusterCheckpoints:
             log.warning("cluster_explicit_checkpoint_ignored", path=explicit,
                         message="restart --from is not used in a multi-node run: the leader chooses the step")
         if plan.step is None:
-            return Resume(None, None, f"generation {plan.gen}: {plan.reason}")
+            return Chosen(Resume(None, None, f"generation {plan.gen}: {plan.reason}"))
         path = rows.get(plan.step)
         if path is None:  # verified here a moment ago; gone since: the job cannot resume as agreed
             raise ClusterGaveUp(f"the checkpoint of step {plan.step} chosen for generation {plan.gen} is no longer "
                                 "ready on this node")
-        return Resume(path, plan.step, f"generation {plan.gen}: {plan.reason}")
+        return Chosen(Resume(path, plan.step, f"generation {plan.gen}: {plan.reason}"))

@@ -2,7 +2,7 @@
 
 Real implementations: :class:`~supervisor.job.osapi.Clock`, :class:`~supervisor.daemon.adapters.ProcessLauncher`
 (:class:`~supervisor.job.process.JobProcess`), :class:`~supervisor.ledger.store.Ledger`,
-:class:`~supervisor.daemon.checkpointconcern.CheckpointConcern`,
+:class:`~supervisor.daemon.checkpointstore.CheckpointStorePort`,
 :class:`~supervisor.daemon.healthconcern.LaunchGatePort`,
 :class:`~supervisor.ops.notify.Notifier`. Small fakes for tests: ``tests/fakes.py``.
 
@@ -29,6 +29,7 @@ from .plugin import RunView
 if TYPE_CHECKING:
     from ..config.model import Config
     from ..ledger.store import AttemptRow
+    from .checkpointstore import Booked, Chosen
     from ..job.catchup import OutputLag
     from ..job.osapi import OsApi, ProcRef
     from ..job.output import SinkFanout
@@ -154,14 +155,15 @@ class LedgerStore(Protocol):
 
 class CheckpointStore(Protocol):
     """Where attempts resume from. ``choose`` and ``book_last_attempt`` run on the
-    launch-preparation thread (they verify and may take seconds)."""
+    launch-preparation thread (they verify and may take seconds); each returns its result as a
+    value, with the notes the caller hands to the runner."""
 
-    def book_last_attempt(self) -> str | None:
-        """Book the last attempt against its checkpoint; a reason to give up on no progress."""
+    def book_last_attempt(self) -> "Booked":
+        """Book the last attempt against its checkpoint: those marked bad; a reason to give up on no progress."""
         ...
 
     def choose(self, cfg: "Config", action: Action, onset_step: int | None, explicit: str | None,
-               metrics: Sequence[MetricRecord]) -> Resume:
+               metrics: Sequence[MetricRecord]) -> "Chosen":
         """Verify, quarantine, choose on ``cfg`` (the config in force when the launch was prepared)."""
         ...
 

@@ -13,7 +13,8 @@ from ..job.osapi import Clock, OsApi
 from ..job.output import SinkFanout
 from .runner import Runner
 from .adapters import ProcessLauncher
-from .checkpointconcern import CheckpointConcern
+from .checkpointstore import CheckpointStorePort
+from .checkpointwatch import CheckpointWatch
 from .healthconcern import Backend, HealthMonitors, LaunchGatePort
 from .ckptdiscovery import CheckpointDiscoveryPlugin
 from .alerting import NotifyPlugin
@@ -51,17 +52,19 @@ def build_daemon(cfg: Config, *, config: ConfigSource | None = None, passthrough
                         extend_min_s=cfg.systemd.stop_extend_s)
     ledger = Ledger(state_dir)
     ledger.checkpoint_in_background()  # the WAL's fsyncs off the main loop (ledger/walcheckpoint.py)
-    checkpoints = CheckpointConcern()
+    local = CheckpointStorePort(state_dir)  # the port: checkpoint I/O, on the preparation thread
+    checkpoints = CheckpointWatch(local)  # the plug-in: the checkpoints while the job runs
     clock = Clock()
     watch = WatchPlugin(clock)
     gpus = Backend(cfg.gpu.backend)  # one backend: the gate's (a port) and the monitors' (a plug-in)
-    health = HealthMonitors(gpus, newest_checkpoint_bytes=checkpoints.newest_bytes)
+    health = HealthMonitors(gpus, newest_checkpoint_bytes=local.newest_bytes)
     goodput = GoodputPlugin()
     # [notify] first: it sees the events the others record while they start. Then discovery:
     # the health and checkpoint concerns read the checkpoint dir it may find.
-    ops = OpsPlugin(notifier, lambda: checkpoints.svc, status_interval_s=cfg.systemd.status_interval_s)
-    discovery = CheckpointDiscoveryPlugin(checkpoints.adopt, checkpoints.newest)
-    checkpoints.takes_checkpoint = discovery.hands_checkpoint  # each choice says whether it reaches the job
+    ops = OpsPlugin(notifier, lambda: local.svc, status_interval_s=cfg.systemd.status_interval_s)
+    discovery = CheckpointDiscoveryPlugin(lambda found, replace=False: local.adopt(found, replace=replace).notes(),
+                                          local.newest)
+    local.takes_checkpoint = discovery.hands_checkpoint  # each choice says whether it reaches the job
     concerns: list[Concern | Plugin] = [
         NotifyPlugin(), discovery, ops, watch, health, checkpoints, goodput,
         ValidationPlugin(goodput.tracks), ResumeWatchPlugin(), PrecursorPlugin(),
@@ -70,13 +73,13 @@ def build_daemon(cfg: Config, *, config: ConfigSource | None = None, passthrough
         from .webconcern import LivePagePlugin
 
         concerns.insert(len(concerns) - len(extra), LivePagePlugin())
-    store: CheckpointStore = checkpoints
+    store: CheckpointStore = local
     if cfg.cluster.enabled:  # multi-node: imported only then, so a single node carries none of it
         from .clusterconcern import ClusterCheckpoints, ClusterLink, ClusterPlugin
 
         link = ClusterLink()  # the agent the plug-in starts, the plan the store's barrier sets
         concerns.insert(len(concerns) - len(extra), ClusterPlugin(cfg.cluster, cfg.job.name, link))
-        store = ClusterCheckpoints(checkpoints, link)
+        store = ClusterCheckpoints(local, link)
     launcher = (ProcessLauncher(fanout, passthrough, osapi, passthrough) if passthrough is not None
                 else ProcessLauncher(fanout, sys.stdout.buffer, osapi, sys.stderr.buffer))
     environment = Environment()

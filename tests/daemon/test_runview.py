@@ -119,7 +119,7 @@ def test_the_cluster_store_works_over_the_local_stores_interface_and_the_config_
 
     link = ClusterLink(agent=Barrier())  # type: ignore[arg-type]  # only the barrier is asked
     store = ClusterCheckpoints(FakeCheckpoints(steps=[200, 100]), link)
-    resume = store.choose(cfg, Action.ROLLBACK, 150, None, [])
+    resume = store.choose(cfg, Action.ROLLBACK, 150, None, []).resume
     assert published == [[100, 200]] and (resume.checkpoint, resume.step) == ("ckpt/step_100.pt", 100)
     assert link.plan is not None and link.plan.gen == 3
 

@@ -77,7 +77,7 @@ def test_the_checkpoint_table_shows_the_load_tests_the_daemon_ran(tmp_path: Path
     led = Ledger(state)
     run_id, _ = led.open_run("words", config_json(cfg))
     led.close()
-    # as the daemon's checkpoint concern builds it (supervisor/daemon/checkpointconcern.py)
+    # as the daemon's checkpoint store builds it (supervisor/daemon/checkpointstore.py)
     svc = CheckpointService(cfg.checkpoints, ckpt, state, cfg.job.python, list(cfg.job.command), cfg.workdir())
     try:
         ran = {r.path.name: r.load_test for r in svc.quicklist()}
