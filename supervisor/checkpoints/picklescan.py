@@ -11,7 +11,7 @@ file: its five pickles, the magic number first, then raw storage bytes; any othe
 stream to the end). What none of these reads whole (a file cut short, an unknown format, a file
 past the bound or changed while read) is not called checked, so not handed over either; a whole
 safetensors file that is no pickle passes. A folder's pickle files are scanned at every depth (a
-job may load ``a/b/c/x.pt`` as well as ``x.pt``; links to folders are not followed): those named
+job may load ``a/b/c/x.pt`` as well as ``x.pt``; a link out of the folder refuses it: .folderlinks): those named
 so (``*.pt``, ``*.pth``, ``*.bin``, ``*.pkl``, ``*.pickle``, ``*.ckpt``, and those compressed:
 a compressed one read through its decompressor: :mod:`.npyscan`), numpy's ``*.npy`` / ``*.npz`` (an
 object array is a pickle: :mod:`.npyscan`), every DCP ``.metadata`` (loaded with a plain
@@ -38,6 +38,7 @@ from typing import IO, Callable, cast
 from .dcpscan import (DCP_METADATA, MAX_METADATA_BYTES, METADATA_OPCODES, SET_OPS, WHOLE_METADATA_BYTES, dcp_data,
                       scan_byte_items)
 from ..errors import SupervisorError
+from .folderlinks import LinkedOut, link_out
 from .pickledeny import RUNS_CODE, Refusal, names_code
 from .layouts import registry
 from .npyscan import (COMPRESSION_ERRORS, MAX_NPZ_MEMBERS, NPY_MAGIC, NUMPY_SUFFIXES, compression_of, decompressed_head,
@@ -374,13 +375,12 @@ def sniffed(path: str) -> bool:
 def _pickle_files(root: Path) -> list[Path]:
     """Every pickle file (by its name or by :func:`sniffed`) and DCP ``.metadata`` under ``root``,
     at every depth, in a stable order, within the walk's bounds (:class:`_TooMany` past them).
-    Links to folders are not followed (a link out of the checkpoint, or a loop); a link to a file
-    is scanned as the file it names, as a loader would read it. What the resume never reads is never handed over either:
+    Links to folders are not followed; one out of ``root`` refuses it (:class:`.folderlinks.LinkedOut`: a
+    loader would read its files); a link to a file is scanned as the file it names. What the resume never reads is never handed over either:
     the layouts' skip list (HF's training_args.bin, a pickle of the TrainingArguments class) is
     skipped, as the load test skips it."""
     files: list[Path] = []
-    seen = sniffs = 0
-    todo = [root]
+    seen, sniffs, home, todo = 0, 0, root.resolve(), [root]
     while todo:
         folder = todo.pop()
         with os.scandir(folder) as it:
@@ -393,6 +393,8 @@ def _pickle_files(root: Path) -> list[Path]:
         for e in sorted(entries, key=lambda e: e.name):
             if e.is_dir(follow_symlinks=False):
                 todo.append(Path(e.path))
+            elif why := link_out(root, home, e):
+                raise LinkedOut(Path(e.path).relative_to(root).as_posix(), why)
             elif e.name in registry.NEVER or not e.is_file():
                 continue
             elif e.name.endswith(PICKLE_SUFFIXES + COMPRESSED_PICKLES + NUMPY_SUFFIXES) or e.name == DCP_METADATA:
@@ -432,6 +434,8 @@ def scan_refusal(path: Path, budget: Budget | None = None) -> Refusal | None:
             files = _pickle_files(path)
         except _TooMany as exc:
             return Refusal(path.name, f"{path.name}: {exc}, so it is not called checked")
+        except LinkedOut as exc:
+            return Refusal(exc.rel, exc.why)
         for p in files:
             why = _scan_file(p, budget)
             if why:

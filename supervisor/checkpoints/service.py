@@ -33,6 +33,7 @@ import structlog
 
 from .config import CheckpointsConfig
 from .discovery import Candidate, Discovery, Layout, newest_complete, sort_newest_first
+from .folderlinks import folder_link_out
 from .hashing import DigestCache, tree_digest
 from .integrity import check_integrity, stat_changed, write_own_manifest
 from .layouts.names import name_step
@@ -149,6 +150,10 @@ class CheckpointService:
             if not path.exists():
                 row.exists = row.complete = False
                 row.no("the checkpoint does not exist (moved or deleted)")
+                return row.build()
+            linked = folder_link_out(path)
+            if linked:  # first, before anything reads or moves it; complete: never quarantined
+                row.no(linked)
                 return row.build()
             problem = structure_problem(path)
             if problem:
@@ -313,7 +318,8 @@ class CheckpointService:
         so the evaluation that follows finds its result. A background verification takes seconds
         (a torch import and a full read); holding the lock that long made a restart's checkpoint
         choice wait for it (measured: 2.8 s more from a kill to the next iteration)."""
-        if self.cfg.load_test and structure_problem(path) is None and self.load_tests.cached(path) is None:
+        if (self.cfg.load_test and folder_link_out(path) is None and structure_problem(path) is None
+                and self.load_tests.cached(path) is None):
             self.load_tests.run(path, layout)
 
     # ------------------------------------------------------------------ the pre-resume gate
@@ -329,6 +335,8 @@ class CheckpointService:
                 return ["the checkpoint does not exist (moved or deleted)"], None, False
             if self.book.is_bad(path):
                 return [f"marked bad: {self.book.bad_reason(path)}"], None, False
+            if linked := folder_link_out(path):
+                return [linked], cand.step, False
             mread = self._manifest_of(path)
             if mread.problem:
                 return [mread.problem], None, False
