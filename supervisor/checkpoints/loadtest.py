@@ -24,6 +24,7 @@ import structlog
 
 from .. import childio
 from ..errors import SupervisorError
+from .folderlinks import folder_link_out
 from .hashing import StatKey
 from .layouts import registry
 from .manifest import stat_record
@@ -293,6 +294,8 @@ class LoadTests:
     def run(self, path: Path, layout: str | None, finite: bool = False) -> LoadTestResult:
         """The (cached) load test; ``finite`` also checks every tensor is finite. Raises
         :class:`LoadTestCancelled` once :meth:`cancel` ran and no result is cached."""
+        if linked := folder_link_out(path):  # never a pass (nor "every tensor finite") for what it cannot read
+            return LoadTestResult(False, 0.0, linked)
         token = version_token(path)  # one stat (a folder: a walk) for the lookups and the key
         hit = self._hit(path, token, finite)
         if hit is not None:

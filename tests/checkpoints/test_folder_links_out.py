@@ -101,6 +101,8 @@ def test_the_linked_checkpoint_is_never_ready_chosen_moved_or_load_tested(
     assert "global_step100" in row.reasons[0] and str(target) in row.reasons[0], row.reasons
     assert rows[good].ready, rows[good].reasons
     assert svc.load_tests.cached(bad) is None, "nothing reached through the link is load-tested"
+    lt = svc.load_tests.run(bad, "hf", finite=True)  # asked for directly (the daemon's end-of-run check)
+    assert not lt.passed and not lt.untested and "outside the checkpoint" in (lt.error or ""), lt
     for overlap in (True, False):
         for action in ("restart", "rollback"):
             outcome = choose(svc, action, None, overlap=overlap)
@@ -232,3 +234,6 @@ def test_the_real_daemon_resumes_from_the_older_checkpoint(daemons, tmp_path: Pa
     assert not marker.exists(), "the payload behind the link never ran"
     assert (bad / "global_step100").is_symlink() and (target / "mp_rank_00_model_states.pt").exists()
     assert not (good.parent / "quarantine").exists(), "never moved"
+    # The end-of-run check never says the newest (linked) checkpoint's tensors were all checked.
+    assert "every tensor of the newest checkpoint" not in d.stderr(), d.stderr()[-3000:]
+    assert "outside the checkpoint" in d.stderr()
