@@ -17,7 +17,7 @@ from supervisor.daemon.checkpointstore import Booked, Chosen
 from supervisor.daemon.plugin import Plugin
 from supervisor.daemon.progress import GoodputPlugin, ValidationPlugin
 from supervisor.daemon.watchconcern import WatchPlugin
-from supervisor.daemon.ports import Concern, Ports
+from supervisor.daemon.ports import Ports
 from supervisor.events import Action, Cause
 from supervisor.core.observations import MetricRecord
 from supervisor.health.gate import GateVerdict
@@ -349,7 +349,7 @@ class Daemon:
 
 
 def daemon(tmp: Path, cfg: Config | None = None, *, steps: Sequence[int] = (), gate: GateVerdict | None = None,
-           concerns: Sequence[Concern | Plugin] = ()) -> Daemon:
+           concerns: Sequence[Plugin] = ()) -> Daemon:
     """A daemon on fakes, started: the first attempt launched (from scratch), then checkpoints
     at ``steps`` appear."""
     cfg = cfg or config(tmp)

@@ -113,7 +113,7 @@ def test_the_runner_and_the_wiring_do_not_import_each_other_both_ways():
     assert not any(d.startswith("supervisor.daemon.wiring") for d in g["supervisor.daemon.runner"])
     for concern in ("supervisor.daemon.adapters", "supervisor.daemon.checkpointstore",
                     "supervisor.daemon.healthconcern", "supervisor.daemon.concerns", "supervisor.daemon.ports"):
-        assert "supervisor.daemon.runner" not in g[concern], f"{concern} must see the runner only through DaemonView"
+        assert "supervisor.daemon.runner" not in g[concern], f"{concern} must see the runner only through its notices and ports"
 
 
 # The house rule, checked so that it cannot rot: five modules had crept past it unnoticed.

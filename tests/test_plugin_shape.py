@@ -15,8 +15,8 @@ CAPABILITIES = frozenset({"Plugin", "OnStart", "OnAttempts", "OnMetrics", "OnTic
 FORBIDDEN_MODULES = ("supervisor.daemon.runner", "supervisor.daemon.wiring")
 FORBIDDEN_NAMES = frozenset({"DaemonView", "Runner", "Concern", "ConcernSet"})
 CALLS_BACK = ("emit", "apply")
-# The concerns still in the old shape (one base with optional hooks and a DaemonView): none may be
-# added; each one converted leaves this list.
+# The concerns still in the old shape (one base with optional hooks and a DaemonView): the base is
+# gone and none may come back.
 OLD_SHAPE: frozenset[str] = frozenset()
 
 

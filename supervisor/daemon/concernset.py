@@ -1,7 +1,6 @@
 """The runner's plug-ins taken together: started in order, every notice given to each that reacts
-to it and every hook called on each concern still in the old shape, one that fails reported while
-the others go on; the effects a reaction returns carried out by the runner, in order; and what they
-add to the job's env, status and snapshots."""
+to it, one that fails reported while the others go on; the effects a reaction returns carried out
+by the runner, in order; and what they add to the job's env, status and snapshots."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from .effects import Effect
 from .plugin import (AttemptEnded, AttemptSpawning, AttemptStarted, Closes, DaemonStarted, GivesEndFacts, GivesJobEnv,
                      GivesLiveStatus, GivesMonitors, GivesStatus, JobHung, MetricsBatch, Noted, Notice, OnNotes, Plugin,
                      RunView, Tick, reaction)
-from .ports import Concern, DaemonView
 
 log = structlog.get_logger("supervisor.daemon.runner")
 
@@ -23,74 +21,68 @@ log = structlog.get_logger("supervisor.daemon.runner")
 class ConcernSet:
     """``view``: the turn's :class:`RunView`; ``apply``: carries out one effect (the runner's)."""
 
-    def __init__(self, concerns: Sequence[Concern | Plugin], view: Callable[[], RunView] | None = None,
+    def __init__(self, concerns: Sequence[Plugin], view: Callable[[], RunView] | None = None,
                  apply: Callable[[Effect], None] = lambda e: None) -> None:
         self.items = list(concerns)
         self.view = view
         self.apply = apply
 
-    def __iter__(self) -> Iterator[Concern | Plugin]:
+    def __iter__(self) -> Iterator[Plugin]:
         return iter(self.items)
 
     def _run(self) -> RunView:
         assert self.view is not None, "a plug-in was asked before the set had the runner's view"
         return self.view()
 
-    def start(self, daemon: DaemonView, notice: DaemonStarted) -> None:
+    def start(self, notice: DaemonStarted) -> None:
         """Start each in order. One that raises: the exception goes on, and only the ones already
         started are kept (they alone are closed)."""
-        started: list[Concern | Plugin] = []
+        started: list[Plugin] = []
         try:
             for c in self.items:
-                if isinstance(c, Concern):
-                    c.start(daemon)
-                elif (react := reaction(c, notice)) is not None:
+                if (react := reaction(c, notice)) is not None:
                     for e in react(self._run()):
                         self.apply(e)
                 started.append(c)
         finally:
             self.items = started
 
-    def _guarded(self, hook: str, call: Callable[[Concern], object], notice: Notice | None = None) -> None:
-        """``call`` on every concern, ``notice`` to every plug-in that reacts to it (its effects
-        carried out); one that fails is reported (naming ``hook``) and the others go on."""
+    def _guarded(self, hook: str, notice: Notice) -> None:
+        """``notice`` to every plug-in that reacts to it (its effects carried out); one that fails
+        is reported (naming ``hook``) and the others go on."""
         for c in self.items:
             try:
-                if isinstance(c, Concern):
-                    call(c)
-                elif notice is not None and (react := reaction(c, notice)) is not None:
+                if (react := reaction(c, notice)) is not None:
                     for e in react(self._run()):
                         self.apply(e)
             except Exception as e:
                 log.exception("concern_failed", concern=c.name, hook=hook, error=repr(e),
                               message=f"{c.name} failed in {hook}; the daemon keeps going")
 
-    # One method per hook, each calling the concern's own: a checker sees every call.
+    # One method per notice: a checker sees every call.
     def before_spawn(self, n: AttemptSpawning) -> None:
-        self._guarded("before_spawn", lambda c: c.before_spawn(n.attempt, n.resume), n)
+        self._guarded("before_spawn", n)
 
     def attempt_started(self, n: AttemptStarted) -> None:
-        self._guarded("attempt_started", lambda c: c.attempt_started(n.ctx, n.resume, n.wall), n)
+        self._guarded("attempt_started", n)
 
     def on_metrics(self, n: MetricsBatch) -> None:
-        self._guarded("on_metrics", lambda c: c.on_metrics(n.records, n.now), n)
+        self._guarded("on_metrics", n)
 
     def job_hung(self, n: JobHung) -> None:
-        self._guarded("job_hung", lambda c: c.job_hung(n.attempt, n.pids), n)
+        self._guarded("job_hung", n)
 
     def attempt_ended(self, n: AttemptEnded) -> None:
-        self._guarded("attempt_ended", lambda c: c.attempt_ended(n.end, n.resume, n.wall), n)
+        self._guarded("attempt_ended", n)
 
     def tick(self, n: Tick) -> None:
-        self._guarded("tick", lambda c: c.tick(n.now), n)
+        self._guarded("tick", n)
 
     def on_event(self, n: Noted) -> None:
         """Every recorded event, from the thread that recorded it (no view: see ``Noted``)."""
         for c in self.items:
             try:
-                if isinstance(c, Concern):
-                    c.on_event(n.event, n.level, n.message, n.data)
-                elif isinstance(c, OnNotes):
+                if isinstance(c, OnNotes):
                     for e in c.noted(n):
                         self.apply(e)
             except Exception as e:
@@ -100,7 +92,7 @@ class ConcernSet:
     def close(self) -> None:
         for c in self.items:
             try:
-                for e in (c.close() if isinstance(c, (Concern, Closes)) else None) or ():
+                for e in (c.close() if isinstance(c, Closes) else None) or ():
                     self.apply(e)
             except Exception as e:
                 log.exception("concern_failed", concern=c.name, hook="close", error=repr(e),
@@ -111,9 +103,7 @@ class ConcernSet:
         facts = EndFacts()
         for c in self.items:
             try:
-                if isinstance(c, Concern):
-                    facts = c.end_facts(facts, keepalive)
-                elif isinstance(c, GivesEndFacts):
+                if isinstance(c, GivesEndFacts):
                     facts = c.end_facts(facts, keepalive, self._run())
             except Exception as e:
                 log.exception("concern_failed", concern=c.name, hook="end_facts", error=repr(e),
@@ -123,30 +113,27 @@ class ConcernSet:
     def job_env(self) -> dict[str, str]:
         env: dict[str, str] = {}
         for c in self.items:
-            env.update(c.job_env() if isinstance(c, Concern) else
-                       c.job_env(self._run()) if isinstance(c, GivesJobEnv) else {})
+            env.update(c.job_env(self._run()) if isinstance(c, GivesJobEnv) else {})
         return env
 
     def monitors(self) -> list[Monitor]:
-        return [m for c in self.items for m in (c.monitors() if isinstance(c, Concern) else
-                                                c.monitors(self._run()) if isinstance(c, GivesMonitors) else ())]
+        return [m for c in self.items for m in (c.monitors(self._run()) if isinstance(c, GivesMonitors) else ())]
 
     def snapshots(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for c in self.items:
-            if isinstance(c, (Concern, GivesMonitors)):
+            if isinstance(c, GivesMonitors):
                 out.update(c.snapshot())
         return out
 
     def statuses(self) -> list[Any]:
-        return [c.status() if isinstance(c, Concern) else c.status(self._run()) for c in self.items
-                if isinstance(c, (Concern, GivesStatus))]
+        return [c.status(self._run()) for c in self.items if isinstance(c, GivesStatus)]
 
     def live_statuses(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for c in self.items:
             try:
-                out.update(c.live_status() if isinstance(c, (Concern, GivesLiveStatus)) else {})
+                out.update(c.live_status() if isinstance(c, GivesLiveStatus) else {})
             except Exception as e:  # a status part failing leaves the cached snapshot as it is
                 log.warning("concern_failed", concern=c.name, hook="live_status", error=repr(e),
                             message=f"{c.name} failed in live_status; status answers with the cached snapshot")

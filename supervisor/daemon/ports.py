@@ -6,11 +6,9 @@ Real implementations: :class:`~supervisor.job.osapi.Clock`, :class:`~supervisor.
 :class:`~supervisor.daemon.healthconcern.LaunchGatePort`,
 :class:`~supervisor.ops.notify.Notifier`. Small fakes for tests: ``tests/fakes.py``.
 
-A :class:`Concern` plugs a part of the daemon (watchers, validation, goodput, checkpoints,
-health, the control socket) into fixed points of an attempt; every hook is optional, and the
-runner guards each call (:class:`~supervisor.daemon.concernset.ConcernSet`), so a failing concern
-is reported and the daemon goes on. A concern sees the daemon through :class:`DaemonView`, and
-the run's state as a frozen :class:`RunView`.
+The parts of the daemon that react to the run (watchers, validation, goodput, checkpoints,
+health, the control socket) are plug-ins (:mod:`supervisor.daemon.plugin`), not ports: they see
+the run as a frozen :class:`~supervisor.daemon.plugin.RunView` and return effects.
 """
 
 from __future__ import annotations
@@ -19,12 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
-from ..core.messages import EndAttempt, ExitInfo, GateResult, Resume
-from ..core.runend import EndFacts
-from ..events import Action, AttemptContext, Monitor
-from ..core.observations import Detection, MetricRecord
-from .effects import Effect
-from .plugin import RunView
+from ..core.messages import ExitInfo, GateResult
+from ..events import Action
+from ..core.observations import MetricRecord
 
 if TYPE_CHECKING:
     from ..config.model import Config
@@ -32,7 +27,6 @@ if TYPE_CHECKING:
     from .checkpointstore import Booked, Chosen
     from ..job.catchup import OutputLag
     from ..job.osapi import OsApi, ProcRef
-    from ..job.output import SinkFanout
     from ..job.process import LaunchSpec
 
 
@@ -215,96 +209,6 @@ class EnvironmentProbe(Protocol):
     def probed(self, wait: float = 0.0) -> Mapping[str, Any] | None: ...
 
     def of_attempt(self, spec: "LaunchSpec", extra: Mapping[str, Any]) -> dict[str, Any]: ...
-
-
-class DaemonView(Protocol):
-    """What a concern may see and call of the running daemon."""
-
-    cfg: "Config"  # the current config (a reload replaces it)
-    state_dir: Path
-    run_id: str
-    clock: Clock
-    fanout: "SinkFanout"
-
-    def apply(self, effect: Effect) -> None:
-        """Carry out an effect (an attempt's field, a note, ...), from any thread (:mod:`supervisor.daemon.effects`)."""
-        ...
-
-    def run_view(self) -> RunView:
-        """The run as it stands now (state, attempt, the stop under way and why, exit)."""
-        ...
-
-    @property
-    def attempt(self) -> int:
-        """``run_view().attempt``, read without building a view (verifier threads poll it)."""
-        ...
-
-    @property
-    def metric_history(self) -> Sequence[MetricRecord]: ...
-
-    def emit(self, d: Detection) -> None: ...
-
-    def on_metric(self, rec: MetricRecord) -> None: ...
-
-    def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None: ...
-
-    def refresh_status_cache(self) -> dict[str, Any]: ...
-
-
-class Concern:
-    """A part of the daemon plugged into fixed points of the run; every hook is a no-op here."""
-
-    name = "concern"
-
-    def start(self, daemon: DaemonView) -> None:
-        """Once, when the daemon starts (a failure here stops the daemon with exit 3)."""
-
-    def close(self) -> None:
-        """Once, when the daemon exits."""
-
-    def monitors(self) -> Sequence[Monitor]:
-        """The monitors to start for each attempt."""
-        return ()
-
-    def job_env(self) -> Mapping[str, str]:
-        return {}
-
-    def before_spawn(self, attempt: int, resume: Resume) -> None:
-        """Right before the job is spawned (before its first line can arrive)."""
-
-    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None: ...
-
-    def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None: ...
-
-    def job_hung(self, attempt: int, pids: Sequence[int]) -> None:
-        """Before a hung job is stopped."""
-
-    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None: ...
-
-    def tick(self, now: float) -> None: ...
-
-    def end_facts(self, facts: EndFacts, keepalive: Callable[[], bool]) -> EndFacts:
-        """The job exited 0: ``facts`` with this concern's part of the end filled in (what it
-        watched, what it checked; supervisor.core.runend). On the main loop, which waits for it:
-        call ``keepalive`` (systemd's watchdog) at least every few seconds of a long check, and
-        give up the check (said as not done) once it returns False (a stop was asked for)."""
-        return facts
-
-    def on_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
-        """Every daemon event as recorded (log, journal, ledger), from any thread: keep it short."""
-
-    def status(self) -> Mapping[str, Any]:
-        return {}
-
-    def live_status(self) -> Mapping[str, Any]:
-        """Status fields set from other threads, read on every ``status`` request over the cached
-        snapshot: a warning already logged must show in the next ``status``, not a tick later.
-        Called from the control threads: plain attribute reads only."""
-        return {}
-
-    def snapshot(self) -> Mapping[str, Any]:
-        """What the attempt runs on (GPUs, host), for the ledger."""
-        return {}
 
 
 @dataclass

@@ -35,7 +35,7 @@ from .jobstop import JobStop
 from .metricbuffer import MetricBuffer
 from .monitors import AttemptMonitors
 from .plugin import AttemptEnded, DaemonStarted, JobHung, MetricsBatch, Plugin, RunView, Tick
-from .ports import Concern, Job, Ports
+from .ports import Job, Ports
 from .recovery import close_previous_life
 from .reload import reload_config
 from .requests import RUNNER_VERBS, answer, ask, go_on, install_signal_handlers, machine_request
@@ -53,7 +53,7 @@ PROBE_WAIT_AT_EXIT_S = 3.0
 
 
 class Runner:
-    def __init__(self, cfg: Config, ports: Ports, concerns: Sequence[Concern | Plugin], *, fanout: SinkFanout,
+    def __init__(self, cfg: Config, ports: Ports, concerns: Sequence[Plugin], *, fanout: SinkFanout,
                  config: ConfigSource | None = None, rng: random.Random | None = None, tick_s: float = TICK_S) -> None:
         self.cfg = cfg
         self.tick_s = tick_s  # the longest wait for an event before the loop ticks
@@ -82,7 +82,8 @@ class Runner:
         fanout.add(self.activity)
         self.starter = AttemptStarter(ports, self.concerns, self.monitors, self.snapshots, self.activity,
                                       self.state_dir, on_eof=lambda src: self.inbox.put(PipeEnded(src)))
-        self.status_cache = StatusCache(self.status, self.concerns.live_statuses, lambda: booting_status(self))
+        self.status_cache = StatusCache(self.status, self.concerns.live_statuses,
+                                        lambda: booting_status(self.attempt, self.cfg, self.state_dir, self.run_id))
         self.recorder = EventRecorder(self.ledger, self.concerns, lambda: (self.run_id, self.attempt), self.clock)
         self.carry_out = Carrier(lambda n: self.recorder.event(n.event, n.level, n.message, code_site=n.site,
                                                                ledger_only=n.ledger_only, **n.data),
@@ -127,7 +128,7 @@ class Runner:
     def on_metric(self, rec: MetricRecord) -> None:  # from any thread: the parsers', the client metrics reader's
         self.metrics.put(rec)
 
-    @log_helper  # (DaemonView.event: one event line, kept in the ledger)
+    @log_helper  # (one event line, kept in the ledger)
     def event(self, event: str, level: str, message: str, *, ledger_only: bool = False, **data: Any) -> None:
         self.recorder.event(event, level, message, ledger_only=ledger_only, **data)
 
@@ -153,8 +154,8 @@ class Runner:
         self.run_id, continued = self.ledger.open_run(self.cfg.job.name, config_json(self.cfg))
         structlog.contextvars.bind_contextvars(run_id=self.run_id)
         try:
-            self.concerns.start(self, DaemonStarted(self.ledger, self.status_cache.answer, self.refresh_status_cache,
-                                                    self.control, self.apply, self.on_metric))  # a failure: the started kept
+            self.concerns.start(DaemonStarted(self.ledger, self.status_cache.answer, self.refresh_status_cache,
+                                            self.control, self.apply, self.on_metric))  # a failure: the started kept
         except Exception as e:
             self.event("daemon_start_failed", "error", f"cannot start: {e}")
             self.ledger.end_run(self.run_id, State.GAVE_UP.value, EXIT_GAVE_UP, str(e))

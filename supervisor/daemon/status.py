@@ -13,7 +13,6 @@ from ..config.model import Config
 from ..core.machine import JOB_UP, Machine, State
 from ..core.messages import detection_dict
 from ..core.observations import MetricRecord
-from .ports import DaemonView
 
 log = structlog.get_logger("supervisor.daemon.runner")
 
@@ -100,14 +99,13 @@ class StatusCache:
                         message="could not refresh the status after a change; the next tick retries")
 
 
-def booting_status(d: DaemonView) -> dict[str, Any] | None:
-    """``status`` while the daemon starts (its concerns starting; the machine has not booted, so
+def booting_status(attempt: int, cfg: Config, state_dir: Path, run_id: str) -> dict[str, Any] | None:
+    """``status`` while the daemon starts (its plug-ins starting; the machine has not booted, so
     no attempt yet): SPEC's fields, with what is known so far, and ``phase`` saying why there is
-    no more. None once the machine has booted."""
-    if d.attempt >= 0:  # the machine's Boot launches attempt 0 (or the next one of a continued run)
+    no more. None once the machine has booted (``attempt`` >= 0)."""
+    if attempt >= 0:  # the machine's Boot launches attempt 0 (or the next one of a continued run)
         return None
-    cfg, state_dir = d.cfg, d.state_dir
-    return {"state": State.STARTING.value, "phase": "daemon_starting", "run_id": d.run_id or None,
+    return {"state": State.STARTING.value, "phase": "daemon_starting", "run_id": run_id or None,
             "name": cfg.job.name, "attempt": 0, "pids": [], "restarts_by_cause": {}, "last_metric": None,
             "heartbeats": {}, "gpus": None, "checkpoint": None, "goodput": None, "last_anomaly": None,
             "max_restarts": cfg.policy.max_restarts, "state_dir": str(state_dir), "daemon_pid": os.getpid(),

@@ -26,13 +26,13 @@ from .concerns import OpsPlugin
 from .watchconcern import WatchPlugin
 from ..job.launch import Environment
 from .plugin import Plugin
-from .ports import CheckpointStore, Concern, Ports
+from .ports import CheckpointStore, Ports
 from .statelock import StateLock, StateLockPlugin
 from ..ownpaths import refuse_unsafe_as_root
 
 
 def build_daemon(cfg: Config, *, config: ConfigSource | None = None, passthrough: BinaryIO | None = None,
-                 extra: Sequence[Concern | Plugin] = ()) -> Runner:
+                 extra: Sequence[Plugin] = ()) -> Runner:
     """The daemon for ``cfg``: the job's stdout goes to our stdout and its stderr to our stderr
     (or both to ``passthrough`` when one is given: the demo's console or /dev/null) besides its
     log file; ``extra`` concerns plug in after the standard ones (the demo's narration)."""
@@ -65,7 +65,7 @@ def build_daemon(cfg: Config, *, config: ConfigSource | None = None, passthrough
     discovery = CheckpointDiscoveryPlugin(lambda found, replace=False: local.adopt(found, replace=replace).notes(),
                                           local.newest)
     local.takes_checkpoint = discovery.hands_checkpoint  # each choice says whether it reaches the job
-    concerns: list[Concern | Plugin] = [
+    concerns: list[Plugin] = [
         NotifyPlugin(), discovery, ops, watch, health, checkpoints, goodput,
         ValidationPlugin(goodput.tracks), ResumeWatchPlugin(), PrecursorPlugin(),
                                StateLockPlugin(lock, ledger, rebind=[ops.rebind_control]), *extra]

@@ -1,10 +1,10 @@
-"""The runner's concerns taken together (supervisor/daemon/concernset.py) and the attempt's monitors
-(supervisor/daemon/monitors.py): one typed method per hook, each calling every concern's own
-method; one that raises is reported and the others still run."""
+"""The runner's plug-ins taken together (supervisor/daemon/concernset.py) and the attempt's monitors
+(supervisor/daemon/monitors.py): one typed method per notice, each giving it to every plug-in that
+reacts to it; one that raises is reported and the others still get it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import pytest
 from structlog.testing import capture_logs
@@ -13,10 +13,12 @@ from supervisor.core.causes import Action, Cause
 from supervisor.core.messages import EndAttempt, Resume
 from supervisor.daemon.concernset import ConcernSet
 from supervisor.daemon.monitors import AttemptMonitors
-from supervisor.daemon.plugin import (AttemptEnded, AttemptSpawning, AttemptStarted, DaemonStarted, JobHung, MetricsBatch,
-                                      Noted, Tick)
+from supervisor.core.runend import EndFacts
+from supervisor.daemon.plugin import Effects
+from supervisor.daemon.plugin import (AttemptEnded, AttemptSpawning, AttemptStarted, Closes, DaemonStarted, GivesEndFacts,
+                                      JobHung, MetricsBatch, Noted, OnAttempts, OnMetrics, OnNotes, OnStart, OnTicks,
+                                      RunView, Tick)
 from supervisor.levels import Level
-from supervisor.daemon.ports import Concern
 from supervisor.events import AttemptContext, Emit
 from supervisor.core.observations import MetricRecord
 
@@ -26,90 +28,107 @@ END = EndAttempt(1, Cause.CRASH, Action.RESTART, "exit 1", True)
 BATCH = [MetricRecord(step=1, loss=2.0, at=0.0)]
 
 
-class Recording(Concern):
-    """Records every hook it sees, with its arguments; ``fails``: raises in every hook instead."""
+class Recording(OnStart, OnAttempts, OnMetrics, OnTicks, OnNotes, Closes, GivesEndFacts):
+    """A plug-in of every capability that records each notice it gets; ``fails``: raises in every
+    reaction instead."""
 
     def __init__(self, name: str, fails: bool = False) -> None:
         self.name, self.fails = name, fails
-        self.seen: list[tuple[str, tuple[Any, ...]]] = []
+        self.seen: list[tuple[str, object]] = []
 
-    def _saw(self, hook: str, *args: Any) -> None:
+    def _saw(self, hook: str, notice: object) -> Effects:
         if self.fails:
             raise RuntimeError(f"{self.name} broke in {hook}")
-        self.seen.append((hook, args))
+        self.seen.append((hook, notice))
+        return ()
 
-    def before_spawn(self, attempt: int, resume: Resume) -> None:
-        self._saw("before_spawn", attempt, resume)
+    def started(self, n: DaemonStarted, run: RunView) -> Effects:
+        return self._saw("start", n)
 
-    def attempt_started(self, ctx: AttemptContext, resume: Resume, wall: float) -> None:
-        self._saw("attempt_started", ctx, resume, wall)
+    def attempt_spawning(self, n: AttemptSpawning, run: RunView) -> Effects:
+        return self._saw("before_spawn", n)
 
-    def on_metrics(self, batch: Sequence[MetricRecord], now: float) -> None:
-        self._saw("on_metrics", batch, now)
+    def attempt_started(self, n: AttemptStarted, run: RunView) -> Effects:
+        return self._saw("attempt_started", n)
 
-    def job_hung(self, attempt: int, pids: Sequence[int]) -> None:
-        self._saw("job_hung", attempt, pids)
+    def metrics(self, n: MetricsBatch, run: RunView) -> Effects:
+        return self._saw("on_metrics", n)
 
-    def attempt_ended(self, end: EndAttempt, resume: Resume, wall: float) -> None:
-        self._saw("attempt_ended", end, resume, wall)
+    def job_hung(self, n: JobHung, run: RunView) -> Effects:
+        return self._saw("job_hung", n)
 
-    def tick(self, now: float) -> None:
-        self._saw("tick", now)
+    def attempt_ended(self, n: AttemptEnded, run: RunView) -> Effects:
+        return self._saw("attempt_ended", n)
 
-    def on_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
-        self._saw("on_event", event, level, message, data)
+    def tick(self, n: Tick, run: RunView) -> Effects:
+        return self._saw("tick", n)
 
-    def close(self) -> None:
-        self._saw("close")
+    def noted(self, n: Noted) -> Effects:
+        return self._saw("on_event", n)
+
+    def close(self) -> Effects:
+        return self._saw("close", None)
+
+    def end_facts(self, facts: EndFacts, keepalive: Callable[[], bool], run: RunView) -> EndFacts:
+        return facts
 
 
-HOOKS: dict[str, tuple[Callable[[ConcernSet], None], tuple[Any, ...]]] = {
-    "before_spawn": (lambda s: s.before_spawn(AttemptSpawning(1, RESUME)), (1, RESUME)),
-    "attempt_started": (lambda s: s.attempt_started(AttemptStarted(CTX, RESUME, 5.0, ())), (CTX, RESUME, 5.0)),
-    "on_metrics": (lambda s: s.on_metrics(MetricsBatch(BATCH, 7.0)), (BATCH, 7.0)),
-    "job_hung": (lambda s: s.job_hung(JobHung(1, [4000, 4001])), (1, [4000, 4001])),
-    "attempt_ended": (lambda s: s.attempt_ended(AttemptEnded(END, RESUME, 9.0)), (END, RESUME, 9.0)),
-    "tick": (lambda s: s.tick(Tick(3.0)), (3.0,)),
-    "on_event": (lambda s: s.on_event(Noted("x_happened", Level.INFO, "x", {"k": 1}, "run-1", 1, 0.0, 0.0)),
-                 ("x_happened", "info", "x", {"k": 1})),
-    "close": (lambda s: s.close(), ()),
+NOTED = Noted("x_happened", Level.INFO, "x", {"k": 1}, "run-1", 1, 0.0, 0.0)
+SPAWNING, STARTED, METRICS = AttemptSpawning(1, RESUME), AttemptStarted(CTX, RESUME, 5.0, ()), MetricsBatch(BATCH, 7.0)
+HUNG, ENDED, TICK = JobHung(1, [4000, 4001]), AttemptEnded(END, RESUME, 9.0), Tick(3.0)
+HOOKS: dict[str, tuple[Callable[[ConcernSet], None], object]] = {
+    "before_spawn": (lambda s: s.before_spawn(SPAWNING), SPAWNING),
+    "attempt_started": (lambda s: s.attempt_started(STARTED), STARTED),
+    "on_metrics": (lambda s: s.on_metrics(METRICS), METRICS),
+    "job_hung": (lambda s: s.job_hung(HUNG), HUNG),
+    "attempt_ended": (lambda s: s.attempt_ended(ENDED), ENDED),
+    "tick": (lambda s: s.tick(TICK), TICK),
+    "on_event": (lambda s: s.on_event(NOTED), NOTED),
+    "close": (lambda s: s.close(), None),
 }
+
+
+def _set(plugins: list[Recording]) -> ConcernSet:
+    return ConcernSet(plugins, view=lambda: None)  # type: ignore[arg-type,return-value]  # no plug-in here reads it
 
 
 @pytest.mark.parametrize("hook", sorted(HOOKS))
 def test_a_concern_failing_in_a_hook_is_reported_and_the_others_still_get_it(hook: str) -> None:
-    call, args = HOOKS[hook]
+    call, notice = HOOKS[hook]
     first, broken, last = Recording("first"), Recording("broken", fails=True), Recording("last")
-    concerns = ConcernSet([first, broken, last])
+    concerns = _set([first, broken, last])
     with capture_logs() as logs:
         call(concerns)
-    assert first.seen == [(hook, args)] and last.seen == [(hook, args)]
+    assert first.seen == [(hook, notice)] and last.seen == [(hook, notice)]
     (failed,) = [e for e in logs if e["event"] == "concern_failed"]
     assert failed["concern"] == "broken" and failed["hook"] == hook
     assert "broken broke in " + hook in failed["error"] and "the daemon keeps going" in failed["message"]
 
 
-def test_every_hook_of_a_concern_has_its_typed_method_on_the_set() -> None:
-    """A hook added to Concern and not to the set would never be called."""
-    hooks = {n for n, v in vars(Concern).items() if callable(v) and not n.startswith("_")}
-    # gathered, not broadcast
-    not_dispatched = {"start", "monitors", "job_env", "status", "live_status", "snapshot", "end_facts"}
-    assert hooks - not_dispatched == set(HOOKS)
-    assert all(callable(getattr(ConcernSet, h, None)) for h in set(HOOKS) | {"end_facts"})
+def test_every_notice_has_its_typed_method_on_the_set() -> None:
+    """A notice added to the contract and not to the set would never be given."""
+    from typing import get_args
+
+    from supervisor.daemon.plugin import Notice
+
+    notices = {t.__name__ for t in get_args(Notice)} - {"DaemonStarted"}  # given by start()
+    told = {type(n).__name__ for _call, n in HOOKS.values() if n is not None} - {"Noted"}
+    assert told == notices
+    assert all(callable(getattr(ConcernSet, h, None)) for h in set(HOOKS) | {"end_facts", "start"})
 
 
 def test_the_ends_facts_are_each_concerns_part_and_one_that_fails_leaves_its_part_unsaid() -> None:
     from dataclasses import replace
 
-    from supervisor.core.runend import EndFacts, SourceSeen, WeightsCheck
+    from supervisor.core.runend import SourceSeen, WeightsCheck
 
     class Sees(Recording):
-        def end_facts(self, facts: EndFacts, keepalive: Callable[[], object]) -> EndFacts:
+        def end_facts(self, facts: EndFacts, keepalive: Callable[[], bool], run: RunView) -> EndFacts:
             keepalive()
             return replace(facts, sources=(SourceSeen("stdout", ("kv",), 3, 9, 1.0),))
 
     class Breaks(Recording):
-        def end_facts(self, facts: EndFacts, keepalive: Callable[[], object]) -> EndFacts:
+        def end_facts(self, facts: EndFacts, keepalive: Callable[[], bool], run: RunView) -> EndFacts:
             raise RuntimeError("no disk")
 
     pinged: list[int] = []
@@ -118,7 +137,7 @@ def test_the_ends_facts_are_each_concerns_part_and_one_that_fails_leaves_its_par
         pinged.append(1)
         return True
     with capture_logs() as logs:
-        facts = ConcernSet([Sees("watch"), Breaks("checkpoints")]).end_facts(ping)
+        facts = _set([Sees("watch"), Breaks("checkpoints")]).end_facts(ping)
     assert [s.source for s in facts.sources] == ["stdout"] and pinged == [1]
     assert facts.weights == WeightsCheck(None, None, note="no checkpoint dir known: no weights checked")
     (failed,) = [e for e in logs if e["event"] == "concern_failed"]
@@ -127,15 +146,17 @@ def test_the_ends_facts_are_each_concerns_part_and_one_that_fails_leaves_its_par
 
 def test_a_concern_failing_to_start_leaves_only_the_started_ones_to_close() -> None:
     class FailsToStart(Recording):
-        def start(self, daemon: Any) -> None:
+        def started(self, n: DaemonStarted, run: RunView) -> Effects:
             raise RuntimeError("no socket")
 
     first, second, third = Recording("first"), FailsToStart("second"), Recording("third")
-    concerns = ConcernSet([first, second, third])
+    concerns = _set([first, second, third])
+    started = DaemonStarted(None, dict)  # type: ignore[arg-type]  # no plug-in here reads them
     with pytest.raises(RuntimeError, match="no socket"):
-        concerns.start(None, DaemonStarted(None, dict))  # type: ignore[arg-type]  # no concern here reads them
+        concerns.start(started)
     concerns.close()
-    assert [c.name for c in concerns] == ["first"] and first.seen == [("close", ())] and third.seen == []
+    assert [c.name for c in concerns] == ["first"] and first.seen == [("start", started), ("close", None)]
+    assert third.seen == []
 
 
 class Mon:

@@ -7,21 +7,22 @@ from typing import Any, Mapping
 from structlog.testing import capture_logs
 
 from supervisor.daemon.concernset import ConcernSet
-from supervisor.daemon.ports import Concern
+from supervisor.daemon.plugin import Effects, Noted, OnNotes
 from supervisor.daemon.recorder import EventRecorder
 from supervisor.daemon.status import StatusCache
 
 from ..fakes import FakeLedger
 
 
-class Heard(Concern):
+class Heard(OnNotes):
     name = "heard"
 
     def __init__(self) -> None:
         self.events: list[tuple[str, str, str, Mapping[str, Any]]] = []
 
-    def on_event(self, event: str, level: str, message: str, data: Mapping[str, Any]) -> None:
-        self.events.append((event, level, message, data))
+    def noted(self, n: Noted) -> Effects:
+        self.events.append((n.event, n.level, n.message, n.data))
+        return ()
 
 
 def test_an_event_is_logged_kept_in_the_ledger_and_told_to_every_concern() -> None:

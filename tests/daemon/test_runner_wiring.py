@@ -7,14 +7,14 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 
 from supervisor.config.model import ConfigSource
 from supervisor.core.causes import Action, Cause, GateCheck
 from supervisor.core.machine import State
-from supervisor.daemon.ports import Concern
+from supervisor.daemon.plugin import Effects, GivesLiveStatus, JobHung, OnAttempts, RunView
 from supervisor.errors import Conflict, SupervisorError, UnknownVerb
 from supervisor.health.config import GpuConfig
 from supervisor.health.gate import run_gate
@@ -25,14 +25,15 @@ from supervisor.ops.controlclient import request
 from ..fakes import config, daemon, step_line
 
 
-class HungSpy(Concern):
+class HungSpy(OnAttempts):
     name = "spy"
 
     def __init__(self) -> None:
         self.hung: list[tuple[int, list[int]]] = []
 
-    def job_hung(self, attempt: int, pids: Sequence[int]) -> None:
-        self.hung.append((attempt, list(pids)))
+    def job_hung(self, n: JobHung, run: RunView) -> Effects:
+        self.hung.append((n.attempt, list(n.pids)))
+        return ()
 
 
 def relaunched_at_once(d: Any) -> bool:
@@ -168,8 +169,8 @@ def test_status_answers_a_restart_at_once_not_at_the_next_refresh(tmp_path: Path
     assert st["restarts_by_cause"] == {"crash": 1} and st["state"] == d.runner.state.value
 
 
-class LateWarning(Concern):
-    """A concern whose warning is set by a thread of its own (a checkpoint verifier)."""
+class LateWarning(GivesLiveStatus):
+    """A plug-in whose warning is set by a thread of its own (a checkpoint verifier)."""
 
     name = "late"
 
