@@ -68,7 +68,8 @@ def test_a_dcp_byte_item_that_runs_code_is_refused_and_a_clean_save_is_ready(tmp
     rows = {Path(r["path"]).name: r for r in json.loads(cp.stdout)}
     assert rows["step-10"]["ready"] and rows["step-10"]["load_test"]["passed"], rows["step-10"]
     bad = rows["step-20"]
-    assert bad["ready"] is False and bad["load_test"]["passed"], bad  # the load test alone would pass it
+    assert bad["ready"] is False and bad["load_test"]["loaded"], bad  # the load test alone would pass it
+    assert bad["load_test"]["passed"] is False and bad["load_test"]["refused"], bad  # and it is not read as a pass
     assert bad["reasons"][0].startswith("pickle scan refused __0_0.distcp: [optim.evil]:"), bad["reasons"]
     assert not marker.exists(), "the payload ran"
 
