@@ -20,7 +20,8 @@ marker (:func:`names_secret`: ``password: 12345678`` and ``{"HF_TOKEN": ...}`` g
 12345678``, ``tokens_per_sec=4500``, ``max_tokens 512``, ``num_key_value_heads=8`` and
 ``{"tokenizers": "0.15"}`` stay). In text, a
 secret-named key's value is masked in every syntax a Python job prints, XML and command lines
-included (:mod:`supervisor.redactsyntax` lists them).
+included (:mod:`supervisor.redactsyntax` lists them), and a secret said with no key: a secret-named call's
+literals, "the password is X" (:mod:`supervisor.redactprose`).
 Before names are read: a private key in PEM whole, wherever it sits in the text, and base64 key
 material (:mod:`supervisor.redactpem`; over the lines of a stream, :class:`LineMasker`, and the
 strings of a list at the gate, one stream too), a cookie header's value whole,
@@ -84,6 +85,8 @@ _URL_USERINFO_RE = re.compile(r"(://[^\s:/@]*+:)([^\s@/]++)(@)")
 _URL_USER_RE = re.compile(r"(://)([^\s:/@?#'\"]++)(?=@)")
 # The same cut off before its "@" by a bound: at the very end of the kept text.
 _URL_USERINFO_TAIL_RE = re.compile(r"(://[^\s:/@]*+:)([^\s@/]++)\Z")
+# A token shape's start cut off by a bound at the very end of the kept text (``… wandb_v1_Zq7M…``).
+_TOKEN_TAIL_RE = re.compile(r"\b(?:wandb_v1_|hf_|gh[pousr]_|github_pat_|sk-|glpat-|xox[abeprs]-|npm_|AIza|eyJ)[\w.-]*+\Z")
 _BEARER_RE = re.compile(r"(?i)\b(bearer\s+)[\w.~+/-]++=*")
 # "Basic" alone is a common word: only a base64-looking credential after it (a digit, + / or =).
 _BASIC_RE = re.compile(r"\b(Basic\s+)(?=[A-Za-z0-9+/]{0,200}[0-9+/=])[A-Za-z0-9+/]{8,}+=*")
@@ -93,12 +96,20 @@ _TOKEN_SHAPES_RE = re.compile(
     r"\b(?:hf_[A-Za-z0-9]{16,}+|sk-[A-Za-z0-9_-]{20,}+|gh[pousr]_[A-Za-z0-9]{20,}+|github_pat_\w{20,}+"
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}\b|xox[abeprs]-[A-Za-z0-9-]{10,}+|AIza[0-9A-Za-z_-]{30,}+"
     r"|[sr]k_(?:live|test)_[A-Za-z0-9]{10,}+|npm_[A-Za-z0-9]{30,}+|glpat-[A-Za-z0-9_-]{16,}+|LS0tLS1CRUdJTi[A-Za-z0-9+/]{20,}+=*"
-    r"|eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+)")
+    r"|eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+|wandb_v1_\w{20,}+(?:<redacted>)?)")  # W&B's 86-char keys (half masked first)
 # A chat webhook's URL path is its token (Slack's hooks, Discord's webhooks): the path goes.
 _CHAT_HOOK_RE = re.compile(r"(?i)((?:hooks\.slack\.com/(?:services|workflows|triggers)|discord(?:app)?\.com/api/webhooks)/)"
                            r"[\w/-]++")
-# A signed URL's signature (Azure SAS ``sig=``, S3's ``X-Amz-Signature=``, GCS's ``X-Goog-Signature=``).
-_URL_SIGNATURE_RE = re.compile(r"(?i)([?&;](?:sig|signature|x-amz-signature|x-goog-signature)=)[^&\s'\"#]++")
+# A signed URL's signature and credentials (Azure SAS ``sig=``, S3's ``X-Amz-Signature=``, ``-Credential=``,
+# ``-Security-Token=``, GCS's ``X-Goog-...``, CloudFront's and GCS v2's ``Signature=``) in a query: whatever
+# the value; S3's and GCS's names alone too (prose, a header: ``X-Amz-Signature: v``).
+_URL_SIGNATURE_RE = re.compile(r"(?i)([?&;](?:sig|signature|x-(?:amz|goog)-(?:signature|credential|security-token))=)"
+                               r"[^&\s'\"#]++")
+_SIGNED_PARAM_RE = re.compile(r"(?i)((?<![\w-])x-(?:amz|goog)-(?:signature|credential|security-token)['\"]?\s*[=:]\s*"
+                              r"['\"]?)(?!<redacted>)[^&\s'\"#,;]++")
+# ``sig=`` / ``signature=`` in prose only when its value reads as one (:func:`_signature`: ``sig=9``,
+# ``sig=SIGTERM``, ``Signature=valid`` stay).
+_PROSE_SIGNATURE_RE = re.compile(r"(?i)((?<![\w?&;-])(?:sig|signature)=)([^&\s'\"#,;()]{8,}+)")
 _SECRET_FLAG_RE = re.compile(r"^(--?[\w-]*(?:token|key|secret|password|passwd|passphrase|credential)[\w-]*)(=)(.+)$",
                              re.IGNORECASE)
 
@@ -161,8 +172,9 @@ def cut(text: str, limit: int) -> tuple[str, str]:
 
 
 def _mask_tail(kept: str) -> str:
-    """A URL password the cut split from its ``@`` (``postgres://u:PASS`` + cut) is masked."""
-    return _URL_USERINFO_TAIL_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", kept)
+    """A URL password the cut split from its ``@`` (``postgres://u:PASS`` + cut), and a token shape's
+    start (``wandb_v1_Zq…`` + cut), are masked."""
+    return _TOKEN_TAIL_RE.sub(REDACTED, _URL_USERINFO_TAIL_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", kept))
 
 
 def _cookie(m: re.Match[str]) -> str:
@@ -195,6 +207,14 @@ def _url_user(m: re.Match[str]) -> str:
     return f"{m.group(1)}{REDACTED}" if token and user != REDACTED else m.group(0)
 
 
+def _signature(m: re.Match[str]) -> str:
+    """A ``sig=``/``signature=`` value in prose, masked when it reads as a signature: a letter and a
+    digit, or 20 characters or more."""
+    v = m.group(2)
+    sig = v != REDACTED and (len(v) >= 20 or (any(c.isdigit() for c in v) and any(c.isalpha() for c in v)))
+    return f"{m.group(1)}{REDACTED}" if sig else m.group(0)
+
+
 def _inside(value: str, also: Sequence[str] = ()) -> str:
     for secret in also:
         if secret in value:
@@ -214,8 +234,10 @@ def _inside(value: str, also: Sequence[str] = ()) -> str:
         value = _BASIC_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
     if "hooks" in low or "webhooks" in low:
         value = _CHAT_HOOK_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
-    if "sig" in low and "=" in value:
+    if ("sig" in low and "=" in value) or "x-amz-" in low or "x-goog-" in low:
         value = _URL_SIGNATURE_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
+        value = _SIGNED_PARAM_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", value)
+        value = _PROSE_SIGNATURE_RE.sub(_signature, value)
     value = mask_commands(value)
     return _TOKEN_SHAPES_RE.sub(REDACTED, value)
 

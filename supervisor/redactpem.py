@@ -10,7 +10,8 @@ BEGIN on another stream, in another sample, or nowhere); and such a token amid o
 
 Over the lines of one stream (:class:`PemStream`): after a line that opens a key with no END after
 it, every line of its body (base64, RFC 1421 headers, a quote or a comma around them) is masked,
-up to its END line or the first line that is no key's, at most :data:`PEM_MAX_LINES` lines. A body
+up to its END line or the first line that is no key's, at most :data:`PEM_MAX_LINES` lines (a body
+line with spaces inside too, when its parts read as key material). A body
 line may carry the prefix every line of the stream gets (torchrun's ``[rank0]:``, a timestamp): the
 part it shares with the text before BEGIN on the opening line (digits read as alike, so a later
 stamp or another rank is the same prefix) is kept and the rest read as the body.
@@ -40,6 +41,9 @@ PEM_END_RE = re.compile(r"-----END [^\n-]{1,60}+-----")
 # quote and a comma around it (a key printed as a list of its lines); any other line ends the block
 # unsaid, so a BEGIN line cut short does not hide the lines after it.
 _PEM_LINE_RE = re.compile(r"\s*+['\"]?+(?:[A-Za-z0-9+/=]{1,128}+|[A-Za-z-]{1,32}+: [ -~]{0,128}+)?['\"]?+,?+\s*+")
+# A body line with spaces inside (a key pasted or wrapped with them: ``MIIEow... abc...``): read as
+# body when its parts together read as key material (:func:`_spaced_body`), so prose ends the block.
+_PEM_SPACED_RE = re.compile(r"\s*+['\"]?+([A-Za-z0-9+/=]{1,128}+(?:[ \t]++[A-Za-z0-9+/=]{1,128}+){1,16}+)['\"]?+,?+\s*+")
 _PEM_BODY_RE = re.compile(r"[A-Za-z0-9+/=\s\\:,-]*+")
 # A line (or a whole value) that is one token of 40+ base64 characters: a key's body line, whatever
 # came before it. Masked whole when it holds an upper- and a lowercase letter and a digit
@@ -52,6 +56,17 @@ _B64 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789
 
 def _mixed(token: str) -> bool:
     return any(c.isupper() for c in token) and any(c.islower() for c in token) and any(c.isdigit() for c in token)
+
+
+def _spaced_body(line: str, pos: int) -> bool:
+    """Whether ``line`` from ``pos`` is a body line with spaces inside: base64 parts that together
+    hold 16 characters or more, one of 8 or more, both cases and a digit ("Step 5 of 10" is none)."""
+    m = _PEM_SPACED_RE.fullmatch(line, pos)
+    if m is None:
+        return False
+    parts = m.group(1).split()
+    joined = "".join(parts)
+    return len(joined) >= 16 and max(map(len, parts)) >= 8 and _mixed(joined)
 
 
 def _turns(token: str) -> int:
@@ -136,7 +151,7 @@ class PemStream:
             return head[:keep] + REDACTED, line[end.end():]
         prefix = self._kept(head)
         for keep in (prefix, 0) if prefix else (0,):
-            if _PEM_LINE_RE.fullmatch(head, keep) is not None:
+            if _PEM_LINE_RE.fullmatch(head, keep) is not None or _spaced_body(head, keep):
                 self._left -= 1
                 return head[:keep] + REDACTED if head[keep:].strip() else head, ""
         self._left = 0  # not a key's line: the block ended unsaid (a one-line key cut short)

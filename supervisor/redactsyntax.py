@@ -30,6 +30,7 @@ from typing import Sequence
 
 from .redactnames import (NOT_SECRETS, SECRET_MARKERS, SHELL_DIRS, last_word_secret, names_secret, shell_dir_secret,
                           text_secret_name)
+from .redactprose import call_value, mask_calls, mask_sentences
 
 __all__ = ["NUMBER_RE", "REDACTED", "argv_passwords", "mask_commands", "mask_names"]
 
@@ -238,8 +239,8 @@ def _quoted_name(text: str, start: int, quote: str) -> bool:
 
 def _mask_assign(m: re.Match[str]) -> str:
     name, sep, value, q = m["name"], m["sep"], m["v"], m["q"]
-    if value == REDACTED or (not q and value.lower() in NOT_SECRETS):
-        return m.group(0)
+    if value == REDACTED or (not q and (value.lower() in NOT_SECRETS or call_value(value, m.string, m.end()))):
+        return m.group(0)  # api_key=None; api_key=os.getenv('K'): a call, its literals read by mask_calls
     if "," in sep and not _quoted_name(m.string, m.start(), sep.lstrip("\\")[0]):
         return m.group(0)  # "the key", x: a quoted phrase, not a quoted name
     if name.lower().endswith("pass") and last_word_secret(name) and (
@@ -266,6 +267,8 @@ def _mask_assign(m: re.Match[str]) -> str:
         # must end with the marker and the value look like a secret (or follow a flag's dash).
         word = _word_before(m.string, m.start())  # what the name is the end of: a flag, a path
         flag = word.startswith("-")
+        if not flag and value.rstrip(":=").lower() in ("is", "was"):
+            return m.group(0)  # "password was: X": a sentence's (mask_sentences), X read on its own
         ends = name.upper().rstrip("0123456789_").endswith(SECRET_MARKERS) or last_word_secret(name)
         if "/" in word or not (flag or (ends and _LOOKS_SECRET_RE.search(value.rstrip(".!?")))):
             return m.group(0)
@@ -289,10 +292,11 @@ def _assignments(text: str) -> str:
 
 
 def mask_names(text: str) -> str:
-    """The values of secret-named keys, elements and attributes in ``text`` masked."""
+    """The values of secret-named keys, elements and attributes, and the secrets said with no key
+    (:mod:`supervisor.redactprose`: a secret-named call's literals, "the password is X"), masked."""
     up = text.upper()
     if not any(mark in up for mark in NAME_MARKS):
-        return text
+        return mask_calls(text) if "LOG" in up or "SIGNIN" in up else text
     if "</" in text:
         text = _XML_RE.sub(_xml, text)
     if "&LT;/" in up:
@@ -303,7 +307,7 @@ def mask_names(text: str) -> str:
             text = _INPUT_RE.sub(_input, text)
     if " FOR " in up:
         text = _PROMPT_RE.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
-    return _assignments(text)
+    return _assignments(mask_sentences(mask_calls(text)))
 
 
 def _input(m: re.Match[str]) -> str:

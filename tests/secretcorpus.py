@@ -131,6 +131,35 @@ SECRET_LINES: tuple[tuple[str, str], ...] = (
     ("config dump: -----BEGIN PRIVATE KEY----- MIIEvQIBADANBgkqhkiG9w0BAQEFAASCzqK8xone -----END PRIVATE KEY----- ok",
      "zqK8xone"),
     ("[rank0]: tls: 'MIIEowIBAAKCAQEAzqK9xprefixed0Pq1Rs2Tu3Vw4Xy5Za6Bc7De8Fg9', done", "zqK9xprefixed0Pq1"),
+    # The seventh review's (issue 34, a blind job's samples at every sink): a secret as the quoted
+    # argument of a secret-named call, signed-URL parameters alone or in a query, prose's "password
+    # is X", W&B's new key shape (``wandb_v1_`` and 77 word characters, an "_" inside them).
+    ("set_password('zqM1xsetpw0abcdefgh')", "zqM1xsetpw0abcdefgh"),
+    ("keyring.set_password('svc', 'trainer', 'zqM2xkeyring')", "zqM2xkeyring"),
+    ('client.login(user, "zqM3xlogin22")', "zqM3xlogin22"),
+    ('huggingface_hub.login("zqM4xhflogin0abc")', "zqM4xhflogin0abc"),
+    ('Secret("zqM5xsecretcall")', "zqM5xsecretcall"),
+    ("HfFolder.save_token( 'zqM6xsavetok' )", "zqM6xsavetok"),
+    ("set_api_key(b'zqM7xapikey', region='us')", "zqM7xapikey"),
+    ("hash = check_password_hash(stored, 'zqM8xcheck')", "zqM8xcheck"),
+    ("X-Amz-Signature=zqM9xamzprose0abcdef", "zqM9xamzprose0abcdef"),
+    ("https://b.s3.amazonaws.com/k?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=zqN4xamzcred%2F20260101%2F"
+     "us-east-1%2Fs3%2Faws4_request&X-Amz-Date=20260101T000000Z&X-Amz-Expires=900&X-Amz-SignedHeaders=host", "zqN4xamzcred"),
+    ("https://b.s3.amazonaws.com/k?X-Amz-Security-Token=zqN5xamztok&X-Amz-Expires=900", "zqN5xamztok"),
+    ("https://b.s3.amazonaws.com/k?X-Amz-Expires=9&X-Amz-Signature=zqN6xamzsig", "zqN6xamzsig"),
+    ("presigned https://b.s3.amazonaws.com/k?X-Amz-Signature=zqN7x", "zqN7x"),
+    ("X-Goog-Credential=zqN8xgoogcred%2F20260101 X-Goog-Signature=zqN9xgoogsig0abc", "zqN8xgoogcred"),
+    ("X-Goog-Credential=a%2F1 X-Goog-Signature=zqN9xgoogsig0abc", "zqN9xgoogsig0abc"),
+    ("signed Signature=zqO1xsig0prose1 Expires=1", "zqO1xsig0prose1"),
+    ("https://cdn.example.com/v.mp4?Expires=1&Signature=zqO2xcfsig~abc-d_&Key-Pair-Id=APKA0", "zqO2xcfsig"),
+    ("sas sig=zqO3xsasprose0%2Bab%3D", "zqO3xsasprose0"),
+    ("x-amz-signature: zqO4xhdrsig0abc", "zqO4xhdrsig0abc"),
+    ("the password is zqO5xhunter2", "zqO5xhunter2"),
+    ("Password was: zqO6xwas9!", "zqO6xwas9"),
+    ("The password is swordfishqz.", "swordfishqz"),
+    ("your api key is 'zqO7xapi'", "zqO7xapi"),
+    ("the secret was Zq8xCaseOnly, keep it", "Zq8xCaseOnly"),
+    ("wandb: logged in as trainer with wandb_v1_Zq7M4kWb0TestOnlyNotAKey3Xy_Pz8Lm2Nb6Vc4Xr1Ts5Uw9Yq3Ke7Hd0Jf2Gb6Mn8Pl4Rv1Sc5T", "wandb_v1_Zq7M4kWb0TestOnlyNotAKey3Xy"),
     ("pass\x1b[0mword=zqR3xansi", "zqR3xansi"),
     ("pass\u200bword=zqR3xzws", "zqR3xzws"),
 )
@@ -179,6 +208,14 @@ KEPT_LINES: tuple[str, ...] = (
     "20261207-184625-3392f9",
     "/mnt/Data/Experiments/run2024/checkpoints/Step1000",
     "checkpoints/Run2024Final/model/Weights00001of00004",
+    # Look-alikes of the seventh review's rules: a count's or a special token's call, a call as a
+    # value, a signal's sig, prose about a password, a W&B prefix alone.
+    "reset_password_count(3) api_key=os.getenv('WANDB_API_KEY') KeyError('missing') tokenizer('hello world')",
+    'AddedToken("<|endoftext|>", rstrip=False) token_to_id("[PAD]") getpass.getpass() login()',
+    "process killed sig=9 (SIGKILL), sig=SIGTERM; Signature=valid, signature verified; ?page=2&signed=true",
+    "the password is required; password was reset by admin; the password is too short; password is incorrect",
+    "the password was not changed, password is being rotated; the secret is out; your api key is invalid",
+    "wandb_v1_ keys are longer; wandb_v1_short",
     # Long tokens amid prose that read as names, not random base64 (few turns of case or digit).
     "built TransformerEncoderLayer2WithAttentionPoolingHead from /mnt/Data/Experiments/run2024/checkpoints",
 )

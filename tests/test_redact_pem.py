@@ -86,3 +86,23 @@ def test_the_stream_rules_stay_linear_on_hostile_lines() -> None:
     mask_keys(("Ab1" * 30 + " ") * 30_000)
     mask_keys("A" * 1_000_000)
     assert time.monotonic() - t0 < 5.0
+
+
+def test_a_body_line_with_a_space_inside_is_masked_as_body_and_prose_still_ends_the_block() -> None:
+    """The seventh review: a key pasted or wrapped with a space inside a body line (``MIIE... abc...``)
+    ended the block unsaid, and the line went out as it was. Its parts together read as key material
+    (16+ characters, both cases and a digit): body; words ("step 5 of 10", "epoch done") end it."""
+    spaced = ["MIIEowIBAAKCAQEA zqP1xSpaced0abcDEF123", "zqP2xTwo9Rst8 Uvw7Xyz6AbC5dEf4GhI3 jKl2", "zqP3xLast=="]
+    for prefix in ("", "[rank0]: ", "2026-12-07 21:00:01,123 INFO "):
+        lines = [f"{prefix}key: -----BEGIN RSA PRIVATE KEY-----", *(f"{prefix}{b}" for b in spaced),
+                 f"{prefix}-----END RSA PRIVATE KEY-----", f"{prefix}step 6 loss 2.1"]
+        shown = redact_lines(lines)
+        assert not leaked(shown) and shown[-1] == f"{prefix}step 6 loss 2.1", (prefix, shown)
+    quoted = redact_lines(["'-----BEGIN PRIVATE KEY-----',", f"'{spaced[0]}',", f"'{spaced[1]}',"])
+    assert not leaked(quoted), quoted
+    for prose in ("step 5 of 10", "epoch done", "Step 5 Done ok"):
+        shown = redact_lines(["-----BEGIN PRIVATE KEY-----", spaced[0], prose, "zqP3xLast=="])
+        assert shown[2] == prose and "zqP1x" not in shown[1], shown
+    t0 = time.monotonic()
+    redact_lines(["-----BEGIN PRIVATE KEY-----", *[("aB3 " * 1000)] * 300])
+    assert time.monotonic() - t0 < 5.0

@@ -53,6 +53,13 @@ SIXTH_LINES = ("os.putenv('HF_TOKEN', 'zqW1xputenv')", '<add key="Password" valu
                "&lt;password&gt;zqY3xhtml&lt;/password&gt;", "password = '''zqY8xtriple'''")
 SIXTH_SAMPLES = ["os.putenv('HF_TOKEN', '<redacted>')", '<add key="<redacted>" value="<redacted>"/>',
                  "&lt;password&gt;<redacted>&lt;/password&gt;", "password = '''<redacted>'''"]
+# The seventh review's (issue 34): a secret-named call's literal, a short presigned URL, a sentence
+# saying the password, W&B's new 86-character key.
+WANDB_V1 = "wandb_v1_Zq7M4kWb0TestOnlyNotAKey3Xy_Pz8Lm2Nb6Vc4Xr1Ts5Uw9Yq3Ke7Hd0Jf2Gb6Mn8Pl4Rv1Sc5T"
+SEVENTH_LINES = ("presigned https://b.s3.amazonaws.com/k?X-Amz-Signature=zqN7x", "set_password('zqM1xsetpw0abcdefgh')",
+                 "the password is zqO5xhunter2", f"wandb: logged in as trainer with {WANDB_V1}")
+SEVENTH_SAMPLES = ["presigned https://b.s3.amazonaws.com/k?X-Amz-Signature=<redacted>", "set_password('<redacted>')",
+                   "the password is <redacted>", "wandb: logged in as trainer with <redacted>"]
 ENV_SECRETS = ("jobenvsecret-2468", "daemonsecret-1357")
 CASES = {"first": (FIRST_LINES, ("wk0a1b2c3d4e5f", "hfx9y8z7w6v5", "bearertok.abc123", "918273645"), FIRST_SAMPLES,
                    "password: <redacted>"),
@@ -62,7 +69,9 @@ CASES = {"first": (FIRST_LINES, ("wk0a1b2c3d4e5f", "hfx9y8z7w6v5", "bearertok.ab
                     "pass=<redacted>"),
          "fifth": (FIFTH_LINES, ("zqU8xssl", "zqU2xwb", "zqU3xdb", "zqU6xmy"), FIFTH_SAMPLES, "-p<redacted> train"),
          "sixth": (SIXTH_LINES, ("zqW1xputenv", "zqX7xnet", "zqY3xhtml", "zqY8xtriple"), SIXTH_SAMPLES,
-                   "&lt;password&gt;<redacted>&lt;/password&gt;")}
+                   "&lt;password&gt;<redacted>&lt;/password&gt;"),
+         "seventh": (SEVENTH_LINES, ("zqM1xsetpw0abcdefgh", "zqN7x", "zqO5xhunter2", WANDB_V1[:36]), SEVENTH_SAMPLES,
+                     "the password is <redacted>")}
 
 
 def _blind_job(lines: tuple[str, ...]) -> str:
