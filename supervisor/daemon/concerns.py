@@ -14,14 +14,13 @@ from ..levels import Level
 from .effects import Effect, Note
 from .linger import linger
 from .plugin import Closes, DaemonStarted, Effects, Noted, OnNotes, OnStart, OnTicks, RunView, Tick
+from ..ops.control import ControlSocket
 from .ports import Notifier
 
 if TYPE_CHECKING:  # imported at start, only what is configured (prometheus_client: 12 ms)
-    from pathlib import Path
 
     from ..checkpoints.service import CheckpointService
     from ..config.model import Config
-    from ..ops.control import ControlServer
     from ..ops.metrics import Metrics
 
 log = structlog.get_logger("supervisor.daemon")
@@ -36,29 +35,26 @@ class OpsPlugin(OnStart, OnTicks, OnNotes, Closes):
     name = "ops"
 
     def __init__(self, notifier: Notifier, svc_of: Callable[[], CheckpointService | None] = lambda: None, *,
-                 status_interval_s: float = 5.0) -> None:
+                 status_interval_s: float = 5.0, control: ControlSocket | None = None) -> None:
         self.notifier = notifier
         self.status_interval_s = status_interval_s  # systemd.status_interval_s: STATUS= at most this often
         self._status_sent_at = float("-inf")
         self.svc_of = svc_of
-        self.control: ControlServer | None = None
+        self.control = control or ControlSocket()  # shared with the state-lock plug-in (it binds it again)
         self.metrics: Metrics | None = None
         self.refresh: Callable[[], Mapping[str, Any]] | None = None  # the status built now (on the loop)
         self.cfg: Config | None = None  # as of the last tick: a `restart --from` is checked against it
-        self.state_dir: Path | None = None
         self._last_status = float("-inf")
         self._status_line = ""
         self._loop_thread = threading.get_ident()
 
     def started(self, n: DaemonStarted, run: RunView) -> Effects:
-        from ..ops.control import ControlServer
         from .restartfrom import gate_restart_from
 
-        self.refresh, self.cfg, self.state_dir = n.refresh, run.cfg, run.state_dir
+        self.refresh, self.cfg = n.refresh, run.cfg
         self._loop_thread = threading.get_ident()  # started on the main loop's thread
-        self.control = ControlServer(run.state_dir, gate_restart_from(n.control, lambda: self.cfg or run.cfg,
-                                                                      run.state_dir, self.svc_of))
-        self.control.start()
+        self.control.bind(run.state_dir, gate_restart_from(n.control, lambda: self.cfg or run.cfg, run.state_dir,
+                                                           self.svc_of))
         mc, name = run.cfg.metrics, run.cfg.job.name
         if not (mc.listen or mc.textfile):
             return ()
@@ -83,18 +79,6 @@ class OpsPlugin(OnStart, OnTicks, OnNotes, Closes):
                                  "collected); give this run its own [job] name, or delete the other file if its run "
                                  "is over", {"textfile": path, "others": others}))
         return said
-
-    def rebind_control(self) -> None:
-        """Bind the control socket again in a re-created state dir (the old file went with the old
-        dir: no client could reach the socket still listening on it)."""
-        from ..ops.control import ControlServer
-
-        old = self.control
-        if old is None:
-            return
-        self.control = ControlServer(self.state_dir or old.path.parent, old.handler)
-        old.close()  # unlinks only its own file: the new dir has none yet
-        self.control.start()
 
     def tick(self, n: Tick, run: RunView) -> Effects:
         self.cfg = run.cfg

@@ -8,6 +8,7 @@ from typing import BinaryIO, Sequence
 
 from ..config.model import Config, ConfigSource
 from ..ledger.store import Ledger
+from ..ops.control import ControlSocket
 from ..ops.notify import Notifier
 from ..job.osapi import Clock, OsApi
 from ..job.output import SinkFanout
@@ -61,14 +62,15 @@ def build_daemon(cfg: Config, *, config: ConfigSource | None = None, passthrough
     goodput = GoodputPlugin()
     # [notify] first: it sees the events the others record while they start. Then discovery:
     # the health and checkpoint concerns read the checkpoint dir it may find.
-    ops = OpsPlugin(notifier, lambda: local.svc, status_interval_s=cfg.systemd.status_interval_s)
+    control = ControlSocket()  # bound by ops at start, bound again by the state lock in a re-created dir
+    ops = OpsPlugin(notifier, lambda: local.svc, status_interval_s=cfg.systemd.status_interval_s, control=control)
     discovery = CheckpointDiscoveryPlugin(lambda found, replace=False: local.adopt(found, replace=replace).notes(),
                                           local.newest)
     local.takes_checkpoint = discovery.hands_checkpoint  # each choice says whether it reaches the job
     concerns: list[Plugin] = [
         NotifyPlugin(), discovery, ops, watch, health, checkpoints, goodput,
         ValidationPlugin(goodput.tracks), ResumeWatchPlugin(), PrecursorPlugin(),
-                               StateLockPlugin(lock, ledger, rebind=[ops.rebind_control]), *extra]
+                               StateLockPlugin(lock, ledger, rebind=[control.rebind]), *extra]
     if cfg.web.listen:  # the live page: its own listener, imported only when configured
         from .webconcern import LivePagePlugin
 

@@ -384,3 +384,29 @@ class ControlServer:
             log.exception("control_handler_failed", verb=verb, error=str(e),
                           next="replied with an internal error; the daemon keeps running")
             return _reply_error("internal", f"{verb} failed inside the daemon: {e}")
+
+
+class ControlSocket:
+    """The daemon's one control socket as a value the wiring hands to the two plug-ins that need
+    it: the ops plug-in binds it at the daemon's start, the state-lock plug-in binds it again in a
+    re-created state dir (the old file went with the old dir). Neither holds the other."""
+
+    def __init__(self) -> None:
+        self.server: ControlServer | None = None
+
+    def bind(self, state_dir: str | os.PathLike[str], handler: Handler) -> None:
+        self.server = ControlServer(state_dir, handler)
+        self.server.start()
+
+    def rebind(self) -> None:
+        """Bind again at the same path (nothing bound yet: nothing to do)."""
+        old = self.server
+        if old is None:
+            return
+        self.server = ControlServer(old.path.parent, old.handler)
+        old.close()  # unlinks only its own file: the new dir has none yet
+        self.server.start()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
