@@ -40,27 +40,52 @@ UNHANDED_EVERY_S = 5.0
 FIX = "--resume-arg=--resume={checkpoint}"
 
 
+class JobTakesCheckpoint:
+    """Whether the job is known to take a checkpoint handed to it, as one value the wiring hands
+    the discovery plug-in (which keeps what it saw here: the config in force, the state dir, the
+    attempt, whether the job reads TSUP_RESUME_FROM) and the checkpoint store (which asks, on the
+    preparation thread: plain reads of what the loop's last reaction wrote). Neither holds the other."""
+
+    def __init__(self) -> None:
+        self.cfg: Config | None = None  # the config in force as the plug-in last saw or made it
+        self.state_dir: Path | None = None
+        self.attempt = -1
+        self.reads_env = False
+
+    def __call__(self) -> bool:
+        """Resume args (configured or inferred), or the job reads TSUP_RESUME_FROM (its source, or a
+        client heartbeat of this attempt or the one before: a relaunch's choice is made before its
+        job runs)."""
+        cfg = self.cfg
+        return (cfg is None or bool(cfg.job.resume_args) or self.reads_env or self._client_seen(self.attempt)
+                or (self.attempt > 0 and self._client_seen(self.attempt - 1)))
+
+    def _client_seen(self, attempt: int) -> bool:
+        assert self.state_dir is not None
+        try:
+            return any(heartbeat_dir(self.state_dir, max(attempt, 0)).iterdir())
+        except OSError:
+            return False
+
+
 class CheckpointDiscoveryPlugin(OnStart, OnAttempts, OnTicks, GivesStatus, Closes):
     """Finds the checkpoint dir and resume args the config leaves out; must start before the
     checkpoint and health concerns, which read the checkpoint dir when they start. Given by the
     wiring: ``adopt(cfg, replace)``, the checkpoint store opening its service on a found dir (what
-    it says, returned with the found config), and ``newest()``, the newest checkpoint seen (the
-    wiring also hands the store ``hands_checkpoint``)."""
+    it says, returned with the found config), ``newest()``, the newest checkpoint seen, and
+    ``takes``, what it learns of the job's resuming, shared with the store."""
 
     name = "checkpoint_discovery"
 
     def __init__(self, adopt: Callable[..., Effects] = lambda cfg, replace=False: (),
-                 newest: Callable[[], Candidate | None] = lambda: None) -> None:
+                 newest: Callable[[], Candidate | None] = lambda: None, takes: JobTakesCheckpoint | None = None) -> None:
         self.adopt = adopt
         self.newest = newest
-        self.cfg: Config | None = None  # the config in force as this last saw or made it
-        self.state_dir: Path | None = None
-        self.attempt = -1
+        self.takes = takes or JobTakesCheckpoint()
         self.found: FoundDir | None = None  # a dir not from the config (from the command or a scan)
         self.configured: Path | None = None
         self.roots: list[Path] = []  # where the scan looks while no dir is known
         self.inferred: InferredResume | None = None
-        self.reads_env = False
         self.since = 0.0
         self.by_scan = False  # the dir was found by a scan (it may move: Lightning's version_N/)
         self._attempt_wall = 0.0
@@ -230,20 +255,40 @@ class CheckpointDiscoveryPlugin(OnStart, OnAttempts, OnTicks, GivesStatus, Close
                      {"checkpoint": str(newest.path), "fix": FIX})]
 
     def hands_checkpoint(self) -> bool:
-        """The job is known to take a checkpoint handed to it: resume args (configured or
-        inferred), or it reads TSUP_RESUME_FROM (its source, or a client heartbeat of this attempt
-        or the one before: a relaunch's choice is made before its job runs). From the preparation
-        thread too: plain reads of what the loop's last reaction saw."""
-        cfg = self.cfg
-        return (cfg is None or bool(cfg.job.resume_args) or self.reads_env or self._client_seen(self.attempt)
-                or (self.attempt > 0 and self._client_seen(self.attempt - 1)))
+        return self.takes()
 
-    def _client_seen(self, attempt: int) -> bool:
-        assert self.state_dir is not None
-        try:
-            return any(heartbeat_dir(self.state_dir, max(attempt, 0)).iterdir())
-        except OSError:
-            return False
+    # What the shared value keeps, read and written under the names this plug-in always used.
+    @property
+    def cfg(self) -> Config | None:
+        return self.takes.cfg
+
+    @cfg.setter
+    def cfg(self, v: Config | None) -> None:
+        self.takes.cfg = v
+
+    @property
+    def state_dir(self) -> Path | None:
+        return self.takes.state_dir
+
+    @state_dir.setter
+    def state_dir(self, v: Path | None) -> None:
+        self.takes.state_dir = v
+
+    @property
+    def attempt(self) -> int:
+        return self.takes.attempt
+
+    @attempt.setter
+    def attempt(self, v: int) -> None:
+        self.takes.attempt = v
+
+    @property
+    def reads_env(self) -> bool:
+        return self.takes.reads_env
+
+    @reads_env.setter
+    def reads_env(self, v: bool) -> None:
+        self.takes.reads_env = v
 
     # ------------------------------------------------------------------ status
     def status(self, run: RunView) -> dict[str, Any]:

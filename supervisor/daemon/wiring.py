@@ -17,7 +17,7 @@ from .adapters import ProcessLauncher
 from .checkpointstore import CheckpointStorePort
 from .checkpointwatch import CheckpointWatch
 from .healthconcern import Backend, HealthMonitors, LaunchGatePort
-from .ckptdiscovery import CheckpointDiscoveryPlugin
+from .ckptdiscovery import CheckpointDiscoveryPlugin, JobTakesCheckpoint
 from .alerting import NotifyPlugin
 from .knownsecrets import teach_gate
 from .precursors import PrecursorPlugin
@@ -64,9 +64,10 @@ def build_daemon(cfg: Config, *, config: ConfigSource | None = None, passthrough
     # the health and checkpoint concerns read the checkpoint dir it may find.
     control = ControlSocket()  # bound by ops at start, bound again by the state lock in a re-created dir
     ops = OpsPlugin(notifier, lambda: local.svc, status_interval_s=cfg.systemd.status_interval_s, control=control)
+    takes = JobTakesCheckpoint()  # what discovery learns of the job's resuming; each choice says it (the store)
     discovery = CheckpointDiscoveryPlugin(lambda found, replace=False: local.adopt(found, replace=replace).notes(),
-                                          local.newest)
-    local.takes_checkpoint = discovery.hands_checkpoint  # each choice says whether it reaches the job
+                                          local.newest, takes)
+    local.takes_checkpoint = takes
     concerns: list[Plugin] = [
         NotifyPlugin(), discovery, ops, watch, health, checkpoints, goodput,
         ValidationPlugin(goodput.tracks), ResumeWatchPlugin(), PrecursorPlugin(),
