@@ -6,12 +6,14 @@ names are secrets' is :mod:`supervisor.redactnames`'. Kept apart so each module 
 Calls (:func:`mask_calls`): the quoted positional arguments of a call whose callee's name is a
 secret's by the words of its name (:func:`~supervisor.redactnames.names_secret`, the rule a
 mapping's key is read by): ``set_password('pw')``, ``keyring.set_password('svc', 'user', 'pw')``,
-``HfFolder.save_token('t')``, ``Secret("s")``, ``check_password_hash(h, 'pw')``. Decided, as the
-name rule already decides ``token_count="hello"``: ``token_count("hello")`` goes too (a word of the
-name is ``token``; a small price), ``reset_password_count(3)`` stays (a number is no quoted
-literal), and the names the rule keeps are kept here (``tokenizer("hi")``, ``key_file("/p")``,
-``num_key_value_heads(...)``). An exception's name says what went wrong (``KeyError('step')``,
-``TokenExpiredError("...")``): kept. A login call's literals go whole, weaker by design
+``HfFolder.save_token('t')``, ``Secret("s")``, ``check_password_hash(h, 'pw')``, ``set_api_key('k')``;
+the names that rule keeps are kept here (``tokenizer("hi")``, ``key_file("/p")``). Decided, narrower
+than a key's name (a call's literal is what the call works on, a key's value is what it names): a
+callee whose last word counts or looks up (``token_count("hello")``, ``token_to_id("hello")``,
+``reset_password_count(3)``) stays, though ``token_count=hello`` goes; the word ``key`` alone is no
+secret's in a callee (``cache_key("m")``, ``gen_key("rsa")``, ``key("x")``), only after ``api``,
+``private``, ``secret``, ``access`` and the like. An exception's name says what went wrong
+(``KeyError('step')``, ``TokenExpiredError("...")``): kept. A login call's literals go whole, weaker by design
 (``client.login(user, "pw")``, ``huggingface_hub.login("hf_...")``, ``smtp.login("me", "pw")``: the
 user's name goes with its password; the callee's last word ``login``, ``logon``, ``signin`` or
 ``authenticate``). A keyword argument is read by its own name (``login(token='t')`` goes by
@@ -44,6 +46,12 @@ _QUOTED = r"'(?:[^'\\\n]|\\.)*+'|\"(?:[^\"\\\n]|\\.)*+\""
 _CALL_RE = re.compile(rf"(?<![\w$])(?P<callee>[A-Za-z_]\w{{0,127}}+)[ \t]{{0,4}}+\((?P<args>(?:{_QUOTED}|[^()'\"\n])*+)\)")
 _ARG_TOKEN_RE = re.compile(rf"(?P<s>{_QUOTED})|(?P<o>[^'\"]++|['\"])")
 _LOGIN_WORDS = frozenset({"login", "logon", "signin", "authenticate"})
+# A callee's last word that counts or looks up what it is given (``token_count("hi")``, ``token_to_id("hi")``).
+_COUNTING_WORDS = frozenset({"count", "counts", "num", "len", "length", "size", "id", "ids", "index", "type"})
+# "key" alone names a cache's, a sort's or a dict's key (``cache_key("m")``, ``gen_key("rsa")``): a secret's
+# only after one of these (``set_api_key``, ``load_private_key``, ``secret_key``).
+_KEY_QUALIFIERS = frozenset({"api", "private", "secret", "access", "signing", "encryption", "ssh", "master", "license",
+                             "auth", "client", "service", "account"})
 _EXCEPTION_ENDINGS = ("Error", "Exception", "Warning")
 _WORD_SPLIT_RE = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 # A tokenizer's special token: <pad>, </s>, <|endoftext|>, [PAD], [CLS].
@@ -54,10 +62,13 @@ _CALL_REST_RE = re.compile(r"[^()\n]{0,512}+\)")
 
 
 def _secret_callee(callee: str) -> bool:
-    if callee.endswith(_EXCEPTION_ENDINGS):
-        return False
     words = [w.lower() for w in _WORD_SPLIT_RE.split(callee) if w]
-    return names_secret(callee) or (bool(words) and words[-1] in _LOGIN_WORDS)
+    if not words or callee.endswith(_EXCEPTION_ENDINGS) or words[-1] in _COUNTING_WORDS:
+        return False
+    if words[-1] in _LOGIN_WORDS:
+        return True
+    return names_secret(callee) and any(
+        names_secret(w) and (w != "key" or (i > 0 and words[i - 1] in _KEY_QUALIFIERS)) for i, w in enumerate(words))
 
 
 def _kept_literal(inner: str) -> bool:

@@ -212,6 +212,7 @@ KEPT_LINES: tuple[str, ...] = (
     # value, a signal's sig, prose about a password, a W&B prefix alone.
     "reset_password_count(3) api_key=os.getenv('WANDB_API_KEY') KeyError('missing') tokenizer('hello world')",
     'AddedToken("<|endoftext|>", rstrip=False) token_to_id("[PAD]") getpass.getpass() login()',
+    'token_count("hello") tokenizer.token_to_id("hello") cache_key("model-7b") gen_key("rsa") key("x")',
     "process killed sig=9 (SIGKILL), sig=SIGTERM; Signature=valid, signature verified; ?page=2&signed=true",
     "the password is required; password was reset by admin; the password is too short; password is incorrect",
     "the password was not changed, password is being rotated; the secret is out; your api key is invalid",

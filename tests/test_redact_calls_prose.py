@@ -41,8 +41,12 @@ def test_the_call_rules_look_alikes_and_its_decisions() -> None:
             "os.environ.get('HF_TOKEN')")
     for line in kept:
         assert redact_line(line) == line, line
-    # Decided as the name rule decides token_count="hello": a word of the name is "token".
-    assert redact_line('token_count("hello")') == f'token_count("{R}")'
+    # Decided narrower than a key's name (token_count=hello goes): a callee that counts or looks up
+    # stays, and "key" alone names no secret in a callee (set_api_key does).
+    for line in ('token_count("hello")', 'tokenizer.token_to_id("hello")', 'get_token_count("a b")',
+                 'cache_key("model-7b")', "gen_key('rsa')", 'key("x")'):
+        assert redact_line(line) == line, line
+    assert redact_line("load_private_key('pk18') secret_key('sk19')") == f"load_private_key('{R}') secret_key('{R}')"
     # A call as a value is kept only when it is one: a dotted name, "(", its arguments, ")".
     assert redact_line("password=Tr0ub4dor( next") == f"password={R} next"
     assert redact_line("api_key=get_api_key('lit12')") == f"api_key=get_api_key('{R}')"
