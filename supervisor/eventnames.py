@@ -182,6 +182,7 @@ class EventName(StrEnum):
     METRIC_FILES_SCAN_CAPPED = "metric_files_scan_capped"
     METRIC_FILES_SCAN_FAILED = "metric_files_scan_failed"
     METRIC_FILES_SINK_FAILED = "metric_files_sink_failed"
+    METRIC_LINES_UNREAD = "metric_lines_unread"
     METRICS_BLIND = "metrics_blind"
     METRICS_SEEN = "metrics_seen"
     EVAL_NONFINITE = "eval_nonfinite"

@@ -44,9 +44,12 @@ REDACTED = "<redacted>"
 # past escaped quotes; a nested call's "(" ends the search: that inner call is read on its own).
 _QUOTED = r"'(?:[^'\\\n]|\\.)*+'|\"(?:[^\"\\\n]|\\.)*+\""
 _CALL_RE = re.compile(rf"(?<![\w$])(?P<callee>[A-Za-z_]\w{{0,127}}+)[ \t]{{0,4}}+\((?P<args>(?:{_QUOTED}|[^()'\"\n])*+)\)")
+_QUOTED_RE = re.compile(_QUOTED)
 _ARG_TOKEN_RE = re.compile(rf"(?P<s>{_QUOTED})|(?P<o>[^'\"]++|['\"])")
 _LOGIN_WORDS = frozenset({"login", "logon", "signin", "authenticate"})
 # A callee's last word that counts or looks up what it is given (``token_count("hi")``, ``token_to_id("hi")``).
+_CALLEE_MARKS = ("TOKEN", "KEY", "SECRET", "PASS", "CREDENTIAL", "PWD", "AUTH", "COOKIE", "SESS", "LOGIN", "LOGON",
+                 "SIGNIN")
 _COUNTING_WORDS = frozenset({"count", "counts", "num", "len", "length", "size", "id", "ids", "index", "type"})
 # "key" alone names a cache's, a sort's or a dict's key (``cache_key("m")``, ``gen_key("rsa")``): a secret's
 # only after one of these (``set_api_key``, ``load_private_key``, ``secret_key``).
@@ -62,6 +65,9 @@ _CALL_REST_RE = re.compile(r"[^()\n]{0,512}+\)")
 
 
 def _secret_callee(callee: str) -> bool:
+    up = callee.upper()
+    if not any(mark in up for mark in _CALLEE_MARKS):  # most calls: no word to split
+        return False
     words = [w.lower() for w in _WORD_SPLIT_RE.split(callee) if w]
     if not words or callee.endswith(_EXCEPTION_ENDINGS) or words[-1] in _COUNTING_WORDS:
         return False
@@ -76,9 +82,17 @@ def _kept_literal(inner: str) -> bool:
             or _SPECIAL_TOKEN_RE.fullmatch(inner) is not None)
 
 
+def _literal(t: re.Match[str]) -> str:
+    s = t.group(0)
+    return s if _kept_literal(s[1:-1]) else s[0] + REDACTED + s[0]
+
+
 def _call(m: re.Match[str]) -> str:
     if not _secret_callee(m["callee"]):
         return m.group(0)
+    if "=" not in m["args"]:  # positional arguments only: each literal read alone
+        args = _QUOTED_RE.sub(_literal, m["args"])
+        return m.group(0) if args == m["args"] else f"{m.group(0)[:m.start('args') - m.start()]}{args})"
     out: list[str] = []
     keyword = False  # the argument read is a keyword's (``name=``): its own name decides
     for t in _ARG_TOKEN_RE.finditer(m["args"]):
@@ -153,6 +167,6 @@ def _sentence(m: re.Match[str]) -> str:
 def mask_sentences(text: str) -> str:
     """The word a sentence says a password, a secret or an API key is (``the password is X``)."""
     low = text.lower()
-    if " is" not in low and " was" not in low:
+    if (" is" not in low and " was" not in low) or not ("pass" in low or "secret" in low or "api" in low):
         return text
     return _SENTENCE_RE.sub(_sentence, text)

@@ -38,11 +38,15 @@ NOT_READERS: dict[str, str] = {
                                      "before each hit, AHEAD_READ a look; lines past max_line_chars not parsed)",
     "supervisor/watch/parsers.py": "pure: line parsers over lines already bounded",
     "supervisor/watch/precursor.py": "pure: verdicts over records already parsed",
+    "supervisor/watch/pyjson.py": "pure: JSON lines already bounded (max_line_chars, MAX_RECORD_LINE); one linear "
+                                  "rewrite pass, nesting bounded by the decoder (tests/watch/test_pyjson.py)",
     "supervisor/watch/quiet.py": "rate limit of the file readers' warnings",
     "supervisor/watch/records.py": "pure: numbers and records",
     "supervisor/watch/sources.py": "bookkeeping of 32 sources at most",
     "supervisor/watch/structlines.py": "pure: structured lines already bounded",
     "supervisor/watch/textrules.py": "data: the detectors' regexes",
+    "supervisor/watch/unparsed.py": "bookkeeping: counts in the source book (32 sources), 16 notices held, "
+                                    "300-character samples",
     "supervisor/checkpoints/__init__.py": "package exports",
     "supervisor/checkpoints/_loadtest_script.py": "runs in the job's Python, never in the daemon (loadtest.py reads it)",
     "supervisor/checkpoints/config.py": "config schema",

@@ -131,6 +131,7 @@ def metric_source_rows(result: Mapping[str, Any], rows: list[tuple[str, str]], s
             rows.append(("metric sources" if i == 0 else "",
                          f"{src.get('source')}: {', '.join(map(str, src.get('formats') or []))}, "
                          f"{src.get('records')} records" + (f", step {step}" if step is not None else "")
+                         + (f", {src['unread']} lines UNREAD (started like metric records)" if src.get("unread") else "")
                          + (f" ({age_text(src['age_s'])} ago)" if src.get("age_s") is not None else "")))
     blind = result.get("metrics_blind")
     if isinstance(blind, Mapping):

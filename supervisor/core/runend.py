@@ -5,7 +5,9 @@ A job's exit 0 says the job is done, not that it trained well. Before the daemon
 log watcher saw, the finite check of the newest checkpoint) and :func:`end_verdict` turns them
 into the words and the exit code:
 
-- ``watched``: at least one metric source yielded a record; exit 0.
+- ``watched``: at least one metric source yielded a record; exit 0. Lines that started like metric
+  records but gave none (``{"loss": tensor(nan)}``) are counted per source and said in the words
+  ("NOT fully watched: N lines of stdout ..."): the end never reads as full assurance over them.
 - ``unwatched``: no training metric was ever seen (NaN, spikes and progress went unwatched);
   "finished, unwatched", the job's exit 0 unchanged.
 - ``nonfinite_weights``: the newest checkpoint holds NaN/Inf tensors; "finished with non-finite
@@ -44,10 +46,11 @@ class SourceSeen:
     records: int
     last_step: int | None
     at_wall: float  # unix time of its last record
+    unread: int = 0  # lines that started like a metric record but gave none (NaN there went unjudged)
 
     def to_json(self) -> dict[str, Any]:
         return {"source": self.source, "formats": list(self.formats), "records": self.records,
-                "last_step": self.last_step, "at": round(self.at_wall, 3)}
+                "unread": self.unread, "last_step": self.last_step, "at": round(self.at_wall, 3)}
 
 
 @dataclass(frozen=True)
@@ -96,19 +99,44 @@ def _last_step(facts: EndFacts) -> SourceSeen | None:
     return max(stepped, key=lambda s: s.at_wall) if stepped else None
 
 
+def watched_sources(facts: EndFacts) -> tuple[SourceSeen, ...]:
+    """The sources that yielded a record (one with unread lines only was seen, not watched)."""
+    return tuple(s for s in facts.sources if s.records)
+
+
+def _source_text(s: SourceSeen) -> str:
+    said = [*s.formats, f"{s.records} record{'s' if s.records != 1 else ''}"]
+    if s.unread:
+        said.append(f"{s.unread} line{'s' if s.unread != 1 else ''} unread")
+    return f"{s.source} ({', '.join(said)})"
+
+
+def unread_text(facts: EndFacts) -> str:
+    """What was not read of what looked like metrics (empty when nothing): the end never reads as
+    full assurance over lines no reader could read."""
+    unread = [s for s in facts.sources if s.unread]
+    if not unread:
+        return ""
+    n = sum(s.unread for s in unread)
+    where = ", ".join(s.source for s in unread[:SAID]) + (f" and {len(unread) - SAID} more" if len(unread) > SAID
+                                                          else "")
+    return (f"; NOT fully watched: {n} line{'s' if n != 1 else ''} of {where} started like metric records but "
+            "gave none, so a NaN or spike in them was not judged (metric_lines_unread says why)")
+
+
 def watched_text(facts: EndFacts, wall: float) -> str:
     """``watched: stdout (hf, 120 records), tb:/x (tensorboard, 12 records); last step 1000, 3.2 s
-    before the end``, or what it means that nothing was seen."""
-    if not facts.sources:
+    before the end``, or what it means that nothing was seen; and the lines that started like metric
+    records but gave none, when there were any (:func:`unread_text`)."""
+    if not watched_sources(facts):
         return ("watched: no metric source yielded a training step or metric in this daemon's life (NaN, loss "
-                "spikes and step progress were NOT watched)")
-    parts = [f"{s.source} ({', '.join(s.formats)}, {s.records} record{'s' if s.records != 1 else ''})"
-             for s in facts.sources[:SAID]]
+                f"spikes and step progress were NOT watched){unread_text(facts)}")
+    parts = [_source_text(s) for s in facts.sources[:SAID]]
     more = f" and {len(facts.sources) - SAID} more" if len(facts.sources) > SAID else ""
     last = _last_step(facts)
     step = (f"; last step {last.last_step}, {max(0.0, wall - last.at_wall):.1f} s before the end" if last
             else "; no record named a step")
-    return f"watched: {', '.join(parts)}{more}{step}"
+    return f"watched: {', '.join(parts)}{more}{step}{unread_text(facts)}"
 
 
 def weights_text(w: WeightsCheck) -> str:
@@ -126,7 +154,7 @@ def end_verdict(facts: EndFacts, *, attempt: int, ran_s: float, wall: float) -> 
     ran = f"the job exited 0 after {ran_s:.1f} s (attempt {attempt})"
     weights = weights_text(facts.weights)
     unwatched = (f"finished, unwatched: {ran}, but no training metric was ever seen; {watched}"
-                 if not facts.sources else None)
+                 if not watched_sources(facts) else None)
     if facts.weights.finite is False:
         nan = f"finished with non-finite weights in {facts.weights.checkpoint}: {weights}"
         reason = (f"{nan}; {'finished, unwatched; ' if unwatched else ''}{ran}; {watched}. Nothing resumed or "

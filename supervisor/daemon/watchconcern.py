@@ -67,6 +67,10 @@ class HeldLines:
         elif records is not None:
             target.feed_records(source, records)
 
+    def note_unread(self, source: str, line: str, why: str) -> None:
+        if self._target is not None:  # the metric files are read once it is attached (monitors() builds it)
+            self._target.note_unread(source, line, why)
+
     def attach(self, target: LogWatcher) -> None:
         """From now on ``target`` gets everything, first what was held meanwhile."""
         with self._lock:
@@ -273,7 +277,7 @@ class WatchPlugin(OnStart, OnAttempts, OnTicks, GivesMonitors, GivesJobEnv, Give
             return facts  # no watcher: nothing was seen
         mono, wall = self.clock.monotonic(), self.clock.time()
         return replace(facts, sources=tuple(SourceSeen(s.source, s.formats, s.records, s.last_step,
-                                                       wall - max(0.0, mono - s.at))
+                                                       wall - max(0.0, mono - s.at), s.unread)
                                             for s in self.logwatch.sources.states()))
 
     def _hang_suspected(self, det: Detection, look: LookResult, busy_for_s: float) -> None:

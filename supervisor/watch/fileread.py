@@ -21,9 +21,10 @@ import structlog
 
 from ..core.observations import MetricRecord
 from ..logsite import log_helper
-from .filerows import FileState, csv_records, jsonl_records, set_header
+from .filerows import FileState, Unread, csv_records, jsonl_records, set_header
 from .mlflowstore import StoreUnreadable, file_store_key, file_store_records
 from .parsers import MetricParser
+from .pyjson import unread_reason
 from .quiet import QuietLog
 from .readbounds import MAX_RECORD_LINE, READ_CHUNK, open_followed, scan_lines
 from .tbevents import RESYNC_CHECKS_PER_S, TBReader, group
@@ -47,9 +48,11 @@ class FileReader:
     """Reads followed files; its warnings go through one :class:`QuietLog` (the monitor's thread
     alone calls it)."""
 
-    def __init__(self, quiet: QuietLog | None = None, parser: MetricParser | None = None) -> None:
+    def __init__(self, quiet: QuietLog | None = None, parser: MetricParser | None = None,
+                 unread: Unread | None = None) -> None:
         self.quiet = quiet or QuietLog(log)
         self.parser = parser or MetricParser()  # text logs' lines: every trainer format, then the generic one
+        self.unread = unread  # told of a JSON-shaped metric line that gives no record (the log watcher counts it)
 
     # -- a file from before the run ----------------------------------------------------------------
 
@@ -152,7 +155,7 @@ class FileReader:
                 return self._log_records(f, lines)
             if f.kind == "mlflow":
                 return file_store_records(file_store_key(f.path), lines, source_of(f))
-            return csv_records(f, lines) if f.kind == "csv" else jsonl_records(f, lines, source_of(f))
+            return csv_records(f, lines) if f.kind == "csv" else jsonl_records(f, lines, source_of(f), self.unread)
         except Exception as exc:  # bad content of one file must not stop the others
             self._warn(f, "metric_file_unreadable", repr(exc), "its later content is still read")
             return []
@@ -164,9 +167,14 @@ class FileReader:
         for raw in lines:
             if not any(k in raw for k in _LOG_KEYWORDS):
                 continue
-            rec = self.parser.parse(raw.decode("utf-8", "replace").rstrip("\r\n"), source)
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            rec = self.parser.parse(line, source)
             if rec is not None and rec.fmt != "progress":  # a bar's position is no metric
                 out.append(rec)
+            elif rec is None and self.unread is not None and b'{"' in raw:
+                why = unread_reason(line, self.parser.max_line_chars)
+                if why is not None:
+                    self.unread(source, line, why)
         return out
 
     def _read_db(self, f: FileState) -> tuple[list[MetricRecord], bool]:

@@ -5,7 +5,10 @@ CSV: the first line is the header; a file whose header names no loss-like column
 (until it changes: :mod:`.fileread` looks again). After a rewrite (Lightning's ``CSVLogger`` adds
 a column) the rows already consumed are skipped by count (``skip_rows``). JSONL: each line a JSON
 object; one with a loss-like key is a record; a file whose first ``JSONL_PROBE_LINES`` lines hold
-none is dropped (a dataset, not metrics; looked at again when it changes). Lines come from a
+none is dropped (a dataset, not metrics; looked at again when it changes). Python's ``nan`` /
+``inf`` (an f-string's ``{"loss": nan}``) are read as values (:mod:`.pyjson`); a line that starts
+like a metric record but gives none is told to ``unread`` (said and counted by the log watcher),
+never counted as a probe miss. Lines come from a
 :class:`~.readbounds.BoundedLines` (without their newline): an over-long one arrives empty.
 """
 
@@ -15,14 +18,18 @@ import csv
 import io
 import json
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..core.observations import MetricRecord
 from .mlflowstore import MlflowDb
-from .readbounds import BoundedLines
+from .pyjson import python_spelled, unread_reason
+from .readbounds import MAX_RECORD_LINE, BoundedLines
 from .records import canonical_key, make_record, parse_number, record_from_mapping
 from .tbevents import TBReader
 
 JSONL_PROBE_LINES = 50
+#: Told of a line that starts like a metric record but gives none: (source, the line, why).
+Unread = Callable[[str, str, str], None]
 
 
 @dataclass
@@ -92,7 +99,8 @@ def csv_records(f: FileState, lines: list[bytes]) -> list[MetricRecord]:
     return out
 
 
-def jsonl_records(f: FileState, lines: list[bytes], source: str) -> list[MetricRecord]:
+def jsonl_records(f: FileState, lines: list[bytes], source: str, unread: Unread | None = None) -> list[MetricRecord]:
+    """``unread``: told of each line that starts like a metric record but gives none (its text, why)."""
     out: list[MetricRecord] = []
     for raw in lines:
         raw = raw.strip()
@@ -101,9 +109,17 @@ def jsonl_records(f: FileState, lines: list[bytes], source: str) -> list[MetricR
         else:
             try:
                 obj = json.loads(raw)
-            except ValueError:
+            except ValueError:  # {"loss": nan} written with an f-string: Python's spellings read as JSON's
+                obj = python_spelled(raw)
+            except RecursionError:  # nested deeper than the decoder goes
                 obj = None
             rec = record_from_mapping(obj, "jsonl", source, None) if isinstance(obj, dict) else None
+            if rec is None and unread is not None:
+                text = raw.decode("utf-8", "replace")
+                why = unread_reason(text, MAX_RECORD_LINE)
+                if why is not None:
+                    unread(source, text, why)
+                    continue  # a metric line unread, said: no probe miss ("no loss-like key")
         if rec is None:
             if f.metric_lines == 0:
                 f.probed += 1
@@ -116,4 +132,4 @@ def jsonl_records(f: FileState, lines: list[bytes], source: str) -> list[MetricR
     return out
 
 
-__all__ = ["FileState", "JSONL_PROBE_LINES", "csv_records", "jsonl_records", "set_header"]
+__all__ = ["FileState", "JSONL_PROBE_LINES", "Unread", "csv_records", "jsonl_records", "set_header"]

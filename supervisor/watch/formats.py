@@ -12,6 +12,7 @@ import time
 from ..core.observations import MetricRecord
 from .records import (KEYS, LOSS_FIELDS, NUM, NUM_END, canonical_key, field_of, make_record, nan_noun_after,
                       parse_human, parse_number, record_from_mapping)
+from .pyjson import python_spelled
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # Every other escape sequence (OSC: a terminal title or hyperlink, up to BEL or ST; DCS, SOS, PM, APC;
@@ -75,7 +76,9 @@ def parse_json(line: str, source: str = "", rank: int | None = None) -> MetricRe
         return None
     try:
         d = json.loads(line)  # accepts NaN / Infinity / -Infinity as Python does
-    except (ValueError, RecursionError):  # not JSON, or nested deeper than the decoder goes
+    except ValueError:  # an f-string's {"loss": nan}: Python's spellings read as JSON's (else None)
+        d = python_spelled(line)
+    except RecursionError:  # nested deeper than the decoder goes
         return None
     if not isinstance(d, dict):
         return None

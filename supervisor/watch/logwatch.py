@@ -27,14 +27,14 @@ from .nanahead import NanAhead
 from .records import record_evidence
 from .nannotes import NanNotes
 from .parsers import METRIC_KEYWORDS, MetricParser
-from .sources import SourceBook
+from .sources import CLIENT_METRICS_MARKER, SourceBook, origin_of
+from .unparsed import UnreadLines
 
 log = structlog.get_logger("supervisor.watch")
 
 # Text detectors look at most at this much of one line: the evidence is at the start, and a
 # megabyte line must not cost a megabyte of regex work per rule.
 _MAX_SCAN_CHARS = 8192
-CLIENT_METRICS_MARKER = "/metrics-rank"
 
 
 class ProgressSink(Protocol):
@@ -116,6 +116,7 @@ class LogWatcher:
         self._fired: set[Cause] = set()
         # What each source yielded (status: metric_sources), and the blind bound (metrics_blind).
         self.sources = SourceBook(clock)
+        self.unread = UnreadLines(self.sources, clock)  # lines that start like a record but gave none: said
         self.blind = BlindWatch(cfg.blind_after_lines, cfg.blind_after_s, user_regexes=cfg.parsers.regexes,
                                 started_at=clock())
 
@@ -333,6 +334,8 @@ class LogWatcher:
             self._formats[rec.fmt] = self._formats.get(rec.fmt, 0) + 1
             self._noted(source, rec)
             records.append(rec)
+        elif mask & 1 and '{"' in line:
+            self.unread.line(source, line, self._parser.max_line_chars)  # a JSON metric line no reader read: said
         if mask < 2:
             return
         scan = line if len(line) <= _MAX_SCAN_CHARS else line[:_MAX_SCAN_CHARS]
@@ -370,6 +373,11 @@ class LogWatcher:
         self.sources.note(source, rec.fmt, rec.step)
         self.blind.stepped(source, rec.fmt, rec.step)
 
+    def note_unread(self, source: str, line: str, why: str) -> None:
+        """A metric file's line that starts like a record but gave none (:mod:`.unparsed`); thread-safe."""
+        with self._lock:
+            self.unread.note(source, line, why)
+
     def _collect_notices(self) -> None:
         for n in self._noters:
             if n.pending:
@@ -378,10 +386,10 @@ class LogWatcher:
             del self._notices[64:]
 
     def take_notices(self) -> list[Notice]:
-        """The ``nan_mentioned`` / ``eval_nonfinite`` warnings seen since the last call, oldest first
-        (the main loop logs them: :meth:`WatchConcern.tick`)."""
+        """The ``nan_mentioned`` / ``eval_nonfinite`` / ``metric_lines_unread`` warnings seen since the last
+        call, oldest first of each kind (the main loop logs them: the watch plug-in's tick returns them as notes)."""
         with self._lock:
-            out, self._notices = self._notices, []
+            out, self._notices = [*self._notices, *self.unread.take()], []
         return out
 
     def blind_notice(self, now: float) -> Notice | None:
@@ -401,6 +409,7 @@ class LogWatcher:
             self._bar_total = None
             self._epochs.reset(resume_step)
             self._fired.clear()
+            self.unread.reset(attempt)
             for d in self._detectors:
                 d.reset(resume_step)
         self.blind.reset(self._clock())  # the attempt's run time counts from here (metrics_blind)
@@ -425,16 +434,6 @@ class LogWatcher:
             "metric_sources": self.sources.snapshot(),
             "metrics_blind": self.blind.status(),
         }
-
-
-def origin_of(source: str, from_file: bool) -> str:
-    """Where a step was seen, for people: ``output (stdout)``, ``metric file /x/events...``."""
-    path = source.partition(":")[2] if source.startswith(("file:", "tb:")) else source
-    if CLIENT_METRICS_MARKER in source:
-        return f"client metrics {path}"
-    if from_file:
-        return f"metric file {path}"
-    return f"output ({source})" if source in ("stdout", "stderr") else f"log file {path}"
 
 
 def metric_dict(rec: MetricRecord) -> dict[str, object]:

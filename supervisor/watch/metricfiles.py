@@ -135,7 +135,7 @@ class MetricFiles:
         self._capped_logged = self._scan_failed = self._sink_failed = False
         self.scans = 0
         self.capped = False
-        self._reader = FileReader(QuietLog(log), parser)
+        self._reader = FileReader(QuietLog(log), parser, getattr(sink, "note_unread", None))  # lines said unread
         self._writers = Writers()  # whose a text log is: a NaN in a file the job never wrote is not acted on
         self._followed = FirstFew("metric_file_followed", log, "its metrics go to the detectors as the job writes them")
         # The supervisor's own output (the job's log copy where [job] log_file puts it, the daemon's

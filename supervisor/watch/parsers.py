@@ -3,7 +3,8 @@
 Formats recognised (``fmt`` of the record); ``tests/corpus/`` holds captured real output of each:
 
 - ``json``: ``{"step": 10, "loss": 2.3, "grad_norm": 1.1, "lr": 3e-4}`` (common key spellings),
-  also behind a logging prefix (``... INFO - {"step": ...}``).
+  also behind a logging prefix (``... INFO - {"step": ...}``); Python's ``nan`` / ``inf`` of an
+  f-string's line (``{"loss": nan}``) read as values (:mod:`.pyjson`).
 - ``hf``: Hugging Face Trainer's printed dicts. transformers 4.x prints numbers
   ``{'loss': 2.31, 'grad_norm': nan, 'learning_rate': 5e-05, 'epoch': 0.1}``, 5.x quoted strings
   ``{'loss': '2.31', 'grad_norm': 'nan', ...}``; ``{'eval_loss': ...}`` -> ``val_loss``; the final

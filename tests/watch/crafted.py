@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from supervisor.watch.parsers import MetricParser
+from supervisor.watch.pyjson import unread_reason
 from supervisor.watch.textrules import CKPT_RULES, CUDA_ERROR, GPU_RULES, NAN_TEXT_RULES, NCCL_RULES, OOM_RULES, XID_LINE
 
 Build = Callable[[int], str]
@@ -25,7 +26,12 @@ CRAFTED: dict[str, list[Build]] = {
     "json": [_rep('{"loss": ', "1", "x}"), _rep('{"loss": 1, "a": "', "\\u00", '}'),
              _rep('{"a": {', '"b": 1, ', '"c": 1}}'), _rep('{"step": 1, "train": {"loss": ', "1", "x}}"),
              _rep('{"record": {"message": "step 1", "extra": {', '"a": 1, ', '"loss": 1}}}'),
-             _rep('{"record": {"message": "', "step ", '1", "extra": {"loss": 1}}}')],
+             _rep('{"record": {"message": "', "step ", '1", "extra": {"loss": 1}}}'),
+             # issue 34: Python's spellings (an f-string's {"loss": nan}) read on a second pass; a line that
+             # still fails is said (pyjson.unread_reason): unclosed escapes, many words, deep, many keys
+             _rep('{"loss": nan, "a": "', '\\"', "}"), _rep('{"loss": ', "nan,", "x}"),
+             _rep('{"loss": nan, "a": ', "[", "]}"), _rep('{"loss": nan, "', 'a": inf, "', "x}"),
+             _rep('{"step": 1, "loss": nan, "a": "', "nan ", "x}")],
     "hf": [_rep("{'loss': ", "1", "x}"), _rep("{'", "'a", "}"), _rep("{'loss': 1, '", "a': ", "}")],
     "nanogpt": [_rep("iter 1: loss ", "1", "x"), _rep("step 1: train loss 1, val loss ", "1", " x")],
     "torchtitan": [_rep("step: 1  loss: ", "1", "x"), _rep("", "step: 1 "), _rep("step: 1 loss: 1 ", "tps: 1", "x")],
@@ -61,7 +67,8 @@ _RULES = [r.pattern for r in (*OOM_RULES, *NCCL_RULES, *GPU_RULES, *CKPT_RULES, 
 
 def parse_all(parser: MetricParser, line: str) -> None:
     """The work the watcher does for one line with every keyword in it: parse it, run every rule."""
-    parser.parse(line, "file:/x/metrics.log")
+    if parser.parse(line, "file:/x/metrics.log") is None and '{"' in line:
+        unread_reason(line, 1 << 20)  # the log watcher's look at a line no parser read (a JSONL file's bound)
     for rx in _RULES:
         rx.search(line)
     XID_LINE.search(line)

@@ -37,8 +37,8 @@ def test_source_book_keeps_formats_records_last_step_and_age_per_source():
     book.note("file:/x/metrics.csv", "csv", 4)
     clock.t += 1
     snap = {s["source"]: s for s in book.snapshot()}
-    assert snap["stdout"] == {"source": "stdout", "formats": ["kv", "hf"], "records": 2, "last_step": 10,
-                              "age_s": 1.0}
+    assert snap["stdout"] == {"source": "stdout", "formats": ["kv", "hf"], "records": 2, "unread": 0,
+                              "last_step": 10, "age_s": 1.0}
     assert snap["file:/x/metrics.csv"]["last_step"] == 4
     book.note("tb:/x/events", "tensorboard", 7)  # past the cap: the stalest source goes
     assert [s.source for s in book.states()][0] == "tb:/x/events" and len(book) == 2
