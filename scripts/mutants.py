@@ -93,7 +93,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("SIGTERM stop exits 0 (schedulers see success)", "supervisor/core/attempts.py",
              "    return 128 + int(signal_number(stop_signal))", "    return EXIT_OK",
              ("tests/core/test_machine.py",)),
-    Mutation("no SIGKILL escalation", "supervisor/job/shutdown.py",
+    Mutation("no SIGKILL escalation", "supervisor/daemon/jobstop.py",
              "        self.group.signal_group(signal.SIGKILL)", "        pass",
              ("tests/job/test_output_and_shutdown.py", "tests/daemon/test_runner_wiring.py")),
     Mutation("control socket mode 0666", "supervisor/ops/control.py",

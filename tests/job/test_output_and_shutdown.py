@@ -4,7 +4,7 @@ from __future__ import annotations
 import signal
 
 from supervisor.job.linesplit import MAX_LINE, TRUNCATED_MARKER, LineSplitter
-from supervisor.job.shutdown import Mode, Phase, Shutdown, ShutdownPlan
+from supervisor.daemon.jobstop import Mode, Phase, Shutdown, ShutdownPlan
 
 
 def test_partial_lines_are_held_until_complete():
