@@ -1,4 +1,4 @@
-"""The job process: spawn in its own session, its output through the keeper (how it ended: exitcause.py)."""
+"""The job process: spawn in its own session, its output through the keeper (how it ended: daemon/adapters.py, classify_exit)."""
 
 from __future__ import annotations
 
