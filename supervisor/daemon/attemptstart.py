@@ -19,7 +19,7 @@ from ..events import AttemptContext
 from ..core.observations import Detection, MetricRecord
 from ..job.launch import heartbeat_dir, launch_spec
 from ..job.process import LaunchSpec
-from . import attemptrows
+from .recorder import Snapshots, begin_row
 from .activity import AttemptActivity
 from .concernset import ConcernSet
 from ..eventnames import EventName
@@ -83,7 +83,7 @@ class SpawnResult:
 
 class AttemptStarter:
     def __init__(self, ports: Ports, concerns: ConcernSet, monitors: AttemptMonitors,
-                 snapshots: attemptrows.Snapshots, activity: AttemptActivity, state_dir: Path,
+                 snapshots: Snapshots, activity: AttemptActivity, state_dir: Path,
                  on_eof: Callable[[str], None]) -> None:
         self.ports = ports
         self.concerns = concerns
@@ -97,7 +97,7 @@ class AttemptStarter:
         """Record the attempt and spawn its job (an OSError is the result's ``error``, not raised)."""
         ports, clock = self.ports, self.ports.clock
         spec = launch_spec(cfg, cmd, run_id=run_id, state_dir=self.state_dir, job_env=self.concerns.job_env())
-        attemptrows.begin(ports.ledger, run_id, cmd, spec)
+        begin_row(ports.ledger, run_id, cmd, spec)
         self.concerns.before_spawn(AttemptSpawning(cmd.attempt, cmd.resume))
         self.activity.reset(clock.monotonic(), clock.time())
         try:

@@ -4,7 +4,7 @@ environment probe) is a message in the runner's inbox (``EffectHanded``), carrie
 takes it, so nothing crosses threads through shared attributes and none is lost to a run that ends
 first (the runner carries out what is left in its inbox at close). An attempt's fields
 (:class:`AttemptField`) are the one write path of its ledger row besides its launch and its end
-(:mod:`supervisor.daemon.attemptrows`).
+(:mod:`supervisor.daemon.recorder`).
 """
 
 from __future__ import annotations

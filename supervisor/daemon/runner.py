@@ -25,7 +25,6 @@ from ..core.messages import (EXIT_GAVE_UP, Activity, ArmTimer, Boot, Command, De
                             Record, RecordDetection, Reply, SignalJob, Spawned, SpawnFailed, CheckEnd, EndChecked,
                             StateChanged, StopJob, StopRequested, TimerFired, detection_dict)
 from ..job.launch import config_json, drop_heartbeat_dir_if_empty
-from . import attemptrows
 from .activity import AttemptActivity
 from .attemptstart import AttemptStarter, prepare_launch
 from .concernset import ConcernSet
@@ -39,7 +38,7 @@ from .ports import Job, Ports
 from .recovery import close_previous_life
 from .reload import reload_config
 from .requests import RUNNER_VERBS, answer, ask, go_on, install_signal_handlers, machine_request
-from .recorder import EventRecorder, log_helper
+from .recorder import EventRecorder, Snapshots, end_row, log_helper
 from .status import StatusCache, booting_status, status_dict
 from ..core.observations import Detection, MetricRecord
 from ..job.output import SinkFanout
@@ -77,7 +76,7 @@ class Runner:
         self.writes = AttemptWriter(self.ledger, lambda: self.run_id)
         self.loop_thread = threading.get_ident()  # the main loop's (set again when it starts)
         self._view: RunView | None = None  # the turn's view, built at its first reader
-        self.snapshots = attemptrows.Snapshots(self.writes.write, ports.environment)
+        self.snapshots = Snapshots(self.writes.write, ports.environment)
         self.activity = AttemptActivity(self.clock.monotonic)  # a blind attempt's work (the progress rule)
         fanout.add(self.activity)
         self.starter = AttemptStarter(ports, self.concerns, self.monitors, self.snapshots, self.activity,
@@ -371,7 +370,7 @@ class Runner:
             self.concerns.attempt_ended(AttemptEnded(cmd, self.machine.resume, self.clock.time()))
             self.snapshots.ended(cmd.attempt, self.concerns.snapshots, self.metrics.last,
                                  self.status_cache.snapshot.get("heartbeats"))
-        attemptrows.end(self.ledger, self.run_id, cmd)
+        end_row(self.ledger, self.run_id, cmd)
         if cmd.spawned:
             self.jobstop.shutdown = None
             if self.job is not None:

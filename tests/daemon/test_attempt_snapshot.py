@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping
 
-from supervisor.daemon.attemptrows import Snapshots
+from supervisor.daemon.recorder import Snapshots
 from supervisor.daemon.effects import AttemptWriter
 from supervisor.ledger.store import Ledger
 from tests.conftest import history
