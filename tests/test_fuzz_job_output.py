@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from supervisor import logsetup
-from supervisor.daemon.concernset import ConcernSet
+from supervisor.daemon.plugin import ConcernSet
 from supervisor.daemon.recorder import EventRecorder
 from supervisor.events import Cause
 from supervisor.ledger.store import Ledger

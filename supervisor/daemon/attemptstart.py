@@ -21,12 +21,11 @@ from ..job.launch import heartbeat_dir, launch_spec
 from ..job.process import LaunchSpec
 from .recorder import Snapshots, begin_row
 from .activity import AttemptActivity
-from .concernset import ConcernSet
 from ..eventnames import EventName
 from ..levels import Level
 from .effects import Effect, Note
 from .monitors import AttemptMonitors
-from .plugin import AttemptSpawning, AttemptStarted
+from .plugin import AttemptSpawning, AttemptStarted, ConcernSet
 from .ports import Job, Ports
 
 

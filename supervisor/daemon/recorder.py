@@ -16,12 +16,11 @@ from ..core.observations import MetricRecord
 from ..eventnames import EventName, UnknownNames
 from ..levels import Level
 from ..logsite import Site, log_helper as log_helper, logged_from  # (re-exported: the runner marks its own helper)
-from .concernset import ConcernSet
 from ..job.launch import remedies_record
 from ..job.osapi import Clock as OsClock
 from ..job.process import LaunchSpec, redact_env
 from .effects import AttemptField
-from .plugin import Noted
+from .plugin import ConcernSet, Noted
 from .ports import Clock, EnvironmentProbe, LedgerStore
 from .status import metric_json
 

@@ -27,13 +27,12 @@ from ..core.messages import (EXIT_GAVE_UP, Activity, ArmTimer, Boot, Command, De
 from ..job.launch import config_json, drop_heartbeat_dir_if_empty
 from .activity import AttemptActivity
 from .attemptstart import AttemptStarter, prepare_launch
-from .concernset import ConcernSet
 from .effects import AttemptField, AttemptWriter, Carrier, Detect, Effect, Note
 from .inbox import ControlAsked, DetectionArrived, EffectHanded, Inbox, Message, PipeEnded, SignalArrived, WakeUp
 from .jobstop import JobStop
 from .metricbuffer import MetricBuffer
 from .monitors import AttemptMonitors
-from .plugin import AttemptEnded, DaemonStarted, JobHung, MetricsBatch, Plugin, RunView, Tick
+from .plugin import AttemptEnded, ConcernSet, DaemonStarted, JobHung, MetricsBatch, Plugin, RunView, Tick
 from .ports import Job, Ports
 from .recovery import close_previous_life
 from .reload import reload_config

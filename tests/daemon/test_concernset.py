@@ -1,4 +1,4 @@
-"""The runner's plug-ins taken together (supervisor/daemon/concernset.py) and the attempt's monitors
+"""The runner's plug-ins taken together (ConcernSet, supervisor/daemon/plugin.py) and the attempt's monitors
 (supervisor/daemon/monitors.py): one typed method per notice, each giving it to every plug-in that
 reacts to it; one that raises is reported and the others still get it."""
 from __future__ import annotations
@@ -11,10 +11,9 @@ from structlog.testing import capture_logs
 
 from supervisor.core.causes import Action, Cause
 from supervisor.core.messages import EndAttempt, Resume
-from supervisor.daemon.concernset import ConcernSet
 from supervisor.daemon.monitors import AttemptMonitors
 from supervisor.core.runend import EndFacts
-from supervisor.daemon.plugin import Effects
+from supervisor.daemon.plugin import ConcernSet, Effects
 from supervisor.daemon.plugin import (AttemptEnded, AttemptSpawning, AttemptStarted, Closes, DaemonStarted, GivesEndFacts,
                                       JobHung, MetricsBatch, Noted, OnAttempts, OnMetrics, OnNotes, OnStart, OnTicks,
                                       RunView, Tick)

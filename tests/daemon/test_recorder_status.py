@@ -6,8 +6,7 @@ from typing import Any, Mapping
 
 from structlog.testing import capture_logs
 
-from supervisor.daemon.concernset import ConcernSet
-from supervisor.daemon.plugin import Effects, Noted, OnNotes
+from supervisor.daemon.plugin import ConcernSet, Effects, Noted, OnNotes
 from supervisor.daemon.recorder import EventRecorder
 from supervisor.daemon.status import StatusCache
 
