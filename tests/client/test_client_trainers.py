@@ -394,11 +394,22 @@ def test_hf_callback_marks_checkpointing_until_on_save_and_saves_once_on_stop(su
 
 # -- record_checkpoint ------------------------------------------------------------------------------------
 
+def _safetensors(size: int) -> bytes:
+    """A valid safetensors file of exactly ``size`` bytes: one U8 tensor after a space-padded header."""
+    import json
+    import struct
+
+    n = size - 200  # the tensor's bytes; the header (with its padding) takes the rest
+    header = json.dumps({"w": {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}}).encode()
+    header += b" " * (size - 8 - n - len(header))
+    return struct.pack("<Q", len(header)) + header + b"w" * n
+
+
 def test_record_checkpoint_writes_the_manifest_the_supervisor_verifies(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     folder = ck / "checkpoint-7"
     (folder / "sub").mkdir(parents=True)
-    (folder / "model.safetensors").write_bytes(b"w" * 1000)
+    (folder / "model.safetensors").write_bytes(_safetensors(1000))  # a real one: garbage is refused as corrupt
     (folder / "sub" / "optimizer.pt").write_bytes(b"o" * 500)
     (folder / "trainer_state.json").write_text("{}")  # discovery takes an HF folder for complete with it
     single = ck / "epoch=0-step=9.ckpt"
