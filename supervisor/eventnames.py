@@ -113,6 +113,7 @@ class EventName(StrEnum):
     CHECKPOINT_QUARANTINE_FAILED = "checkpoint_quarantine_failed"
     CHECKPOINT_QUARANTINED = "checkpoint_quarantined"
     CHECKPOINT_REFUSED_UNSAFE_PICKLE = "checkpoint_refused_unsafe_pickle"
+    CHECKPOINT_REQUEST_NOT_SENT = "checkpoint_request_not_sent"
     CHECKPOINT_REQUESTED = "checkpoint_requested"
     CHECKPOINT_RESTORED_LAST_GOOD = "checkpoint_restored_last_good"
     CHECKPOINT_SELECTION_FAILED = "checkpoint_selection_failed"

@@ -54,6 +54,8 @@ REPEATABLE = frozenset({Cause.NAN, Cause.LOSS_SPIKE, Cause.CRASH, Cause.OOM, Cau
                         Cause.CHECKPOINT_LOAD_ERROR})
 #: Crashes by these signals were sent from outside; the next attempt need not meet them.
 EXTERNAL_SIGNALS = frozenset({"SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"})
+#: The end of an exit's signal the supervisor itself sent (daemon/ckptsignal.py): not the job's crash.
+BY_SUPERVISOR = " (sent by the supervisor)"
 
 _TRY: Mapping[Cause, str] = MappingProxyType({
     Cause.NAN: "lower the learning rate (or add [on.nan] remedies that scale it), enable gradient clipping, "
@@ -349,7 +351,7 @@ def _identical_repeat(history: Sequence[PastAttempt], cause: Cause, repeat: Repe
     """The attempt just before this one, when it failed identically (rule 3); else None."""
     if cause not in REPEATABLE or repeat is None:
         return None
-    if cause is Cause.CRASH and repeat.detail in EXTERNAL_SIGNALS:
+    if cause is Cause.CRASH and (repeat.detail in EXTERNAL_SIGNALS or repeat.detail.endswith(BY_SUPERVISOR)):
         return None
     counted = [a for a in history if a.counted]
     if not counted:

@@ -27,6 +27,7 @@ from ..job.output import SinkFanout
 from ..job.prewarm import Prewarm
 from ..job.process import JobProcess, LaunchSpec
 from ..job.torchrunlog import TorchrunOutput
+from .ckptsignal import blame_supervisor_signal
 from .ports import Job
 
 log = structlog.get_logger("supervisor.daemon")
@@ -136,8 +137,8 @@ class ProcessLauncher:
         if job.status is None:
             return ExitInfo(None, None, None, "not reaped")
         if not evidence:
-            return classify_exit(job.status, [], None)
-        info = classify_exit(job.status, list(job.known), self._oom_kills_before)
+            return blame_supervisor_signal(classify_exit(job.status, [], None), job)
+        info = blame_supervisor_signal(classify_exit(job.status, list(job.known), self._oom_kills_before), job)
         if not isinstance(job, JobProcess):
             return info
         output = self._summary[1] if self._summary is not None and self._summary[0] is job else None

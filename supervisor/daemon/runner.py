@@ -3,8 +3,7 @@
 Monitors observe and put typed messages in one inbox; signal handlers only record; the loop takes
 them in order, hands each to :class:`~supervisor.core.machine.Machine` (which decides, with the
 pure policy) and carries out the commands it returns through the ports: the only place that acts.
-The states and every allowed move are drawn in :mod:`supervisor.core.machine`; the daemon is put
-together by :func:`supervisor.daemon.wiring.build_daemon`.
+States and moves: :mod:`supervisor.core.machine`; put together by :func:`supervisor.daemon.wiring.build_daemon`.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from .plugin import AttemptEnded, ConcernSet, DaemonStarted, JobHung, MetricsBat
 from .ports import Job, Ports
 from .recovery import close_previous_life
 from .reload import reload_config
+from .ckptsignal import refuse_checkpoint, send_checkpoint_signal
 from .requests import RUNNER_VERBS, answer, ask, go_on, install_signal_handlers, machine_request
 from .recorder import EventRecorder, Snapshots, end_row, log_helper
 from .status import StatusCache, booting_status, status_dict
@@ -290,7 +290,7 @@ class Runner:
             self.jobstop.escalate(self.clock.monotonic())
         elif isinstance(cmd, SignalJob):
             if self.job is not None:
-                self.job.signal_group(cmd.signal)
+                send_checkpoint_signal(self.job, cmd.signal)  # SignalJob: only checkpoint-now's
         elif isinstance(cmd, ArmTimer):
             self.timer_at = self.clock.monotonic() + cmd.delay_s  # from a fresh clock: bookkeeping takes time
         elif isinstance(cmd, EndAttempt):
@@ -408,7 +408,8 @@ class Runner:
     def _on_control(self, verb: str, args: Mapping[str, Any]) -> Any:
         if verb in RUNNER_VERBS:
             return self.status() if verb == "status" else self.reload()
-        return self._feed(machine_request(verb, args, self.clock.time()))
+        refused = verb == "checkpoint-now" and refuse_checkpoint(self)  # would the job die of it? (issue 34)
+        return refused or self._feed(machine_request(verb, args, self.clock.time()))
 
     def control(self, verb: str, args: Mapping[str, Any], timeout: float = 20.0) -> Any:
         """Called from the control server's threads: hand over to the main loop, wait for it."""

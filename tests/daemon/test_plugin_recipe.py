@@ -17,6 +17,7 @@ from supervisor.eventnames import EventName
 from supervisor.levels import Level
 
 from ..fakes import close_all, daemon, step_line
+from ..helpers.sigjob import real_job_process
 from ..test_plugin_shape import violations
 from .test_plugins import batch, started, view
 
@@ -64,6 +65,13 @@ def test_step_4_through_the_real_runner_the_job_gets_its_signal_and_status_the_f
     p = CheckpointEvery(10)
     d = daemon(tmp_path, concerns=[p])
     try:
+        _step_4_body(d)
+    finally:
+        close_all()
+
+
+def _step_4_body(d: Any) -> None:
+    with real_job_process(d.launcher.job):  # a job that handles SIGUSR1 is sent it (issue 34)
         d.lines(*[step_line(s, 2.0) for s in range(1, 10)])
         assert d.launcher.job.signals == []
         d.lines(step_line(10, 2.0))
@@ -72,8 +80,6 @@ def test_step_4_through_the_real_runner_the_job_gets_its_signal_and_status_the_f
         assert d.runner.status()["checkpoints_asked"] == 1
         # The plug-in's note (with its step), then the machine's own line as it signals the job.
         assert [(e["data"] or {}).get("step") for e in d.ledger.named("checkpoint_requested")] == [10, None]
-    finally:
-        close_all()
 
 
 def test_the_shape_check_accepts_the_recipes_plugin() -> None:

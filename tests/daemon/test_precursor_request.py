@@ -12,6 +12,7 @@ import pytest
 
 from supervisor.daemon.precursors import PrecursorPlugin
 from tests.fakes import Daemon, close_all, config, daemon, step_line
+from tests.helpers.sigjob import real_job_process
 
 
 @pytest.fixture
@@ -34,6 +35,11 @@ def _steps(d: Daemon, grads: list[float], first: int) -> None:
 def test_a_grad_norm_ramp_sends_the_job_its_checkpoint_signal_once(watched: tuple[Daemon, PrecursorPlugin]):
     d, concern = watched
     job = d.launcher.job
+    with real_job_process(job):
+        _body_handled(d, concern, job)
+
+
+def _body_handled(d: Daemon, concern: PrecursorPlugin, job) -> None:
     _steps(d, [1.0 + 0.01 * (s % 7) for s in range(60)], 1)
     assert job.signals == [] and concern.status(d.runner.run_view()) == {"precursor_checkpoints": 0}
     _steps(d, [2.0 ** k for k in range(1, 9)], 61)  # the ramp before a divergence
@@ -41,3 +47,17 @@ def test_a_grad_norm_ramp_sends_the_job_its_checkpoint_signal_once(watched: tupl
     assert concern.status(d.runner.run_view()) == {"precursor_checkpoints": 1}
     [ev] = d.ledger.named("divergence_precursor")
     assert "asking the job for a checkpoint now" in ev["message"] and ev["data"]["kind"] == "grad_norm_ramp"
+    assert d.ledger.named("checkpoint_request_not_sent") == []
+
+
+def test_a_job_without_a_handler_is_not_sent_the_signal_and_the_event_says_why(
+        watched: tuple[Daemon, PrecursorPlugin]):
+    d, _ = watched
+    job = d.launcher.job
+    with real_job_process(job, handles=False) as proc:
+        _steps(d, [1.0 + 0.01 * (s % 7) for s in range(60)], 1)
+        _steps(d, [2.0 ** k for k in range(1, 9)], 61)
+        assert signal.SIGUSR1 not in job.signals, job.signals  # its default action would end the job
+        [ev] = d.ledger.named("checkpoint_request_not_sent")
+        assert "does not handle SIGUSR1" in ev["message"] and "client" in ev["message"]
+        assert proc.poll() is None

@@ -23,6 +23,7 @@ from supervisor.ops.control import ControlError, ControlServer
 from supervisor.ops.controlclient import request
 
 from ..fakes import config, daemon, step_line
+from ..helpers.sigjob import real_job_process
 
 
 class HungSpy(OnAttempts):
@@ -235,7 +236,8 @@ def control(d: Any, verb: str, args: dict[str, Any] | None = None) -> Any:
 def test_control_verbs_reach_the_machine_and_refusals_are_typed(tmp_path: Path):
     d = daemon(tmp_path, steps=[10])
     job = d.launcher.job
-    assert control(d, "checkpoint-now") == {"signal": "SIGUSR1", "pgid": job.pgid}
+    with real_job_process(job):  # a job that handles SIGUSR1 is sent it (issue 34)
+        assert control(d, "checkpoint-now") == {"signal": "SIGUSR1", "pgid": job.pgid}
     assert job.signals == [signal.SIGUSR1]
     with pytest.raises(UnknownVerb, match="unknown verb 'dance'"):
         control(d, "dance")
