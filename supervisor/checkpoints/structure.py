@@ -20,6 +20,7 @@ import os
 import struct
 import zipfile
 from pathlib import Path
+from typing import Any
 
 ZIP_MAGIC = b"PK\x03\x04"
 #: The safetensors library refuses a header over 100 MB (its MAX_HEADER_SIZE); so do we, before reading it.
@@ -28,6 +29,13 @@ MAX_SAFETENSORS_HEADER = 100_000_000
 #: 150,000 files costs a walk of this many entries; the load test reads everything anyway).
 MAX_FOLDER_ENTRIES = 20_000
 MAX_FOLDER_SAFETENSORS = 256
+#: Bits per element of each dtype the safetensors format names (its Rust ``Dtype``, 0.6).
+#: A dtype not listed here (a newer format's) is not judged by size: the job's own safetensors may
+#: know it, and quarantining a good checkpoint costs a rollback; the load test (the job's library)
+#: judges it. Its range, overlap and gaps are still checked.
+DTYPE_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
+              "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64,
+              "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
 
 
 def structure_problem(path: Path) -> str | None:
@@ -115,7 +123,16 @@ def _safetensors_problem(path: Path, head: bytes, name: str | None = None) -> st
             return f"{name}: the safetensors header is not valid JSON: {exc}"
     if not isinstance(header, dict):
         return f"{name}: the safetensors header is not an object"
+    return _tensors_problem(name, header, size, n)
+
+
+def _tensors_problem(name: str, header: dict[str, Any], size: int, n: int) -> str | None:
+    """The rules the safetensors library itself applies before it hands over a tensor: every
+    range inside the data section, each one exactly its shape times its dtype's size, and the
+    ranges, in order, tiling the data section: no overlap, no gap, no byte after the last one.
+    One sort of the ranges, then one pass (a header of 1,000,000 tensors: about a second)."""
     data = size - 8 - n  # the data section: offsets count from its start
+    ranges: list[tuple[int, int, str]] = []
     for key, v in header.items():
         if key == "__metadata__":
             continue
@@ -129,4 +146,43 @@ def _safetensors_problem(path: Path, head: bytes, name: str | None = None) -> st
                     f"of the file (the data section is {data} bytes from byte {8 + n}; the file is {size} bytes)")
         if not 0 <= lo <= hi:
             return f"{name}: tensor {key[:80]!r} has data_offsets {lo}-{hi}, not a byte range: corrupt"
+        why = _size_problem(key, v, hi - lo)
+        if why:
+            return f"{name}: {why}: corrupt (the safetensors library refuses it)"
+        ranges.append((lo, hi, key))
+    ranges.sort()
+    end = 0
+    for lo, hi, key in ranges:
+        if lo != end:
+            what = (f"overlaps the tensor before it (which ends at byte {end})" if lo < end
+                    else f"leaves bytes {end}-{lo} unused before it")
+            return (f"{name}: tensor {key[:80]!r} at bytes {lo}-{hi} of the data section {what}: corrupt "
+                    "(the safetensors library refuses overlapping or gapped tensors)")
+        end = hi
+    if end != data:
+        return (f"{name}: the tensors end at byte {end} of the data section but it is {data} bytes "
+                f"(the file is {size} bytes): corrupt or appended to (the safetensors library refuses it)")
+    return None
+
+
+def _size_problem(key: str, v: dict[str, Any], nbytes: int) -> str | None:
+    """Why tensor ``key``'s shape and dtype do not make ``nbytes`` bytes, or None."""
+    shape, dtype = v.get("shape"), v.get("dtype")
+    if not (isinstance(shape, list) and all(type(d) is int and 0 <= d < 2**64 for d in shape)):
+        return f"tensor {key[:80]!r} has a malformed shape ({str(shape)[:80]})"
+    if not isinstance(dtype, str):
+        return f"tensor {key[:80]!r} has a malformed dtype ({str(dtype)[:40]})"
+    bits = DTYPE_BITS.get(dtype)
+    if bits is None:
+        return None
+    count = 0 if 0 in shape else 1
+    for d in shape if count else ():
+        count *= d
+        if count * bits > 8 * nbytes:  # stop early: a shape of many huge dims never builds a huge int
+            return (f"tensor {key[:80]!r} is {dtype} of shape {str(shape)[:80]} (more than {nbytes} bytes) "
+                    f"but its data_offsets give it {nbytes} bytes")
+    if count * bits != 8 * nbytes:
+        need = f"{count * bits // 8} bytes" if count * bits % 8 == 0 else f"{count * bits} bits"
+        return (f"tensor {key[:80]!r} is {dtype} of shape {str(shape)[:80]} ({need}) "
+                f"but its data_offsets give it {nbytes} bytes")
     return None
