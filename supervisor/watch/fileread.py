@@ -172,7 +172,7 @@ class FileReader:
             if rec is not None and rec.fmt != "progress":  # a bar's position is no metric
                 out.append(rec)
             elif rec is None and self.unread is not None and b'{"' in raw:
-                why = unread_reason(line, self.parser.max_line_chars)
+                why = unread_reason(line, self.parser.max_line_chars, embedded=True)
                 if why is not None:
                     self.unread(source, line, why)
         return out

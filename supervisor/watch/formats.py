@@ -39,8 +39,9 @@ _TITAN = re.compile(rf"\bstep:\s*(\d+)\s+loss:\s*({NUM})(?=\s|$)")
 _TITAN_FIELD = re.compile(rf"\b(grad_norm|memory|tps|tflops|mfu|lr):\s*({NUM})")
 _MEGATRON = re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|")
 _MEGATRON_VAL = re.compile(rf"validation loss at iteration\s+(\d+)[^|]*\|\s*lm loss value:\s*({NUM})")
-# 'key': value, 'key': 'value' (5.x), 'key': tensor(value), 'key': np.float64(value)
-_HF_PAIR = re.compile(r"'([^'\\]+)':\s*(?:tensor\(|np\.float\d*\(|')?([^,}()']+)'?\)?")
+# 'key': value, 'key': 'value' (5.x), 'key': tensor(value), 'key': np.float64(value),
+# 'key': array(nan, dtype=float32) (a numpy 0-d array's repr: the value, its dtype after the comma)
+_HF_PAIR = re.compile(r"'([^'\\]+)':\s*(?:tensor\(|np\.float\d*\(|(?:np\.)?array\(|')?([^,}()']+)'?\)?")
 
 # tqdm: "{desc}: {pct}%|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}{postfix}]" (desc optional).
 _BAR_TAIL = re.compile(r"[^|]*\|\s*(\d+)/(\d+)\s*\[([^\]]*)\]")
@@ -98,9 +99,10 @@ def parse_hf(line: str, source: str = "", rank: int | None = None) -> MetricReco
         if num is None:
             return None  # a dict with non-numeric values is not a Trainer log line
         d[key] = num
-    if "loss" not in d and "eval_loss" not in d:
-        return None  # train summaries ({'train_runtime': ..., 'train_loss': ...}) are not steps
-    d.pop("train_loss", None)
+    if "train_runtime" in d:
+        return None  # the train summary ({'train_runtime': ..., 'train_loss': ...}) is not a step
+    # Any loss-like key (records.KEYS, as every other format reads them): 'loss', 'eval_loss', and a
+    # hand-written dict's 'train_loss', 'lm_loss', 'train/loss' (make_record: None without one).
     return record_from_mapping(d, "hf", source, rank)
 
 

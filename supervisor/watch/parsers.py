@@ -4,7 +4,10 @@ Formats recognised (``fmt`` of the record); ``tests/corpus/`` holds captured rea
 
 - ``json``: ``{"step": 10, "loss": 2.3, "grad_norm": 1.1, "lr": 3e-4}`` (common key spellings),
   also behind a logging prefix (``... INFO - {"step": ...}``); Python's ``nan`` / ``inf`` of an
-  f-string's line (``{"loss": nan}``) read as values (:mod:`.pyjson`).
+  f-string's line (``{"loss": nan}``) read as values (:mod:`.pyjson`), MSVC's (``-nan(ind)``) and a
+  trailing comma too; with text after the record (``{"step": 8, "loss": nan} rank=0``, ``... (12.3
+  it/s)``), and before it: the balanced ``{...}`` is read (one pass for its closing brace). A Python
+  dict (``{'step': 8, 'train_loss': nan}``) is read as ``hf`` with any loss-like key of every format.
 - ``hf``: Hugging Face Trainer's printed dicts. transformers 4.x prints numbers
   ``{'loss': 2.31, 'grad_norm': nan, 'learning_rate': 5e-05, 'epoch': 0.1}``, 5.x quoted strings
   ``{'loss': '2.31', 'grad_norm': 'nan', ...}``; ``{'eval_loss': ...}`` -> ``val_loss``; the final
@@ -98,6 +101,7 @@ from .formats import (
     plain,
 )
 from .generic import parse_generic
+from .pyjson import embedded_object
 from .records import LOSS_FIELDS, canonical_key, make_record, parse_number, record_from_mapping
 from .structlines import json_parts
 
@@ -250,7 +254,11 @@ class MetricParser:
 
     def _auto(self, line: str, source: str, rank: int | None, nested: bool) -> MetricRecord | None:
         if line.startswith("{"):
-            return parse_hf(line, source, rank) if line.startswith("{'") else parse_json(line, source, rank)
+            if line.endswith("}"):
+                rec = parse_hf(line, source, rank) if line.startswith("{'") else parse_json(line, source, rank)
+                if rec is not None:
+                    return rec
+            return self._embedded(line, source, rank)  # text after the record: "{...} (12.3 it/s)", "{...} {...}"
         if line.startswith("iter ") or line.startswith("step "):
             return parse_nanogpt(line, source, rank) or parse_llmc(line, source, rank)
         if "iteration" in line and "|" in line:
@@ -269,6 +277,10 @@ class MetricParser:
             i = line.find('{"')
             if i > 0:
                 return parse_json(line[i:], source, rank)
+        if "{" in line:
+            rec = self._embedded(line, source, rank)  # "... INFO {"step": 8, "loss": nan} rank=0"
+            if rec is not None:
+                return rec
         if "%|" in line:
             return parse_bar(line, source, rank, nested)
         if line.startswith("val loss ") or line.startswith("s:"):
@@ -276,6 +288,18 @@ class MetricParser:
         if source.startswith("file:") and "," in line:
             self.set_csv_header(source, line)
         return None
+
+    @staticmethod
+    def _embedded(line: str, source: str, rank: int | None) -> MetricRecord | None:
+        """The record of the balanced ``{...}`` inside a line with text after it (and maybe before):
+        a JSON object (``{"``) or a Python dict (``{'``), whichever opens first (:func:`.pyjson.embedded_object`:
+        one linear pass), then read as a whole line of its kind is."""
+        j, h = line.find('{"'), line.find("{'")
+        quote = '"' if h < 0 or 0 <= j < h else "'"
+        obj = embedded_object(line, quote) if j >= 0 or h >= 0 else None
+        if obj is None or (j if quote == '"' else h) + len(obj) == len(line):
+            return None  # none, or it runs to the line's end: the whole line was read so already
+        return parse_json(obj, source, rank) if quote == '"' else parse_hf(obj, source, rank)
 
     @staticmethod
     def _from_regex(m: re.Match[str], source: str, rank: int | None) -> MetricRecord | None:

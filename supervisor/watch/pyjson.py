@@ -30,11 +30,14 @@ from typing import Any, Mapping
 from .records import LOSS_FIELDS, field_of, to_float
 
 # A string (its closing quote optional: an unterminated one ends the line, so no match fails and is
-# tried again from inside it); a bare non-finite word (not part of a longer word or a number); a
-# bare Python constant.
+# tried again from inside it); a bare non-finite word (not part of a longer word or a number), MSVC's
+# spellings too (``-nan(ind)``, ``1.#QNAN``, ``-1.#INF00``: a Windows job's printf); a bare Python
+# constant; a comma before a closing bracket (``{"loss": nan, }``: a hand-written line's trailing
+# comma, dropped; its lookahead scans only the blanks after that one comma: linear).
 _TOKEN = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*"?)'
-                    r"|(?<![\w.])([-+]?)((?i:nan|inf(?:inity)?))(?![\w.])"
-                    r"|(?<![\w.])(True|False|None)(?![\w.])", re.DOTALL)
+                    r"|(?<![\w.#])([-+]?)((?i:nan\((?:ind|snan)\)|1\.#(?:qnan|snan|ind|inf)\d*|nan|inf(?:inity)?))(?![\w.])"
+                    r"|(?<![\w.])(True|False|None)(?![\w.])"
+                    r"|(,)(?=\s*[}\]])", re.DOTALL)
 _CONSTANTS = {"True": "true", "False": "false", "None": "null"}
 # Keys looked for in a line's head: "name": (escapes and long names are no metric key).
 _KEY = re.compile(r'"([^"\\]{1,64})"\s*:')
@@ -47,9 +50,12 @@ def _spelled(m: re.Match[str]) -> str:
         return m.group(1)  # a string: as written
     word = m.group(3)
     if word is not None:
-        if word[0] in "nN":
+        low = word.lower()
+        if low[0] == "n" or (low[0] == "1" and not low.startswith("1.#inf")):
             return "NaN"
         return "-Infinity" if m.group(2) == "-" else "Infinity"
+    if m.group(5) is not None:
+        return ""  # a trailing comma
     return _CONSTANTS[m.group(4)]
 
 
@@ -78,6 +84,38 @@ def loss_keyed(head: str) -> bool:
     return any(field_of(m.group(1)) in LOSS_FIELDS for m in _KEY.finditer(head))
 
 
+# A string (as _TOKEN reads one) or a brace: what finding an object's closing brace looks at.
+_SCAN = {'"': re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[{}]'), "'": re.compile(r"'[^'\\]*(?:\\.[^'\\]*)*'?|[{}]")}
+
+
+def object_end(line: str, start: int, quote: str = '"') -> int:
+    """The end (one past its closing ``}``) of the object that opens at ``line[start]``, braces in
+    strings (``quote``: ``"`` JSON's, ``'`` a Python dict's) not counted; -1 when it never closes.
+    One pass, linear in the line: each string is skipped whole, nesting is a counter."""
+    depth = 0
+    for m in _SCAN[quote].finditer(line, start):
+        c = m.group()
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return m.end()
+    return -1
+
+
+def embedded_object(line: str, quote: str = '"') -> str | None:
+    """The balanced ``{...}`` object of a line that holds one with text before and/or after it
+    (``2024-01-01 INFO {"step": 8, "loss": nan} rank=0``, ``{"loss": nan} (12.3 it/s)``): its
+    first ``{"`` (``{'`` for ``quote="'"``) to the brace that closes it; None when there is none or
+    it never closes."""
+    i = line.find("{" + quote)
+    if i < 0:
+        return None
+    end = object_end(line, i, quote)
+    return line[i:end] if end > 0 else None
+
+
 def json_start(line: str) -> int:
     """Where the JSON object a line is read as starts (the line's first ``{"``): at the line's start
     (after blanks), or behind a prefix (a logging prefix, ``[rank0]:``) on a line that ends with
@@ -100,16 +138,19 @@ def _bad_loss(d: Mapping[str, Any]) -> str | None:
     return None
 
 
-def unread_reason(line: str, max_chars: int) -> str | None:
+def unread_reason(line: str, max_chars: int, embedded: bool = False) -> str | None:
     """Why ``line``, which starts like a JSON metric record (:func:`json_start`, a loss-like key in
     its first :data:`HEAD_CHARS`), gave no record; None for a line that does not start like one,
-    or that reads (the caller's parser had no record from it for another reason)."""
-    i = json_start(line)
+    or that reads (the caller's parser had no record from it for another reason). ``embedded``: the
+    caller's parser reads a balanced object with text around it (:func:`embedded_object`, a job's
+    output line), so that object is what is judged; else (a JSONL file's line) the line from its ``{"``."""
+    obj_text = embedded_object(line) if embedded and len(line) <= max_chars else None
+    i = json_start(line) if obj_text is None else line.find('{"')
     if i < 0 or not loss_keyed(line[i:i + HEAD_CHARS]):
         return None
     if len(line) > max_chars:
         return f"longer than {max_chars} characters: not parsed"
-    text = line[i:].strip()
+    text = line[i:].strip() if obj_text is None else obj_text
     try:
         obj = json.loads(text)
     except ValueError:
@@ -127,4 +168,4 @@ def unread_reason(line: str, max_chars: int) -> str | None:
     return f"its {bad} is text that is no number" if bad is not None else None
 
 
-__all__ = ["HEAD_CHARS", "json_start", "loss_keyed", "python_spelled", "unread_reason"]
+__all__ = ["HEAD_CHARS", "embedded_object", "json_start", "object_end", "loss_keyed", "python_spelled", "unread_reason"]

@@ -45,7 +45,7 @@ class UnreadLines:
 
     def line(self, source: str, line: str, max_chars: int) -> None:
         """An output line no parser read: counted and said if it starts like a JSON metric record."""
-        why = unread_reason(line, max_chars)
+        why = unread_reason(line, max_chars, embedded=True)
         if why is not None:
             self.note(source, line, why)
 

@@ -31,8 +31,14 @@ CRAFTED: dict[str, list[Build]] = {
              # still fails is said (pyjson.unread_reason): unclosed escapes, many words, deep, many keys
              _rep('{"loss": nan, "a": "', '\\"', "}"), _rep('{"loss": ', "nan,", "x}"),
              _rep('{"loss": nan, "a": ', "[", "]}"), _rep('{"loss": nan, "', 'a": inf, "', "x}"),
-             _rep('{"step": 1, "loss": nan, "a": "', "nan ", "x}")],
-    "hf": [_rep("{'loss': ", "1", "x}"), _rep("{'", "'a", "}"), _rep("{'loss': 1, '", "a': ", "}")],
+             _rep('{"step": 1, "loss": nan, "a": "', "nan ", "x}"),
+             # issue 34 D7/R3: the balanced object inside a line with text around it (one pass for its
+             # closing brace), trailing commas and MSVC's spellings read on the second pass
+             _rep('INFO {"loss": nan', ', "a": {', " rank=0"), _rep('{"loss": nan} ', '{"', ""),
+             _rep('x {"loss": nan, "a": "', '{\\"', '"} y'), _rep('{"loss": nan', ", ", "} x"),
+             _rep('{"loss": 1', ", -nan(ind)", "} x"), _rep('{"loss": 1', ", 1.#QNAN", "} x")],
+    "hf": [_rep("{'loss': ", "1", "x}"), _rep("{'", "'a", "}"), _rep("{'loss': 1, '", "a': ", "}"),
+           _rep("INFO {'loss': nan", ", 'a': {", " rank=0"), _rep("{'loss': ", "array(nan, ", "} x")],
     "nanogpt": [_rep("iter 1: loss ", "1", "x"), _rep("step 1: train loss 1, val loss ", "1", " x")],
     "torchtitan": [_rep("step: 1  loss: ", "1", "x"), _rep("", "step: 1 "), _rep("step: 1 loss: 1 ", "tps: 1", "x")],
     "megatron": [_rep(" iteration 1/ 10 | lm loss: ", "1", " x"), _rep("", "validation loss at iteration 1 "),
@@ -68,7 +74,7 @@ _RULES = [r.pattern for r in (*OOM_RULES, *NCCL_RULES, *GPU_RULES, *CKPT_RULES, 
 def parse_all(parser: MetricParser, line: str) -> None:
     """The work the watcher does for one line with every keyword in it: parse it, run every rule."""
     if parser.parse(line, "file:/x/metrics.log") is None and '{"' in line:
-        unread_reason(line, 1 << 20)  # the log watcher's look at a line no parser read (a JSONL file's bound)
+        unread_reason(line, 1 << 20, embedded=True)  # the log watcher's look at a line no parser read (a JSONL file's bound)
     for rx in _RULES:
         rx.search(line)
     XID_LINE.search(line)

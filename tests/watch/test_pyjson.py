@@ -120,3 +120,48 @@ def test_unread_jsonl_lines_are_no_probe_misses() -> None:
     assert jsonl_records(f, [b'{"step": %d, "loss": tensor(1.0)}' % s for s in range(100)], "file:/x/m.jsonl",
                          lambda *a: told.append(a)) == []
     assert f.dropped is None and len(told) == 100
+
+
+# ------------------------------------------------------------------ issue 34 D6/D7/R3
+
+@pytest.mark.parametrize("line", [
+    '{"step": 8, "loss": nan} ✓ 3.1 µs/tok', '{"step": 8, "loss": nan} (12.3 it/s)', '{"step": 8, "loss": nan} rank=0',
+    '2024-01-01 12:00:00 INFO {"step": 8, "loss": nan} rank=0',
+    '2024-01-01 INFO {"step": 8, "note": "} and {\\" in a string", "loss": nan} done',
+    '{"step": 8, "loss": nan} {"step": 8, "loss": nan}', '{"step": 8, "loss": nan, }', '{"step": 8, "loss": nan,\t]',
+    '{"step": 8, "loss": -nan(ind)}', '{"step": 8, "loss": 1.#QNAN}', '{"step": 8, "loss": -1.#IND00, "lr": 0.1}',
+    '{"step": 8, "loss": nan(snan), "a": [1, 2, ], }',
+    "{'step': 8, 'train_loss': nan}", "{'train_loss': nan, 'epoch': 0.5, 'step': 8}", "{'step': 8, 'lm_loss': nan}",
+    "{'step': 8, 'loss': array(nan, dtype=float32)}", "{'step': 8, 'loss': np.array(nan)}",
+    "INFO {'step': 8, 'loss': nan} (3.1 it/s)",
+])
+def test_a_record_with_text_around_it_or_another_loss_key_or_spelling_is_read(line: str) -> None:
+    rec = P.parse(line, "stdout")
+    if line.endswith("]"):  # a list, not an object: not read, but said
+        assert rec is None and unread_reason(line, 4096, embedded=True) is not None
+        return
+    assert rec is not None and rec.step == 8 and math.isnan(rec.loss or 0), (line, rec)
+    assert unread_reason(line, 4096, embedded=True) is None
+
+
+def test_msvc_inf_spellings_and_trailing_commas_keep_their_values() -> None:
+    assert python_spelled('{"loss": 1.#INF, "x": -1.#INF00, "s": "a, }", }') == {
+        "loss": math.inf, "x": -math.inf, "s": "a, }"}
+
+
+def test_the_train_summary_and_a_record_beside_text_with_no_loss_are_no_step() -> None:
+    assert P.parse("{'train_runtime': 12.3, 'train_samples_per_second': 3.1, 'train_loss': nan, 'epoch': 3.0}") is None
+    assert P.parse('config {"loss_fn": "ce", "nan_check": true} loaded') is None
+    assert unread_reason('config {"loss_fn": "ce"} loaded', 4096, embedded=True) is None
+    # A line whose record does not read even so is said, with the record's reason.
+    got = unread_reason('INFO {"step": 8, "loss": tensor(nan)} rank=0', 4096, embedded=True)
+    assert got is not None and "not JSON" in got
+    assert unread_reason('INFO {"step": 8, "loss": nan rank=0', 4096, embedded=True) is None  # never closes
+
+
+def test_an_unclosed_object_behind_text_costs_one_pass() -> None:
+    line = 'INFO {"loss": nan' + ', "a": {' * 200_000 + " rank=0"
+    t0 = time.process_time()
+    assert P.parse(line[:4096], "stdout") is None
+    unread_reason(line, 1 << 22, embedded=True)
+    assert time.process_time() - t0 < 2.0
