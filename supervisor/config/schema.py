@@ -118,6 +118,42 @@ MIN_DURATION_S = 0.01
 MAX_FACTOR = 1000.0
 
 
+# The largest integer a key without its own maximum takes, by what the number counts (its name's
+# end, as `*_s` and `*_factor` above): past it the value is a typo, not a plan
+# (`max_restarts = 99999999999999999999` passed, and is past any C integer), and where the number
+# sizes what is held or walked (evidence kept per event, records in a baseline, directories per
+# pass) a huge one costs memory or CPU before it does anything useful. Generous on purpose.
+MAX_COUNT = 1_000_000_000
+INT_CEILINGS: tuple[tuple[tuple[str, ...], int, str], ...] = (
+    (("_bytes",), 2**50, "1 PiB"),
+    (("_chars",), 1_000_000, "characters held per line or event"),
+    ((".window", "_window"), 1_000_000, "records held in memory"),
+    (("_dirs",), 1_000_000, "directories walked per pass"),
+)
+
+
+def _int_ceiling(path: str) -> tuple[int, str]:
+    for ends, ceiling, why in INT_CEILINGS:
+        if path.endswith(ends):
+            return ceiling, why
+    return MAX_COUNT, "a count past it is a typo, not a plan"
+
+
+def _int_ok(value: int, md: Mapping[str, Any], path: str, problems: list[Problem]) -> bool:
+    """An integer key without its own maximum (and not a `*_s` duration): at most its ceiling."""
+    if md.get("max") is not None or path.endswith("_s"):
+        return True
+    ceiling, why = _int_ceiling(path)
+    if value <= ceiling:
+        return True
+    lo = md.get("min")
+    frm = "" if lo is None else f"{'above' if md.get('min_exclusive') else 'from'} {lo:g} "
+    shown = _show(value) if len(str(value)) <= 40 else f"a number of {len(str(value))} digits"
+    problems.append(Problem(path, f"expected an integer {frm}up to {ceiling} ({why}), got {shown} "
+                            "(omit the key for its default)"))
+    return False
+
+
 def _duration_ok(value: float, md: Mapping[str, Any], path: str, problems: list[Problem]) -> bool:
     """A `*_s` key: a finite number of seconds within its range (its own max, else a year)."""
     hi = md.get("max")
@@ -181,6 +217,8 @@ def _convert(tp: Any, value: Any, path: str, md: Mapping[str, Any], problems: li
             problems.append(Problem(path, f"expected {desc}, got {_show(value)}"))
             return MISSING
         if path.endswith("_s") and not _duration_ok(_as_float(value), md, path, problems):
+            return MISSING
+        if not _int_ok(value, md, path, problems):
             return MISSING
         return value if _check_range(value, md, path, problems, "integer") else MISSING
     if tp is float:
