@@ -13,7 +13,7 @@ SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", 
 # Short words that name a secret only as a name's last word (``MYSQL_PWD``, ``pwd``, ``DB_PASS``, ``basic_auth``,
 # ``HTTPBasicAuth``, ``Cookie``, ``Set-Cookie``, ``session_id``, ``JSESSIONID``, ``PHPSESSID``), never
 # inside a longer word or before another (``author``, ``AUTH_TYPE``, ``bypass``, ``--pass-through``, ``cookie_jar``).
-SECRET_LAST_WORDS = ("pwd", "pass", "auth", "cookie", "cookies")
+SECRET_LAST_WORDS = ("pwd", "pw", "pass", "auth", "cookie", "cookies")
 _SESSION_ID_ENDINGS = ("sessionid", "sessid")
 # The shell's working directories: paths, not passwords (a value starting "/" or "~" under them stays).
 SHELL_DIRS = frozenset({"PWD", "OLDPWD"})
@@ -79,7 +79,7 @@ def names_password(name: str) -> bool:
     """Whether ``name`` names a secret a person chose (``DB_PASSWORD``, ``PIN_PASSWORD``,
     ``MYSQL_PWD``, ``ssh_passphrase``): its value is one even when it reads as a word or a number."""
     words = [w.lower().rstrip("0123456789") for w in _WORD_SPLIT_RE.split(name) if w]
-    return any(w.endswith(_PASSWORD_WORDS) for w in words) or (bool(words) and words[-1] in ("pwd", "pass"))
+    return any(w.endswith(_PASSWORD_WORDS) for w in words) or (bool(words) and words[-1] in ("pwd", "pw", "pass"))
 
 
 def text_secret_name(name: str) -> bool:

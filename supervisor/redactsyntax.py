@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from .redactnames import (NOT_SECRETS, SECRET_MARKERS, SHELL_DIRS, last_word_secret, names_secret, shell_dir_secret,
+from .redactnames import (NOT_SECRETS, SECRET_MARKERS, SHELL_DIRS, is_secret, last_word_secret, names_secret, shell_dir_secret,
                           text_secret_name)
 from .redactprose import call_value, mask_calls, mask_sentences
 
@@ -144,9 +144,9 @@ _ATTR_PAIR_RE = re.compile(rf"(?i){_name_attr('n')}\s++{_OTHER_ATTRS}{_value_att
 # is atomic: on a long word of markers ("keykeykey...") it is tried once per word, not once per marker.
 _SECRET_ASSIGN_RE = re.compile(
     r"(?i)\b(?P<name>(?>\w*?(?:(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|PASSPHRASE)\w*+"
-    r"|(?:PWD|PASS|AUTH|COOKIES?|SESS(?:ION)?_?ID)\b)))"
-    r"(?P<sep>(?:\\?['\"](?:\s*+\])?)?\s*(?:=>|->|:=|%3[AD]|==?|:)\s*|\\?['\"]\s*,\s*(?:default\s*=\s*)?"
-    r"|(?P<sp>\s+))"
+    r"|(?:PASS[ \t]PHRASE|PWD?|PASS|AUTH|COOKIES?|SESS(?:ION)?_?ID)\b)))"
+    r"(?P<sep>(?:\\?['\"](?:\s*+\])?)?\s*(?:=>|->|:=|%3[AD]|==?|:)[ \t]*|\\?['\"]\s*,\s*(?:default\s*=\s*)?"
+    r"|(?P<sp>[ \t]+))"
     r"(?P<q>(?:[BRU]{1,2}|\\)?(?:'''|\"\"\"|['\"])|)"
     r"(?P<v>(?<=''')(?:[^'\\\n]|\\.|'(?!''))++|(?<=\"\"\")(?:[^\"\\\n]|\\.|\"(?!\"\"))++"
     r"|(?<=')(?:[^'\\\n]|\\.)++|(?<=\")(?:[^\"\\\n]|\\.)++"
@@ -155,12 +155,13 @@ _SECRET_ASSIGN_RE = re.compile(
 # After a name with only spaces between, a value is taken for a secret only if it looks like one
 # (a digit or a symbol): "my password hunter2" goes, "the token expired" stays.
 _LOOKS_SECRET_RE = re.compile(r"[0-9_/+=@:-]")
+_STRONG_MARKERS = ("SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL")
 _NESTED_MAX = 256  # the longest value of a name that is no secret's read again for names inside it
 # What follows the word "pass" in prose and test output: results and counts, not passwords.
 _PASS_WORDS = frozenset({"ok", "fail", "failed", "pass", "passed", "skip", "skipped", "error", "none", "done"})
 # Where openssl's -pass/-passin read a password from, no password itself (``-passin env:VAR``, ``file:/p``).
 _PASS_SOURCES_RE = re.compile(r"(?i)(?:env|file|fd):\S*+|stdin")
-NAME_MARKS = (*SECRET_MARKERS, "PWD", "PASS", "AUTH", "COOKIE", "SESS")
+NAME_MARKS = (*SECRET_MARKERS, "PW", "PASS", "AUTH", "COOKIE", "SESS")
 
 
 def mask_commands(text: str) -> str:
@@ -237,10 +238,21 @@ def _quoted_name(text: str, start: int, quote: str) -> bool:
     return j > 0 and text[j - 1] == quote
 
 
+def _names_a_key(m: re.Match[str]) -> bool:
+    """Whether the bare value is a secret's key itself (``secrets: password: X``): it is read as the
+    name, so its own value goes, not the key."""
+    v = m["v"]
+    k = v.rstrip(":=")  # one key, bounded: "keys:keys:..." is one value (no quadratic re-reading)
+    return not m["q"] and 1 < len(v) <= 128 and v[-1] in ":=" and ":" not in k and "=" not in k and is_secret(k)
+
+
 def _mask_assign(m: re.Match[str]) -> str:
     name, sep, value, q = m["name"], m["sep"], m["v"], m["q"]
     if value == REDACTED or (not q and (value.lower() in NOT_SECRETS or call_value(value, m.string, m.end()))):
         return m.group(0)  # api_key=None; api_key=os.getenv('K'): a call, its literals read by mask_calls
+    if _names_a_key(m):
+        return m.group(0)
+    name = name.replace(" ", "").replace("\t", "")  # "pass phrase" is a passphrase (shown as written)
     if "," in sep and not _quoted_name(m.string, m.start(), sep.lstrip("\\")[0]):
         return m.group(0)  # "the key", x: a quoted phrase, not a quoted name
     if name.lower().endswith("pass") and last_word_secret(name) and (
@@ -250,7 +262,7 @@ def _mask_assign(m: re.Match[str]) -> str:
             or value.lower() in _PASS_WORDS or (NUMBER_RE.fullmatch(value) and len(value) < 6)
             or _PASS_SOURCES_RE.fullmatch(value)):
         # "pass 2 of 3", "pass: ok", "pass=1": the word, not a password's name ("-pass pass:X" read on)
-        return m.group(0) if len(value) > _NESTED_MAX else f"{name}{sep}{q}{_SECRET_ASSIGN_RE.sub(_mask_assign, value)}"
+        return m.group(0) if len(value) > _NESTED_MAX else f"{m['name']}{sep}{q}{_SECRET_ASSIGN_RE.sub(_mask_assign, value)}"
     if name.upper() in SHELL_DIRS:
         if not shell_dir_secret(name, value):
             return m.group(0)
@@ -259,8 +271,8 @@ def _mask_assign(m: re.Match[str]) -> str:
             return m.group(0)
     elif not text_secret_name(name):  # a value after "KeyError: " or "keys: " may name a secret itself
         if len(value) > _NESTED_MAX:  # bounded, so "keys:keys:..." is no quadratic descent
-            return m.group(0) if not any(k in value.upper() for k in NAME_MARKS) else f"{name}{sep}{q}{REDACTED}"
-        return f"{name}{sep}{q}{_SECRET_ASSIGN_RE.sub(_mask_assign, value)}"
+            return m.group(0) if not any(k in value.upper() for k in NAME_MARKS) else f"{m['name']}{sep}{q}{REDACTED}"
+        return f"{m['name']}{sep}{q}{_SECRET_ASSIGN_RE.sub(_mask_assign, value)}"
     elif not sep.strip():
         # "hf_token abc", "--api-key abc" and "my password hunter2" name a secret; prose such as
         # "tokenizer loaded" or "the token expired" does not: with only spaces between, the name
@@ -269,10 +281,13 @@ def _mask_assign(m: re.Match[str]) -> str:
         flag = word.startswith("-")
         if not flag and value.rstrip(":=").lower() in ("is", "was"):
             return m.group(0)  # "password was: X": a sentence's (mask_sentences), X read on its own
-        ends = name.upper().rstrip("0123456789_").endswith(SECRET_MARKERS) or last_word_secret(name)
-        if "/" in word or not (flag or (ends and _LOOKS_SECRET_RE.search(value.rstrip(".!?")))):
+        bare = name.upper().rstrip("0123456789_")
+        ends = bare.endswith(SECRET_MARKERS) or last_word_secret(name)
+        # An identifier's quoted value (``db_secret "X"``) is its value, whatever it reads as.
+        ident = q and ("_" in name or "-" in name) and bare.endswith(_STRONG_MARKERS)
+        if "/" in word or (not q and value.startswith("-")) or not (flag or ident or (ends and _LOOKS_SECRET_RE.search(value.rstrip(".!?")))):
             return m.group(0)
-    return f"{name}{sep}{q}{REDACTED}"
+    return f"{m['name']}{sep}{q}{REDACTED}"
 
 
 def _assignments(text: str) -> str:
@@ -283,8 +298,11 @@ def _assignments(text: str) -> str:
     pos = at = 0
     while (m := _SECRET_ASSIGN_RE.search(text, at)) is not None:
         shown = _mask_assign(m)
-        if shown == m.group(0) and m["sp"] is not None and not m["q"]:
-            at = m.start("v")
+        if shown == m.group(0) and m["sp"] is not None:
+            at = m.start("v")  # quoted too: 'secret "password": "X"' reads "password" as the name
+            continue
+        if shown == m.group(0) and _names_a_key(m):
+            at = m.start("v")  # "secrets: password: X": the value is the next name
             continue
         out += [text[pos:m.start()], shown]
         pos = at = m.end()

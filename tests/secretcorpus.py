@@ -162,6 +162,21 @@ SECRET_LINES: tuple[tuple[str, str], ...] = (
     ("wandb: logged in as trainer with wandb_v1_Zq7M4kWb0TestOnlyNotAKey3Xy_Pz8Lm2Nb6Vc4Xr1Ts5Uw9Yq3Ke7Hd0Jf2Gb6Mn8Pl4Rv1Sc5T", "wandb_v1_Zq7M4kWb0TestOnlyNotAKey3Xy"),
     ("pass\x1b[0mword=zqR3xansi", "zqR3xansi"),
     ("pass\u200bword=zqR3xzws", "zqR3xzws"),
+    # The eighth review's: a YAML block's secret key under a secret-named parent (the parent's rule
+    # took the child key as its value), a key as a key's value, "pass phrase", "pw", an
+    # identifier's quoted value, a secret's key after a word or a token on the line before.
+    ("secrets:\n  password: zqS1xyaml", "zqS1xyaml"),
+    ("credentials:\n  token: zqS2xyaml", "zqS2xyaml"),
+    ("auth:\n  token: zqS3xyaml", "zqS3xyaml"),
+    ("secrets: password: zqS4xline", "zqS4xline"),
+    ("my pass phrase: zqS5xphrase", "zqS5xphrase"),
+    ("pw=zqS6xpw", "zqS6xpw"),
+    ('db_secret "zqSevenquoted"', "zqSevenquoted"),
+    ("api_secret zqS8x-api", "zqS8x-api"),
+    ("secret password zqS9x!pw", "zqS9x!pw"),
+    ('secret\n"password": "zqT1xjson"', "zqT1xjson"),
+    ('AIzaSyAtoken567890abcdefghijklmnopqrstu\n"password": "zqT2xjson"', "zqT2xjson"),
+    ('"secret" "password": "zqT3xjson"', "zqT3xjson"),
 )
 
 #: Lines no sink may change: numbers under names that count things, prose, a traceback's last line.
@@ -219,6 +234,9 @@ KEPT_LINES: tuple[str, ...] = (
     "wandb_v1_ keys are longer; wandb_v1_short",
     # Long tokens amid prose that read as names, not random base64 (few turns of case or digit).
     "built TransformerEncoderLayer2WithAttentionPoolingHead from /mnt/Data/Experiments/run2024/checkpoints",
+    # Look-alikes of the eighth review's: a section named for secrets with no value on its line, "pw" in prose.
+    "secrets:\n  count: 3",
+    "the pw is wrong; api_secret missing; db_secret \"\"",
 )
 
 

@@ -172,7 +172,8 @@ def test_the_notify_command_stdin_and_env_and_the_webhook_body(tmp_path: Path) -
 @pytest.mark.slow
 def test_a_megabyte_of_hostile_text_is_masked_in_linear_time() -> None:
     hostile = ["key" * 350_000, "a://b:" * 200_000, "password='" * 100_000, "a." * 500_000, "Basic " * 170_000,
-               "authorization:" * 70_000, "token x1 " * 110_000, "eyJaaaaaaaaa." * 80_000, "\n".join(LINES) * 1000,
+               "authorization:" * 70_000, "token x1 " * 110_000, "eyJaaaaaaaaa." * 80_000,
+               ("\n".join(LINES) * 1000)[:1 << 20],  # ~1 MB whatever the corpus's size (the gate cuts there)
                # The PEM, cookie, auth-call, escape, prefix and nested-name rules of the third review.
                "-----BEGIN PRIVATE KEY-----" * 40_000, "-----BEGIN RSA PRIVATE KEY-----x-----END x-----" * 20_000,
                "cookie:" * 150_000, "cookie" * 170_000, "Auth(x)" * 150_000, "b'password=" * 100_000,
