@@ -509,3 +509,17 @@ def test_a_half_open_connection_is_closed_at_its_deadline_and_frees_its_slot(tmp
     finally:
         c.close()
         s.close()
+
+
+def test_a_request_with_a_key_twice_is_refused_not_read_as_its_last(server):
+    # {"verb":"status","verb":"stop"} was read as stop (json keeps the last key): which was meant?
+    s, h, d = server
+    for line in (b'{"verb": "status", "verb": "stop"}\n',
+                 b'{"verb": "restart", "args": {"reason": "a", "reason": "b"}}\n'):
+        reply = raw(socket_path(d), line)
+        assert reply["ok"] is False and reply["error"]["code"] == "bad_request", reply
+        assert "twice" in reply["error"]["message"] and "nothing was done" in reply["error"]["message"]
+    assert h.calls == []
+    assert request(d, "status")["state"] == "running"
+    with pytest.raises(ControlError, match="'verb' twice"):
+        parse_request(b'{"verb": "status", "verb": "stop"}')
