@@ -128,18 +128,14 @@ def _reply_error(code: str, message: str) -> bytes:
     return (strictjson.dumps({"ok": False, "error": {"code": code, "message": redact_text(message)}}) + "\n").encode()
 
 
-class _DuplicateKey(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object's pairs as a dict, refusing a key given twice (json keeps the last silently)."""
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise _DuplicateKey(k[:64])
+            # {"verb":"status","verb":"stop"} would be read as stop (json keeps the last): which was meant?
+            raise ControlError("bad_request", f"request has the key {k[:64]!r} twice; send each key once "
+                                              "(nothing was done)")
         out[k] = v
     return out
 
@@ -148,9 +144,6 @@ def parse_request(data: bytes) -> tuple[str, dict[str, Any]]:
     """Validate one request line; raises ControlError(bad_request|unknown_verb)."""
     try:
         req = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
-    except _DuplicateKey as e:  # {"verb":"status","verb":"stop"} would be read as stop: which was meant?
-        raise ControlError("bad_request", f"request has the key {e.key!r} twice; send each key once "
-                                          "(nothing was done)") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ControlError("bad_request", f"request is not JSON: {e}") from None
     except RecursionError:
