@@ -47,9 +47,9 @@ def job_log_path(state_dir: Path, config: str | None, problems: list[str] | None
     """The job log the daemon for this state dir writes. A ledger that cannot be read (a
     garbled page) leaves the state dir's own job.log, and its error is added to ``problems``."""
     if config:
-        from ..config.model import load_config
+        from .clientconfig import lenient_config
 
-        cfg = load_config(config, need_command=False)
+        cfg = lenient_config(config, quiet=True)
         return cfg.log_file() if cfg.job.log_file else state_dir / "job.log"
     from ..ledger.store import LedgerError
 

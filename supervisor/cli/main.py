@@ -16,6 +16,7 @@ from ..installcheck import refuse_foreign
 from .parser import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE, build_parser
 from .. import strictjson
 from ..textescape import escaped
+from .clientconfig import reload_refused
 
 
 def _die_usage(msg: str) -> int:
@@ -24,12 +25,14 @@ def _die_usage(msg: str) -> int:
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
-    from ..config.model import load_config
+    from .clientconfig import lenient_config
 
     if getattr(args, "state_dir", None):
         return Path(args.state_dir)
     if getattr(args, "config", None):
-        cfg = load_config(args.config, need_command=False)
+        cfg = _config(lambda: lenient_config(args.config))  # a bad value elsewhere: the state dir alone
+        if cfg is None:  # not even readable: every problem said, exit 2 as check-config
+            raise SystemExit(EXIT_USAGE)
         sd = cfg.state_dir()
         # From a shell, a daemon run by systemd keeps its state under StateDirectory=.
         sysd = Path("/var/lib/transformer-supervisor") / cfg.job.name
@@ -423,7 +426,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         "install-units": cmd_install_units,
         "stop": lambda a: cmd_simple(a, "stop"),
         "checkpoint-now": lambda a: cmd_simple(a, "checkpoint-now"),
-        "reload": lambda a: cmd_simple(a, "reload"),
+        "reload": lambda a: EXIT_USAGE if reload_refused(a) else cmd_simple(a, "reload"),
         "restart": lambda a: cmd_simple(a, "restart", {"reason": a.reason, "from": a.from_ckpt and os.path.abspath(a.from_ckpt),
                                                        "rollback": a.rollback, "force": a.force or None}),
     }
