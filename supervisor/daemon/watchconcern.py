@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # imported once the first job is spawned: none of the watcher
     from ..watch.logwatch import LogWatcher
     from ..watch.look import LookResult
     from ..watch.metricfiles import MetricFiles
+    from ..watch.sources import SourceBook
     from ..watch.tail import FileTailer
 
 
@@ -66,6 +67,11 @@ class HeldLines:
             target.feed(source, lines)
         elif records is not None:
             target.feed_records(source, records)
+
+    @property
+    def sources(self) -> SourceBook | None:
+        """The attached log watcher's source book (the metric files' writer rule reads the job's step there)."""
+        return None if self._target is None else self._target.sources
 
     def note_unread(self, source: str, line: str, why: str) -> None:
         if self._target is not None:  # the metric files are read once it is attached (monitors() builds it)

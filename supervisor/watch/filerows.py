@@ -54,6 +54,7 @@ class FileState:
     dropped_seen: tuple[int, int] = (0, 0)  # size, mtime_ns when dropped
     dropped_head: bytes = b""  # csv: the header that had no loss-like column
     db: MlflowDb | None = None  # mlflow_db: the store's reader (rows past its last rowid)
+    fresh: bool = False  # read from its start: created (or replaced) in this run, not history
 
 
 def set_header(f: FileState, raw: bytes) -> bool:

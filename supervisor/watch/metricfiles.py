@@ -27,9 +27,9 @@ stop or a rollback is the job's own tree, as for checkpoint discovery.
 
 Files that exist at the baseline (taken before the run's first launch) are history: read from
 their end (an old NaN must not be replayed). Files first seen later are read from their start,
-unless their mtime is older than the baseline (a slow scan's late find of an old file). A text
-log is the job's only when the job is seen writing it (:mod:`.writers`): a NaN in a file someone
-else writes into the tree (``notes.txt``) is ``metric_file_untrusted``, never a rollback.
+unless their mtime is older than the baseline (a slow scan's late find of an old file). A file
+found by the walk is the job's only when it shows it (:mod:`.writers`): a NaN in a file someone
+else writes into the tree (``notes.txt``, a copied old log) is ``metric_file_untrusted``.
 
 Bounded cost: the walk is limited to ``depth`` levels below each root, ``max_dirs`` directories,
 ``MAX_ENTRIES`` directory entries and ``MAX_FILES`` files per pass (logged once when capped), and
@@ -65,7 +65,7 @@ from .filerows import JSONL_PROBE_LINES, FileState
 from .quiet import FirstFew, QuietLog
 from .readbounds import READ_CHUNK, inside
 from .tbevents import TBReader
-from .writers import Writers
+from .writers import BookSteps, Writers
 
 log = structlog.get_logger("supervisor.watch")
 
@@ -136,7 +136,7 @@ class MetricFiles:
         self.scans = 0
         self.capped = False
         self._reader = FileReader(QuietLog(log), parser, getattr(sink, "note_unread", None))  # lines said unread
-        self._writers = Writers()  # whose a text log is: a NaN in a file the job never wrote is not acted on
+        self._writers = Writers(job_steps=BookSteps(sink), named=self.globs)  # a NaN in a file not the job's: not acted on
         self._followed = FirstFew("metric_file_followed", log, "its metrics go to the detectors as the job writes them")
         # The supervisor's own output (the job's log copy where [job] log_file puts it, the daemon's
         # stdout/stderr redirected into the tree): never read back as the job's metrics.
@@ -319,7 +319,7 @@ class MetricFiles:
             if f is None:
                 history = first or (self._baseline_wall is not None and st.st_mtime < self._baseline_wall - 1.0)
                 f = FileState(path, kind, ident, st.st_size if history else 0, tb=TBReader() if kind == "tb" else None,
-                              db=MlflowDb(path) if kind == "mlflow_db" else None)
+                              db=MlflowDb(path) if kind == "mlflow_db" else None, fresh=not history)
                 self._files[path] = f
                 if self._dirwake is not None:
                     self._dirwake.watch(os.path.dirname(path))
@@ -428,7 +428,7 @@ class MetricFiles:
     def _read(self, f: FileState, size: int) -> bool:
         records, more = self._reader.read(f, size, self._final)
         if records and not self._mute:
-            records = self._writers.admit(f.path, f.ident, f.kind, records)
+            records = self._writers.admit(f, records, self._final)
             f.records += len(records)
             steps = [r.step for r in records if r.step is not None]
             if steps:

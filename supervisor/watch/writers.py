@@ -1,49 +1,60 @@
-"""Whose is a text log found in the job's tree: the job's, or a file someone else writes there.
+"""Whose is a metric file found in the job's tree: the job's, or a file someone else writes there.
 
-The metric-file walk takes every ``*.log`` / ``*.txt`` under the working dir for a text log of the
-job. A file the job never wrote (an operator's ``notes.txt`` holding ``step 4 loss nan``, another
-tool's ``notes.log``) must not roll back or end a healthy run (issue 34, X1). So a non-finite value
-read from a text log is acted on only when the file is the job's:
+The metric-file walk takes every text log (``*.log``, ``*.txt``), ``*.jsonl``, metrics CSV,
+TensorBoard event file and MLflow store under the working dir for the job's. A file the job never
+wrote (an operator's ``notes.txt``, another tool's ``other_tool.jsonl``, an old run's log copied in,
+another process's ``SummaryWriter`` or MLflow run) must not roll back or end a healthy run (issue
+34). So a non-finite value read from an AUTO-DISCOVERED file is acted on only when the file showed
+it is the job's (files named in config, ``[job] watch_files``, stay trusted):
 
-- **Held open by the job** (the writer's identity): a process of the job's tree (the attempt's
-  leader and its descendants) holds it open, seen in ``/proc/<pid>/fd``. Looked for when such a
-  file yields records (at most every ``SCAN_EVERY_S``, backing off to ``SCAN_BACKOFF_MAX_S`` while
-  it is not found) and before the first non-finite value from it is judged. Once seen, the file
-  (path and identity) is the job's for the rest of the run. A ``logging.FileHandler``, loguru, a
-  file kept open by the loop: found at the first look.
-- **Else, its own history**: a writer that opens, appends and closes per step is never seen
-  holding it. Such a file is trusted when it carried the job's progress: at least
-  ``MIN_STEPS`` records with a finite value and a step, read before the non-finite one (a loop
-  that logs every step; ``step 1..29`` then ``step 30 loss nan`` written in the job's last moment);
-  counted over the run, so a resumed attempt whose first record is a NaN is still acted on.
-  A file that fails both is not acted on: ``metric_file_untrusted`` (a warning, once per file and
-  attempt) names it, says why and how to have it trusted (name it in ``[job] watch_files``: the
-  tailer reads it and its NaNs are acted on, as with every file the config names).
+(a) **Held open by the job**: a process of the job's tree (the attempt's leader and its
+    descendants) holds it open, seen in ``/proc/<pid>/fd``. Looked for when such a file yields
+    records (at most every ``SCAN_EVERY_S``, backing off to ``SCAN_BACKOFF_MAX_S`` while not
+    found) and before its first non-finite value is judged. Once seen, the file (path and
+    identity) is the job's for the rest of the run, and its steps are a trusted step source.
+    ``logging.FileHandler``, loguru, TensorBoard's ``SummaryWriter``: found at the first look.
+(b) **Its steps track the job's**, when the job's step is known from a trusted source (stdout /
+    stderr, the client's metric reports, a file named in config, a file of (a)) during this
+    attempt: the file grew in at least ``MIN_WRITES`` separate reads with a finite, stepped record
+    (not a whole history written at once: a copied old log), ``MIN_STEPS`` such records, and the
+    non-finite record's step (else the file's last) is within the lag window of the job's step:
+    at most ``LAG_MAX`` ahead (a stdout that prints every N steps lags the file), at most
+    ``max(LAG_MIN, 2 x the file's steps per write, the job's steps in LATENCY_S)`` behind (capped
+    at ``LAG_MAX``: Lightning's CSVLogger writes 100 steps a flush).
+(c) **No trusted step source at all** (a job that prints nothing per step): the history rule, and
+    the file was created in this run (read from its start, not history) and grew in at least
+    ``MIN_WRITES`` separate reads over at least ``SPREAD_S`` seconds. A file first read after the
+    job exited (written whole in its last moment) needs only the history and to be new in the run.
+    Residual risk: with no trusted step source, a foreign process that creates a file during the
+    run and appends finite steps to it over time before a NaN is trusted (nothing tells it from
+    the job's own open-append-close log); naming the job's files in ``[job] watch_files`` and
+    printing steps removes it.
 
-Only non-finite records are held back; the file's other records go to the detectors as before
-(progress, step rhythm, loss spikes: a spike needs tens of records of one file anyway). Other
-kinds of metric files (TensorBoard, CSV with a loss header, JSONL with loss keys, MLflow) are
-narrow matches and are not judged here.
+A file that fails is not acted on: ``metric_file_untrusted`` (a warning, once per file and attempt)
+names it, says why and how to have it trusted (name it in ``[job] watch_files``). Only non-finite
+records are held back; the file's other records go to the detectors as before.
 
 Bounded: a look lists the job's tree from one pass over ``/proc`` (a parent link each, psutil's
 cost of ``children(recursive=True)``), then reads the fd links of at most ``MAX_PIDS`` processes,
-``MAX_FDS`` links in all; at most ``MAX_KNOWN`` files are remembered. Linux only; without ``/proc`` nothing is ever seen held open and the
-history rule alone decides.
+``MAX_FDS`` links in all; at most ``MAX_KNOWN`` files are remembered. Linux only; without ``/proc``
+nothing is ever seen held open and rules (b)/(c) decide.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import psutil
 import structlog
 
 from ..core.observations import MetricRecord
 from .nannotes import NAN_ITERATIONS
+from .sources import CLIENT_METRICS_MARKER
 
 log = structlog.get_logger("supervisor.watch")
 
@@ -53,8 +64,22 @@ MAX_FDS = 4096
 SCAN_EVERY_S = 1.0
 SCAN_BACKOFF_MAX_S = 30.0
 MIN_STEPS = 2
+MIN_WRITES = 2
+SPREAD_S = 0.5
+LAG_MIN = 20
+LAG_MAX = 500
+LATENCY_S = 0.25
 MAX_KNOWN = 4096
 _FIELDS = ("loss", "grad_norm", "lr", "tokens_per_sec", "val_loss")
+#: sources of auto-discovered metric files (:func:`.fileread.source_of`): not a trusted step source
+_FILE_SOURCES = ("file:", "tb:", "log:", "mlflow:")
+
+
+class _Followed(Protocol):
+    path: str
+    kind: str
+    ident: tuple[int, int]
+    fresh: bool  # read from its start in this run (created or truncated after the baseline)
 
 
 def alarming(rec: MetricRecord) -> bool:
@@ -72,7 +97,13 @@ class _Evidence:
     appended its steps to in one attempt is still its log in the next)."""
 
     real: str  # its real path, as /proc's fd links name it
+    fresh: bool = False  # read from its start in this run (created or truncated after the baseline)
     steps: int = 0  # finite records with a step
+    writes: int = 0  # reads that gave at least one finite record with a step
+    first_at: float | None = None  # when the first of those was read (monotonic)
+    first_step: int | None = None  # its step, and the last finite step read
+    last_step: int | None = None
+    job_first: int | None = None  # the job's step when the first was read
     looked: bool = False  # looked for in the job's open files this attempt
     warned: bool = False  # said untrusted this attempt
 
@@ -110,15 +141,55 @@ def held_open(pids: Sequence[int], paths: set[str], proc: str = PROC) -> set[str
     return found
 
 
+class BookSteps:
+    """The steps the sink's source book (the log watcher's ``sources``: looked up at each call, a
+    sink attached later counts) noted per source since :meth:`mark` (the attempt's start)."""
+
+    def __init__(self, sink: object) -> None:
+        self.sink = sink
+        self.since = 0.0
+
+    def _book(self) -> Any:
+        return getattr(self.sink, "sources", None)
+
+    def mark(self) -> None:
+        book = self._book()
+        if book is not None:
+            self.since = book.clock()
+
+    def __call__(self) -> list[tuple[str, int]]:
+        book = self._book()
+        if book is None:
+            return []
+        return [(s.source, s.last_step) for s in book.states() if s.last_step is not None and s.at >= self.since]
+
+
+class _Steps(Protocol):
+    def mark(self) -> None: ...
+    def __call__(self) -> list[tuple[str, int]]: ...
+
+
+class _NoSteps:
+    def mark(self) -> None:
+        return None
+
+    def __call__(self) -> list[tuple[str, int]]:
+        return []
+
+
 class Writers:
-    """Judges the records of text logs (``admit``) for :class:`~.metricfiles.MetricFiles`; its
-    reader thread alone calls ``admit``, the loop calls ``attempt``."""
+    """Judges the records of auto-discovered metric files (``admit``) for
+    :class:`~.metricfiles.MetricFiles`; its reader thread alone calls ``admit``, the loop calls ``attempt``."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, proc: str = PROC,
-                 tree: Callable[[int], list[int]] = job_tree) -> None:
+                 tree: Callable[[int], list[int]] = job_tree, job_steps: _Steps | None = None,
+                 named: Sequence[str] = ()) -> None:
         self.clock, self.proc, self.tree = clock, proc, tree
+        self.job_steps: _Steps = job_steps or _NoSteps()  # each source's step this attempt
+        self.named = tuple(named)  # [job] watch_files patterns: trusted
         self._pid: int | None = None
-        self._trusted: dict[tuple[str, tuple[int, int]], None] = {}  # (path, (dev, ino)): the job's, for the run
+        self._held_step: int | None = None  # the last step of a file the job holds open (this attempt)
+        self._trusted: dict[tuple[str, tuple[int, int]], bool] = {}  # (path, (dev, ino)): the job's; held open
         self._evidence: dict[tuple[str, tuple[int, int]], _Evidence] = {}
         self._next_scan = 0.0
         self._gap = SCAN_EVERY_S
@@ -130,38 +201,106 @@ class Writers:
         for ev in self._evidence.values():
             ev.looked = ev.warned = False
         self._next_scan, self._gap, self._pid = 0.0, SCAN_EVERY_S, pid
+        self._held_step = None
+        self.job_steps.mark()
 
-    def admit(self, path: str, ident: tuple[int, int], kind: str, records: list[MetricRecord]) -> list[MetricRecord]:
-        """``records`` read from ``path`` less the non-finite ones the job is not known to have written."""
-        key = (path, ident)
-        if self._pid is None or kind != "log" or key in self._trusted:
+    def admit(self, f: _Followed, records: list[MetricRecord], final: bool = False) -> list[MetricRecord]:
+        """``records`` read from ``f`` less the non-finite ones the job is not known to have
+        written (``final``: the job is gone)."""
+        key = (f.path, f.ident)
+        if self._pid is None or self._named(f.path):
+            return records
+        if key in self._trusted:
+            self._note_held(key, records)
             return records
         ev = self._evidence.get(key)
         if ev is None:
-            ev = self._evidence[key] = _Evidence(os.path.realpath(path))
+            ev = self._evidence[key] = _Evidence(os.path.realpath(f.path), f.fresh)
             _bound(self._evidence)
         due = self.clock() >= self._next_scan or (not ev.looked and any(map(alarming, records)))
         if due and self._look(key):
+            self._note_held(key, records)
             return records
         out: list[MetricRecord] = []
+        wrote = False
         for rec in records:
             if not alarming(rec):
-                ev.steps += rec.step is not None
+                if rec.step is not None:
+                    ev.steps += 1
+                    ev.last_step = rec.step
+                    if ev.first_step is None:
+                        ev.first_step = rec.step
+                    wrote = True
                 out.append(rec)
-            elif ev.steps >= MIN_STEPS:
-                out.append(rec)  # the job's progress was written here: it is its log
+                continue
+            why = self._judge(ev, rec, final)
+            if why is None:
+                self._trust(key)
+                out.append(rec)  # the job's: the NaN is acted on
             else:
                 self.withheld += 1
                 if not ev.warned:
                     ev.warned = True
-                    self._warn(path, rec, ev.steps)
-        if ev.steps >= MIN_STEPS:
-            self._trust(key)
+                    self._warn(f.path, rec, why)
+        if wrote:
+            ev.writes += 1
+            if ev.first_at is None:
+                ev.first_at, ev.job_first = self.clock(), self._job_step()
         return out
 
-    def _trust(self, key: tuple[str, tuple[int, int]]) -> None:
+    def _judge(self, ev: _Evidence, rec: MetricRecord, final: bool) -> str | None:
+        """None when ``rec`` (non-finite) of the file with evidence ``ev`` is the job's; else why not."""
+        if ev.steps < MIN_STEPS:
+            return f"it logged {ev.steps} step(s) before the non-finite value ({MIN_STEPS} needed)"
+        job = self._job_step()
+        if job is None and final and ev.fresh:
+            return None  # written whole in the job's last moment, and no step of the job to compare
+        if ev.writes < MIN_WRITES:
+            return (f"its {ev.steps} record(s) before the non-finite value were written at once, not as the job "
+                    "ran (a copied log)")
+        if job is None:
+            if not ev.fresh:
+                return "it existed before the run, and the job's step is not known from its output to compare"
+            if ev.first_at is not None and self.clock() - ev.first_at < SPREAD_S:
+                return f"it grew for under {SPREAD_S} s before the non-finite value"
+            return None
+        step = rec.step if rec.step is not None else ev.last_step
+        assert step is not None and ev.first_step is not None and ev.last_step is not None
+        per_write = (ev.last_step - ev.first_step) / max(1, ev.writes - 1)
+        rate = 0.0  # the job's steps a second while the file grew: what a read's latency may lag
+        if ev.job_first is not None and ev.first_at is not None:
+            rate = max(0.0, job - ev.job_first) / max(self.clock() - ev.first_at, 1e-3)
+        behind = min(LAG_MAX, max(LAG_MIN, 2 * per_write, rate * LATENCY_S))
+        if not -LAG_MAX <= job - step <= behind:
+            return (f"its step {step} does not track the job's step {job} (from its output; at most {int(behind)} "
+                    f"behind or {LAG_MAX} ahead)")
+        return None
+
+    def _job_step(self) -> int | None:
+        """The job's step this attempt from a trusted source (its output, a file it holds open)."""
+        got = [step for source, step in self.job_steps() if self._trusted_source(source)]
+        if self._held_step is not None:
+            got.append(self._held_step)
+        return max(got) if got else None
+
+    def _trusted_source(self, source: str) -> bool:
+        """The job's output, the client's reports, a file named in config (not one found by the walk)."""
+        if CLIENT_METRICS_MARKER in source or not source.startswith(_FILE_SOURCES):
+            return True
+        return source.startswith("file:") and self._named(source[len("file:"):])
+
+    def _named(self, path: str) -> bool:
+        return any(fnmatch.fnmatch(path, g) for g in self.named)
+
+    def _note_held(self, key: tuple[str, tuple[int, int]], records: list[MetricRecord]) -> None:
+        if self._trusted.get(key):
+            for rec in records:
+                if rec.step is not None:
+                    self._held_step = rec.step if self._held_step is None else max(self._held_step, rec.step)
+
+    def _trust(self, key: tuple[str, tuple[int, int]], held: bool = False) -> None:
         self._evidence.pop(key, None)
-        self._trusted[key] = None
+        self._trusted[key] = held
         _bound(self._trusted)
 
     def _look(self, key: tuple[str, tuple[int, int]]) -> bool:
@@ -172,20 +311,20 @@ class Writers:
         for k, ev in list(self._evidence.items()):
             ev.looked = True
             if ev.real in found:
-                self._trust(k)
+                self._trust(k, held=True)
         if key in self._trusted:
             return True
         self._next_scan = self.clock() + self._gap
         self._gap = min(SCAN_BACKOFF_MAX_S, self._gap * 2)
         return False
 
-    def _warn(self, path: str, rec: MetricRecord, steps: int) -> None:
+    def _warn(self, path: str, rec: MetricRecord, why: str) -> None:
         log.warning("metric_file_untrusted", path=path, step=rec.step,
-                    why=f"no process of the job was seen holding it open, and it logged {steps} step(s) before "
-                        f"the non-finite value ({MIN_STEPS} needed): it may be a file the job never wrote",
-                    next=f"the run goes on; a non-finite value in this file is acted on once the job is seen "
-                         f"writing it (holding it open, or {MIN_STEPS} steps logged there first). If the job writes "
-                         "it, name it in [job] watch_files: its lines are then read and acted on")
+                    why=f"no process of the job was seen holding it open, and {why}: it may be a file "
+                        "the job never wrote",
+                    next="the run goes on; a non-finite value in this file is acted on once the job is seen "
+                         "writing it (holding it open, or its steps tracking the job's as it runs). If the job "
+                         "writes it, name it in [job] watch_files: it is then trusted and its NaNs are acted on")
 
 
 def _bound(table: dict[Any, Any]) -> None:
@@ -195,4 +334,5 @@ def _bound(table: dict[Any, Any]) -> None:
         del table[next(iter(table))]
 
 
-__all__ = ["MIN_STEPS", "Writers", "alarming", "held_open", "job_tree"]
+__all__ = ["LAG_MAX", "LAG_MIN", "MIN_STEPS", "MIN_WRITES", "SPREAD_S", "BookSteps", "Writers", "alarming",
+           "held_open", "job_tree"]

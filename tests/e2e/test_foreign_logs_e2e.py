@@ -100,3 +100,49 @@ def test_a_nan_the_job_writes_into_its_own_log_is_still_rolled_back(supervise, t
     [nan] = events(d, "failure_detected")
     assert nan["source"] == f"log:{work / log}", nan
     assert events(d, "metric_file_untrusted") == []
+
+
+# Issue 34, the adversarial round on the writer rule: every kind of metric file the walk finds,
+# written by another process while a healthy job runs (it prints its steps: a trusted step source).
+FOREIGN = {
+    # D2: appended over time, finite steps 1..3 then a NaN, while the job is far past step 4
+    "notes.txt": "import time\nfor l in ['step 1 loss 2.0', 'step 2 loss 1.9', 'step 3 loss 1.8', 'step 4 loss nan']:\n"
+                 "    open('notes.txt', 'a').write(l + '\\n'); time.sleep(0.5)\n",
+    # D3: an old run's log copied in: its whole history at once, steps far from the job's
+    "old/train.log": "import os, shutil, tempfile\nd = tempfile.mkdtemp()\n"
+                     "open(os.path.join(d, 'train.log'), 'w').write(''.join(f'step {s} loss 1.0\\n' for s in "
+                     "range(100, 103)) + 'step 103 loss nan\\n')\nos.makedirs('old', exist_ok=True)\n"
+                     "shutil.copy(os.path.join(d, 'train.log'), 'old/train.log')\n",
+    # D4: another tool's JSONL
+    "other_tool.jsonl": "open('other_tool.jsonl', 'w').write('{\"step\": 1, \"loss\": NaN}\\n')\n",
+    # D5: another process's TensorBoard writer, and an MLflow file store metric
+    "runs/exp": "from torch.utils.tensorboard import SummaryWriter\nw = SummaryWriter('runs/exp')\n"
+                "for s in range(1, 5):\n    w.add_scalar('loss', float('nan') if s == 4 else 1.0, s)\nw.close()\n",
+    "mlruns/0/abc/metrics/loss": "import os\nos.makedirs('mlruns/0/abc/metrics', exist_ok=True)\n"
+                                 "open('mlruns/0/abc/metrics/loss', 'w').write('1700000000000 nan 4\\n')\n",
+}
+
+
+@slow
+@pytest.mark.parametrize("name", list(FOREIGN))
+def test_a_nan_in_any_metric_file_another_process_writes_never_rolls_back(supervise, tmp_path: Path,
+                                                                          name: str) -> None:
+    release, work = tmp_path / "release", tmp_path / "work"
+    fast = HEALTHY.replace("time.sleep(0.05)", "time.sleep(0.01)")  # far past step 4 when the writer starts
+    d = supervise(wrap(tmp_path, config=workdir(work)) + job(tmp_path, "healthy", fast, str(release)))
+    try:
+        wait_for(lambda: (tmp_path / "started").exists(), 60, what="the job's start")
+        subprocess.run([PY, "-c", FOREIGN[name]], check=True, timeout=60, cwd=work)
+        try:
+            said = wait_for(lambda: events(d, "metric_file_untrusted"), 60, what="the file said untrusted")
+        except AssertionError:
+            print("\n".join(x[:400] for x in d.events() if "metric" in x or "fail" in x or "source" in x))
+            raise
+    finally:
+        release.touch()
+    assert d.wait(120) == 0, d.stderr()[-3000:]
+    assert all(e["path"].startswith(str(work / name)) and e["level"] == "warning"
+               and "watch_files" in e["next"] for e in said), said
+    a = attempts(tmp_path / "sd")
+    assert len(a) == 1 and a[0]["exit_code"] == 0 and not a[0].get("cause"), a
+    assert events(d, "failure_detected") == []

@@ -10,9 +10,10 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 from structlog.testing import capture_logs
@@ -120,6 +121,14 @@ def test_without_a_job_known_every_record_is_admitted_as_before(tmp_path: Path) 
     assert [d.cause for d in w.detections] == [Cause.NAN]
 
 
+@dataclass
+class F:
+    path: str
+    ident: tuple[int, int]
+    kind: str = "log"
+    fresh: bool = True
+
+
 def test_one_file_short_of_steps_is_withheld_and_looked_for_once_per_schedule(tmp_path: Path) -> None:
     now = [0.0]
     looks: list[int] = []
@@ -132,26 +141,97 @@ def test_one_file_short_of_steps_is_withheld_and_looked_for_once_per_schedule(tm
     wr.attempt(4242)
     rec = [MetricRecord(1, 2.0, at=0.0)]
     nan = [MetricRecord(2, float("nan"), at=0.0)]
-    path, ident = str(tmp_path / "x.log"), (1, 2)
-    assert wr.admit(path, ident, "log", rec) == rec and looks == [4242]  # looked for at its first records
-    assert wr.admit(path, ident, "log", nan) == [] and looks == [4242]  # looked at already: not again at once
-    assert wr.admit(path, ident, "csv", nan) == nan  # other kinds are not judged here
+    f = F(str(tmp_path / "x.log"), (1, 2))
+    assert wr.admit(f, rec) == rec and looks == [4242]  # looked for at its first records
+    assert wr.admit(f, nan) == [] and looks == [4242]  # looked at already: not again at once
     now[0] = 1.5
-    assert wr.admit(path, ident, "log", rec) == rec and len(looks) == 2  # the schedule (backing off)
-    assert wr.admit(path, ident, "log", nan) == nan  # MIN_STEPS steps read from it now: the job's log
+    assert wr.admit(f, [MetricRecord(2, 1.0, at=0.0)]) and len(looks) == 2  # the schedule (backing off)
+    # No step of the job known (rule c): new in the run, MIN_STEPS steps in MIN_WRITES reads over SPREAD_S.
+    assert wr.admit(f, [MetricRecord(3, float("nan"), at=0.0)]) != []
     assert wr.withheld == 1
     # The next attempt (a resume): the file the job logged its steps to is still its log, a NaN in
     # its first record there is acted on; a file short of steps is said again, once.
     wr.attempt(4343)
-    assert wr.admit(path, ident, "log", nan) == nan
-    other = str(tmp_path / "notes.txt")
+    assert wr.admit(f, nan) == nan
+    other = F(str(tmp_path / "notes.txt"), (1, 3))
     with capture_logs() as logs:
-        assert wr.admit(other, (1, 3), "log", nan) == [] and wr.admit(other, (1, 3), "log", nan) == []
+        assert wr.admit(other, nan) == [] and wr.admit(other, nan) == []
         wr.attempt(4444)
-        assert wr.admit(other, (1, 3), "log", nan) == []
-    assert [e["path"] for e in logs if e["event"] == "metric_file_untrusted"] == [other, other]
+        assert wr.admit(other, nan) == []
+    assert [e["path"] for e in logs if e["event"] == "metric_file_untrusted"] == [other.path, other.path]
     assert alarming(MetricRecord(None, 1.0, extra={"x": float("inf")}, at=0.0))
     assert not alarming(MetricRecord(3, 1.0, grad_norm=2.0, at=0.0))
+
+
+class Steps:
+    """The job's output at ``step`` (None: no step source)."""
+
+    def __init__(self, step: int | None) -> None:
+        self.step = step
+
+    def mark(self) -> None:
+        return None
+
+    def __call__(self) -> list[tuple[str, int]]:
+        return [] if self.step is None else [("stdout", self.step), ("log:/w/other.log", 10 ** 6)]
+
+
+def recs(*steps: int, nan_at: int | None = None) -> list[MetricRecord]:
+    return [MetricRecord(s, float("nan") if s == nan_at else 1.0, at=0.0) for s in steps]
+
+
+def judged(job: int | None, writes: list[tuple[float, list[MetricRecord]]], *, fresh: bool = True,
+           final: bool = False, kind: str = "log") -> tuple[list[MetricRecord], list[Any]]:
+    """What the last of ``writes`` (each: when it was read, its records) admits, the job at ``job``
+    (its output's step, None: no trusted step source), never seen holding the file."""
+    now = [0.0]
+    wr = Writers(clock=lambda: now[0], tree=lambda pid: [], job_steps=Steps(job))
+    wr.attempt(4242)
+    f = F("/w/x", (1, 2), kind, fresh)
+    out: list[MetricRecord] = []
+    with capture_logs() as logs:
+        for i, (t, batch) in enumerate(writes):
+            now[0] = t
+            out = wr.admit(f, batch, final=final and i == len(writes) - 1)
+    return [r for r in out if alarming(r)], [e for e in logs if e["event"] == "metric_file_untrusted"]
+
+
+def test_the_job_s_own_files_are_trusted_and_foreign_ones_are_not_whatever_their_kind() -> None:
+    for kind in ("log", "jsonl", "csv", "tb", "mlflow"):
+        # D4/D5: one record, a NaN, another process's file: not acted on, said.
+        out, said = judged(15, [(0.0, recs(4, nan_at=4))], kind=kind)
+        assert out == [] and len(said) == 1 and "0 step(s)" in said[0]["why"], kind
+    # D3: an old run's log copied in (4 records at once, steps far from the job's at 15).
+    out, said = judged(15, [(0.0, recs(100, 101, 102, 103, nan_at=103))])
+    assert out == [] and "at once" in said[0]["why"]
+    # D2: a foreign file appended over time, steps 1..4 while the job prints steps 20..80.
+    writes = [(0.5 * i, recs(i + 1, nan_at=4)) for i in range(4)]
+    out, said = judged(80, writes)
+    assert out == [] and "does not track" in said[0]["why"], said
+    # The job's own open-append-close log: its steps are the job's (+-2), or behind by its flush cadence.
+    out, _ = judged(4, writes)
+    assert [r.step for r in out] == [4]
+    csv = [(0.0, recs(*range(1, 100))), (5.0, recs(*range(100, 200))), (10.0, recs(250, nan_at=250))]
+    out, _ = judged(399, csv)  # CSVLogger: 100 steps a flush, the job 150 steps on
+    assert [r.step for r in out] == [250]
+    # No step of the job known (rule c): new in the run and grown over time, else not.
+    out, _ = judged(None, writes)
+    assert [r.step for r in out] == [4]
+    out, said = judged(None, writes, fresh=False)
+    assert out == [] and "before the run" in said[0]["why"]
+    out, said = judged(None, [(0.0, recs(1)), (0.1, recs(2)), (0.2, recs(3, nan_at=3))])
+    assert out == [] and "under" in said[0]["why"]
+    # Written whole in the job's last moment, the job gone (no step of it known): the job's.
+    out, _ = judged(None, [(0.0, recs(*range(1, 31), nan_at=30))], final=True)
+    assert [r.step for r in out] == [30]
+
+
+def test_a_file_named_in_config_is_trusted() -> None:
+    wr = Writers(tree=lambda pid: [], named=["/w/*.tfevents*"])
+    wr.attempt(4242)
+    nan = recs(4, nan_at=4)
+    assert wr.admit(F("/w/a.tfevents.1", (1, 2), "tb"), nan) == nan
+    assert wr.admit(F("/w/b.jsonl", (1, 3), "jsonl"), nan) == []
 
 
 def test_held_open_reads_a_bounded_number_of_links(tmp_path: Path) -> None:
