@@ -107,6 +107,6 @@ def test_the_seventh_reviews_patterns_stay_linear() -> None:
                "sig=a" * 200_000, "wandb_v1_" * 110_000, "wandb_v1_" + "a" * 1_000_000,
                "api_key=os.getenv(" * 50_000, "api_key=f(" + "x" * 1_000_000]
     for text in hostile:
-        t0 = time.monotonic()
+        t0 = time.process_time()
         redact_text(text)
-        assert time.monotonic() - t0 < 5.0, text[:20]
+        assert time.process_time() - t0 < 5.0, text[:20]

@@ -80,12 +80,12 @@ def test_random_base64_amid_prose_goes_and_names_and_paths_stay() -> None:
 
 
 def test_the_stream_rules_stay_linear_on_hostile_lines() -> None:
-    t0 = time.monotonic()
+    t0 = time.process_time()
     redact_lines(["a" * 100 + " -----BEGIN PRIVATE KEY-----"] + ["a" * 100 + "A1" * 2000] * 300)
     redact_lines(["-----BEGIN PRIVATE KEY-----" * 150] * 200)
     mask_keys(("Ab1" * 30 + " ") * 30_000)
     mask_keys("A" * 1_000_000)
-    assert time.monotonic() - t0 < 5.0
+    assert time.process_time() - t0 < 5.0
 
 
 def test_a_body_line_with_a_space_inside_is_masked_as_body_and_prose_still_ends_the_block() -> None:
@@ -103,6 +103,6 @@ def test_a_body_line_with_a_space_inside_is_masked_as_body_and_prose_still_ends_
     for prose in ("step 5 of 10", "epoch done", "Step 5 Done ok"):
         shown = redact_lines(["-----BEGIN PRIVATE KEY-----", spaced[0], prose, "zqP3xLast=="])
         assert shown[2] == prose and "zqP1x" not in shown[1], shown
-    t0 = time.monotonic()
+    t0 = time.process_time()
     redact_lines(["-----BEGIN PRIVATE KEY-----", *[("aB3 " * 1000)] * 300])
-    assert time.monotonic() - t0 < 5.0
+    assert time.process_time() - t0 < 5.0

@@ -196,10 +196,12 @@ def test_a_megabyte_of_hostile_text_is_masked_in_linear_time() -> None:
                "token " * 170_000, "token " + "tokentoken" * 100_000, "token " + "x" * 1_000_000,
                "get('key', default" + " " * 1_000_000, "-passin pass:" * 70_000]
     for text in hostile:
-        t0 = time.monotonic()
+        # CPU time, not wall time: a loaded CI machine (4 test workers on 2 cores) stretched the
+        # wall clock of the corpus input to 6.7 s where its CPU time is ~1.5 s; quadratic work
+        # would take minutes of CPU either way.
+        t0 = time.process_time()
         shown = redact_text(text)
-        # ~0.2 s at most on an idle core; quadratic work would take minutes.
-        assert time.monotonic() - t0 < 5.0, text[:20]
+        assert time.process_time() - t0 < 5.0, text[:20]
         assert not leaks(shown)
     big = redact_text("x" * (3 << 20))
     assert big.endswith(f"…(+{(3 << 20) - (1 << 20)} chars)") and len(big) < (1 << 20) + 50
@@ -353,9 +355,9 @@ def test_the_new_patterns_stay_linear_on_their_worst_cases() -> None:
                "'--" + "-" * 1_000_000 + "password', x", "-----BEGIN PRIVATE KEY-----\n" * 35_000,
                "aB3/" * 250_000, "aB3/" * 10 + "\n" * 100_000, ("x" * 39 + "\n") * 25_000, " " * 1_000_000 + "!"]
     for text in hostile:
-        t0 = time.monotonic()
+        t0 = time.process_time()  # CPU time: load-proof (see the megabyte test)
         redact_text(text)
-        assert time.monotonic() - t0 < 5.0, text[:20]
-    t0 = time.monotonic()
+        assert time.process_time() - t0 < 5.0, text[:20]
+    t0 = time.process_time()
     redact_lines(["-----BEGIN PRIVATE KEY-----"] * 20_000 + ["x" * 4096] * 200)
-    assert time.monotonic() - t0 < 5.0
+    assert time.process_time() - t0 < 5.0
