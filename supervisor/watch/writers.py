@@ -12,7 +12,9 @@ it is the job's (files named in config, ``[job] watch_files``, stay trusted):
     records (at most every ``SCAN_EVERY_S``, backing off to ``SCAN_BACKOFF_MAX_S`` while not
     found) and before its first non-finite value is judged. Once seen, the file (path and
     identity) is the job's for the rest of the run, and its steps are a trusted step source.
-    ``logging.FileHandler``, loguru, TensorBoard's ``SummaryWriter``: found at the first look.
+    ``logging.FileHandler``, loguru: found at the first look. A TensorBoard event file whose name
+    carries this host and the pid of a process of the job's tree (``SummaryWriter`` names it so;
+    without TensorFlow it opens and closes the file per flush) counts as held open.
 (b) **Its steps track the job's**, when the job's step is known from a trusted source (stdout /
     stderr, the client's metric reports, a file named in config, a file of (a)) during this
     attempt: the file grew in at least ``MIN_WRITES`` separate reads with a finite, stepped record
@@ -45,6 +47,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
@@ -70,6 +73,7 @@ LAG_MIN = 20
 LAG_MAX = 500
 LATENCY_S = 0.25
 MAX_KNOWN = 4096
+TB_PREFIX = "events.out.tfevents."
 _FIELDS = ("loss", "grad_norm", "lr", "tokens_per_sec", "val_loss")
 #: sources of auto-discovered metric files (:func:`.fileread.source_of`): not a trusted step source
 _FILE_SOURCES = ("file:", "tb:", "log:", "mlflow:")
@@ -217,8 +221,10 @@ class Writers:
         if ev is None:
             ev = self._evidence[key] = _Evidence(os.path.realpath(f.path), f.fresh)
             _bound(self._evidence)
+        if f.kind == "tb" and not ev.looked and self._tb_writer(f.path):
+            self._trust(key, held=True)  # its name says a process of the job's tree wrote it
         due = self.clock() >= self._next_scan or (not ev.looked and any(map(alarming, records)))
-        if due and self._look(key):
+        if key in self._trusted or (due and self._look(key)):
             self._note_held(key, records)
             return records
         out: list[MetricRecord] = []
@@ -302,6 +308,18 @@ class Writers:
         self._evidence.pop(key, None)
         self._trusted[key] = held
         _bound(self._trusted)
+
+    def _tb_writer(self, path: str) -> bool:
+        """Whether a TensorBoard event file's name (``events.out.tfevents.<time>.<host>.<pid>.<n>``)
+        names this host and a process of the job's tree: TensorBoard without TensorFlow opens,
+        appends and closes the file per flush, so it is seldom seen held open."""
+        assert self._pid is not None
+        rest = os.path.basename(path)[len(TB_PREFIX):].partition(".")[2]
+        host = socket.gethostname()
+        if not rest.startswith(host + "."):
+            return False
+        pid = rest[len(host) + 1:].partition(".")[0]
+        return pid.isdigit() and int(pid) in self.tree(self._pid)
 
     def _look(self, key: tuple[str, tuple[int, int]]) -> bool:
         """Look for the files not yet known as the job's in its open files; whether ``key`` was found."""

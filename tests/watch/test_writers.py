@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -232,6 +233,17 @@ def test_a_file_named_in_config_is_trusted() -> None:
     nan = recs(4, nan_at=4)
     assert wr.admit(F("/w/a.tfevents.1", (1, 2), "tb"), nan) == nan
     assert wr.admit(F("/w/b.jsonl", (1, 3), "jsonl"), nan) == []
+
+
+def test_a_tensorboard_file_named_for_a_process_of_the_job_s_tree_is_the_job_s() -> None:
+    # TensorBoard without TensorFlow opens, appends and closes per flush: the name says the writer.
+    wr = Writers(tree=lambda pid: [pid, 777], proc="/nonexistent")
+    wr.attempt(4242)
+    nan = recs(99, nan_at=99)
+    host = socket.gethostname()
+    assert wr.admit(F(f"/w/events.out.tfevents.1796683862.{host}.777.0", (1, 2), "tb"), nan) == nan
+    assert wr.admit(F(f"/w/events.out.tfevents.1796683862.{host}.778.0", (1, 3), "tb"), nan) == []
+    assert wr.admit(F("/w/events.out.tfevents.1796683862.otherhost.777.0", (1, 4), "tb"), nan) == []
 
 
 def test_held_open_reads_a_bounded_number_of_links(tmp_path: Path) -> None:
