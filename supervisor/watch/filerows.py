@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -55,6 +56,7 @@ class FileState:
     dropped_head: bytes = b""  # csv: the header that had no loss-like column
     db: MlflowDb | None = None  # mlflow_db: the store's reader (rows past its last rowid)
     fresh: bool = False  # read from its start: created (or replaced) in this run, not history
+    seen: float = field(default_factory=time.monotonic)  # when it was first found
 
 
 def set_header(f: FileState, raw: bytes) -> bool:

@@ -25,7 +25,8 @@ it is the job's (files named in config, ``[job] watch_files``, stay trusted):
     at ``LAG_MAX``: Lightning's CSVLogger writes 100 steps a flush).
 (c) **No trusted step source at all** (a job that prints nothing per step): the history rule, and
     the file was created in this run (read from its start, not history) and grew in at least
-    ``MIN_WRITES`` separate reads over at least ``SPREAD_S`` seconds. A file first read after the
+    ``MIN_WRITES`` separate reads, the non-finite value read at least ``SPREAD_S`` seconds after the
+    file was found. A file first read after the
     job exited (written whole in its last moment) needs only the history and to be new in the run.
     Residual risk: with no trusted step source, a foreign process that creates a file during the
     run and appends finite steps to it over time before a NaN is trusted (nothing tells it from
@@ -84,6 +85,7 @@ class _Followed(Protocol):
     kind: str
     ident: tuple[int, int]
     fresh: bool  # read from its start in this run (created or truncated after the baseline)
+    seen: float  # when it was first found (monotonic)
 
 
 def alarming(rec: MetricRecord) -> bool:
@@ -102,6 +104,7 @@ class _Evidence:
 
     real: str  # its real path, as /proc's fd links name it
     fresh: bool = False  # read from its start in this run (created or truncated after the baseline)
+    seen: float = 0.0  # when it was first found (monotonic)
     steps: int = 0  # finite records with a step
     writes: int = 0  # reads that gave at least one finite record with a step
     first_at: float | None = None  # when the first of those was read (monotonic)
@@ -219,7 +222,7 @@ class Writers:
             return records
         ev = self._evidence.get(key)
         if ev is None:
-            ev = self._evidence[key] = _Evidence(os.path.realpath(f.path), f.fresh)
+            ev = self._evidence[key] = _Evidence(os.path.realpath(f.path), f.fresh, f.seen)
             _bound(self._evidence)
         if f.kind == "tb" and not ev.looked and self._tb_writer(f.path):
             self._trust(key, held=True)  # its name says a process of the job's tree wrote it
@@ -267,8 +270,8 @@ class Writers:
         if job is None:
             if not ev.fresh:
                 return "it existed before the run, and the job's step is not known from its output to compare"
-            if ev.first_at is not None and self.clock() - ev.first_at < SPREAD_S:
-                return f"it grew for under {SPREAD_S} s before the non-finite value"
+            if self.clock() - ev.seen < SPREAD_S:
+                return f"it was found under {SPREAD_S} s before the non-finite value"
             return None
         step = rec.step if rec.step is not None else ev.last_step
         assert step is not None and ev.first_step is not None and ev.last_step is not None

@@ -128,6 +128,7 @@ class F:
     ident: tuple[int, int]
     kind: str = "log"
     fresh: bool = True
+    seen: float = 0.0
 
 
 def test_one_file_short_of_steps_is_withheld_and_looked_for_once_per_schedule(tmp_path: Path) -> None:
