@@ -74,6 +74,9 @@ class EndFacts:
 
     sources: tuple[SourceSeen, ...] = ()
     weights: WeightsCheck = WeightsCheck(None, None, note="no checkpoint dir known: no weights checked")
+    # Auto-discovered metric files whose non-finite values were not acted on (the job was not shown
+    # to write them: metric_file_untrusted), each with the step of the first one.
+    withheld: tuple[tuple[str, int | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ class EndVerdict:
         return {"verdict": self.verdict.value, "reason": self.reason, "watched": self.watched,
                 "sources": [s.to_json() for s in facts.sources],
                 "last_step": last.last_step if last else None, "last_step_at": round(last.at_wall, 3) if last else None,
-                "weights": facts.weights.to_json()}
+                "weights": facts.weights.to_json(),
+                "withheld": [{"path": p, "step": st} for p, st in facts.withheld]}
 
 
 def _last_step(facts: EndFacts) -> SourceSeen | None:
@@ -124,19 +128,30 @@ def unread_text(facts: EndFacts) -> str:
             "gave none, so a NaN or spike in them was not judged (metric_lines_unread says why)")
 
 
+def withheld_text(facts: EndFacts) -> str:
+    """The non-finite values seen in files the job was not shown to write and so not acted on
+    (empty when none): a clean end never reads as assurance over a NaN it saw and set aside."""
+    if not facts.withheld:
+        return ""
+    where = ", ".join(f"{p} (step {s})" if s is not None else p for p, s in facts.withheld[:SAID])
+    more = f" and {len(facts.withheld) - SAID} more" if len(facts.withheld) > SAID else ""
+    return (f"; NOT acted on: a non-finite value in {where}{more}, a file the job was not shown to write "
+            "(metric_file_untrusted says why; name it in [job] watch_files if the job writes it)")
+
+
 def watched_text(facts: EndFacts, wall: float) -> str:
     """``watched: stdout (hf, 120 records), tb:/x (tensorboard, 12 records); last step 1000, 3.2 s
     before the end``, or what it means that nothing was seen; and the lines that started like metric
     records but gave none, when there were any (:func:`unread_text`)."""
     if not watched_sources(facts):
         return ("watched: no metric source yielded a training step or metric in this daemon's life (NaN, loss "
-                f"spikes and step progress were NOT watched){unread_text(facts)}")
+                f"spikes and step progress were NOT watched){unread_text(facts)}{withheld_text(facts)}")
     parts = [_source_text(s) for s in facts.sources[:SAID]]
     more = f" and {len(facts.sources) - SAID} more" if len(facts.sources) > SAID else ""
     last = _last_step(facts)
     step = (f"; last step {last.last_step}, {max(0.0, wall - last.at_wall):.1f} s before the end" if last
             else "; no record named a step")
-    return f"watched: {', '.join(parts)}{more}{step}{unread_text(facts)}"
+    return f"watched: {', '.join(parts)}{more}{step}{unread_text(facts)}{withheld_text(facts)}"
 
 
 def weights_text(w: WeightsCheck) -> str:

@@ -136,7 +136,7 @@ class MetricFiles:
         self.scans = 0
         self.capped = False
         self._reader = FileReader(QuietLog(log), parser, getattr(sink, "note_unread", None))  # lines said unread
-        self._writers = Writers(job_steps=BookSteps(sink), named=self.globs)  # a NaN in a file not the job's: not acted on
+        self.writers = Writers(job_steps=BookSteps(sink), named=self.globs)  # a NaN in a file not the job's: not acted on
         self._followed = FirstFew("metric_file_followed", log, "its metrics go to the detectors as the job writes them")
         # The supervisor's own output (the job's log copy where [job] log_file puts it, the daemon's
         # stdout/stderr redirected into the tree): never read back as the job's metrics.
@@ -193,7 +193,7 @@ class MetricFiles:
             self._mute = False
 
     def start(self, ctx: AttemptContext | None = None, emit: Emit | None = None) -> None:
-        self._writers.attempt(ctx.pid if ctx is not None else None)
+        self.writers.attempt(ctx.pid if ctx is not None else None)
         if self._thread is not None and self._thread.is_alive():
             return
         if self._baseline_wall is None:
@@ -428,7 +428,7 @@ class MetricFiles:
     def _read(self, f: FileState, size: int) -> bool:
         records, more = self._reader.read(f, size, self._final)
         if records and not self._mute:
-            records = self._writers.admit(f, records, self._final)
+            records = self.writers.admit(f, records, self._final)
             f.records += len(records)
             steps = [r.step for r in records if r.step is not None]
             if steps:

@@ -202,6 +202,7 @@ class Writers:
         self._gap = SCAN_EVERY_S
         self.scans = 0
         self.withheld = 0
+        self.withheld_files: dict[str, int | None] = {}  # path: the step of its first value set aside
 
     def attempt(self, pid: int | None) -> None:
         """A new attempt's job (None: no job known, every record is admitted as before)."""
@@ -248,6 +249,9 @@ class Writers:
                 out.append(rec)  # the job's: the NaN is acted on
             else:
                 self.withheld += 1
+                if f.path not in self.withheld_files:  # the end says it (core/runend.withheld_text)
+                    self.withheld_files[f.path] = rec.step
+                    _bound(self.withheld_files)
                 if not ev.warned:
                     ev.warned = True
                     self._warn(f.path, rec, why)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import history
 from tests.e2e.test_metricfiles_e2e import workdir
 from tests.e2e.test_trainers_e2e import PY, attempts, events, supervise, wrap  # noqa: F401 (fixture)
 from tests.util import wait_for
@@ -85,6 +86,9 @@ def test_a_nan_in_a_file_another_process_writes_into_the_workdir_never_rolls_bac
     a = attempts(tmp_path / "sd")
     assert len(a) == 1 and a[0]["exit_code"] == 0 and not a[0].get("cause"), a
     assert events(d, "failure_detected") == []
+    # The clean end says what it set aside: no "finished" over a NaN it saw and did not act on.
+    reason = history(tmp_path / "sd")["reason"]
+    assert "NOT acted on: a non-finite value in" in reason and str(work / "notes.txt") in reason, reason
 
 
 @slow

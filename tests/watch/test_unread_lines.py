@@ -128,3 +128,17 @@ def test_a_run_whose_only_metric_lines_were_unread_is_unwatched() -> None:
 def test_fstring_helper_matches_the_report() -> None:
     loss = float("nan")
     assert fstring_lines(1, 1)[0] == f'{{"step": {1}, "loss": {loss}}}' and math.isnan(loss)
+
+
+def test_the_end_says_the_non_finite_values_it_set_aside_in_files_the_job_did_not_write() -> None:
+    """A clean end over a NaN seen in a file the job was not shown to write (metric_file_untrusted)
+    says so beside what it watched, and status's end carries the files."""
+    from supervisor.core.runend import EndFacts, SourceSeen, watched_text
+
+    seen = (SourceSeen("stdout", ("kv",), 40, 40, 100.0),)
+    assert "NOT acted on" not in watched_text(EndFacts(sources=seen), 101.0)
+    facts = EndFacts(sources=seen, withheld=(("/w/notes.txt", 4), ("/w/old.jsonl", None)))
+    said = watched_text(facts, 101.0)
+    assert "NOT acted on: a non-finite value in /w/notes.txt (step 4), /w/old.jsonl" in said, said
+    assert "[job] watch_files" in said
+    assert "NOT acted on" in watched_text(EndFacts(withheld=facts.withheld), 101.0)  # nothing watched too
