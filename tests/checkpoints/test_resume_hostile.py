@@ -267,9 +267,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_the_checkpoints_verb_and_the_report_say_refused(tmp_path: Path) -> None:
-    from supervisor.config.model import load_config
-    from supervisor.job.launch import config_json
-    from supervisor.ledger.store import Ledger
+    from tests.checkpoints.test_scan_verdict import report_html
 
     d, marker = _refused_folder(tmp_path)
     sd = tmp_path / "state"
@@ -282,18 +280,7 @@ def test_the_checkpoints_verb_and_the_report_say_refused(tmp_path: Path) -> None
     cp = _cli("checkpoints", "--checkpoint-dir", str(d.parent), "--state-dir", str(sd))
     assert cp.returncode == 0 and "refused" in cp.stdout.splitlines()[1], cp.stdout
     # the report reads the verdict the verb left (no load test of its own)
-    toml = tmp_path / "c.toml"
-    toml.write_text(f'[job]\ncommand = ["{sys.executable}", "train.py"]\nworkdir = "{tmp_path}"\n'
-                    f'[state]\ndir = "{sd}"\n[checkpoints]\ndir = "{d.parent}"\nsettle_s = 0\n')
-    cfg = load_config(str(toml))
-    led = Ledger(sd)
-    run_id, _ = led.open_run(cfg.job.name, config_json(cfg))
-    led.end_run(run_id, "finished", 0, "the job exited 0")
-    led.close()
-    out = tmp_path / "report"
-    cp = _cli("report", "--state-dir", str(sd), "--out", str(out))
-    assert cp.returncode == 0, cp.stderr
-    html = (out / "report.html").read_text()
+    html = report_html(tmp_path, sd, d.parent)
     tr = next(line for line in html.split("<tr>") if "checkpoint-60</td>" in line)
     cells = tr.split("</td>")
     assert "fail" in cells[2] and "pass" not in cells[7] and "pickle scan refused rng_state.npy" in cells[8], tr

@@ -117,8 +117,9 @@ def test_the_verb_its_json_and_the_daemons_choice_say_the_scans_refusal(tmp_path
     assert (ck / "checkpoint-40" / "rng_state.npy").exists() and (ck / "checkpoint-60" / "extra.pkl.gz").exists()
 
 
-def test_the_report_shows_the_same_verdict_without_running_a_load_test(tmp_path: Path) -> None:
-    ck, sd, marker = _make(tmp_path)
+def report_html(tmp_path: Path, sd: Path, ck: Path) -> str:
+    """The report of a finished run on ``ck`` kept in ``sd`` (the real CLI): its checkpoint table
+    reads the verdicts a verb or the daemon left, and runs no load test of its own."""
     toml = tmp_path / "c.toml"
     toml.write_text(f'[job]\ncommand = ["{sys.executable}", "train.py"]\nworkdir = "{tmp_path}"\n'
                     f'[state]\ndir = "{sd}"\n[checkpoints]\ndir = "{ck}"\nsettle_s = 0\n')
@@ -130,7 +131,12 @@ def test_the_report_shows_the_same_verdict_without_running_a_load_test(tmp_path:
     out = tmp_path / "report"
     cp = _cli("report", "--state-dir", str(sd), "--out", str(out))
     assert cp.returncode == 0, cp.stderr
-    html = (out / "report.html").read_text()
+    return (out / "report.html").read_text()
+
+
+def test_the_report_shows_the_same_verdict_without_running_a_load_test(tmp_path: Path) -> None:
+    ck, sd, marker = _make(tmp_path)
+    html = report_html(tmp_path, sd, ck)
     for name, why in REFUSED.items():
         row = next(line for line in html.split("<tr>") if f"{name}</td>" in line)
         assert '<span class="fail">fail</span>' in row.split("</td>")[2] and why in row, row
