@@ -152,6 +152,12 @@ def parse_request(data: bytes) -> tuple[str, dict[str, Any]]:
         raise ControlError("bad_request", f"request has an unreadable value: {e}"[:300]) from None
     if not isinstance(req, dict):
         raise ControlError("bad_request", 'request must be a JSON object {"verb": ..., "args": {...}}')
+    # An unknown top-level key is refused, not ignored: {"verb": "stop", "wait": true} (the
+    # argument outside "args") ran as a plain stop, not the one asked for.
+    unknown = sorted(set(req) - {"verb", "args"})
+    if unknown:
+        raise ControlError("bad_request", f"request has unknown key(s) {', '.join(map(repr, unknown))[:200]}; "
+                           'a request is {"verb": ..., "args": {...}} (nothing was done)')
     verb = req.get("verb")
     if not isinstance(verb, str):
         raise ControlError("bad_request", 'request has no "verb" string')

@@ -91,6 +91,7 @@ def test_error_replies_have_one_shape(server):
     (b'{"verb": "restart", "args": {"rollback": "yes"}}\n', "bad_request"),
     (b'{"verb": "restart", "args": {"bogus": true}}\n', "bad_request"),
     (b'{"verb": "status", "args": []}\n', "bad_request"),
+    (b'{"verb": "stop", "wait": true}\n', "bad_request"),  # an argument outside "args": no plain stop
     (b"\xff\xfe\n", "bad_request"),
     (b"\n", "bad_request"),
     (b"", "bad_request"),
