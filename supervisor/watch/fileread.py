@@ -11,6 +11,12 @@ records): what a file grew since the last read -> records, with its bounds and i
   first line changed is read again from its start (Lightning's ``CSVLogger`` first flushing only
   ``lr``/``epoch``, then rewriting the file with ``train_loss``), rows already delivered skipped;
   a JSONL is probed again from where it was left (or from its start when it shrank).
+- A file rewritten in place to no larger size (``open(path, "w")`` at each flush or once at exit:
+  its size the read offset again, its mtime/ctime changed) is read again from its start like a
+  truncated one. In a later attempt the first such change is that attempt's job writing (a fresh
+  start writes the same bytes, its NaN too): read whole, the rows of earlier attempts not skipped.
+  Otherwise only when its head or tail changed (``DIGEST_BYTES`` each, read when its stamp changed):
+  a file touched every pass costs two small reads a pass, never a re-parse.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ from .tbevents import RESYNC_CHECKS_PER_S, TBReader, group
 
 log = structlog.get_logger("supervisor.watch")
 
+#: Bytes of a file's head and of its tail compared when it changed without growing (touched or rewritten)
+DIGEST_BYTES = 512
+
 
 #: The source prefix of each kind (status ``metric_sources``, a detection's ``source``): ``log:`` a
 #: text log the job writes, ``mlflow:`` an MLflow store, ``tb:`` an event file, ``file:`` CSV/JSONL.
@@ -50,6 +59,7 @@ class FileReader:
 
     def __init__(self, quiet: QuietLog | None = None, parser: MetricParser | None = None,
                  unread: Unread | None = None) -> None:
+        self.attempt = 0  # counted up by the monitor after a later attempt's baseline, before its job starts
         self.quiet = quiet or QuietLog(log)
         self.parser = parser or MetricParser()  # text logs' lines: every trainer format, then the generic one
         self.unread = unread  # told of a JSON-shaped metric line that gives no record (the log watcher counts it)
@@ -80,24 +90,30 @@ class FileReader:
 
     # -- what it grew ------------------------------------------------------------------------------
 
-    def read(self, f: FileState, size: int, final: bool = False) -> tuple[list[MetricRecord], bool]:
+    def read(self, f: FileState, st: os.stat_result, final: bool = False) -> tuple[list[MetricRecord], bool]:
         """The records of what ``f`` grew (up to ``READ_CHUNK``), and whether data was left unread.
         ``final``: its writer is gone (the job exited), so a last line without a newline, read to
         the file's end, is a complete line (``step 25 loss nan`` then exit 0 must be judged)."""
-        records, more = self._grown(f, size)
+        records, more = self._grown(f, st)
         if final and not more and f.tb is None and f.db is None and f.dropped is None:
             records += self._records_of(f, f.lines.flush())
         return records, more
 
-    def _grown(self, f: FileState, size: int) -> tuple[list[MetricRecord], bool]:
+    def _grown(self, f: FileState, st: os.stat_result) -> tuple[list[MetricRecord], bool]:
         if f.db is not None:
             return self._read_db(f)
-        if size < f.offset:
+        size, stamp = st.st_size, (st.st_mtime_ns, st.st_ctime_ns)
+        changed = f.stamp is not None and stamp != f.stamp
+        f.stamp = stamp
+        if size < f.offset or (changed and size == f.offset and f.tb is None and self._rewritten(f, size)):
+            later = f.attempt != self.attempt
             self.quiet.say("info", "metric_file_truncated", f.path, offset=f.offset, size=size,
-                           next="reading it again from the start; rows already delivered are skipped")
-            restart(f)
+                           seen="shrunk" if size < f.offset else "rewritten in place to the same size",
+                           next="reading it again from the start; rows already delivered are skipped"
+                           + (" (those of earlier attempts are not: this attempt wrote them)" if later else ""))
+            restart(f, self.attempt)
         elif f.kind == "csv" and f.header_raw and size > f.offset and not _head_is(f, f.header_raw):
-            restart(f)  # rewritten with a wider header: same rows again, then new ones
+            restart(f, self.attempt)  # rewritten with a wider header: same rows again, then new ones
         records: list[MetricRecord] = []
         if f.tb is not None and f.tb.throttled:
             records = self._parse(f, b"")  # the resync goes on where its CRC budget ran out
@@ -115,6 +131,8 @@ class FileReader:
             except OSError:
                 return records, False
         f.offset += len(data)
+        if data:
+            f.written, f.digest = True, None
         records += self._parse(f, data)
         if f.dropped is not None:
             try:
@@ -125,6 +143,17 @@ class FileReader:
             self._dropped(f, st, f.dropped_head)
             return records, False
         return records, len(data) >= READ_CHUNK
+
+    def _rewritten(self, f: FileState, size: int) -> bool:
+        """Whether ``f``, at its read offset's size with a changed mtime/ctime, was rewritten. The
+        first change in a later attempt of a file the run wrote: yes (its stamp was taken by the
+        baseline pass before that attempt's job started, so its job wrote it, maybe the same bytes).
+        Else when its head or tail differs from when its stamp last changed (a touch: no)."""
+        if f.attempt != self.attempt and (f.fresh or f.written):
+            return True
+        digest = _head_tail(f, size)
+        old, f.digest = f.digest, digest
+        return old is not None and digest is not None and digest != old
 
     def _parse(self, f: FileState, data: bytes) -> list[MetricRecord]:
         try:
@@ -205,10 +234,10 @@ class FileReader:
             if st.st_size >= f.offset and _head_is(f, f.dropped_head):
                 return  # rows appended under the same header: still no loss column
             delivered = f.skip_rows  # a file that stopped matching: its rows before that stay skipped
-            restart(f)
+            restart(f, self.attempt)
             f.skip_rows = max(delivered, f.skip_rows)
         elif st.st_size < f.offset:
-            restart(f)
+            restart(f, self.attempt)
         else:
             f.probed = 0  # the lines written since are probed afresh
         f.dropped = None
@@ -220,9 +249,12 @@ class FileReader:
         self.quiet.say("warning", event, f.path, error=error, next=next_)
 
 
-def restart(f: FileState) -> None:
-    """Read ``f`` again from its start; the rows delivered since offset 0 are skipped."""
-    f.skip_rows = f.rows
+def restart(f: FileState, attempt: int | None = None) -> None:
+    """Read ``f`` again from its start; the rows delivered since offset 0 are skipped, unless
+    they were read in an earlier attempt than ``attempt`` (this attempt's job rewrote them)."""
+    f.skip_rows = f.rows if attempt is None or attempt == f.attempt else 0
+    f.attempt = f.attempt if attempt is None else attempt
+    f.digest = None
     f.rows = 0
     f.offset = 0
     f.lines.reset()
@@ -231,6 +263,20 @@ def restart(f: FileState) -> None:
     f.probed = 0
     if f.tb is not None:
         f.tb = TBReader()
+
+
+def _head_tail(f: FileState, size: int) -> bytes | None:
+    """The first and last :data:`DIGEST_BYTES` of ``f`` up to ``size`` (None: unreadable)."""
+    fh = open_followed(f.path, f.ident)
+    if fh is None:
+        return None
+    with fh:
+        try:
+            head = fh.read(DIGEST_BYTES)
+            fh.seek(max(0, size - DIGEST_BYTES))
+            return head + b"|" + fh.read(DIGEST_BYTES)
+        except OSError:
+            return None
 
 
 def _head_is(f: FileState, head: bytes) -> bool:

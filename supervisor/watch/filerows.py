@@ -57,6 +57,10 @@ class FileState:
     db: MlflowDb | None = None  # mlflow_db: the store's reader (rows past its last rowid)
     fresh: bool = False  # read from its start: created (or replaced) in this run, not history
     seen: float = field(default_factory=time.monotonic)  # when it was first found
+    attempt: int = 0  # the attempt whose writes its read position reflects (a restart in a later one skips no row)
+    stamp: tuple[int, int] | None = None  # mtime_ns, ctime_ns at the last read: a same-size rewrite changes it
+    written: bool = False  # bytes of it were read in this run (not only history)
+    digest: bytes | None = None  # its head and tail when its stamp last changed with no growth
 
 
 def set_header(f: FileState, raw: bytes) -> bool:

@@ -191,6 +191,7 @@ class MetricFiles:
                 pass
         finally:
             self._mute = False
+            self._reader.attempt += 1  # each file's stamp is this pass's: a change from here on is the new job's
 
     def start(self, ctx: AttemptContext | None = None, emit: Emit | None = None) -> None:
         self.writers.attempt(ctx.pid if ctx is not None else None)
@@ -319,7 +320,7 @@ class MetricFiles:
             if f is None:
                 history = first or (self._baseline_wall is not None and st.st_mtime < self._baseline_wall - 1.0)
                 f = FileState(path, kind, ident, st.st_size if history else 0, tb=TBReader() if kind == "tb" else None,
-                              db=MlflowDb(path) if kind == "mlflow_db" else None, fresh=not history)
+                              db=MlflowDb(path) if kind == "mlflow_db" else None, fresh=not history, attempt=self._reader.attempt)
                 self._files[path] = f
                 if self._dirwake is not None:
                     self._dirwake.watch(os.path.dirname(path))
@@ -330,7 +331,7 @@ class MetricFiles:
             elif self._reader.changed_since_dropped(f, st):
                 self._reader.reexamine(f, st)
             if f.dropped is None:
-                more |= self._read(f, st.st_size)
+                more |= self._read(f, st)
         self._followed.say(new)
         for path in [p for p in self._files if p not in found]:
             del self._files[path]  # deleted: forget it (a new file of the name is read from its start)
@@ -344,7 +345,7 @@ class MetricFiles:
             except OSError:
                 continue
             if f.dropped is None and (st.st_dev, st.st_ino) == f.ident:
-                more |= self._read(f, st.st_size)
+                more |= self._read(f, st)
         return more
 
     def _walk(self) -> dict[str, tuple[str, os.stat_result]]:
@@ -425,8 +426,8 @@ class MetricFiles:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _read(self, f: FileState, size: int) -> bool:
-        records, more = self._reader.read(f, size, self._final)
+    def _read(self, f: FileState, st: os.stat_result) -> bool:
+        records, more = self._reader.read(f, st, self._final)
         if records and not self._mute:
             records = self.writers.admit(f, records, self._final)
             f.records += len(records)
