@@ -84,7 +84,9 @@ def test_an_escaper_is_killed_at_the_daemons_close(tmp_path: Path, how: str, tre
             t0 = time.monotonic()
             a.close(0.5)
             assert time.monotonic() - t0 < 0.5 + 8.0
-        assert not escapers(mark), "an escaper outlived the daemon's close"
+        # SIGKILL is delivered asynchronously: the escaper may still be listed for a moment after the
+        # kill (seen in a loaded CI run); one that was never killed fails here after the wait.
+        wait_for(lambda: not escapers(mark), timeout=10, what="no escaper outliving the daemon's close")
         assert [e["cut"] for e in logs if e["event"] == "notify_abandoned"] == [["command"]], logs
     finally:
         kill_left(mark)
@@ -99,7 +101,7 @@ def test_what_a_hook_leaves_running_when_it_exits_is_killed_and_said(tmp_path: P
             a.submit(alert("gave_up"))
             wait_for(lambda: any(e["event"] == "notify_hook_leftovers" for e in logs), timeout=30,
                      what="the leftovers said")
-        assert not escapers(mark)
+        wait_for(lambda: not escapers(mark), timeout=10, what="the leftovers gone (a SIGKILL lands asynchronously)")
         [said] = [e for e in logs if e["event"] == "notify_hook_leftovers"]
         assert said["log_level"] == "warning" and "were killed" in said["message"], said
         assert not any(e["event"] == "notify_failed" for e in logs), logs  # the notice itself was sent
