@@ -96,7 +96,7 @@ class CheckpointDiscoveryPlugin(OnStart, OnAttempts, OnTicks, GivesStatus, Close
         self._scanning: Future[Appeared | None] | None = None
 
     def _see(self, run: RunView) -> None:
-        self.cfg, self.state_dir, self.attempt = run.cfg, run.state_dir, run.attempt
+        self.takes.cfg, self.takes.state_dir, self.takes.attempt = run.cfg, run.state_dir, run.attempt
 
     # ------------------------------------------------------------------ start
     def started(self, n: DaemonStarted, run: RunView) -> Effects:
@@ -117,7 +117,7 @@ class CheckpointDiscoveryPlugin(OnStart, OnAttempts, OnTicks, GivesStatus, Close
         argv = command_argv(cfg.job.command, cfg.job.shell)
         workdir = cfg.workdir()
         env = {**(os.environ if cfg.job.inherit_env else {}), **cfg.job.env}  # the job's PYTHONPATH, where a `python -m` module is looked for
-        self.reads_env = reads_resume_env(argv, workdir, env)
+        self.takes.reads_env = reads_resume_env(argv, workdir, env)
         if not cfg.job.resume_args:
             self.inferred = infer_resume(argv, workdir, env)
             if self.inferred is not None:
@@ -148,7 +148,7 @@ class CheckpointDiscoveryPlugin(OnStart, OnAttempts, OnTicks, GivesStatus, Close
 
     def _apply(self, moved: bool = False) -> Effects:
         """The running config with what was found (also again after a reload dropped it)."""
-        cfg = new = self.cfg
+        cfg = new = self.takes.cfg
         assert cfg is not None and new is not None, "applied before it was started"
         if self.found is not None and (moved or not cfg.checkpoints.dir):
             new = dataclasses.replace(new, checkpoints=dataclasses.replace(new.checkpoints, dir=str(self.found.path)))
@@ -156,7 +156,7 @@ class CheckpointDiscoveryPlugin(OnStart, OnAttempts, OnTicks, GivesStatus, Close
             new = dataclasses.replace(new, job=dataclasses.replace(new.job, resume_args=self.inferred.args))
         if new is cfg:
             return ()
-        self.cfg = new  # in force from the runner's next view; the store's service opens on it now
+        self.takes.cfg = new  # in force from the runner's next view; the store's service opens on it now
         return [UseConfig(new), *self.adopt(new, replace=moved)]
 
     # ------------------------------------------------------------------ while it runs
@@ -257,42 +257,9 @@ class CheckpointDiscoveryPlugin(OnStart, OnAttempts, OnTicks, GivesStatus, Close
     def hands_checkpoint(self) -> bool:
         return self.takes()
 
-    # What the shared value keeps, read and written under the names this plug-in always used.
-    @property
-    def cfg(self) -> Config | None:
-        return self.takes.cfg
-
-    @cfg.setter
-    def cfg(self, v: Config | None) -> None:
-        self.takes.cfg = v
-
-    @property
-    def state_dir(self) -> Path | None:
-        return self.takes.state_dir
-
-    @state_dir.setter
-    def state_dir(self, v: Path | None) -> None:
-        self.takes.state_dir = v
-
-    @property
-    def attempt(self) -> int:
-        return self.takes.attempt
-
-    @attempt.setter
-    def attempt(self, v: int) -> None:
-        self.takes.attempt = v
-
-    @property
-    def reads_env(self) -> bool:
-        return self.takes.reads_env
-
-    @reads_env.setter
-    def reads_env(self, v: bool) -> None:
-        self.takes.reads_env = v
-
     # ------------------------------------------------------------------ status
     def status(self, run: RunView) -> dict[str, Any]:
-        if self.cfg is None:
+        if self.takes.cfg is None:
             return {}
         if self.configured is not None:
             where: dict[str, Any] = {"path": str(self.configured), "found_by": "config"}
@@ -306,7 +273,7 @@ class CheckpointDiscoveryPlugin(OnStart, OnAttempts, OnTicks, GivesStatus, Close
             resume = {"args": args, "source": "inferred", "note": self.inferred.why}
         elif args:
             resume = {"args": args, "source": "config", "note": "job.resume_args"}
-        elif self.reads_env:
+        elif self.takes.reads_env:
             resume = {"args": [], "source": "client", "note": "the job reads TSUP_RESUME_FROM"}
         else:
             resume = {"args": [], "source": None, "note": f"no way to hand the job a checkpoint: set {FIX}"}
