@@ -282,11 +282,11 @@ class WatchPlugin(OnStart, OnAttempts, OnTicks, GivesMonitors, GivesJobEnv, Give
         if self.logwatch is None:
             return facts  # no watcher: nothing was seen
         mono, wall = self.clock.monotonic(), self.clock.time()
-        mf = self.metric_files
+        mf = self.metric_files  # its reader thread may add a withheld file now: copy() is one step under the GIL
         return replace(facts, sources=tuple(SourceSeen(s.source, s.formats, s.records, s.last_step,
                                                        wall - max(0.0, mono - s.at), s.unread)
                                             for s in self.logwatch.sources.states()),
-                       withheld=tuple(mf.writers.withheld_files.items()) if mf is not None else ())
+                       withheld=tuple(mf.writers.withheld_files.copy().items()) if mf is not None else ())
 
     def _hang_suspected(self, det: Detection, look: LookResult, busy_for_s: float) -> None:
         """A silent job the look found busy (the heartbeat monitor's poll, on the main loop): said
